@@ -1,0 +1,83 @@
+"""The contract between a batch scheduler and a model: sequences, batches, per-step outputs.
+
+A model that is batched across requests implements :class:`BatchModel`. Its methods run on the
+device worker thread only, never on the event loop, and never touch asyncio objects. The scheduler
+owns slot numbers (``0 .. max_batch_size - 1``); a model indexes its static per-slot state (KV cache
+rows, sampler state) by ``Sequence.slot``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from omni_stream.requests import RequestState
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """One request's life inside a scheduler. Mutable; owned by the scheduler.
+
+    ``payload`` is the model's prepared input (built off the loop before admission). ``model_state`` is
+    free for the model to use between steps (on the worker thread only).
+    """
+
+    seq_id: int
+    payload: Any
+    slot: int = -1
+    state: RequestState = RequestState.WAITING
+    num_steps: int = 0
+    model_state: Any = None
+    # Set by the scheduler under its lock; read by the worker between steps.
+    abort_requested: bool = False
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True, frozen=True)
+class Batch:
+    """What one step runs: newcomers to prefill (each already holds a slot) and running sequences to decode."""
+
+    prefill: tuple[Sequence, ...] = ()
+    decode: tuple[Sequence, ...] = ()
+
+    @property
+    def size(self) -> int:
+        return len(self.prefill) + len(self.decode)
+
+    def __bool__(self) -> bool:
+        return self.size > 0
+
+
+@dataclass(slots=True, frozen=True)
+class SeqOutput:
+    """One sequence's result of one step.
+
+    ``item``: the chunk produced for this sequence (or None when the step produced nothing for it).
+    ``finished``: the model is done with this sequence (EOS, length). ``error``: this sequence alone failed.
+    """
+
+    seq_id: int
+    item: Any = None
+    finished: bool = False
+    error: BaseException | None = None
+
+
+class BatchModel(Protocol):
+    """A model the scheduler batches across requests. Every method runs on the device worker thread."""
+
+    @property
+    def max_batch_size(self) -> int:
+        """Number of slots (the largest batch one step may run)."""
+        ...
+
+    def step(self, batch: Batch) -> list[SeqOutput]:
+        """Prefill ``batch.prefill`` and advance ``batch.decode`` by one step; one output per sequence.
+
+        Raising fails every sequence in this batch (and no other); report a single sequence's failure
+        through ``SeqOutput.error`` instead where the model can tell which one failed.
+        """
+        ...
+
+    def release(self, seq: Sequence) -> None:
+        """Free everything the model holds for ``seq`` (KV rows, sampler state). Called once per admitted sequence."""
+        ...

@@ -1,0 +1,93 @@
+"""Typed chunks that flow between pipeline stages.
+
+Every stage consumes and produces these; they are frozen and slotted so a chunk can be shared
+between tasks and threads without copying or locking. Array payloads are never mutated after a
+chunk is built (producers hand over fresh arrays).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+
+@dataclass(slots=True, frozen=True)
+class TextDelta:
+    """A piece of generated text (AR text stages)."""
+
+    text: str
+    index: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class CodecFrames:
+    """Codec codes for one or more frames of one request: ``codes`` is ``[n_frames, n_codebooks]`` int64 (CPU)."""
+
+    codes: torch.Tensor
+    start_frame: int = 0
+    final: bool = False
+
+    @property
+    def n_frames(self) -> int:
+        return int(self.codes.shape[0])
+
+
+@dataclass(slots=True, frozen=True)
+class Latents:
+    """Continuous latents (diffusion / flow stages): any shape, any dtype."""
+
+    data: torch.Tensor
+    step: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class Audio:
+    """PCM audio: float32 in [-1, 1], shape ``(n,)`` mono or ``(n, channels)``; ``sample_rate`` in Hz."""
+
+    samples: np.ndarray
+    sample_rate: int
+    start_sample: int = 0
+    final: bool = False
+
+    def __post_init__(self) -> None:
+        if self.samples.dtype != np.float32:
+            raise TypeError(f"Audio.samples must be float32, got {self.samples.dtype}")
+        if self.samples.ndim not in (1, 2):
+            raise ValueError(f"Audio.samples must be (n,) or (n, channels), got shape {self.samples.shape}")
+        if self.sample_rate <= 0:
+            raise ValueError(f"Audio.sample_rate must be positive, got {self.sample_rate}")
+
+    @property
+    def channels(self) -> int:
+        return 1 if self.samples.ndim == 1 else int(self.samples.shape[1])
+
+    @property
+    def n_samples(self) -> int:
+        return int(self.samples.shape[0])
+
+    @property
+    def duration(self) -> float:
+        """Seconds of audio in this chunk."""
+        return self.n_samples / self.sample_rate
+
+
+@dataclass(slots=True, frozen=True)
+class Image:
+    """An image as uint8 ``(h, w, c)``; ``partial`` marks a preview before the final one."""
+
+    pixels: np.ndarray
+    partial: bool = False
+    meta: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True, frozen=True)
+class VideoFrame:
+    """One video frame as uint8 ``(h, w, c)`` with its presentation time in seconds."""
+
+    pixels: np.ndarray
+    pts: float
+
+
+Chunk = TextDelta | CodecFrames | Latents | Audio | Image | VideoFrame

@@ -1,0 +1,1 @@
+"""The serving layer (imported as ``omni_stream.realtime``)."""
