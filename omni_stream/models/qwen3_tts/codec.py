@@ -1,0 +1,537 @@
+"""The 12 Hz speech-tokenizer decoder (codes -> 24 kHz audio), with hub parameter names.
+
+Every block is causal. Stateful blocks (convs with left context, transposed convs with overlap, windowed
+attention) take an optional ``state`` dict: ``None`` means "start of stream" (zero left padding, positions
+from 0), which is exactly what a whole-utterance decode does; a dict carries per-request histories between
+windows (see ``codec_stream``). One code path serves both, so a streamed decode equals the full decode.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from omni_stream.errors import ConfigError
+
+from .codec_config import CodecDecoderConfig, SpeechTokenizerConfig
+
+if TYPE_CHECKING:
+    from .codec_encoder import MimiEncoder
+
+State = dict[str, Tensor]
+POSITION_KEY = "position"  # [B] long: frames consumed so far by each row
+
+
+class DerivedTensor:
+    """A tensor computed from parameters, recomputed only when they change (in place, dtype or device).
+
+    Elementwise functions of the weights give the same bits whether computed per call or once, so caching
+    them keeps bf16 parity with the reference while removing kernels from every decode step.
+    """
+
+    __slots__ = ("key", "value")
+
+    def __init__(self) -> None:
+        self.key: tuple[object, ...] | None = None
+        self.value: Tensor | None = None
+
+    def get(self, fn: Callable[..., Tensor], *params: Tensor) -> Tensor:
+        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+            return fn(*params)  # keep the autograd graph to the parameters
+        key = tuple((p.data_ptr(), 0 if p.is_inference() else p._version, p.dtype, p.device) for p in params)
+        # an inference-mode result cannot feed autograd-recording ops, so it is rebuilt outside inference mode
+        stale = self.value is None or (self.value.is_inference() and not torch.is_inference_mode_enabled())
+        if stale or key != self.key:
+            with torch.no_grad():
+                self.value = fn(*params)
+            self.key = key
+        return cast(Tensor, self.value)
+
+
+class StatefulBlock(nn.Module):
+    """A block that keeps per-request history between streaming windows under ``state[state_key]``."""
+
+    state_key: str = ""
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Per-row state tensor shapes (without the batch dim)."""
+        raise NotImplementedError
+
+
+class CausalConv1d(StatefulBlock):
+    """Conv1d with ``(k-1)*dilation`` zero left padding (stride 1); ``.conv`` holds the hub weights."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, dilation: int = 1, groups: int = 1, bias: bool = True):
+        super().__init__()
+        self.conv = nn.Conv1d(cin, cout, kernel, dilation=dilation, groups=groups, bias=bias)
+        self.context = (kernel - 1) * dilation
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {self.state_key: (self.conv.in_channels, self.context)} if self.context else {}
+
+    def forward(self, x: Tensor, state: State | None = None) -> Tensor:
+        if self.context:
+            if state is None:
+                x = F.pad(x, (self.context, 0))
+            else:
+                x = torch.cat([state[self.state_key], x], dim=-1)
+                state[self.state_key] = x[..., -self.context :]
+        return self.conv(x)
+
+
+class CausalConvTranspose1d(StatefulBlock):
+    """ConvTranspose1d trimmed by ``k - s`` on the right; streaming keeps the ``ceil(k/s) - 1`` previous inputs."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, stride: int):
+        super().__init__()
+        self.conv = nn.ConvTranspose1d(cin, cout, kernel, stride=stride)
+        self.stride = stride
+        self.history = -(-kernel // stride) - 1
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {self.state_key: (self.conv.in_channels, self.history)} if self.history else {}
+
+    def forward(self, x: Tensor, state: State | None = None) -> Tensor:
+        n = x.shape[-1]
+        h = 0
+        if self.history and state is not None:
+            h = self.history
+            x = torch.cat([state[self.state_key], x], dim=-1)
+            state[self.state_key] = x[..., -h:]
+        # Output step j only sums inputs i with i*s <= j, so [h*s, (h+n)*s) is exact given h inputs of history;
+        # a zero history adds nothing but the bias, which every output step gets once either way.
+        y = self.conv(x)
+        return y[..., h * self.stride : (h + n) * self.stride]
+
+
+class SnakeBeta(nn.Module):
+    """``x + 1/(exp(beta)+1e-9) * sin(exp(alpha) * x)^2``; alpha, beta stored in log space."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.zeros(channels))
+        self.beta = nn.Parameter(torch.zeros(channels))
+
+        self._derived = DerivedTensor()
+
+    @staticmethod
+    def _fold(alpha: Tensor, beta: Tensor) -> Tensor:
+        # [2, C, 1]: exp(alpha) and 1 / (exp(beta) + 1e-9), rounded in the weight dtype as the reference does
+        return torch.stack([torch.exp(alpha), 1.0 / (torch.exp(beta) + 1e-9)])[..., None]
+
+    def forward(self, x: Tensor, state: State | None = None) -> Tensor:
+        alpha, inv_beta = self._derived.get(self._fold, self.alpha, self.beta)
+        return x + inv_beta * torch.pow(torch.sin(x * alpha), 2)
+
+
+class ConvNeXtBlock(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dwconv = CausalConv1d(dim, dim, 7, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), 1e-6))
+
+    def forward(self, x: Tensor, state: State | None = None) -> Tensor:
+        h = self.dwconv(x, state).transpose(1, 2)
+        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(h))))
+        return x + (self.gamma * h).transpose(1, 2)
+
+
+class ResidualUnit(nn.Module):
+    def __init__(self, dim: int, dilation: int):
+        super().__init__()
+        self.act1 = SnakeBeta(dim)
+        self.conv1 = CausalConv1d(dim, dim, 7, dilation=dilation)
+        self.act2 = SnakeBeta(dim)
+        self.conv2 = CausalConv1d(dim, dim, 1)
+
+    def forward(self, x: Tensor, state: State | None = None) -> Tensor:
+        h = self.conv2(self.act2(self.conv1(self.act1(x), state)), state)
+        return h + x
+
+
+class DecoderBlock(nn.Module):
+    """SnakeBeta -> transposed conv (x rate) -> residual units with dilations 1, 3, 9."""
+
+    def __init__(self, cin: int, cout: int, rate: int):
+        super().__init__()
+        units: list[nn.Module] = [SnakeBeta(cin), CausalConvTranspose1d(cin, cout, 2 * rate, rate)]
+        units += [ResidualUnit(cout, d) for d in (1, 3, 9)]
+        self.block = nn.ModuleList(units)
+
+    def forward(self, x: Tensor, state: State | None = None) -> Tensor:
+        for unit in self.block:
+            x = unit(x, state)
+        return x
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        # normalize in fp32, round to the activation dtype, then scale (QWEN3_TTS.md pitfall 10)
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class LayerScale(nn.Module):
+    def __init__(self, dim: int, init: float):
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((dim,), init))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.scale * x
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos/sin ``[B, 1, n, head_dim]`` for integer positions ``[B, n]``, built in fp32 then cast."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim))
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def window_mask(q_pos: Tensor, k_pos: Tensor, window: int) -> Tensor:
+    """Bool ``[B, 1, n, m]``: key visible iff ``0 <= k_pos <= q_pos`` and within the last ``window`` positions."""
+    q = q_pos[:, None, :, None]
+    k = k_pos[:, None, None, :]
+    return (k >= 0) & (k <= q) & (k > q - window)
+
+
+class CodecAttention(StatefulBlock):
+    """MHA/GQA with RoPE, no q/k norm; attention width heads*head_dim may differ from hidden."""
+
+    def __init__(self, cfg: CodecDecoderConfig):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.window = cfg.sliding_window
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, self.heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=bias)
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        kv = (self.kv_heads, self.window - 1, self.head_dim)
+        return {self.state_key + ".k": kv, self.state_key + ".v": kv}
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, state: State | None) -> Tensor:
+        b, n, _ = x.shape
+        q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        if state is not None:
+            # keys are cached after RoPE; only the last window-1 can ever be seen again
+            k = torch.cat([state[self.state_key + ".k"], k], dim=2)
+            v = torch.cat([state[self.state_key + ".v"], v], dim=2)
+            state[self.state_key + ".k"] = k[:, :, -(self.window - 1) :]
+            state[self.state_key + ".v"] = v[:, :, -(self.window - 1) :]
+        if self.kv_heads != self.heads:
+            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
+            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim**-0.5)
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+
+
+class CodecMLP(nn.Module):
+    def __init__(self, hidden: int, inter: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class CodecTransformerLayer(nn.Module):
+    def __init__(self, cfg: CodecDecoderConfig):
+        super().__init__()
+        self.self_attn = CodecAttention(cfg)
+        self.mlp = CodecMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
+        self.mlp_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, state: State | None) -> Tensor:
+        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, mask, state))
+        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
+
+
+class CodecTransformer(nn.Module):
+    """latent -> hidden, sliding-window causal layers, RMSNorm, hidden -> latent; input/output ``[B, n, latent]``."""
+
+    def __init__(self, cfg: CodecDecoderConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.input_proj = nn.Linear(cfg.latent_dim, cfg.hidden_size)
+        self.layers = nn.ModuleList(CodecTransformerLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
+
+    def forward(self, x: Tensor, state: State | None) -> Tensor:
+        n = x.shape[1]
+        steps = torch.arange(n, device=x.device)
+        if state is None:
+            q_pos = steps[None]
+            k_pos = q_pos
+        else:
+            start = state[POSITION_KEY]
+            q_pos = start[:, None] + steps
+            k_pos = start[:, None] + torch.arange(-(self.cfg.sliding_window - 1), n, device=x.device)
+        h = self.input_proj(x)
+        cos, sin = rope_cos_sin(q_pos, self.cfg.head_dim, self.cfg.rope_theta, h.dtype)
+        mask = window_mask(q_pos, k_pos, self.cfg.sliding_window)
+        for layer in self.layers:
+            h = layer(h, cos, sin, mask, state)
+        return self.output_proj(self.norm(h))
+
+
+class Codebook(nn.Module):
+    def __init__(self, size: int, dim: int):
+        super().__init__()
+        self.cluster_usage = nn.Parameter(torch.ones(size))
+        self.embedding_sum = nn.Parameter(torch.zeros(size, dim))
+        self._derived = DerivedTensor()
+
+    @staticmethod
+    def _fold(embedding_sum: Tensor, cluster_usage: Tensor) -> Tensor:
+        # in the weight dtype, as the reference computes it at run time (QWEN3_TTS.md pitfall 11)
+        return embedding_sum / cluster_usage.clamp(min=1e-5)[:, None]
+
+    def table(self) -> Tensor:
+        return self._derived.get(self._fold, self.embedding_sum, self.cluster_usage)
+
+
+class _VQ(nn.Module):
+    def __init__(self, size: int, dim: int):
+        super().__init__()
+        self._codebook = Codebook(size, dim)
+
+
+class _VQLayers(nn.Module):
+    def __init__(self, n: int, size: int, dim: int):
+        super().__init__()
+        self.layers = nn.ModuleList(_VQ(size, dim) for _ in range(n))
+
+
+class ResidualVQ(nn.Module):
+    """Sum of codebook rows, then a 1x1 conv up to ``codebook_dim``. ``input_proj`` is kept for strict loading."""
+
+    def __init__(self, n: int, size: int, dim: int, io_dim: int):
+        super().__init__()
+        self.input_proj = nn.Conv1d(io_dim, dim, 1, bias=False)
+        self.output_proj = nn.Conv1d(dim, io_dim, 1, bias=False)
+        self.vq = _VQLayers(n, size, dim)
+
+    def decode(self, codes: Tensor) -> Tensor:
+        """``codes [B, n, T]`` -> ``[B, io_dim, T]``."""
+        out: Tensor | None = None
+        for i, layer in enumerate(self.vq.layers):
+            row = F.embedding(codes[:, i], cast(_VQ, layer)._codebook.table())
+            out = row if out is None else out + row
+        assert out is not None
+        return self.output_proj(out.transpose(1, 2))
+
+
+class SplitResidualVQ(nn.Module):
+    def __init__(self, cfg: CodecDecoderConfig):
+        super().__init__()
+        dim = cfg.codebook_dim // 2
+        self.rvq_first = ResidualVQ(1, cfg.codebook_size, dim, cfg.codebook_dim)
+        self.rvq_rest = ResidualVQ(cfg.num_quantizers - 1, cfg.codebook_size, dim, cfg.codebook_dim)
+
+    def decode(self, codes: Tensor) -> Tensor:
+        return self.rvq_first.decode(codes[:, :1]) + self.rvq_rest.decode(codes[:, 1:])
+
+
+class CodecDecoder(nn.Module):
+    """``codes [B, Q, n] -> audio [B, 1, n * samples_per_frame]`` in the weight dtype, clamped to [-1, 1]."""
+
+    def __init__(self, cfg: CodecDecoderConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.quantizer = SplitResidualVQ(cfg)
+        self.pre_conv = CausalConv1d(cfg.codebook_dim, cfg.latent_dim, 3)
+        self.pre_transformer = CodecTransformer(cfg)
+        self.upsample = nn.ModuleList(
+            nn.ModuleList([CausalConvTranspose1d(cfg.latent_dim, cfg.latent_dim, r, r), ConvNeXtBlock(cfg.latent_dim)])
+            for r in cfg.upsampling_ratios
+        )
+        blocks: list[nn.Module] = [CausalConv1d(cfg.latent_dim, cfg.decoder_dim, 7)]
+        for i, rate in enumerate(cfg.upsample_rates):
+            blocks.append(DecoderBlock(cfg.decoder_dim // 2**i, cfg.decoder_dim // 2 ** (i + 1), rate))
+        out_dim = cfg.decoder_dim // 2 ** len(cfg.upsample_rates)
+        blocks += [SnakeBeta(out_dim), CausalConv1d(out_dim, 1, 7)]
+        self.decoder = nn.ModuleList(blocks)
+        for name, module in self.named_modules():
+            if isinstance(module, StatefulBlock):
+                module.state_key = name
+
+    def stateful_blocks(self) -> Iterator[StatefulBlock]:
+        for module in self.modules():
+            if isinstance(module, StatefulBlock):
+                yield module
+
+    def zero_state(
+        self, batch: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> State:
+        """Start-of-stream state for ``batch`` rows (zero histories equal the full decode's zero left padding)."""
+        weight = self.pre_conv.conv.weight
+        device = weight.device if device is None else device
+        dtype = weight.dtype if dtype is None else dtype
+        state = {POSITION_KEY: torch.zeros(batch, dtype=torch.long, device=device)}
+        for block in self.stateful_blocks():
+            for key, shape in block.state_shapes().items():
+                state[key] = torch.zeros((batch, *shape), dtype=dtype, device=device)
+        return state
+
+    def decode_long(self, codes: Tensor, chunk_frames: int) -> Tensor:
+        """Whole-utterance decode in ``chunk_frames`` windows carrying full state: exact, bounded attention memory."""
+        if codes.shape[-1] <= chunk_frames:
+            return self(codes)
+        state = self.zero_state(codes.shape[0], codes.device)
+        parts = [self(codes[..., s : s + chunk_frames], state) for s in range(0, codes.shape[-1], chunk_frames)]
+        return torch.cat(parts, dim=-1)
+
+    def forward(self, codes: Tensor, state: State | None = None) -> Tensor:
+        if codes.shape[1] != self.cfg.num_quantizers:
+            raise ValueError(f"expected {self.cfg.num_quantizers} codebooks, got codes of shape {tuple(codes.shape)}")
+        h = self.pre_conv(self.quantizer.decode(codes), state)
+        h = self.pre_transformer(h.transpose(1, 2), state).transpose(1, 2)
+        for stage in self.upsample:
+            tconv, block = cast(nn.ModuleList, stage)
+            h = block(tconv(h, state), state)
+        for module in self.decoder:
+            h = module(h, state)
+        if state is not None:
+            state[POSITION_KEY] = state[POSITION_KEY] + codes.shape[-1]
+        return h.clamp(min=-1.0, max=1.0)
+
+
+class SpeechTokenizer(nn.Module):
+    """The 12 Hz speech tokenizer: ``decoder`` (codes -> audio) and, when loaded, ``encoder`` (audio -> codes)."""
+
+    def __init__(self, cfg: SpeechTokenizerConfig, with_encoder: bool = True):
+        super().__init__()
+        self.cfg = cfg
+        self.encoder: MimiEncoder | None = None
+        if with_encoder:
+            from .codec_encoder import MimiEncoder
+
+            self.encoder = MimiEncoder(cfg.encoder)
+        self.decoder = CodecDecoder(cfg.decoder)
+
+    @property
+    def sample_rate(self) -> int:
+        return self.cfg.output_sample_rate
+
+    @property
+    def samples_per_frame(self) -> int:
+        return self.cfg.decode_upsample_rate
+
+    @torch.inference_mode()
+    def decode(self, codes: Tensor, chunk_frames: int = 300) -> Tensor:
+        """``codes [B, 16, T]`` (long) -> float32 audio ``[B, T * 1920]`` in [-1, 1], at 24 kHz.
+
+        Exact causal decode at any length: beyond ``chunk_frames`` it runs in windows with carried state
+        (the reference instead re-decodes 300-frame chunks with 25 frames of context, which is approximate).
+        """
+        codes = codes.to(self.decoder.pre_conv.conv.weight.device)
+        return self.decoder.decode_long(codes, chunk_frames).squeeze(1).float()
+
+    @torch.inference_mode()
+    def encode(self, audio: Tensor) -> Tensor:
+        """24 kHz float32 mono ``[T]`` -> codes ``[ceil(T / 1920), 16]`` (long). Needs the encoder."""
+        if self.encoder is None:
+            raise RuntimeError("this speech tokenizer was loaded without its encoder")
+        return self.encoder.encode(audio, self.cfg.encoder_valid_num_quantizers, self.cfg.encode_downsample_rate)
+
+
+def speech_tokenizer_dir(ckpt_dir: str | Path) -> Path:
+    """``ckpt_dir/speech_tokenizer`` for a model checkpoint, or ``ckpt_dir`` itself for a bare tokenizer."""
+    root = Path(ckpt_dir)
+    sub = root / "speech_tokenizer"
+    if (sub / "config.json").is_file():
+        return sub
+    if (root / "config.json").is_file():
+        try:
+            if json.loads((root / "config.json").read_text()).get("model_type") == "qwen3_tts_tokenizer_12hz":
+                return root
+        except (OSError, ValueError):
+            pass
+    raise ConfigError(f"no speech tokenizer under {root} (expected {sub / 'config.json'})")
+
+
+def load_state_strict(module: nn.Module, tensors: dict[str, Tensor], what: str) -> None:
+    """``load_state_dict`` that reports missing/unexpected/mis-shaped keys as a ConfigError."""
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise ConfigError(
+            f"{what}: {len(missing)} missing weights {missing[:5]}, "
+            f"{len(unexpected)} unexpected weights {unexpected[:5]}"
+        )
+    for name, t in tensors.items():
+        if tuple(t.shape) != tuple(expected[name].shape):
+            raise ConfigError(
+                f"{what}: weight {name!r} has shape {tuple(t.shape)}, expected {tuple(expected[name].shape)}"
+            )
+    module.load_state_dict(tensors, strict=True)
+
+
+def load_speech_tokenizer(
+    ckpt_dir: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    load_format: Literal["auto", "dummy"] = "auto",
+    *,
+    with_encoder: bool = True,
+    seed: int = 0,
+) -> SpeechTokenizer:
+    """Build from ``speech_tokenizer/config.json`` and load ``model.safetensors`` strictly (``dummy``: random weights).
+
+    The codec runs in the model dtype (bf16 when the talker is bf16), as the reference does; without the
+    encoder, ``encoder.*`` weights are skipped.
+    """
+    directory = speech_tokenizer_dir(ckpt_dir)
+    cfg = SpeechTokenizerConfig.from_file(directory / "config.json")
+    model = SpeechTokenizer(cfg, with_encoder=with_encoder)
+    if load_format == "dummy":
+        from .codec_checkpoint import randomize_speech_tokenizer_
+
+        randomize_speech_tokenizer_(model, seed)
+    elif load_format == "auto":
+        from safetensors.torch import load_file
+
+        path = directory / "model.safetensors"
+        if not path.is_file():
+            raise ConfigError(f"missing speech tokenizer weights {path}")
+        tensors = load_file(str(path))
+        if not with_encoder:
+            tensors = {k: v for k, v in tensors.items() if not k.startswith("encoder.")}
+        load_state_strict(model, tensors, str(path))
+    else:
+        raise ConfigError(f"load_format must be 'auto' or 'dummy', got {load_format!r}")
+    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
