@@ -83,10 +83,10 @@ class SpeechRequest:
     ref_text: str | None = None
     x_vector_only_mode: bool = False
     voice_prompt: VoicePrompt | None = None
-    # Generation
+    # Generation. Sampling None: the checkpoint's own defaults (generation_config.json).
     max_new_tokens: int = 2048
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    subtalker_sampling: SamplingParams = field(default_factory=SamplingParams)
+    sampling: SamplingParams | None = None
+    subtalker_sampling: SamplingParams | None = None
     seed: int | None = None
     # Streaming
     initial_codec_chunk_frames: int | None = None

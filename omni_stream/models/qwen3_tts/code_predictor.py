@@ -1,0 +1,100 @@
+"""The code predictor ("sub-talker"): 5 Qwen3 layers that turn (talker hidden, code 0) into codes 1..15.
+
+Per frame it runs 15 dependent micro-steps on a fresh 16-position cache: a 2-token prefill
+``[proj(h), proj(C_talker(c0))]`` -> ``lm_head[0]``, then for j = 1..14 the input
+``proj(codec_embedding[j-1](c_j))`` -> ``lm_head[j]``. :meth:`CodePredictor.generate` is written to be
+captured whole as one CUDA graph per batch size: static scratch buffers, shapes fixed by the batch size,
+the loop unrolled over Python constants, sampling inside, and no host synchronisation.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from omni_stream.models.qwen3_tts.config import NUM_CODE_GROUPS, Qwen3TTSConfig
+from omni_stream.models.qwen3_tts.layers import DecoderLayer, RMSNorm, Rotary, run_layers
+from omni_stream.runtime.kv_cache import FrameKVCache, KVShape
+from omni_stream.runtime.sampling import SamplingTensors, sample
+
+STEPS = NUM_CODE_GROUPS - 1  # codes 1..15
+CACHE_LEN = NUM_CODE_GROUPS  # 2-token prefill + 14 single-token steps
+
+
+class CodePredictorModel(nn.Module):
+    def __init__(self, cfg: Qwen3TTSConfig) -> None:
+        super().__init__()
+        d = cfg.code_predictor
+        talker_hidden = cfg.talker.decoder.hidden_size
+        # Embeddings of codes 1..15 live at the talker width: their sum is the talker's next input.
+        self.codec_embedding = nn.ModuleList(nn.Embedding(d.vocab_size, talker_hidden) for _ in range(STEPS))
+        self.layers = nn.ModuleList(DecoderLayer(d) for _ in range(d.num_hidden_layers))
+        self.norm = RMSNorm(d.hidden_size, d.rms_norm_eps)
+        self.rotary = Rotary(d.head_dim, d.rope_theta)
+
+
+class CodePredictor(nn.Module):
+    def __init__(self, cfg: Qwen3TTSConfig) -> None:
+        super().__init__()
+        d = cfg.code_predictor
+        talker_hidden = cfg.talker.decoder.hidden_size
+        self.cfg = d
+        self.model = CodePredictorModel(cfg)
+        self.lm_head = nn.ModuleList(nn.Linear(d.hidden_size, d.vocab_size, bias=False) for _ in range(STEPS))
+        if talker_hidden != d.hidden_size:
+            self.small_to_mtp_projection: nn.Module = nn.Linear(talker_hidden, d.hidden_size, bias=True)
+        else:
+            self.small_to_mtp_projection = nn.Identity()
+        self._caches: dict[tuple[int, torch.dtype, torch.device], FrameKVCache] = {}
+        self._rope: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _cache(self, batch: int, dtype: torch.dtype, device: torch.device) -> FrameKVCache:
+        key = (batch, dtype, device)
+        cache = self._caches.get(key)
+        if cache is None:
+            shape = KVShape(
+                self.cfg.num_hidden_layers, batch, self.cfg.num_key_value_heads, CACHE_LEN, self.cfg.head_dim
+            )
+            cache = self._caches[key] = FrameKVCache(shape, dtype=dtype, device=device)
+        return cache
+
+    def _tables(self, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (dtype, device)
+        if key not in self._rope:
+            self._rope[key] = self.model.rotary(torch.arange(CACHE_LEN, device=device)[None], dtype)
+        return self._rope[key]
+
+    def release_buffers(self) -> None:
+        """Drop the per-batch-size scratch buffers."""
+        self._caches.clear()
+        self._rope.clear()
+
+    def generate(
+        self,
+        hidden: torch.Tensor,
+        c0_embed: torch.Tensor,
+        params: SamplingTensors,
+        noise: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Codes 1..15 ``[B, 15]`` (int64) for talker hidden states and code-0 embeddings ``[B, H_talker]``.
+
+        ``noise``: ``[B, 15, 2048]`` Exponential(1) draws for the sampled rows, or None when all rows are greedy.
+        """
+        b = hidden.shape[0]
+        cache = self._cache(b, hidden.dtype, hidden.device)
+        cos_all, sin_all = self._tables(hidden.dtype, hidden.device)
+        x = self.small_to_mtp_projection(torch.stack((hidden, c0_embed), dim=1))
+        codes = []
+        pos = 0
+        for j in range(STEPS):
+            n = x.shape[1]
+            cos = cos_all[:, pos : pos + n].expand(b, -1, -1)
+            sin = sin_all[:, pos : pos + n].expand(b, -1, -1)
+            out = run_layers(self.model.layers, self.model.norm, x, cos, sin, cache.at(pos))
+            pos += n
+            logits = self.lm_head[j](out[:, -1])
+            token = sample(logits, params, None if noise is None else noise[:, j])
+            codes.append(token)
+            if j + 1 < STEPS:
+                x = self.small_to_mtp_projection(self.model.codec_embedding[j](token))[:, None]
+        return torch.stack(codes, dim=1)

@@ -1,0 +1,294 @@
+"""The Qwen3-TTS family: load a hub-layout checkpoint and stream speech through talker and codec stages.
+
+Loading (off the event loop, with a progress bar): config, text tokenizer, talker + code predictor, the
+12 Hz speech tokenizer (decoder; encoder too for Base), the speaker encoder (Base). Requests are checked
+synchronously in :meth:`Qwen3TTSFamily.speech_stages` (cheap field checks that raise before anything
+streams); tokenization, voice-prompt extraction and model work run off the loop in the stages.
+
+``embedded_default_checkpoint()`` builds the tiny random-weight checkpoint the server uses when no model
+is given: it speaks noise, and the loader says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import torch
+
+from omni_stream.context import RequestContext
+from omni_stream.engine import EngineInfo, LoadContext
+from omni_stream.errors import AudioDecodeError, InvalidRequestError, UnknownVoiceError, UnsupportedTaskError
+from omni_stream.models.qwen3_tts.checkpoint import load_lm, write_tiny_checkpoint
+from omni_stream.models.qwen3_tts.codec import load_speech_tokenizer
+from omni_stream.models.qwen3_tts.config import GenerationDefaults, load_config, load_generation_defaults
+from omni_stream.models.qwen3_tts.prompt import TASK_OF_MODEL, TalkerRequest, prepare_request, resolve_task
+from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
+from omni_stream.models.qwen3_tts.speaker_encoder import load_speaker_encoder
+from omni_stream.models.qwen3_tts.stages import REF_CODES_KEY, codec_stage, talker_stage
+from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
+from omni_stream.pipeline import Stage
+from omni_stream.requests import SamplingParams, SpeechRequest, TaskType, VoicePrompt
+from omni_stream.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+SAMPLE_RATE = 24000
+# Streaming windows: the first audio chunk after this many frames (80 ms each), doubling up to the steady size.
+DEFAULT_INITIAL_FRAMES = 2
+STEADY_FRAMES = 25
+# Reference audio for cloning (seconds).
+MIN_REF_SECONDS = 0.1
+MAX_REF_SECONDS = 60.0
+EMBEDDED_MARKER = ".omni-stream-embedded"
+EMBEDDED_NAME = "qwen3-tts-tiny-custom-voice-v1"
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def parse_dtype(dtype: Any, device: str) -> torch.dtype:
+    """``None`` -> float32 on CPU, bfloat16 on GPU; strings as in ``--dtype``."""
+    if dtype is None:
+        return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return _DTYPES[str(dtype).lower()]
+    except KeyError:
+        raise InvalidRequestError(f"unknown dtype {dtype!r} (one of: {', '.join(sorted(_DTYPES))})", "dtype") from None
+
+
+def _sampling(defaults: GenerationDefaults) -> tuple[SamplingParams, SamplingParams]:
+    talker = SamplingParams(
+        do_sample=defaults.do_sample,
+        temperature=defaults.temperature,
+        top_k=defaults.top_k,
+        top_p=defaults.top_p,
+        repetition_penalty=defaults.repetition_penalty,
+    )
+    sub = SamplingParams(
+        do_sample=defaults.subtalker_dosample,
+        temperature=defaults.subtalker_temperature,
+        top_k=defaults.subtalker_top_k,
+        top_p=defaults.subtalker_top_p,
+    )
+    return talker, sub
+
+
+class Qwen3TTSFamily:
+    """A loaded Qwen3-TTS checkpoint. ``runner``, ``scheduler`` and ``speech_tokenizer`` are public for tests."""
+
+    def __init__(self, load: LoadContext) -> None:
+        opts = load.options
+        ckpt = load.checkpoint
+        self.worker = load.worker
+        device = opts.device
+        dtype = parse_dtype(opts.dtype, device)
+        load_format = "dummy" if opts.load_format == "dummy" else "auto"
+        self.embedded = (ckpt / EMBEDDED_MARKER).exists()
+        steps = 5
+        with opts.progress_bar(total=steps, desc=f"loading {ckpt.name}", unit="part") as bar:
+            self.config = cfg = load_config(ckpt)
+            self.defaults = load_generation_defaults(ckpt)
+            self.task = TASK_OF_MODEL[cfg.tts_model_type]
+            bar.update(1)
+            self.tokenizer = TextTokenizer(ckpt, cfg.talker.text_vocab_size)
+            bar.update(1)
+            lm = load_lm(ckpt, device=device, dtype=dtype, load_format=load_format)
+            bar.update(1)
+            self.speech_tokenizer = load_speech_tokenizer(
+                ckpt, device, dtype, load_format, with_encoder=self.task is TaskType.BASE
+            ).eval()
+            self.speaker_encoder = None
+            if self.task is TaskType.BASE:
+                if cfg.speaker_encoder is None:
+                    raise InvalidRequestError("Base checkpoint has no speaker_encoder_config", "speaker_encoder_config")
+                self.speaker_encoder = load_speaker_encoder(
+                    ckpt, cfg.speaker_encoder, device, dtype, load_format
+                ).eval()
+            bar.update(1)
+            self.runner = Qwen3TTSRunner(lm, max_batch_size=opts.max_batch_size)
+            self.scheduler = Scheduler(
+                self.runner,
+                load.worker,
+                high_watermark=opts.max_buffered_frames,
+                metrics=load.metrics.scheduler("talker"),
+                name="talker",
+            )
+            bar.update(1)
+        self.sampling, self.subtalker_sampling = _sampling(self.defaults)
+        self.info = EngineInfo(
+            model_name=ckpt.name,
+            model_type="qwen3_tts",
+            task_types=(self.task,),
+            voices=cfg.speakers,
+            languages=tuple(lang.capitalize() for lang in cfg.languages if lang != "auto"),
+            sample_rate=self.speech_tokenizer.sample_rate,
+            default_task=self.task,
+        )
+        if self.embedded:
+            log.warning(
+                "serving the embedded tiny checkpoint %s: random weights, it speaks noise "
+                "(pass --model DIR for a real Qwen3-TTS checkpoint)",
+                ckpt,
+            )
+
+    # --- requests -------------------------------------------------------------------------------------------
+
+    def count_text_tokens(self, text: str) -> int:
+        """Tokens of ``text`` under the checkpoint's tokenizer (blocking: call it off the loop for long text)."""
+        return self.tokenizer.count(text)
+
+    def check_request(self, request: SpeechRequest) -> TaskType:
+        """Cheap field checks that need no tokenization; raises typed errors naming the field."""
+        task = resolve_task(request, self.config)
+        lang = (request.language or "auto").strip().lower()
+        if lang not in self.config.languages:
+            valid = ", ".join(x.capitalize() for x in self.config.languages)
+            raise InvalidRequestError(f"unknown language {request.language!r}; valid languages: {valid}", "language")
+        if task is TaskType.CUSTOM_VOICE:
+            valid = ", ".join(self.config.speakers)
+            if not request.voice:
+                raise InvalidRequestError(f"voice is required; valid voices: {valid}", "voice")
+            if request.voice.strip().lower() not in self.config.talker.spk_id:
+                raise UnknownVoiceError(f"unknown voice {request.voice!r}; valid voices: {valid}", "voice")
+        elif task is TaskType.VOICE_DESIGN:
+            if not (request.instructions or "").strip():
+                raise InvalidRequestError("VoiceDesign needs instructions describing the voice", "instructions")
+        elif request.voice_prompt is None and request.ref_audio is None:
+            raise InvalidRequestError(
+                "Base (voice cloning) models need a reference voice: give ref_audio or an uploaded voice", "ref_audio"
+            )
+        elif request.voice_prompt is None and not request.x_vector_only_mode and not (request.ref_text or "").strip():
+            raise InvalidRequestError(
+                "in-context voice cloning needs ref_text (the transcript of the reference audio); "
+                "set x_vector_only_mode to clone from the speaker embedding alone",
+                "ref_text",
+            )
+        return task
+
+    def speech_stages(self, request: SpeechRequest, ctx: RequestContext) -> Sequence[Stage]:
+        task = self.check_request(request)
+        request = replace(
+            request,
+            sampling=request.sampling or self.sampling,
+            subtalker_sampling=request.subtalker_sampling or self.subtalker_sampling,
+        )
+
+        async def prepare(ctx: RequestContext) -> TalkerRequest:
+            voice_prompt = request.voice_prompt
+            if task is TaskType.BASE and voice_prompt is None:
+                assert request.ref_audio is not None
+                ref_text = None if request.x_vector_only_mode else request.ref_text
+                with ctx.fail_after("voice prompt extraction"):
+                    voice_prompt = await self.create_voice_prompt(request.ref_audio, request.ref_sample_rate, ref_text)
+            talker_request = await anyio.to_thread.run_sync(
+                lambda: prepare_request(request, self.config, self.tokenizer, voice_prompt=voice_prompt)
+            )
+            prompt = talker_request.prompt
+            ctx.input_tokens = len(prompt.text_ids) + len(prompt.instruct_ids) + len(prompt.ref_text_ids or ())
+            if prompt.ref_codes is not None:
+                ctx.meta[REF_CODES_KEY] = prompt.ref_codes
+            return talker_request
+
+        initial = request.initial_codec_chunk_frames or DEFAULT_INITIAL_FRAMES
+        return [
+            talker_stage(self.scheduler, prepare),
+            codec_stage(
+                self.speech_tokenizer.decoder,
+                self.worker,
+                sample_rate=self.speech_tokenizer.sample_rate,
+                samples_per_frame=self.speech_tokenizer.samples_per_frame,
+                initial_frames=initial,
+                steady_frames=max(STEADY_FRAMES, initial),
+            ),
+        ]
+
+    # --- voices ---------------------------------------------------------------------------------------------
+
+    def _extract_voice(self, audio: np.ndarray, ref_text: str | None) -> VoicePrompt:
+        assert self.speaker_encoder is not None
+        device = next(self.speaker_encoder.parameters()).device
+        wav = torch.from_numpy(audio).to(device)
+        x_vector = self.speaker_encoder.embed(wav).float().cpu().numpy()
+        ref_codes = None
+        if ref_text:
+            ref_codes = self.speech_tokenizer.encode(wav).cpu().numpy().astype(np.int64)
+        return VoicePrompt(x_vector=x_vector, ref_codes=ref_codes, ref_text=ref_text)
+
+    async def create_voice_prompt(
+        self, audio: np.ndarray, sample_rate: int, ref_text: str | None = None
+    ) -> VoicePrompt:
+        """Speaker x-vector (and, with ``ref_text``, the reference codes) of ``audio`` for Base cloning."""
+        if self.task is not TaskType.BASE:
+            raise UnsupportedTaskError(
+                f"this {self.task.value} checkpoint does not clone voices (that needs a Base checkpoint)", "task_type"
+            )
+        audio = np.asarray(audio, dtype=np.float32)
+        if audio.ndim == 2:
+            audio = audio.mean(axis=1)
+        if audio.ndim != 1 or audio.size == 0 or not np.isfinite(audio).all():
+            raise AudioDecodeError("reference audio must be non-empty, finite mono samples", "ref_audio")
+        if sample_rate <= 0:
+            raise InvalidRequestError(f"sample_rate must be positive, got {sample_rate}", "ref_audio")
+        seconds = audio.size / sample_rate
+        if not MIN_REF_SECONDS <= seconds <= MAX_REF_SECONDS:
+            raise AudioDecodeError(
+                f"reference audio must last {MIN_REF_SECONDS}-{MAX_REF_SECONDS} s, got {seconds:.2f} s", "ref_audio"
+            )
+        if sample_rate != SAMPLE_RATE:
+            from omni_stream.codecs import resample
+
+            audio = await anyio.to_thread.run_sync(resample, audio, sample_rate, SAMPLE_RATE)
+        text = (ref_text or "").strip() or None
+        return await self.worker.submit(self._extract_voice, np.ascontiguousarray(audio, dtype=np.float32), text)
+
+    async def aclose(self) -> None:
+        """Models are freed with the family; the engine's worker releases any sequence still admitted."""
+
+
+def load_family(load: LoadContext) -> Qwen3TTSFamily:
+    """Family loader for ``model_type: qwen3_tts`` (runs off the event loop)."""
+    return Qwen3TTSFamily(load)
+
+
+def embedded_default_checkpoint(cache_dir: str | Path | None = None) -> Path:
+    """The tiny CustomVoice checkpoint served when no model is given; built on first use (atomically)."""
+    if cache_dir is None:
+        from platformdirs import user_cache_dir
+
+        cache_dir = os.environ.get("OMNI_STREAM_CACHE") or user_cache_dir("omni-stream")
+    target = Path(cache_dir) / "checkpoints" / EMBEDDED_NAME
+    if (target / EMBEDDED_MARKER).exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    log.warning("building the embedded tiny checkpoint in %s (random weights: it speaks noise)", target)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_NAME}-", dir=target.parent))
+    try:
+        write_tiny_checkpoint(tmp, "custom_voice", "0.6b", seed=0)
+        (tmp / EMBEDDED_MARKER).write_text("tiny random-weight checkpoint built by omni-stream; it speaks noise\n")
+        if target.exists():  # a half-built leftover without its marker
+            shutil.rmtree(target, ignore_errors=True)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if not (target / EMBEDDED_MARKER).exists():  # another process did not win the race either
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

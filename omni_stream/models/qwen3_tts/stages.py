@@ -1,0 +1,128 @@
+"""Qwen3-TTS pipeline stages: talker (batched frames from the scheduler) and codec (streamed audio windows).
+
+The codec stage decodes windows of new frames with each request's full decoder state (conv histories,
+transposed-conv overlap, sliding-window K/V), so the streamed waveform equals the whole-utterance decode
+whatever the window sizes (``codec_stream``). Windows follow a ramp (``initial_codec_chunk_frames``
+doubling up to ``steady_frames``): a small first window for time to first audio, then longer ones that
+each arrive before the audio already sent runs out. Windows of equal length from different requests are
+decoded together in one batched worker job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from omni_stream.chunks import Audio, CodecFrames
+from omni_stream.context import RequestContext
+from omni_stream.models.qwen3_tts.codec import CodecDecoder
+from omni_stream.models.qwen3_tts.codec_stream import CodecStreamState, decode_windows, prime, ramp_window
+from omni_stream.pipeline import Stage
+from omni_stream.scheduler import Scheduler
+from omni_stream.worker import DeviceWorker
+
+# meta key through which the talker stage hands ICL reference codes ([T, 16] int64) to the codec stage
+REF_CODES_KEY = "qwen3_tts.ref_codes"
+
+
+@dataclass(slots=True, eq=False)
+class CodecWindow:
+    """One request's next window: ``codes [n, 16]``; ``context`` frames are fed first without output (ICL)."""
+
+    state: CodecStreamState
+    codes: torch.Tensor
+    context: torch.Tensor | None = None
+
+
+def decode_codec_windows(decoder: CodecDecoder, windows: list[CodecWindow]) -> list[np.ndarray]:
+    """Batched job (device worker): decode equal-length windows of several requests, each with its own state."""
+    for w in windows:
+        if w.context is not None:
+            prime(decoder, w.context.T.unsqueeze(0), w.state)
+            w.context = None
+    device = next(decoder.parameters()).device
+    codes = [w.codes.T.unsqueeze(0).to(device) for w in windows]
+    audio = decode_windows(decoder, codes, [w.state for w in windows])
+    return [a[0].cpu().numpy().astype(np.float32, copy=False) for a in audio]
+
+
+def talker_stage(
+    scheduler: Scheduler, prepare: Callable[[RequestContext], Any], name: str = "talker"
+) -> Stage:
+    """Admit the request to the talker scheduler and yield its :class:`CodecFrames` as steps produce them.
+
+    ``prepare(ctx)`` is awaited first and returns the scheduler payload (prompt building runs off the loop).
+    """
+
+    async def talker(ctx: RequestContext, upstream: AsyncIterator[Any]) -> AsyncIterator[CodecFrames]:
+        payload = await prepare(ctx)
+        async with scheduler.session(payload, ctx) as frames:
+            async for item in frames:
+                ctx.output_tokens += item.n_frames
+                ctx.timings.steps += 1
+                yield item
+
+    talker.__name__ = name
+    return talker
+
+
+def codec_stage(
+    decoder: CodecDecoder,
+    worker: DeviceWorker,
+    *,
+    sample_rate: int,
+    samples_per_frame: int,
+    initial_frames: int,
+    steady_frames: int,
+) -> Stage:
+    """Decode the upstream frames in ramped windows with exact streaming state; yield :class:`Audio`."""
+    key_prefix = f"qwen3-codec-{id(decoder)}"
+
+    def batch_fn(windows: list[CodecWindow]) -> list[np.ndarray]:
+        return decode_codec_windows(decoder, windows)
+
+    async def codec(ctx: RequestContext, upstream: AsyncIterator[CodecFrames]) -> AsyncIterator[Audio]:
+        # The state lives with this request alone: a cancelled window job can only touch this object.
+        state = CodecStreamState.zeros(decoder, 1)
+        context: torch.Tensor | None = None
+        held: list[torch.Tensor] = []
+        n_held = 0
+        index = 0
+        start = 0
+        want = ramp_window(0, initial_frames, steady_frames)
+
+        async def flush(n: int, final: bool) -> Audio:
+            nonlocal held, n_held, start, index, want, context
+            codes = torch.cat(held) if len(held) > 1 else held[0]
+            held = [codes[n:]] if codes.shape[0] > n else []
+            n_held -= n
+            window = CodecWindow(state, codes[:n], context)
+            context = None
+            with ctx.fail_after("codec decode"):
+                samples = await worker.submit_batched((key_prefix, n), window, batch_fn)
+            audio = Audio(samples, sample_rate, start * samples_per_frame, final)
+            start += n
+            index += 1
+            want = ramp_window(index, initial_frames, steady_frames)
+            return audio
+
+        async for frames in upstream:
+            if frames.start_frame == 0 and ctx.meta.get(REF_CODES_KEY) is not None:
+                # The talker stage set the reference codes before its first frame; they prime the decoder.
+                context = torch.as_tensor(ctx.meta[REF_CODES_KEY], dtype=torch.long)
+            held.append(frames.codes)
+            n_held += frames.n_frames
+            while n_held >= want:
+                yield await flush(want, final=False)
+        if n_held:
+            yield await flush(n_held, final=True)
+        elif index == 0:
+            # Nothing was generated (EOS straight away): end with an empty final chunk so consumers see the end.
+            yield Audio(np.zeros(0, np.float32), sample_rate, 0, True)
+
+    codec.__name__ = "codec"
+    return codec

@@ -1,0 +1,129 @@
+"""Batched token sampling with per-row parameters, HF logits-processor semantics, and no host syncs.
+
+Every function is pure and works on whole batches: rows with different temperatures, top-k, top-p,
+repetition penalties or greedy/sampling modes share one call. Sampling is an exponential race
+(``argmax(probs / E)`` with ``E ~ Exponential(1)``, as in gpt-fast), so the random draw is an input
+tensor: callers draw it from per-request generators and the sampler itself has no RNG state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from omni_stream.requests import SamplingParams
+
+
+@dataclass(slots=True, frozen=True)
+class SamplingTensors:
+    """Per-row sampling parameters as device tensors (``[B]`` each). ``top_k == 0`` disables top-k."""
+
+    do_sample: torch.Tensor  # bool
+    temperature: torch.Tensor  # float32
+    top_k: torch.Tensor  # int64
+    top_p: torch.Tensor  # float32
+    repetition_penalty: torch.Tensor  # float32
+
+    @classmethod
+    def from_params(cls, params: Sequence[SamplingParams], device: torch.device | str = "cpu") -> SamplingTensors:
+        """Stack per-request parameters (one host-to-device copy per field)."""
+        return cls(
+            do_sample=torch.tensor([p.do_sample for p in params], dtype=torch.bool, device=device),
+            temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
+            top_k=torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
+            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+            repetition_penalty=torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32, device=device),
+        )
+
+    @classmethod
+    def empty(cls, n: int, device: torch.device | str = "cpu") -> SamplingTensors:
+        """``n`` greedy rows (slot-indexed storage to be filled with :meth:`write`)."""
+        return cls(
+            do_sample=torch.zeros(n, dtype=torch.bool, device=device),
+            temperature=torch.ones(n, dtype=torch.float32, device=device),
+            top_k=torch.zeros(n, dtype=torch.int64, device=device),
+            top_p=torch.ones(n, dtype=torch.float32, device=device),
+            repetition_penalty=torch.ones(n, dtype=torch.float32, device=device),
+        )
+
+    def write(self, row: int, p: SamplingParams) -> None:
+        """Store one request's parameters in row ``row`` (admission time, not the hot path)."""
+        self.do_sample[row] = p.do_sample
+        self.temperature[row] = p.temperature
+        self.top_k[row] = p.top_k
+        self.top_p[row] = p.top_p
+        self.repetition_penalty[row] = p.repetition_penalty
+
+    def index(self, rows: torch.Tensor) -> SamplingTensors:
+        """Gather rows (e.g. the slots of this step's batch)."""
+        return SamplingTensors(
+            self.do_sample[rows], self.temperature[rows], self.top_k[rows], self.top_p[rows],
+            self.repetition_penalty[rows],
+        )  # fmt: skip
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+    """HF semantics over the tokens marked in ``seen`` ``[B, V]``: positive logits / p, negative * p."""
+    p = penalty[:, None].to(logits.dtype)
+    penalized = torch.where(logits > 0, logits / p, logits * p)
+    return torch.where(seen, penalized, logits)
+
+
+def mask_tokens(logits: torch.Tensor, banned: torch.Tensor) -> torch.Tensor:
+    """Set banned logits to -inf; ``banned`` is ``[V]`` or ``[B, V]`` boolean."""
+    return logits.masked_fill(banned, float("-inf"))
+
+
+def top_k_filter(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Keep logits >= the row's k-th largest value (ties at the k-th value are kept); ``k == 0`` keeps all."""
+    v = logits.shape[-1]
+    sorted_desc = logits.sort(dim=-1, descending=True).values
+    kth = sorted_desc.gather(-1, (k.clamp(1, v) - 1)[:, None])
+    kth = torch.where(k[:, None] > 0, kth, torch.full_like(kth, float("-inf")))
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_filter(logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """HF nucleus filter: drop the low tail whose total mass is <= 1 - p, always keeping the best token."""
+    sorted_logits, order = logits.sort(dim=-1, descending=False)
+    cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    remove = cum <= (1.0 - p)[:, None].to(cum.dtype)
+    remove[:, -1] = False
+    remove = remove.scatter(-1, order, remove)
+    return logits.masked_fill(remove, float("-inf"))
+
+
+def warp(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
+    """Temperature, then top-k, then top-p (HF warper order)."""
+    x = logits / params.temperature[:, None].to(logits.dtype)
+    x = top_k_filter(x, params.top_k)
+    return top_p_filter(x, params.top_p)
+
+
+def sample(logits: torch.Tensor, params: SamplingTensors, noise: torch.Tensor | None) -> torch.Tensor:
+    """Next token per row: greedy argmax where ``do_sample`` is False, else an exponential race.
+
+    ``noise`` is ``[B, V]`` Exponential(1) draws (None only when no row samples).
+    """
+    logits = logits.float()
+    greedy = logits.argmax(dim=-1)
+    if noise is None:
+        return greedy
+    probs = warp(logits, params).softmax(dim=-1)
+    raced = (probs / noise.clamp_min(1e-20)).argmax(dim=-1)
+    return torch.where(params.do_sample, raced, greedy)
+
+
+def exponential_noise(
+    generators: Sequence[torch.Generator | None], width: int, device: torch.device | str
+) -> torch.Tensor:
+    """``[len(generators), width]`` Exponential(1) draws, row ``i`` from ``generators[i]`` (None: global RNG).
+
+    One row per request keeps each request's stream independent of who it is batched with.
+    """
+    out = torch.empty(len(generators), width, dtype=torch.float32, device=device)
+    for i, g in enumerate(generators):
+        out[i].exponential_(generator=g)
+    return out

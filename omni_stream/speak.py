@@ -1,0 +1,81 @@
+"""`omni-stream speak`: synthesize text to an audio file through the streaming engine."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import numpy as np
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("text", help="text to speak")
+    parser.add_argument("-o", "--output", type=Path, default=Path("out.wav"), help="output file (default out.wav)")
+    parser.add_argument("--model", default=None, help="checkpoint directory (default: the embedded tiny checkpoint)")
+    parser.add_argument("--voice", default=None, help="speaker name (CustomVoice checkpoints)")
+    parser.add_argument("--language", default="Auto", help="language name or Auto (default Auto)")
+    parser.add_argument("--instructions", default=None, help="style instructions (VoiceDesign requires them)")
+    parser.add_argument("--task-type", default=None, choices=["CustomVoice", "VoiceDesign", "Base"])
+    parser.add_argument("--ref-audio", type=Path, default=None, help="reference audio file (Base cloning)")
+    parser.add_argument("--ref-text", default=None, help="transcript of --ref-audio (in-context cloning)")
+    parser.add_argument("--max-new-tokens", type=int, default=2048, help="maximum codec frames (80 ms each)")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: float32 on CPU)")
+
+
+async def _speak(args: argparse.Namespace) -> int:
+    from omni_stream.engine import AsyncEngine
+    from omni_stream.requests import GREEDY, SpeechRequest, TaskType
+
+    ref_audio = None
+    ref_rate = 24000
+    if args.ref_audio is not None:
+        import soundfile as sf
+
+        data, ref_rate = await anyio.to_thread.run_sync(sf.read, str(args.ref_audio), "float32")
+        ref_audio = data.mean(axis=1).astype(np.float32) if data.ndim == 2 else data
+    sampling = GREEDY if args.greedy else None  # None: the checkpoint's generation defaults
+    request = SpeechRequest(
+        text=args.text,
+        voice=args.voice,
+        task_type=TaskType(args.task_type) if args.task_type else None,
+        language=args.language,
+        instructions=args.instructions,
+        ref_audio=ref_audio,
+        ref_sample_rate=ref_rate,
+        ref_text=args.ref_text,
+        max_new_tokens=args.max_new_tokens,
+        sampling=sampling,
+        subtalker_sampling=sampling,
+        seed=args.seed,
+    )
+    async with await AsyncEngine.from_pretrained(args.model, device=args.device, dtype=args.dtype) as engine:
+        pieces: list[np.ndarray] = []
+        async with engine.speech(request) as stream:
+            async for audio in stream:
+                pieces.append(audio.samples)
+            timings = stream.timings
+        wav = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+        rate = engine.info.sample_rate
+
+    import soundfile as sf
+
+    await anyio.to_thread.run_sync(lambda: sf.write(str(args.output), wav, rate, subtype="PCM_16"))
+    ttfa = timings.ttfa
+    elapsed = (timings.finished or time.perf_counter()) - timings.created
+    print(
+        f"wrote {args.output}: {len(wav) / rate:.2f} s of audio at {rate} Hz"
+        + (f", first audio after {ttfa * 1000:.0f} ms" if ttfa is not None else "")
+        + f", {elapsed:.2f} s total",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return anyio.run(_speak, args)

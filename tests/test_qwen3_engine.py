@@ -1,0 +1,176 @@
+"""Qwen3-TTS through the engine: streamed audio equals the whole decode, batching, errors, cleanup."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import anyio
+import numpy as np
+import pytest
+import torch
+
+from omni_stream.engine import AsyncEngine
+from omni_stream.errors import InvalidRequestError, UnknownVoiceError, UnsupportedTaskError
+from omni_stream.models.qwen3_tts import family as family_mod
+from omni_stream.models.qwen3_tts.checkpoint import write_tiny_checkpoint
+from omni_stream.models.qwen3_tts.prompt import prepare_request
+from omni_stream.requests import GREEDY, SpeechRequest, VoicePrompt
+
+# Streaming with full decoder state is exact up to float rounding (fp32); the codec tests prove the same
+# bound for the decoder alone.
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def custom_voice_dir(tmp_path_factory: pytest.TempPathFactory):
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("cv"), "custom_voice", "0.6b", seed=1)
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory: pytest.TempPathFactory):
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("base"), "base", "0.6b", seed=2)
+
+
+def _greedy(text: str, **kw) -> SpeechRequest:
+    kw.setdefault("max_new_tokens", 24)
+    return SpeechRequest(text=text, sampling=GREEDY, subtalker_sampling=GREEDY, **kw)
+
+
+async def _collect(engine: AsyncEngine, request: SpeechRequest) -> np.ndarray:
+    async with engine.speech(request) as stream:
+        parts = [a.samples async for a in stream]
+    return np.concatenate(parts)
+
+
+async def _expected(engine: AsyncEngine, request: SpeechRequest, voice_prompt=None) -> np.ndarray:
+    """Codes from the runner's synchronous driver, decoded whole (on the worker thread, engine idle)."""
+    fam = engine.family
+
+    def run() -> np.ndarray:
+        req = replace(request, sampling=request.sampling or fam.sampling)
+        talker_request = prepare_request(req, fam.config, fam.tokenizer, voice_prompt=voice_prompt)
+        codes = fam.runner.generate_codes([talker_request])[0]
+        prompt = talker_request.prompt
+        if prompt.ref_codes is not None:
+            ref = torch.as_tensor(prompt.ref_codes)
+            wav = fam.speech_tokenizer.decode(torch.cat([ref, codes]).T.unsqueeze(0))[0]
+            return wav[ref.shape[0] * 1920 :].numpy()
+        return fam.speech_tokenizer.decode(codes.T.unsqueeze(0))[0].numpy()
+
+    return await engine.worker.submit(run)
+
+
+async def _idle(engine: AsyncEngine) -> None:
+    # Sessions release synchronously; the worker frees slots at its next iteration: let two go by.
+    await engine.worker.submit(lambda: None)
+    await engine.worker.submit(lambda: None)
+    live = engine.family.scheduler.live()
+    assert live == dict.fromkeys(live, 0), live
+    assert engine.family.runner.num_active == 0
+
+
+@pytest.mark.parametrize("initial", [1, 2, 5])
+async def test_streamed_audio_equals_whole_decode(custom_voice_dir, initial):
+    async with await AsyncEngine.from_pretrained(custom_voice_dir, progress=False) as engine:
+        request = _greedy("Hello there, streaming world.", voice="ryan", initial_codec_chunk_frames=initial)
+        streamed = await _collect(engine, request)
+        expected = await _expected(engine, request)
+        assert streamed.shape == expected.shape and streamed.size > 0
+        assert np.abs(streamed - expected).max() < TOL
+        await _idle(engine)
+
+
+async def test_concurrent_requests_each_get_their_solo_audio(custom_voice_dir):
+    async with await AsyncEngine.from_pretrained(custom_voice_dir, progress=False, max_batch_size=4) as engine:
+        requests = [
+            _greedy("One two three.", voice="ryan"),
+            _greedy("A different sentence here.", voice="vivian", language="English"),
+            _greedy("Short.", voice="dylan", language="Chinese", max_new_tokens=10),
+            _greedy("The fourth request joins too.", voice="aiden"),
+            _greedy("And a fifth waits for a slot.", voice="serena"),
+        ]
+        solo = [await _collect(engine, r) for r in requests]
+        together: list[np.ndarray | None] = [None] * len(requests)
+
+        async def one(i: int) -> None:
+            together[i] = await _collect(engine, requests[i])
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(requests)):
+                tg.start_soon(one, i)
+        for a, b in zip(solo, together, strict=True):
+            assert b is not None and a.shape == b.shape
+            assert np.abs(a - b).max() < TOL
+        await _idle(engine)
+
+
+async def test_bad_requests_raise_typed_errors_and_leave_nothing(custom_voice_dir):
+    async with await AsyncEngine.from_pretrained(custom_voice_dir, progress=False) as engine:
+        with pytest.raises(UnknownVoiceError) as err:
+            engine.speech("hi", voice="nobody")
+        assert err.value.param == "voice" and "ryan" in str(err.value)
+        with pytest.raises(UnsupportedTaskError) as err:
+            engine.speech("hi", voice="ryan", task_type="VoiceDesign")
+        assert err.value.param == "task_type"
+        with pytest.raises(InvalidRequestError) as err:
+            engine.speech("hi", voice="ryan", language="Klingon")
+        assert err.value.param == "language" and "English" in str(err.value)
+        with pytest.raises(InvalidRequestError) as err:
+            engine.speech("hi")
+        assert err.value.param == "voice"
+        with pytest.raises(UnsupportedTaskError):
+            await engine.create_voice_prompt(np.zeros(24000, np.float32), 24000, "x")
+        await _idle(engine)
+
+
+async def test_closing_mid_stream_frees_the_slot(custom_voice_dir):
+    async with await AsyncEngine.from_pretrained(custom_voice_dir, progress=False) as engine:
+        stream = engine.speech(_greedy("A long request that we abandon early.", voice="ryan", max_new_tokens=200))
+        first = await stream.__anext__()
+        assert first.n_samples > 0
+        await stream.aclose()
+        # The release is synchronous; the worker frees the slot before its next step. A later request
+        # runs to completion, proving the worker moved on.
+        await _collect(engine, _greedy("next", voice="ryan", max_new_tokens=4))
+        await _idle(engine)
+
+
+async def test_base_cloning_streams_with_reference_context(base_dir):
+    async with await AsyncEngine.from_pretrained(base_dir, progress=False) as engine:
+        t = np.arange(24000 * 2) / 24000
+        ref = (0.3 * np.sin(2 * np.pi * 220 * t) * np.sin(2 * np.pi * 3 * t)).astype(np.float32)
+        prompt = await engine.create_voice_prompt(ref, 24000, "a reference transcript")
+        assert isinstance(prompt, VoicePrompt) and prompt.ref_codes is not None
+        assert prompt.ref_codes.shape[1] == 16 and prompt.x_vector.ndim == 1
+        request = _greedy("Cloned speech.", voice_prompt=prompt)
+        streamed = await _collect(engine, request)
+        expected = await _expected(engine, request, voice_prompt=prompt)
+        assert streamed.shape == expected.shape and np.abs(streamed - expected).max() < TOL
+        # x-vector only: no reference codes, no reference text needed
+        xv = await _collect(engine, _greedy("Cloned speech.", ref_audio=ref, x_vector_only_mode=True))
+        assert xv.size > 0
+        with pytest.raises(InvalidRequestError) as err:
+            engine.speech(_greedy("needs a transcript", ref_audio=ref))
+        assert err.value.param == "ref_text"
+        await _idle(engine)
+
+
+def test_embedded_default_checkpoint_is_built_once_and_says_it_speaks_noise(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING):
+        path = family_mod.embedded_default_checkpoint(tmp_path)
+    assert (path / family_mod.EMBEDDED_MARKER).exists()
+    assert "noise" in caplog.text
+    assert sorted(p.name for p in tmp_path.joinpath("checkpoints").iterdir()) == [path.name]  # no temp leftovers
+    mtime = (path / "model.safetensors").stat().st_mtime_ns
+    assert family_mod.embedded_default_checkpoint(tmp_path) == path
+    assert (path / "model.safetensors").stat().st_mtime_ns == mtime
+
+    async def load() -> None:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            async with await AsyncEngine.from_pretrained(path, progress=False) as engine:
+                assert engine.family.embedded
+        assert "speaks noise" in caplog.text
+
+    anyio.run(load)

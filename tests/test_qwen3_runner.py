@@ -1,0 +1,150 @@
+"""The batched runner: mixed batches equal solo runs, newcomers join mid-run, length/EOS rules, seeds, cleanup."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from reference_qwen import tiny_checkpoint
+
+from omni_stream.batch import Batch, Sequence
+from omni_stream.chunks import CodecFrames
+from omni_stream.errors import InvalidRequestError
+from omni_stream.models.qwen3_tts.checkpoint import load_lm
+from omni_stream.models.qwen3_tts.config import load_config
+from omni_stream.models.qwen3_tts.prompt import prepare_request
+from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
+from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
+from omni_stream.requests import SamplingParams, SpeechRequest, VoicePrompt
+
+GREEDY = SamplingParams(do_sample=False, temperature=1.0, top_k=0, repetition_penalty=1.05)
+SUB_GREEDY = SamplingParams(do_sample=False, temperature=1.0, top_k=0)
+
+
+@pytest.fixture(scope="module")
+def cv(tmp_path_factory):
+    path = tiny_checkpoint(tmp_path_factory, "custom_voice", "0.6b")
+    cfg = load_config(path)
+    return cfg, TextTokenizer(path), load_lm(path, dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    path = tiny_checkpoint(tmp_path_factory, "base", "0.6b")
+    cfg = load_config(path)
+    return cfg, TextTokenizer(path), load_lm(path, dtype=torch.float32)
+
+
+def make(model, *, non_streaming=None, **kw):
+    cfg, tok, _ = model
+    kw.setdefault("sampling", GREEDY)
+    kw.setdefault("subtalker_sampling", SUB_GREEDY)
+    return prepare_request(SpeechRequest(**kw), cfg, tok, non_streaming=non_streaming)
+
+
+def runner(model, slots=4, max_len=256) -> Qwen3TTSRunner:
+    return Qwen3TTSRunner(model[2], max_batch_size=slots, max_len=max_len)
+
+
+def test_mixed_batch_equals_solo_with_newcomers(cv) -> None:
+    reqs = [
+        make(cv, text="Hello world, this is a test.", voice="ryan", language="English", max_new_tokens=14),
+        make(cv, text="Good.", voice="dylan", language="Auto", max_new_tokens=9, non_streaming=False),
+        make(cv, text="The voice is warm.", voice="sohee", language="Korean", max_new_tokens=12, non_streaming=False),
+        make(cv, text="This is the speech test of a voice.", voice="eric", language="Chinese", max_new_tokens=11),
+        make(cv, text="Hello.", voice="serena", language="Auto", max_new_tokens=6),
+    ]
+    r = runner(cv, slots=3)
+    solo = [r.generate_codes([q])[0] for q in reqs]
+    # 3 slots for 5 requests: two join while others decode (at steps 2 and 5), the rest wait for free slots.
+    batched = r.generate_codes(reqs, join_steps=[0, 2, 0, 5, 1])
+    for i, (a, b) in enumerate(zip(solo, batched, strict=True)):
+        assert torch.equal(a, b), i
+    assert [len(c) for c in solo] == [13, 8, 11, 10, 5]
+    assert r.num_active == 0
+
+
+def test_base_batch_mixes_icl_and_x_vector(base) -> None:
+    cfg = base[0]
+    rng = np.random.default_rng(1)
+    xv = rng.standard_normal(cfg.talker.decoder.hidden_size).astype(np.float32)
+    vp = VoicePrompt(x_vector=xv, ref_codes=rng.integers(0, 2048, (4, 16)), ref_text="Hello.")
+    reqs = [
+        make(base, text="This is a test of the voice.", voice_prompt=vp, max_new_tokens=10),
+        make(base, text="Hello world.", voice_prompt=vp, x_vector_only_mode=True, max_new_tokens=8),
+        make(base, text="Good.", voice_prompt=vp, language="English", max_new_tokens=9, non_streaming=True),
+    ]
+    r = runner(base)
+    solo = [r.generate_codes([q])[0] for q in reqs]
+    batched = r.generate_codes(reqs, join_steps=[0, 3, 1])
+    assert all(torch.equal(a, b) for a, b in zip(solo, batched, strict=True))
+
+
+def test_frames_stream_one_per_step_with_final_flag(cv) -> None:
+    r = runner(cv)
+    seq = Sequence(seq_id=7, payload=make(cv, text="Hello.", voice="ryan", max_new_tokens=4), slot=2)
+    outs = r.step(Batch(prefill=(seq,)))
+    frames = [outs[0].item]
+    while not outs[0].finished:
+        outs = r.step(Batch(decode=(seq,)))
+        frames.append(outs[0].item)
+    assert all(isinstance(f, CodecFrames) for f in frames)
+    assert [f.start_frame for f in frames] == [0, 1, 2]
+    assert [f.final for f in frames] == [False, False, True]
+    assert all(
+        f.codes.shape == (1, 16) and f.codes.dtype == torch.int64 and f.codes.device.type == "cpu" for f in frames
+    )
+    r.release(seq)
+    assert r.num_active == 0 and seq.model_state is None
+
+
+def test_one_token_gives_no_frames_and_ignore_eos_gives_n(cv) -> None:
+    r = runner(cv)
+    out = r.generate_codes([make(cv, text="Hello.", voice="ryan", max_new_tokens=1)])[0]
+    assert out.shape == (0, 16)
+    out = r.generate_codes([make(cv, text="Hello.", voice="ryan", max_new_tokens=7, ignore_eos=True)])[0]
+    assert out.shape == (7, 16)
+    assert (out[:, 0] < 2048).all()
+
+
+def test_request_too_long_for_context_is_rejected_cleanly(cv) -> None:
+    r = runner(cv, max_len=32)
+    ok = Sequence(seq_id=1, payload=make(cv, text="Hello.", voice="ryan", max_new_tokens=4), slot=0)
+    bad = Sequence(seq_id=2, payload=make(cv, text="Hello.", voice="ryan", max_new_tokens=100), slot=1)
+    outs = r.step(Batch(prefill=(ok, bad)))
+    assert outs[0].error is None and outs[0].item is not None
+    assert isinstance(outs[1].error, InvalidRequestError) and outs[1].error.param == "max_new_tokens"
+    assert outs[1].finished and bad.model_state is None
+    assert r.num_active == 1
+    r.release(ok)
+    assert r.num_active == 0
+    with pytest.raises(InvalidRequestError):
+        r.generate_codes([bad.payload])
+    assert r.num_active == 0
+
+
+def _sampled(model, seed, **kw):
+    kw = dict(text="Hello world, this is a test.", voice="ryan", max_new_tokens=10, seed=seed) | kw
+    return make(
+        model,
+        sampling=SamplingParams(do_sample=True, temperature=0.9, top_k=50, repetition_penalty=1.05),
+        subtalker_sampling=SamplingParams(do_sample=True, temperature=0.9, top_k=50),
+        **kw,
+    )
+
+
+def test_seed_reproduces_and_batching_keeps_per_row_streams(cv) -> None:
+    r = runner(cv)
+    a1 = r.generate_codes([_sampled(cv, 1)])[0]
+    a2 = r.generate_codes([_sampled(cv, 1)])[0]
+    b = r.generate_codes([_sampled(cv, 2)])[0]
+    assert torch.equal(a1, a2)
+    assert not torch.equal(a1, b)
+    greedy = make(cv, text="Hello.", voice="vivian", max_new_tokens=8)
+    g_solo = r.generate_codes([greedy])[0]
+    hot = _sampled(
+        cv, 3, voice="aiden",
+    )  # fmt: skip
+    hot_solo = r.generate_codes([hot])[0]
+    mixed = r.generate_codes([_sampled(cv, 1), greedy, hot], join_steps=[0, 2, 1])
+    assert torch.equal(mixed[0], a1) and torch.equal(mixed[1], g_solo) and torch.equal(mixed[2], hot_solo)
