@@ -1,0 +1,118 @@
+"""Per-request context: id, deadline, cancellation, usage counters and timings, shared by every stage of a request."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import anyio
+
+from omni_stream.errors import DeadlineExceeded
+from omni_stream.requests import Timings, next_request_id
+
+T = TypeVar("T")
+
+
+def _expire(future: asyncio.Future[Any], request_id: str, what: str, budget: float) -> None:
+    if not future.done():
+        future.set_exception(DeadlineExceeded(f"request {request_id}: {what} took longer than {budget:.3f} s"))
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """What every stage of one request shares. Mutable; lives on the event loop.
+
+    ``deadline`` is absolute ``time.monotonic()`` seconds for the whole request (None: none).
+    ``wait_timeout`` bounds any single wait inside the engine (seconds; None: only the deadline).
+    """
+
+    request_id: str = field(default_factory=next_request_id)
+    deadline: float | None = None
+    wait_timeout: float | None = 120.0
+    timings: Timings = field(default_factory=Timings)
+    input_tokens: int = 0
+    output_tokens: int = 0  # codec frames (or tokens) generated so far
+    meta: dict[str, Any] = field(default_factory=dict)
+    # Set by the pipeline that runs the request: cancelling it stops every stage.
+    cancel_scope: anyio.CancelScope | None = field(default=None, repr=False)
+    cancelled: bool = False
+    _releases: dict[int, Callable[[], None]] = field(default_factory=dict, repr=False)
+
+    def cancel(self) -> None:
+        """Stop the request: release its slots now, cancel its stages; the consumer gets RequestCancelled."""
+        self.cancelled = True
+        self.release_now()
+        if self.cancel_scope is not None:
+            self.cancel_scope.cancel()
+
+    def add_release(self, release: Callable[[], None]) -> Callable[[], None]:
+        """Register a synchronous, idempotent release (a scheduler slot); returns its unregister function."""
+        key = id(release)
+        self._releases[key] = release
+
+        def unregister() -> None:
+            self._releases.pop(key, None)
+
+        return unregister
+
+    def release_now(self) -> None:
+        """Run every registered release at once, without awaiting (stages notice at their next await)."""
+        releases, self._releases = list(self._releases.values()), {}
+        for release in releases:
+            release()
+
+    @classmethod
+    def with_timeout(cls, timeout: float | None, **kwargs: Any) -> RequestContext:
+        """A context whose deadline is ``timeout`` seconds from now (None: no deadline)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return cls(deadline=deadline, **kwargs)
+
+    def remaining(self) -> float:
+        """Seconds until the request's deadline (``inf`` when it has none); may be negative."""
+        return math.inf if self.deadline is None else self.deadline - time.monotonic()
+
+    def wait_budget(self) -> float:
+        """Seconds the next single wait may take: the smaller of the deadline and ``wait_timeout``."""
+        budget = self.remaining()
+        if self.wait_timeout is not None:
+            budget = min(budget, self.wait_timeout)
+        return budget
+
+    async def wait(self, future: asyncio.Future[T], what: str = "wait") -> T:
+        """Await ``future`` for at most :meth:`wait_budget` seconds, else fail it with :class:`DeadlineExceeded`.
+
+        Cheaper than :meth:`fail_after` (one timer, no cancel scope): the hot path for worker results.
+        """
+        budget = self.wait_budget()
+        if budget == math.inf:
+            return await future
+        if budget <= 0:
+            future.cancel()
+            raise DeadlineExceeded(f"request {self.request_id}: deadline passed before {what}")
+        timer = future.get_loop().call_later(budget, _expire, future, self.request_id, what, budget)
+        try:
+            return await future
+        finally:
+            timer.cancel()
+
+    @contextmanager
+    def fail_after(self, what: str = "wait") -> Iterator[None]:
+        """Bound the awaits inside by :meth:`wait_budget`; raise :class:`DeadlineExceeded` past it.
+
+        Never spans a ``yield`` of an async generator: wrap single awaits only.
+        """
+        budget = self.wait_budget()
+        if budget == math.inf:
+            yield
+            return
+        if budget <= 0:
+            raise DeadlineExceeded(f"request {self.request_id}: deadline passed before {what}")
+        with anyio.move_on_after(budget) as scope:
+            yield
+        if scope.cancelled_caught:
+            raise DeadlineExceeded(f"request {self.request_id}: {what} took longer than {budget:.3f} s")

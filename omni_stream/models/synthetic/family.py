@@ -1,0 +1,275 @@
+"""The synthetic TTS family: talker stage on the batch scheduler, codec stage on batched worker jobs.
+
+It runs the same code paths a real model does (scheduler sessions, watermarks, ``submit_batched`` codec
+windows, voice prompts on the worker) with deterministic output: tests and CPU benchmarks only.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from omni_stream.chunks import Audio, CodecFrames
+from omni_stream.context import RequestContext
+from omni_stream.engine import EngineInfo, LoadContext
+from omni_stream.errors import (
+    AudioDecodeError,
+    InvalidRequestError,
+    StageError,
+    UnknownVoiceError,
+    UnsupportedTaskError,
+)
+from omni_stream.metrics import EngineMetrics
+from omni_stream.models.synthetic.config import Faults, SyntheticConfig
+from omni_stream.models.synthetic.model import (
+    CodecWindow,
+    SyntheticCodec,
+    SyntheticFault,
+    SyntheticTalker,
+    TalkerInput,
+    parse_faults,
+    window_sizes,
+)
+from omni_stream.pipeline import Stage
+from omni_stream.requests import SpeechRequest, TaskType, VoicePrompt
+from omni_stream.scheduler import Scheduler
+from omni_stream.worker import DeviceWorker
+
+_X_VECTOR_DIM = 8
+
+
+def _prompt_tone(prompt: VoicePrompt) -> int:
+    return 32 + zlib.crc32(np.ascontiguousarray(prompt.x_vector, dtype=np.float32).tobytes()) % 16
+
+
+def _take_frames(held: deque[torch.Tensor], n: int) -> tuple[torch.Tensor, ...]:
+    """Pop the pieces holding the next ``n`` frames (splitting one piece if a window ends inside it)."""
+    out = []
+    while n:
+        piece = held[0]
+        k = int(piece.shape[0])
+        if k <= n:
+            out.append(held.popleft())
+            n -= k
+        else:
+            out.append(piece[:n])
+            held[0] = piece[n:]
+            n = 0
+    return tuple(out)
+
+
+class SyntheticFamily:
+    """A loaded synthetic checkpoint. ``talker``, ``codec`` and ``scheduler`` are public for tests."""
+
+    def __init__(
+        self,
+        config: SyntheticConfig,
+        worker: DeviceWorker,
+        *,
+        max_batch_size: int = 32,
+        max_buffered_frames: int = 25,
+        metrics: EngineMetrics | None = None,
+        record: bool = False,
+    ) -> None:
+        self.config = config
+        self.worker = worker
+        self.talker = SyntheticTalker(config, max_batch_size, record=record)
+        self.codec = SyntheticCodec(config)
+        self.scheduler = Scheduler(
+            self.talker,
+            worker,
+            high_watermark=max_buffered_frames,
+            metrics=metrics.scheduler("talker") if metrics is not None else None,
+            name="talker",
+        )
+        self.info = EngineInfo(
+            model_name=config.model_name,
+            model_type=config.model_type,
+            task_types=tuple(TaskType(t) for t in config.task_types),
+            voices=config.voices,
+            languages=config.languages,
+            sample_rate=config.sample_rate,
+            default_task=TaskType(config.default_task),
+        )
+
+    # --- requests ---
+
+    def count_text_tokens(self, text: str) -> int:
+        """Byte-level tokens: one per UTF-8 byte."""
+        return len(text.encode("utf-8"))
+
+    def speech_stages(self, request: SpeechRequest, ctx: RequestContext) -> Sequence[Stage]:
+        task = self._validate(request)
+        text, faults = parse_faults(request.text) if self.config.fault_markers else (request.text, Faults())
+        if request.ignore_eos:
+            n_frames = request.max_new_tokens
+        else:
+            n_frames = min(request.max_new_tokens, max(1, round(len(text.strip()) * self.config.frames_per_char)))
+        ctx.input_tokens = self.count_text_tokens(request.text) + self.count_text_tokens(request.instructions or "")
+        ramp = self.config.codec_windows
+        if request.initial_codec_chunk_frames is not None:
+            ramp = (
+                (request.initial_codec_chunk_frames, *ramp[1:])
+                if len(ramp) > 1
+                else (request.initial_codec_chunk_frames, ramp[0])
+            )
+        return [self._talker_stage(request, task, n_frames, faults), self._codec_stage(faults, ramp)]
+
+    def _validate(self, request: SpeechRequest) -> TaskType:
+        task = request.task_type or self.info.default_task
+        if task not in self.info.task_types:
+            supported = ", ".join(t.value for t in self.info.task_types)
+            raise UnsupportedTaskError(
+                f"task_type {task.value!r} is not supported (supported: {supported})", "task_type"
+            )
+        languages = {lang.lower() for lang in self.info.languages}
+        if request.language.lower() != "auto" and request.language.lower() not in languages:
+            allowed = ", ".join(("Auto", *self.info.languages))
+            raise InvalidRequestError(f"language {request.language!r} is not supported (one of: {allowed})", "language")
+        if task is TaskType.CUSTOM_VOICE and request.voice is not None:
+            if request.voice.lower() not in {v.lower() for v in self.info.voices}:
+                raise UnknownVoiceError(
+                    f"unknown voice {request.voice!r} (available: {', '.join(self.info.voices)})", "voice"
+                )
+        if task is TaskType.VOICE_DESIGN and not (request.instructions or "").strip():
+            raise InvalidRequestError("task_type 'VoiceDesign' needs instructions describing the voice", "instructions")
+        if task is TaskType.BASE and request.voice_prompt is None and request.ref_audio is None:
+            raise InvalidRequestError(
+                "task_type 'Base' (voice cloning) needs ref_audio or an uploaded voice", "ref_audio"
+            )
+        return task
+
+    async def _tone(self, request: SpeechRequest, task: TaskType, ctx: RequestContext) -> int:
+        if task is TaskType.CUSTOM_VOICE:
+            voices = [v.lower() for v in self.info.voices]
+            return 1 + voices.index((request.voice or self.info.voices[0]).lower())
+        if task is TaskType.VOICE_DESIGN:
+            return 16 + zlib.crc32((request.instructions or "").encode("utf-8")) % 16
+        prompt: VoicePrompt | None = request.voice_prompt
+        if prompt is None:
+            assert request.ref_audio is not None
+            prompt = await ctx.wait(
+                self.worker.submit(
+                    self._extract,
+                    self._check_audio(request.ref_audio, request.ref_sample_rate),
+                    request.ref_sample_rate,
+                    request.ref_text,
+                ),
+                "voice prompt extraction",
+            )
+        assert prompt is not None
+        return _prompt_tone(prompt)
+
+    def _talker_stage(self, request: SpeechRequest, task: TaskType, n_frames: int, faults: Faults) -> Stage:
+        async def talker(ctx: RequestContext, upstream: AsyncIterator[Any]) -> AsyncIterator[CodecFrames]:
+            payload = TalkerInput(n_frames=n_frames, tone=await self._tone(request, task, ctx), faults=faults)
+            async with self.scheduler.session(payload, ctx) as frames:
+                async for item in frames:
+                    ctx.output_tokens += item.n_frames
+                    ctx.timings.steps += 1
+                    yield item
+
+        return talker
+
+    def _codec_stage(self, faults: Faults, ramp: tuple[int, ...]) -> Stage:
+        config, worker, codec = self.config, self.worker, self.codec
+
+        async def codec_stage(ctx: RequestContext, upstream: AsyncIterator[CodecFrames]) -> AsyncIterator[Audio]:
+            sizes = window_sizes(ramp)
+            want, start, expected, chunks, final = next(sizes), 0, 0, 0, False
+            held: deque[torch.Tensor] = deque()  # code pieces not decoded yet, in frame order
+            n_held = 0
+            async for frames in upstream:
+                if frames.start_frame != expected:
+                    raise StageError(f"codec stage expected frame {expected}, got {frames.start_frame}")
+                expected += frames.n_frames
+                held.append(frames.codes)
+                n_held += frames.n_frames
+                final = frames.final
+                while n_held >= want or (final and n_held):
+                    take = min(want, n_held)
+                    window = CodecWindow(_take_frames(held, take), start, take)
+                    n_held -= take
+                    samples = await ctx.wait(
+                        worker.submit_batched(("synthetic-codec", take), window, codec.decode), "codec decode"
+                    )
+                    if faults.stage_at == chunks:
+                        raise SyntheticFault(f"synthetic codec stage failure at chunk {chunks}")
+                    chunks += 1
+                    yield Audio(samples, config.sample_rate, start * config.samples_per_frame, final and not n_held)
+                    start += take
+                    want = next(sizes)
+            if not final:
+                raise StageError("codec stage: the talker ended without its final frame")
+
+        codec_stage.__name__ = "codec"
+        return codec_stage
+
+    # --- voices ---
+
+    @staticmethod
+    def _check_audio(audio: np.ndarray, sample_rate: int) -> np.ndarray:
+        audio = np.asarray(audio)
+        if audio.ndim == 2:
+            audio = audio.mean(axis=1)
+        if audio.ndim != 1 or audio.size == 0:
+            raise AudioDecodeError("reference audio must be non-empty mono samples", "ref_audio")
+        if sample_rate <= 0:
+            raise InvalidRequestError(f"sample_rate must be positive, got {sample_rate}", "sample_rate")
+        audio = audio.astype(np.float32, copy=False)
+        if not np.isfinite(audio).all():
+            raise AudioDecodeError("reference audio holds NaN or infinite samples", "ref_audio")
+        return audio
+
+    def _extract(self, audio: np.ndarray, sample_rate: int, ref_text: str | None) -> VoicePrompt:
+        duration = audio.size / sample_rate
+        signs = np.signbit(audio)
+        stats = [
+            float(np.sqrt(np.mean(audio.astype(np.float64) ** 2))),
+            float(audio.mean()),
+            float(np.abs(audio).max()),
+            float(np.count_nonzero(signs[1:] != signs[:-1]) / max(duration, 1e-9)),
+            duration,
+        ]
+        x_vector = np.zeros(_X_VECTOR_DIM, np.float32)
+        x_vector[: len(stats)] = stats
+        ref_codes = None
+        if ref_text:
+            n = max(1, math.ceil(duration / self.config.frame_seconds))
+            ref_codes = np.zeros((n, self.config.n_codebooks), np.int64)
+            ref_codes[:, 0] = np.arange(n) % self.config.codebook_size
+            ref_codes[:, 1] = _prompt_tone(VoicePrompt(x_vector=x_vector))
+        return VoicePrompt(x_vector=x_vector, ref_codes=ref_codes, ref_text=ref_text)
+
+    async def create_voice_prompt(
+        self, audio: np.ndarray, sample_rate: int, ref_text: str | None = None
+    ) -> VoicePrompt:
+        if TaskType.BASE not in self.info.task_types:
+            raise UnsupportedTaskError("this checkpoint does not clone voices (no Base task)", "task_type")
+        checked = self._check_audio(audio, sample_rate)
+        return await self.worker.submit(self._extract, checked, sample_rate, ref_text)
+
+    async def aclose(self) -> None:
+        """Nothing to free beyond the scheduler, which the engine's worker shuts down."""
+
+
+def load_family(load: LoadContext) -> SyntheticFamily:
+    """Family loader for ``model_type: synthetic_tts`` (runs off the event loop)."""
+    with load.options.progress_bar(total=2, desc=f"loading {load.checkpoint.name}") as bar:
+        config = SyntheticConfig.from_dict(load.config)
+        bar.update(1)
+        family = SyntheticFamily(
+            config,
+            load.worker,
+            max_batch_size=load.options.max_batch_size,
+            max_buffered_frames=load.options.max_buffered_frames,
+            metrics=load.metrics,
+        )
+        bar.update(1)
+    return family

@@ -1,0 +1,153 @@
+"""The synthetic talker (a BatchModel) and codec: deterministic codes in, a known tone out.
+
+Frame ``k`` of a request with tone ``t`` has codes ``[k % size, t, (k * (j - 1) + t) % size for j >= 2]``;
+the codec reads the tone from code 1 and the frame index from the window's ``start_frame``.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from omni_stream.batch import Batch, SeqOutput, Sequence
+from omni_stream.chunks import CodecFrames
+from omni_stream.models.synthetic.config import Faults, SyntheticConfig, tone_samples
+
+
+class SyntheticFault(RuntimeError):
+    """Raised on purpose by the synthetic family's fault markers and hooks."""
+
+
+_MARKER = re.compile(r"\[\[fail:(step|seq|stage)(?:@(\d+))?\]\]")
+
+
+def parse_faults(text: str) -> tuple[str, Faults]:
+    """Strip ``[[fail:step@K]]``, ``[[fail:seq@K]]``, ``[[fail:stage@K]]`` markers (K defaults to 0) from text."""
+    found: dict[str, int] = {}
+    for kind, at in _MARKER.findall(text):
+        found[f"{kind}_at"] = int(at) if at else 0
+    return _MARKER.sub("", text), Faults(**found)
+
+
+def window_sizes(ramp: tuple[int, ...]) -> Iterator[int]:
+    """Frames per codec window: ``ramp`` in order, then its last entry forever."""
+    yield from ramp
+    while True:
+        yield ramp[-1]
+
+
+@dataclass(slots=True, frozen=True)
+class TalkerInput:
+    """What one sequence generates: ``n_frames`` frames of tone ``tone``."""
+
+    n_frames: int
+    tone: int
+    faults: Faults = field(default_factory=Faults)
+
+
+class SyntheticTalker:
+    """A BatchModel whose step emits one CodecFrames per sequence, after ``step_cost_ms`` of worker-thread sleep.
+
+    Test hooks: ``before_step(batch)`` runs at the start of every step (raise from it to fail the batch);
+    with ``record=True`` the model logs ``("step", prefill_ids, decode_ids)`` and ``("release", seq_id)``
+    events to ``log`` and counts releases in ``released``. ``live`` holds admitted, unreleased seq ids.
+    """
+
+    def __init__(self, config: SyntheticConfig, max_batch_size: int = 32, *, record: bool = False) -> None:
+        self.config = config
+        self._max_batch_size = max_batch_size
+        self.record = record
+        self.log: list[tuple] = []
+        self.released: Counter[int] = Counter()
+        self.live: set[int] = set()
+        self.step_threads: set[int] = set()
+        self.steps = 0
+        self.before_step: Callable[[Batch], None] | None = None
+        self.step_cost_s = config.step_cost_ms / 1000.0
+
+    @property
+    def max_batch_size(self) -> int:
+        return self._max_batch_size
+
+    def step(self, batch: Batch) -> list[SeqOutput]:
+        self.step_threads.add(threading.get_ident())
+        self.steps += 1
+        if self.record:
+            self.log.append(("step", tuple(s.seq_id for s in batch.prefill), tuple(s.seq_id for s in batch.decode)))
+        for seq in batch.prefill:
+            seq.model_state = 0  # next frame index
+            self.live.add(seq.seq_id)
+        if self.step_cost_s > 0:
+            time.sleep(self.step_cost_s)  # releases the GIL, as a device kernel would
+        if self.before_step is not None:
+            self.before_step(batch)
+        seqs = (*batch.prefill, *batch.decode)
+        frames = np.fromiter((s.model_state for s in seqs), dtype=np.int64, count=len(seqs))
+        tones = np.fromiter((s.payload.tone for s in seqs), dtype=np.int64, count=len(seqs))
+        for seq, frame in zip(seqs, frames.tolist(), strict=True):
+            if seq.payload.faults.step_at == frame:
+                raise SyntheticFault(f"synthetic step failure at frame {frame} (sequence {seq.seq_id})")
+        codes = self._codes(frames, tones)
+        outputs = []
+        for i, seq in enumerate(seqs):
+            frame = seq.model_state
+            if seq.payload.faults.seq_at == frame:
+                outputs.append(SeqOutput(seq.seq_id, error=SyntheticFault(f"synthetic sequence failure at {frame}")))
+                continue
+            final = frame + 1 >= seq.payload.n_frames
+            item = CodecFrames(codes=codes[i : i + 1], start_frame=frame, final=final)
+            seq.model_state = frame + 1
+            outputs.append(SeqOutput(seq.seq_id, item=item, finished=final))
+        return outputs
+
+    def _codes(self, frames: np.ndarray, tones: np.ndarray) -> torch.Tensor:
+        size, n_cb = self.config.codebook_size, self.config.n_codebooks
+        mult = np.arange(n_cb, dtype=np.int64) - 1
+        codes = (frames[:, None] * mult[None, :] + tones[:, None]) % size
+        codes[:, 0] = frames % size
+        codes[:, 1] = tones
+        return torch.from_numpy(codes)
+
+    def release(self, seq: Sequence) -> None:
+        self.live.discard(seq.seq_id)
+        seq.model_state = None
+        if self.record:
+            self.released[seq.seq_id] += 1
+            self.log.append(("release", seq.seq_id))
+
+
+@dataclass(slots=True, frozen=True)
+class CodecWindow:
+    """Frames ``[start_frame, start_frame + n_frames)`` of one request, as the talker emitted them.
+
+    The pieces are joined on the worker thread, not on the event loop.
+    """
+
+    pieces: tuple[torch.Tensor, ...]
+    start_frame: int
+    n_frames: int
+
+
+class SyntheticCodec:
+    """Decodes windows of codes of many requests in one call (run it through ``submit_batched``)."""
+
+    def __init__(self, config: SyntheticConfig) -> None:
+        self.config = config
+        self.cost_s = config.codec_cost_ms / 1000.0
+        self.batch_sizes: Counter[int] = Counter()  # calls per batch size
+
+    def decode(self, windows: list[CodecWindow]) -> list[np.ndarray]:
+        self.batch_sizes[len(windows)] += 1
+        if self.cost_s > 0:
+            time.sleep(self.cost_s)
+        tones = torch.cat([w.pieces[0][:1, 1] for w in windows]).tolist()  # one host copy per batch
+        return [
+            tone_samples(self.config, tone, w.start_frame, w.n_frames) for w, tone in zip(windows, tones, strict=True)
+        ]

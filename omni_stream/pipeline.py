@@ -1,0 +1,297 @@
+"""Pipelines: a request's stages run in one task group, joined by bounded channels.
+
+A stage is an async generator function ``stage(ctx, upstream) -> AsyncIterator[Chunk]``. The first stage's
+upstream is the pipeline's source (an empty iterator when there is none). :meth:`Pipeline.run` returns a
+:class:`PipelineStream`: iterate it for the last stage's chunks; ``aclose()`` (or leaving ``async with``, or
+cancelling the consumer) cancels every stage and waits until their ``finally`` blocks have run.
+
+The task group lives in a host task of its own, never across the consumer's ``yield``: a task group held
+open by an async generator would deliver its cancellation into whatever the consumer awaits meanwhile.
+
+Errors: an exception raised by a stage reaches the consumer as the same object (a note names the stage and
+the request; ``exc.stage`` holds the stage name), after the other stages have been cancelled.
+``ctx.cancel()`` stops the stages and the consumer gets RequestCancelled; past the request's deadline it
+gets DeadlineExceeded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import AsyncIterator, Callable, Sequence
+from enum import StrEnum
+from typing import Any
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from omni_stream.context import RequestContext
+from omni_stream.errors import DeadlineExceeded, RequestCancelled
+
+Stage = Callable[[RequestContext, AsyncIterator[Any]], AsyncIterator[Any]]
+
+
+def stage_name(stage: Stage) -> str:
+    """A readable name for a stage callable (``name`` attribute, function name, or class name)."""
+    name = getattr(stage, "name", None)
+    if isinstance(name, str):
+        return name
+    if isinstance(stage, functools.partial):
+        return stage_name(stage.func)
+    return getattr(stage, "__name__", type(stage).__name__)
+
+
+async def empty_source() -> AsyncIterator[Any]:
+    """An upstream with no chunks (what the first stage gets when the pipeline has no source)."""
+    return
+    yield  # pragma: no cover
+
+
+class StreamState(StrEnum):
+    IDLE = "idle"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CLOSED = "closed"
+
+
+class Pipeline:
+    """Stages of one request type; ``channel_size`` chunks may wait on each edge (default 4)."""
+
+    def __init__(self, stages: Sequence[Stage], *, channel_size: int = 4, names: Sequence[str] | None = None) -> None:
+        if not stages:
+            raise ValueError("a pipeline needs at least one stage")
+        if channel_size < 0:
+            raise ValueError(f"channel_size must be >= 0, got {channel_size}")
+        self.stages = tuple(stages)
+        self.names = tuple(names) if names is not None else tuple(stage_name(s) for s in self.stages)
+        if len(self.names) != len(self.stages):
+            raise ValueError("names must match stages one to one")
+        self.channel_size = channel_size
+
+    def run(self, ctx: RequestContext | None = None, source: AsyncIterator[Any] | None = None) -> PipelineStream:
+        """Start lazily (on first iteration or ``async with``) and stream the last stage's chunks."""
+        return PipelineStream(self, ctx if ctx is not None else RequestContext(), source)
+
+
+class _Inbox:
+    """A stage's view of its upstream channel: takes a ready chunk without a trip through the event loop."""
+
+    __slots__ = ("stream",)
+
+    def __init__(self, stream: MemoryObjectReceiveStream[Any]) -> None:
+        self.stream = stream
+
+    def __aiter__(self) -> _Inbox:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            try:
+                return self.stream.receive_nowait()
+            except anyio.WouldBlock:
+                return await self.stream.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+
+async def _send(send: MemoryObjectSendStream[Any], chunk: Any) -> bool:
+    """Pass ``chunk`` downstream; False when nobody reads any more (the next stage or the consumer left)."""
+    try:
+        try:
+            send.send_nowait(chunk)  # room on the edge: no need to suspend
+        except anyio.WouldBlock:
+            await send.send(chunk)
+    except anyio.BrokenResourceError:
+        return False
+    return True
+
+
+class _Run:
+    """State shared by the host task and the consumer; holds no reference to the consumer-facing stream."""
+
+    __slots__ = ("ctx", "error", "failed_stage", "scope")
+
+    def __init__(self, ctx: RequestContext) -> None:
+        self.ctx = ctx
+        self.error: BaseException | None = None
+        self.failed_stage: str | None = None
+        self.scope: anyio.CancelScope | None = None
+
+    def fail(self, exc: BaseException, stage: str | None) -> None:
+        """Record the first error and cancel every stage. Synchronous, so no later close can hide it."""
+        if self.error is None and self.ctx.cancelled and not isinstance(exc, RequestCancelled):
+            # A stage that trips over its own released slot after ctx.cancel() reports the cancel, not the trip.
+            exc, stage = RequestCancelled(f"request {self.ctx.request_id} was cancelled"), None
+        if self.error is None:
+            self.error = exc
+            self.failed_stage = stage
+            if stage is not None:
+                exc.add_note(f"raised in pipeline stage {stage!r} of request {self.ctx.request_id}")
+                with contextlib.suppress(AttributeError):
+                    exc.stage = stage  # type: ignore[attr-defined]
+        if self.scope is not None:
+            self.scope.cancel()
+
+
+async def _drive(
+    run: _Run,
+    stage: Stage,
+    name: str,
+    upstream: AsyncIterator[Any],
+    send: MemoryObjectSendStream[Any],
+) -> None:
+    try:
+        async with send:
+            async with contextlib.aclosing(stage(run.ctx, upstream)) as chunks:  # type: ignore[type-var]
+                async for chunk in chunks:
+                    if not await _send(send, chunk):
+                        break  # the rest of the pipeline is gone: stop this stage quietly
+    except anyio.get_cancelled_exc_class():
+        raise
+    except Exception as exc:
+        run.fail(exc, name)
+    finally:
+        if isinstance(upstream, _Inbox):
+            upstream.stream.close()  # tell the previous stage nobody reads any more
+
+
+async def _host(
+    run: _Run, pipeline: Pipeline, source: AsyncIterator[Any] | None, out: MemoryObjectSendStream[Any]
+) -> None:
+    streams: list[Any] = [out]
+    try:
+        scope_deadline = anyio.current_time() + run.ctx.remaining()  # inf without a deadline
+        with anyio.CancelScope(deadline=scope_deadline) as scope:
+            run.scope = run.ctx.cancel_scope = scope
+            if run.ctx.cancelled:
+                scope.cancel()
+            async with anyio.create_task_group() as tg:
+                upstream: AsyncIterator[Any] = source if source is not None else empty_source()
+                last = len(pipeline.stages) - 1
+                for i, (stage, name) in enumerate(zip(pipeline.stages, pipeline.names, strict=True)):
+                    if i == last:
+                        send, receive = out, None
+                    else:
+                        send, receive = anyio.create_memory_object_stream[Any](pipeline.channel_size)
+                        streams += [send, receive]
+                    tg.start_soon(_drive, run, stage, name, upstream, send, name=f"{run.ctx.request_id}:{name}")
+                    if receive is not None:
+                        upstream = _Inbox(receive)
+        if scope.cancelled_caught and run.error is None:
+            if run.ctx.cancelled:
+                run.fail(RequestCancelled(f"request {run.ctx.request_id} was cancelled"), None)
+            else:  # nothing else cancels this scope but its deadline
+                run.fail(DeadlineExceeded(f"request {run.ctx.request_id} ran past its deadline"), None)
+    finally:
+        for stream in streams:
+            stream.close()
+
+
+class PipelineStream:
+    """One running request: an async iterator of the last stage's chunks and an async context manager."""
+
+    def __init__(self, pipeline: Pipeline, ctx: RequestContext, source: AsyncIterator[Any] | None) -> None:
+        self.pipeline = pipeline
+        self.ctx = ctx
+        self.state = StreamState.IDLE
+        self._source = source
+        self._run = _Run(ctx)
+        self._host: asyncio.Task[None] | None = None
+        self._out: MemoryObjectReceiveStream[Any] | None = None
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._run.error
+
+    @property
+    def failed_stage(self) -> str | None:
+        return self._run.failed_stage
+
+    def start(self) -> None:
+        """Start the stages now (otherwise the first ``__anext__`` does). Must run on the event loop."""
+        if self.state is not StreamState.IDLE:
+            return
+        send, self._out = anyio.create_memory_object_stream[Any](self.pipeline.channel_size)
+        loop = asyncio.get_running_loop()
+        self._host = loop.create_task(_host(self._run, self.pipeline, self._source, send))
+        self._source = None
+        self.state = StreamState.RUNNING
+
+    def cancel(self, exc: BaseException | None = None) -> None:
+        """Cancel every stage now, without waiting (safe in ``finally`` of a cancelled task).
+
+        With ``exc``, the consumer's next ``__anext__`` raises it (unless a stage failed first).
+        """
+        if exc is not None:
+            self._run.fail(exc, None)
+        if self._host is not None and not self._host.done():
+            self.ctx.release_now()  # slots go back before the worker's next step, not when the stages next run
+            self._host.cancel()
+        if self.state in (StreamState.IDLE, StreamState.RUNNING) and exc is None:
+            self.state = StreamState.CLOSED
+
+    async def aclose(self) -> None:
+        """Cancel every stage and wait until their ``finally`` blocks have run."""
+        self.cancel()
+        await self._join()
+        if self.state is StreamState.RUNNING:
+            self.state = StreamState.CLOSED
+
+    async def _join(self) -> None:
+        if self._host is None or self._host.done():
+            return
+        with anyio.CancelScope(shield=True):
+            await asyncio.wait({self._host})
+
+    def __aiter__(self) -> PipelineStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self.state not in (StreamState.IDLE, StreamState.RUNNING):
+            raise StopAsyncIteration
+        if self._run.error is not None:  # failed, or aborted with an error before it started
+            return await self._raise_error()
+        if self.state is StreamState.IDLE:
+            self.start()
+        assert self._out is not None
+        try:
+            try:
+                chunk = self._out.receive_nowait()
+            except anyio.WouldBlock:
+                chunk = await self._out.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            await self._join()
+            if self._run.error is not None:
+                return await self._raise_error()
+            self.state = StreamState.DONE
+            raise StopAsyncIteration from None
+        except BaseException:
+            self.cancel()  # the consumer was cancelled while waiting: stop the stages too
+            raise
+        if self._run.error is not None:
+            return await self._raise_error()
+        return chunk
+
+    async def _raise_error(self) -> Any:
+        self.state = StreamState.FAILED
+        self.cancel()
+        await self._join()
+        assert self._run.error is not None
+        raise self._run.error
+
+    async def __aenter__(self) -> PipelineStream:
+        if self.state is StreamState.IDLE:
+            self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.cancel()
+        await self._join()
+
+    def __del__(self) -> None:
+        host = self._host
+        if host is not None and not host.done():
+            with contextlib.suppress(RuntimeError):  # the loop may be closed already
+                host.get_loop().call_soon_threadsafe(host.cancel)

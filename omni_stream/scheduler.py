@@ -1,0 +1,346 @@
+"""Continuous-batching scheduler, one per model instance, stepped by the device worker.
+
+The life of a step (``run_step``, on the worker thread) fits on one screen: release the sequences that
+left, ``schedule()`` a batch (admit newcomers into free slots for prefill, decode every running sequence
+that is not paused), ``model.step(batch)``, ``postprocess()`` the outputs into per-sequence buffers, wake
+the consumers. Queues and buffers change only under the worker's lock.
+
+Backpressure, websockets style: a sequence whose buffer holds ``high_watermark`` items is PAUSED (skipped
+by ``schedule()``, slot kept); when its consumer drains the buffer to ``low_watermark`` it resumes. So a
+slow consumer slows only itself, and at most ``high_watermark`` items wait per sequence.
+
+Lifetime by scope: ``async with scheduler.session(payload) as stream`` owns the sequence. Leaving the
+scope any way releases it synchronously (no ``await``, so it survives a cancelled ``finally``): the
+sequence is marked ABORTED under the lock and the worker calls ``model.release(seq)`` and frees the slot
+before its next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from omni_stream.batch import Batch, BatchModel, SeqOutput, Sequence
+from omni_stream.context import RequestContext
+from omni_stream.errors import EngineClosed
+from omni_stream.metrics import SchedulerMetrics
+from omni_stream.requests import RequestState
+from omni_stream.worker import DeviceWorker
+
+log = logging.getLogger(__name__)
+
+_DONE = (RequestState.FINISHED, RequestState.ABORTED)
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    """Counters the worker keeps (read them for benchmarks; seconds are ``perf_counter`` time)."""
+
+    steps: int = 0
+    items: int = 0
+    model_seconds: float = 0.0  # inside model.step
+    overhead_seconds: float = 0.0  # schedule + postprocess + release + wakeups
+    max_batch: int = 0
+
+
+class _Session:
+    """Delivery state of one sequence; fields change under the scheduler's lock."""
+
+    __slots__ = ("buffer", "ctx", "done", "error", "loop", "seq", "waiter")
+
+    def __init__(self, seq: Sequence, ctx: RequestContext, loop: asyncio.AbstractEventLoop) -> None:
+        self.seq = seq
+        self.ctx = ctx
+        self.loop = loop
+        self.buffer: deque[Any] = deque()
+        self.done = False
+        self.error: BaseException | None = None
+        self.waiter: asyncio.Future[None] | None = None  # created and resolved on the loop only
+
+
+def _wake(sessions: list[_Session]) -> None:
+    for sess in sessions:
+        if sess.waiter is not None and not sess.waiter.done():
+            sess.waiter.set_result(None)
+
+
+class Scheduler:
+    """Batches ``model`` across requests; at most ``high_watermark`` undelivered items per sequence (default 32)."""
+
+    def __init__(
+        self,
+        model: BatchModel,
+        worker: DeviceWorker,
+        *,
+        high_watermark: int = 32,
+        low_watermark: int | None = None,
+        metrics: SchedulerMetrics | None = None,
+        name: str = "model",
+    ) -> None:
+        low = high_watermark // 4 if low_watermark is None else low_watermark
+        if high_watermark < 1 or not 0 <= low < high_watermark:
+            raise ValueError(f"need 0 <= low_watermark < high_watermark, got {low}, {high_watermark}")
+        self.model = model
+        self.worker = worker
+        self.lock = worker.cond
+        self.high = high_watermark
+        self.low = low
+        self.metrics = metrics
+        self.name = name
+        self.stats = SchedulerStats()
+        self.waiting: deque[Sequence] = deque()
+        self.running: dict[int, Sequence] = {}
+        self.free_slots = list(range(model.max_batch_size - 1, -1, -1))  # pop() hands out slot 0 first
+        self._sessions: dict[int, _Session] = {}
+        self._released: list[Sequence] = []  # left the batch; model.release pending on the worker
+        self._ids = itertools.count()
+        self._closed = False
+        worker.attach(self)
+
+    # --- event loop side ---
+
+    @asynccontextmanager
+    async def session(self, payload: Any, ctx: RequestContext | None = None) -> AsyncIterator[SeqStream]:
+        """Queue a sequence for ``payload``; yield the stream of its items; release it on exit, any exit."""
+        sess = self.open(payload, ctx)
+        unregister = sess.ctx.add_release(lambda: self.release(sess))  # lets the consumer release it at once
+        try:
+            yield SeqStream(self, sess)
+        finally:
+            unregister()
+            self.release(sess)
+
+    def open(self, payload: Any, ctx: RequestContext | None = None) -> _Session:
+        """Queue a sequence (pair with :meth:`release`; prefer :meth:`session`)."""
+        ctx = ctx if ctx is not None else RequestContext()
+        with self.lock:
+            if self._closed:
+                raise EngineClosed(f"scheduler {self.name} is closed")
+            seq = Sequence(seq_id=next(self._ids), payload=payload)
+            seq.meta["request_id"] = ctx.request_id
+            sess = _Session(seq, ctx, asyncio.get_running_loop())
+            self._sessions[seq.seq_id] = sess
+            self.waiting.append(seq)
+            self.lock.notify()
+        return sess
+
+    def release(self, sess: _Session) -> None:
+        """Synchronous: drop the sequence's buffer and hand its slot back before the next step."""
+        with self.lock:
+            seq = sess.seq
+            self._sessions.pop(seq.seq_id, None)
+            sess.buffer.clear()
+            sess.done = True
+            if seq.state in _DONE:
+                return  # finished or failed: already queued for release
+            seq.abort_requested = True
+            if seq.state is RequestState.WAITING:
+                self.waiting.remove(seq)  # never admitted: the model never saw it
+                seq.state = RequestState.ABORTED
+                return
+            seq.state = RequestState.ABORTED
+            self._released.append(seq)
+            self.lock.notify()
+
+    def live(self) -> dict[str, int]:
+        """Per-request state still held (all zero once every session has ended and the worker caught up)."""
+        with self.lock:
+            return {
+                "waiting": len(self.waiting),
+                "running": len(self.running),
+                "sessions": len(self._sessions),
+                "release_pending": len(self._released),
+                "slots_in_use": self.model.max_batch_size - len(self.free_slots),
+            }
+
+    # --- worker thread side ---
+
+    def has_work(self) -> bool:
+        if self._closed:
+            return False
+        if self._released or (self.waiting and self.free_slots):
+            return True
+        return any(seq.state is RequestState.RUNNING for seq in self.running.values())
+
+    def run_step(self) -> None:
+        t0 = time.perf_counter()
+        self._release_done()
+        with self.lock:
+            batch, n_paused = self.schedule()
+        if not batch:
+            return
+        t1 = time.perf_counter()
+        try:
+            outputs, error = self.model.step(batch), None
+        except Exception as exc:  # fails this batch's sequences only
+            log.warning("%s: step of %d sequences failed", self.name, batch.size, exc_info=True)
+            outputs, error = [], exc
+        t2 = time.perf_counter()
+        with self.lock:
+            woken = self.postprocess(batch, outputs, error)
+        self._wake(woken)
+        t3 = time.perf_counter()
+        self._account(batch, n_paused, t1 - t0 + t3 - t2, t2 - t1, len(outputs))
+
+    def schedule(self) -> tuple[Batch, int]:
+        """Admit waiting sequences into free slots (prefill) and decode the running ones that are not paused."""
+        prefill = []
+        while self.waiting and self.free_slots:
+            seq = self.waiting.popleft()
+            seq.slot = self.free_slots.pop()
+            seq.state = RequestState.RUNNING
+            self.running[seq.seq_id] = seq
+            prefill.append(seq)
+            self._sessions[seq.seq_id].ctx.timings.admitted = time.perf_counter()
+        decode, n_paused = [], 0
+        for seq in self.running.values():
+            if seq.state is RequestState.RUNNING and seq.num_steps > 0:
+                decode.append(seq)
+            elif seq.state is RequestState.PAUSED:
+                n_paused += 1
+        return Batch(tuple(prefill), tuple(decode)), n_paused
+
+    def postprocess(self, batch: Batch, outputs: list[SeqOutput], error: BaseException | None) -> list[_Session]:
+        """Buffer each sequence's item; pause those at the high watermark; end finished and failed ones."""
+        by_id = {out.seq_id: out for out in outputs}
+        touched = []
+        for seq in itertools.chain(batch.prefill, batch.decode):
+            seq.num_steps += 1
+            sess = self._sessions.get(seq.seq_id)
+            if sess is None or seq.abort_requested:
+                continue  # its consumer left; the release is queued already
+            out = by_id.get(seq.seq_id)
+            if error is not None or (out is not None and out.error is not None):
+                self._end(seq, sess, error if error is not None else out.error)  # type: ignore[union-attr]
+            elif out is not None:
+                if out.item is not None:
+                    sess.buffer.append(out.item)
+                if out.finished:
+                    self._end(seq, sess, None)
+                elif len(sess.buffer) >= self.high:
+                    seq.state = RequestState.PAUSED
+            else:
+                continue
+            touched.append(sess)
+        return touched
+
+    def _end(self, seq: Sequence, sess: _Session, error: BaseException | None) -> None:
+        seq.state = RequestState.FINISHED if error is None else RequestState.ABORTED
+        sess.done = True
+        sess.error = error
+        self._released.append(seq)
+
+    def _release_done(self) -> None:
+        with self.lock:
+            if not self._released:
+                return
+            gone, self._released = self._released, []
+            for seq in gone:
+                self.running.pop(seq.seq_id, None)
+        for seq in gone:
+            try:
+                self.model.release(seq)
+            except Exception:
+                log.exception("%s: model.release failed for sequence %d", self.name, seq.seq_id)
+        with self.lock:
+            for seq in gone:
+                self.free_slots.append(seq.slot)
+                seq.slot = -1
+
+    def _wake(self, sessions: list[_Session]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Session]] = {}
+        for sess in sessions:
+            by_loop.setdefault(sess.loop, []).append(sess)
+        for loop, group in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_wake, group)
+            except RuntimeError:  # loop closed: nobody waits
+                pass
+
+    def _account(self, batch: Batch, n_paused: int, overhead: float, model_time: float, n_items: int) -> None:
+        stats = self.stats
+        stats.steps += 1
+        stats.items += n_items
+        stats.model_seconds += model_time
+        stats.overhead_seconds += overhead
+        stats.max_batch = max(stats.max_batch, batch.size)
+        if self.metrics is not None:
+            n_running = len(self.running) - n_paused
+            self.metrics.observe_step(batch.size, model_time, n_running, len(self.waiting), n_paused)
+
+    def shutdown(self) -> None:
+        """Fail every open session with EngineClosed and release every admitted sequence (worker thread)."""
+        with self.lock:
+            self._closed = True
+            gone = {seq.seq_id: seq for seq in self._released}
+            gone.update(self.running)
+            self._released, self.running = [], {}
+            for seq in self.waiting:
+                seq.state = RequestState.ABORTED
+            self.waiting.clear()
+            sessions = list(self._sessions.values())
+            for sess in sessions:
+                if not sess.done:
+                    sess.done = True
+                    sess.error = EngineClosed(f"scheduler {self.name} closed while request was running")
+                if sess.seq.state not in _DONE:
+                    sess.seq.state = RequestState.ABORTED
+        for seq in gone.values():
+            try:
+                self.model.release(seq)
+            except Exception:
+                log.exception("%s: model.release failed for sequence %d", self.name, seq.seq_id)
+            self.free_slots.append(seq.slot)
+            seq.slot = -1
+        self._wake(sessions)
+
+
+class SeqStream:
+    """The items of one sequence, in order; ends when the model finishes it, raises what failed it."""
+
+    __slots__ = ("_sched", "_sess")
+
+    def __init__(self, scheduler: Scheduler, sess: _Session) -> None:
+        self._sched = scheduler
+        self._sess = sess
+
+    @property
+    def seq(self) -> Sequence:
+        return self._sess.seq
+
+    @property
+    def buffered(self) -> int:
+        """Items produced and not yet taken."""
+        return len(self._sess.buffer)
+
+    def __aiter__(self) -> SeqStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        sched, sess = self._sched, self._sess
+        while True:
+            with sched.lock:
+                if sess.buffer:
+                    item = sess.buffer.popleft()
+                    seq = sess.seq
+                    if seq.state is RequestState.PAUSED and len(sess.buffer) <= sched.low:
+                        seq.state = RequestState.RUNNING
+                        sched.lock.notify()
+                    return item
+                if sess.done:
+                    error, sess.error = sess.error, None
+                    if error is None:
+                        raise StopAsyncIteration
+                else:
+                    error = None
+                    sess.waiter = waiter = sess.loop.create_future()
+            if error is not None:
+                raise error
+            await sess.ctx.wait(waiter, sched.name)

@@ -1,0 +1,228 @@
+"""The device worker: one thread per device runs every piece of model work, never the event loop.
+
+Work reaches it three ways: one-off jobs (:meth:`DeviceWorker.submit`), batchable jobs that share a key
+(:meth:`DeviceWorker.submit_batched`: all jobs of one key pending when the worker looks are run as one
+call), and step sources (schedulers) polled under the worker's lock. Results go back to the loop through
+``loop.call_soon_threadsafe`` only. When nothing is runnable the thread blocks on a condition.
+
+Schedulers share the worker's lock (:attr:`DeviceWorker.cond`): they change their queues under it and call
+``notify()`` when work appears, so the worker can never miss a wakeup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+
+from omni_stream.errors import EngineClosed
+
+log = logging.getLogger(__name__)
+
+
+class StepSource(Protocol):
+    """Something the worker steps (a scheduler). ``has_work`` runs under the worker's lock."""
+
+    def has_work(self) -> bool: ...
+
+    def run_step(self) -> None:
+        """One step on the worker thread, lock not held; must not raise (failures go to its requests)."""
+        ...
+
+    def shutdown(self) -> None:
+        """Release everything on the worker thread when the worker stops."""
+        ...
+
+
+@dataclass(slots=True)
+class _Job:
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+
+
+@dataclass(slots=True)
+class _Group:
+    batch_fn: Callable[[list[Any]], Sequence[Any]]
+    items: list[Any] = field(default_factory=list)
+    waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]]] = field(default_factory=list)
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():  # the awaiting task gave up (cancelled, deadline)
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+def _deliver(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], result: Any, error: BaseException | None):
+    with contextlib.suppress(RuntimeError):  # loop closed: nobody is waiting any more
+        loop.call_soon_threadsafe(_settle, future, result, error)
+
+
+class DeviceWorker:
+    """One thread for one device. ``start()`` it, ``close()`` (blocking) or ``await aclose()`` to stop."""
+
+    def __init__(self, name: str = "omni-stream-device") -> None:
+        self.name = name
+        self.cond = threading.Condition()
+        self.thread_id: int | None = None
+        self._jobs: deque[_Job] = deque()
+        self._groups: dict[Hashable, _Group] = {}
+        self._sources: list[StepSource] = []
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def start(self) -> DeviceWorker:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._main, name=self.name, daemon=True)
+            self._thread.start()
+        return self
+
+    def attach(self, source: StepSource) -> None:
+        """Step ``source`` whenever its ``has_work()`` is true."""
+        with self.cond:
+            self._sources.append(source)
+            self.cond.notify()
+
+    def detach(self, source: StepSource) -> None:
+        with self.cond:
+            if source in self._sources:
+                self._sources.remove(source)
+
+    def notify(self) -> None:
+        """Wake the worker: call after making a step source runnable (the lock may be held or not)."""
+        with self.cond:
+            self.cond.notify()
+
+    def on_worker_thread(self) -> bool:
+        return threading.get_ident() == self.thread_id
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        """Run ``fn(*args)`` on the worker thread; await the returned future for its result or exception."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        with self.cond:
+            if self._closed:
+                raise EngineClosed(f"device worker {self.name} is closed")
+            self._jobs.append(_Job(fn, args, loop, future))
+            self.cond.notify()
+        return future
+
+    def submit_batched(
+        self, key: Hashable, item: Any, batch_fn: Callable[[list[Any]], Sequence[Any]]
+    ) -> asyncio.Future[Any]:
+        """Queue ``item``; every item of ``key`` pending at pickup goes to one ``batch_fn(items) -> results`` call.
+
+        Jobs of one key must share ``batch_fn``. If it raises, every item of that call gets the exception.
+        """
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        with self.cond:
+            if self._closed:
+                raise EngineClosed(f"device worker {self.name} is closed")
+            group = self._groups.get(key)
+            if group is None:
+                group = self._groups[key] = _Group(batch_fn)
+            group.items.append(item)
+            group.waiters.append((loop, future))
+            self.cond.notify()
+        return future
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the thread after its current piece of work; pending jobs fail with EngineClosed. Blocking."""
+        with self.cond:
+            self._closed = True
+            self.cond.notify()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    async def aclose(self) -> None:
+        """Stop the thread without blocking the event loop."""
+        await anyio.to_thread.run_sync(self.close)
+
+    # --- worker thread ---
+
+    def _idle(self) -> bool:
+        return not self._jobs and not self._groups and not any(s.has_work() for s in self._sources)
+
+    def _main(self) -> None:
+        self.thread_id = threading.get_ident()
+        while True:
+            with self.cond:
+                while not self._closed and self._idle():
+                    self.cond.wait()
+                if self._closed:
+                    break
+                jobs = list(self._jobs)
+                self._jobs.clear()
+                groups = list(self._groups.values())
+                self._groups.clear()
+                sources = [s for s in self._sources if s.has_work()]
+            for job in jobs:
+                self._run_job(job)
+            for group in groups:
+                self._run_group(group)
+            for source in sources:
+                try:
+                    source.run_step()
+                except Exception:  # a scheduler bug; keep the device alive for the other requests
+                    log.exception("step source %r failed", source)
+        self._shutdown()
+
+    @staticmethod
+    def _run_job(job: _Job) -> None:
+        if job.future.cancelled():
+            return
+        try:
+            result = job.fn(*job.args)
+        except BaseException as exc:
+            _deliver(job.loop, job.future, None, exc)
+        else:
+            _deliver(job.loop, job.future, result, None)
+
+    @staticmethod
+    def _run_group(group: _Group) -> None:
+        try:
+            results = list(group.batch_fn(group.items))
+            if len(results) != len(group.items):
+                raise ValueError(f"batch_fn returned {len(results)} results for {len(group.items)} items")
+        except BaseException as exc:
+            for loop, future in group.waiters:
+                _deliver(loop, future, None, exc)
+            return
+        for (loop, future), result in zip(group.waiters, results, strict=True):
+            _deliver(loop, future, result, None)
+
+    def _shutdown(self) -> None:
+        with self.cond:
+            jobs = list(self._jobs)
+            self._jobs.clear()
+            groups = list(self._groups.values())
+            self._groups.clear()
+            sources = list(self._sources)
+        closed = EngineClosed(f"device worker {self.name} is closed")
+        for job in jobs:
+            _deliver(job.loop, job.future, None, closed)
+        for group in groups:
+            for loop, future in group.waiters:
+                _deliver(loop, future, None, closed)
+        for source in sources:
+            try:
+                source.shutdown()
+            except Exception:
+                log.exception("step source %r failed to shut down", source)

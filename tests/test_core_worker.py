@@ -1,0 +1,121 @@
+"""Device worker: jobs run on its thread, results come back to the loop, same-key jobs batch together."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import anyio
+import pytest
+
+from omni_stream.errors import EngineClosed
+from omni_stream.worker import DeviceWorker
+
+
+@pytest.fixture
+async def worker():
+    w = DeviceWorker(name="test-device").start()
+    yield w
+    await w.aclose()
+
+
+def gate_job(started: threading.Event, release: threading.Event) -> None:
+    started.set()
+    if not release.wait(5):
+        raise TimeoutError("test gate never opened")
+
+
+async def test_submit_runs_on_the_worker_thread_and_returns_the_result(worker):
+    ident = await worker.submit(threading.get_ident)
+    assert ident == worker.thread_id != threading.get_ident()
+    assert await worker.submit(pow, 2, 10) == 1024
+
+
+async def test_submit_raises_the_jobs_exception_type(worker):
+    def boom():
+        raise LookupError("no such thing")
+
+    with pytest.raises(LookupError, match="no such thing"):
+        await worker.submit(boom)
+    assert await worker.submit(lambda: "still alive") == "still alive"
+
+
+async def test_jobs_with_one_key_pending_at_pickup_run_as_one_batch(worker):
+    started, release = threading.Event(), threading.Event()
+    gate = worker.submit(gate_job, started, release)
+    await anyio.to_thread.run_sync(started.wait)  # the worker is busy: what follows stays pending
+    calls: list[list[int]] = []
+
+    def square_all(items: list[int]) -> list[int]:
+        calls.append(list(items))
+        return [x * x for x in items]
+
+    squares = [worker.submit_batched("square", i, square_all) for i in range(5)]
+    others = [worker.submit_batched("other", i, square_all) for i in (10, 11)]
+    release.set()
+    await gate
+    assert [await f for f in squares] == [0, 1, 4, 9, 16]
+    assert [await f for f in others] == [100, 121]
+    assert calls == [[0, 1, 2, 3, 4], [10, 11]]
+
+
+async def test_a_failing_batch_fails_every_item_of_it_and_nothing_else(worker):
+    started, release = threading.Event(), threading.Event()
+    gate = worker.submit(gate_job, started, release)
+    await anyio.to_thread.run_sync(started.wait)
+
+    def broken(items):
+        raise ArithmeticError("bad batch")
+
+    bad = [worker.submit_batched("bad", i, broken) for i in range(3)]
+    good = worker.submit_batched("good", 7, lambda items: [x + 1 for x in items])
+    short = worker.submit_batched("short", 1, lambda items: [])
+    release.set()
+    await gate
+    for f in bad:
+        with pytest.raises(ArithmeticError):
+            await f
+    assert await good == 8
+    with pytest.raises(ValueError, match="0 results for 1 items"):
+        await short
+
+
+async def test_cancelled_waiter_does_not_break_the_worker(worker):
+    started, release = threading.Event(), threading.Event()
+    gate = worker.submit(gate_job, started, release)
+    await anyio.to_thread.run_sync(started.wait)
+    ran = []
+    abandoned = worker.submit(ran.append, 1)
+    abandoned.cancel()
+    release.set()
+    await gate
+    assert await worker.submit(lambda: 42) == 42
+    assert ran == []  # a job whose waiter left before pickup is skipped
+
+
+async def test_close_fails_pending_jobs_with_engine_closed():
+    w = DeviceWorker().start()
+    started, release = threading.Event(), threading.Event()
+    gate = w.submit(gate_job, started, release)
+    await anyio.to_thread.run_sync(started.wait)
+    pending = w.submit(lambda: "never")
+    closing = threading.Thread(target=w.close)
+    closing.start()
+    release.set()
+    await gate
+    with pytest.raises(EngineClosed):
+        await pending
+    await anyio.to_thread.run_sync(closing.join)
+    with pytest.raises(EngineClosed):
+        w.submit(lambda: None)
+
+
+async def test_idle_worker_blocks_on_its_condition(worker):
+    await worker.submit(lambda: None)
+    with anyio.fail_after(5):
+        while True:  # wait for the thread to go back to sleep
+            frame = sys._current_frames()[worker._thread.ident]
+            if frame.f_code.co_name == "wait":
+                break
+            await anyio.sleep(0.001)
+    assert "Condition" in repr(frame.f_locals.get("self"))
