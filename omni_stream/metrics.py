@@ -88,6 +88,10 @@ class SchedulerMetrics:
         """Record one step (worker thread; prometheus-client collectors are thread-safe)."""
         self.batch_size.observe(batch_size)
         self.step_seconds.observe(seconds)
+        self.observe_queues(running, waiting, paused)
+
+    def observe_queues(self, running: int, waiting: int, paused: int) -> None:
+        """Set the queue gauges (also between steps: a release with no step after it must show up)."""
         self.running.set(running)
         self.waiting.set(waiting)
         self.paused.set(paused)

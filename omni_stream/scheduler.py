@@ -253,6 +253,9 @@ class Scheduler:
             for seq in gone:
                 self.free_slots.append(seq.slot)
                 seq.slot = -1
+            if self.metrics is not None:
+                paused = sum(seq.state is RequestState.PAUSED for seq in self.running.values())
+                self.metrics.observe_queues(len(self.running) - paused, len(self.waiting), paused)
 
     def _wake(self, sessions: list[_Session]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[_Session]] = {}

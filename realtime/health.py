@@ -1,0 +1,49 @@
+"""GET /health, /metrics and /v1/models: answered from memory only, so they stay fast while the model is busy."""
+
+from __future__ import annotations
+
+import time
+
+from omni_stream.realtime.state import ServerState
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+_STARTED = int(time.time())
+
+
+async def health(request: Request) -> Response:
+    state: ServerState = request.app.state.omni
+    if state.engine is None or not state.ready:
+        return JSONResponse({"status": "loading"}, status_code=503)
+    if getattr(state.engine, "closed", False):
+        return JSONResponse({"status": "closed"}, status_code=503)
+    return JSONResponse({"status": "ok", "model": state.model_id})
+
+
+async def metrics(request: Request) -> Response:
+    state: ServerState = request.app.state.omni
+    body = generate_latest(state.metrics.registry)
+    if state.engine is not None:
+        body = generate_latest(state.engine.metrics.registry) + body
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+async def list_models(request: Request) -> Response:
+    state: ServerState = request.app.state.omni
+    data = []
+    if state.engine is not None:
+        info = state.engine.info
+        data.append(
+            {
+                "id": state.model_id,
+                "object": "model",
+                "created": _STARTED,
+                "owned_by": "omni-stream",
+                "model_type": info.model_type,
+                "task_types": [getattr(t, "value", str(t)) for t in info.task_types],
+                "sample_rate": info.sample_rate,
+            }
+        )
+    state.metrics.requests.labels("/v1/models", "200").inc()
+    return JSONResponse({"object": "list", "data": data})

@@ -1,0 +1,113 @@
+"""``omni-stream serve``: load a checkpoint and serve the HTTP/WebSocket API with uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from omni_stream.realtime.settings import Settings, default_voices_dir
+
+log = logging.getLogger("omni_stream.realtime.server")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``serve`` options."""
+    parser.add_argument("--model", default=None, help="checkpoint directory or hub id (default: embedded tiny model)")
+    parser.add_argument("--served-model-name", default=None, help="model id clients send (default: the model's name)")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s)")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("OMNI_STREAM_API_KEY"),
+        help="require this key on /v1 routes (default: $OMNI_STREAM_API_KEY; unset: no auth)",
+    )
+    parser.add_argument("--voices-dir", type=Path, default=None, help="where uploaded voices persist")
+    parser.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
+    parser.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: the model's choice)")
+    parser.add_argument(
+        "--max-concurrency", type=int, default=32, help="requests batched together (default: %(default)s)"
+    )
+    parser.add_argument("--allowed-local-media-path", type=Path, default=None, help="ref_audio file:// root")
+    parser.add_argument("--allow-remote-media", action="store_true", help="let ref_audio fetch http(s) URLs")
+    parser.add_argument("--log-level", default="info", help="uvicorn log level (default: %(default)s)")
+
+
+def _resolve_model(model: str | None) -> str | None:
+    """A local directory as is; anything else is taken as a hub id and resolved from the local cache."""
+    if model is None or Path(model).expanduser().exists():
+        return None if model is None else str(Path(model).expanduser())
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(model)
+
+
+def _dtype(name: str | None) -> Any:
+    if name is None:
+        return None
+    import torch
+
+    try:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    except KeyError:
+        raise SystemExit(f"--dtype must be float32, bfloat16 or float16, got {name!r}") from None
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    return Settings(
+        model_name=args.served_model_name,
+        api_key=args.api_key or None,
+        voices_dir=args.voices_dir or default_voices_dir(),
+        allowed_local_media_path=args.allowed_local_media_path,
+        allow_remote_media=args.allow_remote_media,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the model (with a progress bar), then serve until SIGINT/SIGTERM (graceful shutdown)."""
+    import uvicorn
+    from omni_stream.realtime.app import create_app
+
+    from omni_stream.engine import AsyncEngine
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    settings = settings_from_args(args)
+    dtype = _dtype(args.dtype)
+    try:
+        model = _resolve_model(args.model)
+    except Exception as exc:
+        print(f"omni-stream serve: cannot find model {args.model!r}: {exc}", file=sys.stderr)
+        return 2
+    if model is None:
+        print("omni-stream serve: no --model given: serving the embedded tiny checkpoint (random weights)")
+
+    async def load() -> Any:
+        print(f"omni-stream serve: loading {model or 'embedded tiny checkpoint'} on {args.device} ...", flush=True)
+        engine = await AsyncEngine.from_pretrained(
+            model, device=args.device, dtype=dtype, max_batch_size=args.max_concurrency, progress=True
+        )
+        info = engine.info
+        print(
+            f"omni-stream serve: loaded {info.model_name} ({info.model_type}, {info.sample_rate} Hz); "
+            f"voices dir {settings.voices_dir}; listening on http://{args.host}:{args.port}",
+            flush=True,
+        )
+        return engine
+
+    app = create_app(load, settings)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10)
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal: end with status 0 instead.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        uvicorn.Server(config).run()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt

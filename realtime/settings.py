@@ -1,0 +1,53 @@
+"""Serving settings: limits, timeouts and paths, one frozen dataclass shared by every route."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+SPEECH_FORMATS = ("wav", "pcm", "flac", "mp3", "opus", "aac")
+STREAM_FORMATS = ("pcm", "wav")
+
+
+def default_voices_dir() -> Path:
+    """Where uploaded voices live unless ``--voices-dir`` says otherwise (the user cache dir)."""
+    return Path(platformdirs.user_cache_dir("omni-stream")) / "voices"
+
+
+@dataclass(slots=True, frozen=True)
+class Settings:
+    """Everything the serving layer needs besides the engine. Sizes in bytes, durations in seconds."""
+
+    # Identity and access
+    model_name: str | None = None  # the served model id; None: the engine's own model name
+    api_key: str | None = None  # None: no authentication
+    voices_dir: Path | None = None  # None: no persistence (voices live in memory only)
+    static_dir: Path | None = None  # None: realtime/static when it exists
+    # Limits
+    max_input_chars: int = 4096
+    max_instructions_chars: int = 500
+    max_new_tokens: int = 4096
+    min_ref_seconds: float = 1.0
+    max_ref_seconds: float = 30.0
+    max_upload_bytes: int = 10 * 1024 * 1024
+    max_voices: int = 1000
+    max_ws_text_bytes: int = 128 * 1024
+    max_ws_config_bytes: int = 4 * 1024 * 1024
+    max_ws_pending_chars: int = 100_000  # text buffered in an open utterance, waiting for a unit boundary
+    # Reference audio sources: file paths only under this directory; URLs only when allowed
+    allowed_local_media_path: Path | None = None
+    allow_remote_media: bool = False
+    remote_media_timeout: float = 10.0
+    # WebSocket timeouts
+    ws_config_timeout: float = 10.0
+    ws_idle_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_input_chars < 1 or self.max_new_tokens < 1 or self.max_voices < 0:
+            raise ValueError("limits must be positive")
+        if not 0 < self.min_ref_seconds <= self.max_ref_seconds:
+            raise ValueError("min_ref_seconds must be in (0, max_ref_seconds]")
+        if self.ws_config_timeout <= 0 or self.ws_idle_timeout <= 0:
+            raise ValueError("WebSocket timeouts must be positive")

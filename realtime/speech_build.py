@@ -1,0 +1,166 @@
+"""From validated options to an engine :class:`SpeechRequest`: voice resolution and reference audio loading."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+from urllib.parse import unquote, urlparse
+
+import anyio
+import anyio.to_thread
+import numpy as np
+from omni_stream.realtime.errors import bad_request
+from omni_stream.realtime.speech_params import SpeechOptions
+from omni_stream.realtime.state import ServerState
+
+from omni_stream import codecs
+from omni_stream.requests import SpeechRequest, TaskType
+
+
+def supported_voices(state: ServerState) -> list[str]:
+    """Sorted lower-case names of built-in and uploaded voices."""
+    names = {v.lower() for v in state.engine.info.voices} | {v.key for v in state.voices.voices()}
+    return sorted(names)
+
+
+def model_key(state: ServerState) -> str:
+    """Names the checkpoint a stored voice prompt came from."""
+    info = state.engine.info
+    return f"{info.model_type}:{info.model_name}"
+
+
+def _builtin_voice(state: ServerState, name: str) -> str | None:
+    for voice in state.engine.info.voices:
+        if voice.lower() == name:
+            return voice
+    return None
+
+
+async def decode_reference(state: ServerState, data: bytes, param: str) -> tuple[np.ndarray, int]:
+    """Decode reference audio off the loop at the engine's rate; 400 unless it lasts ``min_ref..max_ref`` seconds."""
+    settings = state.settings
+    rate = state.engine.info.sample_rate
+
+    def decode() -> tuple[np.ndarray, float]:
+        return codecs.decode_audio(data, rate, max_seconds=settings.max_ref_seconds + 1.0)
+
+    try:
+        samples, seconds = await anyio.to_thread.run_sync(decode)
+    except ValueError as exc:
+        raise bad_request(f"Could not decode '{param}': {exc}", param) from exc
+    if not settings.min_ref_seconds <= seconds <= settings.max_ref_seconds:
+        raise bad_request(
+            f"'{param}' must last {settings.min_ref_seconds:g} to {settings.max_ref_seconds:g} seconds, "
+            f"got {seconds:.2f} s",
+            param,
+        )
+    return samples, rate
+
+
+async def load_ref_audio(state: ServerState, ref: str) -> bytes:
+    """The bytes behind ``ref_audio``: a data URL, base64, a file URL under the allowed directory, or (opt-in) http."""
+    settings = state.settings
+    if ref.startswith("data:"):
+        header, _, payload = ref.partition(",")
+        if ";base64" not in header:
+            return unquote(payload).encode("latin-1")
+        return _b64(payload)
+    parsed = urlparse(ref)
+    if parsed.scheme == "file":
+        root = settings.allowed_local_media_path
+        if root is None:
+            raise bad_request(
+                "Local files are not allowed for 'ref_audio' (no --allowed-local-media-path)", "ref_audio"
+            )
+        path = await anyio.Path(unquote(parsed.path)).resolve()
+        if not path.is_relative_to(await anyio.Path(root).resolve()):
+            raise bad_request(f"'ref_audio' file must be under {root}", "ref_audio")
+        try:
+            return await path.read_bytes()
+        except OSError as exc:
+            raise bad_request(f"Cannot read 'ref_audio' file: {exc.strerror}", "ref_audio") from exc
+    if parsed.scheme in ("http", "https"):
+        if not settings.allow_remote_media:
+            raise bad_request("Fetching 'ref_audio' from URLs is disabled on this server", "ref_audio")
+        return await _fetch(ref, settings.max_upload_bytes, settings.remote_media_timeout)
+    return _b64(ref)
+
+
+def _b64(payload: str) -> bytes:
+    try:
+        return base64.b64decode(payload.strip(), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise bad_request("'ref_audio' must be a data URL, base64 audio or an allowed URL", "ref_audio") from exc
+
+
+async def _fetch(url: str, limit: int, seconds: float) -> bytes:
+    import httpx
+
+    try:
+        async with httpx.AsyncClient(timeout=seconds, follow_redirects=True) as client:
+            async with client.stream("GET", url) as response:
+                response.raise_for_status()
+                data = bytearray()
+                async for piece in response.aiter_bytes():
+                    data += piece
+                    if len(data) > limit:
+                        raise bad_request(f"'ref_audio' is larger than {limit} bytes", "ref_audio")
+                return bytes(data)
+    except httpx.HTTPError as exc:
+        raise bad_request(f"Could not fetch 'ref_audio': {exc}", "ref_audio") from exc
+
+
+async def build_request(state: ServerState, opts: SpeechOptions, text: str) -> SpeechRequest:
+    """The engine request for ``text`` under ``opts``; 400 for an unknown voice or a task the model lacks."""
+    info = state.engine.info
+    fields: dict = {"text": text, "language": opts.language, "instructions": opts.instructions}
+    task = opts.task_type
+    if opts.voice is not None:
+        uploaded = state.voices.get(opts.voice)
+        builtin = _builtin_voice(state, opts.voice)
+        if builtin is not None and uploaded is None:
+            fields["voice"] = builtin
+        elif uploaded is not None:
+            task = task or TaskType.BASE
+            prompt = uploaded.prompt if uploaded.prompt_model == model_key(state) else None
+            if prompt is not None and not opts.x_vector_only_mode:
+                fields["voice_prompt"] = prompt
+            elif prompt is not None:
+                fields["voice_prompt"] = dataclasses.replace(prompt, ref_codes=None)
+                fields["x_vector_only_mode"] = True
+            else:  # no prompt from this checkpoint: the engine extracts one from the stored audio
+                fields.update(ref_audio=uploaded.samples, ref_sample_rate=uploaded.sample_rate)
+                fields["ref_text"] = uploaded.ref_text
+        else:
+            listed = ", ".join(supported_voices(state)) or "(none)"
+            raise bad_request(f"Invalid voice '{opts.voice}'. Supported: {listed}", "voice")
+    if opts.ref_audio is not None:
+        samples, rate = await decode_reference(state, await load_ref_audio(state, opts.ref_audio), "ref_audio")
+        fields.update(ref_audio=samples, ref_sample_rate=rate, voice_prompt=None)
+        task = task or TaskType.BASE
+    if opts.ref_text is not None:
+        fields["ref_text"] = opts.ref_text
+    if opts.x_vector_only_mode:
+        fields["x_vector_only_mode"] = True
+    if task is not None:
+        supported = [t.value if isinstance(t, TaskType) else str(t) for t in info.task_types]
+        if supported and task.value not in supported:
+            raise bad_request(
+                f"task_type '{task.value}' is not supported by this model; supported: {', '.join(supported)}",
+                "task_type",
+            )
+        fields["task_type"] = task
+    if opts.language.lower() != "auto" and info.languages:
+        spelled = {str(lang).lower(): str(lang) for lang in info.languages}
+        if opts.language.lower() not in spelled:
+            listed = ", ".join(spelled.values())
+            raise bad_request(f"Unsupported language '{opts.language}'. Supported: Auto, {listed}", "language")
+        fields["language"] = spelled[opts.language.lower()]  # the model's own spelling
+    if opts.max_new_tokens is not None:
+        fields["max_new_tokens"] = opts.max_new_tokens
+    if opts.seed is not None:
+        fields["seed"] = opts.seed
+    if opts.initial_codec_chunk_frames is not None:
+        fields["initial_codec_chunk_frames"] = opts.initial_codec_chunk_frames
+    return SpeechRequest(**fields)

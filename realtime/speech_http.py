@@ -1,0 +1,199 @@
+"""POST /v1/audio/speech: one body, a raw chunked stream, or server-sent events, chosen from the fields."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import numpy as np
+from omni_stream.realtime.audio_out import AudioOut, audio_headers, encode_whole
+from omni_stream.realtime.errors import ApiError, bad_request, from_exception
+from omni_stream.realtime.speech_build import build_request
+from omni_stream.realtime.speech_params import SpeechOptions, StreamMode, check_model, parse_input, parse_options
+from omni_stream.realtime.sse import SSE_HEADERS, SSE_MEDIA_TYPE, sse_event
+from omni_stream.realtime.state import ServerState
+from omni_stream.realtime.streams import ClosingStreamingResponse, close_stream, until_disconnect
+from starlette.requests import Request
+from starlette.responses import Response
+
+from omni_stream import codecs
+from omni_stream.chunks import Audio
+
+log = logging.getLogger("omni_stream.realtime.speech")
+ROUTE = "/v1/audio/speech"
+
+
+def usage_body(stream: Any, text_tokens: int | None = None) -> dict[str, Any]:
+    """The SSE ``usage`` object; ``audio_tokens`` are the input tokens that were not text (reference audio)."""
+    usage = stream.usage
+    inp, out = int(usage.input_tokens), int(usage.output_tokens)
+    text = inp if text_tokens is None else min(text_tokens, inp)
+    return {
+        "input_tokens": inp,
+        "output_tokens": out,
+        "total_tokens": inp + out,
+        "input_token_details": {"text_tokens": text, "audio_tokens": inp - text},
+    }
+
+
+def _count_tokens(engine: Any, texts: list[str]) -> int:
+    """Text tokens of the input and instructions (blocking: tokenizers run off the loop)."""
+    return sum(engine.count_text_tokens(t) for t in texts if t)
+
+
+def usage_headers(stream: Any) -> dict[str, str]:
+    inp, out = int(stream.usage.input_tokens), int(stream.usage.output_tokens)
+    return {
+        "x-omni-stream-input-tokens": str(inp),
+        "x-omni-stream-output-tokens": str(out),
+        "x-omni-stream-total-tokens": str(inp + out),
+    }
+
+
+async def _read_json(request: Request) -> Any:
+    body = await request.body()
+    if not body:
+        raise bad_request("Request body is empty: expected a JSON object")
+    try:
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f"Request body is not valid JSON: {exc}") from exc
+
+
+async def create_speech(request: Request) -> Response:
+    state: ServerState = request.app.state.omni
+    try:
+        response = await _create_speech(request, state)
+    except Exception as exc:
+        response = from_exception(exc).response()
+    state.metrics.requests.labels(ROUTE, str(response.status_code)).inc()
+    return response
+
+
+async def _create_speech(request: Request, state: ServerState) -> Response:
+    body = await _read_json(request)
+    opts = parse_options(body, state.settings)
+    check_model(opts.model, state.served_models())
+    text = parse_input(body, state.settings)
+    if state.engine is None:
+        raise ApiError(503, "The model is still loading")
+    speech_request = await build_request(state, opts, text)
+    stream = state.engine.speech(speech_request)
+    chunks = aiter(stream)
+    if opts.stream_mode is StreamMode.NONE:
+        return await _whole(request, state, opts, stream)
+    try:
+        # The first chunk is awaited before the status line: errors up to here are plain HTTP errors.
+        arrived, first = await until_disconnect(request.receive, lambda: anext(chunks, False))
+        if not arrived:
+            await close_stream(stream)
+            state.metrics.disconnects.labels("http").inc()
+            return Response(status_code=499)
+        out = await AudioOut.open(opts.response_format, state.engine.info.sample_rate, opts.sample_rate)
+    except BaseException:
+        await close_stream(stream)
+        raise
+    if opts.stream_mode is StreamMode.AUDIO:
+        gen = _raw_body(state, stream, _audio_chunks(chunks, first), out)
+        return ClosingStreamingResponse(
+            gen, on_close=lambda: close_stream(stream), media_type=out.mime_type, headers=audio_headers(out.sample_rate)
+        )
+    gen = _sse_body(state, stream, _audio_chunks(chunks, first), out, [text, opts.instructions or ""])
+    headers = {**SSE_HEADERS, **audio_headers(out.sample_rate)}
+    return ClosingStreamingResponse(
+        gen, on_close=lambda: close_stream(stream), media_type=SSE_MEDIA_TYPE, headers=headers
+    )
+
+
+async def _collect(stream: Any) -> list[np.ndarray]:
+    return [audio.samples async for audio in stream]
+
+
+async def _whole(request: Request, state: ServerState, opts: SpeechOptions, stream: Any) -> Response:
+    try:
+        finished, pieces = await until_disconnect(request.receive, lambda: _collect(stream))
+    finally:
+        await close_stream(stream)
+    if not finished or pieces is None:
+        state.metrics.disconnects.labels("http").inc()
+        return Response(status_code=499)
+    samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+    src = state.engine.info.sample_rate
+    data, rate = await anyio.to_thread.run_sync(
+        encode_whole, opts.response_format, samples, src, opts.sample_rate, opts.speed
+    )
+    headers = {**audio_headers(rate), **usage_headers(stream)}
+    return Response(data, media_type=codecs.mime_type(opts.response_format), headers=headers)
+
+
+async def _audio_chunks(chunks: AsyncIterator[Audio], first: Audio | bool) -> AsyncGenerator[Audio]:
+    if first is False:
+        return
+    assert isinstance(first, Audio)
+    yield first
+    async for audio in chunks:
+        yield audio
+
+
+async def _raw_body(
+    state: ServerState, stream: Any, audio_chunks: AsyncGenerator[Audio], out: AudioOut
+) -> AsyncGenerator[bytes]:
+    gauge = state.metrics.streams.labels("http")
+    gauge.inc()
+    done = False
+    try:
+        async for audio in audio_chunks:
+            data = await out.encode(audio.samples)
+            if data:
+                yield data
+        tail = await out.finish()
+        done = True
+        if tail:
+            yield tail
+    finally:
+        gauge.dec()
+        if not done:
+            state.metrics.disconnects.labels("http").inc()
+        await close_stream(stream)
+
+
+async def _sse_body(
+    state: ServerState, stream: Any, audio_chunks: AsyncGenerator[Audio], out: AudioOut, texts: list[str]
+) -> AsyncGenerator[bytes]:
+    gauge = state.metrics.streams.labels("sse")
+    gauge.inc()
+    fmt = out.format
+    terminal = False
+
+    def delta(data: bytes) -> bytes:
+        payload = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode(), "response_format": fmt}
+        return sse_event("speech.audio.delta", payload)
+
+    try:
+        try:
+            async for audio in audio_chunks:
+                data = await out.encode(audio.samples)
+                if data:
+                    yield delta(data)
+            tail = await out.finish()
+            if tail:
+                yield delta(tail)
+            text_tokens = await anyio.to_thread.run_sync(_count_tokens, state.engine, texts)
+        except Exception as exc:  # after the start: in-band error instead of done
+            log.exception("speech stream failed")
+            error = {"message": f"{type(exc).__name__}: {exc}", "type": "server_error", "param": None, "code": 500}
+            terminal = True
+            yield sse_event("speech.audio.error", {"type": "speech.audio.error", "error": error})
+            return
+        terminal = True
+        yield sse_event("speech.audio.done", {"type": "speech.audio.done", "usage": usage_body(stream, text_tokens)})
+    finally:
+        gauge.dec()
+        if not terminal:
+            state.metrics.disconnects.labels("sse").inc()
+        await close_stream(stream)

@@ -1,0 +1,219 @@
+"""Speech request fields: validation of the JSON body (HTTP) or ``session.config`` (WebSocket) into typed options.
+
+Every problem is an :class:`ApiError` 400 naming the field and the allowed values; nothing here touches the
+engine, so the rules are unit-testable. :mod:`omni_stream.realtime.speech_build` turns options into a
+:class:`SpeechRequest` (voice resolution, reference audio).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from omni_stream.realtime.errors import ApiError, bad_request
+from omni_stream.realtime.settings import SPEECH_FORMATS, STREAM_FORMATS, Settings
+from omni_stream.realtime.text_split import Granularity
+
+from omni_stream.requests import TaskType
+
+
+class StreamMode(StrEnum):
+    NONE = "none"  # one body
+    AUDIO = "audio"  # raw bytes, chunked
+    SSE = "sse"  # server-sent events
+
+
+# Fields the WebSocket config must not carry (they belong to the HTTP body or to input.text).
+WS_FORBIDDEN = ("input", "stream", "stream_format")
+
+
+@dataclass(slots=True, frozen=True)
+class SpeechOptions:
+    """Validated speech fields, shared by HTTP and WebSocket. ``voice`` is lower-cased; ``speed`` a factor."""
+
+    model: str | None = None
+    voice: str | None = None
+    response_format: str = "wav"
+    speed: float = 1.0
+    stream_mode: StreamMode = StreamMode.NONE
+    instructions: str | None = None
+    task_type: TaskType | None = None
+    language: str = "Auto"
+    ref_audio: str | None = None
+    ref_text: str | None = None
+    x_vector_only_mode: bool = False
+    max_new_tokens: int | None = None
+    seed: int | None = None
+    initial_codec_chunk_frames: int | None = None
+    sample_rate: int | None = None
+    # WebSocket only
+    stream_audio: bool = False
+    split_granularity: Granularity = Granularity.NONE
+
+
+def _type_name(value: Any) -> str:
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _str(body: dict[str, Any], key: str) -> str | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise bad_request(f"'{key}' must be a string, got {_type_name(value)}", key)
+    return value
+
+
+def _bool(body: dict[str, Any], key: str, default: bool = False) -> bool:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_request(f"'{key}' must be a boolean (true or false), got {_type_name(value)}", key)
+    return value
+
+
+def _int(body: dict[str, Any], key: str, lo: int, hi: int) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(f"'{key}' must be an integer, got {_type_name(value)}", key)
+    if not lo <= value <= hi:
+        raise bad_request(f"'{key}' must be between {lo} and {hi}, got {value}", key)
+    return value
+
+
+def _enum(body: dict[str, Any], key: str, allowed: tuple[str, ...], default: str | None) -> str | None:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, str) or value not in allowed:
+        choices = ", ".join(f"'{a}'" for a in allowed)
+        raise bad_request(f"Invalid '{key}' {value!r}: must be one of {choices}", key)
+    return value
+
+
+def _voice(body: dict[str, Any]) -> str | None:
+    value = body.get("voice", body.get("speaker"))
+    if isinstance(value, dict):
+        value = value.get("id")
+        if not isinstance(value, str):
+            raise bad_request("'voice' as an object must be {\"id\": <string>}", "voice")
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise bad_request(f"'voice' must be a string or {{\"id\": string}}, got {_type_name(value)}", "voice")
+    value = value.strip().lower()
+    return value or None
+
+
+def _speed(body: dict[str, Any]) -> float:
+    value = body.get("speed")
+    if value is None:
+        return 1.0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise bad_request("'speed' must be a number between 0.25 and 4.0", "speed")
+    if not 0.25 <= value <= 4.0:
+        raise bad_request(f"'speed' must be between 0.25 and 4.0, got {value}", "speed")
+    return float(value)
+
+
+def _stream_mode(body: dict[str, Any]) -> StreamMode:
+    stream = _bool(body, "stream")
+    stream_format = _enum(body, "stream_format", ("sse", "audio"), None)
+    if stream_format == "audio":
+        return StreamMode.AUDIO  # wins over stream=true
+    if stream or stream_format == "sse":
+        return StreamMode.SSE
+    return StreamMode.NONE
+
+
+def parse_input(body: dict[str, Any], settings: Settings) -> str:
+    """The ``input`` text, stripped: 1 to ``settings.max_input_chars`` characters."""
+    if "input" not in body or body["input"] is None:
+        raise bad_request("'input' is required", "input")
+    text = body["input"]
+    if not isinstance(text, str):
+        raise bad_request(f"'input' must be a string, got {_type_name(text)}", "input")
+    text = text.strip()
+    if not text:
+        raise bad_request("Input text cannot be empty", "input")
+    if len(text) > settings.max_input_chars:
+        raise bad_request(f"Input text too long: {len(text)} characters (max {settings.max_input_chars})", "input")
+    return text
+
+
+def parse_options(body: Any, settings: Settings, *, websocket: bool = False) -> SpeechOptions:
+    """Validate every speech field except ``input``; ``websocket`` parses a ``session.config`` instead."""
+    if not isinstance(body, dict):
+        raise bad_request("Request body must be a JSON object")
+    if websocket:
+        for key in WS_FORBIDDEN:
+            if key in body and key != "type":
+                raise bad_request(f"'{key}' is not allowed in session.config", key)
+    instructions = _str(body, "instructions")
+    if instructions is not None and len(instructions) > settings.max_instructions_chars:
+        raise bad_request(
+            f"Instructions too long: {len(instructions)} characters (max {settings.max_instructions_chars})",
+            "instructions",
+        )
+    task = _enum(body, "task_type", tuple(t.value for t in TaskType), None)
+    language = (_str(body, "language") or "Auto").strip() or "Auto"
+    frames = _int(body, "initial_codec_chunk_frames", 0, 4096)
+    opts = SpeechOptions(
+        model=_str(body, "model"),
+        voice=_voice(body),
+        response_format=_enum(body, "response_format", SPEECH_FORMATS, "wav") or "wav",
+        speed=_speed(body),
+        stream_mode=StreamMode.NONE if websocket else _stream_mode(body),
+        instructions=instructions.strip() or None if instructions is not None else None,
+        task_type=TaskType(task) if task is not None else None,
+        language=language if language.lower() == "auto" else language.title(),
+        ref_audio=_str(body, "ref_audio") or None,
+        ref_text=(_str(body, "ref_text") or "").strip() or None,
+        x_vector_only_mode=_bool(body, "x_vector_only_mode"),
+        max_new_tokens=_int(body, "max_new_tokens", 1, settings.max_new_tokens),
+        seed=_int(body, "seed", 0, 2**63 - 1),
+        initial_codec_chunk_frames=frames or None,
+        sample_rate=_int(body, "sample_rate", 8000, 192000),
+        stream_audio=_bool(body, "stream_audio") if websocket else False,
+        split_granularity=Granularity(
+            _enum(body, "split_granularity", tuple(g.value for g in Granularity), "none") if websocket else "none"
+        ),
+    )
+    _check_streaming(opts, websocket)
+    return opts
+
+
+def _check_streaming(opts: SpeechOptions, websocket: bool) -> None:
+    if websocket:
+        if opts.stream_audio and opts.response_format != "pcm":
+            raise bad_request(
+                f"stream_audio=true requires response_format='pcm', got '{opts.response_format}'", "response_format"
+            )
+        if opts.stream_audio and opts.speed != 1.0:
+            raise bad_request("Speed adjustment is not supported with stream_audio=true (speed must be 1.0)", "speed")
+        return
+    if opts.stream_mode is StreamMode.NONE:
+        return
+    if opts.response_format not in STREAM_FORMATS:
+        raise bad_request(
+            "Streaming (stream=true, stream_format='audio', or stream_format='sse') requires "
+            f"response_format='pcm' or 'wav', got '{opts.response_format}'",
+            "response_format",
+        )
+    if opts.speed != 1.0:
+        raise bad_request("Speed adjustment is not supported when streaming (speed must be 1.0)", "speed")
+
+
+def check_model(model: str | None, served: tuple[str, ...]) -> None:
+    """404 unless ``model`` is absent or one of the ``served`` names."""
+    if model is not None and model not in served:
+        raise ApiError(404, f"The model `{model}` does not exist.", "model", type="NotFoundError")

@@ -1,0 +1,23 @@
+"""Serving test fixtures (load with ``pytest_plugins = ("serving_fixtures",)``): a synthetic checkpoint and a
+shared live server, both session-scoped."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from omni_stream.realtime.settings import Settings
+from serving_helpers import LiveServer, make_checkpoint, running_server
+
+
+@pytest.fixture(scope="session")
+def synthetic_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_checkpoint(tmp_path_factory.mktemp("synthetic"))
+
+
+@pytest.fixture(scope="session")
+def live_server(synthetic_checkpoint: Path) -> Iterator[LiveServer]:
+    """The shared server: default settings, no auth, voices in memory only."""
+    with running_server(synthetic_checkpoint, Settings(ws_config_timeout=2.0, ws_idle_timeout=5.0)) as live:
+        yield live

@@ -1,0 +1,125 @@
+"""Serving test helpers: a real uvicorn server on 127.0.0.1 (random free port, background thread), real engine.
+
+The engine is built inside the server's lifespan from a synthetic checkpoint (deterministic tones), so
+tests can check every sample; ``LiveServer.family`` exposes its scheduler and talker for step counts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import soundfile as sf
+import uvicorn
+from omni_stream.codecs.pcm import to_int16
+from omni_stream.realtime.app import create_app
+from omni_stream.realtime.settings import Settings
+
+from omni_stream.engine import AsyncEngine
+from omni_stream.models.synthetic import SyntheticConfig, tone_samples, write_checkpoint
+
+MODEL = "synthetic-tts"
+RATE = 24000
+VOICE_TONES = {"alice": 1, "bob": 2, "carol": 3, "dave": 4}
+
+
+@dataclass
+class LiveServer:
+    app: Any
+    server: uvicorn.Server
+    thread: threading.Thread
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    @property
+    def state(self) -> Any:
+        return self.app.state.omni
+
+    @property
+    def engine(self) -> Any:
+        return self.state.engine
+
+    @property
+    def family(self) -> Any:
+        return self.engine.family
+
+    def wait_idle(self, timeout: float = 10.0) -> dict[str, int]:
+        """Wait until the scheduler holds no per-request state; returns its live counts."""
+        deadline = time.monotonic() + timeout
+        while True:
+            live = self.family.scheduler.live()
+            if not any(live.values()) or time.monotonic() > deadline:
+                return live
+            time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def running_server(checkpoint: Path, settings: Settings | None = None) -> Iterator[LiveServer]:
+    """Serve ``checkpoint`` until the block ends."""
+
+    async def load() -> Any:
+        return await AsyncEngine.from_pretrained(checkpoint, progress=False)
+
+    app = create_app(load, settings or Settings())
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="test-uvicorn")
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.01)
+    try:
+        yield LiveServer(app, server, thread, port)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+def make_checkpoint(directory: Path, **options: Any) -> Path:
+    return write_checkpoint(directory, **options)
+
+
+def expected_tone(voice: str, text: str, config: SyntheticConfig | None = None) -> np.ndarray:
+    """The exact float32 audio the synthetic model speaks for ``text`` in built-in ``voice``."""
+    config = config or SyntheticConfig()
+    n_frames = max(1, round(len(text.strip()) * config.frames_per_char))
+    return tone_samples(config, VOICE_TONES[voice], 0, n_frames)
+
+
+def pcm16(samples: np.ndarray) -> bytes:
+    """What the server's PCM encoder makes of float32 samples (rounded, clipped int16 LE)."""
+    return to_int16(samples).astype("<i2").tobytes()
+
+
+def pcm_to_float(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32767.0
+
+
+def wav_bytes(seconds: float, rate: int = 16000, hz: float = 300.0) -> bytes:
+    """A mono 16-bit WAV of a sine tone."""
+    t = np.arange(int(seconds * rate)) / rate
+    buf = io.BytesIO()
+    sf.write(buf, (0.3 * np.sin(2 * np.pi * hz * t)).astype(np.float32), rate, format="WAV", subtype="PCM_16")
+    return buf.getvalue()

@@ -1,0 +1,185 @@
+"""Speech field validation (HTTP body and WebSocket session.config), auth helpers and SSE framing: pure code."""
+
+from __future__ import annotations
+
+import pytest
+from omni_stream.realtime.auth import key_matches, presented_keys, select_subprotocol
+from omni_stream.realtime.errors import ApiError, from_exception
+from omni_stream.realtime.settings import Settings
+from omni_stream.realtime.speech_params import StreamMode, check_model, parse_input, parse_options
+from omni_stream.realtime.sse import sse_event
+from omni_stream.realtime.text_split import Granularity
+from starlette.datastructures import Headers
+
+from omni_stream.requests import TaskType
+
+S = Settings()
+
+
+def refused(body, *, websocket=False) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        parse_options(body, S, websocket=websocket)
+    assert info.value.status == 400 and info.value.type == "BadRequestError"
+    return info.value
+
+
+@pytest.mark.parametrize(
+    ("stream", "stream_format", "mode"),
+    [
+        (None, None, StreamMode.NONE),
+        (False, None, StreamMode.NONE),
+        (True, None, StreamMode.SSE),
+        (None, "sse", StreamMode.SSE),
+        (False, "sse", StreamMode.SSE),
+        (None, "audio", StreamMode.AUDIO),
+        (True, "audio", StreamMode.AUDIO),
+    ],
+)
+def test_stream_mode_table(stream, stream_format, mode):
+    body = {"response_format": "pcm", "stream": stream, "stream_format": stream_format}
+    assert parse_options(body, S).stream_mode is mode
+
+
+def test_defaults():
+    opts = parse_options({}, S)
+    assert opts.response_format == "wav" and opts.speed == 1.0 and opts.stream_mode is StreamMode.NONE
+    assert opts.voice is None and opts.language == "Auto" and opts.task_type is None
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "flac", "opus", "aac"])
+@pytest.mark.parametrize("mode", [{"stream": True}, {"stream_format": "sse"}, {"stream_format": "audio"}])
+def test_streaming_needs_pcm_or_wav(fmt, mode):
+    error = refused({"response_format": fmt, **mode})
+    assert "pcm" in error.message and "wav" in error.message and error.param == "response_format"
+
+
+def test_streaming_needs_speed_one():
+    assert refused({"response_format": "pcm", "stream": True, "speed": 2.0}).param == "speed"
+    assert parse_options({"response_format": "mp3", "speed": 2.0}, S).speed == 2.0
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"response_format": "xyz"}, "response_format"),
+        ({"response_format": 3}, "response_format"),
+        ({"speed": 5}, "speed"),
+        ({"speed": 0.1}, "speed"),
+        ({"speed": "fast"}, "speed"),
+        ({"speed": True}, "speed"),
+        ({"stream": "yes"}, "stream"),
+        ({"stream_format": "mp3"}, "stream_format"),
+        ({"task_type": "Clone"}, "task_type"),
+        ({"voice": 3}, "voice"),
+        ({"voice": {"name": "x"}}, "voice"),
+        ({"instructions": "x" * 501}, "instructions"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"max_new_tokens": 4097}, "max_new_tokens"),
+        ({"max_new_tokens": 1.5}, "max_new_tokens"),
+        ({"seed": -1}, "seed"),
+        ({"sample_rate": 100}, "sample_rate"),
+        ({"x_vector_only_mode": 1}, "x_vector_only_mode"),
+    ],
+)
+def test_bad_fields_name_the_field(body, param):
+    error = refused(body)
+    assert error.param == param and param in error.message.lower()
+
+
+def test_bad_enum_lists_allowed_values():
+    assert "'wav', 'pcm', 'flac', 'mp3', 'opus', 'aac'" in refused({"response_format": "xyz"}).message
+
+
+def test_voice_forms_and_case():
+    assert parse_options({"voice": "Alice"}, S).voice == "alice"
+    assert parse_options({"voice": {"id": "Bob"}}, S).voice == "bob"
+    assert parse_options({"speaker": "carol"}, S).voice == "carol"
+
+
+def test_field_normalisation():
+    opts = parse_options(
+        {"language": "english", "task_type": "Base", "initial_codec_chunk_frames": 0, "instructions": "  "}, S
+    )
+    assert opts.language == "English" and opts.task_type is TaskType.BASE
+    assert opts.initial_codec_chunk_frames is None and opts.instructions is None
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({}, "'input' is required"),
+        ({"input": ""}, "Input text cannot be empty"),
+        ({"input": "   \n"}, "Input text cannot be empty"),
+        ({"input": 5}, "'input' must be a string"),
+        ({"input": "x" * 4097}, "Input text too long"),
+    ],
+)
+def test_input_rules(body, message):
+    with pytest.raises(ApiError) as info:
+        parse_input(body, S)
+    assert info.value.status == 400 and message in info.value.message and info.value.param == "input"
+
+
+def test_input_is_stripped_and_limit_counts_after_strip():
+    assert parse_input({"input": "  hi  "}, S) == "hi"
+    assert parse_input({"input": " " + "x" * 4096 + " "}, S) == "x" * 4096
+
+
+def test_body_must_be_an_object():
+    refused([1, 2])
+
+
+def test_other_model_is_404():
+    check_model(None, ("m",))
+    check_model("m", ("m",))
+    with pytest.raises(ApiError) as info:
+        check_model("other", ("m",))
+    assert (info.value.status, info.value.type, info.value.param) == (404, "NotFoundError", "model")
+
+
+def test_websocket_config_rules():
+    opts = parse_options(
+        {"stream_audio": True, "response_format": "pcm", "split_granularity": "clause"}, S, websocket=True
+    )
+    assert opts.stream_audio and opts.split_granularity is Granularity.CLAUSE
+    assert "response_format='pcm'" in refused({"stream_audio": True, "response_format": "wav"}, websocket=True).message
+    assert refused({"stream_audio": True, "response_format": "pcm", "speed": 2}, websocket=True).param == "speed"
+    assert refused({"split_granularity": "word"}, websocket=True).param == "split_granularity"
+    for key in ("input", "stream", "stream_format"):
+        assert refused({key: "x"}, websocket=True).param == key
+    # Not streaming audio: any format and speed, one file per unit
+    assert parse_options({"response_format": "mp3", "speed": 1.5}, S, websocket=True).speed == 1.5
+
+
+def test_engine_errors_map_to_statuses():
+    from omni_stream.errors import DeadlineExceeded, EngineClosed, InvalidRequestError, UnknownVoiceError
+
+    assert from_exception(InvalidRequestError("bad", "voice")).status == 400
+    assert from_exception(UnknownVoiceError("nope", "voice")).param == "voice"
+    assert from_exception(EngineClosed("x")).status == 503
+    assert from_exception(DeadlineExceeded("x")).status == 504
+    internal = from_exception(RuntimeError("boom"))
+    assert internal.status == 500 and internal.type == "InternalServerError"
+
+
+def test_codec_decode_errors_are_client_errors():
+    from omni_stream import codecs
+
+    error = getattr(codecs, "AudioDecodeError", None)
+    if error is None:
+        from omni_stream.codecs.errors import AudioDecodeError as error
+    assert from_exception(error("not audio")).status == 400
+
+
+def test_auth_helpers():
+    headers = Headers({"authorization": "Bearer k1", "sec-websocket-protocol": "realtime, openai-insecure-api-key.k2"})
+    assert presented_keys(headers, websocket=False) == ["k1"]
+    assert presented_keys(headers, websocket=True) == ["k1", "k2"]
+    assert key_matches("k2", ["k1", "k2"]) and not key_matches("k3", ["k1", "k2"]) and not key_matches("k", [])
+    assert select_subprotocol(["realtime", "openai-insecure-api-key.k"]) == "realtime"
+    assert select_subprotocol(["openai-insecure-api-key.k"]) == "openai-insecure-api-key.k"
+    assert select_subprotocol([]) is None
+
+
+def test_sse_event_framing():
+    assert sse_event("a.b", {"type": "a.b", "text": "x\ny"}) == b'event: a.b\ndata: {"type":"a.b","text":"x\\ny"}\n\n'

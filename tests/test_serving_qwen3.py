@@ -1,0 +1,87 @@
+"""The serving layer on the tiny random-weight Qwen3-TTS checkpoints (CustomVoice and Base): real model paths."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import httpx
+import openai
+import pytest
+import soundfile as sf
+from omni_stream.realtime.settings import Settings
+from serving_helpers import running_server, wav_bytes
+from websockets.sync.client import connect
+
+from omni_stream.models.qwen3_tts.checkpoint import write_tiny_checkpoint
+
+FRAMES = 6  # random weights rarely stop on their own: bound every request
+SAMPLES_PER_FRAME = 1920
+
+
+@pytest.fixture(scope="module")
+def custom(tmp_path_factory):
+    path = write_tiny_checkpoint(tmp_path_factory.mktemp("qwen3-custom"), "custom_voice")
+    with running_server(path, Settings()) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    path = write_tiny_checkpoint(tmp_path_factory.mktemp("qwen3-base"), "base")
+    with running_server(path, Settings(voices_dir=tmp_path_factory.mktemp("voices"))) as server:
+        yield server
+
+
+def test_custom_voice_formats_and_sse(custom):
+    info = custom.engine.info
+    voice = info.voices[0]
+    client = openai.OpenAI(base_url=f"{custom.url}/v1", api_key="x", max_retries=0)
+    extra = {"max_new_tokens": FRAMES, "seed": 0}
+    wav = client.audio.speech.create(model=info.model_name, voice=voice, input="Hello.", extra_body=extra)
+    audio, rate = sf.read(io.BytesIO(wav.content))
+    assert rate == info.sample_rate and 0 < audio.size <= FRAMES * SAMPLES_PER_FRAME
+    with client.audio.speech.with_streaming_response.create(
+        model=info.model_name, voice=voice, input="Hello.", response_format="pcm", stream_format="sse", extra_body=extra
+    ) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1]["type"] == "speech.audio.done" and events[-1]["usage"]["output_tokens"] <= FRAMES
+    pcm = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    assert len(pcm) == 2 * audio.size  # same seed, same audio length as the whole body
+    r = httpx.post(f"{custom.url}/v1/audio/speech", json={"input": "Hi.", "voice": "nobody"})
+    assert r.status_code == 400 and voice in r.json()["error"]["message"]
+
+
+def test_custom_voice_websocket_pcm_stream(custom):
+    voice = custom.engine.info.voices[1]
+    with connect(f"{custom.ws_url}/v1/audio/speech/stream") as ws:
+        config = {"voice": voice, "response_format": "pcm", "stream_audio": True, "max_new_tokens": FRAMES}
+        ws.send(json.dumps({"type": "session.config", **config}))
+        ws.send(json.dumps({"type": "input.text", "text": "One. Two."}))
+        ws.send(json.dumps({"type": "input.done"}))
+        frames, done = [], None
+        while True:
+            message = ws.recv(timeout=60)
+            if isinstance(message, bytes):
+                frames.append(message)
+                continue
+            event = json.loads(message)
+            if event["type"] == "audio.done":
+                done = event
+            if event["type"] == "session.done":
+                break
+    assert done["error"] is False and done["total_bytes"] == sum(map(len, frames)) > 0
+
+
+def test_base_voice_upload_clones(base):
+    with httpx.Client(base_url=base.url, timeout=120) as c:
+        files = {"audio_sample": ("me.wav", wav_bytes(2.0), "audio/wav")}
+        r = c.post("/v1/audio/voices", data={"name": "Me", "consent": "yes", "ref_text": "Hello."}, files=files)
+        assert r.status_code == 200, r.text
+        stored = base.state.voices.get("me")
+        assert stored.prompt is not None and stored.prompt.x_vector.ndim == 1  # the engine's own prompt
+        body = {"input": "Hi there.", "voice": "me", "response_format": "pcm", "max_new_tokens": FRAMES, "seed": 1}
+        r = c.post("/v1/audio/speech", json=body)
+        assert r.status_code == 200, r.text
+        assert 0 < len(r.content) <= FRAMES * SAMPLES_PER_FRAME * 2

@@ -1,0 +1,93 @@
+"""Sentence and clause splitting: pure functions, streamed and whole."""
+
+from __future__ import annotations
+
+import pytest
+from omni_stream.realtime.text_split import Granularity, TextSplitter, limit_length, split_text
+
+S, C, N = Granularity.SENTENCE, Granularity.CLAUSE, Granularity.NONE
+
+
+def stream(text: str, granularity: Granularity, step: int = 1) -> list[str]:
+    """Feed ``text`` in pieces of ``step`` characters, then flush; the units in order."""
+    splitter = TextSplitter(granularity)
+    units: list[str] = []
+    for i in range(0, len(text), step):
+        units += splitter.feed(text[i : i + step])
+    return units + splitter.flush()
+
+
+def test_sentence_ends_only_before_whitespace():
+    assert split_text("Hello world. How are you? Fine", S) == (["Hello world.", "How are you?"], " Fine")
+
+
+def test_unit_at_end_of_buffer_waits_for_next_character():
+    assert split_text("Hello world.", S) == ([], "Hello world.")
+    assert split_text("Hello world.", S, final=True) == (["Hello world."], "")
+
+
+def test_decimals_never_split_even_when_streamed_char_by_char():
+    text = "It costs 3.50 dollars. 你好。Next"
+    assert stream(text, S) == ["It costs 3.50 dollars.", "你好。", "Next"]
+    assert stream(text, S, step=len(text)) == ["It costs 3.50 dollars.", "你好。", "Next"]
+
+
+def test_cjk_terminators_end_at_once():
+    assert split_text("你好。世界！", S) == (["你好。", "世界！"], "")
+    assert split_text("今日は晴れです。明日", S) == (["今日は晴れです。"], "明日")
+
+
+def test_abbreviations_and_initials_do_not_split():
+    text = "Mr. Smith met Dr. Jones, e.g. at noon. J. R. R. Tolkien wrote. Done"
+    assert stream(text, S) == ["Mr. Smith met Dr. Jones, e.g. at noon.", "J. R. R. Tolkien wrote.", "Done"]
+
+
+def test_punctuation_runs_and_closing_quotes_stay_with_their_unit():
+    assert stream('Really?! Yes... "Quoted." (Aside.) End', S) == [
+        "Really?!",
+        "Yes...",
+        '"Quoted."',
+        "(Aside.)",
+        "End",
+    ]
+
+
+def test_clause_adds_commas_and_semicolons():
+    assert stream("One, two; three. 1,000 apples，好的；完", C) == [
+        "One,",
+        "two;",
+        "three.",
+        "1,000 apples，",
+        "好的；",
+        "完",
+    ]
+
+
+def test_sentence_mode_ignores_commas():
+    assert stream("One, two; three.", S) == ["One, two; three."]
+
+
+def test_none_buffers_until_flush():
+    splitter = TextSplitter(N)
+    assert splitter.feed("Hello world. ") == []
+    assert splitter.feed("How are you? ") == []
+    assert splitter.flush() == ["Hello world. How are you?"]
+    assert splitter.flush() == []
+
+
+def test_empty_and_whitespace_pieces_are_dropped():
+    assert stream("  . !  Hi.  ", S) == [".", "!", "Hi."]
+    assert TextSplitter(S).flush() == []
+
+
+@pytest.mark.parametrize("granularity", [N, S, C])
+def test_units_never_exceed_the_length_limit(granularity):
+    text = ("word " * 30 + ". ") * 3
+    splitter = TextSplitter(granularity, max_chars=50)
+    units = splitter.feed(text) + splitter.flush()
+    assert units and all(len(u) <= 50 for u in units)
+    assert " ".join(units).split() == text.split()
+
+
+def test_limit_length_hard_splits_a_long_word():
+    assert limit_length(["x" * 25], 10) == ["x" * 10, "x" * 10, "x" * 5]

@@ -1,0 +1,165 @@
+"""Voices: upload, list, use, delete; every invalid upload refused with nothing persisted; restart restores."""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+import numpy as np
+import pytest
+from omni_stream.realtime.settings import Settings
+from serving_helpers import make_checkpoint, running_server, wav_bytes
+
+TEXT = "Speak in my voice."
+
+pytest_plugins = ("serving_fixtures",)
+
+
+@pytest.fixture
+def voices_dir(tmp_path):
+    return tmp_path / "voices"
+
+
+@pytest.fixture
+def live(synthetic_checkpoint, voices_dir):
+    with running_server(synthetic_checkpoint, Settings(voices_dir=voices_dir, max_voices=3)) as server:
+        yield server
+
+
+def upload(client, name="MyVoice", audio=None, mime="audio/wav", filename="v.wav", consent="I agree", **fields):
+    data = {"name": name, "consent": consent, **fields}
+    files = {"audio_sample": (filename, wav_bytes(3.0) if audio is None else audio, mime)}
+    return client.post("/v1/audio/voices", data={k: v for k, v in data.items() if v is not None}, files=files)
+
+
+def speak(client, voice, fmt="pcm"):
+    return client.post("/v1/audio/speech", json={"input": TEXT, "voice": voice, "response_format": fmt})
+
+
+def on_disk(directory) -> list[str]:
+    return sorted(os.listdir(directory)) if directory.exists() else []
+
+
+def test_round_trip_and_restart(synthetic_checkpoint, live, voices_dir):
+    with httpx.Client(base_url=live.url, timeout=30) as c:
+        assert c.get("/v1/audio/voices").json() == {"voices": ["alice", "bob", "carol", "dave"], "uploaded_voices": []}
+        r = upload(c, ref_text="Hello there.", speaker_description="calm")
+        assert r.status_code == 200, r.text
+        voice = r.json()["voice"]
+        assert r.json()["success"] is True
+        assert voice["name"] == "MyVoice" and voice["consent"] == "I agree" and voice["mime_type"] == "audio/wav"
+        assert voice["file_size"] == len(wav_bytes(3.0)) and isinstance(voice["created_at"], int)
+        assert voice["ref_text"] == "Hello there." and voice["speaker_description"] == "calm"
+        listed = c.get("/v1/audio/voices").json()
+        assert listed["voices"] == ["alice", "bob", "carol", "dave", "myvoice"]
+        assert listed["uploaded_voices"] == [voice]
+        cloned = speak(c, "MYVOICE")
+        assert cloned.status_code == 200 and cloned.content != speak(c, "alice").content
+        assert on_disk(voices_dir) == ["myvoice.voice"]
+    stored = live.state.voices.get("myvoice")
+    assert stored.prompt is not None  # the engine's cloning prompt is stored with the voice
+    live.server.should_exit = True
+    live.thread.join(30)
+    with (
+        running_server(synthetic_checkpoint, Settings(voices_dir=voices_dir)) as again,
+        httpx.Client(base_url=again.url) as c,
+    ):
+        assert c.get("/v1/audio/voices").json()["uploaded_voices"] == [voice]
+        assert speak(c, "myvoice").content == cloned.content  # same prompt, same audio
+        np.testing.assert_array_equal(again.state.voices.get("myvoice").prompt.x_vector, stored.prompt.x_vector)
+        r = c.delete("/v1/audio/voices/MyVoice")
+        assert r.json() == {"success": True, "message": "Voice 'MyVoice' deleted successfully"}
+        r = c.delete("/v1/audio/voices/myvoice")
+        assert r.status_code == 404 and r.json()["success"] is False
+        assert r.json()["error"]["type"] == "NotFoundError"
+        assert speak(c, "myvoice").status_code == 400
+        assert on_disk(voices_dir) == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param", "words"),
+    [
+        ({"audio": b"\0" * (10 * 1024 * 1024 + 1)}, "audio_sample", ["10MB"]),
+        ({"audio": wav_bytes(0.5)}, "audio_sample", ["1 to 30 seconds"]),
+        ({"audio": wav_bytes(40.0, rate=8000)}, "audio_sample", ["audio_sample"]),
+        ({"audio": b"this is not audio at all"}, "audio_sample", ["decode"]),
+        ({"audio": b""}, "audio_sample", ["empty"]),
+        ({"mime": "text/plain"}, "audio_sample", ["text/plain"]),
+        ({"name": "../x"}, "name", ["letters"]),
+        ({"name": "a b"}, "name", ["letters"]),
+        ({"name": "x" * 65}, "name", ["1-64"]),
+        ({"name": "alice"}, "name", ["built-in"]),
+        ({"name": None}, "name", ["required"]),
+        ({"consent": None}, "consent", ["required"]),
+    ],
+)
+def test_invalid_uploads_persist_nothing(live, voices_dir, kwargs, param, words):
+    with httpx.Client(base_url=live.url, timeout=60) as c:
+        r = upload(c, **kwargs)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["type"] == "BadRequestError" and error["param"] == param
+        assert all(w.lower() in error["message"].lower() for w in words), error["message"]
+        assert c.get("/v1/audio/voices").json()["uploaded_voices"] == []
+    assert on_disk(voices_dir) == []
+
+
+def test_missing_file_and_non_multipart(live, voices_dir):
+    with httpx.Client(base_url=live.url) as c:
+        r = c.post("/v1/audio/voices", data={"name": "x", "consent": "y"}, files={"other": ("a", b"1")})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "audio_sample"
+        r = c.post("/v1/audio/voices", json={"name": "x"})
+        assert r.status_code == 400 and "multipart" in r.json()["error"]["message"]
+    assert on_disk(voices_dir) == []
+
+
+def test_octet_stream_resolves_from_extension_and_overwrite_is_case_insensitive(live, voices_dir):
+    with httpx.Client(base_url=live.url, timeout=30) as c:
+        assert upload(c, "Anna", mime="application/octet-stream", filename="a.txt").status_code == 400
+        r = upload(c, "Anna", mime="application/octet-stream", filename="a.wav")
+        assert r.status_code == 200 and r.json()["voice"]["mime_type"] == "audio/wav"
+        r = upload(c, "ANNA", audio=wav_bytes(2.0, hz=500))
+        assert r.status_code == 200
+        assert [v["name"] for v in c.get("/v1/audio/voices").json()["uploaded_voices"]] == ["ANNA"]
+    assert on_disk(voices_dir) == ["anna.voice"]
+
+
+def test_voice_limit(live, voices_dir):
+    with httpx.Client(base_url=live.url, timeout=30) as c:
+        for name in ("a1", "a2", "a3"):
+            assert upload(c, name).status_code == 200
+        r = upload(c, "a4")
+        assert r.status_code == 400 and "Maximum number" in r.json()["error"]["message"]
+        assert upload(c, "A1").status_code == 200  # overwriting is always allowed
+    assert on_disk(voices_dir) == ["a1.voice", "a2.voice", "a3.voice"]
+
+
+def test_crash_between_write_and_rename_leaves_no_voice(live, voices_dir, monkeypatch):
+    def crash(src, dst):
+        raise OSError("simulated crash before the rename")
+
+    with httpx.Client(base_url=live.url, timeout=30) as c:
+        monkeypatch.setattr(os, "replace", crash)
+        r = upload(c, "Broken")
+        monkeypatch.undo()
+        assert r.status_code == 500 and r.json()["error"]["type"] == "InternalServerError"
+        assert c.get("/v1/audio/voices").json()["uploaded_voices"] == []
+        assert speak(c, "broken").status_code == 400
+    assert on_disk(voices_dir) == []
+
+
+def test_a_prompt_from_another_checkpoint_is_not_reused(tmp_path, voices_dir):
+    other = make_checkpoint(tmp_path / "other", model_name="other-synthetic")
+    with running_server(other, Settings(voices_dir=voices_dir)) as first, httpx.Client(base_url=first.url) as c:
+        assert upload(c, "Moved", ref_text="Hello.").status_code == 200
+        moved = speak(c, "moved").content
+    with running_server(make_checkpoint(tmp_path / "mine"), Settings(voices_dir=voices_dir)) as live:
+        assert live.state.voices.get("moved").prompt_model == "synthetic_tts:other-synthetic"
+        extracted = []
+        extract = live.family._extract
+        live.family._extract = lambda *args: extracted.append(1) or extract(*args)
+        with httpx.Client(base_url=live.url) as c:
+            r = speak(c, "moved")  # cloned again from the stored audio, by this checkpoint
+            assert r.status_code == 200 and r.content == moved and len(extracted) == 1
+            assert upload(c, "Local").status_code == 200 and len(extracted) == 2
+            assert speak(c, "local").status_code == 200 and len(extracted) == 2  # its own prompt is reused

@@ -1,0 +1,348 @@
+"""WS /v1/audio/speech/stream against a real server, with the websockets client."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+import soundfile as sf
+from omni_stream.realtime.settings import Settings
+from serving_helpers import RATE, expected_tone, pcm16, running_server
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+PATH = "/v1/audio/speech/stream"
+
+pytest_plugins = ("serving_fixtures",)
+
+
+class Session:
+    """A thin client: JSON out, (kind, payload) in."""
+
+    def __init__(self, ws):
+        self.ws = ws
+
+    def send(self, **message):
+        self.ws.send(json.dumps(message))
+
+    def recv(self, timeout: float = 10.0):
+        message = self.ws.recv(timeout=timeout)
+        return ("binary", message) if isinstance(message, bytes) else ("json", json.loads(message))
+
+    def until(self, kind: str, timeout: float = 10.0) -> list:
+        """Messages up to and including the first JSON message of type ``kind``."""
+        out = []
+        while True:
+            msg = self.recv(timeout)
+            out.append(msg)
+            if msg[0] == "json" and msg[1]["type"] == kind:
+                return out
+
+    def closed_code(self, timeout: float = 10.0) -> int:
+        with pytest.raises(ConnectionClosed) as info:
+            while True:
+                self.ws.recv(timeout=timeout)
+        return info.value.rcvd.code if info.value.rcvd else None
+
+
+_open = contextlib.ExitStack()
+
+
+def raw_session(url: str, **kwargs) -> Session:
+    """A connected client, closed at the end of the test module."""
+    return Session(_open.enter_context(connect(url + PATH, open_timeout=10, **kwargs)))
+
+
+def open_session(url: str, **config) -> Session:
+    session = raw_session(url)
+    session.send(type="session.config", **config)
+    return session
+
+
+@pytest.fixture(autouse=True)
+def _close_clients():
+    yield
+    _open.close()
+
+
+def units_of(messages: list) -> list[dict]:
+    """Group an utterance's messages into units: start, frames, done."""
+    units, current = [], None
+    for kind, payload in messages:
+        if kind == "json" and payload["type"] == "audio.start":
+            current = {"start": payload, "frames": []}
+        elif kind == "binary":
+            current["frames"].append(payload)
+        elif kind == "json" and payload["type"] == "audio.done":
+            current["done"] = payload
+            units.append(current)
+            current = None
+    return units
+
+
+def test_happy_path_one_wav_per_utterance(live_server):
+    s = open_session(live_server.ws_url, voice="alice")
+    s.send(type="input.text", text="Hello world. How are you? ")
+    s.send(type="input.done")
+    messages = s.until("session.done")
+    assert [m[1]["type"] if m[0] == "json" else "binary" for m in messages] == [
+        "audio.start",
+        "binary",
+        "audio.done",
+        "session.done",
+    ]
+    start, frame, done, end = (m[1] for m in messages)
+    assert start == {
+        "type": "audio.start",
+        "utterance_index": 0,
+        "sentence_index": 0,
+        "sentence_text": "Hello world. How are you?",
+        "format": "wav",
+        "sample_rate": RATE,
+        "channels": 1,
+    }
+    audio, rate = sf.read(io.BytesIO(frame), dtype="float32")
+    assert rate == RATE
+    np.testing.assert_allclose(audio, expected_tone("alice", "Hello world. How are you?"), atol=1e-4)
+    assert done == {
+        "type": "audio.done",
+        "utterance_index": 0,
+        "sentence_index": 0,
+        "total_bytes": len(frame),
+        "error": False,
+    }
+    assert end == {"type": "session.done", "utterance_index": 0, "total_sentences": 1}
+    # The socket stays open: a second utterance, indices restart
+    s.send(type="input.text", text="Second one.")
+    s.send(type="input.done")
+    units = units_of(s.until("session.done"))
+    assert [(u["start"]["utterance_index"], u["start"]["sentence_index"]) for u in units] == [(1, 0)]
+    s.send(type="session.close")
+    assert s.closed_code() == 1000
+
+
+def test_pcm_chunk_streaming(live_server):
+    text = "A longer sentence that streams in several chunks of audio."
+    s = open_session(live_server.ws_url, voice="bob", response_format="pcm", stream_audio=True)
+    s.send(type="input.text", text=text)
+    s.send(type="input.done")
+    (unit,) = units_of(s.until("session.done"))
+    assert unit["start"]["format"] == "pcm" and unit["start"]["sample_rate"] == RATE and unit["start"]["channels"] == 1
+    assert len(unit["frames"]) >= 2
+    assert unit["done"]["total_bytes"] == sum(len(f) for f in unit["frames"])
+    assert b"".join(unit["frames"]) == pcm16(expected_tone("bob", text))
+
+
+def test_sentence_splitting_with_decimals_and_cjk(live_server):
+    s = open_session(live_server.ws_url, voice="carol", response_format="pcm", split_granularity="sentence")
+    for piece in ["It costs 3", ".50 dollars. 你好", "。Next"]:
+        s.send(type="input.text", text=piece)
+    s.send(type="input.done")
+    messages = s.until("session.done")
+    units = units_of(messages)
+    assert [u["start"]["sentence_text"] for u in units] == ["It costs 3.50 dollars.", "你好。", "Next"]
+    assert [u["start"]["sentence_index"] for u in units] == [0, 1, 2]
+    assert messages[-1][1] == {"type": "session.done", "utterance_index": 0, "total_sentences": 3}
+    for u in units:
+        assert u["frames"] == [pcm16(expected_tone("carol", u["start"]["sentence_text"]))]
+
+
+def test_units_are_sent_before_input_done(live_server):
+    s = open_session(live_server.ws_url, voice="alice", response_format="pcm", split_granularity="clause")
+    s.send(type="input.text", text="Mr. Smith, e.g. a doctor; arrived. Then")
+    units = units_of(s.until("audio.done") + s.until("audio.done") + s.until("audio.done"))
+    assert [u["start"]["sentence_text"] for u in units] == ["Mr. Smith,", "e.g. a doctor;", "arrived."]
+    s.send(type="input.done")
+    rest = s.until("session.done")
+    assert [u["start"]["sentence_text"] for u in units_of(rest)] == ["Then"]
+    assert rest[-1][1]["total_sentences"] == 4
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("not json", "Invalid JSON message"),
+        ("[1, 2]", "WebSocket messages must be JSON objects"),
+        ('{"type": "foo"}', "Unknown message type: foo"),
+        ('{"type": "input.text", "text": 123}', "input.text requires a string value"),
+        (b"\x00\x01", "Binary messages are not supported"),
+    ],
+)
+def test_malformed_messages_are_not_fatal(live_server, raw, message):
+    s = open_session(live_server.ws_url, voice="alice")
+    s.ws.send(raw)
+    _, payload = s.recv()
+    assert payload["type"] == "error" and message in payload["message"]
+    s.send(type="input.text", text="Still works.")
+    s.send(type="input.done")
+    assert s.until("session.done")[-1][1]["total_sentences"] == 1
+
+
+def test_oversize_text_message_is_refused_and_session_continues(live_server):
+    s = open_session(live_server.ws_url, voice="alice")
+    s.send(type="input.text", text="x" * (128 * 1024 + 1))
+    assert s.recv()[1] == {"type": "error", "message": "input.text message too large"}
+    s.send(type="input.text", text="Fine.")
+    s.send(type="input.done")
+    assert s.until("session.done")[-1][1]["total_sentences"] == 1
+
+
+def test_empty_flush_and_config_while_open(live_server):
+    s = open_session(live_server.ws_url, voice="alice", response_format="pcm")
+    s.send(type="input.done")
+    assert s.recv()[1] == {"type": "session.done", "utterance_index": 0, "total_sentences": 0}
+    s.send(type="input.text", text="Kept with the old config.")
+    s.send(type="session.config", voice="bob")
+    assert "utterance is in progress" in s.recv()[1]["message"]
+    s.send(type="input.done")
+    (unit,) = units_of(s.until("session.done"))
+    assert unit["frames"] == [pcm16(expected_tone("alice", "Kept with the old config."))]
+    s.send(type="session.config", voice="dave", response_format="pcm")  # between utterances: applies
+    s.send(type="input.text", text="New voice.")
+    s.send(type="input.done")
+    (unit,) = units_of(s.until("session.done"))
+    assert unit["frames"] == [pcm16(expected_tone("dave", "New voice."))]
+    s.send(type="session.config", voice="nope")
+    assert s.recv()[1]["message"].startswith("Invalid session config: Invalid voice 'nope'")
+
+
+@pytest.mark.parametrize(
+    ("first", "message"),
+    [
+        ({"type": "input.text", "text": "hi"}, "Expected session.config, got: input.text"),
+        ({"type": "session.config", "stream_audio": True, "response_format": "wav"}, "response_format='pcm'"),
+        ({"type": "session.config", "voice": "nope"}, "Invalid voice 'nope'"),
+        ({"type": "session.config", "model": "other"}, "does not exist"),
+        ("garbage", "Invalid JSON message"),
+    ],
+)
+def test_bad_first_message_closes_1008(live_server, first, message):
+    s = raw_session(live_server.ws_url)
+    s.ws.send(first if isinstance(first, str) else json.dumps(first))
+    _, payload = s.recv()
+    assert payload["type"] == "error" and message in payload["message"]
+    assert s.closed_code() == 1008
+
+
+def test_config_timeout_and_idle_timeout(synthetic_checkpoint):
+    with running_server(synthetic_checkpoint, Settings(ws_config_timeout=0.3, ws_idle_timeout=0.5)) as live:
+        s = raw_session(live.ws_url)
+        assert s.recv()[1] == {"type": "error", "message": "Timeout waiting for session.config"}
+        assert s.closed_code() == 1008
+        s = open_session(live.ws_url, voice="alice")
+        s.send(type="input.text", text="Hi.")
+        s.send(type="input.done")
+        s.until("session.done")
+        assert s.recv(timeout=5)[1] == {"type": "error", "message": "Idle timeout: no message received"}
+        assert s.closed_code() == 1000
+
+
+def test_input_cancel_stops_the_current_utterance(live_server):
+    family = live_server.family
+    release, decoded = threading.Event(), threading.Event()
+    decode = family.codec.decode
+
+    def decode_and_mark(windows):
+        decoded.set()
+        return decode(windows)
+
+    def hold_after_first_chunk(batch):
+        # Once the first audio chunk exists, the worker stops until the cancel has been handled.
+        if decoded.is_set():
+            release.wait(10)
+
+    s = open_session(
+        live_server.ws_url, voice="alice", response_format="pcm", stream_audio=True, split_granularity="sentence"
+    )
+    first = "The first sentence is long enough for a hundred frames of audio, far more than the backpressure "
+    first += "watermark lets the model generate ahead of the socket. "
+    family.codec.decode, family.talker.before_step = decode_and_mark, hold_after_first_chunk
+    try:
+        s.send(type="input.text", text=first + "Second sentence is long. " * 3)
+        _, start = s.recv()
+        assert start["type"] == "audio.start" and start["sentence_index"] == 0
+        assert s.recv()[0] == "binary"
+        s.send(type="input.cancel")
+        messages = s.until("session.done")  # all of it while the worker is still held
+    finally:
+        family.talker.before_step = None
+        del family.codec.decode
+        release.set()
+    done = [m[1] for m in messages if m[0] == "json" and m[1]["type"] == "audio.done"]
+    assert len(done) == 1  # the prefetched and queued units never start
+    assert done[0]["sentence_index"] == 0 and done[0]["cancelled"] is True and done[0]["error"] is False
+    assert 0 < done[0]["total_bytes"] < expected_tone("alice", first).size * 2  # stopped part way
+    assert messages[-1][1] == {"type": "session.done", "utterance_index": 0, "total_sentences": 1, "cancelled": True}
+    assert not any(live_server.wait_idle().values())
+    # The session goes on with the next utterance index
+    s.send(type="input.text", text="After.")
+    s.send(type="input.done")
+    units = units_of(s.until("session.done"))
+    assert [(u["start"]["utterance_index"], u["start"]["sentence_text"]) for u in units] == [(1, "After.")]
+    s.send(type="input.cancel")
+    assert s.recv()[1] == {"type": "error", "message": "No utterance in progress to cancel"}
+
+
+def test_subprotocol_is_echoed(live_server):
+    assert raw_session(live_server.ws_url, subprotocols=["realtime"]).ws.subprotocol == "realtime"
+
+
+def test_next_unit_synthesizes_while_the_current_one_streams(live_server):
+    talker, scheduler = live_server.family.talker, live_server.family.scheduler
+    both_open: list[bool] = []
+
+    def hold_first_step(batch):
+        # The first unit's first step waits until the second unit's request has joined the scheduler.
+        if not both_open:
+            deadline = time.monotonic() + 10
+            while scheduler.live()["sessions"] < 2 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            both_open.append(scheduler.live()["sessions"] >= 2)
+
+    talker.record, _ = True, talker.log.clear()
+    talker.before_step = hold_first_step
+    try:
+        s = open_session(live_server.ws_url, voice="bob", response_format="pcm", split_granularity="sentence")
+        s.send(type="input.text", text="The first sentence is the longer one of the two. Second one. ")
+        s.send(type="input.done")
+        units = units_of(s.until("session.done"))
+    finally:
+        talker.record, talker.before_step = False, None
+    texts = [u["start"]["sentence_text"] for u in units]
+    assert texts == ["The first sentence is the longer one of the two.", "Second one."]
+    assert both_open == [True]
+    steps = [e for e in talker.log if e[0] == "step"]
+    assert any(len(e[1]) + len(e[2]) == 2 for e in steps), steps  # one batch held both units
+    assert units[1]["frames"] == [pcm16(expected_tone("bob", "Second one."))]
+
+
+def test_unit_failure_is_reported_and_the_session_continues(live_server):
+    s = open_session(live_server.ws_url, voice="alice", response_format="pcm", stream_audio=True)
+    s.send(type="input.text", text="This unit fails [[fail:stage@1]] after its first chunk.")
+    s.send(type="input.done")
+    messages = s.until("session.done")
+    errors = [m[1] for m in messages if m[0] == "json" and m[1]["type"] == "error"]
+    assert len(errors) == 1 and errors[0]["message"].startswith("Generation failed for utterance 0, sentence 0")
+    assert errors[0]["partial_audio"] is True and errors[0]["action"] == "discard"
+    (unit,) = units_of(messages)
+    assert unit["done"]["error"] is True and unit["done"]["total_bytes"] == sum(len(f) for f in unit["frames"]) > 0
+    s.send(type="input.text", text="Fine again.")
+    s.send(type="input.done")
+    (unit,) = units_of(s.until("session.done"))
+    assert unit["done"]["error"] is False
+
+
+def test_buffered_text_is_bounded(synthetic_checkpoint):
+    with running_server(synthetic_checkpoint, Settings(max_ws_pending_chars=50)) as live:
+        s = open_session(live.ws_url, voice="alice", response_format="pcm")
+        s.send(type="input.text", text="x" * 30)
+        s.send(type="input.text", text="y" * 30)
+        assert "exceed 50 characters" in s.recv()[1]["message"]
+        s.send(type="input.done")
+        (unit,) = units_of(s.until("session.done"))
+        assert unit["start"]["sentence_text"] == "x" * 30  # the refused text was dropped, the rest kept
