@@ -21,7 +21,7 @@ import pytest
 from omni_stream.realtime.app import STATIC_DIR
 from omni_stream.realtime.settings import Settings
 from omni_stream.realtime.text_split import Granularity, split_text
-from serving_fixtures import LiveServer, make_checkpoint, running_server
+from serving_helpers import LiveServer, make_checkpoint, running_server
 
 from omni_stream.models.synthetic import SyntheticConfig
 
