@@ -14,7 +14,10 @@ from collections.abc import Sequence
 
 # subcommand -> module exposing `add_arguments(parser)` and `run(args) -> int`
 _COMMANDS = {
-    "serve": ("omni_stream.realtime.server", "Serve the HTTP/WebSocket API (embedded tiny checkpoint without --model)."),
+    "serve": (
+        "omni_stream.realtime.server",
+        "Serve the HTTP/WebSocket API (embedded tiny checkpoint without --model).",
+    ),
     "speak": ("omni_stream.speak", "Synthesize text to an audio file."),
     "make-checkpoint": ("omni_stream.models.qwen3_tts.checkpoint", "Write a random-weight checkpoint (hub layout)."),
 }
@@ -42,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     mod = modules[args.command]
     if mod is None:
-        print(f"omni-stream {args.command}: not available in this build (no model family installed yet)", file=sys.stderr)
+        print(f"omni-stream {args.command}: not available in this installation", file=sys.stderr)
         return 2
     return int(mod.run(args) or 0)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 import numpy as np
 
@@ -19,7 +19,7 @@ def next_request_id(prefix: str = "req") -> str:
     return f"{prefix}-{next(_ids)}"
 
 
-class TaskType(str, Enum):
+class TaskType(StrEnum):
     CUSTOM_VOICE = "CustomVoice"
     VOICE_DESIGN = "VoiceDesign"
     BASE = "Base"
@@ -135,7 +135,7 @@ class Timings:
         return float(sum(self.chunk_durations))
 
 
-class RequestState(str, Enum):
+class RequestState(StrEnum):
     WAITING = "waiting"
     RUNNING = "running"
     PAUSED = "paused"

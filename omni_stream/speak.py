@@ -78,4 +78,14 @@ async def _speak(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    return anyio.run(_speak, args)
+    from omni_stream.errors import OmniStreamError
+
+    try:
+        return anyio.run(_speak, args)
+    except OmniStreamError as exc:
+        param = getattr(exc, "param", None)
+        print(f"omni-stream speak: {exc}" + (f" (--{param.replace('_', '-')})" if param else ""), file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"omni-stream speak: {exc}", file=sys.stderr)
+        return 1
