@@ -26,7 +26,27 @@ batchable jobs go through ``submit`` / ``submit_batched``; stages await those fu
 ``ctx.wait(future, what)`` so that every wait has a deadline. A batched stage holds its sequence with
 ``async with scheduler.session(payload, ctx)``, which also registers a synchronous release on ``ctx``:
 ``SpeechStream.abort()`` hands the slot back before the worker's next step, without awaiting anything.
-``omni_stream.models.synthetic`` is the smallest complete family to read.
+``omni_stream.models.synthetic`` is the smallest complete family to read; :func:`omni_stream.stages.talker_stage`
+is the talker stage every family shares.
+
+Run-ahead bound. A consumer that stops reading stops its request after a bounded number of frames; what
+can be generated and not yet delivered to it is, at most:
+
+- ``max_buffered_frames`` in the talker scheduler's buffer (its high watermark: the request pauses there,
+  keeping its batch slot, and resumes once the talker stage has taken it down to the low watermark);
+- one item (one frame) in the talker stage's hands, handed over to the codec stage: speech pipelines run
+  with :data:`SPEECH_CHANNEL_SIZE` = 0, so no edge buffers anything, a sender waits for its receiver;
+- one codec window in the codec stage, either being filled or handed over as an audio chunk to the consumer.
+
+So ``max_buffered_frames + 1 + the family's largest codec window`` frames: with the defaults 25 + 1 + 8 =
+34 frames (2.7 s of 80 ms frames) for the synthetic family, 25 + 1 + 25 = 51 (4.1 s) for Qwen3-TTS; a
+request whose ``initial_codec_chunk_frames`` exceeds the steady window raises the last term to it.
+
+Deadlines. Every wait of a request on the device worker is bounded by the engine's ``wait_timeout`` and the
+request's ``timeout``; a wait for a stalled reader by the request's ``timeout`` alone (:mod:`omni_stream.pipeline`).
+``create_voice_prompt`` is bounded by ``wait_timeout``; closing a stream waits at
+most ``pipeline.JOIN_TIMEOUT`` for its stages, closing the engine at most ``worker.CLOSE_TIMEOUT`` for the
+step in progress. Loading has no deadline: reading weights may take minutes.
 """
 
 from __future__ import annotations
@@ -79,13 +99,13 @@ class Usage:
 
 @dataclass(slots=True, frozen=True)
 class LoadOptions:
-    """How to load: ``max_buffered_frames`` undelivered frames per request pause it (backpressure)."""
+    """How to load: a request pauses with ``max_buffered_frames`` frames in the talker's buffer (backpressure)."""
 
     device: str = "cpu"
     dtype: Any = None  # None: the family's default for the device
     load_format: str = "auto"  # "auto" | "safetensors" | "dummy" (random weights at real sizes)
     max_batch_size: int = 32
-    max_buffered_frames: int = 25  # 2 s of 80 ms frames
+    max_buffered_frames: int = 25  # the talker scheduler's high watermark: 2 s of 80 ms frames
     progress: bool = True
 
     def progress_bar(self, total: int | None = None, desc: str = "loading", unit: str = "it") -> Any:
@@ -119,6 +139,9 @@ class ModelFamily(Protocol):
 
     async def aclose(self) -> None: ...
 
+
+# Chunks that may wait on each edge of a speech pipeline: none (see "Run-ahead bound" above).
+SPEECH_CHANNEL_SIZE = 0
 
 FamilyLoader = Callable[[LoadContext], ModelFamily]
 
@@ -199,7 +222,8 @@ class AsyncEngine:
     ) -> AsyncEngine:
         """Load ``model`` (a checkpoint directory; None: the embedded tiny default) off the event loop.
 
-        ``max_buffered_frames``: frames generated ahead of the consumer before its request pauses (25: 2 s).
+        ``max_buffered_frames``: frames the talker scheduler buffers for a request before pausing it (25: 2 s);
+        the whole lead over the consumer adds one frame and one codec window (module docstring).
         ``wait_timeout``: seconds any single wait inside a request may take (None: unbounded).
         """
         options = LoadOptions(
@@ -246,17 +270,22 @@ class AsyncEngine:
             raise InvalidRequestError(f"expected a SpeechRequest or text, got {type(request).__name__}", "input")
         ctx = RequestContext.with_timeout(timeout, request_id=request.request_id, wait_timeout=self.wait_timeout)
         stages = self.family.speech_stages(request, ctx)
-        stream = SpeechStream(request, Pipeline(stages).run(ctx), self.metrics)
+        stream = SpeechStream(request, Pipeline(stages, channel_size=SPEECH_CHANNEL_SIZE).run(ctx), self.metrics)
         self._streams.add(stream)
         return stream
 
     async def create_voice_prompt(
         self, audio: np.ndarray, sample_rate: int, ref_text: str | None = None
     ) -> VoicePrompt:
-        """Extract a reusable cloning prompt from float32 mono ``audio`` at ``sample_rate`` Hz (Base models)."""
+        """Extract a reusable cloning prompt from float32 mono ``audio`` at ``sample_rate`` Hz (Base models).
+
+        Bounded by ``wait_timeout``: past it, DeadlineExceeded.
+        """
         if self._closed:
             raise EngineClosed("engine is closed")
-        return await self.family.create_voice_prompt(audio, sample_rate, ref_text)
+        with RequestContext(wait_timeout=self.wait_timeout).fail_after("voice prompt extraction"):
+            prompt = await self.family.create_voice_prompt(audio, sample_rate, ref_text)
+        return prompt
 
     def count_text_tokens(self, text: str) -> int:
         return self.family.count_text_tokens(text)

@@ -84,14 +84,18 @@ class SchedulerMetrics:
         self.batch_size = engine.batch_size.labels(name)
         self.step_seconds = engine.step_seconds.labels(name)
 
-    def observe_step(self, batch_size: int, seconds: float, running: int, waiting: int, paused: int) -> None:
-        """Record one step (worker thread; prometheus-client collectors are thread-safe)."""
+    def observe_batch(self, batch_size: int, seconds: float) -> None:
+        """Record one step's batch size and model time (worker thread; the collectors are thread-safe)."""
         self.batch_size.observe(batch_size)
         self.step_seconds.observe(seconds)
+
+    def observe_step(self, batch_size: int, seconds: float, running: int, waiting: int, paused: int) -> None:
+        """Record one step and the queues after it."""
+        self.observe_batch(batch_size, seconds)
         self.observe_queues(running, waiting, paused)
 
     def observe_queues(self, running: int, waiting: int, paused: int) -> None:
-        """Set the queue gauges (also between steps: a release with no step after it must show up)."""
+        """Set the queue gauges; the scheduler calls it under its lock whenever a sequence changes queue."""
         self.running.set(running)
         self.waiting.set(waiting)
         self.paused.set(paused)

@@ -12,6 +12,12 @@ Errors: an exception raised by a stage reaches the consumer as the same object (
 the request; ``exc.stage`` holds the stage name), after the other stages have been cancelled.
 ``ctx.cancel()`` stops the stages and the consumer gets RequestCancelled; past the request's deadline it
 gets DeadlineExceeded.
+
+Deadlines. Every wait is bounded: a stage waits on the device worker through ``ctx.wait`` /
+``ctx.fail_after`` (the request's ``wait_timeout`` and deadline), on its upstream (bounded by the
+upstream's own waits), or on its downstream, which is the consumer's pace: a request whose reader
+stalls stays paused until the reader resumes, leaves, or the request's deadline (the host's cancel scope)
+passes. Closing waits for the cancelled stages at most :data:`JOIN_TIMEOUT` seconds.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from enum import StrEnum
 from typing import Any
@@ -30,6 +37,10 @@ from omni_stream.context import RequestContext
 from omni_stream.errors import DeadlineExceeded, RequestCancelled
 
 Stage = Callable[[RequestContext, AsyncIterator[Any]], AsyncIterator[Any]]
+
+log = logging.getLogger(__name__)
+
+JOIN_TIMEOUT = 30.0  # seconds a close waits for cancelled stages to finish (they take microseconds)
 
 
 def stage_name(stage: Stage) -> str:
@@ -240,10 +251,23 @@ class PipelineStream:
             self.state = StreamState.CLOSED
 
     async def _join(self) -> None:
+        """Wait for the cancelled stages' ``finally`` blocks; shielded, so a cancelled caller still waits.
+
+        Bounded in practice: the host task has been cancelled, so every await in a stage's ``finally`` is
+        cancelled at once (anyio scopes are level-triggered) and what remains are synchronous releases. A
+        stage that shields a long await of its own is a bug; past :data:`JOIN_TIMEOUT` the wait gives up
+        with a warning rather than hang its caller (the host task still finishes on its own).
+        """
         if self._host is None or self._host.done():
             return
         with anyio.CancelScope(shield=True):
-            await asyncio.wait({self._host})
+            done, _ = await asyncio.wait({self._host}, timeout=JOIN_TIMEOUT)
+        if not done:
+            log.warning(
+                "request %s: stages still running %.0f s after cancellation; not waiting for them",
+                self.ctx.request_id,
+                JOIN_TIMEOUT,
+            )
 
     def __aiter__(self) -> PipelineStream:
         return self

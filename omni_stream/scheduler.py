@@ -7,7 +7,9 @@ the consumers. Queues and buffers change only under the worker's lock.
 
 Backpressure, websockets style: a sequence whose buffer holds ``high_watermark`` items is PAUSED (skipped
 by ``schedule()``, slot kept); when its consumer drains the buffer to ``low_watermark`` it resumes. So a
-slow consumer slows only itself, and at most ``high_watermark`` items wait per sequence.
+slow consumer slows only itself, and at most ``high_watermark`` items wait per sequence. The queue gauges
+(running / waiting / paused) are set from the states after each step's ``postprocess`` and whenever a
+sequence is queued, leaves, or resumes between steps, so a paused request never shows as running.
 
 Lifetime by scope: ``async with scheduler.session(payload) as stream`` owns the sequence. Leaving the
 scope any way releases it synchronously (no ``await``, so it survives a cancelled ``finally``): the
@@ -128,6 +130,7 @@ class Scheduler:
             sess = _Session(seq, ctx, asyncio.get_running_loop())
             self._sessions[seq.seq_id] = sess
             self.waiting.append(seq)
+            self._observe_queues()
             self.lock.notify()
         return sess
 
@@ -144,6 +147,7 @@ class Scheduler:
             if seq.state is RequestState.WAITING:
                 self.waiting.remove(seq)  # never admitted: the model never saw it
                 seq.state = RequestState.ABORTED
+                self._observe_queues()
                 return
             seq.state = RequestState.ABORTED
             self._released.append(seq)
@@ -173,7 +177,7 @@ class Scheduler:
         t0 = time.perf_counter()
         self._release_done()
         with self.lock:
-            batch, n_paused = self.schedule()
+            batch, _ = self.schedule()
         if not batch:
             return
         t1 = time.perf_counter()
@@ -185,9 +189,12 @@ class Scheduler:
         t2 = time.perf_counter()
         with self.lock:
             woken = self.postprocess(batch, outputs, error)
+            # After postprocess, and under the lock that a resume also takes: a sequence this step paused
+            # counts as paused, and a resume on the loop can never be overwritten by this step's counts.
+            self._observe_queues()
         self._wake(woken)
         t3 = time.perf_counter()
-        self._account(batch, n_paused, t1 - t0 + t3 - t2, t2 - t1, len(outputs))
+        self._account(batch, t1 - t0 + t3 - t2, t2 - t1, len(outputs))
 
     def schedule(self) -> tuple[Batch, int]:
         """Admit waiting sequences into free slots (prefill) and decode the running ones that are not paused."""
@@ -253,9 +260,22 @@ class Scheduler:
             for seq in gone:
                 self.free_slots.append(seq.slot)
                 seq.slot = -1
-            if self.metrics is not None:
-                paused = sum(seq.state is RequestState.PAUSED for seq in self.running.values())
-                self.metrics.observe_queues(len(self.running) - paused, len(self.waiting), paused)
+            self._observe_queues()
+
+    def _queue_counts(self) -> tuple[int, int, int]:
+        """(running, waiting, paused) by state; finished and aborted sequences awaiting release are neither."""
+        running = paused = 0
+        for seq in self.running.values():
+            if seq.state is RequestState.RUNNING:
+                running += 1
+            elif seq.state is RequestState.PAUSED:
+                paused += 1
+        return running, len(self.waiting), paused
+
+    def _observe_queues(self) -> None:
+        """Set the queue gauges from the current states (lock held)."""
+        if self.metrics is not None:
+            self.metrics.observe_queues(*self._queue_counts())
 
     def _wake(self, sessions: list[_Session]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[_Session]] = {}
@@ -267,7 +287,7 @@ class Scheduler:
             except RuntimeError:  # loop closed: nobody waits
                 pass
 
-    def _account(self, batch: Batch, n_paused: int, overhead: float, model_time: float, n_items: int) -> None:
+    def _account(self, batch: Batch, overhead: float, model_time: float, n_items: int) -> None:
         stats = self.stats
         stats.steps += 1
         stats.items += n_items
@@ -275,8 +295,7 @@ class Scheduler:
         stats.overhead_seconds += overhead
         stats.max_batch = max(stats.max_batch, batch.size)
         if self.metrics is not None:
-            n_running = len(self.running) - n_paused
-            self.metrics.observe_step(batch.size, model_time, n_running, len(self.waiting), n_paused)
+            self.metrics.observe_batch(batch.size, model_time)
 
     def shutdown(self) -> None:
         """Fail every open session with EngineClosed and release every admitted sequence (worker thread)."""
@@ -295,6 +314,7 @@ class Scheduler:
                     sess.error = EngineClosed(f"scheduler {self.name} closed while request was running")
                 if sess.seq.state not in _DONE:
                     sess.seq.state = RequestState.ABORTED
+            self._observe_queues()
         for seq in gone.values():
             try:
                 self.model.release(seq)
@@ -335,6 +355,7 @@ class SeqStream:
                     seq = sess.seq
                     if seq.state is RequestState.PAUSED and len(sess.buffer) <= sched.low:
                         seq.state = RequestState.RUNNING
+                        sched._observe_queues()
                         sched.lock.notify()
                     return item
                 if sess.done:

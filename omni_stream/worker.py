@@ -5,6 +5,10 @@ Work reaches it three ways: one-off jobs (:meth:`DeviceWorker.submit`), batchabl
 call), and step sources (schedulers) polled under the worker's lock. Results go back to the loop through
 ``loop.call_soon_threadsafe`` only. When nothing is runnable the thread blocks on a condition.
 
+A job whose future is already done when the worker picks it up (its waiter was cancelled or ran past its
+deadline) never runs, alone or in a batch: its request may have handed the state the job names (a codec
+slot, a buffer) to another request meanwhile. A job cancelled while it runs finishes; its result is dropped.
+
 Schedulers share the worker's lock (:attr:`DeviceWorker.cond`): they change their queues under it and call
 ``notify()`` when work appears, so the worker can never miss a wakeup.
 """
@@ -25,6 +29,8 @@ import anyio
 from omni_stream.errors import EngineClosed
 
 log = logging.getLogger(__name__)
+
+CLOSE_TIMEOUT = 60.0  # seconds aclose() waits for the step in progress (model steps take milliseconds)
 
 
 class StepSource(Protocol):
@@ -143,17 +149,24 @@ class DeviceWorker:
             self.cond.notify()
         return future
 
-    def close(self, timeout: float | None = None) -> None:
-        """Stop the thread after its current piece of work; pending jobs fail with EngineClosed. Blocking."""
+    def close(self, timeout: float | None = None) -> bool:
+        """Stop the thread after its current piece of work; pending jobs fail with EngineClosed. Blocking.
+
+        Returns False when the thread is still running after ``timeout`` seconds (a step that never returns).
+        """
         with self.cond:
             self._closed = True
             self.cond.notify()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
 
-    async def aclose(self) -> None:
-        """Stop the thread without blocking the event loop."""
-        await anyio.to_thread.run_sync(self.close)
+    async def aclose(self, grace: float = CLOSE_TIMEOUT) -> None:
+        """Stop the thread without blocking the event loop; stop waiting for it after ``grace`` seconds."""
+        if not await anyio.to_thread.run_sync(self.close, grace):
+            # A daemon thread: it cannot keep the process alive, and its results go nowhere.
+            log.warning("device worker %s still busy %.0f s after close; not waiting for it", self.name, grace)
 
     # --- worker thread ---
 
@@ -186,7 +199,7 @@ class DeviceWorker:
 
     @staticmethod
     def _run_job(job: _Job) -> None:
-        if job.future.cancelled():
+        if job.future.done():  # cancelled or expired before pickup: its request has moved on
             return
         try:
             result = job.fn(*job.args)
@@ -197,15 +210,20 @@ class DeviceWorker:
 
     @staticmethod
     def _run_group(group: _Group) -> None:
+        live = [i for i, (_, future) in enumerate(group.waiters) if not future.done()]
+        if not live:
+            return
+        items = [group.items[i] for i in live]
+        waiters = [group.waiters[i] for i in live]
         try:
-            results = list(group.batch_fn(group.items))
-            if len(results) != len(group.items):
-                raise ValueError(f"batch_fn returned {len(results)} results for {len(group.items)} items")
+            results = list(group.batch_fn(items))
+            if len(results) != len(items):
+                raise ValueError(f"batch_fn returned {len(results)} results for {len(items)} items")
         except BaseException as exc:
-            for loop, future in group.waiters:
+            for loop, future in waiters:
                 _deliver(loop, future, None, exc)
             return
-        for (loop, future), result in zip(group.waiters, results, strict=True):
+        for (loop, future), result in zip(waiters, results, strict=True):
             _deliver(loop, future, result, None)
 
     def _shutdown(self) -> None:

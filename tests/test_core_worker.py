@@ -93,6 +93,43 @@ async def test_cancelled_waiter_does_not_break_the_worker(worker):
     assert ran == []  # a job whose waiter left before pickup is skipped
 
 
+async def test_batched_items_whose_waiters_left_before_pickup_never_reach_batch_fn(worker):
+    started, release = threading.Event(), threading.Event()
+    gate = worker.submit(gate_job, started, release)
+    await anyio.to_thread.run_sync(started.wait)  # hold the worker in a job
+    calls: list[list[str]] = []
+
+    def decode(items: list[str]) -> list[str]:
+        calls.append(list(items))
+        return [item.upper() for item in items]
+
+    futures = {name: worker.submit_batched("codec", name, decode) for name in ("a", "gone", "b", "expired")}
+    futures["gone"].cancel()  # its request was cancelled: its state may belong to another request now
+    futures["expired"].set_exception(TimeoutError("deadline"))  # what ctx.wait does past the deadline
+    all_gone = [worker.submit_batched("other", i, lambda items: [0] * len(items)) for i in range(2)]
+    for f in all_gone:
+        f.cancel()
+    release.set()
+    await gate
+    assert await futures["a"] == "A" and await futures["b"] == "B"
+    assert calls == [["a", "b"]]  # and the all-cancelled group made no call at all
+
+
+async def test_a_one_off_job_that_expired_before_pickup_is_skipped(worker):
+    started, release = threading.Event(), threading.Event()
+    gate = worker.submit(gate_job, started, release)
+    await anyio.to_thread.run_sync(started.wait)
+    ran = []
+    expired = worker.submit(ran.append, 1)
+    expired.set_exception(TimeoutError("deadline"))
+    release.set()
+    await gate
+    assert await worker.submit(lambda: 42) == 42
+    assert ran == []
+    with pytest.raises(TimeoutError):
+        await expired
+
+
 async def test_close_fails_pending_jobs_with_engine_closed():
     w = DeviceWorker().start()
     started, release = threading.Event(), threading.Event()
@@ -119,3 +156,15 @@ async def test_idle_worker_blocks_on_its_condition(worker):
                 break
             await anyio.sleep(0.001)
     assert "Condition" in repr(frame.f_locals.get("self"))
+
+
+async def test_aclose_gives_up_on_a_step_that_never_returns(caplog):
+    w = DeviceWorker(name="stuck-device").start()
+    started, release = threading.Event(), threading.Event()
+    gate = w.submit(gate_job, started, release)
+    await anyio.to_thread.run_sync(started.wait)
+    with anyio.fail_after(10):  # a hang guard, not a timing assertion
+        await w.aclose(grace=0.01)
+    assert "still busy" in caplog.text and w.closed
+    release.set()
+    await gate

@@ -332,3 +332,24 @@ async def test_ctx_cancel_mid_stream_raises_request_cancelled_and_frees_the_slot
     await engine.worker.submit(lambda: None)
     await engine.worker.submit(lambda: None)
     assert sched.live() == dict.fromkeys(sched.live(), 0)
+
+
+async def test_create_voice_prompt_is_bounded_by_wait_timeout(checkpoint):
+    async with await AsyncEngine.from_pretrained(checkpoint, progress=False, wait_timeout=0.01) as engine:
+        started, release = threading.Event(), threading.Event()
+        busy = engine.worker.submit(lambda: (started.set(), release.wait(10)))
+        await anyio.to_thread.run_sync(started.wait)  # the device is busy: the extraction cannot start
+        with pytest.raises(DeadlineExceeded, match="voice prompt"):
+            await engine.create_voice_prompt(np.zeros(2400, np.float32), 24000)
+        release.set()
+        await busy
+
+
+async def test_the_synthetic_family_runs_the_shared_talker_stage(engine):
+    from omni_stream.context import RequestContext
+    from omni_stream.pipeline import stage_name
+    from omni_stream.stages import talker_stage
+
+    talker, codec = engine.family.speech_stages(SpeechRequest(text="hi", voice="alice"), RequestContext())
+    assert [stage_name(talker), stage_name(codec)] == ["talker", "codec"]
+    assert talker.__code__ is talker_stage(engine.family.scheduler, None).__code__

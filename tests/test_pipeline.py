@@ -282,3 +282,39 @@ async def test_a_dropped_stream_cancels_its_stages():
     with anyio.fail_after(5):
         await done.wait()
     assert "source:finally" in probe.events
+
+
+async def test_close_stops_waiting_for_a_stage_that_shields_a_long_await_in_finally(monkeypatch, caplog):
+    """_join is bounded: a misbehaving stage cannot hang aclose(); it is reported instead."""
+    import omni_stream.pipeline as pipeline_module
+
+    monkeypatch.setattr(pipeline_module, "JOIN_TIMEOUT", 0.01)
+    finished = anyio.Event()
+
+    async def stubborn(ctx, upstream):
+        try:
+            yield 1
+            await anyio.sleep_forever()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await finished.wait()  # never set until after aclose() returned
+
+    stream = Pipeline([stubborn]).run()
+    assert await stream.__anext__() == 1
+    with anyio.fail_after(10):  # a hang guard, not a timing assertion
+        await stream.aclose()
+    assert not finished.is_set()
+    assert "stages still running" in caplog.text
+    finished.set()
+    await asyncio.wait({stream._host})
+
+
+async def test_channel_size_zero_buffers_nothing_on_the_edges():
+    """What speech pipelines run with: each stage holds at most the one chunk it is handing over."""
+    probe = Probe()
+    async with Pipeline([probe.source(), probe.double(), probe.plus_one()], channel_size=0).run() as stream:
+        assert await stream.__anext__() == 1
+        await anyio.wait_all_tasks_blocked()
+        assert probe.produced == 3 + 1  # one in each stage's hands, one consumed
+        assert [await stream.__anext__() for _ in range(3)] == [3, 5, 7]
+    assert probe.finals() == ALL_FINALS

@@ -1,4 +1,4 @@
-"""The synthetic TTS family: talker stage on the batch scheduler, codec stage on batched worker jobs.
+"""The synthetic TTS family: the shared talker stage on the batch scheduler, codec stage on batched worker jobs.
 
 It runs the same code paths a real model does (scheduler sessions, watermarks, ``submit_batched`` codec
 windows, voice prompts on the worker) with deterministic output: tests and CPU benchmarks only.
@@ -10,7 +10,6 @@ import math
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
 
 import numpy as np
 import torch
@@ -39,6 +38,7 @@ from omni_stream.models.synthetic.model import (
 from omni_stream.pipeline import Stage
 from omni_stream.requests import SpeechRequest, TaskType, VoicePrompt
 from omni_stream.scheduler import Scheduler
+from omni_stream.stages import talker_stage
 from omni_stream.worker import DeviceWorker
 
 _X_VECTOR_DIM = 8
@@ -167,15 +167,10 @@ class SyntheticFamily:
         return _prompt_tone(prompt)
 
     def _talker_stage(self, request: SpeechRequest, task: TaskType, n_frames: int, faults: Faults) -> Stage:
-        async def talker(ctx: RequestContext, upstream: AsyncIterator[Any]) -> AsyncIterator[CodecFrames]:
-            payload = TalkerInput(n_frames=n_frames, tone=await self._tone(request, task, ctx), faults=faults)
-            async with self.scheduler.session(payload, ctx) as frames:
-                async for item in frames:
-                    ctx.output_tokens += item.n_frames
-                    ctx.timings.steps += 1
-                    yield item
+        async def prepare(ctx: RequestContext) -> TalkerInput:
+            return TalkerInput(n_frames=n_frames, tone=await self._tone(request, task, ctx), faults=faults)
 
-        return talker
+        return talker_stage(self.scheduler, prepare)
 
     def _codec_stage(self, faults: Faults, ramp: tuple[int, ...]) -> Stage:
         config, worker, codec = self.config, self.worker, self.codec
