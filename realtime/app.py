@@ -65,6 +65,7 @@ def create_app(engine: Any | EngineFactory, settings: Settings | None = None) ->
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         owned = callable(engine) and not hasattr(engine, "speech")
+        state.stopping = anyio.Event()
         restored = await anyio.to_thread.run_sync(state.voices.load)
         if restored:
             log.info("restored %d uploaded voice(s) from %s", restored, settings.voices_dir)

@@ -6,6 +6,7 @@ from typing import Any
 
 import anyio.to_thread
 import numpy as np
+from omni_stream.codecs.formats import coding_rate
 from omni_stream.realtime.stretch import time_stretch
 
 from omni_stream import codecs
@@ -18,14 +19,32 @@ def audio_headers(sample_rate: int) -> dict[str, str]:
     return {"X-Sample-Rate": str(sample_rate), "X-Channels": "1", "X-Bit-Depth": str(BIT_DEPTH)}
 
 
+# Opus always decodes at 48 kHz (RFC 7845 5.1: the rate in OpusHead is the encoder's input, not for playback).
+DECODED_RATES = {"opus": 48000}
+
+
+def output_rate(fmt: str, src_rate: int, dst_rate: int | None = None) -> int:
+    """The rate a client's decoder gives for ``fmt`` audio made at ``dst_rate`` (or else ``src_rate``) Hz.
+
+    Codecs with a fixed set of rates code at the next one up (mp3 at 11000 Hz asked codes at 11025 Hz).
+    """
+    return DECODED_RATES.get(fmt, coding_rate(fmt, dst_rate or src_rate))
+
+
 class AudioOut:
-    """Resample (when ``dst_rate`` differs) and encode float32 mono chunks into ``fmt`` bytes."""
+    """Resample (when ``dst_rate`` differs) and encode float32 mono chunks into ``fmt`` bytes.
+
+    ``sample_rate`` is the rate of the encoded stream as a decoder gives it, which may differ from the one
+    asked for (mp3 codes 22000 Hz input at 22050 Hz; opus decodes at 48000 Hz); the headers and
+    ``audio.start`` report it.
+    """
 
     def __init__(self, fmt: str, src_rate: int, dst_rate: int | None = None, *, streaming: bool = True) -> None:
         self.format = fmt
-        self.sample_rate = dst_rate or src_rate
-        self._resampler: Any = codecs.Resampler(src_rate, self.sample_rate) if self.sample_rate != src_rate else None
-        self._encoder: Any = codecs.open_encoder(fmt, self.sample_rate, 1, streaming=streaming)
+        rate = dst_rate or src_rate
+        self._resampler: Any = codecs.Resampler(src_rate, rate) if rate != src_rate else None
+        self._encoder: Any = codecs.open_encoder(fmt, rate, 1, streaming=streaming)
+        self.sample_rate: int = DECODED_RATES.get(fmt, self._encoder.sample_rate)
 
     @classmethod
     async def open(cls, fmt: str, src_rate: int, dst_rate: int | None = None, *, streaming: bool = True) -> AudioOut:
@@ -49,6 +68,10 @@ class AudioOut:
                 out += self._encoder.encode(tail)
         return out + self._encoder.flush()
 
+    def close(self) -> None:
+        """Release the codec (PyAV containers for opus, aac, flac) whether or not the stream finished; idempotent."""
+        self._encoder.close()
+
     async def encode(self, samples: np.ndarray) -> bytes:
         return await anyio.to_thread.run_sync(self.encode_sync, samples)
 
@@ -59,8 +82,10 @@ class AudioOut:
 def encode_whole(
     fmt: str, samples: np.ndarray, src_rate: int, dst_rate: int | None = None, speed: float = 1.0
 ) -> tuple[bytes, int]:
-    """A complete file (blocking: run it in a thread); returns the bytes and the output sample rate."""
+    """A complete file (blocking: run it in a thread); returns the bytes and the encoded sample rate."""
     if speed != 1.0:
         samples = time_stretch(samples, speed, src_rate)
-    out = AudioOut(fmt, src_rate, dst_rate, streaming=False)
-    return out.encode_sync(samples) + out.finish_sync(), out.sample_rate
+    rate = dst_rate or src_rate
+    if rate != src_rate:
+        samples = codecs.resample(samples, src_rate, rate)
+    return codecs.encode_whole(fmt, samples, rate), output_rate(fmt, rate)

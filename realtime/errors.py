@@ -34,6 +34,8 @@ class ApiError(Exception):
     """An error the client sees as ``{"error": {message, type, param, code}}`` with HTTP ``status``."""
 
     def __init__(self, status: int, message: str, param: str | None = None, type: str | None = None) -> None:
+        # Messages may quote client text: keep them encodable whatever the client sent.
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
         super().__init__(message)
         self.status = status
         self.message = message

@@ -37,16 +37,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info", help="uvicorn log level (default: %(default)s)")
 
 
-def _resolve_model(model: str | None) -> str | None:
-    """A local directory as is; anything else is taken as a hub id and resolved from the local cache."""
+class ModelNotFound(Exception):
+    """``--model`` names neither a directory nor a hub id present in the local cache."""
+
+
+def resolve_model(model: str | None) -> str | None:
+    """A local directory as is; anything else is a hub id looked up in the local HF cache only (never downloaded)."""
     if model is None or Path(model).expanduser().exists():
         return None if model is None else str(Path(model).expanduser())
-    from huggingface_hub import snapshot_download
-
-    return snapshot_download(model)
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.constants import HF_HUB_CACHE
+    except ImportError:  # pragma: no cover - huggingface_hub comes with transformers
+        raise ModelNotFound(f"{model!r} is not a directory (and huggingface_hub is not installed)") from None
+    try:
+        return snapshot_download(model, local_files_only=True)
+    except Exception as exc:  # not cached, malformed id, incomplete snapshot
+        raise ModelNotFound(
+            f"{model!r} is not a directory and is not in the local Hugging Face cache ({HF_HUB_CACHE}); "
+            f"omni-stream never downloads models: fetch it beforehand (e.g. `hf download {model}`) "
+            f"or pass a checkpoint directory ({type(exc).__name__})"
+        ) from exc
 
 
 def _dtype(name: str | None) -> Any:
+    # Not the Qwen3 family's parse_dtype: importing it pulls in the whole Qwen3 model stack whatever the
+    # checkpoint, and its None means a concrete dtype where here it means the family's own choice.
     if name is None:
         return None
     import torch
@@ -71,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     """Load the model (with a progress bar), then serve until SIGINT/SIGTERM (graceful shutdown)."""
     import uvicorn
     from omni_stream.realtime.app import create_app
+    from omni_stream.realtime.graceful import GracefulServer
 
     from omni_stream.engine import AsyncEngine
 
@@ -78,9 +95,9 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     dtype = _dtype(args.dtype)
     try:
-        model = _resolve_model(args.model)
-    except Exception as exc:
-        print(f"omni-stream serve: cannot find model {args.model!r}: {exc}", file=sys.stderr)
+        model = resolve_model(args.model)
+    except ModelNotFound as exc:
+        print(f"omni-stream serve: cannot find model: {exc}", file=sys.stderr)
         return 2
     if model is None:
         print("omni-stream serve: no --model given: serving the embedded tiny checkpoint (random weights)")
@@ -103,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal: end with status 0 instead.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        uvicorn.Server(config).run()
+        GracefulServer(config, app.state.omni).run()
     except KeyboardInterrupt:
         pass
     return 0

@@ -36,6 +36,7 @@ class Settings:
     max_ws_text_bytes: int = 128 * 1024
     max_ws_config_bytes: int = 4 * 1024 * 1024
     max_ws_pending_chars: int = 100_000  # text buffered in an open utterance, waiting for a unit boundary
+    max_ws_queued_units: int = 64  # units of a session queued or synthesizing; more is refused until some finish
     # Reference audio sources: file paths only under this directory; URLs only when allowed
     allowed_local_media_path: Path | None = None
     allow_remote_media: bool = False
@@ -44,8 +45,13 @@ class Settings:
     ws_config_timeout: float = 10.0
     ws_idle_timeout: float = 30.0
 
+    @property
+    def max_speech_body_bytes(self) -> int:
+        """Largest /v1/audio/speech JSON body: base64 reference audio at the upload limit plus the other fields."""
+        return -(-self.max_upload_bytes * 4 // 3) + 64 * 1024
+
     def __post_init__(self) -> None:
-        if self.max_input_chars < 1 or self.max_new_tokens < 1 or self.max_voices < 0:
+        if self.max_input_chars < 1 or self.max_new_tokens < 1 or self.max_voices < 0 or self.max_ws_queued_units < 1:
             raise ValueError("limits must be positive")
         if not 0 < self.min_ref_seconds <= self.max_ref_seconds:
             raise ValueError("min_ref_seconds must be in (0, max_ref_seconds]")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
-from urllib.parse import unquote, urlparse
+from pathlib import Path
+from urllib.parse import unquote, unquote_to_bytes, urlparse
 
 import anyio
 import anyio.to_thread
@@ -61,35 +62,56 @@ async def decode_reference(state: ServerState, data: bytes, param: str) -> tuple
 async def load_ref_audio(state: ServerState, ref: str) -> bytes:
     """The bytes behind ``ref_audio``: a data URL, base64, a file URL under the allowed directory, or (opt-in) http."""
     settings = state.settings
+    limit = settings.max_upload_bytes
     if ref.startswith("data:"):
         header, _, payload = ref.partition(",")
         if ";base64" not in header:
-            return unquote(payload).encode("latin-1")
-        return _b64(payload)
-    parsed = urlparse(ref)
+            return _too_large(unquote_to_bytes(payload), limit)
+        return _b64(payload, limit)
+    try:
+        parsed = urlparse(ref)
+    except ValueError as exc:  # e.g. a malformed IPv6 host
+        raise bad_request(f"'ref_audio' is not a valid URL: {exc}", "ref_audio") from exc
     if parsed.scheme == "file":
-        root = settings.allowed_local_media_path
-        if root is None:
-            raise bad_request(
-                "Local files are not allowed for 'ref_audio' (no --allowed-local-media-path)", "ref_audio"
-            )
-        path = await anyio.Path(unquote(parsed.path)).resolve()
-        if not path.is_relative_to(await anyio.Path(root).resolve()):
-            raise bad_request(f"'ref_audio' file must be under {root}", "ref_audio")
-        try:
-            return await path.read_bytes()
-        except OSError as exc:
-            raise bad_request(f"Cannot read 'ref_audio' file: {exc.strerror}", "ref_audio") from exc
+        return await _read_local(settings.allowed_local_media_path, unquote(parsed.path), limit)
     if parsed.scheme in ("http", "https"):
         if not settings.allow_remote_media:
             raise bad_request("Fetching 'ref_audio' from URLs is disabled on this server", "ref_audio")
-        return await _fetch(ref, settings.max_upload_bytes, settings.remote_media_timeout)
-    return _b64(ref)
+        return await _fetch(ref, limit, settings.remote_media_timeout)
+    return _b64(ref, limit)
 
 
-def _b64(payload: str) -> bytes:
+async def _read_local(root: Path | None, name: str, limit: int) -> bytes:
+    """A ``file://`` reference: only under ``root``; every path problem (NUL, loops, I/O) is the client's 400."""
+    if root is None:
+        raise bad_request("Local files are not allowed for 'ref_audio' (no --allowed-local-media-path)", "ref_audio")
+    if "\0" in name:
+        raise bad_request("'ref_audio' file path must not contain NUL characters", "ref_audio")
     try:
-        return base64.b64decode(payload.strip(), validate=True)
+        path = await anyio.Path(name).resolve()
+        if not path.is_relative_to(await anyio.Path(root).resolve()):
+            raise bad_request(f"'ref_audio' file must be under {root}", "ref_audio")
+        if (await path.stat()).st_size > limit:
+            raise bad_request(f"'ref_audio' is larger than {limit} bytes", "ref_audio")
+        return await path.read_bytes()
+    except (OSError, ValueError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python < 3.13)
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise bad_request(f"Cannot read 'ref_audio' file: {reason}", "ref_audio") from exc
+
+
+def _too_large(data: bytes, limit: int) -> bytes:
+    if len(data) > limit:
+        raise bad_request(f"'ref_audio' is larger than {limit} bytes", "ref_audio")
+    return data
+
+
+def _b64(payload: str, limit: int) -> bytes:
+    payload = payload.strip()
+    # Refuse before decoding: base64 carries 3 bytes in 4 characters.
+    if len(payload) > (limit + 2) // 3 * 4:
+        raise bad_request(f"'ref_audio' is larger than {limit} bytes", "ref_audio")
+    try:
+        return _too_large(base64.b64decode(payload, validate=True), limit)
     except (binascii.Error, ValueError) as exc:
         raise bad_request("'ref_audio' must be a data URL, base64 audio or an allowed URL", "ref_audio") from exc
 

@@ -12,6 +12,7 @@ import anyio
 import anyio.to_thread
 import numpy as np
 from omni_stream.realtime.audio_out import AudioOut, audio_headers, encode_whole
+from omni_stream.realtime.body_limit import drain, read_body
 from omni_stream.realtime.errors import ApiError, bad_request, from_exception
 from omni_stream.realtime.speech_build import build_request
 from omni_stream.realtime.speech_params import SpeechOptions, StreamMode, check_model, parse_input, parse_options
@@ -55,13 +56,13 @@ def usage_headers(stream: Any) -> dict[str, str]:
     }
 
 
-async def _read_json(request: Request) -> Any:
-    body = await request.body()
+async def _read_json(request: Request, limit: int) -> Any:
+    body = await read_body(request, limit)
     if not body:
         raise bad_request("Request body is empty: expected a JSON object")
     try:
         return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # ValueError covers JSON and UTF-8 errors; too deep nesting
         raise bad_request(f"Request body is not valid JSON: {exc}") from exc
 
 
@@ -70,13 +71,14 @@ async def create_speech(request: Request) -> Response:
     try:
         response = await _create_speech(request, state)
     except Exception as exc:
+        await drain(request.receive, exc)
         response = from_exception(exc).response()
     state.metrics.requests.labels(ROUTE, str(response.status_code)).inc()
     return response
 
 
 async def _create_speech(request: Request, state: ServerState) -> Response:
-    body = await _read_json(request)
+    body = await _read_json(request, state.settings.max_speech_body_bytes)
     opts = parse_options(body, state.settings)
     check_model(opts.model, state.served_models())
     text = parse_input(body, state.settings)
@@ -98,16 +100,19 @@ async def _create_speech(request: Request, state: ServerState) -> Response:
     except BaseException:
         await close_stream(stream)
         raise
+
+    async def release() -> None:
+        out.close()
+        await close_stream(stream)
+
     if opts.stream_mode is StreamMode.AUDIO:
         gen = _raw_body(state, stream, _audio_chunks(chunks, first), out)
         return ClosingStreamingResponse(
-            gen, on_close=lambda: close_stream(stream), media_type=out.mime_type, headers=audio_headers(out.sample_rate)
+            gen, on_close=release, media_type=out.mime_type, headers=audio_headers(out.sample_rate)
         )
     gen = _sse_body(state, stream, _audio_chunks(chunks, first), out, [text, opts.instructions or ""])
     headers = {**SSE_HEADERS, **audio_headers(out.sample_rate)}
-    return ClosingStreamingResponse(
-        gen, on_close=lambda: close_stream(stream), media_type=SSE_MEDIA_TYPE, headers=headers
-    )
+    return ClosingStreamingResponse(gen, on_close=release, media_type=SSE_MEDIA_TYPE, headers=headers)
 
 
 async def _collect(stream: Any) -> list[np.ndarray]:
@@ -156,6 +161,7 @@ async def _raw_body(
         if tail:
             yield tail
     finally:
+        out.close()
         gauge.dec()
         if not done:
             state.metrics.disconnects.labels("http").inc()
@@ -193,6 +199,7 @@ async def _sse_body(
         terminal = True
         yield sse_event("speech.audio.done", {"type": "speech.audio.done", "usage": usage_body(stream, text_tokens)})
     finally:
+        out.close()
         gauge.dec()
         if not terminal:
             state.metrics.disconnects.labels("sse").inc()

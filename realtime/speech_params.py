@@ -59,13 +59,23 @@ def _type_name(value: Any) -> str:
     )
 
 
+def check_utf8(value: str, key: str) -> str:
+    """``value`` unchanged; 400 naming ``key`` when it holds text UTF-8 cannot carry (lone surrogates)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        message = f"'{key}' is not valid Unicode text (unpaired surrogate at position {exc.start})"
+        raise bad_request(message, key) from None
+    return value
+
+
 def _str(body: dict[str, Any], key: str) -> str | None:
     value = body.get(key)
     if value is None:
         return None
     if not isinstance(value, str):
         raise bad_request(f"'{key}' must be a string, got {_type_name(value)}", key)
-    return value
+    return check_utf8(value, key)
 
 
 def _bool(body: dict[str, Any], key: str, default: bool = False) -> bool:
@@ -110,7 +120,7 @@ def _voice(body: dict[str, Any]) -> str | None:
         return None
     if not isinstance(value, str):
         raise bad_request(f"'voice' must be a string or {{\"id\": string}}, got {_type_name(value)}", "voice")
-    value = value.strip().lower()
+    value = check_utf8(value, "voice").strip().lower()
     return value or None
 
 
@@ -142,7 +152,7 @@ def parse_input(body: dict[str, Any], settings: Settings) -> str:
     text = body["input"]
     if not isinstance(text, str):
         raise bad_request(f"'input' must be a string, got {_type_name(text)}", "input")
-    text = text.strip()
+    text = check_utf8(text, "input").strip()
     if not text:
         raise bad_request("Input text cannot be empty", "input")
     if len(text) > settings.max_input_chars:

@@ -9,21 +9,22 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import StrEnum
 from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
+from omni_stream.realtime.audio_out import output_rate
 from omni_stream.realtime.auth import offered_subprotocols, select_subprotocol
 from omni_stream.realtime.errors import ApiError, from_exception
 from omni_stream.realtime.speech_build import build_request
 from omni_stream.realtime.speech_params import SpeechOptions, check_model, parse_options
 from omni_stream.realtime.state import ServerState
 from omni_stream.realtime.text_split import TextSplitter
+from omni_stream.realtime.ws_messages import ProtocolError, input_text, parse_message
 from omni_stream.realtime.ws_units import UnitJob, UnitSpec, UtteranceEnd
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
@@ -31,7 +32,7 @@ from omni_stream.requests import SpeechRequest
 
 log = logging.getLogger("omni_stream.realtime.ws")
 
-CLOSE_NORMAL, CLOSE_POLICY, CLOSE_INTERNAL = 1000, 1008, 1011
+CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_INTERNAL = 1000, 1001, 1008, 1011
 IN_FLIGHT = 2  # units with a live engine request: the one streaming and the next
 
 
@@ -42,18 +43,18 @@ class Phase(StrEnum):
     CLOSED = "closed"
 
 
-class ProtocolError(Exception):
-    """A client message the session refuses (non-fatal once configured)."""
-
-
 async def speech_stream(websocket: WebSocket) -> None:
     state: ServerState = websocket.app.state.omni
     await websocket.accept(subprotocol=select_subprotocol(offered_subprotocols(websocket.headers)))
     gauge = state.metrics.streams.labels("ws")
     gauge.inc()
+    session = SpeechSession(websocket, state)
+    state.sessions.add(session)
     try:
-        await SpeechSession(websocket, state).run()
+        await session.run()
     finally:
+        state.sessions.discard(session)
+        session.finished.set()
         gauge.dec()
 
 
@@ -80,9 +81,12 @@ class SpeechSession:
         self.outstanding = 0  # units queued or in flight
         self.last_activity = time.monotonic()
         self.jobs: set[UnitJob] = set()
+        self.finished = anyio.Event()  # set once the session has ended (server shutdown waits on it)
         self._send_lock = anyio.Lock()
         self._slots = anyio.Semaphore(IN_FLIGHT)
-        self._queue_send, self._queue_recv = anyio.create_memory_object_stream[UnitSpec | UtteranceEnd](math.inf)
+        self._queue_send, self._queue_recv = anyio.create_memory_object_stream[UnitSpec | UtteranceEnd](
+            2 * self.settings.max_ws_queued_units  # units (bounded by outstanding) and utterance ends
+        )
 
     # --- sending ---
 
@@ -117,17 +121,22 @@ class SpeechSession:
         if not await self._handshake():
             return
         self.phase = Phase.OPEN
-        reason = "disconnect"
+        outcome = {"reason": "disconnect"}
         try:
-            async with anyio.create_task_group() as tg:
-                jobs_send, jobs_recv = anyio.create_memory_object_stream[UnitJob | UtteranceEnd](IN_FLIGHT)
-                tg.start_soon(self._dispatch, tg, jobs_send)
-                tg.start_soon(self._sender, jobs_recv)
-                reason = await self._receive_loop()
-                if reason == "close":
-                    self._queue_send.close()  # the dispatcher ends after the queued units, then the sender
-                else:
-                    tg.cancel_scope.cancel()
+            async with anyio.create_task_group() as outer:
+
+                async def serve() -> None:
+                    outcome["reason"] = await self._serve()
+                    outer.cancel_scope.cancel()
+
+                async def until_shutdown() -> None:
+                    stopping = self.state.stopping
+                    await (stopping.wait() if stopping is not None else anyio.sleep_forever())
+                    outcome["reason"] = "shutdown"
+                    outer.cancel_scope.cancel()
+
+                outer.start_soon(until_shutdown)
+                outer.start_soon(serve)
         except Exception as exc:
             if _is_disconnect(exc):
                 reason = "disconnect"
@@ -138,14 +147,30 @@ class SpeechSession:
         finally:
             for job in list(self.jobs):
                 job.cancel()
+        reason = outcome["reason"]
         if reason == "disconnect":
             if self.outstanding:
                 self.state.metrics.disconnects.labels("ws").inc()
             self.phase = Phase.CLOSED
         elif reason == "idle":
             await self.close(CLOSE_NORMAL, "Idle timeout: no message received")
+        elif reason == "shutdown":
+            await self.close(CLOSE_GOING_AWAY, "Server shutting down")
         else:
             await self.close(CLOSE_NORMAL)
+
+    async def _serve(self) -> str:
+        """Receive, generate and send until the session ends; returns why (see ``_receive_loop``)."""
+        async with anyio.create_task_group() as tg:
+            jobs_send, jobs_recv = anyio.create_memory_object_stream[UnitJob | UtteranceEnd](IN_FLIGHT)
+            tg.start_soon(self._dispatch, tg, jobs_send)
+            tg.start_soon(self._sender, jobs_recv)
+            reason = await self._receive_loop()
+            if reason == "close":
+                self._queue_send.close()  # the dispatcher ends after the queued units, then the sender
+            else:
+                tg.cancel_scope.cancel()
+        return reason
 
     async def _handshake(self) -> bool:
         """Wait for the first message, a valid session.config; anything else closes with 1008."""
@@ -158,7 +183,7 @@ class SpeechSession:
         if message["type"] == "websocket.disconnect":
             return False
         try:
-            body = self._parse(message, self.settings.max_ws_config_bytes)
+            body = parse_message(message, self.settings.max_ws_config_bytes)
             if body.get("type") != "session.config":
                 raise ProtocolError(f"Expected session.config, got: {body.get('type')}")
             await self._apply_config(body)
@@ -178,20 +203,6 @@ class SpeechSession:
         self.opts, self.template = opts, template
         self.splitter = TextSplitter(opts.split_granularity, max_chars=self.settings.max_input_chars)
 
-    def _parse(self, message: Mapping[str, Any], limit: int) -> dict[str, Any]:
-        text = message.get("text")
-        if text is None:
-            raise ProtocolError("Binary messages are not supported: send JSON text messages")
-        if len(text) > limit or (len(text) * 4 > limit and len(text.encode()) > limit):
-            raise ProtocolError(f"Message too large (max {limit} bytes)")
-        try:
-            body = json.loads(text)
-        except json.JSONDecodeError:
-            raise ProtocolError("Invalid JSON message") from None
-        if not isinstance(body, dict):
-            raise ProtocolError("WebSocket messages must be JSON objects")
-        return body
-
     # --- receiving ---
 
     async def _receive_loop(self) -> str:
@@ -203,7 +214,7 @@ class SpeechSession:
             if message["type"] == "websocket.disconnect":
                 return "disconnect"
             try:
-                body = self._parse(message, self.settings.max_ws_config_bytes)
+                body = parse_message(message, self.settings.max_ws_config_bytes)
                 if await self._handle(body, message.get("text") or ""):
                     self.phase = Phase.DRAINING
                     return "close"
@@ -231,17 +242,13 @@ class SpeechSession:
         """Apply one client message; True when the client asked to close."""
         kind = body.get("type")
         if kind == "input.text":
-            if len(raw.encode()) > self.settings.max_ws_text_bytes:
-                raise ProtocolError("input.text message too large")
-            text = body.get("text")
-            if not isinstance(text, str):
-                raise ProtocolError("input.text requires a string value")
+            text = input_text(body, raw, self.settings.max_ws_text_bytes)
             limit = self.settings.max_ws_pending_chars
             if len(self.splitter.pending) + len(text) > limit:
                 raise ProtocolError(f"Buffered text would exceed {limit} characters: send input.done first")
-            self._queue_units(self.splitter.feed(text))
+            self._queue_units(self._split(lambda: self.splitter.feed(text)))
         elif kind == "input.done":
-            self._queue_units(self.splitter.flush())
+            self._queue_units(self._split(self.splitter.flush, ends=1))
             self._queue(UtteranceEnd(self.utterance, self.epoch))
             self.utterance += 1
             self.sentence = 0
@@ -259,6 +266,22 @@ class SpeechSession:
             raise ProtocolError(f"Unknown message type: {kind}")
         return False
 
+    def _split(self, split: Callable[[], list[str]], ends: int = 0) -> list[str]:
+        """The units ``split`` cuts from the buffer, unless they would pass ``max_ws_queued_units``: then the
+        buffer is left as it was and the message is refused (the client may resend once units finish).
+        ``ends`` utterance markers follow the units; they are bounded too, through the queue's capacity."""
+        before = self.splitter.pending
+        units = split()
+        limit = self.settings.max_ws_queued_units
+        queued = self._queue_send.statistics().current_buffer_used
+        if self.outstanding + len(units) > limit or queued + len(units) + ends > 2 * limit:
+            self.splitter.restore(before)
+            raise ProtocolError(
+                f"Too many queued units: {self.outstanding} waiting and {len(units)} more would pass the limit "
+                f"of {limit}; wait for audio.done before sending more"
+            )
+        return units
+
     def _queue(self, item: UnitSpec | UtteranceEnd) -> None:
         self._queue_send.send_nowait(item)
 
@@ -274,6 +297,9 @@ class SpeechSession:
         open_utterance = bool(self.splitter.pending.strip() or self.sentence)
         if not self.outstanding and not open_utterance:
             raise ProtocolError("No utterance in progress to cancel")
+        stats = self._queue_send.statistics()
+        if open_utterance and stats.current_buffer_used >= stats.max_buffer_size:
+            raise ProtocolError("Too many queued messages; wait for audio.done before cancelling")
         self.epoch += 1
         for job in list(self.jobs):
             job.cancel()
@@ -330,13 +356,14 @@ class SpeechSession:
     async def _send_unit(self, job: UnitJob) -> None:
         spec, opts = job.spec, job.spec.opts
         where = {"utterance_index": spec.utterance, "sentence_index": spec.sentence}
+        fmt = "pcm" if opts.stream_audio else opts.response_format
         await self.send_json(
             {
                 "type": "audio.start",
                 **where,
                 "sentence_text": spec.text,
-                "format": "pcm" if opts.stream_audio else opts.response_format,
-                "sample_rate": opts.sample_rate or job.sample_rate,
+                "format": fmt,
+                "sample_rate": output_rate(fmt, job.sample_rate, opts.sample_rate),
                 "channels": 1,
             }
         )

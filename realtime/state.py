@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 from omni_stream.realtime.settings import Settings
 from omni_stream.realtime.voice_store import VoiceStore
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -49,6 +50,17 @@ class ServerState:
     engine: Any = None
     metrics: HttpMetrics = field(default_factory=HttpMetrics)
     ready: bool = False
+    stopping: Any = None  # anyio.Event (made in the lifespan), set when the server begins to shut down
+    sessions: set[Any] = field(default_factory=set)  # open WebSocket sessions, each with a ``finished`` event
+
+    async def begin_shutdown(self, grace: float) -> None:
+        """Ask open WebSocket sessions to close (1001) and wait up to ``grace`` s for them to finish."""
+        if self.stopping is None:
+            return
+        self.stopping.set()
+        with anyio.move_on_after(grace):
+            for session in list(self.sessions):
+                await session.finished.wait()
 
     def served_models(self) -> tuple[str, ...]:
         """The names the ``model`` field may carry."""

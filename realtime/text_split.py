@@ -132,3 +132,7 @@ class TextSplitter:
 
     def clear(self) -> None:
         self._buffer = ""
+
+    def restore(self, pending: str) -> None:
+        """Put back the buffer a refused ``feed``/``flush`` started from (``pending`` as it was then)."""
+        self._buffer = pending

@@ -7,6 +7,7 @@ from pathlib import PurePath
 from typing import Any
 
 import anyio.to_thread
+from omni_stream.realtime.body_limit import drain, limited
 from omni_stream.realtime.errors import ApiError, bad_request, from_exception
 from omni_stream.realtime.speech_build import decode_reference, model_key, supported_voices
 from omni_stream.realtime.state import ServerState
@@ -77,6 +78,7 @@ async def upload_voice(request: Request) -> Response:
         voice = await _upload(request, state)
         response = JSONResponse({"success": True, "voice": voice.public()})
     except Exception as exc:
+        await drain(request.receive, exc)
         response = from_exception(exc).response()
     return _count(state, response)
 
@@ -110,13 +112,13 @@ def _text_field(form: Any, key: str, required: bool) -> str | None:
 async def _upload(request: Request, state: ServerState) -> StoredVoice:
     settings = state.settings
     limit = settings.max_upload_bytes
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit + FORM_OVERHEAD:
-        raise bad_request(f"File size exceeds maximum limit of {limit // (1024 * 1024)}MB", "audio_sample")
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise bad_request("Voice uploads must be multipart/form-data")
     try:
-        form = await request.form(max_files=1, max_fields=16)
+        # Counted as it arrives: a chunked upload without Content-Length is refused before it is spooled.
+        form = await limited(request, limit + FORM_OVERHEAD, "audio_sample").form(max_files=1, max_fields=16)
+    except ApiError:
+        raise
     except Exception as exc:  # malformed multipart, too many parts
         raise bad_request(f"Invalid multipart body: {getattr(exc, 'detail', exc)}") from exc
     try:

@@ -97,13 +97,16 @@ class UnitJob:
 
     async def _stream_pcm(self, stream: Any) -> None:
         out = await AudioOut.open("pcm", self.sample_rate, self.spec.opts.sample_rate)
-        async for audio in stream:
-            data = await out.encode(audio.samples)
-            if data:
-                await self._send.send(data)
-        tail = await out.finish()
-        if tail:
-            await self._send.send(tail)
+        try:
+            async for audio in stream:
+                data = await out.encode(audio.samples)
+                if data:
+                    await self._send.send(data)
+            tail = await out.finish()
+            if tail:
+                await self._send.send(tail)
+        finally:
+            out.close()
 
     async def _whole_file(self, stream: Any) -> None:
         pieces = [audio.samples async for audio in stream]

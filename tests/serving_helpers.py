@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import socket
 import threading
 import time
@@ -17,11 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import soundfile as sf
 import uvicorn
 from omni_stream.codecs.pcm import to_int16
 from omni_stream.realtime.app import create_app
+from omni_stream.realtime.graceful import GracefulServer
 from omni_stream.realtime.settings import Settings
+from websockets.exceptions import ConnectionClosed
 
 from omni_stream.engine import AsyncEngine
 from omni_stream.models.synthetic import SyntheticConfig, tone_samples, write_checkpoint
@@ -81,7 +85,7 @@ def running_server(checkpoint: Path, settings: Settings | None = None) -> Iterat
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
+    server = GracefulServer(config, app.state.omni)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="test-uvicorn")
     thread.start()
     deadline = time.monotonic() + 30
@@ -123,3 +127,47 @@ def wav_bytes(seconds: float, rate: int = 16000, hz: float = 300.0) -> bytes:
     buf = io.BytesIO()
     sf.write(buf, (0.3 * np.sin(2 * np.pi * hz * t)).astype(np.float32), rate, format="WAV", subtype="PCM_16")
     return buf.getvalue()
+
+
+class Session:
+    """A thin client: JSON out, (kind, payload) in."""
+
+    def __init__(self, ws):
+        self.ws = ws
+
+    def send(self, **message):
+        self.ws.send(json.dumps(message))
+
+    def recv(self, timeout: float = 10.0):
+        message = self.ws.recv(timeout=timeout)
+        return ("binary", message) if isinstance(message, bytes) else ("json", json.loads(message))
+
+    def until(self, kind: str, timeout: float = 10.0) -> list:
+        """Messages up to and including the first JSON message of type ``kind``."""
+        out = []
+        while True:
+            msg = self.recv(timeout)
+            out.append(msg)
+            if msg[0] == "json" and msg[1]["type"] == kind:
+                return out
+
+    def closed_code(self, timeout: float = 10.0) -> int:
+        with pytest.raises(ConnectionClosed) as info:
+            while True:
+                self.ws.recv(timeout=timeout)
+        return info.value.rcvd.code if info.value.rcvd else None
+
+
+def units_of(messages: list) -> list[dict]:
+    """Group an utterance's messages into units: start, frames, done."""
+    units, current = [], None
+    for kind, payload in messages:
+        if kind == "json" and payload["type"] == "audio.start":
+            current = {"start": payload, "frames": []}
+        elif kind == "binary":
+            current["frames"].append(payload)
+        elif kind == "json" and payload["type"] == "audio.done":
+            current["done"] = payload
+            units.append(current)
+            current = None
+    return units

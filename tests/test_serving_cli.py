@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -10,7 +11,8 @@ import sys
 import time
 
 import httpx
-from serving_helpers import MODEL
+import pytest
+from serving_helpers import MODEL, expected_tone
 
 pytest_plugins = ("serving_fixtures",)
 
@@ -81,3 +83,80 @@ def test_serve_help_lists_options():
         "--max-concurrency",
     ):
         assert option in out.stdout
+
+
+def test_hub_ids_resolve_from_the_local_cache_only(monkeypatch, tmp_path):
+    import huggingface_hub
+    from omni_stream.realtime.server import ModelNotFound, resolve_model
+
+    calls = []
+
+    def snapshot_download(repo_id, **kwargs):
+        calls.append((repo_id, kwargs))
+        return str(tmp_path)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    assert resolve_model("Qwen/Qwen3-TTS-12Hz-0.6B-Base") == str(tmp_path)
+    assert calls == [("Qwen/Qwen3-TTS-12Hz-0.6B-Base", {"local_files_only": True})]
+    assert resolve_model(str(tmp_path)) == str(tmp_path) and len(calls) == 1  # directories are used as they are
+    monkeypatch.undo()
+    with pytest.raises(ModelNotFound) as info:
+        resolve_model("omni-stream-tests/no-such-model")
+    message = str(info.value)
+    assert "'omni-stream-tests/no-such-model' is not a directory" in message
+    assert "not in the local Hugging Face cache" in message and "never downloads" in message
+
+
+def test_serve_reports_a_missing_model_without_downloading(tmp_path):
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "0"}
+    cmd = [sys.executable, "-m", "omni_stream.cli", "serve", "--model", "omni-stream-tests/no-such-model"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "cannot find model: 'omni-stream-tests/no-such-model' is not a directory" in proc.stderr
+    assert str(tmp_path / "hub") in proc.stderr and not (tmp_path / "hub" / "models--omni-stream-tests").exists()
+
+
+def test_sigterm_with_an_http_stream_and_an_open_websocket(tmp_path):
+    """Shutdown lets the in-flight HTTP stream finish, closes the WebSocket with 1001, and exits 0 promptly."""
+    from serving_helpers import make_checkpoint
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    checkpoint = make_checkpoint(tmp_path / "slow", step_cost_ms=10.0)  # ~1.5 s of steps for the long text
+    port = free_port()
+    cmd = [sys.executable, "-m", "omni_stream.cli", "serve", "--port", str(port), "--log-level", "warning"]
+    cmd += ["--model", str(checkpoint), "--voices-dir", str(tmp_path / "voices")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    text = "A long sentence that keeps the stream busy for a while. " * 5
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, proc)
+        body = {"input": text, "voice": "alice", "response_format": "pcm", "stream_format": "audio"}
+        with (
+            httpx.Client(base_url=url, timeout=30) as http,
+            http.stream("POST", "/v1/audio/speech", json=body) as stream,
+            connect(f"ws://127.0.0.1:{port}/v1/audio/speech/stream", open_timeout=10) as ws,
+        ):
+            chunks = stream.iter_bytes()
+            received = len(next(chunks))  # the stream is in flight
+            config = {"type": "session.config", "voice": "bob", "response_format": "pcm", "stream_audio": True}
+            ws.send(json.dumps(config))
+            ws.send(json.dumps({"type": "input.text", "text": text}))
+            ws.send(json.dumps({"type": "input.done"}))
+            while not isinstance(ws.recv(timeout=10), bytes):  # audio is flowing on the socket too
+                pass
+            stopped = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    ws.recv(timeout=15)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code in (1000, 1001)
+            received += sum(len(c) for c in chunks)  # ends cleanly: a cut chunked body would raise here
+        out, _ = proc.communicate(timeout=30)
+        elapsed = time.monotonic() - stopped
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert elapsed < 15, elapsed  # well inside uvicorn's 10 s grace plus the session grace
+    assert received == expected_tone("alice", text).size * 2  # the whole utterance, 16-bit samples

@@ -60,7 +60,7 @@ def test_sdk_every_format_decodes(client, fmt, mime):
     response = client.audio.speech.create(model=MODEL, voice="alice", input=TEXT, response_format=fmt)
     raw = response.response
     assert raw.status_code == 200 and raw.headers["content-type"] == mime
-    assert raw.headers["x-sample-rate"] == str(RATE) and raw.headers["x-channels"] == "1"
+    assert raw.headers["x-sample-rate"] == str(48000 if fmt == "opus" else RATE) and raw.headers["x-channels"] == "1"
     assert raw.headers["x-bit-depth"] == "16"
     want = expected_tone("alice", TEXT)
     if fmt == "pcm":
@@ -119,6 +119,18 @@ def test_sdk_raw_pcm_stream(client):
         assert r.headers["content-type"] == "audio/pcm" and r.headers["x-sample-rate"] == str(RATE)
         chunks = list(r.iter_bytes())
     assert b"".join(chunks) == pcm16(expected_tone("dave", TEXT * 4))
+
+
+def test_sdk_raw_wav_stream(client):
+    with client.audio.speech.with_streaming_response.create(
+        model=MODEL, voice="carol", input=TEXT * 3, response_format="wav", stream_format="audio"
+    ) as r:
+        assert r.headers["content-type"] == "audio/wav" and r.headers["x-sample-rate"] == str(RATE)
+        chunks = list(r.iter_bytes())
+    data = b"".join(chunks)
+    assert data[:4] == b"RIFF" and data[8:16] == b"WAVEfmt " and data[36:40] == b"data"
+    assert int.from_bytes(data[24:28], "little") == RATE and int.from_bytes(data[22:24], "little") == 1
+    assert data[44:] == pcm16(expected_tone("carol", TEXT * 3))  # the samples after the streaming header
 
 
 def test_raw_wav_stream_header(http):

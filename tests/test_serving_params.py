@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from omni_stream.realtime.auth import key_matches, presented_keys, select_subprotocol
 from omni_stream.realtime.errors import ApiError, from_exception
@@ -183,3 +185,16 @@ def test_auth_helpers():
 
 def test_sse_event_framing():
     assert sse_event("a.b", {"type": "a.b", "text": "x\ny"}) == b'event: a.b\ndata: {"type":"a.b","text":"x\\ny"}\n\n'
+
+
+def test_error_bodies_render_whatever_text_they_quote():
+    response = ApiError(400, "Invalid voice 'x\ud800y'", "voice").response()
+    assert json.loads(response.body)["error"]["message"] == "Invalid voice 'x\\ud800y'"
+
+
+@pytest.mark.parametrize("field", ["input", "instructions", "ref_text", "voice", "language", "model", "ref_audio"])
+def test_text_fields_must_be_valid_unicode(field):
+    body = {"input": "Hi.", field: "a\udfffb"}
+    with pytest.raises(ApiError) as info:
+        parse_options(body, Settings()) if field != "input" else parse_input(body, Settings())
+    assert info.value.status == 400 and info.value.param == field and "surrogate" in info.value.message

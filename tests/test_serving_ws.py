@@ -12,42 +12,12 @@ import numpy as np
 import pytest
 import soundfile as sf
 from omni_stream.realtime.settings import Settings
-from serving_helpers import RATE, expected_tone, pcm16, running_server
-from websockets.exceptions import ConnectionClosed
+from serving_helpers import RATE, Session, expected_tone, pcm16, running_server, units_of
 from websockets.sync.client import connect
 
 PATH = "/v1/audio/speech/stream"
 
 pytest_plugins = ("serving_fixtures",)
-
-
-class Session:
-    """A thin client: JSON out, (kind, payload) in."""
-
-    def __init__(self, ws):
-        self.ws = ws
-
-    def send(self, **message):
-        self.ws.send(json.dumps(message))
-
-    def recv(self, timeout: float = 10.0):
-        message = self.ws.recv(timeout=timeout)
-        return ("binary", message) if isinstance(message, bytes) else ("json", json.loads(message))
-
-    def until(self, kind: str, timeout: float = 10.0) -> list:
-        """Messages up to and including the first JSON message of type ``kind``."""
-        out = []
-        while True:
-            msg = self.recv(timeout)
-            out.append(msg)
-            if msg[0] == "json" and msg[1]["type"] == kind:
-                return out
-
-    def closed_code(self, timeout: float = 10.0) -> int:
-        with pytest.raises(ConnectionClosed) as info:
-            while True:
-                self.ws.recv(timeout=timeout)
-        return info.value.rcvd.code if info.value.rcvd else None
 
 
 _open = contextlib.ExitStack()
@@ -68,21 +38,6 @@ def open_session(url: str, **config) -> Session:
 def _close_clients():
     yield
     _open.close()
-
-
-def units_of(messages: list) -> list[dict]:
-    """Group an utterance's messages into units: start, frames, done."""
-    units, current = [], None
-    for kind, payload in messages:
-        if kind == "json" and payload["type"] == "audio.start":
-            current = {"start": payload, "frames": []}
-        elif kind == "binary":
-            current["frames"].append(payload)
-        elif kind == "json" and payload["type"] == "audio.done":
-            current["done"] = payload
-            units.append(current)
-            current = None
-    return units
 
 
 def test_happy_path_one_wav_per_utterance(live_server):
