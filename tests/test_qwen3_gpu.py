@@ -79,3 +79,86 @@ def test_runner_on_gpu_real_size(tmp_path) -> None:
     assert runner.num_active == 0
     again = runner.generate_codes(reqs, join_steps=[0, 2, 3])
     assert all(torch.equal(a, b) for a, b in zip(out, again, strict=True))  # seeded sampling reproduces
+
+
+# -- CUDA graphs of the decode step -------------------------------------------------------------------------
+
+GREEDY = SamplingParams(do_sample=False, temperature=1.0, top_k=0, repetition_penalty=1.05)
+SUB_GREEDY = SamplingParams(do_sample=False, temperature=1.0, top_k=0)
+CONFIGS = Path(__file__).resolve().parent.parent / "benchmarks" / "configs"
+
+
+def _from_config(tmp_path: Path, name: str, dtype: torch.dtype):
+    from omni_stream.models.qwen3_tts.checkpoint import write_dummy_checkpoint
+    from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
+
+    write_dummy_checkpoint(CONFIGS / name, tmp_path, dtype=dtype, weights=False)
+    lm = load_lm(tmp_path, load_format="dummy", dtype=dtype, device="cuda")
+    return load_config(tmp_path), TextTokenizer(tmp_path), lm
+
+
+def _requests(cfg, tok, *, sampled: bool):
+    texts = [("Hello world, this is a test.", "ryan"), ("Good.", "vivian"), ("The voice is warm.", "aiden")]
+    hot = SamplingParams(do_sample=True, temperature=0.9, top_k=50, repetition_penalty=1.05)
+    sub_hot = SamplingParams(do_sample=True, temperature=0.9, top_k=50)
+    out = []
+    for i, (text, voice) in enumerate(texts):
+        s = sampled and i == 1
+        req = SpeechRequest(text=text, voice=voice, max_new_tokens=6 + i, ignore_eos=True, seed=10 + i,
+                            sampling=hot if s else GREEDY, subtalker_sampling=sub_hot if s else SUB_GREEDY)  # fmt: skip
+        out.append(prepare_request(req, cfg, tok))
+    return out
+
+
+@pytest.mark.parametrize("name", ["qwen3-tts-12hz-0.6b-customvoice", "qwen3-tts-12hz-1.7b-customvoice"])
+def test_graph_replay_equals_eager_at_bucket_shapes(tmp_path, name) -> None:
+    cfg, tok, lm = _from_config(tmp_path, name, torch.bfloat16)
+    graphed = Qwen3TTSRunner(lm, max_batch_size=4, max_len=640)
+    assert graphed.use_graphs
+    seconds = graphed.capture_graphs()
+    assert len(graphed.graphs) == len(graphed.batch_buckets) * len(graphed.length_buckets) and seconds > 0
+    eager = Qwen3TTSRunner(lm, max_batch_size=4, max_len=640, graphs=False)
+    eager.pad_eager = True  # same shapes, same kernels: only the launch mechanism differs
+    reqs = _requests(cfg, tok, sampled=True)
+    a = graphed.generate_codes(reqs, join_steps=[0, 1, 3])
+    b = eager.generate_codes(reqs, join_steps=[0, 1, 3])
+    assert graphed.graph_steps > 0 and graphed.eager_steps == 0 and eager.graph_steps == 0
+    assert [x.shape[0] for x in a] == [6, 7, 8]
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x, y)
+
+
+def test_batched_rows_get_their_solo_codes_under_graphs(tmp_path) -> None:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    cfg, tok, lm = _from_config(tmp_path, "qwen3-tts-12hz-0.6b-customvoice", torch.float32)
+    runner = Qwen3TTSRunner(lm, max_batch_size=4, max_len=512)
+    runner.capture_graphs()
+    reqs = _requests(cfg, tok, sampled=True)
+    solo = [runner.generate_codes([r])[0] for r in reqs]
+    batched = runner.generate_codes(reqs, join_steps=[0, 2, 1])
+    assert runner.eager_steps == 0
+    for x, y in zip(solo, batched, strict=True):
+        assert torch.equal(x, y)
+
+
+def test_dummy_checkpoint_serves_speech_end_to_end_on_cuda(tmp_path) -> None:
+    import anyio
+
+    from omni_stream.engine import AsyncEngine
+    from omni_stream.models.qwen3_tts.checkpoint import write_dummy_checkpoint
+
+    path = write_dummy_checkpoint(CONFIGS / "qwen3-tts-12hz-0.6b-customvoice", tmp_path / "ckpt",
+                                  dtype=torch.bfloat16, weights=False)  # fmt: skip
+
+    async def main() -> tuple[int, int]:
+        engine = await AsyncEngine.from_pretrained(path, device="cuda", load_format="dummy", max_batch_size=2,
+                                                   progress=False)  # fmt: skip
+        async with engine:
+            samples = 0
+            async with engine.speech("Hello world.", voice="ryan", max_new_tokens=5, ignore_eos=True) as stream:
+                async for audio in stream:
+                    samples += audio.samples.shape[0]
+            return samples, stream.usage.output_tokens
+
+    samples, frames = anyio.run(main)
+    assert frames == 5 and samples == 5 * 1920

@@ -278,13 +278,27 @@ def write_tiny_checkpoint(
     return out
 
 
-def write_dummy_checkpoint(config_dir: str | Path, out: str | Path, *, dtype: torch.dtype, seed: int = 0) -> Path:
-    """Random weights at the sizes of ``config_dir/config.json`` (no speech tokenizer)."""
+def write_dummy_checkpoint(
+    config_dir: str | Path, out: str | Path, *, dtype: torch.dtype, seed: int = 0, weights: bool = True
+) -> Path:
+    """Random weights at the sizes of ``config_dir/config.json``, plus the real speech-tokenizer config.
+
+    The directory loads end to end with ``load_format="dummy"`` (which reads no weight file, so
+    ``weights=False`` skips writing ``model.safetensors``); ``speech_tokenizer/`` holds configs only.
+    """
+    from omni_stream.models.qwen3_tts.codec_checkpoint import _PREPROCESSOR, real_speech_tokenizer_config
+
     out = Path(out)
     cfg_dict = json.loads((Path(config_dir) / "config.json").read_text(encoding="utf-8"))
     cfg_dict.pop("dtype", None)
     _write_common(out, cfg_dict, dtype)
-    _write_weights(out, cfg_dict, dtype, seed, tiny=False)
+    if weights:
+        _write_weights(out, cfg_dict, dtype, seed, tiny=False)
+    codec_dir = out / "speech_tokenizer"
+    codec_dir.mkdir(parents=True, exist_ok=True)
+    codec = dict(real_speech_tokenizer_config(), dtype="float32")
+    (codec_dir / "config.json").write_text(json.dumps(codec, indent=2) + "\n", encoding="utf-8")
+    (codec_dir / "preprocessor_config.json").write_text(json.dumps(_PREPROCESSOR, indent=2) + "\n", encoding="utf-8")
     return out
 
 

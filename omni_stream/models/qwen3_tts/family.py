@@ -29,6 +29,7 @@ from omni_stream.engine import EngineInfo, LoadContext
 from omni_stream.errors import AudioDecodeError, InvalidRequestError, UnknownVoiceError, UnsupportedTaskError
 from omni_stream.models.qwen3_tts.checkpoint import load_lm, write_tiny_checkpoint
 from omni_stream.models.qwen3_tts.codec import load_speech_tokenizer
+from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
 from omni_stream.models.qwen3_tts.config import GenerationDefaults, load_config, load_generation_defaults
 from omni_stream.models.qwen3_tts.prompt import TASK_OF_MODEL, TalkerRequest, prepare_request, resolve_task
 from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
@@ -123,6 +124,17 @@ class Qwen3TTSFamily:
                 ).eval()
             bar.update(1)
             self.runner = Qwen3TTSRunner(lm, max_batch_size=opts.max_batch_size)
+            # On CUDA the decode step replays per-bucket graphs; capturing them here keeps it out of requests.
+            self.capture_seconds = self.runner.capture_graphs(progress=opts.progress_bar)
+            # Streaming codec states in one slot-indexed pool, decoded by per-window-bucket graphs (CUDA only).
+            self.codec_windows: CodecWindows | None = None
+            if torch.device(device).type == "cuda":
+                self.codec_windows = CodecWindows(
+                    self.speech_tokenizer.decoder, 2 * opts.max_batch_size, max_batch=min(opts.max_batch_size, 32)
+                )
+                self.capture_seconds += self.codec_windows.capture_graphs(progress=opts.progress_bar)
+            if self.capture_seconds:
+                log.info("captured CUDA graphs in %.2f s", self.capture_seconds)
             self.scheduler = Scheduler(
                 self.runner,
                 load.worker,
@@ -216,6 +228,7 @@ class Qwen3TTSFamily:
                 samples_per_frame=self.speech_tokenizer.samples_per_frame,
                 initial_frames=initial,
                 steady_frames=max(STEADY_FRAMES, initial),
+                pool=self.codec_windows,
             ),
         ]
 

@@ -24,6 +24,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
+        if x.is_cuda:
+            # Same fp32 math in one fused kernel instead of five (the code predictor runs 300 norms a frame).
+            return self.weight * F.rms_norm(x.to(torch.float32), (x.shape[-1],), eps=self.eps).to(dtype)
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)

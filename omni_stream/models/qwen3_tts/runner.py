@@ -7,6 +7,13 @@ of the 16 codebook embeddings + the row's next trailing text embedding, ``tts_pa
 talker by one position. One batched device-to-host copy per step carries all rows' codes; each row gets
 one :class:`CodecFrames` (16 codes) per step.
 
+The decode step works on the first ``b`` slots of the slot-indexed state (no gathers): rows of the step are
+marked in a static ``active`` mask, idle rows compute along but write their K/V into a scratch column and
+keep their state. Its shapes depend only on ``(b, span)``, so on CUDA the whole step (code-0 sampling, the
+15-step code predictor with in-graph sampling noise, the talker layer stack) is one CUDA graph per
+(batch bucket, attention-span bucket), replayed after one host-to-device copy of the mask. Elsewhere, and
+for shapes outside the buckets, the same function runs eagerly at the exact shape.
+
 Length rule (reference parity): ``max_new_tokens = N`` allows N code-0 samples, and the last one never gets
 residual codes, so at most N - 1 frames; an EOS code 0 ends the sequence and its frame is dropped.
 ``ignore_eos`` (benchmarks) bans EOS and yields exactly N frames.
@@ -14,11 +21,16 @@ residual codes, so at most N - 1 frames; an EOS code 0 ends the sequence and its
 
 from __future__ import annotations
 
+import logging
 import secrets
+from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from omni_stream.batch import Batch, SeqOutput, Sequence
 from omni_stream.chunks import CodecFrames
@@ -27,17 +39,31 @@ from omni_stream.models.qwen3_tts.config import CODEBOOK_SIZE, CONTROL_ID_SPAN, 
 from omni_stream.models.qwen3_tts.prompt import TalkerRequest, embed_prompt, embed_tts_pad
 from omni_stream.models.qwen3_tts.talker import Qwen3TTSLM
 from omni_stream.requests import RequestState
-from omni_stream.runtime.kv_cache import KVShape, SlotKVCache
-from omni_stream.runtime.sampling import (
-    SamplingTensors,
-    apply_repetition_penalty,
-    exponential_noise,
-    mask_tokens,
-    sample,
-)
+from omni_stream.runtime import rng
+from omni_stream.runtime.cuda_graphs import GraphSet, batch_buckets, length_buckets, pick
+from omni_stream.runtime.kv_cache import Attend, KVShape, SlotKVCache, attention
+from omni_stream.runtime.sampling import SamplingTensors, apply_repetition_penalty, mask_tokens, sample
+
+log = logging.getLogger(__name__)
 
 MIN_NEW_TOKENS = 2  # the reference bans EOS for the first two code-0 samples
 CP_STEPS = NUM_CODE_GROUPS - 1
+TRAILING_CAPACITY = 256  # trailing text rows per slot before the buffer grows (and graphs are re-captured)
+
+
+def _head(t: SamplingTensors, b: int) -> SamplingTensors:
+    """The first ``b`` rows as views (static storage a graph can read)."""
+    return SamplingTensors(t.do_sample[:b], t.temperature[:b], t.top_k[:b], t.top_p[:b], t.repetition_penalty[:b])
+
+
+def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """One query per row against ``[B, Hkv, S, D]`` keys; GQA heads folded onto the query axis for SDPA on CUDA."""
+    if not q.is_cuda:
+        return attention(q, keys, values, mask)
+    b, hq, t, d = q.shape
+    hkv = keys.shape[1]
+    o = F.scaled_dot_product_attention(q.reshape(b, hkv, (hq // hkv) * t, d), keys, values, attn_mask=mask)
+    return o.reshape(b, hq, t, d)
 
 
 @dataclass(slots=True)
@@ -51,14 +77,18 @@ class _SlotState:
     frames: int
     ignore_eos: bool
     samples: bool  # talker or sub-talker samples (needs random draws each step)
-    generator: torch.Generator | None
 
 
 class Qwen3TTSRunner:
     """Batched talker decoding over a slot-indexed static KV cache (see module docstring)."""
 
-    def __init__(self, lm: Qwen3TTSLM, *, max_batch_size: int = 8, max_len: int = 4096) -> None:
-        """``max_len``: talker positions per slot (prompt + frames; 12.5 frames per second of audio)."""
+    def __init__(
+        self, lm: Qwen3TTSLM, *, max_batch_size: int = 8, max_len: int = 4096, graphs: bool | None = None
+    ) -> None:
+        """``max_len``: talker positions per slot (prompt + frames; 12.5 frames per second of audio).
+
+        ``graphs``: replay CUDA graphs of the decode step (None: on CUDA devices); see :meth:`capture_graphs`.
+        """
         self.lm = lm.eval()
         self.cfg = cfg = lm.config
         self.talker = talker = lm.talker
@@ -67,8 +97,9 @@ class Qwen3TTSRunner:
         d = cfg.talker.decoder
         self.max_len = min(max_len, d.max_position_embeddings)
         self._slots = max_batch_size
+        # One column past max_len: idle rows of a decode step write their K/V there; no read ever reaches it.
         self.kv = SlotKVCache(
-            KVShape(d.num_hidden_layers, max_batch_size, d.num_key_value_heads, self.max_len, d.head_dim),
+            KVShape(d.num_hidden_layers, max_batch_size, d.num_key_value_heads, self.max_len + 1, d.head_dim),
             dtype=self.dtype,
             device=self.device,
         )
@@ -81,13 +112,65 @@ class Qwen3TTSRunner:
         self.no_eos = torch.zeros(s, dtype=torch.bool, device=dev)
         self.talker_params = SamplingTensors.empty(s, dev)
         self.cp_params = SamplingTensors.empty(s, dev)
-        self.trailing = torch.zeros(s, 16, d.hidden_size, dtype=self.dtype, device=dev)
+        cap = min(TRAILING_CAPACITY, self.max_len)
+        self.trailing = torch.zeros(s, cap, d.hidden_size, dtype=self.dtype, device=dev)
         self.trailing_len = torch.zeros(s, dtype=torch.long, device=dev)
+        self.lengths = torch.zeros(s, dtype=torch.long, device=dev)
+        self.seeds = torch.zeros(s, dtype=torch.long, device=dev)
+        self.active = torch.zeros(s, dtype=torch.bool, device=dev)
+        self.codes_out = torch.zeros(s, NUM_CODE_GROUPS, dtype=torch.long, device=dev)
+        self._rows = torch.arange(s, device=dev)
+        self._active_host = torch.zeros(s, dtype=torch.bool, pin_memory=dev.type == "cuda")
+        self.noise_width = self.vocab + CP_STEPS * CODEBOOK_SIZE
+        rng.prepare(self.noise_width, dev)
         self.suppress = torch.zeros(self.vocab, dtype=torch.bool, device=dev)
         self.suppress[self.vocab - CONTROL_ID_SPAN :] = True
         self.suppress[self.eos] = False
         self.tts_pad = embed_tts_pad(talker, cfg)
         self._states: dict[int, _SlotState] = {}
+        self.use_graphs = dev.type == "cuda" if graphs is None else graphs
+        if self.use_graphs and dev.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device")
+        self.batch_buckets = batch_buckets(max_batch_size)
+        self.length_buckets = length_buckets(self.max_len)
+        self.pad_eager = False  # eager steps at bucket shapes too (graph-vs-eager comparisons)
+        self.graphs = GraphSet(self._graph_step, dev) if self.use_graphs else None
+        self.graph_steps = 0
+        self.eager_steps = 0
+
+    # -- CUDA graphs ------------------------------------------------------------------------------------
+
+    def capture_graphs(self, progress: Callable[..., Any] | None = None) -> float:
+        """Capture the decode step for every (batch, span) bucket, largest first; returns seconds (0 without graphs).
+
+        ``progress``: a tqdm-like factory (``progress(total=, desc=, unit=)``). Needs no running sequence:
+        every row is idle while capturing, so the warm-up runs leave all state unchanged.
+        """
+        if self.graphs is None:
+            return 0.0
+        keys = [(b, n) for b in self.batch_buckets for n in self.length_buckets]
+        missing = [k for k in keys if k not in self.graphs]
+        with self._idle():
+            seconds = self.graphs.capture_all(missing, progress=progress)
+        return seconds
+
+    @property
+    def capture_seconds(self) -> float:
+        """Total time spent capturing graphs so far (warm-up runs included)."""
+        return 0.0 if self.graphs is None else self.graphs.capture_seconds
+
+    @contextmanager
+    def _idle(self) -> Iterator[None]:
+        saved = self.active.clone()
+        self.active.zero_()
+        try:
+            yield
+        finally:
+            self.active.copy_(saved)
+
+    @torch.no_grad()
+    def _graph_step(self, b: int, span: int) -> None:
+        self._run_rows(b, span, noisy=True)
 
     # -- BatchModel -------------------------------------------------------------------------------------
 
@@ -105,14 +188,17 @@ class Qwen3TTSRunner:
         """Prefill ``batch.prefill``, then advance every row by one frame."""
         outputs: dict[int, SeqOutput] = {}
         rows: list[Sequence] = []
+        admitted: list[tuple[int, torch.Tensor]] = []
         for seq in batch.prefill:
             try:
-                self._prefill(seq)
+                admitted.append(self._admit(seq))
             except InvalidRequestError as exc:
                 self.release(seq)
                 outputs[seq.seq_id] = SeqOutput(seq.seq_id, finished=True, error=exc)
                 continue
             rows.append(seq)
+        if admitted:
+            self._prefill(admitted)
         rows.extend(batch.decode)
         active: list[Sequence] = []
         for seq in rows:
@@ -152,7 +238,8 @@ class Qwen3TTSRunner:
             raise RuntimeError(f"sequence {seq.seq_id} was not prefilled by this runner")
         return st
 
-    def _prefill(self, seq: Sequence) -> None:
+    def _admit(self, seq: Sequence) -> tuple[int, torch.Tensor]:
+        """Check the request, embed its prompt and take its slot; returns (slot, prefill embeddings ``[n, H]``)."""
         req = seq.payload
         if not isinstance(req, TalkerRequest):
             raise TypeError(f"payload must be a TalkerRequest, got {type(req).__name__}")
@@ -171,23 +258,50 @@ class Qwen3TTSRunner:
                 "max_new_tokens",
             )
         prefill, trailing = embed_prompt(self.talker, self.cfg, prompt)
-        positions = torch.arange(n, device=self.device)[None]
-        hidden = self.talker(prefill[None], positions, self.kv.prefill(slot))
-        self.hidden[slot] = hidden[0, -1]
         self._write_trailing(slot, trailing)
         self.seen[slot] = False
         self.steps[slot] = 0
         self.no_eos[slot] = req.ignore_eos
+        self.lengths[slot] = n
+        self.seeds[slot] = req.seed % (1 << 63) if req.seed is not None else secrets.randbits(63)
         self.talker_params.write(slot, req.sampling)
         self.cp_params.write(slot, req.subtalker_sampling)
         samples = req.sampling.do_sample or req.subtalker_sampling.do_sample
-        generator = None
-        if samples:
-            generator = torch.Generator(device=self.device)
-            generator.manual_seed(req.seed if req.seed is not None else secrets.randbits(63))
-        st = _SlotState(slot, n, 0, max_frames, 0, req.ignore_eos, samples, generator)
+        st = _SlotState(slot, n, 0, max_frames, 0, req.ignore_eos, samples)
         self._states[slot] = st
         seq.model_state = st
+        return slot, prefill
+
+    def _prefill(self, admitted: list[tuple[int, torch.Tensor]]) -> None:
+        """One talker forward for every newcomer of the step (prompts right-padded to the longest)."""
+        if len(admitted) == 1:
+            slot, x = admitted[0]
+            hidden = self.talker(x[None], torch.arange(x.shape[0], device=self.device)[None], self.kv.prefill(slot))
+            self.hidden[slot] = hidden[0, -1]
+            return
+        lengths = [x.shape[0] for _, x in admitted]
+        t = max(lengths)
+        x = torch.nn.utils.rnn.pad_sequence([x for _, x in admitted], batch_first=True)
+        slots = torch.tensor([slot for slot, _ in admitted], dtype=torch.long, device=self.device)
+        n = torch.tensor(lengths, dtype=torch.long, device=self.device)
+        positions = torch.arange(t, device=self.device)[None].expand(len(admitted), -1)
+        hidden = self.talker(x, positions, self._prefill_attend(slots, n, t))
+        self.hidden[slots] = hidden[torch.arange(len(admitted), device=self.device), n - 1]
+
+    def _prefill_attend(self, slots: torch.Tensor, lengths: torch.Tensor, t: int) -> Attend:
+        """Causal attention over padded prompts starting at position 0; K/V rows go to each prompt's slot."""
+        pos = torch.arange(t, device=slots.device)
+        causal = pos[None, :] <= pos[:, None]
+        mask = (causal[None] & (pos[None, :] < lengths[:, None])[:, None, :])[:, None]  # [B, 1, T, T]
+        kc, vc = self.kv.k, self.kv.v
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            # Padding positions land past each prompt's length: masked now, overwritten by its decode steps.
+            kc[layer][slots, :, :t] = k
+            vc[layer][slots, :, :t] = v
+            return attention(q, k, v, mask)
+
+        return attend
 
     def _write_trailing(self, slot: int, trailing: torch.Tensor) -> None:
         n = trailing.shape[0]
@@ -196,47 +310,97 @@ class Qwen3TTSRunner:
             grown = self.trailing.new_zeros(self._slots, cap, self.trailing.shape[2])
             grown[:, : self.trailing.shape[1]] = self.trailing
             self.trailing = grown
+            if self.graphs is not None and len(self.graphs):
+                # The graphs read the old buffer: drop them; they are captured again as shapes come up.
+                log.warning("trailing text of %d positions: re-capturing CUDA graphs", n)
+                self.graphs.clear()
         self.trailing[slot, :n] = trailing
         self.trailing_len[slot] = n
 
     def _decode(self, states: list[_SlotState]) -> torch.Tensor:
         """One frame for each row; returns the rows' codes ``[B, 16]`` on the CPU (one copy)."""
+        slots = [st.slot for st in states]
+        n = max(slots) + 1
+        span = max(st.length for st in states) + 1
+        host = self._active_host
+        host.zero_()
+        host.numpy()[slots] = True
+        self.active.copy_(host, non_blocking=True)
+        key = self._graph_key(n, span)
+        if key is not None and self.graphs is not None:
+            if key not in self.graphs:
+                with self._idle():
+                    self.graphs.capture(key)
+            self.graphs.replay(key)
+            self.graph_steps += 1
+            b = key[0]
+        else:
+            b, span = (n, span) if not self.pad_eager else self._bucket(n, span) or (n, span)
+            self._run_rows(b, span, noisy=self.pad_eager or any(st.samples for st in states))
+            self.eager_steps += 1
+        codes = self.codes_out[:b].cpu()
+        return codes[slots]
+
+    def _bucket(self, n: int, span: int) -> tuple[int, int] | None:
+        b, s = pick(self.batch_buckets, n), pick(self.length_buckets, span)
+        return None if b is None or s is None else (b, s)
+
+    def _graph_key(self, n: int, span: int) -> tuple[int, int] | None:
+        return self._bucket(n, span) if self.graphs is not None else None
+
+    def _run_rows(self, b: int, span: int, noisy: bool) -> None:
+        """The decode step over slots ``0..b-1`` with attention over ``span`` positions (static tensors only).
+
+        Rows marked in ``active`` advance; the others compute along and are discarded.
+        """
         talker = self.talker
-        slots = torch.tensor([st.slot for st in states], dtype=torch.long, device=self.device)
-        lengths = torch.tensor([st.length for st in states], dtype=torch.long, device=self.device)
-        bound = max(st.length for st in states) + 1
-        h = self.hidden[slots]
-        steps = self.steps[slots]
-        tp = self.talker_params.index(slots)
-        cp = self.cp_params.index(slots)
+        rows, act = self._rows[:b], self.active[:b]
+        h, steps, lengths, seen = self.hidden[:b], self.steps[:b], self.lengths[:b], self.seen[:b]
+        tp, cp = _head(self.talker_params, b), _head(self.cp_params, b)
 
         logits = talker.codec_head(h).float()
-        logits = apply_repetition_penalty(logits, self.seen[slots], tp.repetition_penalty)
+        logits = apply_repetition_penalty(logits, seen, tp.repetition_penalty)
         logits = mask_tokens(logits, self.suppress)
-        ban_eos = (steps < MIN_NEW_TOKENS) | self.no_eos[slots]
+        ban_eos = (steps < MIN_NEW_TOKENS) | self.no_eos[:b]
         logits[:, self.eos] = logits[:, self.eos].masked_fill(ban_eos, float("-inf"))
 
         noise_t = noise_cp = None
-        if any(st.samples for st in states):
-            noise = exponential_noise(
-                [st.generator for st in states], self.vocab + CP_STEPS * CODEBOOK_SIZE, self.device
-            )
+        if noisy:
+            noise = rng.exponential(rng.row_keys(self.seeds[:b], steps), self.noise_width)
             noise_t = noise[:, : self.vocab]
-            noise_cp = noise[:, self.vocab :].view(len(states), CP_STEPS, CODEBOOK_SIZE)
+            noise_cp = noise[:, self.vocab :].view(b, CP_STEPS, CODEBOOK_SIZE)
         c0 = sample(logits, tp, noise_t)
-        self.seen[slots, c0] = True
+        seen.scatter_(1, c0[:, None], seen.gather(1, c0[:, None]) | act[:, None])
 
         rest = talker.code_predictor.generate(h, talker.embed_codec(c0), cp, noise_cp)
         codes = torch.cat([c0[:, None], rest], dim=1)
         x = talker.embed_frames(codes)
-        has_text = steps < self.trailing_len[slots]
+        has_text = steps < self.trailing_len[:b]
         idx = steps.clamp(max=self.trailing.shape[1] - 1)
-        text = torch.where(has_text[:, None], self.trailing[slots, idx], self.tts_pad[None])
+        text = torch.where(has_text[:, None], self.trailing[rows, idx], self.tts_pad[None])
         x = (x + text)[:, None]
-        hidden = talker(x, lengths[:, None], self.kv.decode(slots, lengths, bound))
-        self.hidden[slots] = hidden[:, 0]
-        self.steps[slots] = steps + 1
-        return codes.cpu()
+        write = torch.where(act, lengths, self.max_len)
+        hidden = talker(x, lengths[:, None], self._attend(rows, write, lengths, span))
+        self.hidden[:b] = torch.where(act[:, None], hidden[:, 0], h)
+        inc = act.long()
+        steps += inc
+        lengths += inc
+        self.codes_out[:b] = codes
+
+    def _attend(self, rows: torch.Tensor, write: torch.Tensor, lengths: torch.Tensor, span: int) -> Attend:
+        """Attention over the first ``len(rows)`` slots: row ``i`` writes at ``write[i]``, reads ``0..lengths[i]``."""
+        b = rows.shape[0]
+        keep = torch.arange(span, device=rows.device)[None, :] <= lengths[:, None]
+        mask = keep[:, None, None, :]
+        kc, vc = self.kv.k, self.kv.v
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            kl, vl = kc[layer], vc[layer]
+            kl[rows, :, write] = k[:, :, 0]
+            vl[rows, :, write] = v[:, :, 0]
+            return decode_attention(q, kl[:b, :, :span], vl[:b, :, :span], mask)
+
+        return attend
 
     # -- synchronous driver (tests, offline use) ----------------------------------------------------------
 

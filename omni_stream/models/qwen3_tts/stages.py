@@ -5,7 +5,8 @@ transposed-conv overlap, sliding-window K/V), so the streamed waveform equals th
 whatever the window sizes (``codec_stream``). Windows follow a ramp (``initial_codec_chunk_frames``
 doubling up to ``steady_frames``): a small first window for time to first audio, then longer ones that
 each arrive before the audio already sent runs out. Windows of equal length from different requests are
-decoded together in one batched worker job.
+decoded together in one batched worker job. With a :class:`CodecWindows` (slot-indexed states, CUDA graphs
+per window bucket on GPU) a request holds one state row for its lifetime instead of a private state.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from omni_stream.chunks import Audio, CodecFrames
 from omni_stream.context import RequestContext
 from omni_stream.models.qwen3_tts.codec import CodecDecoder
+from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
 from omni_stream.models.qwen3_tts.codec_stream import CodecStreamState, decode_windows, prime, ramp_window
 from omni_stream.pipeline import Stage
 from omni_stream.scheduler import Scheduler
@@ -38,6 +40,25 @@ class CodecWindow:
     context: torch.Tensor | None = None
 
 
+@dataclass(slots=True, eq=False)
+class SlotWindow:
+    """One request's next window on a :class:`CodecWindows` row; ``fresh`` marks its first window."""
+
+    slot: int
+    codes: torch.Tensor
+    fresh: bool
+    context: torch.Tensor | None = None
+
+
+def decode_slot_windows(pool: CodecWindows, jobs: list[SlotWindow]) -> list[np.ndarray]:
+    """Batched job (device worker): equal-length windows of several requests, each on its own state row."""
+    for job in jobs:
+        if job.context is not None:
+            pool.prime(job.slot, job.context)
+            job.context, job.fresh = None, False
+    return pool.decode([j.slot for j in jobs], [j.codes for j in jobs], [j.fresh for j in jobs])
+
+
 def decode_codec_windows(decoder: CodecDecoder, windows: list[CodecWindow]) -> list[np.ndarray]:
     """Batched job (device worker): decode equal-length windows of several requests, each with its own state."""
     for w in windows:
@@ -50,9 +71,7 @@ def decode_codec_windows(decoder: CodecDecoder, windows: list[CodecWindow]) -> l
     return [a[0].cpu().numpy().astype(np.float32, copy=False) for a in audio]
 
 
-def talker_stage(
-    scheduler: Scheduler, prepare: Callable[[RequestContext], Any], name: str = "talker"
-) -> Stage:
+def talker_stage(scheduler: Scheduler, prepare: Callable[[RequestContext], Any], name: str = "talker") -> Stage:
     """Admit the request to the talker scheduler and yield its :class:`CodecFrames` as steps produce them.
 
     ``prepare(ctx)`` is awaited first and returns the scheduler payload (prompt building runs off the loop).
@@ -78,16 +97,37 @@ def codec_stage(
     samples_per_frame: int,
     initial_frames: int,
     steady_frames: int,
+    pool: CodecWindows | None = None,
 ) -> Stage:
-    """Decode the upstream frames in ramped windows with exact streaming state; yield :class:`Audio`."""
+    """Decode the upstream frames in ramped windows with exact streaming state; yield :class:`Audio`.
+
+    ``pool``: shared slot-indexed states (graph-replayed windows on CUDA); requests that find it full, or
+    all requests without one, keep a private state.
+    """
     key_prefix = f"qwen3-codec-{id(decoder)}"
 
     def batch_fn(windows: list[CodecWindow]) -> list[np.ndarray]:
         return decode_codec_windows(decoder, windows)
 
+    def slot_batch_fn(jobs: list[SlotWindow]) -> list[np.ndarray]:
+        assert pool is not None
+        return decode_slot_windows(pool, jobs)
+
     async def codec(ctx: RequestContext, upstream: AsyncIterator[CodecFrames]) -> AsyncIterator[Audio]:
-        # The state lives with this request alone: a cancelled window job can only touch this object.
-        state = CodecStreamState.zeros(decoder, 1)
+        slot = pool.acquire() if pool is not None else None
+        try:
+            async for audio in _codec(ctx, upstream, slot):
+                yield audio
+        finally:
+            if slot is not None:
+                assert pool is not None
+                pool.release(slot)
+
+    async def _codec(
+        ctx: RequestContext, upstream: AsyncIterator[CodecFrames], slot: int | None
+    ) -> AsyncIterator[Audio]:
+        # A private state lives with this request alone: a cancelled window job can only touch this object.
+        state = CodecStreamState.zeros(decoder, 1) if slot is None else None
         context: torch.Tensor | None = None
         held: list[torch.Tensor] = []
         n_held = 0
@@ -100,10 +140,15 @@ def codec_stage(
             codes = torch.cat(held) if len(held) > 1 else held[0]
             held = [codes[n:]] if codes.shape[0] > n else []
             n_held -= n
-            window = CodecWindow(state, codes[:n], context)
-            context = None
             with ctx.fail_after("codec decode"):
-                samples = await worker.submit_batched((key_prefix, n), window, batch_fn)
+                if slot is None:
+                    assert state is not None
+                    window = CodecWindow(state, codes[:n], context)
+                    samples = await worker.submit_batched((key_prefix, n), window, batch_fn)
+                else:
+                    job = SlotWindow(slot, codes[:n], index == 0, context)
+                    samples = await worker.submit_batched((key_prefix, "slots", n), job, slot_batch_fn)
+            context = None
             audio = Audio(samples, sample_rate, start * samples_per_frame, final)
             start += n
             index += 1

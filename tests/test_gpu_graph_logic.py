@@ -1,0 +1,211 @@
+"""The CUDA-graph decode step's logic, checked on any device: buckets, in-graph noise, idle rows, padded shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from reference_qwen import tiny_checkpoint
+
+from omni_stream.batch import Batch, Sequence
+from omni_stream.models.qwen3_tts.checkpoint import load_lm
+from omni_stream.models.qwen3_tts.config import load_config
+from omni_stream.models.qwen3_tts.prompt import prepare_request
+from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
+from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
+from omni_stream.requests import SamplingParams, SpeechRequest
+from omni_stream.runtime import rng
+from omni_stream.runtime.cuda_graphs import batch_buckets, length_buckets, pick
+
+GREEDY = SamplingParams(do_sample=False, temperature=1.0, top_k=0, repetition_penalty=1.05)
+SUB_GREEDY = SamplingParams(do_sample=False, temperature=1.0, top_k=0)
+HOT = SamplingParams(do_sample=True, temperature=0.9, top_k=50, repetition_penalty=1.05)
+SUB_HOT = SamplingParams(do_sample=True, temperature=0.9, top_k=50)
+
+
+def test_buckets_and_pick() -> None:
+    assert batch_buckets(1) == (1,)
+    assert batch_buckets(8) == (1, 2, 4, 8)
+    assert batch_buckets(12) == (1, 2, 4, 8, 12)
+    assert length_buckets(4096) == (512, 1024, 2048, 4096)
+    assert length_buckets(640) == (512, 640)
+    assert length_buckets(300) == (300,)
+    assert pick((1, 2, 4, 8), 3) == 4 and pick((1, 2, 4, 8), 8) == 8 and pick((1, 2, 4, 8), 9) is None
+    with pytest.raises(ValueError):
+        batch_buckets(0)
+
+
+def test_counter_noise_is_exponential_per_row_and_deterministic() -> None:
+    seeds = torch.tensor([1, 2, 1, (1 << 62) + 5])
+    counters = torch.tensor([0, 0, 1, 0])
+    keys = rng.row_keys(seeds, counters)
+    e = rng.exponential(keys, 50_000)
+    assert e.shape == (4, 50_000) and e.dtype == torch.float32 and bool((e > 0).all())
+    # Exponential(1): mean 1, variance 1, P(E > 1) = e^-1.
+    assert abs(e.mean().item() - 1) < 0.02 and abs(e.var().item() - 1) < 0.05
+    assert abs((e > 1).float().mean().item() - 0.3679) < 0.01
+    # Rows differ with seed and counter; a row does not depend on its batch neighbours.
+    assert not torch.equal(e[0], e[1]) and not torch.equal(e[0], e[2]) and not torch.equal(e[0], e[3])
+    alone = rng.exponential(rng.row_keys(seeds[2:3], counters[2:3]), 50_000)
+    assert torch.equal(alone[0], e[2])
+    # Neighbouring columns are uncorrelated.
+    c = torch.corrcoef(torch.stack((e[0, :-1], e[0, 1:])))[0, 1].item()
+    assert abs(c) < 0.02
+
+
+@pytest.fixture(scope="module")
+def cv(tmp_path_factory):
+    path = tiny_checkpoint(tmp_path_factory, "custom_voice", "0.6b")
+    return load_config(path), TextTokenizer(path), load_lm(path, dtype=torch.float32)
+
+
+def _req(cv, text: str, voice: str, n: int, *, hot: bool = False, seed: int = 0):
+    cfg, tok, _ = cv
+    req = SpeechRequest(text=text, voice=voice, max_new_tokens=n, ignore_eos=True, seed=seed,
+                        sampling=HOT if hot else GREEDY, subtalker_sampling=SUB_HOT if hot else SUB_GREEDY)  # fmt: skip
+    return prepare_request(req, cfg, tok)
+
+
+def test_idle_rows_keep_their_state(cv) -> None:
+    r = Qwen3TTSRunner(cv[2], max_batch_size=4, max_len=128)
+    a = Sequence(seq_id=0, payload=_req(cv, "Hello world.", "ryan", 8), slot=0)
+    b = Sequence(seq_id=1, payload=_req(cv, "Good.", "vivian", 8, hot=True), slot=2)
+    r.step(Batch(prefill=(a, b)))
+    n = b.model_state.length
+    saved = {name: getattr(r, name)[2].clone() for name in ("hidden", "seen", "steps", "lengths")}
+    k_rows = r.kv.k[:, 2, :, :n].clone()
+    for _ in range(3):  # b is paused (held, not scheduled) while a decodes past it in slot order
+        r.step(Batch(decode=(a,)))
+    for name, value in saved.items():
+        assert torch.equal(getattr(r, name)[2], value), name
+    assert torch.equal(r.kv.k[:, 2, :, :n], k_rows)
+    assert int(r.lengths[0]) == a.model_state.length
+    r.release(a)
+    r.release(b)
+
+
+def test_padded_bucket_shapes_give_the_exact_shape_codes(cv) -> None:
+    reqs = [
+        _req(cv, "Hello world, this is a test.", "ryan", 9),
+        _req(cv, "Good.", "dylan", 7, hot=True, seed=3),
+        _req(cv, "The voice is warm.", "sohee", 8, hot=True, seed=4),
+    ]
+    exact = Qwen3TTSRunner(cv[2], max_batch_size=8, max_len=96)
+    padded = Qwen3TTSRunner(cv[2], max_batch_size=8, max_len=96)
+    padded.pad_eager = True
+    padded.length_buckets = (48, 96)
+    a = exact.generate_codes(reqs, join_steps=[0, 2, 1])
+    b = padded.generate_codes(reqs, join_steps=[0, 2, 1])
+    assert [x.shape[0] for x in a] == [9, 7, 8]
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x, y)
+    assert not exact.use_graphs and exact.graphs is None and exact.capture_graphs() == 0.0
+
+
+class EagerGraphs:
+    """Stands in for GraphSet on CPU: "capture" runs the step once, "replay" runs it again at the same key."""
+
+    def __init__(self, fn) -> None:
+        self.fn, self.graphs = fn, {}
+
+    def __contains__(self, key) -> bool:
+        return key in self.graphs
+
+    def __len__(self) -> int:
+        return len(self.graphs)
+
+    def capture(self, key) -> None:
+        self.fn(*key)
+        self.graphs[key] = True
+
+    def capture_all(self, keys, progress=None, desc="") -> float:
+        for key in keys:
+            self.capture(key)
+        return 0.0
+
+    def replay(self, key) -> bool:
+        if key not in self.graphs:
+            return False
+        self.fn(*key)
+        return True
+
+    def clear(self) -> None:
+        self.graphs.clear()
+
+
+def test_graph_replay_path_matches_eager_on_cpu(cv) -> None:
+    reqs = [
+        _req(cv, "Hello world, this is a test.", "ryan", 9),
+        _req(cv, "Good.", "dylan", 7, hot=True, seed=3),
+        _req(cv, "The voice is warm.", "sohee", 8, hot=True, seed=4),
+    ]
+    eager = Qwen3TTSRunner(cv[2], max_batch_size=4, max_len=96)
+    graphed = Qwen3TTSRunner(cv[2], max_batch_size=4, max_len=96)
+    graphed.graphs = EagerGraphs(graphed._graph_step)
+    graphed.length_buckets = (40, 96)
+    graphed.capture_graphs()
+    assert len(graphed.graphs) == 3 * 2
+    a = eager.generate_codes(reqs, join_steps=[0, 2, 1])
+    b = graphed.generate_codes(reqs, join_steps=[0, 2, 1])
+    assert graphed.graph_steps > 0 and graphed.eager_steps == 0
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x, y)
+
+
+@pytest.fixture(scope="module")
+def codec(tmp_path_factory):
+    from omni_stream.models.qwen3_tts.codec import load_speech_tokenizer
+    from omni_stream.models.qwen3_tts.codec_checkpoint import write_tiny_speech_tokenizer
+
+    path = tmp_path_factory.mktemp("codec")
+    write_tiny_speech_tokenizer(path, seed=0)
+    return load_speech_tokenizer(path, with_encoder=False).decoder
+
+
+@pytest.mark.parametrize("graph_path", [False, True])
+def test_codec_window_pool_streams_like_private_states(codec, graph_path) -> None:
+    from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
+    from omni_stream.models.qwen3_tts.codec_stream import CodecStreamState, decode_window
+    from omni_stream.models.qwen3_tts.stages import SlotWindow, decode_slot_windows
+
+    pool = CodecWindows(codec, capacity=4, graphs=False, windows=(2, 4))
+    if graph_path:
+        pool.graphs = EagerGraphs(pool._graph_step)
+        pool.capture_graphs()
+        assert len(pool.graphs) == 3 * 2
+    gen = torch.Generator().manual_seed(0)
+    codes = [torch.randint(0, 2048, (11, 16), generator=gen) for _ in range(3)]
+    slots = [pool.acquire() for _ in range(3)]
+    assert slots == [0, 1, 2]
+    got: list[list] = [[], [], []]
+    # Streams 0 and 2 decode together, stream 1 alone; windows 2, 4, then a 5-frame tail (eager in any case).
+    for lo, hi in ((0, 2), (2, 6), (6, 11)):
+        for group in ((0, 2), (1,)):
+            jobs = [SlotWindow(slots[i], codes[i][lo:hi], lo == 0) for i in group]
+            for i, audio in zip(group, decode_slot_windows(pool, jobs), strict=True):
+                got[i].append(audio)
+    for i in range(3):
+        state = CodecStreamState.zeros(codec, 1)
+        want = [decode_window(codec, codes[i][lo:hi].T[None], state)[0].numpy() for lo, hi in ((0, 2), (2, 6), (6, 11))]
+        for g, w in zip(got[i], want, strict=True):
+            assert g.shape == w.shape and float(abs(g - w).max()) < 1e-5
+    if graph_path:
+        assert pool.graph_jobs == 4 and pool.eager_jobs == 2
+    pool.release(slots[1])
+    assert pool.acquire() == slots[1]
+
+
+def test_newcomers_prefill_together_as_they_would_alone(cv) -> None:
+    reqs = [_req(cv, "Hello world, this is a longer prompt.", "ryan", 4), _req(cv, "Hi.", "vivian", 4)]
+    together = Qwen3TTSRunner(cv[2], max_batch_size=2, max_len=96)
+    seqs = [Sequence(seq_id=i, payload=r, slot=i) for i, r in enumerate(reqs)]
+    together._prefill([together._admit(s) for s in seqs])
+    lengths = [s.model_state.length for s in seqs]
+    assert lengths[0] > lengths[1]
+    for i, req in enumerate(reqs):
+        alone = Qwen3TTSRunner(cv[2], max_batch_size=2, max_len=96)
+        seq = Sequence(seq_id=0, payload=req, slot=i)
+        alone._prefill([alone._admit(seq)])
+        n = lengths[i]
+        torch.testing.assert_close(together.hidden[i], alone.hidden[i], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(together.kv.k[:, i, :, :n], alone.kv.k[:, i, :, :n], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(together.kv.v[:, i, :, :n], alone.kv.v[:, i, :, :n], rtol=1e-5, atol=1e-5)
