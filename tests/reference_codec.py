@@ -2,39 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.machinery
-import sys
-import types
 from pathlib import Path
 from typing import Any
 
 import pytest
+import reference_qwen
 import torch
-
-
-def _stub_unused_audio_deps() -> None:
-    # qwen_tts imports its 25 Hz tokenizer eagerly (torchaudio, sox, onnxruntime); the 12 Hz path never uses them.
-    # let transformers probe its optional deps before the stubs exist
-    import transformers.modeling_utils  # noqa: F401
-
-    for name in ("sox", "onnxruntime", "torchaudio", "torchaudio.compliance", "torchaudio.compliance.kaldi"):
-        if name in sys.modules:
-            continue
-        try:
-            __import__(name)
-        except Exception:
-            module = types.ModuleType(name)
-            module.__spec__ = importlib.machinery.ModuleSpec(name, None)
-            sys.modules[name] = module
-    sys.modules["torchaudio"].compliance = sys.modules["torchaudio.compliance"]  # type: ignore[attr-defined]
-    sys.modules["torchaudio.compliance"].kaldi = sys.modules["torchaudio.compliance.kaldi"]  # type: ignore[attr-defined]
 
 
 def import_qwen_tts() -> Any:
     """Import the reference package, or skip the calling test when it is not installed."""
     pytest.importorskip("librosa")
-    _stub_unused_audio_deps()
-    return pytest.importorskip("qwen_tts")
+    return reference_qwen.import_qwen_tts()
 
 
 def reference_speech_tokenizer(directory: Path, dtype: torch.dtype = torch.float32) -> Any:
