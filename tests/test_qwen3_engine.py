@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from omni_stream.engine import AsyncEngine
-from omni_stream.errors import InvalidRequestError, UnknownVoiceError, UnsupportedTaskError
+from omni_stream.errors import ConfigError, InvalidRequestError, UnknownVoiceError, UnsupportedTaskError
 from omni_stream.models.qwen3_tts import family as family_mod
 from omni_stream.models.qwen3_tts.checkpoint import write_tiny_checkpoint
 from omni_stream.models.qwen3_tts.prompt import prepare_request
@@ -154,6 +154,41 @@ async def test_base_cloning_streams_with_reference_context(base_dir):
             engine.speech(_greedy("needs a transcript", ref_audio=ref))
         assert err.value.param == "ref_text"
         await _idle(engine)
+
+
+async def test_only_the_last_chunk_is_final_on_and_off_window_boundaries(custom_voice_dir):
+    # Default ramp from 2 frames: windows 2, 4, 8, 16, 25: frame totals 2, 6 and 14 end on a boundary.
+    async with await AsyncEngine.from_pretrained(custom_voice_dir, progress=False) as engine:
+        for n, ignore_eos in [(2, True), (3, True), (6, True), (7, True), (14, True), (7, False), (15, False)]:
+            request = _greedy("Hello there, streaming world.", voice="ryan", max_new_tokens=n, ignore_eos=ignore_eos)
+            async with engine.speech(request) as stream:
+                chunks = [a async for a in stream]
+                frames = stream.usage.output_tokens
+            assert [c.final for c in chunks] == [False] * (len(chunks) - 1) + [True], (n, ignore_eos)
+            assert sum(c.n_samples for c in chunks) == frames * 1920
+            if ignore_eos:
+                assert frames == n
+        await _idle(engine)
+
+
+async def test_the_talker_stage_is_the_shared_one(custom_voice_dir):
+    from omni_stream.context import RequestContext
+    from omni_stream.stages import talker_stage
+
+    async with await AsyncEngine.from_pretrained(custom_voice_dir, progress=False) as engine:
+        talker, _ = engine.family.speech_stages(_greedy("hi", voice="ryan"), RequestContext())
+        assert talker.__code__ is talker_stage(engine.family.scheduler, None).__code__
+
+
+async def test_load_problems_raise_config_errors_naming_the_field(custom_voice_dir, base_dir, monkeypatch):
+    with pytest.raises(ConfigError, match="dtype"):
+        await AsyncEngine.from_pretrained(custom_voice_dir, progress=False, dtype="float8")
+    with pytest.raises(ConfigError, match="load_format"):
+        await AsyncEngine.from_pretrained(custom_voice_dir, progress=False, load_format="pickle")
+    real = family_mod.load_config
+    monkeypatch.setattr(family_mod, "load_config", lambda path: replace(real(path), speaker_encoder=None))
+    with pytest.raises(ConfigError, match="speaker_encoder_config"):
+        await AsyncEngine.from_pretrained(base_dir, progress=False, load_format="dummy")
 
 
 def test_embedded_default_checkpoint_is_built_once_and_says_it_speaks_noise(tmp_path, caplog):

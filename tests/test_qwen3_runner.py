@@ -148,3 +148,83 @@ def test_seed_reproduces_and_batching_keeps_per_row_streams(cv) -> None:
     hot_solo = r.generate_codes([hot])[0]
     mixed = r.generate_codes([_sampled(cv, 1), greedy, hot], join_steps=[0, 2, 1])
     assert torch.equal(mixed[0], a1) and torch.equal(mixed[1], g_solo) and torch.equal(mixed[2], hot_solo)
+
+
+def _drive(r: Qwen3TTSRunner, joins: dict[int, list[Sequence]], steps: int = 64) -> tuple[dict, dict]:
+    """Step ``r`` by hand: ``joins[k]`` are prefilled at step ``k``; returns (codes, errors) by seq_id."""
+    frames: dict[int, list[torch.Tensor]] = {}
+    errors: dict[int, BaseException] = {}
+    running: list[Sequence] = []
+    for k in range(steps):
+        newcomers = joins.get(k, [])
+        if not newcomers and not running:
+            if k > max(joins):
+                break
+            continue
+        outs = r.step(Batch(prefill=tuple(newcomers), decode=tuple(running)))
+        running = [*running, *newcomers]
+        for out in outs:
+            seq = next(s for s in running if s.seq_id == out.seq_id)
+            if out.item is not None:
+                frames.setdefault(out.seq_id, []).append(out.item.codes)
+            if out.error is not None:
+                errors[out.seq_id] = out.error
+            if out.finished:
+                r.release(seq)
+                running.remove(seq)
+    codes = {i: torch.cat(f) for i, f in frames.items()}
+    return codes, errors
+
+
+def test_a_failing_newcomer_ends_alone_and_running_rows_keep_their_codes(cv, monkeypatch) -> None:
+    from omni_stream.models.qwen3_tts import runner as runner_mod
+
+    running_req = make(cv, text="Hello world, this is a test.", voice="ryan", max_new_tokens=10)
+    good_req = make(cv, text="Good.", voice="dylan", max_new_tokens=6)
+    raises_req = make(cv, text="Hello.", voice="serena", max_new_tokens=6)
+    misshapen_req = make(cv, text="The voice is warm.", voice="sohee", max_new_tokens=6)
+    r = runner(cv, slots=4)
+    solo_running = r.generate_codes([running_req])[0]
+    solo_good = r.generate_codes([good_req])[0]
+    real_embed = runner_mod.embed_prompt
+
+    def embed(talker, cfg, prompt):
+        if prompt is raises_req.prompt:
+            raise RuntimeError("embedding failed")
+        prefill, trailing = real_embed(talker, cfg, prompt)
+        if prompt is misshapen_req.prompt:
+            # Admitted, but fails the batched prefill (and its own solo prefill) on its hidden width.
+            return prefill[:, :-1], trailing
+        return prefill, trailing
+
+    monkeypatch.setattr(runner_mod, "embed_prompt", embed)
+    seqs = [Sequence(seq_id=i, payload=q, slot=i) for i, q in enumerate([running_req, raises_req, misshapen_req])]
+    seqs.append(Sequence(seq_id=3, payload=good_req, slot=3))
+    codes, errors = _drive(r, {0: [seqs[0]], 3: seqs[1:]})
+    assert set(errors) == {1, 2}
+    assert isinstance(errors[1], RuntimeError) and "embedding failed" in str(errors[1])
+    assert not isinstance(errors[2], InvalidRequestError)
+    assert torch.equal(codes[0], solo_running)
+    assert torch.equal(codes[3], solo_good)
+    assert 1 not in codes and 2 not in codes
+    assert r.num_active == 0 and all(s.model_state is None for s in seqs)
+
+
+def test_a_failing_lone_newcomer_does_not_touch_the_running_row(cv, monkeypatch) -> None:
+    from omni_stream.models.qwen3_tts import runner as runner_mod
+
+    running_req = make(cv, text="Hello world, this is a test.", voice="ryan", max_new_tokens=8)
+    bad_req = make(cv, text="Hello.", voice="serena", max_new_tokens=6)
+    r = runner(cv, slots=2)
+    solo = r.generate_codes([running_req])[0]
+    real_embed = runner_mod.embed_prompt
+
+    def embed(talker, cfg, prompt):
+        prefill, trailing = real_embed(talker, cfg, prompt)
+        return (prefill[:, :-1], trailing) if prompt is bad_req.prompt else (prefill, trailing)
+
+    monkeypatch.setattr(runner_mod, "embed_prompt", embed)
+    ok, bad = Sequence(seq_id=0, payload=running_req, slot=0), Sequence(seq_id=1, payload=bad_req, slot=1)
+    codes, errors = _drive(r, {0: [ok], 2: [bad]})
+    assert set(errors) == {1} and torch.equal(codes[0], solo)
+    assert r.num_active == 0 and bad.model_state is None

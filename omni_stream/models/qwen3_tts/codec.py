@@ -9,7 +9,7 @@ windows (see ``codec_stream``). One code path serves both, so a streamed decode 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, cast
 
@@ -20,48 +20,11 @@ from torch import Tensor, nn
 from omni_stream.errors import ConfigError
 
 from .codec_config import CodecDecoderConfig, SpeechTokenizerConfig
+from .codec_quantizer import DerivedTensor, SplitResidualVQ
+from .codec_transformer import POSITION_KEY, CodecTransformer, State, StatefulBlock
 
 if TYPE_CHECKING:
     from .codec_encoder import MimiEncoder
-
-State = dict[str, Tensor]
-POSITION_KEY = "position"  # [B] long: frames consumed so far by each row
-
-
-class DerivedTensor:
-    """A tensor computed from parameters, recomputed only when they change (in place, dtype or device).
-
-    Elementwise functions of the weights give the same bits whether computed per call or once, so caching
-    them keeps bf16 parity with the reference while removing kernels from every decode step.
-    """
-
-    __slots__ = ("key", "value")
-
-    def __init__(self) -> None:
-        self.key: tuple[object, ...] | None = None
-        self.value: Tensor | None = None
-
-    def get(self, fn: Callable[..., Tensor], *params: Tensor) -> Tensor:
-        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
-            return fn(*params)  # keep the autograd graph to the parameters
-        key = tuple((p.data_ptr(), 0 if p.is_inference() else p._version, p.dtype, p.device) for p in params)
-        # an inference-mode result cannot feed autograd-recording ops, so it is rebuilt outside inference mode
-        stale = self.value is None or (self.value.is_inference() and not torch.is_inference_mode_enabled())
-        if stale or key != self.key:
-            with torch.no_grad():
-                self.value = fn(*params)
-            self.key = key
-        return cast(Tensor, self.value)
-
-
-class StatefulBlock(nn.Module):
-    """A block that keeps per-request history between streaming windows under ``state[state_key]``."""
-
-    state_key: str = ""
-
-    def state_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Per-row state tensor shapes (without the batch dim)."""
-        raise NotImplementedError
 
 
 class CausalConv1d(StatefulBlock):
@@ -171,198 +134,6 @@ class DecoderBlock(nn.Module):
         for unit in self.block:
             x = unit(x, state)
         return x
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        # normalize in fp32, round to the activation dtype, then scale (QWEN3_TTS.md pitfall 10)
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
-
-
-class LayerScale(nn.Module):
-    def __init__(self, dim: int, init: float):
-        super().__init__()
-        self.scale = nn.Parameter(torch.full((dim,), init))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.scale * x
-
-
-def rotate_half(x: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """cos/sin ``[B, 1, n, head_dim]`` for integer positions ``[B, n]``, built in fp32 then cast."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim))
-    freqs = positions.float()[..., None] * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)[:, None]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def window_mask(q_pos: Tensor, k_pos: Tensor, window: int) -> Tensor:
-    """Bool ``[B, 1, n, m]``: key visible iff ``0 <= k_pos <= q_pos`` and within the last ``window`` positions."""
-    q = q_pos[:, None, :, None]
-    k = k_pos[:, None, None, :]
-    return (k >= 0) & (k <= q) & (k > q - window)
-
-
-class CodecAttention(StatefulBlock):
-    """MHA/GQA with RoPE, no q/k norm; attention width heads*head_dim may differ from hidden."""
-
-    def __init__(self, cfg: CodecDecoderConfig):
-        super().__init__()
-        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.window = cfg.sliding_window
-        bias = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, self.heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=bias)
-
-    def state_shapes(self) -> dict[str, tuple[int, ...]]:
-        kv = (self.kv_heads, self.window - 1, self.head_dim)
-        return {self.state_key + ".k": kv, self.state_key + ".v": kv}
-
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, state: State | None) -> Tensor:
-        b, n, _ = x.shape
-        q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        if state is not None:
-            # keys are cached after RoPE; only the last window-1 can ever be seen again
-            k = torch.cat([state[self.state_key + ".k"], k], dim=2)
-            v = torch.cat([state[self.state_key + ".v"], v], dim=2)
-            state[self.state_key + ".k"] = k[:, :, -(self.window - 1) :]
-            state[self.state_key + ".v"] = v[:, :, -(self.window - 1) :]
-        if self.kv_heads != self.heads:
-            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
-            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim**-0.5)
-        return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
-
-
-class CodecMLP(nn.Module):
-    def __init__(self, hidden: int, inter: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, inter, bias=False)
-        self.up_proj = nn.Linear(hidden, inter, bias=False)
-        self.down_proj = nn.Linear(inter, hidden, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class CodecTransformerLayer(nn.Module):
-    def __init__(self, cfg: CodecDecoderConfig):
-        super().__init__()
-        self.self_attn = CodecAttention(cfg)
-        self.mlp = CodecMLP(cfg.hidden_size, cfg.intermediate_size)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
-        self.mlp_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
-
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, state: State | None) -> Tensor:
-        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, mask, state))
-        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
-
-
-class CodecTransformer(nn.Module):
-    """latent -> hidden, sliding-window causal layers, RMSNorm, hidden -> latent; input/output ``[B, n, latent]``."""
-
-    def __init__(self, cfg: CodecDecoderConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.input_proj = nn.Linear(cfg.latent_dim, cfg.hidden_size)
-        self.layers = nn.ModuleList(CodecTransformerLayer(cfg) for _ in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
-
-    def forward(self, x: Tensor, state: State | None) -> Tensor:
-        n = x.shape[1]
-        steps = torch.arange(n, device=x.device)
-        if state is None:
-            q_pos = steps[None]
-            k_pos = q_pos
-        else:
-            start = state[POSITION_KEY]
-            q_pos = start[:, None] + steps
-            k_pos = start[:, None] + torch.arange(-(self.cfg.sliding_window - 1), n, device=x.device)
-        h = self.input_proj(x)
-        cos, sin = rope_cos_sin(q_pos, self.cfg.head_dim, self.cfg.rope_theta, h.dtype)
-        mask = window_mask(q_pos, k_pos, self.cfg.sliding_window)
-        for layer in self.layers:
-            h = layer(h, cos, sin, mask, state)
-        return self.output_proj(self.norm(h))
-
-
-class Codebook(nn.Module):
-    def __init__(self, size: int, dim: int):
-        super().__init__()
-        self.cluster_usage = nn.Parameter(torch.ones(size))
-        self.embedding_sum = nn.Parameter(torch.zeros(size, dim))
-        self._derived = DerivedTensor()
-
-    @staticmethod
-    def _fold(embedding_sum: Tensor, cluster_usage: Tensor) -> Tensor:
-        # in the weight dtype, as the reference computes it at run time (QWEN3_TTS.md pitfall 11)
-        return embedding_sum / cluster_usage.clamp(min=1e-5)[:, None]
-
-    def table(self) -> Tensor:
-        return self._derived.get(self._fold, self.embedding_sum, self.cluster_usage)
-
-
-class _VQ(nn.Module):
-    def __init__(self, size: int, dim: int):
-        super().__init__()
-        self._codebook = Codebook(size, dim)
-
-
-class _VQLayers(nn.Module):
-    def __init__(self, n: int, size: int, dim: int):
-        super().__init__()
-        self.layers = nn.ModuleList(_VQ(size, dim) for _ in range(n))
-
-
-class ResidualVQ(nn.Module):
-    """Sum of codebook rows, then a 1x1 conv up to ``codebook_dim``. ``input_proj`` is kept for strict loading."""
-
-    def __init__(self, n: int, size: int, dim: int, io_dim: int):
-        super().__init__()
-        self.input_proj = nn.Conv1d(io_dim, dim, 1, bias=False)
-        self.output_proj = nn.Conv1d(dim, io_dim, 1, bias=False)
-        self.vq = _VQLayers(n, size, dim)
-
-    def decode(self, codes: Tensor) -> Tensor:
-        """``codes [B, n, T]`` -> ``[B, io_dim, T]``."""
-        out: Tensor | None = None
-        for i, layer in enumerate(self.vq.layers):
-            row = F.embedding(codes[:, i], cast(_VQ, layer)._codebook.table())
-            out = row if out is None else out + row
-        assert out is not None
-        return self.output_proj(out.transpose(1, 2))
-
-
-class SplitResidualVQ(nn.Module):
-    def __init__(self, cfg: CodecDecoderConfig):
-        super().__init__()
-        dim = cfg.codebook_dim // 2
-        self.rvq_first = ResidualVQ(1, cfg.codebook_size, dim, cfg.codebook_dim)
-        self.rvq_rest = ResidualVQ(cfg.num_quantizers - 1, cfg.codebook_size, dim, cfg.codebook_dim)
-
-    def decode(self, codes: Tensor) -> Tensor:
-        return self.rvq_first.decode(codes[:, :1]) + self.rvq_rest.decode(codes[:, 1:])
 
 
 class CodecDecoder(nn.Module):

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .codec import rope_cos_sin, rotate_half, window_mask
 from .codec_config import MimiEncoderConfig
+from .codec_transformer import rope_cos_sin, rotate_half, window_mask
 
 
 def extra_right_padding(length: int, kernel: int, stride: int, padding_total: int) -> int:

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .codec import POSITION_KEY, CodecDecoder
+from .codec import CodecDecoder
 from .codec_config import CodecDecoderConfig
+from .codec_transformer import POSITION_KEY
 
 # ---------------------------------------------------------------- window arithmetic (pure)
 

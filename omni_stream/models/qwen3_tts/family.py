@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import numpy as np
@@ -26,7 +26,13 @@ import torch
 
 from omni_stream.context import RequestContext
 from omni_stream.engine import EngineInfo, LoadContext
-from omni_stream.errors import AudioDecodeError, InvalidRequestError, UnknownVoiceError, UnsupportedTaskError
+from omni_stream.errors import (
+    AudioDecodeError,
+    ConfigError,
+    InvalidRequestError,
+    UnknownVoiceError,
+    UnsupportedTaskError,
+)
 from omni_stream.models.qwen3_tts.checkpoint import load_lm, write_tiny_checkpoint
 from omni_stream.models.qwen3_tts.codec import load_speech_tokenizer
 from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
@@ -34,11 +40,12 @@ from omni_stream.models.qwen3_tts.config import GenerationDefaults, load_config,
 from omni_stream.models.qwen3_tts.prompt import TASK_OF_MODEL, TalkerRequest, prepare_request, resolve_task
 from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
 from omni_stream.models.qwen3_tts.speaker_encoder import load_speaker_encoder
-from omni_stream.models.qwen3_tts.stages import REF_CODES_KEY, codec_stage, talker_stage
+from omni_stream.models.qwen3_tts.stages import REF_CODES_KEY, codec_stage
 from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
 from omni_stream.pipeline import Stage
 from omni_stream.requests import SamplingParams, SpeechRequest, TaskType, VoicePrompt
 from omni_stream.scheduler import Scheduler
+from omni_stream.stages import talker_stage
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +70,7 @@ _DTYPES = {
 
 
 def parse_dtype(dtype: Any, device: str) -> torch.dtype:
-    """``None`` -> float32 on CPU, bfloat16 on GPU; strings as in ``--dtype``."""
+    """``None`` -> float32 on CPU, bfloat16 on GPU; strings as in ``--dtype`` (others raise ConfigError)."""
     if dtype is None:
         return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
     if isinstance(dtype, torch.dtype):
@@ -71,7 +78,7 @@ def parse_dtype(dtype: Any, device: str) -> torch.dtype:
     try:
         return _DTYPES[str(dtype).lower()]
     except KeyError:
-        raise InvalidRequestError(f"unknown dtype {dtype!r} (one of: {', '.join(sorted(_DTYPES))})", "dtype") from None
+        raise ConfigError(f"dtype: unknown dtype {dtype!r} (one of: {', '.join(sorted(_DTYPES))})") from None
 
 
 def _sampling(defaults: GenerationDefaults) -> tuple[SamplingParams, SamplingParams]:
@@ -100,7 +107,9 @@ class Qwen3TTSFamily:
         self.worker = load.worker
         device = opts.device
         dtype = parse_dtype(opts.dtype, device)
-        load_format = "dummy" if opts.load_format == "dummy" else "auto"
+        if opts.load_format not in ("auto", "safetensors", "dummy"):
+            raise ConfigError(f"load_format: must be auto, safetensors or dummy, got {opts.load_format!r}")
+        load_format: Literal["auto", "dummy"] = "dummy" if opts.load_format == "dummy" else "auto"
         self.embedded = (ckpt / EMBEDDED_MARKER).exists()
         steps = 5
         with opts.progress_bar(total=steps, desc=f"loading {ckpt.name}", unit="part") as bar:
@@ -118,7 +127,7 @@ class Qwen3TTSFamily:
             self.speaker_encoder = None
             if self.task is TaskType.BASE:
                 if cfg.speaker_encoder is None:
-                    raise InvalidRequestError("Base checkpoint has no speaker_encoder_config", "speaker_encoder_config")
+                    raise ConfigError("config field speaker_encoder_config: is required for base checkpoints")
                 self.speaker_encoder = load_speaker_encoder(
                     ckpt, cfg.speaker_encoder, device, dtype, load_format
                 ).eval()

@@ -189,16 +189,15 @@ class Qwen3TTSRunner:
         outputs: dict[int, SeqOutput] = {}
         rows: list[Sequence] = []
         admitted: list[tuple[int, torch.Tensor]] = []
+        newcomers: list[Sequence] = []
         for seq in batch.prefill:
             try:
                 admitted.append(self._admit(seq))
-            except InvalidRequestError as exc:
-                self.release(seq)
-                outputs[seq.seq_id] = SeqOutput(seq.seq_id, finished=True, error=exc)
+            except Exception as exc:  # one newcomer's failure must not end the running rows
+                self._reject(seq, exc, outputs)
                 continue
-            rows.append(seq)
-        if admitted:
-            self._prefill(admitted)
+            newcomers.append(seq)
+        rows.extend(self._prefill_all(newcomers, admitted, outputs))
         rows.extend(batch.decode)
         active: list[Sequence] = []
         for seq in rows:
@@ -271,6 +270,40 @@ class Qwen3TTSRunner:
         self._states[slot] = st
         seq.model_state = st
         return slot, prefill
+
+    def _reject(self, seq: Sequence, exc: Exception, outputs: dict[int, SeqOutput]) -> None:
+        """End a newcomer with ``exc`` and free its slot state; other rows are untouched."""
+        if not isinstance(exc, InvalidRequestError):
+            log.error("prefill of sequence %s failed", seq.seq_id, exc_info=exc)
+        self.release(seq)
+        outputs[seq.seq_id] = SeqOutput(seq.seq_id, finished=True, error=exc)
+
+    def _prefill_all(
+        self, seqs: list[Sequence], admitted: list[tuple[int, torch.Tensor]], outputs: dict[int, SeqOutput]
+    ) -> list[Sequence]:
+        """Prefill the admitted newcomers together; returns those that joined the step.
+
+        A failing batched prefill falls back to one prefill per newcomer, so only the failing ones end
+        (the K/V it wrote lies in the newcomers' own slots and is overwritten by each solo prefill).
+        """
+        if not admitted:
+            return []
+        try:
+            self._prefill(admitted)
+            return seqs
+        except Exception as exc:
+            if len(admitted) == 1:
+                self._reject(seqs[0], exc, outputs)
+                return []
+        joined = []
+        for seq, item in zip(seqs, admitted, strict=True):
+            try:
+                self._prefill([item])
+            except Exception as exc:
+                self._reject(seq, exc, outputs)
+                continue
+            joined.append(seq)
+        return joined
 
     def _prefill(self, admitted: list[tuple[int, torch.Tensor]]) -> None:
         """One talker forward for every newcomer of the step (prompts right-padded to the longest)."""

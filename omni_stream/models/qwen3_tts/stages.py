@@ -1,4 +1,4 @@
-"""Qwen3-TTS pipeline stages: talker (batched frames from the scheduler) and codec (streamed audio windows).
+"""The Qwen3-TTS codec stage (streamed audio windows); the talker runs the shared ``omni_stream.stages.talker_stage``.
 
 The codec stage decodes windows of new frames with each request's full decoder state (conv histories,
 transposed-conv overlap, sliding-window K/V), so the streamed waveform equals the whole-utterance decode
@@ -11,9 +11,8 @@ per window bucket on GPU) a request holds one state row for its lifetime instead
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -24,7 +23,6 @@ from omni_stream.models.qwen3_tts.codec import CodecDecoder
 from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
 from omni_stream.models.qwen3_tts.codec_stream import CodecStreamState, decode_windows, prime, ramp_window
 from omni_stream.pipeline import Stage
-from omni_stream.scheduler import Scheduler
 from omni_stream.worker import DeviceWorker
 
 # meta key through which the talker stage hands ICL reference codes ([T, 16] int64) to the codec stage
@@ -69,24 +67,6 @@ def decode_codec_windows(decoder: CodecDecoder, windows: list[CodecWindow]) -> l
     codes = [w.codes.T.unsqueeze(0).to(device) for w in windows]
     audio = decode_windows(decoder, codes, [w.state for w in windows])
     return [a[0].cpu().numpy().astype(np.float32, copy=False) for a in audio]
-
-
-def talker_stage(scheduler: Scheduler, prepare: Callable[[RequestContext], Any], name: str = "talker") -> Stage:
-    """Admit the request to the talker scheduler and yield its :class:`CodecFrames` as steps produce them.
-
-    ``prepare(ctx)`` is awaited first and returns the scheduler payload (prompt building runs off the loop).
-    """
-
-    async def talker(ctx: RequestContext, upstream: AsyncIterator[Any]) -> AsyncIterator[CodecFrames]:
-        payload = await prepare(ctx)
-        async with scheduler.session(payload, ctx) as frames:
-            async for item in frames:
-                ctx.output_tokens += item.n_frames
-                ctx.timings.steps += 1
-                yield item
-
-    talker.__name__ = name
-    return talker
 
 
 def codec_stage(
@@ -155,19 +135,37 @@ def codec_stage(
             want = ramp_window(index, initial_frames, steady_frames)
             return audio
 
+        # The last chunk carries final=True. A window that ends exactly on the frames received so far may be
+        # the last: unless the talker marked its frame final it is decoded at once but handed on only when the
+        # next frame (or the end of the stream) says which it is. The first window goes out at once (time to
+        # first audio); should nothing follow it, an empty final chunk marks the end.
+        pending: Audio | None = None
+        ended = False
         async for frames in upstream:
             if frames.start_frame == 0 and ctx.meta.get(REF_CODES_KEY) is not None:
                 # The talker stage set the reference codes before its first frame; they prime the decoder.
                 context = torch.as_tensor(ctx.meta[REF_CODES_KEY], dtype=torch.long)
             held.append(frames.codes)
             n_held += frames.n_frames
+            if pending is not None:
+                yield pending
+                pending = None
             while n_held >= want:
-                yield await flush(want, final=False)
-        if n_held:
+                more = n_held > want
+                last = not more and frames.final
+                audio = await flush(want, final=last)
+                if more or last or index == 1:
+                    ended = last
+                    yield audio
+                else:
+                    pending = audio
+        if pending is not None:  # nothing came after it (a later frame would have sent it on)
+            yield replace(pending, final=True)
+        elif n_held:
             yield await flush(n_held, final=True)
-        elif index == 0:
-            # Nothing was generated (EOS straight away): end with an empty final chunk so consumers see the end.
-            yield Audio(np.zeros(0, np.float32), sample_rate, 0, True)
+        elif not ended:
+            # Nothing (more) was generated, e.g. EOS right after a window: an empty final chunk marks the end.
+            yield Audio(np.zeros(0, np.float32), sample_rate, start * samples_per_frame, True)
 
     codec.__name__ = "codec"
     return codec
