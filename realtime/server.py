@@ -30,10 +30,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
     parser.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: the model's choice)")
     parser.add_argument(
+        "--load-format",
+        choices=("auto", "dummy"),
+        default="auto",
+        help="auto: read the checkpoint's weights; dummy: random weights at the config's sizes, for "
+        "benchmarks (default: %(default)s)",
+    )
+    parser.add_argument(
         "--max-concurrency", type=int, default=32, help="requests batched together (default: %(default)s)"
     )
     parser.add_argument("--allowed-local-media-path", type=Path, default=None, help="ref_audio file:// root")
     parser.add_argument("--allow-remote-media", action="store_true", help="let ref_audio fetch http(s) URLs")
+    parser.add_argument(
+        "--enable-benchmark-fields",
+        action="store_true",
+        help="accept benchmark-only speech fields (ignore_eos: always generate max_new_tokens frames); "
+        "without it they are a 400. Never on production servers",
+    )
     parser.add_argument("--log-level", default="info", help="uvicorn log level (default: %(default)s)")
 
 
@@ -80,6 +93,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         voices_dir=args.voices_dir or default_voices_dir(),
         allowed_local_media_path=args.allowed_local_media_path,
         allow_remote_media=args.allow_remote_media,
+        enable_benchmark_fields=args.enable_benchmark_fields,
     )
 
 
@@ -101,11 +115,20 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if model is None:
         print("omni-stream serve: no --model given: serving the embedded tiny checkpoint (random weights)")
+    if args.load_format == "dummy":
+        print("omni-stream serve: --load-format dummy: random weights, the audio is noise (benchmarks only)")
+    if settings.enable_benchmark_fields:
+        print("omni-stream serve: benchmark fields enabled (ignore_eos): not for production", flush=True)
 
     async def load() -> Any:
         print(f"omni-stream serve: loading {model or 'embedded tiny checkpoint'} on {args.device} ...", flush=True)
         engine = await AsyncEngine.from_pretrained(
-            model, device=args.device, dtype=dtype, max_batch_size=args.max_concurrency, progress=True
+            model,
+            device=args.device,
+            dtype=dtype,
+            load_format=args.load_format,
+            max_batch_size=args.max_concurrency,
+            progress=True,
         )
         info = engine.info
         print(

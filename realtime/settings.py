@@ -44,6 +44,8 @@ class Settings:
     # WebSocket timeouts
     ws_config_timeout: float = 10.0
     ws_idle_timeout: float = 30.0
+    # Benchmark-only request fields (``ignore_eos``): off on production servers, where they are a 400
+    enable_benchmark_fields: bool = False
 
     @property
     def max_speech_body_bytes(self) -> int:

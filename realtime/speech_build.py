@@ -185,4 +185,6 @@ async def build_request(state: ServerState, opts: SpeechOptions, text: str) -> S
         fields["seed"] = opts.seed
     if opts.initial_codec_chunk_frames is not None:
         fields["initial_codec_chunk_frames"] = opts.initial_codec_chunk_frames
+    if opts.ignore_eos:
+        fields["ignore_eos"] = True
     return SpeechRequest(**fields)

@@ -48,6 +48,8 @@ class SpeechOptions:
     seed: int | None = None
     initial_codec_chunk_frames: int | None = None
     sample_rate: int | None = None
+    # Benchmarks only (Settings.enable_benchmark_fields): generate exactly max_new_tokens frames
+    ignore_eos: bool = False
     # WebSocket only
     stream_audio: bool = False
     split_granularity: Granularity = Granularity.NONE
@@ -193,13 +195,26 @@ def parse_options(body: Any, settings: Settings, *, websocket: bool = False) -> 
         seed=_int(body, "seed", 0, 2**63 - 1),
         initial_codec_chunk_frames=frames or None,
         sample_rate=_int(body, "sample_rate", 8000, 192000),
+        ignore_eos=_benchmark_bool(body, "ignore_eos", settings),
         stream_audio=_bool(body, "stream_audio") if websocket else False,
         split_granularity=Granularity(
             _enum(body, "split_granularity", tuple(g.value for g in Granularity), "none") if websocket else "none"
         ),
     )
     _check_streaming(opts, websocket)
+    if opts.ignore_eos and opts.max_new_tokens is None:
+        message = "'ignore_eos' requires 'max_new_tokens' (the exact number of frames to generate)"
+        raise bad_request(message, "ignore_eos")
     return opts
+
+
+def _benchmark_bool(body: dict[str, Any], key: str, settings: Settings) -> bool:
+    # Present at all, even false or null, is refused: production servers must not look like they accept it.
+    if key in body and not settings.enable_benchmark_fields:
+        raise bad_request(
+            f"'{key}' is a benchmark-only field; this server does not accept it (see --enable-benchmark-fields)", key
+        )
+    return _bool(body, key)
 
 
 def _check_streaming(opts: SpeechOptions, websocket: bool) -> None:
