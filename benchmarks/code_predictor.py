@@ -15,12 +15,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from provenance import git_commit
 
 from omni_stream.models.qwen3_tts.checkpoint import load_lm, write_dummy_checkpoint
 from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
@@ -35,17 +35,6 @@ CONFIGS = {
     "1.7b": ROOT / "configs" / "qwen3-tts-12hz-1.7b-customvoice",
 }
 SUB = SamplingParams(do_sample=True, temperature=0.9, top_k=50)
-
-
-def git_commit() -> str:
-    if os.environ.get("GIT_COMMIT"):
-        return os.environ["GIT_COMMIT"]
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
-        return head.stdout.strip() + ("+uncommitted" if dirty.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def cuda_ms(fn: Callable[[], object], reps: int, warmup: int = 3) -> float:

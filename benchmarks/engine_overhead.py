@@ -30,7 +30,6 @@ import json
 import os
 import platform
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ from pathlib import Path
 
 import anyio
 import torch
+from provenance import git_commit
 
 from omni_stream.engine import AsyncEngine
 from omni_stream.metrics import percentile
@@ -45,15 +45,6 @@ from omni_stream.models.synthetic import write_checkpoint
 
 ROOT = Path(__file__).resolve().parent
 SPF = 1920
-
-
-def git_commit() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
-        return head.stdout.strip() + ("+uncommitted" if dirty.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def peak_rss_mib() -> float:

@@ -61,6 +61,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from provenance import git_commit
 
 from omni_stream.metrics import percentile, underrun_of
 
@@ -82,17 +83,6 @@ TEXT = "The quick brown fox jumps over the lazy dog while the evening sun sets s
 FRAME_S = 0.08
 CONTINUITY_S = 0.1
 WARMUP_FRAMES = 12
-
-
-def git_commit() -> str:
-    if os.environ.get("GIT_COMMIT"):
-        return os.environ["GIT_COMMIT"]
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
-        return head.stdout.strip() + ("+uncommitted" if dirty.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def out_dir() -> Path:
