@@ -404,7 +404,9 @@ def server_process(ckpt: Path, args: argparse.Namespace, port: int, voices: Path
            "--voices-dir", str(voices), "--log-level", "warning"]  # fmt: skip
     env = {**os.environ, "OMNI_STREAM_API_KEY": "", "PYTHONUNBUFFERED": "1"}
     print("$ " + " ".join(cmd), flush=True)
-    proc = subprocess.Popen(cmd, env=env)
+    # Start outside the repository: `python -m` puts the working directory first on sys.path, and the source tree's
+    # omni_stream/ (without realtime/ and codecs/ mapped into it) would shadow an installed wheel.
+    proc = subprocess.Popen(cmd, env=env, cwd=voices.parent)
     try:
         yield proc
     finally:
