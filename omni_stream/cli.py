@@ -23,31 +23,21 @@ _COMMANDS = {
 }
 
 
-def _load(module: str):
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name and module.startswith(exc.name):
-            return None
-        raise
-
-
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="omni-stream", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    modules = {}
-    for name, (module, help_text) in _COMMANDS.items():
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    module = None
+    for name, (module_name, help_text) in _COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        mod = _load(module)
-        if mod is not None:
-            mod.add_arguments(p)
-        modules[name] = mod
+        if name == chosen:
+            # Only the chosen subcommand is imported: `--help` stays fast, and a broken install fails loudly here.
+            module = importlib.import_module(module_name)
+            module.add_arguments(p)
     args = parser.parse_args(argv)
-    mod = modules[args.command]
-    if mod is None:
-        print(f"omni-stream {args.command}: not available in this installation", file=sys.stderr)
-        return 2
-    return int(mod.run(args) or 0)
+    assert module is not None  # parse_args exits on an unknown command
+    return int(module.run(args) or 0)
 
 
 if __name__ == "__main__":
