@@ -13,8 +13,9 @@ loop as ``loader(LoadContext) -> family``, and the family object provides:
 
 - ``info: EngineInfo``: what the checkpoint offers (tasks, voices, languages, sample rate).
 - ``speech_stages(request, ctx) -> Sequence[Stage]``: validate ``request`` (raise InvalidRequestError and
-  its subclasses right away, before anything streams), set ``ctx.input_tokens``, and return the stages of
-  one request; the last stage yields :class:`~omni_stream.chunks.Audio` and counts ``ctx.output_tokens``.
+  its subclasses right away, before anything streams) and return the stages of one request; the stages set
+  ``ctx.input_tokens`` before the first chunk (tokenization runs off the loop there); the last stage yields
+  :class:`~omni_stream.chunks.Audio` and counts ``ctx.output_tokens``.
 - ``async create_voice_prompt(audio, sample_rate, ref_text=None) -> VoicePrompt`` (Base checkpoints;
   others raise UnsupportedTaskError).
 - ``count_text_tokens(text) -> int``.
