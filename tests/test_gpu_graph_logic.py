@@ -194,6 +194,23 @@ def test_codec_window_pool_streams_like_private_states(codec, graph_path) -> Non
     assert pool.acquire() == slots[1]
 
 
+def test_codec_jobs_larger_than_the_largest_graph_batch_replay_in_pieces(codec) -> None:
+    from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
+    from omni_stream.models.qwen3_tts.codec_stream import CodecStreamState, decode_window
+
+    pool = CodecWindows(codec, capacity=8, graphs=False, windows=(2,), max_batch=2)
+    pool.graphs = EagerGraphs(pool._graph_step)
+    pool.capture_graphs()
+    gen = torch.Generator().manual_seed(1)
+    codes = [torch.randint(0, 2048, (2, 16), generator=gen) for _ in range(5)]
+    slots = [pool.acquire() for _ in range(5)]
+    got = pool.decode(slots, codes, [True] * 5)
+    assert pool.graph_jobs == 3 and pool.eager_jobs == 0  # 5 windows, graph batches of at most 2
+    for c, g in zip(codes, got, strict=True):
+        want = decode_window(codec, c.T[None], CodecStreamState.zeros(codec, 1))[0].numpy()
+        assert g.shape == want.shape and float(abs(g - want).max()) < 1e-5
+
+
 def test_newcomers_prefill_together_as_they_would_alone(cv) -> None:
     reqs = [_req(cv, "Hello world, this is a longer prompt.", "ryan", 4), _req(cv, "Hi.", "vivian", 4)]
     together = Qwen3TTSRunner(cv[2], max_batch_size=2, max_len=96)
