@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .codec_config import MimiEncoderConfig
-from .codec_transformer import rope_cos_sin, rotate_half, window_mask
+from .codec_transformer import grouped_attention, rope_cos_sin, rotate_half, window_mask
 
 
 def extra_right_padding(length: int, kernel: int, stride: int, padding_total: int) -> int:
@@ -121,11 +121,7 @@ class MimiAttention(nn.Module):
         v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        if self.kv_heads != self.heads:
-            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
-            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim**-0.5)
-        return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+        return self.o_proj(grouped_attention(q, k, v, mask))
 
 
 class MimiMLP(nn.Module):

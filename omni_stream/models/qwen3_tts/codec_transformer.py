@@ -68,6 +68,17 @@ def window_mask(q_pos: Tensor, k_pos: Tensor, window: int) -> Tensor:
     return (k >= 0) & (k <= q) & (k > q - window)
 
 
+def grouped_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """``q [B, H, N, D]`` over ``k, v [B, KV, M, D]`` (KV divides H) -> ``[B, N, H * D]``."""
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if kv_heads != heads:
+        k = k.repeat_interleave(heads // kv_heads, dim=1)
+        v = v.repeat_interleave(heads // kv_heads, dim=1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=q.shape[-1] ** -0.5)
+    b, _, n, _ = q.shape
+    return out.transpose(1, 2).reshape(b, n, -1)
+
+
 class CodecAttention(StatefulBlock):
     """MHA/GQA with RoPE, no q/k norm; attention width heads*head_dim may differ from hidden."""
 
@@ -98,11 +109,7 @@ class CodecAttention(StatefulBlock):
             v = torch.cat([state[self.state_key + ".v"], v], dim=2)
             state[self.state_key + ".k"] = k[:, :, -(self.window - 1) :]
             state[self.state_key + ".v"] = v[:, :, -(self.window - 1) :]
-        if self.kv_heads != self.heads:
-            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
-            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim**-0.5)
-        return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+        return self.o_proj(grouped_attention(q, k, v, mask))
 
 
 class CodecMLP(nn.Module):
