@@ -162,3 +162,60 @@ def test_dummy_checkpoint_serves_speech_end_to_end_on_cuda(tmp_path) -> None:
 
     samples, frames = anyio.run(main)
     assert frames == 5 and samples == 5 * 1920
+
+
+# -- fused decoder layers (Triton) ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_kernels_equal_torch_versions_on_cuda(dtype) -> None:
+    from omni_stream.models.qwen3_tts import fused
+    from omni_stream.runtime import triton_kernels as tk
+
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def r(*s):
+        return torch.randn(*s, generator=g, device="cuda").to(dtype)
+
+    for rows, h in ((1, 2048), (96, 1024)):
+        x, d, w = r(rows, 1, h), r(rows, 1, h), r(h)
+        for delta in (None, d):
+            for a, b in zip(tk.add_rms_norm(x, delta, w, 1e-6), fused.add_rms_norm(x, delta, w, 1e-6), strict=True):
+                torch.testing.assert_close(a, b, **tol)
+    for b, t, hq, hkv in ((1, 1, 16, 8), (64, 1, 16, 8), (2, 37, 16, 8), (8, 2, 16, 8)):
+        qkv, nw = r(b, t, (hq + 2 * hkv) * 128), r(2, 128)
+        ang = torch.rand(1, t, 64, generator=g, device="cuda") * 100
+        emb = torch.cat((ang, ang), -1)
+        cos, sin = emb.cos().to(dtype).expand(b, -1, -1), emb.sin().to(dtype).expand(b, -1, -1)
+        got = tk.qk_norm_rope(qkv, nw, cos, sin, 1e-6, hq, hkv)
+        want = fused.qk_norm_rope(qkv, nw, cos, sin, 1e-6, hq, hkv)
+        for a, c in zip(got, want, strict=True):
+            torch.testing.assert_close(a, c, **tol)
+    gu = r(64, 1, 2 * 6144)
+    torch.testing.assert_close(tk.silu_mul(gu), fused.silu_mul(gu), **tol)
+
+
+def test_fused_talker_matches_module_talker_on_cuda(tmp_path) -> None:
+    """fp32 weights at real size: the fused layers compute the module layers' function."""
+    from omni_stream.models.qwen3_tts.fused import triton_kernels
+    from omni_stream.runtime.kv_cache import attention
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    _, _, lm = _from_config(tmp_path, "qwen3-tts-12hz-1.7b-customvoice", torch.float32)
+    talker = lm.talker
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(2, 40, lm.config.talker.decoder.hidden_size, generator=g, device="cuda")
+    pos = torch.arange(40, device="cuda")[None].expand(2, -1)
+    causal = torch.ones(40, 40, dtype=torch.bool, device="cuda").tril()
+
+    def attend(_layer, q, k, v):
+        return attention(q, k, v, causal)
+
+    with torch.no_grad():
+        talker.use_kernels(None)
+        want = talker(x, pos, attend)
+        talker.use_kernels(triton_kernels())
+        got = talker(x, pos, attend)
+    err = (got - want).norm() / want.norm()
+    assert err < 1e-4, float(err)

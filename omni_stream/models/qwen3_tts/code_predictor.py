@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omni_stream.models.qwen3_tts.config import NUM_CODE_GROUPS, Qwen3TTSConfig
+from omni_stream.models.qwen3_tts.fused import DecodeKernels
 from omni_stream.models.qwen3_tts.layers import DecoderLayer, RMSNorm, Rotary, run_layers
 from omni_stream.runtime.kv_cache import Attend, FrameKVCache, KVShape
 from omni_stream.runtime.sampling import SamplingTensors, sample
@@ -70,6 +71,12 @@ class CodePredictor(nn.Module):
             self.small_to_mtp_projection = nn.Identity()
         self._caches: dict[tuple[int, torch.dtype, torch.device], FrameKVCache] = {}
         self._rope: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def use_kernels(self, kernels: DecodeKernels | None) -> None:
+        """Run the decoder layers fused through ``kernels`` (None: the modules)."""
+        for layer in self.model.layers:
+            assert isinstance(layer, DecoderLayer)
+            layer.use_kernels(kernels)
 
     def _cache(self, batch: int, dtype: torch.dtype, device: torch.device) -> FrameKVCache:
         key = (batch, dtype, device)

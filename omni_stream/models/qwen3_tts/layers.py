@@ -8,11 +8,14 @@ callable so one layer serves the slot-indexed talker cache and the per-frame cod
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from omni_stream.models.qwen3_tts.config import DecoderConfig
+from omni_stream.models.qwen3_tts.fused import DecodeKernels
 from omni_stream.runtime.kv_cache import Attend
 
 
@@ -102,6 +105,26 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.kernels: DecodeKernels | None = None
+        self.qkv_weight: torch.Tensor | None = None
+        self.gate_up_weight: torch.Tensor | None = None
+        self.qk_norm_weight: torch.Tensor | None = None
+
+    @torch.no_grad()
+    def use_kernels(self, kernels: DecodeKernels | None) -> None:
+        """Run the fused layer through ``kernels`` (see :mod:`.fused`), or the modules again with None.
+
+        The q/k/v and gate/up weights are concatenated once and the projections' parameters become views
+        of the concatenations, so memory is not doubled and the state dict is unchanged. Call it once the
+        weights are on their device (a later ``.to()`` would separate the views from the concatenations).
+        """
+        self.kernels = kernels
+        if kernels is None or self.qkv_weight is not None:
+            return
+        a, m = self.self_attn, self.mlp
+        self.qkv_weight = _concat_as_views(a.q_proj, a.k_proj, a.v_proj)
+        self.gate_up_weight = _concat_as_views(m.gate_proj, m.up_proj)
+        self.qk_norm_weight = _concat_as_views(a.q_norm, a.k_norm, stack=True)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend, layer: int
@@ -109,11 +132,54 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attend, layer)
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def fused_forward(
+        self,
+        x: torch.Tensor,
+        delta: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attend: Attend,
+        layer: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer on residual ``x`` plus the previous layer's pending ``delta``; returns (residual, its delta)."""
+        k = self.kernels
+        assert k is not None and self.qkv_weight is not None and self.gate_up_weight is not None
+        assert self.qk_norm_weight is not None
+        a, eps = self.self_attn, self.input_layernorm.eps
+        b, t, _ = x.shape
+        x, h = k.add_rms_norm(x, delta, self.input_layernorm.weight, eps)
+        qkv = F.linear(h, self.qkv_weight)
+        q, kk = k.qk_norm_rope(qkv, self.qk_norm_weight, cos, sin, eps, a.n_heads, a.n_kv)
+        v = qkv[..., (a.n_heads + a.n_kv) * a.head_dim :].view(b, t, a.n_kv, a.head_dim)
+        o = attend(layer, q.transpose(1, 2), kk.transpose(1, 2), v.transpose(1, 2))
+        o = F.linear(o.transpose(1, 2).reshape(b, t, a.n_heads * a.head_dim), a.o_proj.weight)
+        x, h = k.add_rms_norm(x, o, self.post_attention_layernorm.weight, eps)
+        return x, F.linear(k.silu_mul(F.linear(h, self.gate_up_weight)), self.mlp.down_proj.weight)
+
+
+def _concat_as_views(*modules: nn.Module, stack: bool = False) -> torch.Tensor:
+    """Concatenate (or stack) the modules' weights and rebind each weight as a view of the result."""
+    weights = [cast(torch.Tensor, m.weight).detach() for m in modules]
+    fused = torch.stack(weights) if stack else torch.cat(weights)
+    start = 0
+    for i, m in enumerate(modules):
+        n = weights[i].shape[0]
+        m.weight = nn.Parameter(fused[i] if stack else fused[start : start + n], requires_grad=False)
+        start += n
+    return fused
+
 
 def run_layers(
     layers: nn.ModuleList, norm: RMSNorm, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend
 ) -> torch.Tensor:
-    """The decoder stack followed by its final norm."""
+    """The decoder stack followed by its final norm (fused layers when the first layer has kernels)."""
+    first = layers[0]
+    if isinstance(first, DecoderLayer) and first.kernels is not None:
+        delta = None
+        for i, layer in enumerate(layers):
+            assert isinstance(layer, DecoderLayer)
+            x, delta = layer.fused_forward(x, delta, cos, sin, attend, i)
+        return first.kernels.add_rms_norm(x, delta, norm.weight, norm.eps)[1]
     for i, layer in enumerate(layers):
         x = layer(x, cos, sin, attend, i)
     return norm(x)

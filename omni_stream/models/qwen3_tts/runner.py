@@ -36,6 +36,7 @@ from omni_stream.batch import Batch, SeqOutput, Sequence
 from omni_stream.chunks import CodecFrames
 from omni_stream.errors import InvalidRequestError
 from omni_stream.models.qwen3_tts.config import CODEBOOK_SIZE, CONTROL_ID_SPAN, NUM_CODE_GROUPS
+from omni_stream.models.qwen3_tts.fused import DecodeKernels, default_kernels
 from omni_stream.models.qwen3_tts.prompt import TalkerRequest, embed_prompt, embed_tts_pad
 from omni_stream.models.qwen3_tts.talker import Qwen3TTSLM
 from omni_stream.requests import RequestState
@@ -83,17 +84,30 @@ class Qwen3TTSRunner:
     """Batched talker decoding over a slot-indexed static KV cache (see module docstring)."""
 
     def __init__(
-        self, lm: Qwen3TTSLM, *, max_batch_size: int = 8, max_len: int = 4096, graphs: bool | None = None
+        self,
+        lm: Qwen3TTSLM,
+        *,
+        max_batch_size: int = 8,
+        max_len: int = 4096,
+        graphs: bool | None = None,
+        fused: DecodeKernels | bool | None = None,
     ) -> None:
         """``max_len``: talker positions per slot (prompt + frames; 12.5 frames per second of audio).
 
         ``graphs``: replay CUDA graphs of the decode step (None: on CUDA devices); see :meth:`capture_graphs`.
+        ``fused``: decoder layers as fused kernels (:mod:`.fused`); None: the Triton kernels on CUDA when
+        Triton is installed, else the modules; False: the modules; or a :class:`DecodeKernels` set.
         """
         self.lm = lm.eval()
         self.cfg = cfg = lm.config
         self.talker = talker = lm.talker
         w = talker.codec_head.weight
         self.device, self.dtype = w.device, w.dtype
+        kernels = default_kernels(self.device) if fused is None or fused is True else fused or None
+        if fused is True and kernels is None:
+            raise ValueError("fused kernels need a CUDA device with Triton installed")
+        talker.use_kernels(kernels)
+        self.kernels = kernels
         d = cfg.talker.decoder
         self.max_len = min(max_len, d.max_position_embeddings)
         self._slots = max_batch_size

@@ -13,6 +13,7 @@ from torch import nn
 
 from omni_stream.models.qwen3_tts.code_predictor import CodePredictor
 from omni_stream.models.qwen3_tts.config import Qwen3TTSConfig
+from omni_stream.models.qwen3_tts.fused import DecodeKernels
 from omni_stream.models.qwen3_tts.layers import DecoderLayer, RMSNorm, Rotary, run_layers
 from omni_stream.runtime.kv_cache import Attend
 
@@ -49,6 +50,13 @@ class Talker(nn.Module):
         self.text_projection = TextProjection(t.text_hidden_size, t.decoder.hidden_size)
         self.codec_head = nn.Linear(t.decoder.hidden_size, t.decoder.vocab_size, bias=False)
         self.code_predictor = CodePredictor(cfg)
+
+    def use_kernels(self, kernels: DecodeKernels | None) -> None:
+        """Run every decoder layer (talker and code predictor) fused through ``kernels`` (None: the modules)."""
+        for layer in self.model.layers:
+            assert isinstance(layer, DecoderLayer)
+            layer.use_kernels(kernels)
+        self.code_predictor.use_kernels(kernels)
 
     def embed_text(self, ids: torch.Tensor) -> torch.Tensor:
         """Text ids -> projected embeddings (``T(ids)``), any leading shape."""

@@ -1,0 +1,109 @@
+"""The Qwen3 decoder layer as a few fused kernels around the GEMMs (the decode path on CUDA).
+
+The decode loops are bound by kernel count, not bytes: a code-predictor frame is 15 steps x 5 layers,
+and written module by module each layer is ~40 launches (every norm, cast, rotary half and residual add is
+its own). The fused layer is
+
+    h = norm(x += delta)            one kernel: the previous layer's residual add and this layer's norm
+    q, k = qk_norm_rope(h @ Wqkv)   one GEMM over the concatenated q/k/v weights, one kernel for both norms + rotary
+    o = attend(q, k, v)             the caller's cache writes and SDPA
+    h = norm(x += o @ Wo)           one GEMM, one kernel
+    delta = silu_mul(h @ Wgu) @ Wd  one GEMM over the concatenated gate/up weights, one kernel, one GEMM
+
+so ~12 launches a layer, and the stack's final norm absorbs the last residual add. :class:`DecodeKernels`
+is the set of the three elementwise functions: :data:`TORCH` (plain torch, the reference; also what the
+CPU tests run) or :func:`triton_kernels` (:mod:`omni_stream.runtime.triton_kernels`). The CPU default stays
+the module path, whose numerics match the reference implementation exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+ENV_DISABLE = "OMNI_STREAM_NO_FUSED"  # set to 1 to keep the module path on CUDA (debugging, comparisons)
+
+
+def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x + delta, rms_norm(x + delta) * weight)`` over the last axis (``delta`` None: ``x`` itself)."""
+    if delta is not None:
+        x = x + delta
+    return x, _norm(x, weight, eps)
+
+
+def qk_norm_rope(
+    qkv: torch.Tensor,
+    norm_weights: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    heads: int,
+    kv_heads: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q ``[B, T, Hq, D]`` and k ``[B, T, Hkv, D]`` from a fused projection ``[B, T, (Hq + 2 Hkv) D]``.
+
+    Per-head RMSNorm (``norm_weights`` ``[2, D]``: q, k) then rotary with ``cos``/``sin`` ``[B, T, D]``.
+    """
+    b, t, _ = qkv.shape
+    d = norm_weights.shape[-1]
+    q = _norm(qkv[..., : heads * d].reshape(b, t, heads, d), norm_weights[0], eps)
+    k = _norm(qkv[..., heads * d : (heads + kv_heads) * d].reshape(b, t, kv_heads, d), norm_weights[1], eps)
+    c, s = cos[:, :, None], sin[:, :, None]
+    half = d // 2
+
+    def rope(x: torch.Tensor) -> torch.Tensor:
+        return x * c + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * s
+
+    return rope(q), rope(k)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for ``gate_up = [..., gate | up]``."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+@dataclass(slots=True, frozen=True)
+class DecodeKernels:
+    """The fused layer's elementwise functions (signatures of this module's torch versions)."""
+
+    add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    qk_norm_rope: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    silu_mul: Callable[[torch.Tensor], torch.Tensor]
+    name: str
+
+
+TORCH = DecodeKernels(add_rms_norm, qk_norm_rope, silu_mul, name="torch")
+
+
+def triton_kernels() -> DecodeKernels:
+    """The Triton versions (imports Triton)."""
+    from omni_stream.runtime import triton_kernels as tk
+
+    return DecodeKernels(tk.add_rms_norm, tk.qk_norm_rope, tk.silu_mul, name="triton")
+
+
+def default_kernels(device: torch.device) -> DecodeKernels | None:
+    """Triton kernels on CUDA when Triton is installed (and not disabled by ``OMNI_STREAM_NO_FUSED``), else None."""
+    if device.type != "cuda" or os.environ.get(ENV_DISABLE, "") not in ("", "0"):
+        return None
+    try:
+        return triton_kernels()
+    except ImportError:
+        log.warning("Triton is not installed: decoder layers run unfused (slower decode steps)")
+        return None

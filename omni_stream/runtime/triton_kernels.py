@@ -1,0 +1,140 @@
+"""Triton kernels for the decoder layer's elementwise chains (imported only where Triton is installed).
+
+Each replaces a chain of eager kernels with one launch; the GEMMs and attention stay with cuBLAS/SDPA.
+Rounding follows the eager bf16 path where it is cheap to (the residual sum, the normalized activations
+before the weight, the SiLU output are rounded to the activation dtype as eager rounds them); the rotary
+combination is computed in fp32 and rounded once. :mod:`omni_stream.models.qwen3_tts.fused` holds the
+torch versions these are tested against (``TRITON_INTERPRET=1`` runs them on the CPU in the suite).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _add_rms_norm_kernel(
+    x_ptr, d_ptr, w_ptr, sum_ptr, out_ptr, n_cols, eps,
+    HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    m = offs < n_cols
+    x = tl.load(x_ptr + row * n_cols + offs, mask=m, other=0.0)
+    if HAS_DELTA:
+        d = tl.load(d_ptr + row * n_cols + offs, mask=m, other=0.0)
+        x = (x.to(tl.float32) + d.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        tl.store(sum_ptr + row * n_cols + offs, x, mask=m)
+    xf = x.to(tl.float32)
+    var = tl.sum(xf * xf, axis=0) / n_cols
+    y = (xf * tl.rsqrt(var + eps)).to(x_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * n_cols + offs, (y * w).to(out_ptr.dtype.element_ty), mask=m)
+
+
+def add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x + delta, rms_norm(x + delta) * weight)`` over the last axis (``delta`` None: ``x`` itself)."""
+    h = x.shape[-1]
+    xs = x.reshape(-1, h).contiguous()
+    out = torch.empty_like(xs)
+    if delta is None:
+        total = xs
+        ds = xs
+    else:
+        ds = delta.reshape(-1, h).contiguous()
+        total = torch.empty_like(xs)
+    block = triton.next_power_of_2(h)
+    _add_rms_norm_kernel[(xs.shape[0],)](
+        xs, ds, weight, total, out, h, eps, HAS_DELTA=delta is not None, BLOCK=block,
+        num_warps=max(1, min(8, block // 256)),
+    )  # fmt: skip
+    return total.view(x.shape), out.view(x.shape)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(
+    qkv_ptr, w_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr,
+    row_stride, t_len, cos_sb, cos_st, sin_sb, sin_st, eps,
+    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    half: tl.constexpr = D // 2
+    offs = tl.arange(0, D)
+    partner = tl.where(offs < half, offs + half, offs - half)
+    base = qkv_ptr + row * row_stride + head * D  # q heads then k heads are adjacent in the fused projection
+    x = tl.load(base + offs).to(tl.float32)
+    xp = tl.load(base + partner).to(tl.float32)
+    r = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
+    wsel = (head >= HQ).to(tl.int32) * D  # row 0 of the weight pair: q norm, row 1: k norm
+    w = tl.load(w_ptr + wsel + offs).to(tl.float32)
+    wp = tl.load(w_ptr + wsel + partner).to(tl.float32)
+    dt = q_ptr.dtype.element_ty
+    y = ((x * r).to(dt).to(tl.float32) * w).to(dt).to(tl.float32)
+    yp = ((xp * r).to(dt).to(tl.float32) * wp).to(dt).to(tl.float32)
+    rot = tl.where(offs < half, -yp, yp)
+    b = row // t_len
+    t = row % t_len
+    c = tl.load(cos_ptr + b * cos_sb + t * cos_st + offs).to(tl.float32)
+    s = tl.load(sin_ptr + b * sin_sb + t * sin_st + offs).to(tl.float32)
+    out = (y * c + rot * s).to(dt)
+    if head < HQ:
+        tl.store(q_ptr + (row * HQ + head) * D + offs, out)
+    else:
+        tl.store(k_ptr + (row * HKV + (head - HQ)) * D + offs, out)
+
+
+def qk_norm_rope(
+    qkv: torch.Tensor,
+    norm_weights: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    heads: int,
+    kv_heads: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-head RMSNorm and rotary of the q and k parts of a fused projection ``[B, T, (Hq + 2 Hkv) D]``.
+
+    ``norm_weights`` ``[2, D]`` (q norm, k norm); ``cos``/``sin`` ``[B, T, D]`` (any strides, unit last axis).
+    Returns q ``[B, T, Hq, D]`` and k ``[B, T, Hkv, D]``, contiguous.
+    """
+    b, t, width = qkv.shape
+    d = norm_weights.shape[-1]
+    rows = qkv.reshape(b * t, width)
+    if rows.stride(1) != 1:
+        rows = rows.contiguous()
+    q = torch.empty(b, t, heads, d, dtype=qkv.dtype, device=qkv.device)
+    k = torch.empty(b, t, kv_heads, d, dtype=qkv.dtype, device=qkv.device)
+    cs, ss = cos.stride(), sin.stride()
+    _qk_norm_rope_kernel[(b * t, heads + kv_heads)](
+        rows, norm_weights, cos, sin, q, k, rows.stride(0), t, cs[0], cs[1], ss[0], ss[1], eps,
+        HQ=heads, HKV=kv_heads, D=d, num_warps=1,
+    )  # fmt: skip
+    return q, k
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, n: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    g = tl.load(gu_ptr + row * 2 * n + offs, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + row * 2 * n + n + offs, mask=m, other=0.0).to(tl.float32)
+    dt = out_ptr.dtype.element_ty
+    s = (g * tl.sigmoid(g)).to(dt).to(tl.float32)
+    tl.store(out_ptr + row * n + offs, (s * u).to(dt), mask=m)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for ``gate_up = [..., gate | up]``."""
+    width = gate_up.shape[-1]
+    n = width // 2
+    rows = gate_up.reshape(-1, width).contiguous()
+    out = torch.empty(rows.shape[0], n, dtype=gate_up.dtype, device=gate_up.device)
+    block = min(1024, triton.next_power_of_2(n))
+    _silu_mul_kernel[(rows.shape[0], triton.cdiv(n, block))](rows, out, n, BLOCK=block, num_warps=4)
+    return out.view(*gate_up.shape[:-1], n)

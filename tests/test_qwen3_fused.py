@@ -1,0 +1,160 @@
+"""The fused layer path: the same function as the modules, weights shared not copied, Triton kernels = torch ones."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from reference_qwen import tiny_checkpoint
+
+from omni_stream.models.qwen3_tts import fused
+from omni_stream.models.qwen3_tts.checkpoint import load_lm
+from omni_stream.models.qwen3_tts.config import load_config
+from omni_stream.models.qwen3_tts.layers import DecoderLayer, RMSNorm, run_layers
+from omni_stream.models.qwen3_tts.prompt import prepare_request
+from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
+from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
+from omni_stream.requests import SamplingParams, SpeechRequest
+from omni_stream.runtime.kv_cache import attention
+
+GREEDY = SamplingParams(do_sample=False, temperature=1.0, top_k=0, repetition_penalty=1.05)
+
+
+@pytest.fixture(scope="module")
+def cv(tmp_path_factory):
+    path = tiny_checkpoint(tmp_path_factory, "custom_voice", "1.7b")
+    return load_config(path), TextTokenizer(path), path
+
+
+def _stack(cfg, n: int = 3) -> tuple[torch.nn.ModuleList, RMSNorm]:
+    d = cfg.talker.decoder
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList(DecoderLayer(d) for _ in range(n)).eval()
+    norm = RMSNorm(d.hidden_size, d.rms_norm_eps)
+    for p in [*layers.parameters(), *norm.parameters()]:
+        p.data.normal_(0, 0.3)
+    return layers, norm
+
+
+def _run(layers, norm, b: int, t: int, cfg) -> torch.Tensor:
+    d = cfg.talker.decoder
+    gen = torch.Generator().manual_seed(b * 100 + t)
+    x = torch.randn(b, t, d.hidden_size, generator=gen)
+    angles = torch.rand(b, t, d.head_dim // 2, generator=gen) * 6.0
+    emb = torch.cat((angles, angles), -1)
+    causal = torch.ones(t, t, dtype=torch.bool).tril()
+
+    def attend(_layer: int, q, k, v):
+        return attention(q, k, v, causal)
+
+    with torch.no_grad():
+        return run_layers(layers, norm, x, emb.cos(), emb.sin(), attend)
+
+
+SHAPES = ((1, 1), (3, 1), (2, 7))
+
+
+def test_fused_stack_equals_module_stack_and_shares_weights(cv) -> None:
+    cfg = cv[0]
+    layers, norm = _stack(cfg)
+    before = {k: v.clone() for k, v in layers.state_dict().items()}
+    ref = [_run(layers, norm, b, t, cfg) for b, t in SHAPES]
+    for layer in layers:
+        layer.use_kernels(fused.TORCH)
+    out = [_run(layers, norm, b, t, cfg) for b, t in SHAPES]
+    for r, o in zip(ref, out, strict=True):
+        assert o.abs().max() > 0.1
+        torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5)
+    # The state dict is unchanged and the projections read the concatenations (no second copy of the weights).
+    after = layers.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    layer = layers[0]
+    a = layer.self_attn
+    assert a.q_proj.weight.data_ptr() == layer.qkv_weight.data_ptr()
+    assert a.v_proj.weight.untyped_storage().data_ptr() == layer.qkv_weight.untyped_storage().data_ptr()
+    assert layer.mlp.up_proj.weight.untyped_storage().data_ptr() == layer.gate_up_weight.untyped_storage().data_ptr()
+    assert a.k_norm.weight.untyped_storage().data_ptr() == layer.qk_norm_weight.untyped_storage().data_ptr()
+    # Weights loaded in place afterwards reach the fused path; None returns to the modules.
+    with torch.no_grad():
+        a.k_proj.weight.add_(0.5)
+        a.k_norm.weight.mul_(2.0)
+    for lyr in layers:
+        lyr.use_kernels(None)
+    changed = _run(layers, norm, 2, 7, cfg)
+    assert not torch.allclose(changed, ref[2])
+    for lyr in layers:
+        lyr.use_kernels(fused.TORCH)
+    torch.testing.assert_close(_run(layers, norm, 2, 7, cfg), changed, rtol=1e-5, atol=1e-5)
+
+
+def test_runner_with_fused_layers_gives_the_module_codes(cv) -> None:
+    cfg, tok, path = cv
+    lm = load_lm(path, dtype=torch.float32)
+    texts = (("Hello there, a first test.", "ryan"), ("Good.", "dylan"), ("A third, longer one.", "sohee"))
+    reqs = []
+    for t, v in texts:
+        req = SpeechRequest(text=t, voice=v, language="English", max_new_tokens=10, sampling=GREEDY,
+                            subtalker_sampling=GREEDY)  # fmt: skip
+        reqs.append(prepare_request(req, cfg, tok))
+    plain = Qwen3TTSRunner(lm, max_batch_size=4, max_len=256)
+    assert plain.kernels is None and all(layer.kernels is None for layer in lm.talker.model.layers)
+    expected = plain.generate_codes(reqs, join_steps=[0, 1, 0])
+    fast = Qwen3TTSRunner(lm, max_batch_size=4, max_len=256, fused=fused.TORCH)
+    assert all(layer.kernels is fused.TORCH for layer in lm.talker.code_predictor.model.layers)
+    got = fast.generate_codes(reqs, join_steps=[0, 1, 0])
+    assert all(len(g) == 9 for g in got)
+    assert all(torch.equal(g, e) for g, e in zip(got, expected, strict=True))
+    with pytest.raises(ValueError, match="CUDA"):
+        Qwen3TTSRunner(lm, max_batch_size=2, max_len=64, fused=True)
+
+
+_TRITON_CHECK = textwrap.dedent(
+    """
+    import torch
+    from omni_stream.models.qwen3_tts import fused
+    from omni_stream.runtime import triton_kernels as tk
+
+    g = torch.Generator().manual_seed(0)
+    def r(*s):
+        return torch.randn(*s, generator=g)
+
+    for rows, h in ((1, 96), (5, 200)):
+        x, d, w = r(rows, 1, h), r(rows, 1, h), r(h)
+        for delta in (None, d):
+            got, want = tk.add_rms_norm(x, delta, w, 1e-6), fused.add_rms_norm(x, delta, w, 1e-6)
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    for b, t, hq, hkv, dim in ((1, 1, 4, 2, 16), (3, 2, 6, 2, 8)):
+        qkv, nw = r(b, t, (hq + 2 * hkv) * dim), r(2, dim)
+        ang = torch.rand(b, t, dim // 2, generator=g) * 6
+        emb = torch.cat((ang, ang), -1)
+        cos, sin = emb.cos(), emb.sin()
+        if b > 1:  # the code predictor passes batch-broadcast tables
+            cos, sin = cos[:1].expand(b, -1, -1), sin[:1].expand(b, -1, -1)
+        got = tk.qk_norm_rope(qkv, nw, cos, sin, 1e-6, hq, hkv)
+        want = fused.qk_norm_rope(qkv, nw, cos, sin, 1e-6, hq, hkv)
+        for a, c in zip(got, want):
+            assert a.shape == c.shape
+            torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5)
+    for shape in ((1, 1, 2 * 40), (3, 2, 2 * 1500)):
+        gu = r(*shape)
+        torch.testing.assert_close(tk.silu_mul(gu), fused.silu_mul(gu), rtol=1e-5, atol=1e-5)
+    print("triton kernels ok")
+    """
+)
+
+
+def test_triton_kernels_equal_the_torch_versions(tmp_path: Path) -> None:
+    """Run through Triton's interpreter on the CPU (fp32; the GPU suite checks bf16 on the device)."""
+    pytest.importorskip("triton")
+    script = tmp_path / "check.py"
+    script.write_text(_TRITON_CHECK)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "triton kernels ok" in done.stdout
