@@ -79,8 +79,10 @@ def _deliver(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], resul
 class DeviceWorker:
     """One thread for one device. ``start()`` it, ``close()`` (blocking) or ``await aclose()`` to stop."""
 
-    def __init__(self, name: str = "omni-stream-device") -> None:
+    def __init__(self, name: str = "omni-stream-device", init: Callable[[], None] | None = None) -> None:
+        """``init`` runs first on the worker thread (thread-local device state, e.g. its own CUDA stream)."""
         self.name = name
+        self._init = init
         self.cond = threading.Condition()
         self.thread_id: int | None = None
         self._jobs: deque[_Job] = deque()
@@ -175,6 +177,11 @@ class DeviceWorker:
 
     def _main(self) -> None:
         self.thread_id = threading.get_ident()
+        if self._init is not None:
+            try:
+                self._init()
+            except Exception:
+                log.exception("device worker %s: init failed; running without it", self.name)
         while True:
             with self.cond:
                 while not self._closed and self._idle():

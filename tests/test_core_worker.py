@@ -168,3 +168,31 @@ async def test_aclose_gives_up_on_a_step_that_never_returns(caplog):
     assert "still busy" in caplog.text and w.closed
     release.set()
     await gate
+
+
+async def test_init_runs_on_the_worker_thread_before_any_job():
+    seen: list[tuple[str, int]] = []
+    local = threading.local()
+
+    def init() -> None:
+        local.tag = "ready"
+        seen.append(("init", threading.get_ident()))
+
+    w = DeviceWorker(name="init-device", init=init).start()
+    try:
+        assert await w.submit(lambda: getattr(local, "tag", None)) == "ready"  # thread-local state set by init
+        assert seen == [("init", w.thread_id)]
+    finally:
+        await w.aclose()
+
+
+async def test_a_failing_init_is_logged_and_the_worker_still_runs(caplog):
+    def init() -> None:
+        raise RuntimeError("no stream today")
+
+    w = DeviceWorker(name="bad-init", init=init).start()
+    try:
+        assert await w.submit(pow, 3, 2) == 9
+    finally:
+        await w.aclose()
+    assert "init failed" in caplog.text and "no stream today" in caplog.text

@@ -226,3 +226,27 @@ def test_newcomers_prefill_together_as_they_would_alone(cv) -> None:
         torch.testing.assert_close(together.hidden[i], alone.hidden[i], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(together.kv.k[:, i, :, :n], alone.kv.k[:, i, :, :n], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(together.kv.v[:, i, :, :n], alone.kv.v[:, i, :, :n], rtol=1e-5, atol=1e-5)
+
+
+def test_lone_newcomers_prefill_through_padded_buckets_with_exact_codes(cv) -> None:
+    """The prefill graph's function (prompt right-padded to a bucket), replayed by a CPU stand-in."""
+    reqs = [
+        _req(cv, "Hello world, this is a test.", "ryan", 6),
+        _req(cv, "Good.", "dylan", 5, hot=True, seed=3),
+        _req(cv, "The voice is warm and the sentence is a little longer than the others.", "sohee", 6),
+    ]
+    exact = Qwen3TTSRunner(cv[2], max_batch_size=4, max_len=256)
+    graphed = Qwen3TTSRunner(cv[2], max_batch_size=4, max_len=256)
+    graphed.prefill_graphs = EagerGraphs(graphed._padded_prefill)
+    graphed.prefill_buckets = (16, 32, 64)
+    graphed.capture_graphs()
+    assert len(graphed.prefill_graphs) == 3
+    lengths = [r.prompt.prefill_len for r in reqs]
+    assert min(lengths) < 32 < max(lengths) <= 64  # buckets 32 and 64 both used, never at their exact size
+    for r in reqs:  # alone, so each prefill takes the graph path; then together (eager batched prefill)
+        assert torch.equal(graphed.generate_codes([r])[0], exact.generate_codes([r])[0])
+    assert graphed.prefill_graph_calls == 3
+    together = graphed.generate_codes(reqs)
+    assert graphed.prefill_graph_calls == 3
+    for got, r in zip(together, reqs, strict=True):
+        assert torch.equal(got, exact.generate_codes([r])[0])

@@ -144,6 +144,22 @@ _TRITON_CHECK = textwrap.dedent(
     for shape in ((1, 1, 2 * 40), (3, 2, 2 * 1500)):
         gu = r(*shape)
         torch.testing.assert_close(tk.silu_mul(gu), fused.silu_mul(gu), rtol=1e-5, atol=1e-5)
+    from omni_stream.requests import SamplingParams
+    from omni_stream.runtime.sampling import SamplingTensors, sample
+
+    kinds = [
+        SamplingParams(do_sample=False), SamplingParams(temperature=0.9, top_k=50), SamplingParams(top_k=5, top_p=0.8),
+        SamplingParams(top_k=0, top_p=0.5), SamplingParams(top_k=1), SamplingParams(temperature=1.3, top_k=0),
+        SamplingParams(top_k=5000, top_p=0.95), SamplingParams(temperature=0.5, top_k=20, top_p=0.3),
+    ]
+    for vocab in (300,):  # the interpreter sorts slowly (~1 s a row); the GPU suite covers the real vocabularies
+        params = SamplingTensors.from_params(kinds)
+        b = len(kinds)
+        noise = torch.empty(b, 3, vocab).exponential_(generator=g)[:, 1]  # a strided view, as the loop passes
+        for scale in (1.0, 8.0):
+            logits = r(b, vocab) * scale
+            assert torch.equal(tk.sample(logits, params, noise), sample(logits, params, noise))
+            assert torch.equal(tk.sample(logits, params, None), logits.argmax(-1))
     print("triton kernels ok")
     """
 )

@@ -13,6 +13,9 @@ import torch
 import triton
 import triton.language as tl
 
+from omni_stream.runtime.sampling import SamplingTensors
+from omni_stream.runtime.sampling import sample as torch_sample
+
 
 @triton.jit
 def _add_rms_norm_kernel(
@@ -138,3 +141,57 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     block = min(1024, triton.next_power_of_2(n))
     _silu_mul_kernel[(rows.shape[0], triton.cdiv(n, block))](rows, out, n, BLOCK=block, num_warps=4)
     return out.view(*gate_up.shape[:-1], n)
+
+
+@triton.jit
+def _sample_kernel(
+    logits_ptr, noise_ptr, do_sample_ptr, temp_ptr, top_k_ptr, top_p_ptr, out_ptr,
+    n_cols, logits_stride, noise_stride,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    m = offs < n_cols
+    neg = float("-inf")
+    lg = tl.load(logits_ptr + row * logits_stride + offs, mask=m, other=neg).to(tl.float32)
+    greedy = tl.argmax(lg, axis=0, tie_break_left=True)
+    x = lg / tl.load(temp_ptr + row)
+    # top-k: keep values >= the k-th largest (k == 0 keeps all)
+    s = tl.sort(x, dim=0, descending=True)
+    k = tl.load(top_k_ptr + row)
+    kk = tl.minimum(tl.maximum(k, 1), n_cols)
+    kth = tl.max(tl.where(offs == kk - 1, s, neg), axis=0)
+    kth = tl.where(k > 0, kth, neg)
+    s = tl.where(s < kth, neg, s)
+    # top-p: in descending order keep a token while the mass strictly before it is < p (the best always stays)
+    e = tl.exp(s - tl.max(s, axis=0))
+    ps = e / tl.sum(e, axis=0)
+    before = tl.cumsum(ps, axis=0) - ps
+    keep = (before < tl.load(top_p_ptr + row)) | (offs == 0)
+    threshold = tl.maximum(tl.min(tl.where(keep, s, float("inf")), axis=0), kth)
+    x = tl.where(x < threshold, neg, x)
+    # exponential race over the filtered distribution
+    e = tl.exp(x - tl.max(x, axis=0))
+    probs = e / tl.sum(e, axis=0)
+    nz = tl.load(noise_ptr + row * noise_stride + offs, mask=m, other=1.0)
+    raced = tl.argmax(tl.where(m, probs / tl.maximum(nz, 1e-20), neg), axis=0, tie_break_left=True)
+    ds = tl.load(do_sample_ptr + row)
+    tl.store(out_ptr + row, tl.where(ds != 0, raced, greedy).to(tl.int64))
+
+
+def sample(logits: torch.Tensor, params: SamplingTensors, noise: torch.Tensor | None) -> torch.Tensor:
+    """:func:`omni_stream.runtime.sampling.sample` in one kernel per row (ties at a cut-off are all kept)."""
+    if noise is None:
+        return torch_sample(logits, params, None)
+    b, v = logits.shape
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    if noise.stride(1) != 1:
+        noise = noise.contiguous()
+    out = torch.empty(b, dtype=torch.int64, device=logits.device)
+    block = triton.next_power_of_2(v)
+    _sample_kernel[(b,)](
+        logits, noise, params.do_sample.view(torch.uint8), params.temperature, params.top_k, params.top_p, out,
+        v, logits.stride(0), noise.stride(0), BLOCK=block, num_warps=max(1, min(8, block // 512)),
+    )  # fmt: skip
+    return out

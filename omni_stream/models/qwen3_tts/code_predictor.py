@@ -9,6 +9,8 @@ the loop unrolled over Python constants, sampling inside, and no host synchronis
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -71,9 +73,11 @@ class CodePredictor(nn.Module):
             self.small_to_mtp_projection = nn.Identity()
         self._caches: dict[tuple[int, torch.dtype, torch.device], FrameKVCache] = {}
         self._rope: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.sample: Callable[[torch.Tensor, SamplingTensors, torch.Tensor | None], torch.Tensor] = sample
 
     def use_kernels(self, kernels: DecodeKernels | None) -> None:
         """Run the decoder layers fused through ``kernels`` (None: the modules)."""
+        self.sample = sample if kernels is None else kernels.sample
         for layer in self.model.layers:
             assert isinstance(layer, DecoderLayer)
             layer.use_kernels(kernels)
@@ -123,7 +127,7 @@ class CodePredictor(nn.Module):
             out = run_layers(self.model.layers, self.model.norm, x, cos, sin, attend_at(cache, pos))
             pos += n
             logits = self.lm_head[j](out[:, -1])
-            token = sample(logits, params, None if noise is None else noise[:, j])
+            token = self.sample(logits, params, None if noise is None else noise[:, j])
             codes.append(token)
             if j + 1 < STEPS:
                 x = self.small_to_mtp_projection(self.model.codec_embedding[j](token))[:, None]

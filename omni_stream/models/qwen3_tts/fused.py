@@ -10,8 +10,10 @@ its own). The fused layer is
     h = norm(x += o @ Wo)           one GEMM, one kernel
     delta = silu_mul(h @ Wgu) @ Wd  one GEMM over the concatenated gate/up weights, one kernel, one GEMM
 
-so ~12 launches a layer, and the stack's final norm absorbs the last residual add. :class:`DecodeKernels`
-is the set of the three elementwise functions: :data:`TORCH` (plain torch, the reference; also what the
+so ~12 launches a layer, and the stack's final norm absorbs the last residual add. The samplers (code 0
+and the 15 code-predictor steps) are the other hot chain: temperature, top-k, top-p and the exponential
+race are ~30 launches with two sorts in torch, one kernel per row in Triton. :class:`DecodeKernels`
+is the set of these functions: :data:`TORCH` (plain torch, the reference; also what the
 CPU tests run) or :func:`triton_kernels` (:mod:`omni_stream.runtime.triton_kernels`). The CPU default stays
 the module path, whose numerics match the reference implementation exactly.
 """
@@ -25,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from omni_stream.runtime.sampling import SamplingTensors, sample
 
 log = logging.getLogger(__name__)
 
@@ -85,17 +89,18 @@ class DecodeKernels:
     add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     qk_norm_rope: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     silu_mul: Callable[[torch.Tensor], torch.Tensor]
+    sample: Callable[[torch.Tensor, SamplingTensors, torch.Tensor | None], torch.Tensor]
     name: str
 
 
-TORCH = DecodeKernels(add_rms_norm, qk_norm_rope, silu_mul, name="torch")
+TORCH = DecodeKernels(add_rms_norm, qk_norm_rope, silu_mul, sample, name="torch")
 
 
 def triton_kernels() -> DecodeKernels:
     """The Triton versions (imports Triton)."""
     from omni_stream.runtime import triton_kernels as tk
 
-    return DecodeKernels(tk.add_rms_norm, tk.qk_norm_rope, tk.silu_mul, name="triton")
+    return DecodeKernels(tk.add_rms_norm, tk.qk_norm_rope, tk.silu_mul, tk.sample, name="triton")
 
 
 def default_kernels(device: torch.device) -> DecodeKernels | None:

@@ -12,7 +12,9 @@ marked in a static ``active`` mask, idle rows compute along but write their K/V 
 keep their state. Its shapes depend only on ``(b, span)``, so on CUDA the whole step (code-0 sampling, the
 15-step code predictor with in-graph sampling noise, the talker layer stack) is one CUDA graph per
 (batch bucket, attention-span bucket), replayed after one host-to-device copy of the mask. Elsewhere, and
-for shapes outside the buckets, the same function runs eagerly at the exact shape.
+for shapes outside the buckets, the same function runs eagerly at the exact shape. A newcomer prefilled
+alone (the time-to-first-audio path) replays a prefill graph per prompt-length bucket; on CUDA the decoder
+layers run as fused Triton kernels (:mod:`.fused`).
 
 Length rule (reference parity): ``max_new_tokens = N`` allows N code-0 samples, and the last one never gets
 residual codes, so at most N - 1 frames; an EOS code 0 ends the sequence and its frame is dropped.
@@ -43,13 +45,14 @@ from omni_stream.requests import RequestState
 from omni_stream.runtime import rng
 from omni_stream.runtime.cuda_graphs import GraphSet, batch_buckets, length_buckets, pick
 from omni_stream.runtime.kv_cache import Attend, KVShape, SlotKVCache, attention
-from omni_stream.runtime.sampling import SamplingTensors, apply_repetition_penalty, mask_tokens, sample
+from omni_stream.runtime.sampling import SamplingTensors, apply_repetition_penalty, mask_tokens
 
 log = logging.getLogger(__name__)
 
 MIN_NEW_TOKENS = 2  # the reference bans EOS for the first two code-0 samples
 CP_STEPS = NUM_CODE_GROUPS - 1
 TRAILING_CAPACITY = 256  # trailing text rows per slot before the buffer grows (and graphs are re-captured)
+PREFILL_BUCKETS = (32, 64, 128, 256)  # prompt positions of a lone newcomer's prefill graph; longer: eager
 
 
 def _head(t: SamplingTensors, b: int) -> SamplingTensors:
@@ -151,27 +154,45 @@ class Qwen3TTSRunner:
         self.graphs = GraphSet(self._graph_step, dev) if self.use_graphs else None
         self.graph_steps = 0
         self.eager_steps = 0
+        # A newcomer prefilled alone (the time-to-first-audio path) replays a graph per prompt-length bucket,
+        # its prompt right-padded in a static buffer; several newcomers of one step prefill eagerly together.
+        self.prefill_buckets = tuple(n for n in PREFILL_BUCKETS if n <= self.max_len)
+        top = max(self.prefill_buckets, default=1)
+        self._pf_x = torch.zeros(1, top, d.hidden_size, dtype=self.dtype, device=dev)
+        self._pf_positions = torch.arange(top, device=dev)[None]
+        self._pf_len = torch.ones(1, dtype=torch.long, device=dev)
+        self._pf_slot = torch.zeros(1, dtype=torch.long, device=dev)
+        self.prefill_graphs = GraphSet(self._padded_prefill, dev) if self.use_graphs else None
+        self.prefill_graph_calls = 0
 
     # -- CUDA graphs ------------------------------------------------------------------------------------
 
     def capture_graphs(self, progress: Callable[..., Any] | None = None) -> float:
-        """Capture the decode step for every (batch, span) bucket, largest first; returns seconds (0 without graphs).
+        """Capture the decode step for every (batch, span) bucket, largest first, and the lone-newcomer prefill
+        for every prompt-length bucket; returns seconds (0 without graphs).
 
         ``progress``: a tqdm-like factory (``progress(total=, desc=, unit=)``). Needs no running sequence:
-        every row is idle while capturing, so the warm-up runs leave all state unchanged.
+        every row is idle while the decode step is captured, and the prefill captures write slot 0's rows.
         """
-        if self.graphs is None:
-            return 0.0
-        keys = [(b, n) for b in self.batch_buckets for n in self.length_buckets]
-        missing = [k for k in keys if k not in self.graphs]
-        with self._idle():
-            seconds = self.graphs.capture_all(missing, progress=progress)
+        seconds = 0.0
+        if self.graphs is not None:
+            keys = [(b, n) for b in self.batch_buckets for n in self.length_buckets]
+            missing = [k for k in keys if k not in self.graphs]
+            with self._idle():
+                seconds += self.graphs.capture_all(missing, progress=progress)
+        if self.prefill_graphs is not None:
+            # Capturing runs the prefill on slot 0 with a 1-position prompt: rows no sequence holds yet.
+            self._pf_len.fill_(1)
+            self._pf_slot.zero_()
+            pending = [(n,) for n in self.prefill_buckets if (n,) not in self.prefill_graphs]
+            seconds += self.prefill_graphs.capture_all(pending, progress=progress, desc="capturing prefill graphs")
         return seconds
 
     @property
     def capture_seconds(self) -> float:
         """Total time spent capturing graphs so far (warm-up runs included)."""
-        return 0.0 if self.graphs is None else self.graphs.capture_seconds
+        graphs = (self.graphs, self.prefill_graphs)
+        return sum(g.capture_seconds for g in graphs if g is not None)
 
     @contextmanager
     def _idle(self) -> Iterator[None]:
@@ -323,17 +344,40 @@ class Qwen3TTSRunner:
         """One talker forward for every newcomer of the step (prompts right-padded to the longest)."""
         if len(admitted) == 1:
             slot, x = admitted[0]
-            hidden = self.talker(x[None], torch.arange(x.shape[0], device=self.device)[None], self.kv.prefill(slot))
+            n = x.shape[0]
+            bucket = pick(self.prefill_buckets, n)
+            if bucket is not None and (self.prefill_graphs is not None or self.pad_eager):
+                self._pf_x[0, :n] = x
+                self._pf_x[0, n:bucket].zero_()  # finite padding: masked keys still meet their values in a product
+                self._pf_len.fill_(n)
+                self._pf_slot.fill_(slot)
+                if self.prefill_graphs is None:
+                    self._padded_prefill(bucket)
+                    return
+                if (bucket,) not in self.prefill_graphs:
+                    self.prefill_graphs.capture((bucket,))  # runs it once on this newcomer's own rows
+                self.prefill_graphs.replay((bucket,))
+                self.prefill_graph_calls += 1
+                return
+            hidden = self.talker(x[None], torch.arange(n, device=self.device)[None], self.kv.prefill(slot))
             self.hidden[slot] = hidden[0, -1]
             return
         lengths = [x.shape[0] for _, x in admitted]
         t = max(lengths)
         x = torch.nn.utils.rnn.pad_sequence([x for _, x in admitted], batch_first=True)
         slots = torch.tensor([slot for slot, _ in admitted], dtype=torch.long, device=self.device)
-        n = torch.tensor(lengths, dtype=torch.long, device=self.device)
+        lens = torch.tensor(lengths, dtype=torch.long, device=self.device)
         positions = torch.arange(t, device=self.device)[None].expand(len(admitted), -1)
-        hidden = self.talker(x, positions, self._prefill_attend(slots, n, t))
-        self.hidden[slots] = hidden[torch.arange(len(admitted), device=self.device), n - 1]
+        hidden = self.talker(x, positions, self._prefill_attend(slots, lens, t))
+        self.hidden[slots] = hidden[torch.arange(len(admitted), device=self.device), lens - 1]
+
+    @torch.no_grad()
+    def _padded_prefill(self, t: int) -> None:
+        """Prefill of the prompt in ``_pf_x[:, :_pf_len]`` into slot ``_pf_slot`` at bucket length ``t`` (static)."""
+        hidden = self.talker(
+            self._pf_x[:, :t], self._pf_positions[:, :t], self._prefill_attend(self._pf_slot, self._pf_len, t)
+        )
+        self.hidden[self._pf_slot] = hidden[0, self._pf_len - 1]
 
     def _prefill_attend(self, slots: torch.Tensor, lengths: torch.Tensor, t: int) -> Attend:
         """Causal attention over padded prompts starting at position 0; K/V rows go to each prompt's slot."""
@@ -416,7 +460,7 @@ class Qwen3TTSRunner:
             noise = rng.exponential(rng.row_keys(self.seeds[:b], steps), self.noise_width)
             noise_t = noise[:, : self.vocab]
             noise_cp = noise[:, self.vocab :].view(b, CP_STEPS, CODEBOOK_SIZE)
-        c0 = sample(logits, tp, noise_t)
+        c0 = talker.sample(logits, tp, noise_t)
         seen.scatter_(1, c0[:, None], seen.gather(1, c0[:, None]) | act[:, None])
 
         rest = talker.code_predictor.generate(h, talker.embed_codec(c0), cp, noise_cp)

@@ -7,6 +7,8 @@ state dict loads without renaming. The root module :class:`Qwen3TTSLM` holds eve
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -16,6 +18,7 @@ from omni_stream.models.qwen3_tts.config import Qwen3TTSConfig
 from omni_stream.models.qwen3_tts.fused import DecodeKernels
 from omni_stream.models.qwen3_tts.layers import DecoderLayer, RMSNorm, Rotary, run_layers
 from omni_stream.runtime.kv_cache import Attend
+from omni_stream.runtime.sampling import SamplingTensors, sample
 
 
 class TextProjection(nn.Module):
@@ -50,9 +53,11 @@ class Talker(nn.Module):
         self.text_projection = TextProjection(t.text_hidden_size, t.decoder.hidden_size)
         self.codec_head = nn.Linear(t.decoder.hidden_size, t.decoder.vocab_size, bias=False)
         self.code_predictor = CodePredictor(cfg)
+        self.sample: Callable[[torch.Tensor, SamplingTensors, torch.Tensor | None], torch.Tensor] = sample
 
     def use_kernels(self, kernels: DecodeKernels | None) -> None:
         """Run every decoder layer (talker and code predictor) fused through ``kernels`` (None: the modules)."""
+        self.sample = sample if kernels is None else kernels.sample
         for layer in self.model.layers:
             assert isinstance(layer, DecoderLayer)
             layer.use_kernels(kernels)
