@@ -50,6 +50,8 @@ from omni_stream.worker import DeviceWorker
 
 log = logging.getLogger(__name__)
 
+ENV_CODEC_THREAD = "OMNI_STREAM_CODEC_THREAD"  # 0: codec windows share the talker's thread and stream (comparisons)
+
 SAMPLE_RATE = 24000
 # Streaming windows: the first audio chunk after this many frames (80 ms each), doubling up to the steady size.
 DEFAULT_INITIAL_FRAMES = 2
@@ -148,7 +150,7 @@ class Qwen3TTSFamily:
             # Codec windows run on a second thread with its own CUDA stream: a window job (5-80 ms) then
             # overlaps the talker's steps instead of delaying them; on the CPU one thread does both.
             self.codec_worker = self.worker
-            if self.codec_windows is not None:
+            if self.codec_windows is not None and os.environ.get(ENV_CODEC_THREAD, "1") != "0":
                 self.codec_worker = DeviceWorker(name=f"{self.worker.name}-codec", init=_own_stream(device)).start()
             self.scheduler = Scheduler(
                 self.runner,
