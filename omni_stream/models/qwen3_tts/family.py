@@ -50,7 +50,7 @@ from omni_stream.worker import DeviceWorker
 
 log = logging.getLogger(__name__)
 
-ENV_CODEC_THREAD = "OMNI_STREAM_CODEC_THREAD"  # 0: codec windows share the talker's thread and stream (comparisons)
+ENV_CODEC_THREAD = "OMNI_STREAM_CODEC_THREAD"  # 1: codec windows on their own thread and CUDA stream
 
 SAMPLE_RATE = 24000
 # Streaming windows: the first audio chunk after this many frames (80 ms each), doubling up to the steady size.
@@ -147,10 +147,12 @@ class Qwen3TTSFamily:
                 self.capture_seconds += self.codec_windows.capture_graphs(progress=opts.progress_bar)
             if self.capture_seconds:
                 log.info("captured CUDA graphs in %.2f s", self.capture_seconds)
-            # Codec windows run on a second thread with its own CUDA stream: a window job (5-80 ms) then
-            # overlaps the talker's steps instead of delaying them; on the CPU one thread does both.
+            # Codec windows share the talker's thread by default. A second thread with its own CUDA stream
+            # (OMNI_STREAM_CODEC_THREAD=1) lets window jobs overlap talker steps, but on the H200 it made a
+            # batch-1 window job take 16 ms instead of 5 and the c=1 HTTP TTFA 149 ms instead of 37
+            # (benchmarks/results/tts_bench.md), so it stays opt-in.
             self.codec_worker = self.worker
-            if self.codec_windows is not None and os.environ.get(ENV_CODEC_THREAD, "1") != "0":
+            if self.codec_windows is not None and os.environ.get(ENV_CODEC_THREAD, "0") == "1":
                 self.codec_worker = DeviceWorker(name=f"{self.worker.name}-codec", init=_own_stream(device)).start()
             self.scheduler = Scheduler(
                 self.runner,
