@@ -17,7 +17,7 @@ from torch import nn
 
 from omni_stream.models.qwen3_tts.config import NUM_CODE_GROUPS, Qwen3TTSConfig
 from omni_stream.models.qwen3_tts.fused import DecodeKernels
-from omni_stream.models.qwen3_tts.layers import DecoderLayer, RMSNorm, Rotary, run_layers
+from omni_stream.models.qwen3_tts.layers import DecoderLayer, RMSNorm, Rotary, run_layers, use_kernels
 from omni_stream.runtime.kv_cache import Attend, FrameKVCache, KVShape
 from omni_stream.runtime.sampling import SamplingTensors, sample
 
@@ -78,9 +78,7 @@ class CodePredictor(nn.Module):
     def use_kernels(self, kernels: DecodeKernels | None) -> None:
         """Run the decoder layers fused through ``kernels`` (None: the modules)."""
         self.sample = sample if kernels is None else kernels.sample
-        for layer in self.model.layers:
-            assert isinstance(layer, DecoderLayer)
-            layer.use_kernels(kernels)
+        use_kernels(self.model.layers, kernels)
 
     def _cache(self, batch: int, dtype: torch.dtype, device: torch.device) -> FrameKVCache:
         key = (batch, dtype, device)

@@ -157,6 +157,13 @@ class DecoderLayer(nn.Module):
         return x, F.linear(k.silu_mul(F.linear(h, self.gate_up_weight)), self.mlp.down_proj.weight)
 
 
+def use_kernels(layers: nn.ModuleList, kernels: DecodeKernels | None) -> None:
+    """:meth:`DecoderLayer.use_kernels` on every layer of a stack."""
+    for layer in layers:
+        assert isinstance(layer, DecoderLayer)
+        layer.use_kernels(kernels)
+
+
 def _concat_as_views(*modules: nn.Module, stack: bool = False) -> torch.Tensor:
     """Concatenate (or stack) the modules' weights and rebind each weight as a view of the result."""
     weights = [cast(torch.Tensor, m.weight).detach() for m in modules]

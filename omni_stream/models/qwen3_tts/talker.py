@@ -16,7 +16,7 @@ from torch import nn
 from omni_stream.models.qwen3_tts.code_predictor import CodePredictor
 from omni_stream.models.qwen3_tts.config import Qwen3TTSConfig
 from omni_stream.models.qwen3_tts.fused import DecodeKernels
-from omni_stream.models.qwen3_tts.layers import DecoderLayer, RMSNorm, Rotary, run_layers
+from omni_stream.models.qwen3_tts.layers import DecoderLayer, RMSNorm, Rotary, run_layers, use_kernels
 from omni_stream.runtime.kv_cache import Attend
 from omni_stream.runtime.sampling import SamplingTensors, sample
 
@@ -58,9 +58,7 @@ class Talker(nn.Module):
     def use_kernels(self, kernels: DecodeKernels | None) -> None:
         """Run every decoder layer (talker and code predictor) fused through ``kernels`` (None: the modules)."""
         self.sample = sample if kernels is None else kernels.sample
-        for layer in self.model.layers:
-            assert isinstance(layer, DecoderLayer)
-            layer.use_kernels(kernels)
+        use_kernels(self.model.layers, kernels)
         self.code_predictor.use_kernels(kernels)
 
     def embed_text(self, ids: torch.Tensor) -> torch.Tensor:
