@@ -107,6 +107,8 @@ def qk_norm_rope(
     """
     b, t, width = qkv.shape
     d = norm_weights.shape[-1]
+    if d & (d - 1) or cos.stride(-1) != 1 or sin.stride(-1) != 1:
+        raise ValueError(f"head_dim must be a power of two and cos/sin unit-stride in it, got head_dim {d}")
     rows = qkv.reshape(b * t, width)
     if rows.stride(1) != 1:
         rows = rows.contiguous()

@@ -4,6 +4,8 @@ Numerics mirror the reference where it matters for token parity: RMSNorm normali
 then multiplies by the weight in the input dtype; rotary tables are built in fp32 and cast to the
 activation dtype; attention softmax runs in fp32. Attention itself is delegated to an ``attend``
 callable so one layer serves the slot-indexed talker cache and the per-frame code-predictor cache.
+With kernels set (:meth:`DecoderLayer.use_kernels`, CUDA by default) :func:`run_layers` runs each layer as
+:meth:`DecoderLayer.fused_forward`: the same function in ~12 launches (:mod:`.fused`).
 """
 
 from __future__ import annotations
