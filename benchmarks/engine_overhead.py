@@ -83,7 +83,7 @@ class Ticker:
 
 def trace_emits(engine: AsyncEngine) -> dict[tuple[str, int], float]:
     """Record when each frame's step ended, keyed by (request id, frame index)."""
-    talker = engine.family.talker
+    talker = engine.models.speech().talker
     step = talker.step
     emitted: dict[tuple[str, int], float] = {}
 
@@ -91,7 +91,7 @@ def trace_emits(engine: AsyncEngine) -> dict[tuple[str, int], float]:
         outputs = step(batch)
         now = time.perf_counter()
         for seq in (*batch.prefill, *batch.decode):
-            emitted[(seq.meta["request_id"], seq.model_state - 1)] = now
+            emitted[(seq.request_id, seq.model_state - 1)] = now
         return outputs
 
     talker.step = traced  # type: ignore[method-assign]
@@ -100,7 +100,7 @@ def trace_emits(engine: AsyncEngine) -> dict[tuple[str, int], float]:
 
 async def throughput(engine: AsyncEngine, streams: int, frames: int) -> dict:
     emitted = trace_emits(engine)
-    sched = engine.family.scheduler
+    sched = engine.models.speech().scheduler
     sched.stats.__init__()  # type: ignore[misc]
     delays: list[float] = []
     ttfas: list[float] = []
@@ -132,7 +132,7 @@ async def throughput(engine: AsyncEngine, streams: int, frames: int) -> dict:
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
     stats = sched.stats
-    engine.family.talker.step = type(engine.family.talker).step.__get__(engine.family.talker)  # type: ignore[method-assign]
+    engine.models.speech().talker.step = type(engine.models.speech().talker).step.__get__(engine.models.speech().talker)  # type: ignore[method-assign]
     return {
         "streams": streams,
         "frames_per_stream": frames,
@@ -155,7 +155,7 @@ async def throughput(engine: AsyncEngine, streams: int, frames: int) -> dict:
         "ttfa_p50_ms": ms(percentile(ttfas, 50)),
         "ttfa_p99_ms": ms(percentile(ttfas, 99)),
         "loop_lag": ticker.summary(),
-        "codec_batch_sizes": dict(sorted(engine.family.codec.batch_sizes.items())),
+        "codec_batch_sizes": dict(sorted(engine.models.speech().codec.batch_sizes.items())),
     }
 
 
@@ -188,7 +188,7 @@ def python_step(ms_target: float) -> callable:
 
 
 async def loop_lag_under(engine: AsyncEngine, body, streams: int, frames: int) -> dict:
-    talker = engine.family.talker
+    talker = engine.models.speech().talker
     talker.before_step = body
     ticker = Ticker()
     steps0 = talker.steps
@@ -211,7 +211,7 @@ async def loop_lag_under(engine: AsyncEngine, body, streams: int, frames: int) -
 
 
 async def slow_readers(engine: AsyncEngine, streams: int, frames: int, high: int) -> dict:
-    sched = engine.family.scheduler
+    sched = engine.models.speech().scheduler
     rss0 = peak_rss_mib()
     resume = anyio.Event()
     fast_finished = anyio.Event()
@@ -251,7 +251,7 @@ async def slow_readers(engine: AsyncEngine, streams: int, frames: int, high: int
         "paused_while_fast_finished": paused_seen,
         "max_buffered_frames_per_request": max_buffered,
         "max_frames_ahead_of_stalled_reader": max_lead,
-        "run_ahead_bound_frames": high + 1 + max(engine.family.config.codec_windows),
+        "run_ahead_bound_frames": high + 1 + max(engine.models.speech().config.codec_windows),
         "high_watermark": high,
         "peak_rss_growth_mib": round(peak_rss_mib() - rss0, 1),
     }
@@ -267,7 +267,7 @@ async def main(args: argparse.Namespace) -> dict:
             await throughput(engine, 16, 20)  # warm up
             runs = []
             for _ in range(args.repeats):
-                engine.family.codec.batch_sizes.clear()
+                engine.models.speech().codec.batch_sizes.clear()
                 runs.append(await throughput(engine, args.streams, args.frames))
             runs.sort(key=lambda r: r["chunks_per_s"])
             results = {

@@ -332,7 +332,7 @@ async def drive(driver: Driver, result: dict, args: argparse.Namespace, timer: S
         reqs = await driver.level(c, args.frames)
         level = summarize_level(c, reqs, args.frames, result["samples_per_frame"])
         if timer is not None:
-            family = driver.engine.family
+            family = driver.engine.models.speech()
             level.update(timer.summary(c))
             level["graph_steps"] = family.runner.graph_steps
             level["eager_steps"] = family.runner.eager_steps
@@ -379,8 +379,8 @@ async def run_inproc(ckpt: Path, args: argparse.Namespace) -> None:
         ckpt, device=args.device, dtype=args.dtype, load_format="dummy", max_batch_size=args.max_batch, progress=True
     )
     result["load_s"] = time.perf_counter() - t0
-    family = engine.family
-    result["samples_per_frame"] = round(engine.info.sample_rate * FRAME_S)
+    family = engine.models.speech()
+    result["samples_per_frame"] = round(engine.speech_info.sample_rate * FRAME_S)
     result["graph_capture_s"] = getattr(family, "capture_seconds", 0.0)
     result["graphs"] = len(family.runner.graphs or ())
     print(f"[{args.tag} inproc] loaded in {result['load_s']:.1f} s (graph capture {result['graph_capture_s']:.1f} s, "

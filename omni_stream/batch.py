@@ -8,7 +8,7 @@ rows, sampler state) by ``Sequence.slot``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from omni_stream.requests import RequestState
@@ -30,7 +30,7 @@ class Sequence:
     model_state: Any = None
     # Set by the scheduler under its lock; read by the worker between steps.
     abort_requested: bool = False
-    meta: dict[str, Any] = field(default_factory=dict)
+    request_id: str = ""
 
 
 @dataclass(slots=True, frozen=True)

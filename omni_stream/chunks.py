@@ -3,11 +3,15 @@
 Every stage consumes and produces these; they are frozen and slotted so a chunk can be shared
 between tasks and threads without copying or locking. Array payloads are never mutated after a
 chunk is built (producers hand over fresh arrays).
+
+Every kind says whether it is the last chunk of its stage (``final``; for images, a non-partial image), so a
+consumer of several stages' outputs knows when each stage is done without waiting for the next chunk.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import numpy as np
 import torch
@@ -15,10 +19,13 @@ import torch
 
 @dataclass(slots=True, frozen=True)
 class TextDelta:
-    """A piece of generated text (AR text stages)."""
+    """A piece of generated text (AR text stages, ASR). The last one carries ``final`` and why it ended
+    (``finish_reason``: ``"stop"`` at EOS or a stop string, ``"length"`` at the token budget)."""
 
     text: str
     index: int = 0
+    final: bool = False
+    finish_reason: str | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -40,6 +47,7 @@ class Latents:
 
     data: torch.Tensor
     step: int = 0
+    final: bool = False  # previews come from latents; a diffusion stage's last chunk is an Image
 
 
 @dataclass(slots=True, frozen=True)
@@ -81,6 +89,10 @@ class Image:
     partial: bool = False
     meta: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def final(self) -> bool:
+        return not self.partial
+
 
 @dataclass(slots=True, frozen=True)
 class VideoFrame:
@@ -88,6 +100,23 @@ class VideoFrame:
 
     pixels: np.ndarray
     pts: float
+    final: bool = False
 
 
 Chunk = TextDelta | CodecFrames | Latents | Audio | Image | VideoFrame
+
+C = TypeVar("C")
+
+
+@dataclass(slots=True, frozen=True)
+class StageOutput(Generic[C]):
+    """One chunk a pipeline hands its consumer: which ``stage`` made it, and whether it is that stage's ``last``."""
+
+    stage: str
+    chunk: C
+    last: bool
+
+
+def is_final(chunk: object) -> bool:
+    """Whether ``chunk`` is its stage's last (chunks without a ``final`` flag never are)."""
+    return bool(getattr(chunk, "final", False))

@@ -19,7 +19,7 @@ _COMMANDS = {
         "Serve the HTTP/WebSocket API (embedded tiny checkpoint without --model).",
     ),
     "speak": ("omni_stream.speak", "Synthesize text to an audio file."),
-    "make-checkpoint": ("omni_stream.models.qwen3_tts.checkpoint", "Write a random-weight checkpoint (hub layout)."),
+    "make-checkpoint": ("omni_stream.make_checkpoint", "Write a random-weight checkpoint (hub layout)."),
 }
 
 

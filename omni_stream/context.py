@@ -1,4 +1,9 @@
-"""Per-request context: id, deadline, cancellation, usage counters and timings, shared by every stage of a request."""
+"""Per-request context: id, deadline, cancellation, usage counters and timings, shared by every stage of a request.
+
+A request that runs sub-requests (a streamed-text speech stage runs one speech request per sentence) gives each a
+:meth:`RequestContext.child`: same deadline, wait budget and usage counters; its own id and timings; cancelling
+the parent releases the child's slots synchronously too.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +23,18 @@ from omni_stream.requests import Timings, next_request_id
 T = TypeVar("T")
 
 
+@dataclass(slots=True)
+class TokenCount:
+    """One model's usage within a request: tokens in, tokens (or codec frames) out."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
 def _expire(future: asyncio.Future[Any], request_id: str, what: str, budget: float) -> None:
     if not future.done():
         future.set_exception(DeadlineExceeded(f"request {request_id}: {what} took longer than {budget:.3f} s"))
@@ -35,13 +52,28 @@ class RequestContext:
     deadline: float | None = None
     wait_timeout: float | None = 120.0
     timings: Timings = field(default_factory=Timings)
-    input_tokens: int = 0
-    output_tokens: int = 0  # codec frames (or tokens) generated so far
-    meta: dict[str, Any] = field(default_factory=dict)
+    # Usage by model kind ("speech": text tokens in, codec frames out; "text": prompt and generated tokens).
+    usage: dict[str, TokenCount] = field(default_factory=dict)
     # Set by the pipeline that runs the request: cancelling it stops every stage.
     cancel_scope: anyio.CancelScope | None = field(default=None, repr=False)
     cancelled: bool = False
     _releases: dict[int, Callable[[], None]] = field(default_factory=dict, repr=False)
+
+    def tokens(self, kind: str) -> TokenCount:
+        """The usage counter of model kind ``kind`` (created at zero)."""
+        count = self.usage.get(kind)
+        if count is None:
+            count = self.usage[kind] = TokenCount()
+        return count
+
+    def child(self, request_id: str) -> RequestContext:
+        """A sub-request's context: shares deadline, wait budget and usage; the parent's release frees it too."""
+        child = RequestContext(
+            request_id=request_id, deadline=self.deadline, wait_timeout=self.wait_timeout, usage=self.usage
+        )
+        unregister = self.add_release(child.release_now)
+        child.add_release(unregister)  # a child released on its own stops being the parent's concern
+        return child
 
     def cancel(self) -> None:
         """Stop the request: release its slots now, cancel its stages; the consumer gets RequestCancelled."""

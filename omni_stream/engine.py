@@ -1,94 +1,71 @@
-"""AsyncEngine: load a checkpoint by its ``model_type`` and stream speech from it.
+"""AsyncEngine: load models of any family onto one device worker and stream requests through pipelines.
 
 ```python
-async with await AsyncEngine.from_pretrained(path) as engine:
-    async with engine.speech("Hello.", voice="vivian") as stream:
+async with await AsyncEngine.from_pretrained(tts_dir, llm=lm_dir) as engine:
+    async with engine.speech("Hello.", voice="vivian") as stream:      # Audio chunks
         async for audio in stream: ...
+    async with engine.generate(ChatRequest(TextRequest(messages), speech=SpokenReply("vivian"))) as out:
+        async for item in out: ...                                       # StageOutput: text deltas and audio
 ```
 
-Model families. ``config.json``'s ``model_type`` names a family; :func:`register_family` maps it to a
-loader, either a callable or a ``"module"`` / ``"module:attr"`` path imported on first use (the attribute
-defaults to ``load_family``), so importing the engine never imports a model. A loader runs off the event
-loop as ``loader(LoadContext) -> family``, and the family object provides:
+An engine holds at most one model per kind (speech, text, ...; :mod:`omni_stream.family`), every model on the one
+device worker, each with its own scheduler. :meth:`AsyncEngine.generate` runs any request through the first
+pipeline that serves it (:mod:`omni_stream.pipelines`) and streams typed :class:`StageOutput` items;
+:meth:`AsyncEngine.speech` is the typed wrapper that yields :class:`~omni_stream.chunks.Audio`. The engine names
+no model family: families come from the registry by ``config.json`` ``model_type``.
 
-- ``info: EngineInfo``: what the checkpoint offers (tasks, voices, languages, sample rate).
-- ``speech_stages(request, ctx) -> Sequence[Stage]``: validate ``request`` (raise InvalidRequestError and
-  its subclasses right away, before anything streams) and return the stages of one request; the stages set
-  ``ctx.input_tokens`` before the first chunk (tokenization runs off the loop there); the last stage yields
-  :class:`~omni_stream.chunks.Audio` and counts ``ctx.output_tokens``.
-- ``async create_voice_prompt(audio, sample_rate, ref_text=None) -> VoicePrompt`` (Base checkpoints;
-  others raise UnsupportedTaskError).
-- ``count_text_tokens(text) -> int``.
-- ``async aclose()``: free what the family holds. The engine closes the device worker after it, which
-  releases any sequence still admitted in the family's schedulers.
-
-Model work runs on ``LoadContext.worker`` (one thread per device): schedulers attach to it, one-off and
-batchable jobs go through ``submit`` / ``submit_batched``; stages await those futures with
-``ctx.wait(future, what)`` so that every wait has a deadline. A batched stage holds its sequence with
-``async with scheduler.session(payload, ctx)``, which also registers a synchronous release on ``ctx``:
-``SpeechStream.abort()`` hands the slot back before the worker's next step, without awaiting anything.
-``omni_stream.models.synthetic`` is the smallest complete family to read; :func:`omni_stream.stages.talker_stage`
-is the talker stage every family shares.
-
-Run-ahead bound. A consumer that stops reading stops its request after a bounded number of frames; what
-can be generated and not yet delivered to it is, at most:
-
-- ``max_buffered_frames`` in the talker scheduler's buffer (its high watermark: the request pauses there,
-  keeping its batch slot, and resumes once the talker stage has taken it down to the low watermark);
-- one item (one frame) in the talker stage's hands, handed over to the codec stage: speech pipelines run
-  with :data:`SPEECH_CHANNEL_SIZE` = 0, so no edge buffers anything, a sender waits for its receiver;
-- one codec window in the codec stage, either being filled or handed over as an audio chunk to the consumer.
-
-So ``max_buffered_frames + 1 + the family's largest codec window`` frames: with the defaults 25 + 1 + 8 =
-34 frames (2.7 s of 80 ms frames) for the synthetic family, 25 + 1 + 25 = 51 (4.1 s) for Qwen3-TTS; a
-request whose ``initial_codec_chunk_frames`` exceeds the steady window raises the last term to it.
+Run-ahead bound (speech). A consumer that stops reading stops its request after a bounded number of frames; what
+can be generated and not yet delivered is at most ``max_buffered_frames`` in the talker scheduler's buffer (its
+high watermark: the request pauses there, keeping its batch slot), one frame in the talker stage's hands (speech
+pipelines run with unbuffered edges: a sender waits for its receiver) and one codec window in the codec stage:
+with the defaults 25 + 1 + 8 = 34 frames (2.7 s) for the synthetic family, 25 + 1 + 25 = 51 (4.1 s) for Qwen3-TTS.
+Streamed text (an LLM feeding TTS) adds one more unit's speech request and one unit of text in hand
+(:mod:`omni_stream.speech_text`) before the text model's own watermark.
 
 Deadlines. Every wait of a request on the device worker is bounded by the engine's ``wait_timeout`` and the
 request's ``timeout``; a wait for a stalled reader by the request's ``timeout`` alone (:mod:`omni_stream.pipeline`).
-``create_voice_prompt`` is bounded by ``wait_timeout``; closing a stream waits at
-most ``pipeline.JOIN_TIMEOUT`` for its stages, closing the engine at most ``worker.CLOSE_TIMEOUT`` for the
-step in progress. Loading has no deadline: reading weights may take minutes.
+Closing a stream waits at most ``pipeline.JOIN_TIMEOUT`` for its stages, closing the engine at most
+``worker.CLOSE_TIMEOUT`` for the step in progress. Loading has no deadline: reading weights may take minutes.
 """
 
 from __future__ import annotations
 
-import importlib
-import json
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, TypeVar
 
 import anyio
 import numpy as np
 
-from omni_stream.chunks import Audio
-from omni_stream.context import RequestContext
-from omni_stream.errors import ConfigError, EngineClosed, InvalidRequestError
+from omni_stream.chunks import Audio, StageOutput, TextDelta
+from omni_stream.context import RequestContext, TokenCount
+from omni_stream.errors import ConfigError, EngineClosed, InvalidRequestError, RequestCancelled
+from omni_stream.family import (
+    Family,
+    LoadContext,
+    LoadOptions,
+    ModelKind,
+    SpeechInfo,
+    check_family,
+    embedded_checkpoint,
+    read_config,
+    resolve_family,
+)
 from omni_stream.metrics import EngineMetrics
-from omni_stream.pipeline import Pipeline, PipelineStream, Stage
-from omni_stream.requests import SpeechRequest, TaskType, Timings, VoicePrompt
+from omni_stream.pipeline import PipelineStream
+from omni_stream.pipelines import ModelSet, find_pipeline
+from omni_stream.requests import ChatRequest, SpeechRequest, TextRequest, Timings, VoicePrompt
 from omni_stream.worker import DeviceWorker
 
-
-@dataclass(slots=True, frozen=True)
-class EngineInfo:
-    """What a loaded checkpoint offers; ``sample_rate`` in Hz."""
-
-    model_name: str
-    model_type: str
-    task_types: tuple[TaskType, ...]
-    voices: tuple[str, ...]
-    languages: tuple[str, ...]
-    sample_rate: int
-    default_task: TaskType
+T = TypeVar("T")
 
 
 @dataclass(slots=True, frozen=True)
 class Usage:
-    """Tokens of one request: text tokens in, codec frames out (so far)."""
+    """One model's usage in a request: tokens in, tokens (text) or codec frames (speech) out, so far."""
 
     input_tokens: int = 0
     output_tokens: int = 0
@@ -97,135 +74,89 @@ class Usage:
     def total_tokens(self) -> int:
         return self.input_tokens + self.output_tokens
 
-
-@dataclass(slots=True, frozen=True)
-class LoadOptions:
-    """How to load: a request pauses with ``max_buffered_frames`` frames in the talker's buffer (backpressure)."""
-
-    device: str = "cpu"
-    dtype: Any = None  # None: the family's default for the device
-    load_format: str = "auto"  # "auto" | "safetensors" | "dummy" (random weights at real sizes)
-    max_batch_size: int = 32
-    max_buffered_frames: int = 25  # the talker scheduler's high watermark: 2 s of 80 ms frames
-    progress: bool = True
-
-    def progress_bar(self, total: int | None = None, desc: str = "loading", unit: str = "it") -> Any:
-        """A tqdm bar (disabled when ``progress`` is False); use it as a context manager."""
-        from tqdm.auto import tqdm
-
-        return tqdm(total=total, desc=desc, unit=unit, disable=not self.progress, leave=False)
+    @classmethod
+    def of(cls, count: TokenCount | None) -> Usage:
+        return cls() if count is None else cls(count.input_tokens, count.output_tokens)
 
 
 @dataclass(slots=True, frozen=True)
-class LoadContext:
-    """Everything a family loader gets: the checkpoint, its parsed config, options, worker and metrics."""
+class ModelSource:
+    """Where one model comes from: a checkpoint directory, or (``endpoint``) a server; ``family`` overrides the
+    checkpoint's ``model_type`` (e.g. ``"vllm"`` to serve a hub-layout LM on vLLM); ``kind`` is the role it must
+    fill (None: whatever its family is)."""
 
-    checkpoint: Path
-    config: dict[str, Any]
-    options: LoadOptions
-    worker: DeviceWorker
-    metrics: EngineMetrics
-
-
-class ModelFamily(Protocol):
-    info: EngineInfo
-
-    def speech_stages(self, request: SpeechRequest, ctx: RequestContext) -> Sequence[Stage]: ...
-
-    async def create_voice_prompt(
-        self, audio: np.ndarray, sample_rate: int, ref_text: str | None = None
-    ) -> VoicePrompt: ...
-
-    def count_text_tokens(self, text: str) -> int: ...
-
-    async def aclose(self) -> None: ...
+    path: Path | None = None
+    family: str | None = None
+    endpoint: str | None = None
+    kind: str | None = None
 
 
-# Chunks that may wait on each edge of a speech pipeline: none (see "Run-ahead bound" above).
-SPEECH_CHANNEL_SIZE = 0
-
-FamilyLoader = Callable[[LoadContext], ModelFamily]
-
-_FAMILIES: dict[str, FamilyLoader | str] = {
-    "qwen3_tts": "omni_stream.models.qwen3_tts.family",
-    "synthetic_tts": "omni_stream.models.synthetic",
-}
-
-
-def register_family(model_type: str, loader: FamilyLoader | str) -> None:
-    """Map a ``config.json`` ``model_type`` to a loader callable or its ``"module[:attr]"`` path."""
-    _FAMILIES[model_type] = loader
-
-
-def resolve_family(model_type: str) -> FamilyLoader:
-    """The loader registered for ``model_type`` (imports it on first use)."""
+async def _load_one(source: ModelSource, options: LoadOptions, worker: DeviceWorker, metrics: EngineMetrics) -> Family:
+    path = source.path
+    if path is None and source.endpoint is None:
+        if source.kind is None:
+            raise ConfigError("a model source needs a path, an endpoint or a kind (for the embedded default)")
+        path = await anyio.to_thread.run_sync(embedded_checkpoint, source.kind)
+    config = await anyio.to_thread.run_sync(read_config, path) if path is not None else {}
+    model_type = source.family or config.get("model_type")
+    if not isinstance(model_type, str):
+        raise ConfigError(f"model source {source} names no family")
+    loader = await anyio.to_thread.run_sync(resolve_family, model_type)
+    load = LoadContext(
+        checkpoint=path if path is not None else Path("."),
+        config=config,
+        options=options,
+        worker=worker,
+        metrics=metrics,
+        endpoint=source.endpoint,
+    )
+    family = await anyio.to_thread.run_sync(loader, load)
     try:
-        loader = _FAMILIES[model_type]
-    except KeyError:
-        known = ", ".join(sorted(_FAMILIES))
-        raise ConfigError(f"unknown model_type {model_type!r} (known: {known})") from None
-    if isinstance(loader, str):
-        module, _, attr = loader.partition(":")
-        loader = getattr(importlib.import_module(module), attr or "load_family")
-        _FAMILIES[model_type] = loader
-    return loader
-
-
-def _default_checkpoint() -> Path:
-    try:
-        family = importlib.import_module("omni_stream.models.qwen3_tts.family")
-        return Path(family.embedded_default_checkpoint())
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(
-            "no default model is available in this build: pass a checkpoint directory (model=...)"
-        ) from exc
-
-
-def _read_config(path: Path) -> dict[str, Any]:
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise ConfigError(f"{path} is not a checkpoint directory: {config_file.name} is missing")
-    try:
-        config = json.loads(config_file.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read {config_file}: {exc}") from exc
-    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
-        raise ConfigError(f"{config_file} has no model_type")
-    return config
+        check_family(family)
+        if source.kind is not None and family.info.kind != source.kind:
+            raise ConfigError(
+                f"{path or source.endpoint} holds a {family.info.kind} model ({family.info.model_type}), "
+                f"not a {source.kind} model"
+            )
+    except BaseException:
+        await family.aclose()
+        raise
+    return family
 
 
 class AsyncEngine:
-    """A loaded model family, its device worker and metrics. Build it with :meth:`from_pretrained`."""
+    """Loaded models (one per kind), their device worker and metrics. Build it with :meth:`from_pretrained`."""
 
     def __init__(
-        self, family: ModelFamily, worker: DeviceWorker, metrics: EngineMetrics, *, wait_timeout: float | None
+        self, models: ModelSet, worker: DeviceWorker, metrics: EngineMetrics, *, wait_timeout: float | None
     ) -> None:
-        self.family = family
+        self.models = models
         self.worker = worker
         self.metrics = metrics
         self.wait_timeout = wait_timeout
         self._closed = False
-        self._streams: weakref.WeakSet[SpeechStream] = weakref.WeakSet()
+        self._streams: weakref.WeakValueDictionary[str, _Stream[Any]] = weakref.WeakValueDictionary()
 
     @classmethod
-    async def from_pretrained(
+    async def load(
         cls,
-        model: str | Path | None = None,
+        sources: Mapping[str, ModelSource] | None = None,
         *,
         device: str = "cpu",
         dtype: Any = None,
         load_format: str = "auto",
         max_batch_size: int = 32,
         progress: bool = True,
+        backend_args: Mapping[str, Any] | None = None,
         # Limits
         max_buffered_frames: int = 25,
         wait_timeout: float | None = 120.0,
     ) -> AsyncEngine:
-        """Load ``model`` (a checkpoint directory; None: the embedded tiny default) off the event loop.
+        """Load every source (None: the embedded tiny default of every kind that has one), off the event loop.
 
-        ``max_buffered_frames``: frames the talker scheduler buffers for a request before pausing it (25: 2 s);
-        the whole lead over the consumer adds one frame and one codec window (module docstring).
+        ``max_buffered_frames``: items a request's scheduler buffers before it pauses (25 speech frames: 2 s).
         ``wait_timeout``: seconds any single wait inside a request may take (None: unbounded).
+        ``backend_args``: passed unchanged to families that wrap another engine (vLLM engine args).
         """
         options = LoadOptions(
             device=device,
@@ -234,46 +165,132 @@ class AsyncEngine:
             max_batch_size=max_batch_size,
             max_buffered_frames=max_buffered_frames,
             progress=progress,
+            backend_args=tuple((backend_args or {}).items()),
         )
-        path = Path(model) if model is not None else await anyio.to_thread.run_sync(_default_checkpoint)
-        config = await anyio.to_thread.run_sync(_read_config, path)
-        loader = await anyio.to_thread.run_sync(resolve_family, config["model_type"])
+        if sources is None:
+            from omni_stream.models import EMBEDDED_DEFAULTS
+
+            sources = {kind: ModelSource(kind=kind) for kind in EMBEDDED_DEFAULTS}
         worker = DeviceWorker(name=f"omni-stream-{device}").start()
         metrics = EngineMetrics()
-        load = LoadContext(checkpoint=path, config=config, options=options, worker=worker, metrics=metrics)
+        models = ModelSet()
         try:
-            family = await anyio.to_thread.run_sync(loader, load)
+            for source in sources.values():
+                models.add(await _load_one(source, options, worker, metrics))
         except BaseException:
+            for family in models:
+                await family.aclose()
             await worker.aclose()
             raise
-        return cls(family, worker, metrics, wait_timeout=wait_timeout)
+        return cls(models, worker, metrics, wait_timeout=wait_timeout)
 
-    @property
-    def info(self) -> EngineInfo:
-        return self.family.info
+    @classmethod
+    async def from_pretrained(
+        cls,
+        model: str | Path | None = None,
+        *,
+        llm: str | Path | None = None,
+        llm_family: str | None = None,
+        llm_endpoint: str | None = None,
+        **options: Any,
+    ) -> AsyncEngine:
+        """Load ``model`` (a checkpoint directory of any family) and/or a text model; neither: the embedded defaults.
+
+        ``llm``: a text model's checkpoint; ``llm_family`` picks its backend (e.g. ``"vllm"``; default: its
+        ``model_type``); ``llm_endpoint``: an OpenAI-compatible server instead (``llm_family`` defaults to
+        ``"openai"`` then). Other keywords as :meth:`load`.
+        """
+        sources: dict[str, ModelSource] = {}
+        if model is not None:
+            sources["model"] = ModelSource(Path(model))
+        if llm is not None or llm_endpoint is not None:
+            family = llm_family or ("openai" if llm is None else None)
+            sources["llm"] = ModelSource(
+                Path(llm) if llm is not None else None, family, llm_endpoint, kind=ModelKind.TEXT
+            )
+        return await cls.load(sources or None, **options)
+
+    # --- what is loaded ---
 
     @property
     def closed(self) -> bool:
         return self._closed
 
-    def speech(self, request: SpeechRequest | str, /, *, timeout: float | None = None, **fields: Any) -> SpeechStream:
-        """Stream speech for ``request`` (or text plus SpeechRequest fields); ``timeout`` s for the whole request.
+    @property
+    def speech_info(self) -> SpeechInfo:
+        """The speech model's info (voices, languages, sample rate); MissingModelError without one."""
+        return self.models.speech().info
+
+    @property
+    def has_speech(self) -> bool:
+        return ModelKind.SPEECH in self.models
+
+    @property
+    def has_text(self) -> bool:
+        return ModelKind.TEXT in self.models
+
+    # --- requests ---
+
+    def generate(self, request: Any, /, *, pipeline: str | None = None, timeout: float | None = None) -> RequestStream:
+        """Stream ``request`` through its pipeline as :class:`StageOutput` items; ``timeout`` s for the whole request.
 
         Invalid requests raise here, before anything streams. The stream starts on first iteration.
         """
-        if self._closed:
-            raise EngineClosed("engine is closed")
-        if isinstance(request, str):
+        spec = find_pipeline(request, self.models, pipeline)
+        ctx = self._context(request, timeout)
+        plan = spec.plan(self.models, request, ctx)
+        stream = RequestStream(plan.pipeline().run(ctx, plan.source), self.metrics, spec.name)
+        self._track(stream)
+        return stream
+
+    def chat(self, request: ChatRequest | TextRequest, /, *, timeout: float | None = None) -> RequestStream:
+        """Stream a chat reply (:meth:`generate` of a ChatRequest; a bare TextRequest is not spoken)."""
+        return self.generate(request if isinstance(request, ChatRequest) else ChatRequest(request), timeout=timeout)
+
+    def speech(
+        self,
+        request: SpeechRequest | str | AsyncIterator[TextDelta],
+        /,
+        *,
+        timeout: float | None = None,
+        **fields: Any,
+    ) -> SpeechStream:
+        """Stream speech for ``request`` (or text, or streamed text deltas, plus SpeechRequest fields).
+
+        Invalid requests raise here, before anything streams. The stream starts on first iteration.
+        """
+        if not isinstance(request, SpeechRequest):
             request = SpeechRequest(text=request, **fields)
         elif fields:
             request = replace(request, **fields)
-        if not isinstance(request, SpeechRequest):
-            raise InvalidRequestError(f"expected a SpeechRequest or text, got {type(request).__name__}", "input")
-        ctx = RequestContext.with_timeout(timeout, request_id=request.request_id, wait_timeout=self.wait_timeout)
-        stages = self.family.speech_stages(request, ctx)
-        stream = SpeechStream(request, Pipeline(stages, channel_size=SPEECH_CHANNEL_SIZE).run(ctx), self.metrics)
-        self._streams.add(stream)
+        spec = find_pipeline(request, self.models)
+        ctx = self._context(request, timeout)
+        plan = spec.plan(self.models, request, ctx)
+        stream = SpeechStream(request, plan.pipeline(tagged=False).run(ctx, plan.source), self.metrics)
+        self._track(stream)
         return stream
+
+    def abort(self, request_id: str, exc: BaseException | None = None) -> bool:
+        """Stop request ``request_id`` now (its slots are free before the next step); False if it is not running.
+
+        Its consumer's next read raises ``exc`` (default: RequestCancelled).
+        """
+        stream = self._streams.get(request_id)
+        if stream is None or stream.outcome is not None:
+            return False
+        stream.abort(exc if exc is not None else RequestCancelled(f"request {request_id} was aborted"))
+        return True
+
+    def _context(self, request: Any, timeout: float | None) -> RequestContext:
+        if self._closed:
+            raise EngineClosed("engine is closed")
+        request_id = getattr(request, "request_id", None)
+        if not isinstance(request_id, str):
+            raise InvalidRequestError(f"a {type(request).__name__} has no request_id")
+        return RequestContext.with_timeout(timeout, request_id=request_id, wait_timeout=self.wait_timeout)
+
+    def _track(self, stream: _Stream[Any]) -> None:
+        self._streams[stream.request_id] = stream
 
     async def create_voice_prompt(
         self, audio: np.ndarray, sample_rate: int, ref_text: str | None = None
@@ -284,22 +301,29 @@ class AsyncEngine:
         """
         if self._closed:
             raise EngineClosed("engine is closed")
+        family = self.models.speech()
         with RequestContext(wait_timeout=self.wait_timeout).fail_after("voice prompt extraction"):
-            prompt = await self.family.create_voice_prompt(audio, sample_rate, ref_text)
+            prompt = await family.create_voice_prompt(audio, sample_rate, ref_text)
         return prompt
 
-    def count_text_tokens(self, text: str) -> int:
-        return self.family.count_text_tokens(text)
+    def count_text_tokens(self, text: str, kind: str = ModelKind.SPEECH) -> int:
+        """Tokens of ``text`` under the ``kind`` model's tokenizer (blocking for long text: call it off the loop)."""
+        family = self.models.get(kind)
+        count = getattr(family, "count_text_tokens", None)
+        if count is None:
+            raise InvalidRequestError(f"the {kind} model does not count text tokens")
+        return int(count(text))
 
     async def aclose(self) -> None:
-        """Fail open streams with EngineClosed, close the family, stop the device worker."""
+        """Fail open streams with EngineClosed, close every model, stop the device worker."""
         if self._closed:
             return
         self._closed = True
-        for stream in list(self._streams):
+        for stream in list(self._streams.values()):
             stream.abort(EngineClosed("engine closed while the request was streaming"))
         try:
-            await self.family.aclose()
+            for family in self.models:
+                await family.aclose()
         finally:
             await self.worker.aclose()
 
@@ -310,37 +334,35 @@ class AsyncEngine:
         await self.aclose()
 
 
-class SpeechStream:
-    """Audio chunks of one request; ``usage`` and ``timings`` fill in as it streams."""
+class _Stream(Generic[T]):
+    """One running request: outcome, metrics, abort and close around a :class:`PipelineStream`."""
 
-    def __init__(self, request: SpeechRequest, stream: PipelineStream, metrics: EngineMetrics | None = None) -> None:
-        self.request = request
+    def __init__(self, request_id: str, stream: PipelineStream, metrics: EngineMetrics | None) -> None:
+        self._request_id = request_id
         self._stream = stream
         self._metrics = metrics
         self._outcome: str | None = None
 
     @property
     def request_id(self) -> str:
-        return self.request.request_id
+        return self._request_id
 
     @property
     def ctx(self) -> RequestContext:
         return self._stream.ctx
 
     @property
-    def usage(self) -> Usage:
-        return Usage(self.ctx.input_tokens, self.ctx.output_tokens)
-
-    @property
     def timings(self) -> Timings:
         return self.ctx.timings
 
-    def __aiter__(self) -> SpeechStream:
-        return self
+    @property
+    def outcome(self) -> str | None:
+        """``ok``, ``error``, ``cancelled`` or ``deadline`` once the request has ended; None while it runs."""
+        return self._outcome
 
-    async def __anext__(self) -> Audio:
+    async def _next(self) -> Any:
         try:
-            audio = await self._stream.__anext__()
+            return await self._stream.__anext__()
         except StopAsyncIteration:
             self._finish("ok")
             raise
@@ -353,8 +375,6 @@ class SpeechStream:
         except BaseException:
             self._finish("error")
             raise
-        self.timings.record_chunk(audio.duration)
-        return audio
 
     def _finish(self, outcome: str) -> None:
         if self._outcome is not None:
@@ -369,9 +389,63 @@ class SpeechStream:
         self._stream.cancel(exc)
 
     async def aclose(self) -> None:
-        """Stop generating and free the request's batch slot before the next model step."""
+        """Stop generating and free the request's batch slots before the next model step."""
         await self._stream.aclose()
         self._finish("cancelled")
+
+
+class RequestStream(_Stream[StageOutput[Any]]):
+    """The outputs of every emitting stage of one request, in arrival order; ``usage`` by model kind."""
+
+    def __init__(self, stream: PipelineStream, metrics: EngineMetrics | None, pipeline: str) -> None:
+        super().__init__(stream.ctx.request_id, stream, metrics)
+        self.pipeline = pipeline
+
+    @property
+    def usage(self) -> dict[str, Usage]:
+        return {kind: Usage.of(count) for kind, count in self.ctx.usage.items()}
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> StageOutput[Any]:
+        out: StageOutput[Any] = await self._next()
+        if isinstance(out.chunk, Audio):
+            self.timings.record_chunk(out.chunk.duration)
+        if self.timings.first_output is None:
+            self.timings.first_output = time.perf_counter()
+        return out
+
+    async def __aenter__(self) -> RequestStream:
+        await self._stream.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+class SpeechStream(_Stream[Audio]):
+    """Audio chunks of one speech request; ``usage`` and ``timings`` fill in as it streams."""
+
+    def __init__(self, request: SpeechRequest, stream: PipelineStream, metrics: EngineMetrics | None = None) -> None:
+        super().__init__(request.request_id, stream, metrics)
+        self.request = request
+
+    @property
+    def usage(self) -> Usage:
+        """Text tokens in, codec frames out (so far)."""
+        return Usage.of(self.ctx.usage.get(ModelKind.SPEECH))
+
+    def __aiter__(self) -> SpeechStream:
+        return self
+
+    async def __anext__(self) -> Audio:
+        while True:
+            chunk = await self._next()
+            if isinstance(chunk, Audio):
+                self.timings.record_chunk(chunk.duration)
+                return chunk
+            # streamed text: the unit transcripts between the audio are not part of a speech stream
 
     async def __aenter__(self) -> SpeechStream:
         await self._stream.__aenter__()

@@ -1,9 +1,15 @@
 """Pipelines: a request's stages run in one task group, joined by bounded channels.
 
-A stage is an async generator function ``stage(ctx, upstream) -> AsyncIterator[Chunk]``. The first stage's
-upstream is the pipeline's source (an empty iterator when there is none). :meth:`Pipeline.run` returns a
-:class:`PipelineStream`: iterate it for the last stage's chunks; ``aclose()`` (or leaving ``async with``, or
-cancelling the consumer) cancels every stage and waits until their ``finally`` blocks have run.
+A stage is an async generator function ``stage(ctx, upstream) -> AsyncIterator[Out]`` (typed ``Stage[In, Out]``).
+The first stage's upstream is the pipeline's source (an empty iterator when there is none). :meth:`Pipeline.run`
+returns a :class:`PipelineStream`: iterate it for the last stage's chunks; ``aclose()`` (or leaving ``async with``,
+or cancelling the consumer) cancels every stage and waits until their ``finally`` blocks have run.
+
+Outputs of several stages. With ``emit`` the consumer gets :class:`~omni_stream.chunks.StageOutput` items instead:
+every chunk of every emitting stage (the last stage always emits), tagged with its stage and whether it is that
+stage's last (the chunk's own ``final`` flag, so nothing waits for a next chunk). An emitting stage that is not the
+last hands each chunk to its consumer first, then downstream; both hand-overs are bounded, so a consumer that stops
+reading stops every emitting stage.
 
 The task group lives in a host task of its own, never across the consumer's ``yield``: a task group held
 open by an async generator would deliver its cancellation into whatever the consumer awaits meanwhile.
@@ -28,22 +34,29 @@ import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeAlias, TypeVar
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from omni_stream.chunks import StageOutput, is_final
 from omni_stream.context import RequestContext
 from omni_stream.errors import DeadlineExceeded, RequestCancelled
 
-Stage = Callable[[RequestContext, AsyncIterator[Any]], AsyncIterator[Any]]
+In = TypeVar("In")
+Out = TypeVar("Out")
+
+Stage: TypeAlias = Callable[[RequestContext, AsyncIterator[In]], AsyncIterator[Out]]
+"""``Stage[In, Out]``: consumes an async iterator of ``In`` chunks, yields ``Out`` chunks."""
+
+AnyStage: TypeAlias = Callable[[RequestContext, AsyncIterator[Any]], AsyncIterator[Any]]
 
 log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT = 30.0  # seconds a close waits for cancelled stages to finish (they take microseconds)
 
 
-def stage_name(stage: Stage) -> str:
+def stage_name(stage: AnyStage) -> str:
     """A readable name for a stage callable (``name`` attribute, function name, or class name)."""
     name = getattr(stage, "name", None)
     if isinstance(name, str):
@@ -68,9 +81,20 @@ class StreamState(StrEnum):
 
 
 class Pipeline:
-    """Stages of one request type; ``channel_size`` chunks may wait on each edge (default 4)."""
+    """Stages of one request; ``channel_size`` chunks may wait on each edge (default 4).
 
-    def __init__(self, stages: Sequence[Stage], *, channel_size: int = 4, names: Sequence[str] | None = None) -> None:
+    ``emit``: one flag per stage; when given, the stream yields StageOutput items of every flagged stage (and the
+    last), else the last stage's chunks themselves.
+    """
+
+    def __init__(
+        self,
+        stages: Sequence[AnyStage],
+        *,
+        channel_size: int = 4,
+        names: Sequence[str] | None = None,
+        emit: Sequence[bool] | None = None,
+    ) -> None:
         if not stages:
             raise ValueError("a pipeline needs at least one stage")
         if channel_size < 0:
@@ -80,6 +104,11 @@ class Pipeline:
         if len(self.names) != len(self.stages):
             raise ValueError("names must match stages one to one")
         self.channel_size = channel_size
+        self.tagged = emit is not None
+        flags = tuple(emit) if emit is not None else (False,) * len(self.stages)
+        if len(flags) != len(self.stages):
+            raise ValueError("emit must match stages one to one")
+        self.emit = (*flags[:-1], True)
 
     def run(self, ctx: RequestContext | None = None, source: AsyncIterator[Any] | None = None) -> PipelineStream:
         """Start lazily (on first iteration or ``async with``) and stream the last stage's chunks."""
@@ -148,22 +177,30 @@ class _Run:
 
 async def _drive(
     run: _Run,
-    stage: Stage,
+    stage: AnyStage,
     name: str,
     upstream: AsyncIterator[Any],
     send: MemoryObjectSendStream[Any],
+    tap: MemoryObjectSendStream[Any] | None = None,
+    tag: bool = False,
 ) -> None:
+    """Run one stage: each chunk goes to ``tap`` (the consumer, as a StageOutput) if any, then to ``send``."""
     try:
         async with send:
             async with contextlib.aclosing(stage(run.ctx, upstream)) as chunks:  # type: ignore[type-var]
                 async for chunk in chunks:
-                    if not await _send(send, chunk):
+                    if tap is not None and not await _send(tap, StageOutput(name, chunk, is_final(chunk))):
+                        break  # the consumer is gone
+                    item = StageOutput(name, chunk, is_final(chunk)) if tag else chunk
+                    if not await _send(send, item):
                         break  # the rest of the pipeline is gone: stop this stage quietly
     except anyio.get_cancelled_exc_class():
         raise
     except Exception as exc:
         run.fail(exc, name)
     finally:
+        if tap is not None:
+            tap.close()
         if isinstance(upstream, _Inbox):
             upstream.stream.close()  # tell the previous stage nobody reads any more
 
@@ -182,12 +219,26 @@ async def _host(
                 upstream: AsyncIterator[Any] = source if source is not None else empty_source()
                 last = len(pipeline.stages) - 1
                 for i, (stage, name) in enumerate(zip(pipeline.stages, pipeline.names, strict=True)):
+                    tap = None
                     if i == last:
                         send, receive = out, None
                     else:
                         send, receive = anyio.create_memory_object_stream[Any](pipeline.channel_size)
                         streams += [send, receive]
-                    tg.start_soon(_drive, run, stage, name, upstream, send, name=f"{run.ctx.request_id}:{name}")
+                        if pipeline.emit[i]:
+                            tap = out.clone()
+                            streams.append(tap)
+                    tg.start_soon(
+                        _drive,
+                        run,
+                        stage,
+                        name,
+                        upstream,
+                        send,
+                        tap,
+                        pipeline.tagged and i == last,
+                        name=f"{run.ctx.request_id}:{name}",
+                    )
                     if receive is not None:
                         upstream = _Inbox(receive)
         if scope.cancelled_caught and run.error is None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 import numpy as np
 
+from omni_stream.chunks import TextDelta
 from omni_stream.errors import InvalidRequestError
 
 _ids = itertools.count(1)
@@ -70,9 +72,12 @@ class SpeechRequest:
 
     Units: ``max_new_tokens`` in codec frames (80 ms each for 12 Hz models); ``ref_audio`` float32 mono at
     ``ref_sample_rate`` Hz; ``initial_codec_chunk_frames`` frames in the first audio chunk (None = model default).
+
+    ``text`` may stream: an async iterator of :class:`TextDelta` (an LLM's output, a realtime session's text) is
+    split into sentences, each synthesized as its own request while the previous one plays (``split``).
     """
 
-    text: str
+    text: str | AsyncIterator[TextDelta]
     voice: str | None = None
     task_type: TaskType | None = None  # None: the checkpoint's own task
     language: str = "Auto"
@@ -94,9 +99,15 @@ class SpeechRequest:
     ignore_eos: bool = False
     request_id: str = field(default_factory=next_request_id)
 
+    # Streamed text only: where units end ("sentence" | "clause" | "none": the whole stream is one unit).
+    split: str = "sentence"
+
     def __post_init__(self) -> None:
-        if not isinstance(self.text, str) or not self.text.strip():
-            raise InvalidRequestError("input text must be a non-empty string", "input")
+        if isinstance(self.text, str):
+            if not self.text.strip():
+                raise InvalidRequestError("input text must be a non-empty string", "input")
+        elif not hasattr(self.text, "__aiter__"):
+            raise InvalidRequestError("input must be a string or an async iterator of TextDelta", "input")
         if self.max_new_tokens < 1:
             raise InvalidRequestError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}", "max_new_tokens")
         if self.initial_codec_chunk_frames is not None and self.initial_codec_chunk_frames < 1:
@@ -105,6 +116,102 @@ class SpeechRequest:
                 "initial_codec_chunk_frames",
             )
 
+    @property
+    def streamed(self) -> bool:
+        """True when ``text`` is an async iterator of deltas rather than a string."""
+        return not isinstance(self.text, str)
+
+    def for_text(self, text: str, request_id: str) -> SpeechRequest:
+        """This request's settings for one unit of (streamed) text."""
+        return replace(self, text=text, request_id=request_id)
+
+
+class Role(StrEnum):
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+
+
+@dataclass(slots=True, frozen=True)
+class ChatMessage:
+    """One turn of a conversation (text content)."""
+
+    role: Role
+    content: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.role, Role):
+            try:
+                object.__setattr__(self, "role", Role(self.role))
+            except ValueError:
+                roles = ", ".join(r.value for r in Role)
+                raise InvalidRequestError(f"unknown role {self.role!r} (one of: {roles})", "messages") from None
+        if not isinstance(self.content, str):
+            raise InvalidRequestError("message content must be a string", "messages")
+
+
+@dataclass(slots=True, frozen=True)
+class TextRequest:
+    """One text-generation request: ``messages`` through the model's chat template, or a raw ``prompt``.
+
+    ``max_tokens`` None: up to the model's context. ``sampling`` None: the model's defaults. ``stop``: strings that
+    end the generation (not included in the text). ``ignore_eos``: benchmarks only, always ``max_tokens`` tokens.
+    """
+
+    messages: tuple[ChatMessage, ...] = ()
+    prompt: str | None = None
+    max_tokens: int | None = None
+    sampling: SamplingParams | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    ignore_eos: bool = False
+    request_id: str = field(default_factory=next_request_id)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.messages, tuple):
+            object.__setattr__(self, "messages", tuple(self.messages))
+        if (self.prompt is None) == (not self.messages):
+            raise InvalidRequestError("give either messages or a prompt", "messages")
+        if self.prompt is not None and not self.prompt:
+            raise InvalidRequestError("prompt must be a non-empty string", "prompt")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise InvalidRequestError(f"max_tokens must be >= 1, got {self.max_tokens}", "max_tokens")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise InvalidRequestError("stop must hold non-empty strings", "stop")
+
+
+@dataclass(slots=True, frozen=True)
+class SpokenReply:
+    """How generated text is spoken: the speech fields every sentence of it gets (None: the model's default)."""
+
+    voice: str | None = None
+    language: str = "Auto"
+    instructions: str | None = None
+    seed: int | None = None
+    initial_codec_chunk_frames: int | None = None
+    split: str = "sentence"
+    with_text: bool = True  # the consumer also gets the text model's deltas (else only transcripts and audio)
+
+    def request(self, text: str, request_id: str) -> SpeechRequest:
+        """The speech request for one unit of text."""
+        fields: dict = {"text": text, "request_id": request_id, "language": self.language}
+        for name in ("voice", "instructions", "seed", "initial_codec_chunk_frames"):
+            if getattr(self, name) is not None:
+                fields[name] = getattr(self, name)
+        return SpeechRequest(**fields)
+
+
+@dataclass(slots=True, frozen=True)
+class ChatRequest:
+    """A chat turn; with ``speech`` its text is also spoken (LLM -> TTS), each sentence while the last one plays."""
+
+    text: TextRequest
+    speech: SpokenReply | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.text.request_id
+
 
 @dataclass(slots=True)
 class Timings:
@@ -112,7 +219,8 @@ class Timings:
 
     created: float = field(default_factory=time.perf_counter)
     admitted: float | None = None
-    first_chunk: float | None = None
+    first_output: float | None = None  # the first chunk of any kind (a text delta, say)
+    first_chunk: float | None = None  # the first audio chunk
     finished: float | None = None
     chunk_times: list[float] = field(default_factory=list)
     chunk_durations: list[float] = field(default_factory=list)  # seconds of audio per chunk

@@ -125,8 +125,7 @@ class Scheduler:
         with self.lock:
             if self._closed:
                 raise EngineClosed(f"scheduler {self.name} is closed")
-            seq = Sequence(seq_id=next(self._ids), payload=payload)
-            seq.meta["request_id"] = ctx.request_id
+            seq = Sequence(seq_id=next(self._ids), payload=payload, request_id=ctx.request_id)
             sess = _Session(seq, ctx, asyncio.get_running_loop())
             self._sessions[seq.seq_id] = sess
             self.waiting.append(seq)

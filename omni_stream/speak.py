@@ -61,7 +61,7 @@ async def _speak(args: argparse.Namespace) -> int:
                 pieces.append(audio.samples)
             timings = stream.timings
         wav = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
-        rate = engine.info.sample_rate
+        rate = engine.speech_info.sample_rate
 
     import soundfile as sf
 

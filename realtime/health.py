@@ -9,6 +9,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from omni_stream.family import SpeechInfo, TextInfo
+
 _STARTED = int(time.time())
 
 
@@ -33,17 +35,21 @@ async def list_models(request: Request) -> Response:
     state: ServerState = request.app.state.omni
     data = []
     if state.engine is not None:
-        info = state.engine.info
-        data.append(
-            {
-                "id": state.model_id,
+        ids = state.model_ids()
+        for family in state.engine.models:
+            info = family.info
+            entry: dict[str, object] = {
+                "id": ids[info.kind],
                 "object": "model",
                 "created": _STARTED,
                 "owned_by": "omni-stream",
                 "model_type": info.model_type,
-                "task_types": [getattr(t, "value", str(t)) for t in info.task_types],
-                "sample_rate": info.sample_rate,
+                "kind": info.kind,
             }
-        )
+            if isinstance(info, SpeechInfo):
+                entry.update(task_types=[t.value for t in info.task_types], sample_rate=info.sample_rate)
+            if isinstance(info, TextInfo):
+                entry["max_context"] = info.max_context
+            data.append(entry)
     state.metrics.requests.labels("/v1/models", "200").inc()
     return JSONResponse({"object": "list", "data": data})

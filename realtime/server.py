@@ -130,10 +130,10 @@ def run(args: argparse.Namespace) -> int:
             max_batch_size=args.max_concurrency,
             progress=True,
         )
-        info = engine.info
+        loaded = ", ".join(f"{f.info.model_name} ({f.info.kind}, {f.info.model_type})" for f in engine.models)
         print(
-            f"omni-stream serve: loaded {info.model_name} ({info.model_type}, {info.sample_rate} Hz); "
-            f"voices dir {settings.voices_dir}; listening on http://{args.host}:{args.port}",
+            f"omni-stream serve: loaded {loaded}; voices dir {settings.voices_dir}; "
+            f"listening on http://{args.host}:{args.port}",
             flush=True,
         )
         return engine

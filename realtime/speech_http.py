@@ -96,7 +96,7 @@ async def _create_speech(request: Request, state: ServerState) -> Response:
             await close_stream(stream)
             state.metrics.disconnects.labels("http").inc()
             return Response(status_code=499)
-        out = await AudioOut.open(opts.response_format, state.engine.info.sample_rate, opts.sample_rate)
+        out = await AudioOut.open(opts.response_format, state.engine.speech_info.sample_rate, opts.sample_rate)
     except BaseException:
         await close_stream(stream)
         raise
@@ -128,7 +128,7 @@ async def _whole(request: Request, state: ServerState, opts: SpeechOptions, stre
         state.metrics.disconnects.labels("http").inc()
         return Response(status_code=499)
     samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
-    src = state.engine.info.sample_rate
+    src = state.engine.speech_info.sample_rate
     data, rate = await anyio.to_thread.run_sync(
         encode_whole, opts.response_format, samples, src, opts.sample_rate, opts.speed
     )

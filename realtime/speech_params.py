@@ -14,9 +14,9 @@ from typing import Any
 
 from omni_stream.realtime.errors import ApiError, bad_request
 from omni_stream.realtime.settings import SPEECH_FORMATS, STREAM_FORMATS, Settings
-from omni_stream.realtime.text_split import Granularity
 
 from omni_stream.requests import TaskType
+from omni_stream.text_split import Granularity
 
 
 class StreamMode(StrEnum):

@@ -23,12 +23,12 @@ from omni_stream.realtime.errors import ApiError, from_exception
 from omni_stream.realtime.speech_build import build_request
 from omni_stream.realtime.speech_params import SpeechOptions, check_model, parse_options
 from omni_stream.realtime.state import ServerState
-from omni_stream.realtime.text_split import TextSplitter
 from omni_stream.realtime.ws_messages import ProtocolError, input_text, parse_message
 from omni_stream.realtime.ws_units import UnitJob, UnitSpec, UtteranceEnd
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from omni_stream.requests import SpeechRequest
+from omni_stream.text_split import TextSplitter
 
 log = logging.getLogger("omni_stream.realtime.ws")
 
@@ -316,7 +316,7 @@ class SpeechSession:
         self.last_activity = time.monotonic()
 
     async def _dispatch(self, tg: TaskGroup, jobs_send: Any) -> None:
-        rate = self.state.engine.info.sample_rate
+        rate = self.state.engine.speech_info.sample_rate
         async with jobs_send:
             async for item in self._queue_recv:
                 if isinstance(item, UtteranceEnd):

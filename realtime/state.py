@@ -10,6 +10,9 @@ from omni_stream.realtime.settings import Settings
 from omni_stream.realtime.voice_store import VoiceStore
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from omni_stream.engine import AsyncEngine
+from omni_stream.family import ModelKind
+
 
 @dataclass(slots=True)
 class HttpMetrics:
@@ -47,7 +50,7 @@ class ServerState:
 
     settings: Settings
     voices: VoiceStore
-    engine: Any = None
+    engine: AsyncEngine | None = None
     metrics: HttpMetrics = field(default_factory=HttpMetrics)
     ready: bool = False
     stopping: Any = None  # anyio.Event (made in the lifespan), set when the server begins to shut down
@@ -62,16 +65,32 @@ class ServerState:
             for session in list(self.sessions):
                 await session.finished.wait()
 
-    def served_models(self) -> tuple[str, ...]:
-        """The names the ``model`` field may carry."""
+    @property
+    def ready_engine(self) -> AsyncEngine:
+        """The loaded engine (routes run only after the lifespan has loaded it)."""
+        if self.engine is None:
+            raise RuntimeError("the engine is not loaded yet")
+        return self.engine
+
+    def served_models(self, kind: str = ModelKind.SPEECH) -> tuple[str, ...]:
+        """The names the ``model`` field of a ``kind`` request may carry (``--served-model-name`` names speech)."""
         names = []
-        if self.settings.model_name:
+        if self.settings.model_name and kind == ModelKind.SPEECH:
             names.append(self.settings.model_name)
-        if self.engine is not None and self.engine.info.model_name not in names:
-            names.append(self.engine.info.model_name)
+        if self.engine is not None and kind in self.engine.models:
+            name = self.engine.models.get(kind).info.model_name
+            if name not in names:
+                names.append(name)
         return tuple(names)
+
+    def model_ids(self) -> dict[str, str]:
+        """The id /v1/models lists for each loaded kind."""
+        if self.engine is None:
+            return {}
+        return {kind: self.served_models(kind)[0] for kind in self.engine.models.kinds}
 
     @property
     def model_id(self) -> str:
-        """The name /v1/models lists."""
-        return self.served_models()[0] if self.served_models() else "omni-stream"
+        """The primary model's id (speech if loaded, else the first model)."""
+        ids = self.model_ids()
+        return ids.get(ModelKind.SPEECH) or next(iter(ids.values()), "omni-stream")

@@ -60,7 +60,7 @@ class LiveServer:
 
     @property
     def family(self) -> Any:
-        return self.engine.family
+        return self.engine.models.speech()
 
     def wait_idle(self, timeout: float = 10.0) -> dict[str, int]:
         """Wait until the scheduler holds no per-request state; returns its live counts."""

@@ -47,7 +47,7 @@ class Harness:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self.loop = asyncio.get_running_loop()
-        self.sched = engine.family.scheduler
+        self.sched = engine.models.speech().scheduler
         self.gauges: list[tuple[float, float, float]] = []  # (running, waiting, paused) as /metrics shows them
         self.on_loop: list[bool] = []  # whether each update came from the event loop's thread
         self.changed = asyncio.Event()
@@ -62,7 +62,7 @@ class Harness:
             self.loop.call_soon_threadsafe(self.changed.set)
 
         metrics.observe_queues = observe_queues
-        engine.family.talker.before_step = self.before_step
+        engine.models.speech().talker.before_step = self.before_step
 
     def before_step(self, batch) -> None:
         asyncio.run_coroutine_threadsafe(_settle(), self.loop).result(30)
@@ -95,7 +95,7 @@ class Harness:
 
 async def test_default_settings_a_stalled_reader_stays_within_the_documented_bound_and_resumes_losslessly(tmp_path):
     async with await AsyncEngine.from_pretrained(write_checkpoint(tmp_path), progress=False) as engine:
-        high = engine.family.scheduler.high
+        high = engine.models.speech().scheduler.high
         assert high == 25  # the default max_buffered_frames
         h = Harness(engine)
         async with engine.speech("s", voice="alice", max_new_tokens=80, ignore_eos=True) as stream:
@@ -149,7 +149,7 @@ async def test_a_stalled_reader_pauses_only_its_own_request(tmp_path):
             async with engine.speech("f", voice="bob", max_new_tokens=60, ignore_eos=True) as fast:
                 fast_audio = np.concatenate([a.samples async for a in fast])
             assert np.array_equal(fast_audio, tone_samples(CONFIG, 2, 0, 60))
-            with engine.family.scheduler.lock:
+            with engine.models.speech().scheduler.lock:
                 assert seq.state is RequestState.PAUSED and seq.num_steps == steps_when_paused
                 assert seq.slot >= 0
             delivered = chunks[0].n_samples // SPF

@@ -99,7 +99,7 @@ async def test_random_aborts_leave_no_per_request_state(tmp_path):
     async with await AsyncEngine.from_pretrained(
         path, progress=False, max_batch_size=16, max_buffered_frames=4
     ) as engine:
-        talker, sched = engine.family.talker, engine.family.scheduler
+        talker, sched = engine.models.speech().talker, engine.models.speech().scheduler
         talker.record = True
         outcomes: Counter[str] = Counter()
         async with anyio.create_task_group() as tg:

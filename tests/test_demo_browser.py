@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 from omni_stream.realtime.app import STATIC_DIR
 from omni_stream.realtime.settings import Settings
-from omni_stream.realtime.text_split import Granularity, split_text
 from serving_helpers import LiveServer, make_checkpoint, running_server
 
 from omni_stream.models.synthetic import SyntheticConfig
+from omni_stream.text_split import Granularity, split_text
 
 pytestmark = pytest.mark.browser
 

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from omni_stream.chunks import Audio
-from omni_stream.engine import AsyncEngine, EngineInfo, register_family, resolve_family
+from omni_stream.engine import AsyncEngine
 from omni_stream.errors import (
     ConfigError,
     DeadlineExceeded,
@@ -22,6 +22,7 @@ from omni_stream.errors import (
     UnknownVoiceError,
     UnsupportedTaskError,
 )
+from omni_stream.family import SpeechInfo, register_family, resolve_family
 from omni_stream.models.synthetic import SyntheticConfig, SyntheticFault, tone_samples, write_checkpoint
 from omni_stream.requests import SpeechRequest, TaskType
 
@@ -49,8 +50,8 @@ async def collect(stream) -> list[Audio]:
 
 
 async def test_from_pretrained_reads_model_type_and_describes_the_checkpoint(engine):
-    info = engine.info
-    assert isinstance(info, EngineInfo)
+    info = engine.speech_info
+    assert isinstance(info, SpeechInfo)
     assert info.model_type == "synthetic_tts" and info.sample_rate == 24000
     assert info.voices == CONFIG.voices
     assert info.default_task is TaskType.CUSTOM_VOICE
@@ -130,8 +131,8 @@ async def test_concurrent_requests_share_batches_and_each_gets_its_own_tone(engi
     results = await asyncio.gather(*(one(v) for v in voices))
     for voice, wav in zip(voices, results, strict=True):
         assert np.array_equal(wav, tone_samples(CONFIG, 1 + CONFIG.voices.index(voice), 0, 20))
-    assert engine.family.scheduler.stats.max_batch > 1
-    assert engine.family.scheduler.live() == dict.fromkeys(engine.family.scheduler.live(), 0)
+    assert engine.models.speech().scheduler.stats.max_batch > 1
+    assert engine.models.speech().scheduler.live() == dict.fromkeys(engine.models.speech().scheduler.live(), 0)
 
 
 async def test_stage_error_fails_only_its_request_with_the_original_type(engine):
@@ -172,11 +173,11 @@ async def test_deadline_exceeded_reaches_the_consumer(tmp_path):
             await collect(engine.speech("hi", voice="alice", max_new_tokens=400, ignore_eos=True, timeout=0.05))
         await engine.worker.submit(lambda: None)
         await engine.worker.submit(lambda: None)
-        assert engine.family.scheduler.live()["slots_in_use"] == 0
+        assert engine.models.speech().scheduler.live()["slots_in_use"] == 0
 
 
 async def test_aclose_of_the_stream_frees_the_slot_at_once(engine):
-    sched = engine.family.scheduler
+    sched = engine.models.speech().scheduler
     stream = engine.speech("m" * 400, voice="carol")
     async with stream:
         await stream.__anext__()
@@ -189,7 +190,7 @@ async def test_aclose_of_the_stream_frees_the_slot_at_once(engine):
 
 async def test_abort_releases_the_sequence_synchronously(engine):
     """What a cancelled ``finally`` can still do: no await needed for the slot to go back."""
-    sched, talker = engine.family.scheduler, engine.family.talker
+    sched, talker = engine.models.speech().scheduler, engine.models.speech().talker
     talker.record = True
     stream = engine.speech("m" * 400, voice="carol")
     await stream.__anext__()
@@ -220,14 +221,14 @@ async def test_model_work_never_runs_on_the_event_loop_thread(checkpoint):
                     raise AssertionError("the event loop did not run while the worker was stepping")
                 ticked.clear()
 
-        decode = engine.family.codec.decode
+        decode = engine.models.speech().codec.decode
 
         def traced_decode(windows):
             codec_threads.add(threading.get_ident())
             return decode(windows)
 
-        engine.family.codec.decode = traced_decode
-        engine.family.talker.before_step = before_step
+        engine.models.speech().codec.decode = traced_decode
+        engine.models.speech().talker.before_step = before_step
         done = anyio.Event()
 
         async def ticker():
@@ -288,7 +289,7 @@ async def test_no_default_model_is_a_clear_error(monkeypatch):
         return real_import(name, *args)
 
     monkeypatch.setattr(importlib, "import_module", fake_import)
-    with pytest.raises(ConfigError, match="no default model"):
+    with pytest.raises(ConfigError, match=r"no default \w+ model"):
         await AsyncEngine.from_pretrained(None, progress=False)
 
 
@@ -317,11 +318,11 @@ async def test_a_stream_aborted_before_it_started_raises_without_running(engine)
     stream.abort(EngineClosed("shutting down"))
     with pytest.raises(EngineClosed, match="shutting down"):
         await stream.__anext__()
-    assert engine.family.talker.steps == 0
+    assert engine.models.speech().talker.steps == 0
 
 
 async def test_ctx_cancel_mid_stream_raises_request_cancelled_and_frees_the_slot(engine):
-    sched = engine.family.scheduler
+    sched = engine.models.speech().scheduler
     async with engine.speech("p" * 400, voice="dave") as stream:
         await stream.__anext__()
         stream.ctx.cancel()
@@ -350,6 +351,6 @@ async def test_the_synthetic_family_runs_the_shared_talker_stage(engine):
     from omni_stream.pipeline import stage_name
     from omni_stream.stages import talker_stage
 
-    talker, codec = engine.family.speech_stages(SpeechRequest(text="hi", voice="alice"), RequestContext())
+    talker, codec = engine.models.speech().speech_stages(SpeechRequest(text="hi", voice="alice"), RequestContext())
     assert [stage_name(talker), stage_name(codec)] == ["talker", "codec"]
-    assert talker.__code__ is talker_stage(engine.family.scheduler, None).__code__
+    assert talker.__code__ is talker_stage(engine.models.speech().scheduler, None).__code__

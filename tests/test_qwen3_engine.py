@@ -45,7 +45,7 @@ async def _collect(engine: AsyncEngine, request: SpeechRequest) -> np.ndarray:
 
 async def _expected(engine: AsyncEngine, request: SpeechRequest, voice_prompt=None) -> np.ndarray:
     """Codes from the runner's synchronous driver, decoded whole (on the worker thread, engine idle)."""
-    fam = engine.family
+    fam = engine.models.speech()
 
     def run() -> np.ndarray:
         req = replace(request, sampling=request.sampling or fam.sampling)
@@ -65,9 +65,9 @@ async def _idle(engine: AsyncEngine) -> None:
     # Sessions release synchronously; the worker frees slots at its next iteration: let two go by.
     await engine.worker.submit(lambda: None)
     await engine.worker.submit(lambda: None)
-    live = engine.family.scheduler.live()
+    live = engine.models.speech().scheduler.live()
     assert live == dict.fromkeys(live, 0), live
-    assert engine.family.runner.num_active == 0
+    assert engine.models.speech().runner.num_active == 0
 
 
 @pytest.mark.parametrize("initial", [1, 2, 5])
@@ -176,8 +176,8 @@ async def test_the_talker_stage_is_the_shared_one(custom_voice_dir):
     from omni_stream.stages import talker_stage
 
     async with await AsyncEngine.from_pretrained(custom_voice_dir, progress=False) as engine:
-        talker, _ = engine.family.speech_stages(_greedy("hi", voice="ryan"), RequestContext())
-        assert talker.__code__ is talker_stage(engine.family.scheduler, None).__code__
+        talker, _ = engine.models.speech().speech_stages(_greedy("hi", voice="ryan"), RequestContext())
+        assert talker.__code__ is talker_stage(engine.models.speech().scheduler, None).__code__
 
 
 async def test_load_problems_raise_config_errors_naming_the_field(custom_voice_dir, base_dir, monkeypatch):
@@ -205,7 +205,7 @@ def test_embedded_default_checkpoint_is_built_once_and_says_it_speaks_noise(tmp_
         caplog.clear()
         with caplog.at_level(logging.WARNING):
             async with await AsyncEngine.from_pretrained(path, progress=False) as engine:
-                assert engine.family.embedded
+                assert engine.models.speech().embedded
         assert "speaks noise" in caplog.text
 
     anyio.run(load)

@@ -156,7 +156,7 @@ def test_dummy_checkpoint_serves_speech_end_to_end_on_cuda(tmp_path) -> None:
         engine = await AsyncEngine.from_pretrained(path, device="cuda", load_format="dummy", max_batch_size=2,
                                                    progress=False)  # fmt: skip
         async with engine:
-            family = engine.family
+            family = engine.models.speech()
             # codec windows share the talker's thread unless OMNI_STREAM_CODEC_THREAD=1
             assert (family.codec_worker is family.worker) == (os.environ.get("OMNI_STREAM_CODEC_THREAD") != "1")
             assert family.runner.prefill_graphs is not None and len(family.runner.prefill_graphs) > 0

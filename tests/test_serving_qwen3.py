@@ -35,7 +35,7 @@ def base(tmp_path_factory):
 
 
 def test_custom_voice_formats_and_sse(custom):
-    info = custom.engine.info
+    info = custom.engine.speech_info
     voice = info.voices[0]
     client = openai.OpenAI(base_url=f"{custom.url}/v1", api_key="x", max_retries=0)
     extra = {"max_new_tokens": FRAMES, "seed": 0}
@@ -54,7 +54,7 @@ def test_custom_voice_formats_and_sse(custom):
 
 
 def test_custom_voice_websocket_pcm_stream(custom):
-    voice = custom.engine.info.voices[1]
+    voice = custom.engine.speech_info.voices[1]
     with connect(f"{custom.ws_url}/v1/audio/speech/stream") as ws:
         config = {"voice": voice, "response_format": "pcm", "stream_audio": True, "max_new_tokens": FRAMES}
         ws.send(json.dumps({"type": "session.config", **config}))

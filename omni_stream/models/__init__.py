@@ -1,1 +1,18 @@
-"""Model families, looked up by the checkpoint's ``config.json`` ``model_type`` (see ``omni_stream.engine``)."""
+"""The built-in model families, looked up by ``config.json`` ``model_type`` (see :mod:`omni_stream.family`).
+
+Each family is one folder here; adding one means writing its folder and one line below. Loaders are named as
+``"module[:attr]"`` paths so that nothing is imported before a checkpoint asks for it.
+"""
+
+from __future__ import annotations
+
+BUILTIN_FAMILIES: dict[str, str] = {
+    "qwen3_tts": "omni_stream.models.qwen3_tts.family",
+    "synthetic_tts": "omni_stream.models.synthetic",
+    "synthetic_lm": "omni_stream.models.synthetic.lm_family",
+}
+
+# The tiny random-weight checkpoint each kind serves when no model is given, as "module[:builder]".
+EMBEDDED_DEFAULTS: dict[str, str] = {
+    "speech": "omni_stream.models.qwen3_tts.family:embedded_default_checkpoint",
+}

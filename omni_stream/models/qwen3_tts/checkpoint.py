@@ -305,22 +305,12 @@ def write_dummy_checkpoint(
 # -- CLI ---------------------------------------------------------------------------------------------------------
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("out", type=Path, help="output directory")
-    src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--tiny", action="store_true", help="tiny random model (tests, CPU demos)")
-    src.add_argument("--from-config", type=Path, metavar="DIR", help="random weights at the sizes of DIR/config.json")
-    parser.add_argument("--kind", choices=KINDS, default="custom_voice", help="checkpoint task (default custom_voice)")
-    parser.add_argument("--size", choices=SIZES, default="0.6b", help="shape of the tiny model (default 0.6b)")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weight dtype (default float32)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-
-
-def run(args: argparse.Namespace) -> int:
+def make(args: argparse.Namespace) -> Path:
+    """``make-checkpoint`` for the speech kinds (``omni_stream.make_checkpoint``)."""
     dtype = DTYPES[args.dtype]
     if args.tiny:
-        path = write_tiny_checkpoint(args.out, args.kind, args.size, dtype=dtype, seed=args.seed)
-    else:
-        path = write_dummy_checkpoint(args.from_config, args.out, dtype=dtype, seed=args.seed)
-    print(f"wrote {path}")
-    return 0
+        size = args.size or "0.6b"
+        if size not in SIZES:
+            raise SystemExit(f"--size must be one of {', '.join(SIZES)} for {args.kind}, got {size!r}")
+        return write_tiny_checkpoint(args.out, args.kind, size, dtype=dtype, seed=args.seed)
+    return write_dummy_checkpoint(args.from_config, args.out, dtype=dtype, seed=args.seed)

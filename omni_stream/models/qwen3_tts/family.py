@@ -25,7 +25,6 @@ import numpy as np
 import torch
 
 from omni_stream.context import RequestContext
-from omni_stream.engine import EngineInfo, LoadContext
 from omni_stream.errors import (
     AudioDecodeError,
     ConfigError,
@@ -33,6 +32,7 @@ from omni_stream.errors import (
     UnknownVoiceError,
     UnsupportedTaskError,
 )
+from omni_stream.family import LoadContext, ModelKind, SpeechInfo
 from omni_stream.models.qwen3_tts.checkpoint import load_lm, write_tiny_checkpoint
 from omni_stream.models.qwen3_tts.codec import load_speech_tokenizer
 from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
@@ -40,7 +40,7 @@ from omni_stream.models.qwen3_tts.config import GenerationDefaults, load_config,
 from omni_stream.models.qwen3_tts.prompt import TASK_OF_MODEL, TalkerRequest, prepare_request, resolve_task
 from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
 from omni_stream.models.qwen3_tts.speaker_encoder import load_speaker_encoder
-from omni_stream.models.qwen3_tts.stages import REF_CODES_KEY, codec_stage
+from omni_stream.models.qwen3_tts.stages import ReferenceCodes, codec_stage
 from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
 from omni_stream.pipeline import Stage
 from omni_stream.requests import SamplingParams, SpeechRequest, TaskType, VoicePrompt
@@ -163,9 +163,11 @@ class Qwen3TTSFamily:
             )
             bar.update(1)
         self.sampling, self.subtalker_sampling = _sampling(self.defaults)
-        self.info = EngineInfo(
+        self.info = SpeechInfo(
             model_name=ckpt.name,
             model_type="qwen3_tts",
+            kind=ModelKind.SPEECH,
+            default_voice=cfg.speakers[0] if cfg.speakers else None,
             task_types=(self.task,),
             voices=cfg.speakers,
             languages=tuple(lang.capitalize() for lang in cfg.languages if lang != "auto"),
@@ -215,6 +217,8 @@ class Qwen3TTSFamily:
 
     def speech_stages(self, request: SpeechRequest, ctx: RequestContext) -> Sequence[Stage]:
         task = self.check_request(request)
+        assert isinstance(request.text, str), "streamed text is split into units before it reaches a family"
+        reference = ReferenceCodes()  # the talker stage's prompt hands the ICL reference codes to the codec stage
         request = replace(
             request,
             sampling=request.sampling or self.sampling,
@@ -232,9 +236,9 @@ class Qwen3TTSFamily:
                 lambda: prepare_request(request, self.config, self.tokenizer, voice_prompt=voice_prompt)
             )
             prompt = talker_request.prompt
-            ctx.input_tokens = len(prompt.text_ids) + len(prompt.instruct_ids) + len(prompt.ref_text_ids or ())
-            if prompt.ref_codes is not None:
-                ctx.meta[REF_CODES_KEY] = prompt.ref_codes
+            n_in = len(prompt.text_ids) + len(prompt.instruct_ids) + len(prompt.ref_text_ids or ())
+            ctx.tokens(ModelKind.SPEECH).input_tokens = n_in
+            reference.codes = prompt.ref_codes
             return talker_request
 
         initial = request.initial_codec_chunk_frames or DEFAULT_INITIAL_FRAMES
@@ -248,6 +252,7 @@ class Qwen3TTSFamily:
                 initial_frames=initial,
                 steady_frames=max(STEADY_FRAMES, initial),
                 pool=self.codec_windows,
+                reference=reference,
             ),
         ]
 

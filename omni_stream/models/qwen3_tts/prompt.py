@@ -203,6 +203,8 @@ def build_prompt(
                 )
             ref_ids = tokenizer.encode(f"<|im_start|>assistant\n{ref_text}<|im_end|>\n")
             ref_text_ids = tuple(ref_ids[3:-2])
+    if not isinstance(request.text, str):
+        raise TypeError("streamed text is split into units before a prompt is built")
     role_ids, text_ids = _assistant_ids(tokenizer, request.text)
     instruct_ids: tuple[int, ...] = ()
     if instructions is not None:

@@ -25,8 +25,13 @@ from omni_stream.models.qwen3_tts.codec_stream import CodecStreamState, decode_w
 from omni_stream.pipeline import Stage
 from omni_stream.worker import DeviceWorker
 
-# meta key through which the talker stage hands ICL reference codes ([T, 16] int64) to the codec stage
-REF_CODES_KEY = "qwen3_tts.ref_codes"
+
+@dataclass(slots=True)
+class ReferenceCodes:
+    """One request's ICL reference codes (``[T, 16]`` int64), set by the talker stage's prompt before its first
+    frame and read by the codec stage to prime the decoder; None when the request clones no reference audio."""
+
+    codes: np.ndarray | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -78,6 +83,7 @@ def codec_stage(
     initial_frames: int,
     steady_frames: int,
     pool: CodecWindows | None = None,
+    reference: ReferenceCodes | None = None,
 ) -> Stage:
     """Decode the upstream frames in ramped windows with exact streaming state; yield :class:`Audio`.
 
@@ -142,9 +148,9 @@ def codec_stage(
         pending: Audio | None = None
         ended = False
         async for frames in upstream:
-            if frames.start_frame == 0 and ctx.meta.get(REF_CODES_KEY) is not None:
+            if frames.start_frame == 0 and reference is not None and reference.codes is not None:
                 # The talker stage set the reference codes before its first frame; they prime the decoder.
-                context = torch.as_tensor(ctx.meta[REF_CODES_KEY], dtype=torch.long)
+                context = torch.as_tensor(reference.codes, dtype=torch.long)
             held.append(frames.codes)
             n_held += frames.n_frames
             if pending is not None:

@@ -16,7 +16,6 @@ import torch
 
 from omni_stream.chunks import Audio, CodecFrames
 from omni_stream.context import RequestContext
-from omni_stream.engine import EngineInfo, LoadContext
 from omni_stream.errors import (
     AudioDecodeError,
     InvalidRequestError,
@@ -24,6 +23,7 @@ from omni_stream.errors import (
     UnknownVoiceError,
     UnsupportedTaskError,
 )
+from omni_stream.family import LoadContext, ModelKind, SpeechInfo
 from omni_stream.metrics import EngineMetrics
 from omni_stream.models.synthetic.config import Faults, SyntheticConfig
 from omni_stream.models.synthetic.model import (
@@ -88,9 +88,11 @@ class SyntheticFamily:
             metrics=metrics.scheduler("talker") if metrics is not None else None,
             name="talker",
         )
-        self.info = EngineInfo(
+        self.info = SpeechInfo(
             model_name=config.model_name,
             model_type=config.model_type,
+            kind=ModelKind.SPEECH,
+            default_voice=config.voices[0] if config.voices else None,
             task_types=tuple(TaskType(t) for t in config.task_types),
             voices=config.voices,
             languages=config.languages,
@@ -104,14 +106,20 @@ class SyntheticFamily:
         """Byte-level tokens: one per UTF-8 byte."""
         return len(text.encode("utf-8"))
 
+    def check_request(self, request: SpeechRequest) -> TaskType:
+        return self._validate(request)
+
     def speech_stages(self, request: SpeechRequest, ctx: RequestContext) -> Sequence[Stage]:
         task = self._validate(request)
+        assert isinstance(request.text, str), "streamed text is split into units before it reaches a family"
         text, faults = parse_faults(request.text) if self.config.fault_markers else (request.text, Faults())
         if request.ignore_eos:
             n_frames = request.max_new_tokens
         else:
             n_frames = min(request.max_new_tokens, max(1, round(len(text.strip()) * self.config.frames_per_char)))
-        ctx.input_tokens = self.count_text_tokens(request.text) + self.count_text_tokens(request.instructions or "")
+        ctx.tokens(ModelKind.SPEECH).input_tokens = self.count_text_tokens(request.text) + self.count_text_tokens(
+            request.instructions or ""
+        )
         ramp = self.config.codec_windows
         if request.initial_codec_chunk_frames is not None:
             ramp = (

@@ -1,0 +1,282 @@
+"""The model-family contract: what a family is told when it loads, what it says about itself, how it registers.
+
+A *family* is one folder under ``omni_stream/models/`` (or a third-party package) that turns a checkpoint into
+stages. Both the engine and every family import this module; it imports neither.
+
+Registration. ``config.json``'s ``model_type`` names a family. :func:`register_family` maps a model type (or any
+other name, e.g. a backend selected on the command line) to a loader: a callable, or a ``"module[:attr]"`` path
+imported on first use (the attribute defaults to ``load_family``), so importing the engine imports no model.
+Packages add families without editing this one through the ``omni_stream.families`` entry-point group: the entry's
+name is the model type, its value the ``module:attr`` of the loader. A loader runs off the event loop as
+``loader(LoadContext) -> family``.
+
+Kinds. Every family has ``info: ModelInfo``; ``info.kind`` says which role protocol below it implements and so which
+pipelines it can serve (:mod:`omni_stream.pipelines`): :class:`SpeechFamily` (text -> audio), :class:`TextFamily`
+(messages -> text deltas). Speech-only vocabulary (task types, voices, languages, sample rate) lives in
+:class:`SpeechInfo`, which speech families provide.
+
+Model work runs on ``LoadContext.worker`` (one thread per device, shared by every family of the engine): schedulers
+attach to it, one-off and batchable jobs go through ``submit`` / ``submit_batched``; stages await those futures with
+``ctx.wait(future, what)`` so that every wait has a deadline. A batched stage holds its sequence with
+``async with scheduler.session(payload, ctx)``, which registers a synchronous release on ``ctx``: aborting a request
+hands the slot back before the worker's next step, without awaiting anything.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from omni_stream.context import RequestContext
+from omni_stream.errors import ConfigError
+from omni_stream.metrics import EngineMetrics
+from omni_stream.requests import SpeechRequest, TaskType, TextRequest, VoicePrompt
+from omni_stream.worker import DeviceWorker
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "omni_stream.families"
+
+
+class ModelKind(StrEnum):
+    """What a model does; also the role it fills in an engine (one model per kind)."""
+
+    SPEECH = "speech"  # text -> audio (TTS)
+    TEXT = "text"  # messages -> text (LLM)
+    TRANSCRIPTION = "transcription"  # audio -> text (ASR)
+    IMAGE = "image"  # text (+ image) -> image (diffusion)
+    VIDEO = "video"  # text (+ image) -> video frames
+
+
+@dataclass(slots=True, frozen=True)
+class ModelInfo:
+    """What any loaded checkpoint says about itself. ``kind``: a :class:`ModelKind` value (or a family's own)."""
+
+    model_name: str
+    model_type: str
+    kind: str
+
+
+@dataclass(slots=True, frozen=True)
+class SpeechInfo(ModelInfo):
+    """A speech model: its tasks, built-in voices, languages and output ``sample_rate`` (Hz)."""
+
+    task_types: tuple[TaskType, ...] = ()
+    voices: tuple[str, ...] = ()
+    languages: tuple[str, ...] = ()
+    sample_rate: int = 24000
+    default_task: TaskType = TaskType.CUSTOM_VOICE
+    default_voice: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class TextInfo(ModelInfo):
+    """A text model: ``max_context`` positions (prompt + generated tokens)."""
+
+    max_context: int = 2048
+
+
+@dataclass(slots=True, frozen=True)
+class LoadOptions:
+    """How to load. ``max_buffered_frames``: items a request's scheduler buffer holds before it pauses (backpressure).
+
+    ``backend_args`` are passed through unchanged to a family that wraps another engine (e.g. vLLM engine args).
+    """
+
+    device: str = "cpu"
+    dtype: Any = None  # None: the family's default for the device
+    load_format: str = "auto"  # "auto" | "safetensors" | "dummy" (random weights at real sizes)
+    max_batch_size: int = 32
+    max_buffered_frames: int = 25  # the scheduler's high watermark: 2 s of 80 ms speech frames
+    progress: bool = True
+    backend_args: tuple[tuple[str, Any], ...] = ()
+
+    def progress_bar(self, total: int | None = None, desc: str = "loading", unit: str = "it") -> Any:
+        """A tqdm bar (disabled when ``progress`` is False); use it as a context manager."""
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc=desc, unit=unit, disable=not self.progress, leave=False)
+
+
+@dataclass(slots=True, frozen=True)
+class LoadContext:
+    """Everything a family loader gets: the checkpoint (or endpoint), its parsed config, options, worker, metrics."""
+
+    checkpoint: Path
+    config: dict[str, Any]
+    options: LoadOptions
+    worker: DeviceWorker
+    metrics: EngineMetrics
+    # Families that serve from elsewhere (an OpenAI-compatible server) get its base URL here.
+    endpoint: str | None = None
+
+
+@runtime_checkable
+class Family(Protocol):
+    """Every family: its info, and ``aclose()`` to free what it holds (the engine stops the worker after)."""
+
+    info: ModelInfo
+
+    async def aclose(self) -> None: ...
+
+
+# A stage: ``stage(ctx, upstream) -> async iterator of chunks`` (see omni_stream.pipeline).
+StageFn = Callable[[RequestContext, AsyncIterator[Any]], AsyncIterator[Any]]
+
+
+@runtime_checkable
+class SpeechFamily(Protocol):
+    """``kind == "speech"``: text in, :class:`~omni_stream.chunks.Audio` out.
+
+    ``speech_stages`` validates ``request`` (InvalidRequestError and subclasses, right away, before anything
+    streams) and returns the stages of one request; they count usage in ``ctx.tokens("speech")`` (text tokens in,
+    codec frames out; tokenization runs off the loop inside the stages) and the last one yields ``Audio``, its last
+    chunk marked ``final``. ``request.text`` is always a string here (streamed text is split into units first).
+    """
+
+    info: SpeechInfo
+
+    def check_request(self, request: SpeechRequest) -> object:
+        """Raise InvalidRequestError (naming the field) unless the model can serve ``request``; cheap, no I/O."""
+        ...
+
+    def speech_stages(self, request: SpeechRequest, ctx: RequestContext) -> Sequence[StageFn]: ...
+
+    async def create_voice_prompt(
+        self, audio: np.ndarray, sample_rate: int, ref_text: str | None = None
+    ) -> VoicePrompt: ...
+
+    def count_text_tokens(self, text: str) -> int: ...
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class TextFamily(Protocol):
+    """``kind == "text"``: a text generator. ``text_stage`` validates now and returns one stage yielding TextDelta.
+
+    The stage ignores its upstream, counts ``ctx.tokens("text")`` (prompt tokens in, generated tokens out) and marks
+    its last delta ``final`` with a ``finish_reason``. Closing it (any exit) aborts the generation.
+    """
+
+    info: TextInfo
+
+    def text_stage(self, request: TextRequest, ctx: RequestContext) -> StageFn: ...
+
+    def count_text_tokens(self, text: str) -> int: ...
+
+    async def aclose(self) -> None: ...
+
+
+KIND_PROTOCOLS: dict[str, type] = {ModelKind.SPEECH: SpeechFamily, ModelKind.TEXT: TextFamily}
+"""Role protocols by kind; the engine checks a loaded family against its kind's protocol."""
+
+
+def register_kind(kind: str, protocol: type) -> None:
+    """Declare the role protocol (a ``runtime_checkable`` Protocol) that families of ``kind`` implement."""
+    KIND_PROTOCOLS[kind] = protocol
+
+
+def check_family(family: object) -> None:
+    """Raise ConfigError unless ``family`` has a ModelInfo and implements its kind's protocol."""
+    info = getattr(family, "info", None)
+    if not isinstance(info, ModelInfo):
+        raise ConfigError(f"{type(family).__name__} has no ModelInfo 'info'")
+    protocol = KIND_PROTOCOLS.get(info.kind, Family)
+    if not isinstance(family, protocol):
+        raise ConfigError(
+            f"{type(family).__name__} is a {info.kind!r} model but does not implement {protocol.__name__}"
+        )
+
+
+# --- registry -------------------------------------------------------------------------------------------------
+
+FamilyLoader = Callable[[LoadContext], Any]
+
+
+@dataclass(slots=True)
+class _Registry:
+    loaders: dict[str, FamilyLoader | str] = field(default_factory=dict)
+    entry_points_read: bool = False
+
+
+_REGISTRY = _Registry()
+
+
+def register_family(model_type: str, loader: FamilyLoader | str) -> None:
+    """Map a ``config.json`` ``model_type`` (or a backend name) to a loader callable or its ``"module[:attr]"`` path."""
+    _REGISTRY.loaders[model_type] = loader
+
+
+def _read_entry_points() -> None:
+    if _REGISTRY.entry_points_read:
+        return
+    _REGISTRY.entry_points_read = True
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        _REGISTRY.loaders.setdefault(ep.name, ep.value)
+
+
+def known_families() -> tuple[str, ...]:
+    """Every registered model type, built-in and from entry points."""
+    from omni_stream.models import BUILTIN_FAMILIES
+
+    _read_entry_points()
+    return tuple(sorted({*BUILTIN_FAMILIES, *_REGISTRY.loaders}))
+
+
+def resolve_family(model_type: str) -> FamilyLoader:
+    """The loader registered for ``model_type`` (imports it on first use)."""
+    from omni_stream.models import BUILTIN_FAMILIES
+
+    loader = _REGISTRY.loaders.get(model_type)
+    if loader is None:
+        _read_entry_points()
+        loader = _REGISTRY.loaders.get(model_type, BUILTIN_FAMILIES.get(model_type))
+    if loader is None:
+        raise ConfigError(f"unknown model_type {model_type!r} (known: {', '.join(known_families())})")
+    if isinstance(loader, str):
+        module, _, attr = loader.partition(":")
+        try:
+            loader = getattr(importlib.import_module(module), attr or "load_family")
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"cannot import the loader of model_type {model_type!r} ({loader}): {exc}") from exc
+        _REGISTRY.loaders[model_type] = loader
+    return loader
+
+
+def embedded_checkpoint(kind: str) -> Path:
+    """The tiny random-weight checkpoint served for ``kind`` when no model is given (built on first use)."""
+    from omni_stream.models import EMBEDDED_DEFAULTS
+
+    target = EMBEDDED_DEFAULTS.get(kind)
+    if target is None:
+        raise ConfigError(f"no embedded default model for kind {kind!r}: pass a checkpoint")
+    module, _, attr = target.partition(":")
+    try:
+        build = getattr(importlib.import_module(module), attr or "embedded_default_checkpoint")
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"no default {kind} model is available in this build ({exc}): pass a checkpoint") from exc
+    return Path(build())
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """``config.json`` of a checkpoint directory; ConfigError when it is missing or names no model_type."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ConfigError(f"{path} is not a checkpoint directory: {config_file.name} is missing")
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read {config_file}: {exc}") from exc
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise ConfigError(f"{config_file} has no model_type")
+    return config

@@ -1,0 +1,61 @@
+"""Voice activity detection: the streaming detector interface a realtime session drives, and its parameters.
+
+A detector holds one stream's state (a session owns one; never share it). ``feed`` takes the next samples
+(float32 mono at ``sample_rate``, any length) and returns the turn events they complete, with positions in
+samples from the start of the stream. Turn rule (OpenAI's ``server_vad``): speech starts when the speech
+probability passes ``threshold``; it stops after ``silence_duration_ms`` below it; ``prefix_padding_ms`` of audio
+before the start belong to the turn. ``feed`` is blocking CPU work (a small model): run it off the event loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+import numpy as np
+
+from omni_stream.errors import InvalidRequestError
+
+
+class VadEventKind(StrEnum):
+    SPEECH_STARTED = "speech_started"
+    SPEECH_STOPPED = "speech_stopped"
+
+
+@dataclass(slots=True, frozen=True)
+class VadEvent:
+    """A turn boundary at ``sample`` (samples since the stream began, at the detector's rate)."""
+
+    kind: VadEventKind
+    sample: int
+
+
+@dataclass(slots=True, frozen=True)
+class VadParams:
+    """``threshold`` in (0, 1); durations in milliseconds."""
+
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.threshold < 1.0:
+            raise InvalidRequestError(f"threshold must be in (0, 1), got {self.threshold}", "threshold")
+        if not 0 <= self.prefix_padding_ms <= 10_000:
+            raise InvalidRequestError("prefix_padding_ms must be 0-10000", "prefix_padding_ms")
+        if not 0 <= self.silence_duration_ms <= 10_000:
+            raise InvalidRequestError("silence_duration_ms must be 0-10000", "silence_duration_ms")
+
+
+class VoiceActivityDetector(Protocol):
+    """One stream's detector (see module docstring)."""
+
+    @property
+    def sample_rate(self) -> int: ...
+
+    def feed(self, samples: np.ndarray) -> list[VadEvent]: ...
+
+    def reset(self) -> None:
+        """Forget the stream so far (a cleared input buffer); positions restart at 0."""
+        ...
