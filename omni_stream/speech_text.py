@@ -4,10 +4,11 @@ Two stages, used wherever text arrives a piece at a time (an LLM's reply, a real
 ``SpeechRequest.text``):
 
 - :func:`text_units` ``Stage[TextDelta, TextDelta]``: joins deltas and yields one delta per complete unit
-  (sentence or clause, :mod:`omni_stream.text_split`), the rest when the text ends.
+  (sentence or clause, :mod:`omni_stream.text_split`), the rest when the text ends; units join back to the text.
 - :func:`speak_units` ``Stage[TextDelta, TextDelta | Audio]``: runs one speech request per unit on a speech
   family (its own pipeline, a child context of the request) and yields, for each unit, the unit's text (its
-  transcript) and then its audio, re-based so samples count from the start of the whole reply.
+  transcript: the transcripts join to the whole text) and then its audio, re-based so samples count from the
+  start of the whole reply.
 
 Pipelining and run-ahead. While unit ``k`` streams, unit ``k + 1`` is already synthesizing (``lookahead`` units,
 default 1), so there is no stall between sentences; no further unit is taken from upstream until one finishes.
@@ -42,22 +43,39 @@ UNIT_MAX_CHARS = 2000  # a unit longer than this is cut (at a sentence end, else
 
 
 def text_units(split: Granularity | str = Granularity.SENTENCE, max_chars: int = UNIT_MAX_CHARS) -> Stage:
-    """Join upstream text deltas into units; the last unit (possibly empty) is marked ``final``."""
+    """Join upstream text deltas into units; the last unit (possibly empty) is marked ``final``.
+
+    Each unit's ``text`` is its piece of the original text, whitespace before it included, so the units join
+    back to the text exactly (the last one also carries any trailing whitespace); what is spoken is its
+    stripped form.
+    """
     granularity = Granularity(split)
 
     async def units(ctx: RequestContext, upstream: AsyncIterator[TextDelta]) -> AsyncIterator[TextDelta]:
         splitter = TextSplitter(granularity, max_chars)
-        index = 0
+        raw, cursor, index = "", 0, 0
+
+        def piece(unit: str) -> str:
+            nonlocal cursor
+            pos = raw.find(unit, cursor)
+            if pos < 0:  # not a substring (the splitter only strips and cuts, so this does not happen)
+                return unit
+            start, cursor = cursor, pos + len(unit)
+            return raw[start:cursor]
+
         async for delta in upstream:
+            raw += delta.text
             for unit in splitter.feed(delta.text):
-                yield TextDelta(unit, index)
+                yield TextDelta(piece(unit), index)
                 index += 1
         rest = splitter.flush()
         for i, unit in enumerate(rest):
-            yield TextDelta(unit, index, final=i == len(rest) - 1)
+            text = piece(unit)
+            last = i == len(rest) - 1
+            yield TextDelta(text + raw[cursor:] if last else text, index, final=last)
             index += 1
         if not rest:
-            yield TextDelta("", index, final=True)  # marks the end when the last unit went out unmarked
+            yield TextDelta(raw[cursor:], index, final=True)  # marks the end when the last unit went out unmarked
 
     units.__name__ = "units"
     return units
@@ -86,7 +104,7 @@ def speak_units(family: SpeechFamily, make: UnitRequest, *, lookahead: int = 1) 
             nonlocal index
             child = ctx.child(f"{ctx.request_id}.{index}")
             index += 1
-            request = make(unit.text, child.request_id)
+            request = make(unit.text.strip(), child.request_id)
             stages = family.speech_stages(request, child)
             stream = Pipeline(stages, channel_size=0).run(child)
             stream.start()  # synthesis begins now, while earlier units stream

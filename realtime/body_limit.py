@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import anyio
@@ -76,3 +77,14 @@ async def drain(receive: Receive, error: BaseException) -> None:
             dropped += len(message.get("body", b""))
             if not message.get("more_body", False):
                 return
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The body as JSON, at most ``limit`` bytes; 400 when it is empty, too large or not JSON."""
+    body = await read_body(request, limit)
+    if not body:
+        raise ApiError(400, "Request body is empty: expected a JSON object")
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as exc:  # ValueError covers JSON and UTF-8 errors; too deep nesting
+        raise ApiError(400, f"Request body is not valid JSON: {exc}") from exc

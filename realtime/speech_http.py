@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
@@ -12,8 +11,8 @@ import anyio
 import anyio.to_thread
 import numpy as np
 from omni_stream.realtime.audio_out import AudioOut, audio_headers, encode_whole
-from omni_stream.realtime.body_limit import drain, read_body
-from omni_stream.realtime.errors import ApiError, bad_request, from_exception
+from omni_stream.realtime.body_limit import drain, read_json
+from omni_stream.realtime.errors import ApiError, from_exception
 from omni_stream.realtime.speech_build import build_request
 from omni_stream.realtime.speech_params import SpeechOptions, StreamMode, check_model, parse_input, parse_options
 from omni_stream.realtime.sse import SSE_HEADERS, SSE_MEDIA_TYPE, sse_event
@@ -56,16 +55,6 @@ def usage_headers(stream: Any) -> dict[str, str]:
     }
 
 
-async def _read_json(request: Request, limit: int) -> Any:
-    body = await read_body(request, limit)
-    if not body:
-        raise bad_request("Request body is empty: expected a JSON object")
-    try:
-        return json.loads(body)
-    except (ValueError, RecursionError) as exc:  # ValueError covers JSON and UTF-8 errors; too deep nesting
-        raise bad_request(f"Request body is not valid JSON: {exc}") from exc
-
-
 async def create_speech(request: Request) -> Response:
     state: ServerState = request.app.state.omni
     try:
@@ -78,7 +67,7 @@ async def create_speech(request: Request) -> Response:
 
 
 async def _create_speech(request: Request, state: ServerState) -> Response:
-    body = await _read_json(request, state.settings.max_speech_body_bytes)
+    body = await read_json(request, state.settings.max_speech_body_bytes)
     opts = parse_options(body, state.settings)
     check_model(opts.model, state.served_models())
     text = parse_input(body, state.settings)

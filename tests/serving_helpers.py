@@ -62,22 +62,25 @@ class LiveServer:
     def family(self) -> Any:
         return self.engine.models.speech()
 
-    def wait_idle(self, timeout: float = 10.0) -> dict[str, int]:
-        """Wait until the scheduler holds no per-request state; returns its live counts."""
+    def wait_idle(self, timeout: float = 10.0, kind: str = "speech") -> dict[str, int]:
+        """Wait until the ``kind`` model's scheduler holds no per-request state; returns its live counts."""
         deadline = time.monotonic() + timeout
+        scheduler = self.engine.models.get(kind).scheduler
         while True:
-            live = self.family.scheduler.live()
+            live = scheduler.live()
             if not any(live.values()) or time.monotonic() > deadline:
                 return live
             time.sleep(0.01)
 
 
 @contextlib.contextmanager
-def running_server(checkpoint: Path, settings: Settings | None = None) -> Iterator[LiveServer]:
-    """Serve ``checkpoint`` until the block ends."""
+def running_server(
+    checkpoint: Path | None, settings: Settings | None = None, *, llm: Path | None = None
+) -> Iterator[LiveServer]:
+    """Serve ``checkpoint`` (and the text model ``llm``, if given) until the block ends."""
 
     async def load() -> Any:
-        return await AsyncEngine.from_pretrained(checkpoint, progress=False)
+        return await AsyncEngine.from_pretrained(checkpoint, llm=llm, progress=False)
 
     app = create_app(load, settings or Settings())
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

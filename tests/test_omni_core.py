@@ -81,14 +81,15 @@ async def test_chat_with_speech_speaks_each_sentence_and_the_transcripts_join_to
     text = "".join(o.chunk.text for o in outs if o.stage == "text")
     assert text == said
     transcripts = [o.chunk.text for o in outs if o.stage == "speech" and isinstance(o.chunk, TextDelta)]
-    assert transcripts == ["First one here.", "Then a second.", "And the last"]
+    assert transcripts == ["First one here.", " Then a second.", " And the last"]
+    assert "".join(transcripts) == said
     audio = [o.chunk for o in outs if isinstance(o.chunk, Audio)]
     starts = [a.start_sample for a in audio]
     assert starts == sorted(starts) and starts[0] == 0  # one continuous reply
     assert [a.final for a in audio].count(True) == 1 and audio[-1].final
     # each sentence is its own request: its tone restarts at frame 0 (round(len * 0.5) frames each)
     expected = np.concatenate(
-        [tone_samples(CONFIG, 3, 0, max(1, round(len(t) * CONFIG.frames_per_char))) for t in transcripts]
+        [tone_samples(CONFIG, 3, 0, max(1, round(len(t.strip()) * CONFIG.frames_per_char))) for t in transcripts]
     )
     assert np.array_equal(np.concatenate([a.samples for a in audio]), expected)
 
