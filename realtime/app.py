@@ -22,10 +22,12 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
+from omni_stream.engine import AsyncEngine
+
 log = logging.getLogger("omni_stream.realtime")
 
 STATIC_DIR = Path(__file__).parent / "static"
-EngineFactory = Callable[[], Awaitable[Any]]
+EngineFactory = Callable[[], Awaitable[AsyncEngine]]
 
 
 def _routes(static_dir: Path | None) -> list[BaseRoute]:
@@ -55,7 +57,7 @@ def _routes(static_dir: Path | None) -> list[BaseRoute]:
     return routes
 
 
-def create_app(engine: Any | EngineFactory, settings: Settings | None = None) -> Starlette:
+def create_app(engine: AsyncEngine | EngineFactory, settings: Settings | None = None) -> Starlette:
     """The server app for ``engine`` (an AsyncEngine, or an async factory the lifespan awaits and then closes).
 
     A ready engine passed in stays owned by the caller; one built by the factory is closed at shutdown.
@@ -65,19 +67,20 @@ def create_app(engine: Any | EngineFactory, settings: Settings | None = None) ->
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        owned = callable(engine) and not hasattr(engine, "speech")
         state.stopping = anyio.Event()
         restored = await anyio.to_thread.run_sync(state.voices.load)
         if restored:
             log.info("restored %d uploaded voice(s) from %s", restored, settings.voices_dir)
-        state.engine = await engine() if owned else engine
+        owned = not isinstance(engine, AsyncEngine)
+        loaded = engine if isinstance(engine, AsyncEngine) else await engine()
+        state.engine = loaded
         state.ready = True
         try:
             yield
         finally:
             state.ready = False
             if owned:
-                await state.engine.aclose()
+                await loaded.aclose()
 
     static_dir = settings.static_dir or STATIC_DIR
     app = Starlette(

@@ -21,18 +21,18 @@ from omni_stream.requests import SpeechRequest, TaskType
 
 def supported_voices(state: ServerState) -> list[str]:
     """Sorted lower-case names of built-in and uploaded voices."""
-    names = {v.lower() for v in state.engine.speech_info.voices} | {v.key for v in state.voices.voices()}
+    names = {v.lower() for v in state.ready_engine.speech_info.voices} | {v.key for v in state.voices.voices()}
     return sorted(names)
 
 
 def model_key(state: ServerState) -> str:
     """Names the checkpoint a stored voice prompt came from."""
-    info = state.engine.speech_info
+    info = state.ready_engine.speech_info
     return f"{info.model_type}:{info.model_name}"
 
 
 def _builtin_voice(state: ServerState, name: str) -> str | None:
-    for voice in state.engine.speech_info.voices:
+    for voice in state.ready_engine.speech_info.voices:
         if voice.lower() == name:
             return voice
     return None
@@ -41,7 +41,7 @@ def _builtin_voice(state: ServerState, name: str) -> str | None:
 async def decode_reference(state: ServerState, data: bytes, param: str) -> tuple[np.ndarray, int]:
     """Decode reference audio off the loop at the engine's rate; 400 unless it lasts ``min_ref..max_ref`` seconds."""
     settings = state.settings
-    rate = state.engine.speech_info.sample_rate
+    rate = state.ready_engine.speech_info.sample_rate
 
     def decode() -> tuple[np.ndarray, float]:
         return codecs.decode_audio(data, rate, max_seconds=settings.max_ref_seconds + 1.0)
@@ -135,7 +135,7 @@ async def _fetch(url: str, limit: int, seconds: float) -> bytes:
 
 async def build_request(state: ServerState, opts: SpeechOptions, text: str) -> SpeechRequest:
     """The engine request for ``text`` under ``opts``; 400 for an unknown voice or a task the model lacks."""
-    info = state.engine.speech_info
+    info = state.ready_engine.speech_info
     fields: dict = {"text": text, "language": opts.language, "instructions": opts.instructions}
     task = opts.task_type
     if opts.voice is not None:

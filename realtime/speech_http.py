@@ -85,7 +85,7 @@ async def _create_speech(request: Request, state: ServerState) -> Response:
             await close_stream(stream)
             state.metrics.disconnects.labels("http").inc()
             return Response(status_code=499)
-        out = await AudioOut.open(opts.response_format, state.engine.speech_info.sample_rate, opts.sample_rate)
+        out = await AudioOut.open(opts.response_format, state.ready_engine.speech_info.sample_rate, opts.sample_rate)
     except BaseException:
         await close_stream(stream)
         raise
@@ -117,7 +117,7 @@ async def _whole(request: Request, state: ServerState, opts: SpeechOptions, stre
         state.metrics.disconnects.labels("http").inc()
         return Response(status_code=499)
     samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
-    src = state.engine.speech_info.sample_rate
+    src = state.ready_engine.speech_info.sample_rate
     data, rate = await anyio.to_thread.run_sync(
         encode_whole, opts.response_format, samples, src, opts.sample_rate, opts.speed
     )
@@ -125,8 +125,8 @@ async def _whole(request: Request, state: ServerState, opts: SpeechOptions, stre
     return Response(data, media_type=codecs.mime_type(opts.response_format), headers=headers)
 
 
-async def _audio_chunks(chunks: AsyncIterator[Audio], first: Audio | bool) -> AsyncGenerator[Audio]:
-    if first is False:
+async def _audio_chunks(chunks: AsyncIterator[Audio], first: Audio | bool | None) -> AsyncGenerator[Audio]:
+    if first is False or first is None:
         return
     assert isinstance(first, Audio)
     yield first

@@ -198,7 +198,9 @@ def parse_options(body: Any, settings: Settings, *, websocket: bool = False) -> 
         ignore_eos=_benchmark_bool(body, "ignore_eos", settings),
         stream_audio=_bool(body, "stream_audio") if websocket else False,
         split_granularity=Granularity(
-            _enum(body, "split_granularity", tuple(g.value for g in Granularity), "none") if websocket else "none"
+            (_enum(body, "split_granularity", tuple(g.value for g in Granularity), "none") or "none")
+            if websocket
+            else "none"
         ),
     )
     _check_streaming(opts, websocket)

@@ -316,7 +316,7 @@ class SpeechSession:
         self.last_activity = time.monotonic()
 
     async def _dispatch(self, tg: TaskGroup, jobs_send: Any) -> None:
-        rate = self.state.engine.speech_info.sample_rate
+        rate = self.state.ready_engine.speech_info.sample_rate
         async with jobs_send:
             async for item in self._queue_recv:
                 if isinstance(item, UtteranceEnd):

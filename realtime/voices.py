@@ -147,7 +147,7 @@ async def _upload(request: Request, state: ServerState) -> StoredVoice:
     problem = validate_name(name)
     if problem:
         raise bad_request(problem, "name")
-    if any(v.lower() == name.lower() for v in state.engine.speech_info.voices):
+    if any(v.lower() == name.lower() for v in state.ready_engine.speech_info.voices):
         raise bad_request(f"'{name}' is a built-in voice; choose another name", "name")
     if not state.voices.has_room_for(name):
         raise bad_request(f"Maximum number of uploaded voices ({state.voices.max_voices}) reached", "name")
@@ -176,9 +176,9 @@ async def _upload(request: Request, state: ServerState) -> StoredVoice:
 
 async def _voice_prompt(state: ServerState, samples: Any, rate: int, ref_text: str | None) -> VoicePrompt | None:
     """The engine's cloning prompt for Base models (extracted once, stored with the voice); None otherwise."""
-    engine = state.engine
+    engine = state.ready_engine
     tasks = {t.value if isinstance(t, TaskType) else str(t) for t in engine.speech_info.task_types}
-    if TaskType.BASE.value not in tasks or not hasattr(engine, "create_voice_prompt"):
+    if TaskType.BASE.value not in tasks:
         return None
     try:
         return await engine.create_voice_prompt(samples, rate, ref_text=ref_text)
