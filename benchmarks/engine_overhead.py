@@ -251,7 +251,7 @@ async def slow_readers(engine: AsyncEngine, streams: int, frames: int, high: int
         "paused_while_fast_finished": paused_seen,
         "max_buffered_frames_per_request": max_buffered,
         "max_frames_ahead_of_stalled_reader": max_lead,
-        "run_ahead_bound_frames": high + 1 + max(engine.models.speech().config.codec_windows),
+        "run_ahead_bound_frames": high + 1 + max(engine.models.speech().config.codec_windows) + 1,
         "high_watermark": high,
         "peak_rss_growth_mib": round(peak_rss_mib() - rss0, 1),
     }

@@ -17,8 +17,10 @@ no model family: families come from the registry by ``config.json`` ``model_type
 Run-ahead bound (speech). A consumer that stops reading stops its request after a bounded number of frames; what
 can be generated and not yet delivered is at most ``max_buffered_frames`` in the talker scheduler's buffer (its
 high watermark: the request pauses there, keeping its batch slot), one frame in the talker stage's hands (speech
-pipelines run with unbuffered edges: a sender waits for its receiver) and one codec window in the codec stage:
-with the defaults 25 + 1 + 8 = 34 frames (2.7 s) for the synthetic family, 25 + 1 + 25 = 51 (4.1 s) for Qwen3-TTS.
+pipelines run with unbuffered edges: a sender waits for its receiver), and in the codec stage one window plus the
+frame after it (a window that ends on the frames received so far is handed on once the next frame says it is not
+the last, :func:`omni_stream.stages.codec_stage`): with the defaults 25 + 1 + 8 + 1 = 35 frames (2.8 s) for the
+synthetic family, 25 + 1 + 25 + 1 = 52 (4.2 s) for Qwen3-TTS.
 Streamed text (an LLM feeding TTS) adds one more unit's speech request and one unit of text in hand
 (:mod:`omni_stream.speech_text`) before the text model's own watermark.
 

@@ -25,6 +25,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator
+from collections.abc import Sequence as PySequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -57,7 +58,7 @@ class _Session:
 
     __slots__ = ("buffer", "ctx", "done", "error", "loop", "seq", "waiter")
 
-    def __init__(self, seq: Sequence, ctx: RequestContext, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, seq: Sequence, ctx: RequestContext, loop: asyncio.AbstractEventLoop | None) -> None:
         self.seq = seq
         self.ctx = ctx
         self.loop = loop
@@ -119,14 +120,17 @@ class Scheduler:
             unregister()
             self.release(sess)
 
-    def open(self, payload: Any, ctx: RequestContext | None = None) -> _Session:
-        """Queue a sequence (pair with :meth:`release`; prefer :meth:`session`)."""
+    def open(self, payload: Any, ctx: RequestContext | None = None, *, offline: bool = False) -> _Session:
+        """Queue a sequence (pair with :meth:`release`; prefer :meth:`session`).
+
+        ``offline``: no event loop waits for it (:func:`run_offline` steps the scheduler and reads the buffers).
+        """
         ctx = ctx if ctx is not None else RequestContext()
         with self.lock:
             if self._closed:
                 raise EngineClosed(f"scheduler {self.name} is closed")
             seq = Sequence(seq_id=next(self._ids), payload=payload, request_id=ctx.request_id)
-            sess = _Session(seq, ctx, asyncio.get_running_loop())
+            sess = _Session(seq, ctx, None if offline else asyncio.get_running_loop())
             self._sessions[seq.seq_id] = sess
             self.waiting.append(seq)
             self._observe_queues()
@@ -279,7 +283,8 @@ class Scheduler:
     def _wake(self, sessions: list[_Session]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[_Session]] = {}
         for sess in sessions:
-            by_loop.setdefault(sess.loop, []).append(sess)
+            if sess.loop is not None:
+                by_loop.setdefault(sess.loop, []).append(sess)
         for loop, group in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_wake, group)
@@ -324,6 +329,54 @@ class Scheduler:
         self._wake(sessions)
 
 
+@dataclass(slots=True)
+class OfflineResult:
+    """One payload's items, in order, and what failed it (None: it finished)."""
+
+    items: list[Any]
+    error: BaseException | None = None
+
+
+def run_offline(
+    model: BatchModel, payloads: PySequence[Any], join_steps: PySequence[int] | None = None, *, name: str = "offline"
+) -> list[OfflineResult]:
+    """Run ``payloads`` to completion through a :class:`Scheduler` on this thread (tests, offline use).
+
+    The same admission, batching and release code as serving, stepped here without a worker thread or an event
+    loop; ``join_steps[i]`` holds payload ``i`` back until that many steps have run (newcomers joining a running
+    batch); payloads beyond the free slots wait for one. Nothing is paused: buffers are read after every step.
+    """
+    join = list(join_steps) if join_steps is not None else [0] * len(payloads)
+    if len(join) != len(payloads):
+        raise ValueError("join_steps must match payloads one to one")
+    sched = Scheduler(model, DeviceWorker(name=name), high_watermark=1 << 30, name=name)  # the worker never starts
+    results = [OfflineResult([]) for _ in payloads]
+    sessions: dict[int, _Session] = {}
+    pending = list(range(len(payloads)))
+    step = 0
+    try:
+        while pending or any(not sess.done or sess.buffer for sess in sessions.values()):
+            for i in [i for i in pending if join[i] <= step]:
+                sessions[i] = sched.open(payloads[i], offline=True)
+                pending.remove(i)
+            with sched.lock:
+                runnable = sched.has_work()
+            if runnable:
+                sched.run_step()
+            step += 1
+            with sched.lock:
+                for i, sess in sessions.items():
+                    results[i].items.extend(sess.buffer)
+                    sess.buffer.clear()
+                    if sess.error is not None:
+                        results[i].error, sess.error = sess.error, None
+    finally:
+        for sess in sessions.values():
+            sched.release(sess)
+        sched.run_step()  # hands every sequence back to the model
+    return results
+
+
 class SeqStream:
     """The items of one sequence, in order; ends when the model finishes it, raises what failed it."""
 
@@ -363,6 +416,7 @@ class SeqStream:
                         raise StopAsyncIteration
                 else:
                     error = None
+                    assert sess.loop is not None, "an offline session is read by run_offline, not awaited"
                     sess.waiter = waiter = sess.loop.create_future()
             if error is not None:
                 raise error

@@ -23,8 +23,8 @@ WINDOWS = CONFIG.codec_windows  # (1, 2, 4, 8)
 
 
 def documented_bound(high: int) -> int:
-    """engine.py "Run-ahead bound": scheduler buffer + the talker's hand-off + one codec window."""
-    return high + 1 + max(WINDOWS)
+    """engine.py "Run-ahead bound": scheduler buffer + the talker's hand-off + one codec window + the frame after it."""
+    return high + 1 + max(WINDOWS) + 1
 
 
 async def _settle() -> None:
@@ -103,12 +103,12 @@ async def test_default_settings_a_stalled_reader_stays_within_the_documented_bou
             paused_at = await h.until_gauges(running=0, waiting=0, paused=1)
             seq, buffered = h.seq()
             delivered = chunks[0].n_samples // SPF
-            # Worst case, reached on every run: the codec hands over its second window, the talker holds one
-            # frame, and the scheduler's buffer is full.
+            # Worst case, reached on every run: the codec stage hands over its second window once the frame after
+            # it says it is not the last, the talker holds one more frame, and the scheduler's buffer is full.
             assert buffered == high
-            assert seq.num_steps == delivered + WINDOWS[1] + 1 + high
+            assert seq.num_steps == delivered + WINDOWS[1] + 1 + 1 + high
             assert seq.num_steps - delivered <= documented_bound(high)
-            assert stream.usage.output_tokens == delivered + WINDOWS[1] + 1
+            assert stream.usage.output_tokens == delivered + WINDOWS[1] + 1 + 1
             assert seq.slot >= 0  # paused, slot kept
             assert h.gauges[-1] == (0, 0, 1)  # nothing changed since: no resume, no further step
 

@@ -41,11 +41,11 @@ from omni_stream.models.qwen3_tts.config import CODEBOOK_SIZE, CONTROL_ID_SPAN, 
 from omni_stream.models.qwen3_tts.fused import DecodeKernels, default_kernels
 from omni_stream.models.qwen3_tts.prompt import TalkerRequest, embed_prompt, embed_tts_pad
 from omni_stream.models.qwen3_tts.talker import Qwen3TTSLM
-from omni_stream.requests import RequestState
 from omni_stream.runtime import rng
 from omni_stream.runtime.cuda_graphs import GraphSet, batch_buckets, length_buckets, pick
 from omni_stream.runtime.kv_cache import Attend, KVShape, SlotKVCache, attention
 from omni_stream.runtime.sampling import SamplingTensors, apply_repetition_penalty, mask_tokens
+from omni_stream.scheduler import run_offline
 
 log = logging.getLogger(__name__)
 
@@ -496,48 +496,16 @@ class Qwen3TTSRunner:
     # -- synchronous driver (tests, offline use) ----------------------------------------------------------
 
     def generate_codes(self, requests: Seq[TalkerRequest], join_steps: Seq[int] | None = None) -> list[torch.Tensor]:
-        """Run ``requests`` to completion without a scheduler; codes ``[n_frames, 16]`` int64 per request.
+        """Run ``requests`` to completion through the scheduler on this thread; codes ``[n_frames, 16]`` per request.
 
         ``join_steps[i]`` delays request ``i`` until that many steps have run (newcomers joining a running
-        batch); requests beyond the free slots wait for one to free up.
+        batch); requests beyond the free slots wait for one to free up. Raises the first request's error.
         """
-        join = list(join_steps) if join_steps is not None else [0] * len(requests)
-        seqs = [Sequence(seq_id=i, payload=r) for i, r in enumerate(requests)]
-        frames: list[list[torch.Tensor]] = [[] for _ in requests]
-        errors: dict[int, BaseException] = {}
-        waiting = list(range(len(requests)))
-        running: list[Sequence] = []
-        free = list(range(self._slots))
-        step = 0
-        try:
-            while waiting or running:
-                newcomers = []
-                for i in [i for i in waiting if join[i] <= step]:
-                    if not free:
-                        break
-                    seq = seqs[i]
-                    seq.slot, seq.state = free.pop(0), RequestState.RUNNING
-                    newcomers.append(seq)
-                    waiting.remove(i)
-                batch = Batch(prefill=tuple(newcomers), decode=tuple(running))
-                running = [*running, *newcomers]
-                if batch:
-                    for out in self.step(batch):
-                        seq = seqs[out.seq_id]
-                        if out.item is not None:
-                            frames[out.seq_id].append(out.item.codes)
-                        if out.error is not None:
-                            errors[out.seq_id] = out.error
-                        if out.finished:
-                            self.release(seq)
-                            seq.state = RequestState.FINISHED
-                            running.remove(seq)
-                            free.append(seq.slot)
-                            free.sort()
-                step += 1
-        finally:
-            for seq in running:
-                self.release(seq)
-        if errors:
-            raise next(iter(errors.values()))
-        return [torch.cat(f) if f else torch.zeros(0, NUM_CODE_GROUPS, dtype=torch.long) for f in frames]
+        results = run_offline(self, requests, join_steps, name="qwen3-tts-offline")
+        for result in results:
+            if result.error is not None:
+                raise result.error
+        return [
+            torch.cat([f.codes for f in r.items]) if r.items else torch.zeros(0, NUM_CODE_GROUPS, dtype=torch.long)
+            for r in results
+        ]

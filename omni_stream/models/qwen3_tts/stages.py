@@ -1,28 +1,31 @@
-"""The Qwen3-TTS codec stage (streamed audio windows); the talker runs the shared ``omni_stream.stages.talker_stage``.
+"""The Qwen3-TTS codec decode; the talker and the windowing loop are the shared ones (``omni_stream.stages``).
 
-The codec stage decodes windows of new frames with each request's full decoder state (conv histories,
-transposed-conv overlap, sliding-window K/V), so the streamed waveform equals the whole-utterance decode
-whatever the window sizes (``codec_stream``). Windows follow a ramp (``initial_codec_chunk_frames``
-doubling up to ``steady_frames``): a small first window for time to first audio, then longer ones that
-each arrive before the audio already sent runs out. Windows of equal length from different requests are
-decoded together in one batched worker job. With a :class:`CodecWindows` (slot-indexed states, CUDA graphs
-per window bucket on GPU) a request holds one state row for its lifetime instead of a private state.
+Windows of new frames are decoded with each request's full decoder state (conv histories, transposed-conv
+overlap, sliding-window K/V), so the streamed waveform equals the whole-utterance decode whatever the window
+sizes (``codec_stream``). Windows follow a ramp (``initial_codec_chunk_frames`` doubling up to
+``steady_frames``): a small first window for time to first audio, then longer ones that each arrive before the
+audio already sent runs out. Windows of equal length from different requests are decoded together in one
+batched worker job. With a :class:`CodecWindows` (slot-indexed states, CUDA graphs per window bucket on GPU) a
+request holds one state row for its lifetime instead of a private state.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from omni_stream.chunks import Audio, CodecFrames
 from omni_stream.context import RequestContext
 from omni_stream.models.qwen3_tts.codec import CodecDecoder
 from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
 from omni_stream.models.qwen3_tts.codec_stream import CodecStreamState, decode_windows, prime, ramp_window
 from omni_stream.pipeline import Stage
+from omni_stream.stages import CodecWindow as SharedWindow
+from omni_stream.stages import WindowDecode
+from omni_stream.stages import codec_stage as shared_codec_stage
 from omni_stream.worker import DeviceWorker
 
 
@@ -85,10 +88,10 @@ def codec_stage(
     pool: CodecWindows | None = None,
     reference: ReferenceCodes | None = None,
 ) -> Stage:
-    """Decode the upstream frames in ramped windows with exact streaming state; yield :class:`Audio`.
+    """The shared windowed codec stage over this decoder, with exact streaming state and a doubling ramp.
 
     ``pool``: shared slot-indexed states (graph-replayed windows on CUDA); requests that find it full, or
-    all requests without one, keep a private state.
+    all requests without one, keep a private state. ``reference``: ICL codes that prime the first window.
     """
     key_prefix = f"qwen3-codec-{id(decoder)}"
 
@@ -99,79 +102,34 @@ def codec_stage(
         assert pool is not None
         return decode_slot_windows(pool, jobs)
 
-    async def codec(ctx: RequestContext, upstream: AsyncIterator[CodecFrames]) -> AsyncIterator[Audio]:
+    @asynccontextmanager
+    async def open_decoder(ctx: RequestContext) -> AsyncIterator[WindowDecode]:
         slot = pool.acquire() if pool is not None else None
+        # A private state lives with this request alone: a cancelled window job can only touch this object.
+        state = CodecStreamState.zeros(decoder, 1) if slot is None else None
+
+        async def decode(ctx: RequestContext, window: SharedWindow) -> np.ndarray:
+            codes, n = window.codes(), window.n_frames
+            context = None
+            if window.index == 0 and reference is not None and reference.codes is not None:
+                context = torch.as_tensor(reference.codes, dtype=torch.long)  # set by the talker's prompt
+            with ctx.fail_after("codec decode"):
+                if slot is None:
+                    assert state is not None
+                    return await worker.submit_batched((key_prefix, n), CodecWindow(state, codes, context), batch_fn)
+                job = SlotWindow(slot, codes, window.index == 0, context)
+                return await worker.submit_batched((key_prefix, "slots", n), job, slot_batch_fn)
+
         try:
-            async for audio in _codec(ctx, upstream, slot):
-                yield audio
+            yield decode
         finally:
             if slot is not None:
                 assert pool is not None
                 pool.release(slot)
 
-    async def _codec(
-        ctx: RequestContext, upstream: AsyncIterator[CodecFrames], slot: int | None
-    ) -> AsyncIterator[Audio]:
-        # A private state lives with this request alone: a cancelled window job can only touch this object.
-        state = CodecStreamState.zeros(decoder, 1) if slot is None else None
-        context: torch.Tensor | None = None
-        held: list[torch.Tensor] = []
-        n_held = 0
-        index = 0
-        start = 0
-        want = ramp_window(0, initial_frames, steady_frames)
-
-        async def flush(n: int, final: bool) -> Audio:
-            nonlocal held, n_held, start, index, want, context
-            codes = torch.cat(held) if len(held) > 1 else held[0]
-            held = [codes[n:]] if codes.shape[0] > n else []
-            n_held -= n
-            with ctx.fail_after("codec decode"):
-                if slot is None:
-                    assert state is not None
-                    window = CodecWindow(state, codes[:n], context)
-                    samples = await worker.submit_batched((key_prefix, n), window, batch_fn)
-                else:
-                    job = SlotWindow(slot, codes[:n], index == 0, context)
-                    samples = await worker.submit_batched((key_prefix, "slots", n), job, slot_batch_fn)
-            context = None
-            audio = Audio(samples, sample_rate, start * samples_per_frame, final)
-            start += n
-            index += 1
-            want = ramp_window(index, initial_frames, steady_frames)
-            return audio
-
-        # The last chunk carries final=True. A window that ends exactly on the frames received so far may be
-        # the last: unless the talker marked its frame final it is decoded at once but handed on only when the
-        # next frame (or the end of the stream) says which it is. The first window goes out at once (time to
-        # first audio); should nothing follow it, an empty final chunk marks the end.
-        pending: Audio | None = None
-        ended = False
-        async for frames in upstream:
-            if frames.start_frame == 0 and reference is not None and reference.codes is not None:
-                # The talker stage set the reference codes before its first frame; they prime the decoder.
-                context = torch.as_tensor(reference.codes, dtype=torch.long)
-            held.append(frames.codes)
-            n_held += frames.n_frames
-            if pending is not None:
-                yield pending
-                pending = None
-            while n_held >= want:
-                more = n_held > want
-                last = not more and frames.final
-                audio = await flush(want, final=last)
-                if more or last or index == 1:
-                    ended = last
-                    yield audio
-                else:
-                    pending = audio
-        if pending is not None:  # nothing came after it (a later frame would have sent it on)
-            yield replace(pending, final=True)
-        elif n_held:
-            yield await flush(n_held, final=True)
-        elif not ended:
-            # Nothing (more) was generated, e.g. EOS right after a window: an empty final chunk marks the end.
-            yield Audio(np.zeros(0, np.float32), sample_rate, start * samples_per_frame, True)
-
-    codec.__name__ = "codec"
-    return codec
+    return shared_codec_stage(
+        open_decoder,
+        sample_rate=sample_rate,
+        samples_per_frame=samples_per_frame,
+        windows=lambda index: ramp_window(index, initial_frames, steady_frames),
+    )

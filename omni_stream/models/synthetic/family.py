@@ -8,18 +8,15 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections import deque
 from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 
 import numpy as np
-import torch
 
-from omni_stream.chunks import Audio, CodecFrames
 from omni_stream.context import RequestContext
 from omni_stream.errors import (
     AudioDecodeError,
     InvalidRequestError,
-    StageError,
     UnknownVoiceError,
     UnsupportedTaskError,
 )
@@ -27,18 +24,16 @@ from omni_stream.family import LoadContext, ModelKind, SpeechInfo
 from omni_stream.metrics import EngineMetrics
 from omni_stream.models.synthetic.config import Faults, SyntheticConfig
 from omni_stream.models.synthetic.model import (
-    CodecWindow,
     SyntheticCodec,
     SyntheticFault,
     SyntheticTalker,
     TalkerInput,
     parse_faults,
-    window_sizes,
 )
 from omni_stream.pipeline import Stage
 from omni_stream.requests import SpeechRequest, TaskType, VoicePrompt
 from omni_stream.scheduler import Scheduler
-from omni_stream.stages import talker_stage
+from omni_stream.stages import CodecWindow, WindowDecode, codec_stage, talker_stage
 from omni_stream.worker import DeviceWorker
 
 _X_VECTOR_DIM = 8
@@ -46,22 +41,6 @@ _X_VECTOR_DIM = 8
 
 def _prompt_tone(prompt: VoicePrompt) -> int:
     return 32 + zlib.crc32(np.ascontiguousarray(prompt.x_vector, dtype=np.float32).tobytes()) % 16
-
-
-def _take_frames(held: deque[torch.Tensor], n: int) -> tuple[torch.Tensor, ...]:
-    """Pop the pieces holding the next ``n`` frames (splitting one piece if a window ends inside it)."""
-    out = []
-    while n:
-        piece = held[0]
-        k = int(piece.shape[0])
-        if k <= n:
-            out.append(held.popleft())
-            n -= k
-        else:
-            out.append(piece[:n])
-            held[0] = piece[n:]
-            n = 0
-    return tuple(out)
 
 
 class SyntheticFamily:
@@ -181,38 +160,26 @@ class SyntheticFamily:
         return talker_stage(self.scheduler, prepare)
 
     def _codec_stage(self, faults: Faults, ramp: tuple[int, ...]) -> Stage:
-        config, worker, codec = self.config, self.worker, self.codec
+        """The shared windowed codec stage over the synthetic codec (batched worker jobs per window size)."""
+        worker, codec = self.worker, self.codec
 
-        async def codec_stage(ctx: RequestContext, upstream: AsyncIterator[CodecFrames]) -> AsyncIterator[Audio]:
-            sizes = window_sizes(ramp)
-            want, start, expected, chunks, final = next(sizes), 0, 0, 0, False
-            held: deque[torch.Tensor] = deque()  # code pieces not decoded yet, in frame order
-            n_held = 0
-            async for frames in upstream:
-                if frames.start_frame != expected:
-                    raise StageError(f"codec stage expected frame {expected}, got {frames.start_frame}")
-                expected += frames.n_frames
-                held.append(frames.codes)
-                n_held += frames.n_frames
-                final = frames.final
-                while n_held >= want or (final and n_held):
-                    take = min(want, n_held)
-                    window = CodecWindow(_take_frames(held, take), start, take)
-                    n_held -= take
-                    samples = await ctx.wait(
-                        worker.submit_batched(("synthetic-codec", take), window, codec.decode), "codec decode"
-                    )
-                    if faults.stage_at == chunks:
-                        raise SyntheticFault(f"synthetic codec stage failure at chunk {chunks}")
-                    chunks += 1
-                    yield Audio(samples, config.sample_rate, start * config.samples_per_frame, final and not n_held)
-                    start += take
-                    want = next(sizes)
-            if not final:
-                raise StageError("codec stage: the talker ended without its final frame")
+        @asynccontextmanager
+        async def open_decoder(ctx: RequestContext) -> AsyncIterator[WindowDecode]:
+            async def decode(ctx: RequestContext, window: CodecWindow) -> np.ndarray:
+                job = worker.submit_batched(("synthetic-codec", window.n_frames), window, codec.decode)
+                samples = await ctx.wait(job, "codec decode")
+                if faults.stage_at == window.index:
+                    raise SyntheticFault(f"synthetic codec stage failure at chunk {window.index}")
+                return samples
 
-        codec_stage.__name__ = "codec"
-        return codec_stage
+            yield decode  # no per-request codec state
+
+        return codec_stage(
+            open_decoder,
+            sample_rate=self.config.sample_rate,
+            samples_per_frame=self.config.samples_per_frame,
+            windows=lambda index: ramp[min(index, len(ramp) - 1)],
+        )
 
     # --- voices ---
 

@@ -10,7 +10,7 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,6 +19,7 @@ import torch
 from omni_stream.batch import Batch, SeqOutput, Sequence
 from omni_stream.chunks import CodecFrames
 from omni_stream.models.synthetic.config import Faults, SyntheticConfig, tone_samples
+from omni_stream.stages import CodecWindow
 
 
 class SyntheticFault(RuntimeError):
@@ -34,13 +35,6 @@ def parse_faults(text: str) -> tuple[str, Faults]:
     for kind, at in _MARKER.findall(text):
         found[f"{kind}_at"] = int(at) if at else 0
     return _MARKER.sub("", text), Faults(**found)
-
-
-def window_sizes(ramp: tuple[int, ...]) -> Iterator[int]:
-    """Frames per codec window: ``ramp`` in order, then its last entry forever."""
-    yield from ramp
-    while True:
-        yield ramp[-1]
 
 
 @dataclass(slots=True, frozen=True)
@@ -121,18 +115,6 @@ class SyntheticTalker:
         if self.record:
             self.released[seq.seq_id] += 1
             self.log.append(("release", seq.seq_id))
-
-
-@dataclass(slots=True, frozen=True)
-class CodecWindow:
-    """Frames ``[start_frame, start_frame + n_frames)`` of one request, as the talker emitted them.
-
-    The pieces are joined on the worker thread, not on the event loop.
-    """
-
-    pieces: tuple[torch.Tensor, ...]
-    start_frame: int
-    n_frames: int
 
 
 class SyntheticCodec:
