@@ -165,9 +165,7 @@ def cli() -> int:
     parser.add_argument("--streams", type=int, default=256)
     parser.add_argument("--sentences", type=int, default=4, help="sentences per reply (12 frames each)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument(
-        "--lm-step-ms", type=float, default=0.0, help="emulated LM step time (0: pure engine overhead)"
-    )
+    parser.add_argument("--lm-step-ms", type=float, default=0.0, help="emulated LM step time (0: pure engine overhead)")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
     torch.set_num_threads(1)
