@@ -89,11 +89,6 @@ class SchedulerMetrics:
         self.batch_size.observe(batch_size)
         self.step_seconds.observe(seconds)
 
-    def observe_step(self, batch_size: int, seconds: float, running: int, waiting: int, paused: int) -> None:
-        """Record one step and the queues after it."""
-        self.observe_batch(batch_size, seconds)
-        self.observe_queues(running, waiting, paused)
-
     def observe_queues(self, running: int, waiting: int, paused: int) -> None:
         """Set the queue gauges; the scheduler calls it under its lock whenever a sequence changes queue."""
         self.running.set(running)

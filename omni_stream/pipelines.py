@@ -215,10 +215,6 @@ def register_pipeline(spec: PipelineSpec[Any]) -> None:
     _PIPELINES.insert(0, spec)
 
 
-def registered_pipelines() -> tuple[PipelineSpec[Any], ...]:
-    return tuple(_PIPELINES)
-
-
 def find_pipeline(request: object, models: ModelSet, name: str | None = None) -> PipelineSpec[Any]:
     """The pipeline ``name``, or the first that serves ``request``; InvalidRequestError when none does."""
     if name is not None:

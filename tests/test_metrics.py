@@ -64,7 +64,8 @@ def test_percentile_interpolates():
 def test_collectors_live_in_their_own_registry():
     a, b = EngineMetrics(), EngineMetrics()  # two engines in one process never clash
     sched = a.scheduler("talker")
-    sched.observe_step(batch_size=3, seconds=0.004, running=3, waiting=2, paused=1)
+    sched.observe_batch(batch_size=3, seconds=0.004)
+    sched.observe_queues(running=3, waiting=2, paused=1)
     a.observe_request(timings([0.1, 0.2], [0.08, 0.08]), "ok")
     a.observe_request(Timings(), "cancelled")
     text = generate_latest(a.registry).decode()

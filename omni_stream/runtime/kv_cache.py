@@ -52,9 +52,6 @@ class SlotKVCache:
     def max_len(self) -> int:
         return self.shape.max_len
 
-    def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() * 2
-
     def prefill(self, slot: int, start: int = 0) -> Attend:
         """Attention for ``T`` new tokens of one slot at positions ``start..start+T-1`` (causal)."""
 

@@ -96,11 +96,6 @@ class CodePredictor(nn.Module):
             self._rope[key] = self.model.rotary(torch.arange(CACHE_LEN, device=device)[None], dtype)
         return self._rope[key]
 
-    def release_buffers(self) -> None:
-        """Drop the per-batch-size scratch buffers."""
-        self._caches.clear()
-        self._rope.clear()
-
     def generate(
         self,
         hidden: torch.Tensor,
