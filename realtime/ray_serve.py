@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import signal
 import sys
 import threading
@@ -28,8 +27,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from omni_stream.realtime.settings import Settings
-
-log = logging.getLogger("omni_stream.realtime.ray_serve")
 
 APP_NAME = "omni-stream"
 DEPLOYMENT_NAME = "OmniStream"
@@ -51,17 +48,14 @@ class EngineSpec:
 
     async def load(self) -> Any:
         """Build the engine (inside a replica, from the app's lifespan)."""
+        from omni_stream.realtime.server import _dtype
+
         from omni_stream.engine import AsyncEngine
 
-        dtype = None
-        if self.dtype is not None:
-            import torch
-
-            dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.dtype]
         return await AsyncEngine.from_pretrained(
             self.model,
             device=self.device,
-            dtype=dtype,
+            dtype=_dtype(self.dtype),
             load_format=self.load_format,
             max_batch_size=self.max_batch_size,
             progress=False,
@@ -270,8 +264,8 @@ def start(opts: RayOptions) -> bool:
 
     local = opts.address is None
     if local:
-        # A private single-node cluster on loopback (never attach to a leftover one).
-        ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False)
+        # A new single-node cluster: never attach to one left behind by `ray start` (use --ray-address for that).
+        ray.init(address="local", include_dashboard=False)
     else:
         ray.init(address=opts.address)
     serve.start(http_options={"host": opts.host, "port": opts.port})

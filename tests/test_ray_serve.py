@@ -88,7 +88,6 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     ray.init(
         address="local",
         num_cpus=2,
-        _node_ip_address="127.0.0.1",
         include_dashboard=False,
         _temp_dir=temp,
         log_to_driver=False,
