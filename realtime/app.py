@@ -12,6 +12,7 @@ import anyio.to_thread
 from omni_stream.realtime import chat, health, speech_http, speech_ws, voices
 from omni_stream.realtime.auth import ApiKeyMiddleware
 from omni_stream.realtime.errors import http_exception_handler, internal_error_handler
+from omni_stream.realtime.replica import ReplicaHeaderMiddleware
 from omni_stream.realtime.settings import Settings
 from omni_stream.realtime.state import ServerState
 from omni_stream.realtime.voice_store import VoiceStore
@@ -83,9 +84,12 @@ def create_app(engine: AsyncEngine | EngineFactory, settings: Settings | None = 
                 await loaded.aclose()
 
     static_dir = settings.static_dir or STATIC_DIR
+    middleware = [Middleware(ApiKeyMiddleware, api_key=settings.api_key)]
+    if settings.replica_id is not None:
+        middleware.insert(0, Middleware(ReplicaHeaderMiddleware, replica_id=settings.replica_id))
     app = Starlette(
         routes=_routes(static_dir),
-        middleware=[Middleware(ApiKeyMiddleware, api_key=settings.api_key)],
+        middleware=middleware,
         exception_handlers={HTTPException: http_exception_handler, Exception: internal_error_handler},
         lifespan=lifespan,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from omni_stream.realtime.replica import ReplicaLabelled
 from omni_stream.realtime.state import ServerState
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
@@ -25,9 +26,11 @@ async def health(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     state: ServerState = request.app.state.omni
-    body = generate_latest(state.metrics.registry)
-    if state.engine is not None:
-        body = generate_latest(state.engine.metrics.registry) + body
+    registries = (
+        [state.metrics.registry] if state.engine is None else [state.engine.metrics.registry, state.metrics.registry]
+    )
+    replica = state.settings.replica_id
+    body = b"".join(generate_latest(r if replica is None else ReplicaLabelled(r, replica)) for r in registries)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 

@@ -10,7 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from omni_stream.realtime import ray_serve
 from omni_stream.realtime.settings import Settings, default_voices_dir
+
+from omni_stream.pacing import DEFAULT_AHEAD
 
 log = logging.getLogger("omni_stream.realtime.server")
 
@@ -48,6 +51,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "without it they are a 400. Never on production servers",
     )
     parser.add_argument("--log-level", default="info", help="uvicorn log level (default: %(default)s)")
+    parser.add_argument(
+        "--pace-streams",
+        type=_seconds_or_off,
+        default=None,
+        metavar="SECONDS|off",
+        help="let streamed audio run ahead of real-time playback by at most SECONDS, for buffering proxies "
+        "(default: 2 with --ray, else off)",
+    )
+    ray_serve.add_arguments(parser)
+
+
+def _seconds_or_off(text: str) -> float | str:
+    if text == "off":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds or 'off', got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0 or 'off', got {text!r}")
+    return value
 
 
 class ModelNotFound(Exception):
@@ -94,7 +118,17 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         allowed_local_media_path=args.allowed_local_media_path,
         allow_remote_media=args.allow_remote_media,
         enable_benchmark_fields=args.enable_benchmark_fields,
+        pace_streams_seconds=_pace(args),
     )
+
+
+def _pace(args: argparse.Namespace) -> float | None:
+    """``--pace-streams``: off, explicit seconds, or by default 2 s behind Ray's buffering proxy and off otherwise."""
+    if args.pace_streams == "off":
+        return None
+    if args.pace_streams is None:
+        return DEFAULT_AHEAD if args.ray else None
+    return float(args.pace_streams)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -119,6 +153,11 @@ def run(args: argparse.Namespace) -> int:
         print("omni-stream serve: --load-format dummy: random weights, the audio is noise (benchmarks only)")
     if settings.enable_benchmark_fields:
         print("omni-stream serve: benchmark fields enabled (ignore_eos): not for production", flush=True)
+    if args.ray:
+        return ray_serve.run(args, settings, model)
+    if args.replicas is not None or args.autoscale is not None or args.ray_address is not None:
+        print("omni-stream serve: --replicas, --autoscale and --ray-address need --ray", file=sys.stderr)
+        return 2
 
     async def load() -> Any:
         print(f"omni-stream serve: loading {model or 'embedded tiny checkpoint'} on {args.device} ...", flush=True)

@@ -44,6 +44,11 @@ class Settings:
     # WebSocket timeouts
     ws_config_timeout: float = 10.0
     ws_idle_timeout: float = 30.0
+    # Streams behind a buffering proxy: seconds of audio a stream may run ahead of real-time playback
+    # (omni_stream.pacing); None: not paced, transport backpressure alone bounds it
+    pace_streams_seconds: float | None = None
+    # Set per replica when several serve one address: a ``replica`` label on /metrics, an x-omni-stream-replica header
+    replica_id: str | None = None
     # Benchmark-only request fields (``ignore_eos``): off on production servers, where they are a 400
     enable_benchmark_fields: bool = False
 
@@ -59,3 +64,5 @@ class Settings:
             raise ValueError("min_ref_seconds must be in (0, max_ref_seconds]")
         if self.ws_config_timeout <= 0 or self.ws_idle_timeout <= 0:
             raise ValueError("WebSocket timeouts must be positive")
+        if self.pace_streams_seconds is not None and self.pace_streams_seconds < 0:
+            raise ValueError("pace_streams_seconds must be >= 0 (None: not paced)")

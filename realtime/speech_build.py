@@ -141,6 +141,8 @@ async def build_request(state: ServerState, opts: SpeechOptions, text: str) -> S
     if opts.voice is not None:
         uploaded = state.voices.get(opts.voice)
         builtin = _builtin_voice(state, opts.voice)
+        if builtin is None and state.voices.directory is not None:  # the directory may be shared with replicas
+            uploaded = await anyio.to_thread.run_sync(state.voices.refresh, opts.voice)
         if builtin is not None and uploaded is None:
             fields["voice"] = builtin
         elif uploaded is not None:

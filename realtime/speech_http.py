@@ -17,6 +17,7 @@ from omni_stream.realtime.speech_build import build_request
 from omni_stream.realtime.speech_params import SpeechOptions, StreamMode, check_model, parse_input, parse_options
 from omni_stream.realtime.sse import SSE_HEADERS, SSE_MEDIA_TYPE, sse_event
 from omni_stream.realtime.state import ServerState
+from omni_stream.realtime.stream_pacing import paced_audio
 from omni_stream.realtime.streams import ClosingStreamingResponse, close_stream, until_disconnect
 from starlette.requests import Request
 from starlette.responses import Response
@@ -95,11 +96,12 @@ async def _create_speech(request: Request, state: ServerState) -> Response:
         await close_stream(stream)
 
     if opts.stream_mode is StreamMode.AUDIO:
-        gen = _raw_body(state, stream, _audio_chunks(chunks, first), out)
+        gen = _raw_body(state, stream, paced_audio(state, _audio_chunks(chunks, first), "http"), out)
         return ClosingStreamingResponse(
             gen, on_close=release, media_type=out.mime_type, headers=audio_headers(out.sample_rate)
         )
-    gen = _sse_body(state, stream, _audio_chunks(chunks, first), out, [text, opts.instructions or ""])
+    audio = paced_audio(state, _audio_chunks(chunks, first), "sse")
+    gen = _sse_body(state, stream, audio, out, [text, opts.instructions or ""])
     headers = {**SSE_HEADERS, **audio_headers(out.sample_rate)}
     return ClosingStreamingResponse(gen, on_close=release, media_type=SSE_MEDIA_TYPE, headers=headers)
 

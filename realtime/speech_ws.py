@@ -23,6 +23,7 @@ from omni_stream.realtime.errors import ApiError, from_exception
 from omni_stream.realtime.speech_build import build_request
 from omni_stream.realtime.speech_params import SpeechOptions, check_model, parse_options
 from omni_stream.realtime.state import ServerState
+from omni_stream.realtime.stream_pacing import SessionPacer, pcm_seconds
 from omni_stream.realtime.ws_messages import ProtocolError, input_text, parse_message
 from omni_stream.realtime.ws_units import UnitJob, UnitSpec, UtteranceEnd
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
@@ -83,6 +84,7 @@ class SpeechSession:
         self.jobs: set[UnitJob] = set()
         self.finished = anyio.Event()  # set once the session has ended (server shutdown waits on it)
         self._send_lock = anyio.Lock()
+        self.pacer = SessionPacer(state)  # one playback clock: the session's units play back to back
         self._slots = anyio.Semaphore(IN_FLIGHT)
         self._queue_send, self._queue_recv = anyio.create_memory_object_stream[UnitSpec | UtteranceEnd](
             2 * self.settings.max_ws_queued_units  # units (bounded by outstanding) and utterance ends
@@ -301,6 +303,7 @@ class SpeechSession:
         if open_utterance and stats.current_buffer_used >= stats.max_buffer_size:
             raise ProtocolError("Too many queued messages; wait for audio.done before cancelling")
         self.epoch += 1
+        self.pacer.interrupt()
         for job in list(self.jobs):
             job.cancel()
         self.splitter.clear()
@@ -373,7 +376,11 @@ class SpeechSession:
                 if not isinstance(item, bytes):
                     failure = item.error
                     break
+                if not job.cancelled:
+                    await self.pacer.wait()
                 await self.send_bytes(item)
+                rate = output_rate(fmt, job.sample_rate, opts.sample_rate)
+                self.pacer.sent(pcm_seconds(item, rate) if opts.stream_audio else job.seconds)
                 total += len(item)
         if failure is not None:
             extra = {"partial_audio": True, "action": "discard"} if total else {}

@@ -22,6 +22,7 @@ class HttpMetrics:
     requests: Any = None
     streams: Any = None
     disconnects: Any = None
+    audio_sent: Any = None
 
     def __post_init__(self) -> None:
         self.requests = Counter(
@@ -39,6 +40,12 @@ class HttpMetrics:
         self.disconnects = Counter(
             "omni_stream_client_disconnects",
             "Generations cancelled because the client went away, by transport.",
+            ["transport"],
+            registry=self.registry,
+        )
+        self.audio_sent = Counter(
+            "omni_stream_audio_sent_seconds",
+            "Seconds of streamed audio handed to the transport, by transport.",
             ["transport"],
             registry=self.registry,
         )

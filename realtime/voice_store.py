@@ -144,6 +144,7 @@ class VoiceStore:
         self.max_voices = max_voices
         self._voices: dict[str, StoredVoice] = {}
         self._lock = threading.Lock()
+        self._stamps: dict[str, tuple[int, int, int]] = {}  # (inode, mtime ns, size) of the file last read by refresh
 
     def __len__(self) -> int:
         return len(self._voices)
@@ -206,6 +207,48 @@ class VoiceStore:
                 (self.directory / f"{key}{SUFFIX}").unlink(missing_ok=True)
             del self._voices[key]
         return voice
+
+    # --- a directory shared with other servers (replicas) ---
+
+    def refresh(self, name: str) -> StoredVoice | None:
+        """``name`` as the directory holds it now: read again when its file changed, forgotten when it is gone.
+
+        Several servers sharing one directory see each other's uploads, replacements and deletions this way;
+        an unchanged file costs one ``stat``. Blocking: call it off the loop.
+        """
+        if self.directory is None or validate_name(name) is not None:
+            return self.get(name)
+        key = name.lower()
+        path = self.directory / f"{key}{SUFFIX}"
+        with self._lock:
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                self._voices.pop(key, None)
+                self._stamps.pop(key, None)
+                return None
+            stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+            if self._stamps.get(key) == stamp and key in self._voices:
+                return self._voices[key]
+            try:
+                voice = read_voice(path)
+            except Exception as exc:  # a foreign or damaged file: keep what this server had
+                log.warning("skipping unreadable voice file %s: %s", path, exc)
+                return self._voices.get(key)
+            if voice.key != key:
+                log.warning("skipping voice file %s: it holds voice %r", path, voice.name)
+                return self._voices.get(key)
+            self._voices[key] = voice
+            self._stamps[key] = stamp
+            return voice
+
+    def sync(self) -> None:
+        """Bring every voice in line with the directory (see :meth:`refresh`). Blocking: call it off the loop."""
+        if self.directory is None or not self.directory.is_dir():
+            return
+        on_disk = {p.stem for p in self.directory.iterdir() if p.suffix == SUFFIX and not p.name.startswith(TMP_PREFIX)}
+        for key in sorted(on_disk | set(self._voices)):
+            self.refresh(key)
 
     def _write(self, key: str, data: bytes) -> None:
         assert self.directory is not None

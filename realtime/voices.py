@@ -67,6 +67,7 @@ def resolve_mime(content_type: str | None, filename: str | None) -> str | None:
 
 async def list_voices(request: Request) -> Response:
     state: ServerState = request.app.state.omni
+    await anyio.to_thread.run_sync(state.voices.sync)  # the directory may be shared with replicas
     uploaded = [v.public() for v in state.voices.voices()]
     names = supported_voices(state) if state.engine is not None else sorted(v.key for v in state.voices.voices())
     return _count(state, JSONResponse({"voices": names, "uploaded_voices": uploaded}))

@@ -62,6 +62,7 @@ class UnitJob:
     sample_rate: int
     cancelled: bool = False
     started: bool = False
+    seconds: float = 0.0  # playing time of a whole-file unit, known once its file is encoded
     _scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     _send: Any = None
     receive: Any = None
@@ -115,4 +116,5 @@ class UnitJob:
         data, _ = await anyio.to_thread.run_sync(
             encode_whole, opts.response_format, samples, self.sample_rate, opts.sample_rate, opts.speed
         )
+        self.seconds = samples.size / self.sample_rate / opts.speed
         await self._send.send(data)
