@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import anyio
 import numpy as np
@@ -44,6 +44,7 @@ from omni_stream.models.qwen3_tts.stages import ReferenceCodes, codec_stage
 from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
 from omni_stream.pipeline import Stage
 from omni_stream.requests import SamplingParams, SpeechRequest, TaskType, VoicePrompt
+from omni_stream.runtime.weights import parse_dtype
 from omni_stream.scheduler import Scheduler
 from omni_stream.stages import talker_stage
 from omni_stream.worker import DeviceWorker
@@ -61,27 +62,6 @@ MIN_REF_SECONDS = 0.1
 MAX_REF_SECONDS = 60.0
 EMBEDDED_MARKER = ".omni-stream-embedded"
 EMBEDDED_NAME = "qwen3-tts-tiny-custom-voice-v1"
-
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
-
-
-def parse_dtype(dtype: Any, device: str) -> torch.dtype:
-    """``None`` -> float32 on CPU, bfloat16 on GPU; strings as in ``--dtype`` (others raise ConfigError)."""
-    if dtype is None:
-        return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        return _DTYPES[str(dtype).lower()]
-    except KeyError:
-        raise ConfigError(f"dtype: unknown dtype {dtype!r} (one of: {', '.join(sorted(_DTYPES))})") from None
 
 
 def _sampling(defaults: GenerationDefaults) -> tuple[SamplingParams, SamplingParams]:
