@@ -10,7 +10,9 @@ from omni_stream.models.causal_lm.runner import LMRequest
 from omni_stream.requests import GREEDY, SamplingParams
 
 SAMPLED = SamplingParams(do_sample=True, temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.1)
-TEXTS = ("Hello there, how are you?", "Café 🎉", "The quick brown fox jumps over the lazy dog.", "hi", "What about you?")
+TEXTS = (
+    "Hello there, how are you?", "Café 🎉", "The quick brown fox jumps over the lazy dog.", "hi", "What about you?",
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module", params=["qwen3", "llama"])
