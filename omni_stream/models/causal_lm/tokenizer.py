@@ -1,4 +1,4 @@
-"""The checkpoint's tokenizer and chat template (transformers' ``AutoTokenizer``), as plain blocking functions.
+"""The checkpoint's tokenizer and chat template (transformers' tokenizers), as plain blocking functions.
 
 Prompts are built and tokenized off the event loop (the family calls these through ``anyio.to_thread``);
 decoding runs on the device worker, through the Rust ``tokenizers`` object directly where there is one
@@ -20,10 +20,14 @@ class ChatTokenizer:
     """``encode`` a request (chat template or raw prompt), ``decode`` ids, ``count`` text tokens."""
 
     def __init__(self, model_dir: str | Path) -> None:
-        from transformers import AutoTokenizer
-
+        # With a tokenizer.json (every fast-tokenizer checkpoint) the tokenizers-backed class reads it directly;
+        # AutoTokenizer resolves the class through every model config and costs seconds at each server start.
+        if (Path(model_dir) / "tokenizer.json").exists():
+            from transformers import PreTrainedTokenizerFast as Tokenizer
+        else:
+            from transformers import AutoTokenizer as Tokenizer  # type: ignore[assignment]
         try:
-            self._tok = AutoTokenizer.from_pretrained(str(model_dir))
+            self._tok = Tokenizer.from_pretrained(str(model_dir))
         except (OSError, ValueError) as exc:
             raise ConfigError(f"cannot load the tokenizer of {model_dir}: {exc}") from exc
         backend = getattr(self._tok, "backend_tokenizer", None)
