@@ -7,6 +7,7 @@ from lm_helpers import drive, load_tiny, tiny_lm_checkpoint
 
 from omni_stream.errors import InvalidRequestError
 from omni_stream.models.causal_lm.runner import LMRequest
+from omni_stream.models.qwen3_tts import fused
 from omni_stream.requests import GREEDY, SamplingParams
 
 SAMPLED = SamplingParams(do_sample=True, temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.1)
@@ -123,3 +124,37 @@ async def test_each_decode_step_computes_the_rows_up_to_the_highest_live_slot(lm
     await drive(runner, requests)
     # three rows (slots 0..2) while all run; slot 0 done: still 0..2; slot 2 done: slots 0..1 (slot 1 alone)
     assert widths == [3] * 5 + [2] * 4
+
+
+async def test_fused_layers_give_the_module_tokens(lm):
+    requests = mixed(lm)
+    plain = lm.runner(slots=3)
+    assert plain.kernels is None
+    expected = await drive(plain, requests, join_steps=[0, 2, 0, 5, 1])
+    fast = lm.runner(slots=3)  # a fresh LM: use_kernels concatenates its weights in place
+    fast.lm.use_kernels(fused.TORCH)
+    fast.kernels = fused.TORCH
+    got = await drive(fast, requests, join_steps=[0, 2, 0, 5, 1])
+    assert [g.tokens for g in got] == [e.tokens for e in expected]
+    layer = fast.lm.model.layers[0]
+    assert layer.qkv_weight is not None and (layer.qk_norm_weight is not None) == fast.cfg.qk_norm
+
+
+async def test_decode_steps_at_graph_bucket_shapes_give_the_exact_shape_tokens(lm):
+    """The step a CUDA graph replays (padded to its batch and span buckets, idle rows along) changes no token."""
+    requests = mixed(lm)
+    exact = await drive(lm.runner(slots=6), requests, join_steps=[0, 2, 0, 5, 1])
+    padded_runner = lm.runner(slots=6)
+    padded_runner.pad_eager = True
+    widths: list[tuple[int, int]] = []
+    real = padded_runner._run_rows
+
+    def run_rows(b, span, full):
+        widths.append((b, span))
+        return real(b, span, full)
+
+    padded_runner._run_rows = run_rows  # type: ignore[method-assign]
+    padded = await drive(padded_runner, requests, join_steps=[0, 2, 0, 5, 1])
+    assert [p.tokens for p in padded] == [e.tokens for e in exact]
+    assert {b for b, _ in widths} <= set(padded_runner.batch_buckets) and {s for _, s in widths} == {256}
+    assert any(b == 4 for b, _ in widths)  # three live rows padded to the bucket of four

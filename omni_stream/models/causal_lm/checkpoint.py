@@ -99,7 +99,8 @@ def build_tokenizer(arch: str, first_special: int | None = None, vocab_size: int
     tok.decoder = decoders.ByteLevel()
     specials = list(SPECIALS[arch])
     if vocab_size is not None:
-        specials += [f"<|reserved_special_token_{i}|>" for i in range(vocab_size - regular - len(specials))]
+        names = (f"<|reserved_special_token_{i}|>" for i in range(vocab_size))
+        specials += [n for n in names if n not in specials][: vocab_size - regular - len(specials)]
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
     if arch == "llama":
         bos = "<|begin_of_text|>"
