@@ -106,7 +106,7 @@ class CausalLMFamily:
         if self.embedded:
             log.warning(
                 "serving the embedded tiny text checkpoint %s: random weights, it babbles "
-                "(pass --llm DIR for a real Qwen3 or Llama checkpoint)",
+                "(load a real Qwen3 or Llama checkpoint as the text model for real replies)",
                 ckpt,
             )
 
