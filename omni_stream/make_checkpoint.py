@@ -16,6 +16,8 @@ WRITERS: dict[str, str] = {
     "custom_voice": "omni_stream.models.qwen3_tts.checkpoint:make",
     "voice_design": "omni_stream.models.qwen3_tts.checkpoint:make",
     "base": "omni_stream.models.qwen3_tts.checkpoint:make",
+    "chat": "omni_stream.models.causal_lm.checkpoint:make",
+    "chat-llama": "omni_stream.models.causal_lm.checkpoint:make",
 }
 
 

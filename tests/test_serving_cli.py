@@ -67,7 +67,7 @@ def test_serve_without_model_uses_the_embedded_checkpoint_and_stops_on_sigint(tm
     env = {"OMNI_STREAM_API_KEY": "k", "OMNI_STREAM_CACHE": str(tmp_path / "cache")}
     out, models = serve(["--voices-dir", str(tmp_path / "voices")], env, signal.SIGINT)
     assert "no --model given: serving the embedded tiny checkpoint" in out
-    assert len(models) == 1 and models[0].startswith("qwen3-tts-tiny")
+    assert len(models) == 2 and models[0].startswith("qwen3-tts-tiny") and models[1] == "qwen3-tiny-chat-v1"
 
 
 def test_serve_help_lists_options():

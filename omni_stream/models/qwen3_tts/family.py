@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import anyio
 import numpy as np
@@ -44,6 +42,8 @@ from omni_stream.models.qwen3_tts.stages import ReferenceCodes, codec_stage
 from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
 from omni_stream.pipeline import Stage
 from omni_stream.requests import SamplingParams, SpeechRequest, TaskType, VoicePrompt
+from omni_stream.runtime.cache import EMBEDDED_MARKER, embedded_checkpoint_dir
+from omni_stream.runtime.weights import parse_dtype
 from omni_stream.scheduler import Scheduler
 from omni_stream.stages import talker_stage
 from omni_stream.worker import DeviceWorker
@@ -59,29 +59,7 @@ STEADY_FRAMES = 25
 # Reference audio for cloning (seconds).
 MIN_REF_SECONDS = 0.1
 MAX_REF_SECONDS = 60.0
-EMBEDDED_MARKER = ".omni-stream-embedded"
 EMBEDDED_NAME = "qwen3-tts-tiny-custom-voice-v1"
-
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
-
-
-def parse_dtype(dtype: Any, device: str) -> torch.dtype:
-    """``None`` -> float32 on CPU, bfloat16 on GPU; strings as in ``--dtype`` (others raise ConfigError)."""
-    if dtype is None:
-        return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        return _DTYPES[str(dtype).lower()]
-    except KeyError:
-        raise ConfigError(f"dtype: unknown dtype {dtype!r} (one of: {', '.join(sorted(_DTYPES))})") from None
 
 
 def _sampling(defaults: GenerationDefaults) -> tuple[SamplingParams, SamplingParams]:
@@ -317,26 +295,9 @@ def load_family(load: LoadContext) -> Qwen3TTSFamily:
 
 def embedded_default_checkpoint(cache_dir: str | Path | None = None) -> Path:
     """The tiny CustomVoice checkpoint served when no model is given; built on first use (atomically)."""
-    if cache_dir is None:
-        from platformdirs import user_cache_dir
-
-        cache_dir = os.environ.get("OMNI_STREAM_CACHE") or user_cache_dir("omni-stream")
-    target = Path(cache_dir) / "checkpoints" / EMBEDDED_NAME
-    if (target / EMBEDDED_MARKER).exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    log.warning("building the embedded tiny checkpoint in %s (random weights: it speaks noise)", target)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_NAME}-", dir=target.parent))
-    try:
-        write_tiny_checkpoint(tmp, "custom_voice", "0.6b", seed=0)
-        (tmp / EMBEDDED_MARKER).write_text("tiny random-weight checkpoint built by omni-stream; it speaks noise\n")
-        if target.exists():  # a half-built leftover without its marker
-            shutil.rmtree(target, ignore_errors=True)
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            if not (target / EMBEDDED_MARKER).exists():  # another process did not win the race either
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return embedded_checkpoint_dir(
+        EMBEDDED_NAME,
+        lambda out: write_tiny_checkpoint(out, "custom_voice", "0.6b", seed=0),
+        "random weights: it speaks noise",
+        cache_dir,
+    )

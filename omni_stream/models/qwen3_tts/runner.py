@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from omni_stream.batch import Batch, SeqOutput, Sequence
 from omni_stream.chunks import CodecFrames
@@ -43,7 +42,7 @@ from omni_stream.models.qwen3_tts.prompt import TalkerRequest, embed_prompt, emb
 from omni_stream.models.qwen3_tts.talker import Qwen3TTSLM
 from omni_stream.runtime import rng
 from omni_stream.runtime.cuda_graphs import GraphSet, batch_buckets, length_buckets, pick
-from omni_stream.runtime.kv_cache import Attend, KVShape, SlotKVCache, attention
+from omni_stream.runtime.kv_cache import Attend, KVShape, SlotKVCache, attention, decode_attention
 from omni_stream.runtime.sampling import SamplingTensors, apply_repetition_penalty, mask_tokens
 from omni_stream.scheduler import run_offline
 
@@ -58,16 +57,6 @@ PREFILL_BUCKETS = (32, 64, 128, 256)  # prompt positions of a lone newcomer's pr
 def _head(t: SamplingTensors, b: int) -> SamplingTensors:
     """The first ``b`` rows as views (static storage a graph can read)."""
     return SamplingTensors(t.do_sample[:b], t.temperature[:b], t.top_k[:b], t.top_p[:b], t.repetition_penalty[:b])
-
-
-def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """One query per row against ``[B, Hkv, S, D]`` keys; GQA heads folded onto the query axis for SDPA on CUDA."""
-    if not q.is_cuda:
-        return attention(q, keys, values, mask)
-    b, hq, t, d = q.shape
-    hkv = keys.shape[1]
-    o = F.scaled_dot_product_attention(q.reshape(b, hkv, (hq // hkv) * t, d), keys, values, attn_mask=mask)
-    return o.reshape(b, hq, t, d)
 
 
 @dataclass(slots=True)
