@@ -1,7 +1,8 @@
-"""Request bodies read through a byte limit: refused (400) before more than the limit is buffered."""
+"""Request bodies read through a byte limit: refused (400) before more than the limit is buffered; JSON parsing."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import anyio
@@ -51,10 +52,10 @@ def limited(request: Request, limit: int, param: str | None = None) -> Request:
     return Request(request.scope, counting_receive(request.receive, limit, param))
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, at most ``limit`` bytes (400 otherwise, chunked transfer included)."""
+async def read_body(request: Request, limit: int, param: str | None = None) -> bytes:
+    """The whole body, at most ``limit`` bytes (400 naming ``param`` otherwise, chunked transfer included)."""
     chunks: list[bytes] = []
-    async for chunk in limited(request, limit).stream():
+    async for chunk in limited(request, limit, param).stream():
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -76,3 +77,18 @@ async def drain(receive: Receive, error: BaseException) -> None:
             dropped += len(message.get("body", b""))
             if not message.get("more_body", False):
                 return
+
+
+MAX_NUMBER_DIGITS = 40  # a JSON integer longer than this is no field's value (int64 has 19 digits)
+
+
+def _parse_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_NUMBER_DIGITS:
+        raise ValueError(f"a number has {digits} digits (at most {MAX_NUMBER_DIGITS})")
+    return int(text)
+
+
+def parse_json(body: bytes | str) -> Any:
+    """``json.loads`` that refuses absurdly long integers in its own words, not Python's int-digits message."""
+    return json.loads(body, parse_int=_parse_int)

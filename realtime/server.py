@@ -12,6 +12,8 @@ from typing import Any
 
 from omni_stream.realtime.settings import Settings, default_voices_dir
 
+from omni_stream.cli import add_threads_argument, apply_threads
+
 log = logging.getLogger("omni_stream.realtime.server")
 
 
@@ -47,6 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="accept benchmark-only speech fields (ignore_eos: always generate max_new_tokens frames); "
         "without it they are a 400. Never on production servers",
     )
+    parser.add_argument(
+        "--legacy-stream-raw",
+        action="store_true",
+        help="stream=true without stream_format streams raw pcm/wav bytes, as vLLM-Omni did before SSE (its "
+        "bench_tts_serve.py and fastrtc demo read those bytes as PCM); default: SSE",
+    )
+    add_threads_argument(parser)
     parser.add_argument("--log-level", default="info", help="uvicorn log level (default: %(default)s)")
 
 
@@ -94,7 +103,20 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         allowed_local_media_path=args.allowed_local_media_path,
         allow_remote_media=args.allow_remote_media,
         enable_benchmark_fields=args.enable_benchmark_fields,
+        legacy_stream_raw=args.legacy_stream_raw,
     )
+
+
+def banner_notes(settings: Settings) -> list[str]:
+    """What the serve banner says about access and wire modes (pure, for tests)."""
+    notes = []
+    if settings.api_key:
+        notes.append("API key required on /v1 routes (Authorization: Bearer, or the WebSocket subprotocol)")
+    else:
+        notes.append("no API key: /v1 routes are open (set --api-key or OMNI_STREAM_API_KEY)")
+    if settings.legacy_stream_raw:
+        notes.append("stream=true streams raw audio bytes (--legacy-stream-raw), not SSE")
+    return notes
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
     from omni_stream.engine import AsyncEngine
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    apply_threads(args)
     settings = settings_from_args(args)
     dtype = _dtype(args.dtype)
     try:
@@ -119,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
         print("omni-stream serve: --load-format dummy: random weights, the audio is noise (benchmarks only)")
     if settings.enable_benchmark_fields:
         print("omni-stream serve: benchmark fields enabled (ignore_eos): not for production", flush=True)
+    for note in banner_notes(settings):
+        print(f"omni-stream serve: {note}", flush=True)
 
     async def load() -> Any:
         print(f"omni-stream serve: loading {model or 'embedded tiny checkpoint'} on {args.device} ...", flush=True)
@@ -131,9 +156,12 @@ def run(args: argparse.Namespace) -> int:
             progress=True,
         )
         info = engine.info
+        threads = await engine.worker.submit(_torch_threads)  # as the device worker's thread sees it
+        auth = "API key required" if settings.api_key else "no API key"
         print(
             f"omni-stream serve: loaded {info.model_name} ({info.model_type}, {info.sample_rate} Hz); "
-            f"voices dir {settings.voices_dir}; listening on http://{args.host}:{args.port}",
+            f"voices dir {settings.voices_dir}; {threads} torch threads; {auth}; "
+            f"listening on http://{args.host}:{args.port}",
             flush=True,
         )
         return engine
@@ -147,6 +175,12 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def _interrupt(signum: int, frame: Any) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
@@ -12,7 +11,7 @@ import anyio
 import anyio.to_thread
 import numpy as np
 from omni_stream.realtime.audio_out import AudioOut, audio_headers, encode_whole
-from omni_stream.realtime.body_limit import drain, read_body
+from omni_stream.realtime.body_limit import drain, parse_json, read_body
 from omni_stream.realtime.errors import ApiError, bad_request, from_exception
 from omni_stream.realtime.speech_build import build_request
 from omni_stream.realtime.speech_params import SpeechOptions, StreamMode, check_model, parse_input, parse_options
@@ -24,44 +23,47 @@ from starlette.responses import Response
 
 from omni_stream import codecs
 from omni_stream.chunks import Audio
+from omni_stream.speech_usage import input_tokens
 
 log = logging.getLogger("omni_stream.realtime.speech")
 ROUTE = "/v1/audio/speech"
 
 
-def usage_body(stream: Any, text_tokens: int | None = None) -> dict[str, Any]:
-    """The SSE ``usage`` object; ``audio_tokens`` are the input tokens that were not text (reference audio)."""
-    usage = stream.usage
-    inp, out = int(usage.input_tokens), int(usage.output_tokens)
-    text = inp if text_tokens is None else min(text_tokens, inp)
+def usage_body(stream: Any) -> dict[str, Any]:
+    """The ``usage`` object: input tokens split into text and audio (reference codec frames), as vLLM-Omni."""
+    split = input_tokens(stream.ctx)
+    out = int(stream.usage.output_tokens)
     return {
-        "input_tokens": inp,
+        "input_tokens": split.total,
         "output_tokens": out,
-        "total_tokens": inp + out,
-        "input_token_details": {"text_tokens": text, "audio_tokens": inp - text},
+        "total_tokens": split.total + out,
+        "input_token_details": {"text_tokens": split.text, "audio_tokens": split.audio},
     }
-
-
-def _count_tokens(engine: Any, texts: list[str]) -> int:
-    """Text tokens of the input and instructions (blocking: tokenizers run off the loop)."""
-    return sum(engine.count_text_tokens(t) for t in texts if t)
 
 
 def usage_headers(stream: Any) -> dict[str, str]:
-    inp, out = int(stream.usage.input_tokens), int(stream.usage.output_tokens)
+    """Usage of a whole-body response, under our names and vLLM-Omni's (with its text/audio split)."""
+    usage = usage_body(stream)
+    inp, out, total = (str(usage[k]) for k in ("input_tokens", "output_tokens", "total_tokens"))
+    details = usage["input_token_details"]
     return {
-        "x-omni-stream-input-tokens": str(inp),
-        "x-omni-stream-output-tokens": str(out),
-        "x-omni-stream-total-tokens": str(inp + out),
+        "x-omni-stream-input-tokens": inp,
+        "x-omni-stream-output-tokens": out,
+        "x-omni-stream-total-tokens": total,
+        "x-vllm-omni-input-tokens": inp,
+        "x-vllm-omni-output-tokens": out,
+        "x-vllm-omni-total-tokens": total,
+        "x-vllm-omni-input-text-tokens": str(details["text_tokens"]),
+        "x-vllm-omni-input-audio-tokens": str(details["audio_tokens"]),
     }
 
 
-async def _read_json(request: Request, limit: int) -> Any:
+async def read_json(request: Request, limit: int) -> Any:
     body = await read_body(request, limit)
     if not body:
         raise bad_request("Request body is empty: expected a JSON object")
     try:
-        return json.loads(body)
+        return parse_json(body)
     except (ValueError, RecursionError) as exc:  # ValueError covers JSON and UTF-8 errors; too deep nesting
         raise bad_request(f"Request body is not valid JSON: {exc}") from exc
 
@@ -78,7 +80,7 @@ async def create_speech(request: Request) -> Response:
 
 
 async def _create_speech(request: Request, state: ServerState) -> Response:
-    body = await _read_json(request, state.settings.max_speech_body_bytes)
+    body = await read_json(request, state.settings.max_speech_body_bytes)
     opts = parse_options(body, state.settings)
     check_model(opts.model, state.served_models())
     text = parse_input(body, state.settings)
@@ -110,7 +112,7 @@ async def _create_speech(request: Request, state: ServerState) -> Response:
         return ClosingStreamingResponse(
             gen, on_close=release, media_type=out.mime_type, headers=audio_headers(out.sample_rate)
         )
-    gen = _sse_body(state, stream, _audio_chunks(chunks, first), out, [text, opts.instructions or ""])
+    gen = _sse_body(state, stream, _audio_chunks(chunks, first), out)
     headers = {**SSE_HEADERS, **audio_headers(out.sample_rate)}
     return ClosingStreamingResponse(gen, on_close=release, media_type=SSE_MEDIA_TYPE, headers=headers)
 
@@ -132,7 +134,7 @@ async def _whole(request: Request, state: ServerState, opts: SpeechOptions, stre
     data, rate = await anyio.to_thread.run_sync(
         encode_whole, opts.response_format, samples, src, opts.sample_rate, opts.speed
     )
-    headers = {**audio_headers(rate), **usage_headers(stream)}
+    headers = {**audio_headers(rate, opts.sample_rate), **usage_headers(stream)}
     return Response(data, media_type=codecs.mime_type(opts.response_format), headers=headers)
 
 
@@ -169,7 +171,7 @@ async def _raw_body(
 
 
 async def _sse_body(
-    state: ServerState, stream: Any, audio_chunks: AsyncGenerator[Audio], out: AudioOut, texts: list[str]
+    state: ServerState, stream: Any, audio_chunks: AsyncGenerator[Audio], out: AudioOut
 ) -> AsyncGenerator[bytes]:
     gauge = state.metrics.streams.labels("sse")
     gauge.inc()
@@ -189,7 +191,6 @@ async def _sse_body(
             tail = await out.finish()
             if tail:
                 yield delta(tail)
-            text_tokens = await anyio.to_thread.run_sync(_count_tokens, state.engine, texts)
         except Exception as exc:  # after the start: in-band error instead of done
             log.exception("speech stream failed")
             error = {"message": f"{type(exc).__name__}: {exc}", "type": "server_error", "param": None, "code": 500}
@@ -197,7 +198,7 @@ async def _sse_body(
             yield sse_event("speech.audio.error", {"type": "speech.audio.error", "error": error})
             return
         terminal = True
-        yield sse_event("speech.audio.done", {"type": "speech.audio.done", "usage": usage_body(stream, text_tokens)})
+        yield sse_event("speech.audio.done", {"type": "speech.audio.done", "usage": usage_body(stream)})
     finally:
         out.close()
         gauge.dec()

@@ -73,11 +73,11 @@ class LiveServer:
 
 
 @contextlib.contextmanager
-def running_server(checkpoint: Path, settings: Settings | None = None) -> Iterator[LiveServer]:
-    """Serve ``checkpoint`` until the block ends."""
+def running_server(checkpoint: Path, settings: Settings | None = None, **engine_options: Any) -> Iterator[LiveServer]:
+    """Serve ``checkpoint`` until the block ends (``engine_options`` go to ``AsyncEngine.from_pretrained``)."""
 
     async def load() -> Any:
-        return await AsyncEngine.from_pretrained(checkpoint, progress=False)
+        return await AsyncEngine.from_pretrained(checkpoint, progress=False, **engine_options)
 
     app = create_app(load, settings or Settings())
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
