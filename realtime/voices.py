@@ -158,15 +158,16 @@ async def _upload(request: Request, state: ServerState) -> StoredVoice:
     content_type = request.headers.get("content-type", "")
     if not content_type.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
         raise bad_request("Voice uploads must be multipart/form-data (or a form-encoded speaker_embedding)")
+    # Read first (bounded), so that even a refused client gets to read the answer before the connection closes.
+    form = await _read_form(request, limit + FORM_OVERHEAD)
     if not can_clone(state):
-        info = state.engine.info
-        kinds = "/".join(TaskType(t).value for t in info.task_types)
+        await form.close()
+        kinds = "/".join(TaskType(t).value for t in state.engine.info.task_types)
         raise bad_request(
             f"This {kinds} checkpoint cannot clone voices, so it cannot use uploaded ones: "
             "voice uploads need a Base checkpoint",
             "audio_sample",
         )
-    form = await _read_form(request, limit + FORM_OVERHEAD)
     try:
         name = _text_field(form, "name", required=True)
         consent = _text_field(form, "consent", required=True)

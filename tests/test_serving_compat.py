@@ -300,7 +300,18 @@ def test_queue_gauges_are_zero_right_after_random_disconnects(tmp_path):
         scheduler = live.family.scheduler
         peak = {"waiting": 0}
         rng = random.Random(7)
-        plans = [(rng.choice(["raw", "sse", "whole"]), rng.randint(0, 4), rng.uniform(0.05, 1.0)) for _ in range(200)]
+        plans = [(rng.choice(["raw", "sse", "whole"]), rng.randint(0, 4), rng.uniform(0.3, 1.5)) for _ in range(200)]
+        held = threading.Event()
+
+        def hold_first_step(batch) -> None:
+            # The first step waits (bounded) until requests queue behind the four slots, as under real load.
+            for _ in range(300):
+                if held.is_set() or scheduler.live()["waiting"] >= 16:
+                    break
+                held.wait(0.01)
+            held.set()
+
+        live.family.talker.before_step = hold_first_step
 
         async def one(c: httpx.AsyncClient, mode: str, after_chunks: int, after_s: float) -> None:
             body = {
@@ -332,8 +343,12 @@ def test_queue_gauges_are_zero_right_after_random_disconnects(tmp_path):
                             tg.start_soon(one, c, *plan)
                     done.set()
 
-        anyio.run(main)
-        assert not any(live.wait_idle().values()), scheduler.live()
+        try:
+            anyio.run(main)
+        finally:
+            live.family.talker.before_step = None
+        # Every client has gone: the server notices at once, nothing waits for a slot "for seconds".
+        assert not any(live.wait_idle(timeout=2.0).values()), scheduler.live()
         metrics = httpx.get(f"{live.url}/metrics").text
         for gauge in ("requests_waiting", "requests_running", "requests_paused"):
             assert re.search(rf'omni_stream_{gauge}\{{scheduler="talker"\}} 0\.0', metrics), (gauge, metrics)

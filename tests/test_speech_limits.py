@@ -136,3 +136,37 @@ async def test_a_task_the_checkpoint_cannot_do_is_refused_before_anything_else(e
         with pytest.raises(InvalidRequestError) as info:
             await anyio.to_thread.run_sync(lambda: engine.speech("x" * 1002))
         assert info.value.param == "input"
+
+
+@pytest.fixture(scope="module")
+def small_context(tmp_path_factory: pytest.TempPathFactory):
+    """A tiny CustomVoice checkpoint whose talker holds 256 positions: limits derived from it show."""
+    import json
+
+    from omni_stream.models.qwen3_tts.checkpoint import write_tiny_checkpoint
+
+    path = write_tiny_checkpoint(tmp_path_factory.mktemp("small"), "custom_voice", "0.6b", seed=4)
+    config = json.loads((path / "config.json").read_text())
+    config["talker_config"]["max_position_embeddings"] = 256
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+async def test_limits_follow_the_models_context_and_name_the_right_field(small_context):
+    async with await AsyncEngine.from_pretrained(small_context, progress=False) as engine:
+        family = engine.family
+        assert family.runner.max_len == 256 and family.max_input_chars == sl.max_input_chars(256) == 41
+        with pytest.raises(InvalidRequestError) as info:
+            engine.speech("x" * 42, voice="ryan")
+        assert info.value.param == "input" and "max 41 characters" in info.value.message
+        with pytest.raises(InvalidRequestError) as info:  # the client's own max_new_tokens does not fit
+            async with engine.speech("Hello.", voice="ryan", max_new_tokens=400) as stream:
+                async for _ in stream:
+                    pass
+        assert info.value.param == "max_new_tokens" and "leaving room for at most" in info.value.message
+        text = "A sentence of exactly forty-one chars...."
+        assert len(text) == 41
+        async with engine.speech(text, voice="ryan", seed=0) as stream:  # the default budget fits by construction
+            async for _ in stream:
+                pass
+        assert 0 < stream.usage.output_tokens <= sl.frame_budget(text)
