@@ -67,18 +67,26 @@ T = TypeVar("T")
 
 @dataclass(slots=True, frozen=True)
 class Usage:
-    """One model's usage in a request: tokens in, tokens (text) or codec frames (speech) out, so far."""
+    """One model's usage in a request: tokens in (``input_audio_tokens`` of them audio, e.g. a cloning reference's
+    codec frames), tokens (text) or codec frames (speech) out, so far."""
 
     input_tokens: int = 0
     output_tokens: int = 0
+    input_audio_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
         return self.input_tokens + self.output_tokens
 
+    @property
+    def input_text_tokens(self) -> int:
+        return self.input_tokens - self.input_audio_tokens
+
     @classmethod
     def of(cls, count: TokenCount | None) -> Usage:
-        return cls() if count is None else cls(count.input_tokens, count.output_tokens)
+        if count is None:
+            return cls()
+        return cls(count.input_tokens, count.output_tokens, min(count.input_audio_tokens, count.input_tokens))
 
 
 @dataclass(slots=True, frozen=True)

@@ -68,7 +68,8 @@ class ModelInfo:
 
 @dataclass(slots=True, frozen=True)
 class SpeechInfo(ModelInfo):
-    """A speech model: its tasks, built-in voices, languages and output ``sample_rate`` (Hz)."""
+    """A speech model: its tasks, built-in voices, languages, output ``sample_rate`` (Hz) and the longest text one
+    request may carry (``max_input_chars``: streamed text is cut into units no longer than that)."""
 
     task_types: tuple[TaskType, ...] = ()
     voices: tuple[str, ...] = ()
@@ -76,6 +77,7 @@ class SpeechInfo(ModelInfo):
     sample_rate: int = 24000
     default_task: TaskType = TaskType.CUSTOM_VOICE
     default_voice: str | None = None
+    max_input_chars: int = 1000
 
 
 @dataclass(slots=True, frozen=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
-from omni_stream.realtime import chat, health, speech_http, speech_ws, voices
+from omni_stream.realtime import chat, health, speech_batch, speech_http, speech_ws, voices
 from omni_stream.realtime.auth import ApiKeyMiddleware
 from omni_stream.realtime.errors import http_exception_handler, internal_error_handler
 from omni_stream.realtime.replica import ReplicaHeaderMiddleware
@@ -40,6 +40,8 @@ def _routes(static_dir: Path | None) -> list[BaseRoute]:
         Route("/v1/audio/voices", voices.list_voices, methods=["GET"]),
         Route("/v1/audio/voices", voices.upload_voice, methods=["POST"]),
         Route("/v1/audio/voices/{name}", voices.delete_voice, methods=["DELETE"]),
+        Route("/v1/audio/voices/", voices.delete_without_name, methods=["DELETE"]),
+        Route(speech_batch.ROUTE, speech_batch.create_speech_batch, methods=["POST"]),
         WebSocketRoute("/v1/audio/speech/stream", speech_ws.speech_stream),
         Route("/v1/chat/completions", chat.create_chat_completion, methods=["POST"]),
     ]

@@ -13,6 +13,7 @@ from typing import Any
 from omni_stream.realtime import ray_serve
 from omni_stream.realtime.settings import Settings, default_voices_dir
 
+from omni_stream.cli import add_threads_argument, apply_threads
 from omni_stream.pacing import DEFAULT_AHEAD
 
 log = logging.getLogger("omni_stream.realtime.server")
@@ -50,6 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="accept benchmark-only speech fields (ignore_eos: always generate max_new_tokens frames); "
         "without it they are a 400. Never on production servers",
     )
+    parser.add_argument(
+        "--legacy-stream-raw",
+        action="store_true",
+        help="stream=true without stream_format streams raw pcm/wav bytes, as vLLM-Omni did before SSE (its "
+        "bench_tts_serve.py and fastrtc demo read those bytes as PCM); default: SSE",
+    )
+    add_threads_argument(parser)
     parser.add_argument("--log-level", default="info", help="uvicorn log level (default: %(default)s)")
     parser.add_argument(
         "--pace-streams",
@@ -119,6 +127,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         allow_remote_media=args.allow_remote_media,
         enable_benchmark_fields=args.enable_benchmark_fields,
         pace_streams_seconds=_pace(args),
+        legacy_stream_raw=args.legacy_stream_raw,
     )
 
 
@@ -131,6 +140,18 @@ def _pace(args: argparse.Namespace) -> float | None:
     return float(args.pace_streams)
 
 
+def banner_notes(settings: Settings) -> list[str]:
+    """What the serve banner says about access and wire modes (pure, for tests)."""
+    notes = []
+    if settings.api_key:
+        notes.append("API key required on /v1 routes (Authorization: Bearer, or the WebSocket subprotocol)")
+    else:
+        notes.append("no API key: /v1 routes are open (set --api-key or OMNI_STREAM_API_KEY)")
+    if settings.legacy_stream_raw:
+        notes.append("stream=true streams raw audio bytes (--legacy-stream-raw), not SSE")
+    return notes
+
+
 def run(args: argparse.Namespace) -> int:
     """Load the model (with a progress bar), then serve until SIGINT/SIGTERM (graceful shutdown)."""
     import uvicorn
@@ -140,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
     from omni_stream.engine import AsyncEngine
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    apply_threads(args)
     settings = settings_from_args(args)
     dtype = _dtype(args.dtype)
     try:
@@ -153,6 +175,8 @@ def run(args: argparse.Namespace) -> int:
         print("omni-stream serve: --load-format dummy: random weights, the audio is noise (benchmarks only)")
     if settings.enable_benchmark_fields:
         print("omni-stream serve: benchmark fields enabled (ignore_eos): not for production", flush=True)
+    for note in banner_notes(settings):
+        print(f"omni-stream serve: {note}", flush=True)
     if args.ray:
         return ray_serve.run(args, settings, model)
     if args.replicas is not None or args.autoscale is not None or args.ray_address is not None:
@@ -170,8 +194,10 @@ def run(args: argparse.Namespace) -> int:
             progress=True,
         )
         loaded = ", ".join(f"{f.info.model_name} ({f.info.kind}, {f.info.model_type})" for f in engine.models)
+        threads = await engine.worker.submit(_torch_threads)  # as the device worker's thread sees it
+        auth = "API key required" if settings.api_key else "no API key"
         print(
-            f"omni-stream serve: loaded {loaded}; voices dir {settings.voices_dir}; "
+            f"omni-stream serve: loaded {loaded}; voices dir {settings.voices_dir}; {threads} torch threads; {auth}; "
             f"listening on http://{args.host}:{args.port}",
             flush=True,
         )
@@ -186,6 +212,12 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def _interrupt(signum: int, frame: Any) -> None:

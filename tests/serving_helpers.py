@@ -75,12 +75,13 @@ class LiveServer:
 
 @contextlib.contextmanager
 def running_server(
-    checkpoint: Path | None, settings: Settings | None = None, *, llm: Path | None = None
+    checkpoint: Path | None, settings: Settings | None = None, *, llm: Path | None = None, **engine_options: Any
 ) -> Iterator[LiveServer]:
-    """Serve ``checkpoint`` (and the text model ``llm``, if given) until the block ends."""
+    """Serve ``checkpoint`` (and the text model ``llm``, if given) until the block ends (``engine_options`` go to
+    ``AsyncEngine.from_pretrained``)."""
 
     async def load() -> Any:
-        return await AsyncEngine.from_pretrained(checkpoint, llm=llm, progress=False)
+        return await AsyncEngine.from_pretrained(checkpoint, llm=llm, progress=False, **engine_options)
 
     app = create_app(load, settings or Settings())
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

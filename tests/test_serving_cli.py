@@ -57,17 +57,31 @@ def serve(args: list[str], env: dict[str, str], sig: int = signal.SIGINT) -> tup
 
 
 def test_serve_subcommand_stops_cleanly_on_sigterm(synthetic_checkpoint, tmp_path):
-    args = ["--model", str(synthetic_checkpoint), "--voices-dir", str(tmp_path / "voices")]
+    args = ["--model", str(synthetic_checkpoint), "--voices-dir", str(tmp_path / "voices"), "--threads", "2"]
     out, models = serve(args, {"OMNI_STREAM_API_KEY": "k"}, signal.SIGTERM)
     assert models == [MODEL] and "loaded synthetic-tts" in out
     assert (tmp_path / "voices").is_dir()
+    assert "API key required on /v1 routes" in out and "; API key required;" in out  # the banner says auth is on
+    assert "2 torch threads" in out  # --threads, as the device worker's thread reports it
 
 
 def test_serve_without_model_uses_the_embedded_checkpoint_and_stops_on_sigint(tmp_path):
     env = {"OMNI_STREAM_API_KEY": "k", "OMNI_STREAM_CACHE": str(tmp_path / "cache")}
-    out, models = serve(["--voices-dir", str(tmp_path / "voices")], env, signal.SIGINT)
+    out, models = serve([], env, signal.SIGINT)
     assert "no --model given: serving the embedded tiny checkpoint" in out
     assert len(models) == 2 and models[0].startswith("qwen3-tts-tiny") and models[1] == "qwen3-tiny-chat-v1"
+    # OMNI_STREAM_CACHE moves the voices dir too (beside the embedded checkpoint)
+    assert f"voices dir {tmp_path / 'cache' / 'voices'}" in out and (tmp_path / "cache" / "voices").is_dir()
+    assert (tmp_path / "cache" / "checkpoints").is_dir()
+
+
+def test_banner_notes():
+    from omni_stream.realtime.server import banner_notes
+    from omni_stream.realtime.settings import Settings
+
+    assert banner_notes(Settings(api_key="k"))[0].startswith("API key required")
+    assert banner_notes(Settings())[0].startswith("no API key")
+    assert any("raw audio bytes" in n for n in banner_notes(Settings(legacy_stream_raw=True)))
 
 
 def test_serve_help_lists_options():
@@ -81,6 +95,8 @@ def test_serve_help_lists_options():
         "--device",
         "--dtype",
         "--max-concurrency",
+        "--threads",
+        "--legacy-stream-raw",
     ):
         assert option in out.stdout
 

@@ -7,10 +7,11 @@ of the 16 codebook embeddings + the row's next trailing text embedding, ``tts_pa
 talker by one position. One batched device-to-host copy per step carries all rows' codes; each row gets
 one :class:`CodecFrames` (16 codes) per step.
 
-The decode step works on the first ``b`` slots of the slot-indexed state (no gathers): rows of the step are
-marked in a static ``active`` mask, idle rows compute along but write their K/V into a scratch column and
-keep their state. Its shapes depend only on ``(b, span)``, so on CUDA the whole step (code-0 sampling, the
-15-step code predictor with in-graph sampling noise, the talker layer stack) is one CUDA graph per
+The decode step works on the first ``b`` slots of the slot-indexed state (no gathers; the scheduler hands
+out the lowest free slot, so ``b`` follows the live batch): rows of the step are marked in a static ``active``
+mask, idle rows compute along but write their K/V into a scratch column and keep their state. Its shapes
+depend only on ``(b, span)``, so on CUDA the whole step (code-0 sampling, the 15-step code predictor
+with in-graph sampling noise, the talker layer stack) is one CUDA graph per
 (batch bucket, attention-span bucket), replayed after one host-to-device copy of the mask. Elsewhere, and
 for shapes outside the buckets, the same function runs eagerly at the exact shape. A newcomer prefilled
 alone (the time-to-first-audio path) replays a prefill graph per prompt-length bucket; on CUDA the decoder
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections import deque
 from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
 from contextlib import contextmanager
@@ -143,6 +145,7 @@ class Qwen3TTSRunner:
         self.graphs = GraphSet(self._graph_step, dev) if self.use_graphs else None
         self.graph_steps = 0
         self.eager_steps = 0
+        self.decode_rows: deque[int] = deque(maxlen=1024)  # rows each recent decode step computed
         # A newcomer prefilled alone (the time-to-first-audio path) replays a graph per prompt-length bucket,
         # its prompt right-padded in a static buffer; several newcomers of one step prefill eagerly together.
         self.prefill_buckets = tuple(n for n in PREFILL_BUCKETS if n <= self.max_len)
@@ -418,6 +421,7 @@ class Qwen3TTSRunner:
             b, span = (n, span) if not self.pad_eager else self._bucket(n, span) or (n, span)
             self._run_rows(b, span, noisy=self.pad_eager or any(st.samples for st in states))
             self.eager_steps += 1
+        self.decode_rows.append(b)
         codes = self.codes_out[:b].cpu()
         return codes[slots]
 
