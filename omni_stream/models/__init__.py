@@ -10,6 +10,8 @@ BUILTIN_FAMILIES: dict[str, str] = {
     "qwen3_tts": "omni_stream.models.qwen3_tts.family",
     "synthetic_tts": "omni_stream.models.synthetic",
     "synthetic_lm": "omni_stream.models.synthetic.lm_family",
+    "vllm": "omni_stream.models.vllm_text.family",
+    "openai": "omni_stream.models.openai_text.family",
 }
 
 # The tiny random-weight checkpoint each kind serves when no model is given, as "module[:builder]".
