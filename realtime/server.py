@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from omni_stream.realtime import llm_flags
 from omni_stream.realtime.settings import Settings, default_voices_dir
 
 log = logging.getLogger("omni_stream.realtime.server")
@@ -48,6 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "without it they are a 400. Never on production servers",
     )
     parser.add_argument("--log-level", default="info", help="uvicorn log level (default: %(default)s)")
+    # --- language model (--llm, --llm-backend, --llm-arg, --llm-endpoint, ...) ---
+    llm_flags.add_arguments(parser)
 
 
 class ModelNotFound(Exception):
@@ -113,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
     except ModelNotFound as exc:
         print(f"omni-stream serve: cannot find model: {exc}", file=sys.stderr)
         return 2
+    llm = llm_flags.engine_options(args)  # language model: --llm / --llm-endpoint and their backend
     if model is None:
         print("omni-stream serve: no --model given: serving the embedded tiny checkpoint (random weights)")
     if args.load_format == "dummy":
@@ -129,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
             load_format=args.load_format,
             max_batch_size=args.max_concurrency,
             progress=True,
+            **llm,
         )
         loaded = ", ".join(f"{f.info.model_name} ({f.info.kind}, {f.info.model_type})" for f in engine.models)
         print(
