@@ -96,11 +96,13 @@ async def _pump(outputs: AsyncGenerator[Any, None], send: MemoryObjectSendStream
             pass
 
 
-def _client_error(exc: BaseException) -> InvalidRequestError | None:
-    """vLLM's own "bad request" errors (and value checks) as ours; None for anything else."""
+def _client_error(exc: BaseException, *, values: bool = False) -> InvalidRequestError | None:
+    """vLLM's own "bad request" errors as ours (with ``values``, also the ValueError/TypeError of its parameter
+    checks); None for anything else."""
     from vllm.exceptions import VLLMClientError
 
-    if isinstance(exc, VLLMClientError | ValueError | TypeError) and not isinstance(exc, InvalidRequestError):
+    kinds: tuple[type[BaseException], ...] = (VLLMClientError, ValueError, TypeError) if values else (VLLMClientError,)
+    if isinstance(exc, kinds) and not isinstance(exc, InvalidRequestError):
         return InvalidRequestError(str(exc), getattr(exc, "parameter", None))
     return None
 
@@ -158,7 +160,7 @@ class VllmTextFamily:
                 output_kind=RequestOutputKind.DELTA, **sampling_args(request, self.sampling_defaults)
             )
         except Exception as exc:  # vLLM's own checks of the values
-            mapped = _client_error(exc)
+            mapped = _client_error(exc, values=True)
             if mapped is None:
                 raise
             raise mapped from exc
@@ -214,6 +216,8 @@ class VllmTextFamily:
                 await asyncio.wait(set(self._aborts), timeout=ABORT_TIMEOUT)
         with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_TIMEOUT):
             await anyio.to_thread.run_sync(self.engine.shutdown)
+        # Drop vLLM now: its __del__ shuts down again, which fails noisily once the interpreter is exiting.
+        self.engine = None
 
 
 def build_engine(checkpoint: Path, backend_args: Mapping[str, Any]) -> Any:
