@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -212,8 +213,18 @@ async def test_finish_reason_stop_at_eos(engine, checkpoint):
     pytest.fail("no seed drew EOS within 300 tokens")
 
 
-async def test_closing_the_stream_aborts_in_vllm(engine, checkpoint):
-    await check_close_aborts(in_process(engine, checkpoint))
+async def test_closing_the_stream_aborts_in_vllm(engine, checkpoint, monkeypatch):
+    llm = engine.models.text().engine
+    aborted, abort = [], llm.abort
+
+    async def spy(request_id, internal=False):
+        aborted.append((request_id, internal))
+        await abort(request_id, internal)
+
+    monkeypatch.setattr(llm, "abort", spy)
+    request = long_request()
+    await check_close_aborts(replace(in_process(engine, checkpoint), long_request=lambda: request))
+    assert (request.request_id, False) in aborted  # ours, by the request's own id (vLLM's internal one may follow)
 
 
 async def test_a_request_left_running_is_seen_by_the_idle_check(engine, checkpoint):
@@ -228,6 +239,23 @@ async def test_a_request_left_running_is_seen_by_the_idle_check(engine, checkpoi
 
 async def test_cancelling_the_reader_aborts_in_vllm(engine, checkpoint):
     await check_cancelling_the_consumer_aborts(in_process(engine, checkpoint))
+
+
+async def test_a_deadline_between_outputs_aborts_in_vllm(engine, checkpoint):
+    """vLLM's scheduler is paused mid-request, so no output comes: the request ends at its deadline, aborted."""
+    from omni_stream.errors import DeadlineExceeded
+
+    llm = engine.models.text().engine
+    got = []
+    with pytest.raises(DeadlineExceeded):
+        async with engine.chat(long_request(), timeout=3.0) as stream:
+            async for item in stream:
+                got.append(item.chunk)
+                if len(got) == 1:
+                    await llm.pause_generation(mode="keep", clear_cache=False)
+    await llm.resume_generation()
+    assert got and not got[-1].final
+    await in_process(engine, checkpoint).assert_idle()
 
 
 async def test_engine_abort_by_id_aborts_in_vllm(engine, checkpoint):

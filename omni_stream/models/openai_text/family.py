@@ -134,7 +134,9 @@ class OpenAITextFamily:
         """Tokens of ``text`` by the server's ``/tokenize`` (vLLM, SGLang); blocking: call it off the loop."""
         try:
             with httpx.Client(base_url=self.endpoint, headers=_headers(self.options.api_key), timeout=30.0) as http:
-                response = http.post(TOKENIZE_PATH, json={"model": self.model, "prompt": text})
+                response = http.post(
+                    TOKENIZE_PATH, json={"model": self.model, "prompt": text, "add_special_tokens": False}
+                )
         except httpx.HTTPError as exc:
             raise UpstreamError(f"cannot reach the text model at {self.endpoint}: {exc!r}") from exc
         if response.status_code >= 400:
