@@ -91,7 +91,7 @@ class StandIn:
     def app(self, checkpoint: Path) -> Starlette:
         @contextlib.asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
-            self.engine = await AsyncEngine.from_pretrained(llm=checkpoint, progress=False)
+            self.engine = await AsyncEngine.from_pretrained(llm=checkpoint, progress=False, max_batch_size=128)
             try:
                 yield
             finally:

@@ -7,6 +7,7 @@ backend runs against a real ``vllm serve`` in the vLLM tier (``test_text_vllm.py
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 
@@ -248,3 +249,21 @@ async def test_a_stalled_upstream_ends_at_the_deadline_and_the_server_sees_the_c
 async def test_count_text_tokens_asks_the_server(engine):
     count = await anyio.to_thread.run_sync(engine.count_text_tokens, "one two three", "text")
     assert count == 3
+
+
+async def test_more_concurrent_streams_than_a_default_connection_pool_all_stream_at_once(engine):
+    """110 streams open at once (httpx's default pool holds 100 connections): each gets its first delta while
+    every other one is still open, so none waits for another's connection."""
+    streams = [engine.chat(chat("word " * 20, max_tokens=200, ignore_eos=True), timeout=30) for _ in range(110)]
+    firsts: list = []
+
+    async def first(stream) -> None:
+        firsts.append((await anext(aiter(stream))).chunk)
+
+    async with contextlib.AsyncExitStack() as stack:
+        for stream in streams:
+            await stack.enter_async_context(stream)
+        async with anyio.create_task_group() as tg:
+            for stream in streams:
+                tg.start_soon(first, stream)
+    assert len(firsts) == 110 and all(d.text == "word" and not d.final for d in firsts)

@@ -90,6 +90,9 @@ class OpenAITextFamily:
                 base_url=self.endpoint,
                 headers=_headers(self.options.api_key),
                 timeout=httpx.Timeout(None, connect=self.options.connect_timeout),
+                # One connection per streaming request: httpx's default cap of 100 would queue the 101st
+                # concurrent request inside the client; admission is the upstream server's job.
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=20),
             )
         return self._client
 
