@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from omni_stream.realtime import ray_serve
+from omni_stream.realtime import llm_flags, ray_serve
 from omni_stream.realtime.settings import Settings, default_voices_dir
 
 from omni_stream.cli import add_threads_argument, apply_threads
@@ -68,6 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: 2 with --ray, else off)",
     )
     ray_serve.add_arguments(parser)
+    # --- language model (--llm, --llm-backend, --llm-arg, --llm-endpoint, ...) ---
+    llm_flags.add_arguments(parser)
 
 
 def _seconds_or_off(text: str) -> float | str:
@@ -169,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
     except ModelNotFound as exc:
         print(f"omni-stream serve: cannot find model: {exc}", file=sys.stderr)
         return 2
+    llm = llm_flags.engine_options(args)  # language model: --llm / --llm-endpoint and their backend
     if model is None:
         print("omni-stream serve: no --model given: serving the embedded tiny checkpoint (random weights)")
     if args.load_format == "dummy":
@@ -192,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
             load_format=args.load_format,
             max_batch_size=args.max_concurrency,
             progress=True,
+            **llm,
         )
         loaded = ", ".join(f"{f.info.model_name} ({f.info.kind}, {f.info.model_type})" for f in engine.models)
         threads = await engine.worker.submit(_torch_threads)  # as the device worker's thread sees it

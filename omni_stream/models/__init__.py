@@ -12,6 +12,8 @@ BUILTIN_FAMILIES: dict[str, str] = {
     "synthetic_lm": "omni_stream.models.synthetic.lm_family",
     "qwen3": "omni_stream.models.causal_lm.family",
     "llama": "omni_stream.models.causal_lm.family",
+    "vllm": "omni_stream.models.vllm_text.family",
+    "openai": "omni_stream.models.openai_text.family",
 }
 
 # The tiny random-weight checkpoint each kind serves when no model is given, as "module[:builder]".
