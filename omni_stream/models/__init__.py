@@ -10,9 +10,12 @@ BUILTIN_FAMILIES: dict[str, str] = {
     "qwen3_tts": "omni_stream.models.qwen3_tts.family",
     "synthetic_tts": "omni_stream.models.synthetic",
     "synthetic_lm": "omni_stream.models.synthetic.lm_family",
+    "whisper": "omni_stream.models.whisper.family",
+    "synthetic_asr": "omni_stream.models.synthetic.asr_family",
 }
 
 # The tiny random-weight checkpoint each kind serves when no model is given, as "module[:builder]".
 EMBEDDED_DEFAULTS: dict[str, str] = {
     "speech": "omni_stream.models.qwen3_tts.family:embedded_default_checkpoint",
+    "transcription": "omni_stream.models.whisper.checkpoint:embedded_default_checkpoint",
 }
