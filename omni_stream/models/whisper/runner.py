@@ -129,7 +129,7 @@ class WhisperRunner:
         if not order:
             return []
         logits = torch.cat([self._decode(g) for g in groups if g])
-        first = torch.tensor([s.model_state.generated == 0 for s in order], device=self.device)
+        first = self._upload([s.model_state.generated == 0 for s in order], torch.bool)
         masked = logits.masked_fill(self.suppress, -math.inf)
         masked = masked.masked_fill(first[:, None] & self.begin_suppress, -math.inf)
         text_next = masked.argmax(-1)
@@ -148,8 +148,11 @@ class WhisperRunner:
 
     def _admit(self, seqs: tuple[Sequence, ...]) -> None:
         """Encode the newcomers together; their cross-attention keys and values go to their slots."""
-        slots = torch.tensor([s.slot for s in seqs], device=self.device)
-        features = torch.stack([s.payload.features for s in seqs]).to(self.device, self.dtype)
+        slots = self._upload([s.slot for s in seqs])
+        features = torch.stack([s.payload.features for s in seqs])
+        if self.device.type == "cuda":
+            features = features.pin_memory()
+        features = features.to(self.device, self.dtype, non_blocking=True)
         encoded = self.encoder(features).last_hidden_state  # [n, 1500, d]
         n = len(seqs)
         for i, layer in enumerate(self.decoder.layers):
@@ -168,6 +171,14 @@ class WhisperRunner:
             if self.record:
                 self.log.append(("admit", seq.seq_id, seq.request_id))
 
+    def _upload(self, values: list[Any], dtype: torch.dtype = torch.long) -> torch.Tensor:
+        """A small host list on the device; on CUDA through pinned memory, so the copy does not wait for the
+        kernels already queued."""
+        host = torch.tensor(values, dtype=dtype)
+        if self.device.type != "cuda":
+            return host
+        return host.pin_memory().to(self.device, non_blocking=True)
+
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
         return x.view(n, -1, self.heads, self.head_dim).transpose(1, 2)
 
@@ -178,9 +189,9 @@ class WhisperRunner:
         rows: list[_Row] = [s.model_state for s in seqs]
         n, width = len(rows), max(len(r.pending) for r in rows)
         dev = self.device
-        tokens = torch.tensor([r.pending + [self.tokens.eot] * (width - len(r.pending)) for r in rows], device=dev)
-        start = torch.tensor([r.position for r in rows], device=dev)
-        lengths = torch.tensor([len(r.pending) for r in rows], device=dev)
+        tokens = self._upload([r.pending + [self.tokens.eot] * (width - len(r.pending)) for r in rows])
+        start = self._upload([r.position for r in rows])
+        lengths = self._upload([len(r.pending) for r in rows])
         offsets = torch.arange(width, device=dev)
         positions = start[:, None] + offsets  # [n, width]
         valid = offsets[None] < lengths[:, None]
@@ -188,7 +199,7 @@ class WhisperRunner:
         keys = max(r.position + len(r.pending) for r in rows)
         mask = (torch.arange(keys, device=dev)[None, None] <= positions[:, :, None])[:, None]  # [n, 1, width, keys]
         slots = [s.slot for s in seqs]
-        slot_idx = torch.tensor(slots, device=dev)
+        slot_idx = self._upload(slots)
         contiguous = slots == list(range(slots[0], slots[0] + n))
 
         def rows_of(buf: torch.Tensor) -> torch.Tensor:
