@@ -67,7 +67,8 @@ def test_serve_without_model_uses_the_embedded_checkpoint_and_stops_on_sigint(tm
     env = {"OMNI_STREAM_API_KEY": "k", "OMNI_STREAM_CACHE": str(tmp_path / "cache")}
     out, models = serve(["--voices-dir", str(tmp_path / "voices")], env, signal.SIGINT)
     assert "no --model given: serving the embedded tiny checkpoint" in out
-    assert len(models) == 1 and models[0].startswith("qwen3-tts-tiny")
+    # Every kind with an embedded default: speech (Qwen3-TTS) and transcription (Whisper).
+    assert len(models) == 2 and models[0].startswith("qwen3-tts-tiny") and models[1].startswith("whisper-tiny")
 
 
 def test_serve_help_lists_options():
