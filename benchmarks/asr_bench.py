@@ -7,8 +7,9 @@ audio handed over whole (what a voice agent has when VAD ends the turn); its lat
 log-mel features (in a thread), the wait for a slot, the encoder pass and every decode step. Random weights
 rarely stop early, so nearly every transcript runs to ``--tokens`` tokens (``at_max_tokens_rate`` says how many
 did). Per level: latency p50/p95/max, time to the first text delta, utterances/s and tokens/s, and the
-scheduler's own figures (steps, mean batch, model time per step). Also the feature extraction time of one
-utterance, alone.
+scheduler's own figures (steps, mean batch, model time per step). Also, alone: the feature extraction of one
+utterance and one encoder pass at batch 1 and at the largest level (the encoder always reads a 30 s window,
+so on CPU it dominates the step that admits newcomers), and the machine's load average.
 
 - CPU (tiny random checkpoint, built here): ``python benchmarks/asr_bench.py`` (levels 1, 4, 16, 32).
 - GPU (random weights at the sizes of a real config, ``load_format="dummy"``, bf16):
@@ -102,6 +103,27 @@ async def level(engine, family, c: int, args: argparse.Namespace) -> dict:
     }
 
 
+@torch.inference_mode()
+def encoder_ms(family, batch: int, n: int = 3) -> float:
+    """Wall time of one encoder pass over ``batch`` utterances (the 30 s window each), synchronized; run while
+    the engine is idle."""
+    runner = family.runner
+    clips = [utterance(1.0, i) for i in range(batch)]
+    features = family.features(clips, sampling_rate=16000, return_tensors="pt").input_features
+    features = features.to(runner.device, runner.dtype)
+    cuda = runner.device.type == "cuda"
+    times = []
+    for _ in range(n):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        runner.encoder(features)
+        if cuda:
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1000)
+    return round(statistics.median(times), 2)
+
+
 def feature_ms(family, seconds: float, n: int = 5) -> float:
     from omni_stream.transcription import TranscriptionRequest
 
@@ -160,6 +182,9 @@ async def run(args: argparse.Namespace) -> dict:
                 "max_tokens": args.tokens,
                 "rounds_per_client": args.rounds,
                 "feature_extraction_ms": feature_ms(family, args.seconds),
+                "encoder_ms_batch_1": encoder_ms(family, 1),
+                f"encoder_ms_batch_{max(args.levels)}": encoder_ms(family, max(args.levels)),
+                "load_average_1m_before": round(os.getloadavg()[0], 2),
                 "levels": [],
             }
             for c in args.levels:
@@ -197,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     result = asyncio.run(run(args))
+    result["load_average_1m_after"] = round(os.getloadavg()[0], 2)  # other processes on the machine
     tag = "smoke" if args.smoke else args.device.split(":")[0]
     path = out_dir() / f"asr_bench_{result['model']}_{tag}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
