@@ -18,6 +18,7 @@ WRITERS: dict[str, str] = {
     "base": "omni_stream.models.qwen3_tts.checkpoint:make",
     "chat": "omni_stream.models.causal_lm.checkpoint:make",
     "chat-llama": "omni_stream.models.causal_lm.checkpoint:make",
+    "asr": "omni_stream.models.whisper.checkpoint:make",
 }
 
 

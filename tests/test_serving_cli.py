@@ -14,6 +14,8 @@ import httpx
 import pytest
 from serving_helpers import MODEL, expected_tone
 
+from omni_stream.models import EMBEDDED_DEFAULTS
+
 pytest_plugins = ("serving_fixtures",)
 
 
@@ -69,7 +71,10 @@ def test_serve_without_model_uses_the_embedded_checkpoint_and_stops_on_sigint(tm
     env = {"OMNI_STREAM_API_KEY": "k", "OMNI_STREAM_CACHE": str(tmp_path / "cache")}
     out, models = serve([], env, signal.SIGINT)
     assert "no --model given: serving the embedded tiny checkpoint" in out
-    assert len(models) == 2 and models[0].startswith("qwen3-tts-tiny") and models[1] == "qwen3-tiny-chat-v1"
+    # Every kind with an embedded default: speech (Qwen3-TTS) first, text (a tiny Qwen3), transcription (Whisper), ...
+    assert models[0].startswith("qwen3-tts-tiny") and "qwen3-tiny-chat-v1" in models
+    assert any(m.startswith("whisper-tiny") for m in models)
+    assert len(models) == len(EMBEDDED_DEFAULTS)
     # OMNI_STREAM_CACHE moves the voices dir too (beside the embedded checkpoint)
     assert f"voices dir {tmp_path / 'cache' / 'voices'}" in out and (tmp_path / "cache" / "voices").is_dir()
     assert (tmp_path / "cache" / "checkpoints").is_dir()
