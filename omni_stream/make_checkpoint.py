@@ -16,6 +16,9 @@ WRITERS: dict[str, str] = {
     "custom_voice": "omni_stream.models.qwen3_tts.checkpoint:make",
     "voice_design": "omni_stream.models.qwen3_tts.checkpoint:make",
     "base": "omni_stream.models.qwen3_tts.checkpoint:make",
+    "image-edit": "omni_stream.models.diffusers_image.checkpoint:make",
+    "image-edit-qwen": "omni_stream.models.diffusers_image.checkpoint:make",
+    "image-generation": "omni_stream.models.diffusers_image.checkpoint:make",
 }
 
 

@@ -44,6 +44,10 @@ class Settings:
     # WebSocket timeouts
     ws_config_timeout: float = 10.0
     ws_idle_timeout: float = 30.0
+    # Images (POST /v1/images/*): bytes per uploaded file, decoded pixels per image, files per request
+    max_image_bytes: int = 10 * 1024 * 1024
+    max_image_pixels: int = 4096 * 4096
+    max_image_files: int = 4  # input images and the mask
     # Benchmark-only request fields (``ignore_eos``): off on production servers, where they are a 400
     enable_benchmark_fields: bool = False
 

@@ -10,9 +10,11 @@ BUILTIN_FAMILIES: dict[str, str] = {
     "qwen3_tts": "omni_stream.models.qwen3_tts.family",
     "synthetic_tts": "omni_stream.models.synthetic",
     "synthetic_lm": "omni_stream.models.synthetic.lm_family",
+    "diffusers": "omni_stream.models.diffusers_image.family",
 }
 
 # The tiny random-weight checkpoint each kind serves when no model is given, as "module[:builder]".
 EMBEDDED_DEFAULTS: dict[str, str] = {
     "speech": "omni_stream.models.qwen3_tts.family:embedded_default_checkpoint",
+    "image": "omni_stream.models.diffusers_image.checkpoint:embedded_default_checkpoint",
 }
