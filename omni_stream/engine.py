@@ -30,6 +30,7 @@ Closing a stream waits at most ``pipeline.JOIN_TIMEOUT`` for its stages, closing
 
 from __future__ import annotations
 
+import gc
 import time
 import weakref
 from collections.abc import AsyncIterator, Mapping
@@ -184,6 +185,10 @@ class AsyncEngine:
                 await family.aclose()
             await worker.aclose()
             raise
+        # The models' objects (millions once diffusers or transformers are imported) live as long as the engine:
+        # move them out of the collector's reach, or each full collection stalls the event loop (0.8 s measured
+        # with an image model loaded, benchmarks/image_bench.py).
+        gc.freeze()
         return cls(models, worker, metrics, wait_timeout=wait_timeout)
 
     @classmethod
@@ -321,6 +326,7 @@ class AsyncEngine:
         if self._closed:
             return
         self._closed = True
+        gc.unfreeze()  # collectable again once the models go (see load)
         for stream in list(self._streams.values()):
             stream.abort(EngineClosed("engine closed while the request was streaming"))
         try:

@@ -269,14 +269,19 @@ def embedded_checkpoint(kind: str) -> Path:
 
 
 def default_available(kind: str) -> bool:
-    """Whether the embedded default of ``kind`` can be built in this install (its module and extras import)."""
+    """False when the embedded default of ``kind`` needs an optional extra this install lacks (e.g. diffusers).
+
+    A broken module of our own still counts as available: loading it then says what is wrong.
+    """
     from omni_stream.models import EMBEDDED_DEFAULTS
 
     try:
         importlib.import_module(EMBEDDED_DEFAULTS[kind].partition(":")[0])
     except ImportError as exc:
-        log.info("no embedded default %s model in this install (%s)", kind, exc)
-        return False
+        missing = exc.name or ""
+        if missing and not missing.startswith("omni_stream"):
+            log.info("no embedded default %s model in this install (%s)", kind, exc)
+            return False
     return True
 
 

@@ -121,7 +121,9 @@ class ImageRequest:
             raise InvalidRequestError(f"n must be between 1 and {MAX_IMAGES}, got {self.n}", "n")
         if self.steps is not None and self.steps < 1:
             raise InvalidRequestError(f"num_inference_steps must be >= 1, got {self.steps}", "num_inference_steps")
-        if self.guidance_scale is not None and not (0 <= self.guidance_scale <= 50 and math.isfinite(self.guidance_scale)):
+        if self.guidance_scale is not None and not (
+            0 <= self.guidance_scale <= 50 and math.isfinite(self.guidance_scale)
+        ):
             raise InvalidRequestError(f"guidance_scale must be in [0, 50], got {self.guidance_scale}", "guidance_scale")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise InvalidRequestError(f"seed must be in [0, 2**63), got {self.seed}", "seed")
@@ -217,7 +219,7 @@ def image_tokens(info: ImageInfo, width: int, height: int) -> int:
 def composite(edited: np.ndarray, original: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """``edited`` where ``mask`` is 1, ``original`` where it is 0 (uint8 ``(h, w, 3)``; float mask ``(h, w)``)."""
     m = mask[..., None].astype(np.float32)
-    out = edited.astype(np.float32) * m + original.astype(np.float32) * (1.0 - m)
+    out: np.ndarray = edited.astype(np.float32) * m + original.astype(np.float32) * (1.0 - m)
     return np.clip(np.rint(out), 0, 255).astype(np.uint8)
 
 

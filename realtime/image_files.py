@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import io
 import warnings
-
 from typing import Any
 
 import numpy as np

@@ -80,9 +80,7 @@ def _check_engine(state: ServerState, params: ImageParams) -> None:
     state.engine.models.get(ModelKind.IMAGE)  # 400 naming "model" when no image model is loaded
 
 
-def _decode_uploads(
-    images: list[bytes], mask: bytes | None, max_pixels: int
-) -> tuple[tuple[Any, ...], Any | None]:
+def _decode_uploads(images: list[bytes], mask: bytes | None, max_pixels: int) -> tuple[tuple[Any, ...], Any | None]:
     """Uploads -> arrays (blocking: off the loop)."""
     decoded = tuple(decode_image(data, "image", max_pixels) for data in images)
     if mask is None:
@@ -93,7 +91,9 @@ def _decode_uploads(
 
 async def _edit(request: Request, state: ServerState) -> Response:
     settings = state.settings
-    form = await read_form(request, FormLimits(max_file_bytes=settings.max_image_bytes, max_files=settings.max_image_files))
+    form = await read_form(
+        request, FormLimits(max_file_bytes=settings.max_image_bytes, max_files=settings.max_image_files)
+    )
     for part in form.files:
         if part.field not in EDIT_FILES:
             raise bad_request(f"Unknown file field '{part.field}' (image, image[] or mask)", part.field)

@@ -139,7 +139,9 @@ def parse_params(values: Mapping[str, Any], allowed: frozenset[str]) -> ImagePar
         raise bad_request("'response_format' must be 'b64_json' (image URLs are not served)", "response_format")
     output_format = OUTPUT_FORMATS.get(_text(get("output_format", "png"), "output_format").strip().lower())
     if output_format is None:
-        raise bad_request(f"'output_format' must be one of png, webp, jpeg, got {get('output_format')!r}", "output_format")
+        raise bad_request(
+            f"'output_format' must be one of png, webp, jpeg, got {get('output_format')!r}", "output_format"
+        )
     background = _choice(get("background", "auto"), "background", ("auto", "opaque", "transparent"))
     if background == "transparent":
         raise bad_request("'background': transparent backgrounds are not supported (auto or opaque)", "background")
@@ -153,7 +155,9 @@ def parse_params(values: Mapping[str, Any], allowed: frozenset[str]) -> ImagePar
         output_compression=_int(get("output_compression", 100), "output_compression", 0, 100),
         stream=_bool(get("stream", False), "stream"),
         stream_format=Dialect(_choice(stream_format, "stream_format", tuple(Dialect))) if stream_format else None,
-        partial_images=_int(get("partial_images"), "partial_images", 0, 3) if get("partial_images") is not None else None,
+        partial_images=_int(get("partial_images"), "partial_images", 0, 3)
+        if get("partial_images") is not None
+        else None,
         background=background,
         quality=_choice(get("quality", "auto"), "quality", ("auto", "low", "medium", "high")),
         steps=_int(get("num_inference_steps"), "num_inference_steps", 1, 1000)

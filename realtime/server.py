@@ -18,6 +18,9 @@ log = logging.getLogger("omni_stream.realtime.server")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``serve`` options."""
     parser.add_argument("--model", default=None, help="checkpoint directory or hub id (default: embedded tiny model)")
+    parser.add_argument(
+        "--llm", type=Path, default=None, help="a text model beside --model (e.g. to rewrite image-edit prompts)"
+    )
     parser.add_argument("--served-model-name", default=None, help="model id clients send (default: the model's name)")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s)")
@@ -124,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"omni-stream serve: loading {model or 'embedded tiny checkpoint'} on {args.device} ...", flush=True)
         engine = await AsyncEngine.from_pretrained(
             model,
+            llm=args.llm,
             device=args.device,
             dtype=dtype,
             load_format=args.load_format,

@@ -73,9 +73,7 @@ class LiveServer:
 
 
 @contextlib.contextmanager
-def running_server(
-    checkpoint: Path | None, settings: Settings | None = None, load: Any = None
-) -> Iterator[LiveServer]:
+def running_server(checkpoint: Path | None, settings: Settings | None = None, load: Any = None) -> Iterator[LiveServer]:
     """Serve ``checkpoint`` (or the engine the async factory ``load`` builds) until the block ends."""
 
     async def load_checkpoint() -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import shutil
 import threading
 from pathlib import Path
@@ -34,15 +35,23 @@ def finals(outputs):
     return [o.chunk for o in outputs if o.stage == "image" and not o.chunk.partial]
 
 
-async def settle(family, lm=None, timeout: float = 10.0) -> None:
-    """Until the image family (and the text model) hold no per-request state."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        lm_live = lm.scheduler.live() if lm is not None else {}
-        if not any(family.live().values()) and not any(lm_live.values()):
+async def until(condition, what: str, polls: int = 2000) -> None:
+    """Poll ``condition()`` (state the device thread changes; at most ~10 s)."""
+    for _ in range(polls):
+        if condition():
             return
-        assert asyncio.get_running_loop().time() < deadline, (family.live(), lm_live)
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def settle(family, lm=None) -> None:
+    """Until the image family (and the text model) hold no per-request state."""
+
+    def clean() -> bool:
+        lm_live = lm.scheduler.live() if lm is not None else {}
+        return not any(family.live().values()) and not any(lm_live.values())
+
+    await until(clean, "no per-request state")
 
 
 # --- pure policy ----------------------------------------------------------------------------------------------
@@ -57,7 +66,9 @@ def test_previews_are_evenly_spaced_and_never_the_last_step(steps, n, expected):
 
 
 def test_auto_size_fits_the_input_to_the_model():
-    info = ImageInfo("m", "diffusers", ModelKind.IMAGE, modes=(ImageMode.EDIT,), size_multiple=16, min_side=16, max_side=512)
+    info = ImageInfo(
+        "m", "diffusers", ModelKind.IMAGE, modes=(ImageMode.EDIT,), size_multiple=16, min_side=16, max_side=512
+    )
     assert output_size(info, ImageRequest("x", images=(picture(100, 50),))) == (96, 48)
     assert output_size(info, ImageRequest("x", images=(picture(1024, 768),))) == (512, 384)
     assert output_size(info, ImageRequest("x", size=(128, 64))) == (128, 64)
@@ -136,8 +147,7 @@ def _fields(request):
 
 async def queued(family, n: int, gate: threading.Event) -> None:
     """Open ``gate`` (a job holding the device thread) once ``n`` image jobs are queued behind it."""
-    while family.live()["jobs"] < n:
-        await asyncio.sleep(0.005)
+    await until(lambda: family.live()["jobs"] >= n, f"{n} queued jobs")
     gate.set()
 
 
@@ -250,7 +260,9 @@ async def test_a_mask_keeps_the_opaque_part_of_the_input(pix2pix_checkpoint):
     mask = np.zeros((64, 64), np.float32)
     mask[:, :32] = 1.0  # the left half may change
     async with await load_engine(pix2pix_checkpoint) as engine:
-        outputs = await collect(engine.generate(ImageRequest("x", images=(image,), mask=mask, partial_images=1, seed=1)))
+        outputs = await collect(
+            engine.generate(ImageRequest("x", images=(image,), mask=mask, partial_images=1, seed=1))
+        )
     for out in outputs:
         assert np.array_equal(out.chunk.pixels[:, 32:], image[:, 32:])
         assert not np.array_equal(out.chunk.pixels[:, :32], image[:, :32])
@@ -351,13 +363,43 @@ async def test_dummy_weights_load_from_the_component_configs_alone(pix2pix_check
     assert [o.chunk.pixels.shape for o in outputs] == [(64, 64, 3), (64, 64, 3)]
 
 
+async def test_a_dummy_qwen_text_encoder_adopts_the_offline_tokenizers_special_ids(
+    qwen_edit_checkpoint, tmp_path, qwen_small_condition
+):
+    # configs only, the text encoder's special-token ids and vocabulary as published (benchmarks/configs)
+    configs = tmp_path / "qwen"
+    for path in qwen_edit_checkpoint.rglob("*.json"):
+        if path.parent.name not in ("tokenizer", "processor"):
+            target = configs / path.relative_to(qwen_edit_checkpoint)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, target)
+    text_config = configs / "text_encoder" / "config.json"
+    published = json.loads(
+        (Path(__file__).parents[1] / "benchmarks/configs/qwen-image-edit/text_encoder/config.json").read_text()
+    )
+    config = json.loads(text_config.read_text())
+    config.update(
+        {k: published[k] for k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")}
+    )
+    config["vocab_size"] = config["text_config"]["vocab_size"] = published["text_config"]["vocab_size"]
+    text_config.write_text(json.dumps(config))
+    async with await load_engine(configs, load_format="dummy") as engine:
+        encoder = engine.models.get(ModelKind.IMAGE).pipe.text_encoder
+        outputs = await collect(engine.generate(ImageRequest("x", images=(picture(),), size=(32, 32), seed=1)))
+    assert encoder.config.image_token_id < 400 < published["image_token_id"]
+    assert finals(outputs)[0].pixels.shape == (32, 32, 3)
+
+
 def test_make_checkpoint_writes_image_kinds(pix2pix_checkpoint, tmp_path):
     from omni_stream.make_checkpoint import add_arguments, run
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     assert run(parser.parse_args(["--tiny", "--kind", "image-edit", str(tmp_path / "tiny")])) == 0
-    assert run(parser.parse_args(["--from-config", str(pix2pix_checkpoint), "--kind", "image-edit", str(tmp_path / "d")])) == 0
+    assert (
+        run(parser.parse_args(["--from-config", str(pix2pix_checkpoint), "--kind", "image-edit", str(tmp_path / "d")]))
+        == 0
+    )
     for out in ("tiny", "d"):
         assert (tmp_path / out / "model_index.json").is_file() and list((tmp_path / out / "unet").glob("*.safetensors"))
 
@@ -373,4 +415,26 @@ async def test_the_embedded_default_is_built_once_and_serves_edits(tmp_path, mon
     built = tmp_path / "checkpoints" / info.model_name
     assert (built / EMBEDDED_MARKER).is_file() and info.default_steps <= 4 and info.default_size == (64, 64)
     assert finals(outputs)[0].pixels.shape == (64, 64, 3)
-    assert not [p for p in Path(tmp_path, "checkpoints").iterdir() if p.name.startswith(".")]  # no leftovers
+    assert not _leftovers(tmp_path / "checkpoints")
+
+
+def _leftovers(folder: Path) -> list[Path]:
+    """Half-built temporary directories."""
+    return [p for p in folder.iterdir() if p.name.startswith(".")]
+
+
+def test_a_default_whose_extra_is_missing_is_left_out(monkeypatch):
+    import importlib
+
+    from omni_stream.family import default_available
+
+    real_import = importlib.import_module
+
+    def without_diffusers(name, *args):
+        if name == "omni_stream.models.diffusers_image.checkpoint":
+            raise ModuleNotFoundError("No module named 'diffusers'", name="diffusers")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", without_diffusers)
+    assert not default_available(ModelKind.IMAGE)
+    assert default_available(ModelKind.SPEECH)

@@ -124,7 +124,13 @@ def _qwen_image_edit() -> tuple[Any, Any | None, dict[str, Any]]:
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     tokenizer = text_tokenizers.qwen_tokenizer()
-    ids = dict(zip(text_tokenizers.QWEN_SPECIALS, tokenizer.convert_tokens_to_ids(list(text_tokenizers.QWEN_SPECIALS)), strict=True))
+    ids = dict(
+        zip(
+            text_tokenizers.QWEN_SPECIALS,
+            tokenizer.convert_tokens_to_ids(list(text_tokenizers.QWEN_SPECIALS)),
+            strict=True,
+        )
+    )
     transformer = Transformer(
         patch_size=2,
         in_channels=16,
@@ -146,7 +152,7 @@ def _qwen_image_edit() -> tuple[Any, Any | None, dict[str, Any]]:
         latents_mean=[0.0] * z_dim,
         latents_std=[1.0] * z_dim,
     )
-    config = Qwen2_5_VLConfig(
+    fields: dict[str, Any] = dict(
         text_config={
             "hidden_size": 16,
             "intermediate_size": 16,
@@ -167,6 +173,7 @@ def _qwen_image_edit() -> tuple[Any, Any | None, dict[str, Any]]:
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
     )
+    config = Qwen2_5_VLConfig(**fields)
     pipe = QwenImageEditPipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(),
         vae=vae,

@@ -51,7 +51,7 @@ def _processor_class() -> type:
                 return None
             return super().check_argument_for_proper_class(argument_name, argument)
 
-        def save_pretrained(self, save_directory: Any, **kwargs: Any) -> Any:
+        def save_pretrained(self, save_directory: Any, push_to_hub: bool = False, **kwargs: Any) -> Any:
             self.image_processor.save_pretrained(save_directory)
             self.tokenizer.save_pretrained(save_directory)
 
@@ -63,7 +63,7 @@ def image_only_processor(image_processor: Any, tokenizer: Any) -> Any:
     return _processor_class()(image_processor=image_processor, tokenizer=tokenizer, video_processor=None)
 
 
-def _class(library: str, name: str) -> type:
+def _class(library: str, name: str) -> Any:
     if library not in LIBRARIES:
         raise ConfigError(f"component class {library}.{name}: only diffusers and transformers classes load")
     module = __import__(library)
@@ -71,6 +71,35 @@ def _class(library: str, name: str) -> type:
     if not isinstance(cls, type):
         raise ConfigError(f"{library} has no class {name!r} (installed {library} {module.__version__})")
     return cls
+
+
+def _rank(class_name: str) -> int:
+    """Load order: 0 tokenizers, 1 models and schedulers, 2 the processor."""
+    return 2 if class_name == _PROCESSOR else 0 if "Tokenizer" in class_name else 1
+
+
+def _offline_tokenizer(class_name: str) -> Any:
+    from omni_stream.models.diffusers_image import text_tokenizers
+
+    tokenizer = text_tokenizers.qwen_tokenizer() if "Qwen" in class_name else text_tokenizers.clip_tokenizer()
+    tokenizer.built_offline = True  # a dummy text encoder adopts its special-token ids
+    return tokenizer
+
+
+# A Qwen2.5-VL config's special-token ids, by the token they name (their real ids exceed an offline vocabulary).
+_VL_TOKENS = {
+    "image_token_id": "<|image_pad|>",
+    "video_token_id": "<|video_pad|>",
+    "vision_start_token_id": "<|vision_start|>",
+    "vision_end_token_id": "<|vision_end|>",
+}
+
+
+def _adopt_token_ids(config: Any, tokenizer: Any) -> None:
+    """Point a dummy text encoder's special-token ids at an offline tokenizer's (they are looked up in forward)."""
+    for key, token in _VL_TOKENS.items():
+        if getattr(config, key, None) is not None:
+            setattr(config, key, tokenizer.convert_tokens_to_ids(token))
 
 
 def _has_tokenizer_files(folder: Path) -> bool:
@@ -88,7 +117,7 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def _load_model(cls: type, folder: Path, dummy: bool, device: str, dtype: torch.dtype) -> Any:
+def _load_model(cls: Any, folder: Path, dummy: bool, device: str, dtype: torch.dtype, tokenizer: Any = None) -> Any:
     import diffusers
 
     if issubclass(cls, diffusers.ModelMixin):
@@ -101,25 +130,26 @@ def _load_model(cls: type, folder: Path, dummy: bool, device: str, dtype: torch.
         from transformers import AutoConfig
 
         if dummy:
+            config = AutoConfig.from_pretrained(folder)
+            if getattr(tokenizer, "built_offline", False):
+                _adopt_token_ids(config, tokenizer)
             with torch.device(device):
-                model = cls._from_config(AutoConfig.from_pretrained(folder), dtype=dtype)
+                model = cls._from_config(config, dtype=dtype)
         else:
             model = cls.from_pretrained(folder, dtype=dtype)
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
 def _load_component(
-    name: str, cls: type, folder: Path, loaded: dict[str, Any], dummy: bool, device: str, dtype: torch.dtype
+    name: str, cls: Any, folder: Path, loaded: dict[str, Any], dummy: bool, device: str, dtype: torch.dtype
 ) -> Any:
     import diffusers
     from transformers import PreTrainedModel
 
-    from omni_stream.models.diffusers_image import text_tokenizers
-
     if cls.__name__ == _PROCESSOR:
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-        exists = (folder / "preprocessor_config.json").is_file()
+        exists = (folder / "preprocessor_config.json").is_file()  # a dummy directory may hold configs only
         images = Qwen2VLImageProcessorPil.from_pretrained(folder) if exists else Qwen2VLImageProcessorPil()
         tokenizer = loaded.get("tokenizer")
         if tokenizer is None or _has_tokenizer_files(folder):
@@ -130,19 +160,17 @@ def _load_component(
     ):
         return cls.from_pretrained(folder)
     if issubclass(cls, diffusers.ModelMixin | PreTrainedModel):
-        return _load_model(cls, folder, dummy, device, dtype)
+        return _load_model(cls, folder, dummy, device, dtype, loaded.get("tokenizer"))
     if "Tokenizer" in cls.__name__:
         if dummy and not _has_tokenizer_files(folder):
-            return text_tokenizers.qwen_tokenizer() if "Qwen" in cls.__name__ else text_tokenizers.clip_tokenizer()
+            return _offline_tokenizer(cls.__name__)
         return cls.from_pretrained(folder)
     raise ConfigError(f"component {name!r} of class {cls.__name__} is not supported")
 
 
 def _load_tokenizer(name: str, folder: Path, dummy: bool) -> Any:
-    from omni_stream.models.diffusers_image import text_tokenizers
-
     if dummy and not _has_tokenizer_files(folder):
-        return text_tokenizers.qwen_tokenizer()
+        return _offline_tokenizer(name)
     return _class("transformers", name).from_pretrained(folder)
 
 
@@ -174,8 +202,8 @@ def load_pipeline(path: Path, options: LoadOptions, dtype: torch.dtype) -> Any:
         for name, spec in index.items()
         if not name.startswith("_") and isinstance(spec, list) and len(spec) == 2 and name not in SKIPPED
     }
-    # the processor wraps the tokenizer: load it last
-    order = sorted(entries, key=lambda n: (entries[n][1] == _PROCESSOR, n))
+    # tokenizers first (a dummy text encoder takes their special-token ids), the processor (it wraps one) last
+    order = sorted(entries, key=lambda n: (_rank(entries[n][1]), n))
     dummy = options.load_format == "dummy"
     components: dict[str, Any] = {}
     diffusers_logging.set_verbosity_error()  # its accelerate hints and per-call warnings
@@ -186,21 +214,19 @@ def load_pipeline(path: Path, options: LoadOptions, dtype: torch.dtype) -> Any:
                 components[name] = None
             else:
                 folder = path / name
-                if not folder.is_dir():
+                if not folder.is_dir() and not (dummy and _rank(class_name) != 1):
                     raise ConfigError(f"{path} has no {name}/ folder ({INDEX} lists it)")
                 cls = _class(library, class_name)
-                components[name] = _load_component(
-                    name, cls, folder, components, dummy, options.device, dtype
-                )
+                components[name] = _load_component(name, cls, folder, components, dummy, options.device, dtype)
             bar.set_postfix_str(name)
             bar.update(1)
-    params = inspect.signature(pipeline_cls.__init__).parameters
+    params = inspect.signature(pipeline_cls).parameters
     for name in SKIPPED:
         if name in params:
             components[name] = None
     if "requires_safety_checker" in params:
         components["requires_safety_checker"] = False
-    missing = [p for p, v in params.items() if p != "self" and v.default is inspect.Parameter.empty and p not in components]
+    missing = [p for p, v in params.items() if v.default is inspect.Parameter.empty and p not in components]
     if missing:
         raise ConfigError(f"{path}: {index['_class_name']} needs {', '.join(missing)} ({INDEX} does not list it)")
     pipe = pipeline_cls(**{k: v for k, v in components.items() if k in params})

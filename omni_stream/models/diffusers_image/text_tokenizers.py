@@ -57,7 +57,9 @@ def qwen_tokenizer(vocab_size: int = 400) -> Any:
         show_progress=False,
     )
     bpe.train_from_iterator([_QWEN_CORPUS] * 4, trainer)
-    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in json.loads(bpe.to_str())["model"]["merges"]]
-    tokenizer = Qwen2Tokenizer(vocab=bpe.get_vocab(), merges=merges)
+    merges = [
+        tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in json.loads(bpe.to_str())["model"]["merges"]
+    ]
+    tokenizer = Qwen2Tokenizer(vocab=bpe.get_vocab(), merges=merges)  # type: ignore[arg-type]  # pairs work
     tokenizer.add_tokens(list(QWEN_SPECIALS), special_tokens=True)
     return tokenizer
