@@ -52,6 +52,7 @@ from omni_stream.family import (
     ModelKind,
     SpeechInfo,
     check_family,
+    default_available,
     embedded_checkpoint,
     read_config,
     resolve_family,
@@ -180,7 +181,8 @@ class AsyncEngine:
         if sources is None:
             from omni_stream.models import EMBEDDED_DEFAULTS
 
-            sources = {kind: ModelSource(kind=kind) for kind in EMBEDDED_DEFAULTS}
+            # a default whose optional extra is not installed (diffusers for images) is left out, not an error
+            sources = {kind: ModelSource(kind=kind) for kind in EMBEDDED_DEFAULTS if default_available(kind)}
         worker = DeviceWorker(name=f"omni-stream-{device}").start()
         metrics = EngineMetrics()
         models = ModelSet()

@@ -270,9 +270,36 @@ def embedded_checkpoint(kind: str) -> Path:
     return Path(build())
 
 
+def default_available(kind: str) -> bool:
+    """False when the embedded default of ``kind`` needs an optional extra this install lacks (e.g. diffusers).
+
+    A broken module of our own still counts as available: loading it then says what is wrong.
+    """
+    from omni_stream.models import EMBEDDED_DEFAULTS
+
+    try:
+        importlib.import_module(EMBEDDED_DEFAULTS[kind].partition(":")[0])
+    except ImportError as exc:
+        missing = exc.name or ""
+        if missing and not missing.startswith("omni_stream"):
+            log.info("no embedded default %s model in this install (%s)", kind, exc)
+            return False
+    return True
+
+
+# A diffusers pipeline directory has no config.json: its model_index.json names the pipeline class.
+DIFFUSERS_INDEX = "model_index.json"
+DIFFUSERS_MODEL_TYPE = "diffusers"
+
+
 def read_config(path: Path) -> dict[str, Any]:
-    """``config.json`` of a checkpoint directory; ConfigError when it is missing or names no model_type."""
+    """``config.json`` of a checkpoint directory; ConfigError when it is missing or names no model_type.
+
+    A diffusers-layout directory (``model_index.json``, no ``config.json``) reads as ``model_type: diffusers``.
+    """
     config_file = path / "config.json"
+    if not config_file.is_file() and (path / DIFFUSERS_INDEX).is_file():
+        return {"model_type": DIFFUSERS_MODEL_TYPE}
     if not config_file.is_file():
         raise ConfigError(f"{path} is not a checkpoint directory: {config_file.name} is missing")
     try:

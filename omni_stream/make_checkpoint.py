@@ -19,6 +19,9 @@ WRITERS: dict[str, str] = {
     "chat": "omni_stream.models.causal_lm.checkpoint:make",
     "chat-llama": "omni_stream.models.causal_lm.checkpoint:make",
     "asr": "omni_stream.models.whisper.checkpoint:make",
+    "image-edit": "omni_stream.models.diffusers_image.checkpoint:make",
+    "image-edit-qwen": "omni_stream.models.diffusers_image.checkpoint:make",
+    "image-generation": "omni_stream.models.diffusers_image.checkpoint:make",
 }
 
 

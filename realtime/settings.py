@@ -58,6 +58,10 @@ class Settings:
     pace_streams_seconds: float | None = None
     # Set per replica when several serve one address: a ``replica`` label on /metrics, an x-omni-stream-replica header
     replica_id: str | None = None
+    # Images (POST /v1/images/*): bytes per uploaded file, decoded pixels per image, files per request
+    max_image_bytes: int = 10 * 1024 * 1024
+    max_image_pixels: int = 4096 * 4096
+    max_image_files: int = 4  # input images and the mask
     # Benchmark-only request fields (``ignore_eos``): off on production servers, where they are a 400
     enable_benchmark_fields: bool = False
     # vLLM-Omni compatibility: ``stream=true`` without ``stream_format`` streams raw audio bytes, as vLLM-Omni

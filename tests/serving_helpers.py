@@ -75,15 +75,20 @@ class LiveServer:
 
 @contextlib.contextmanager
 def running_server(
-    checkpoint: Path | None, settings: Settings | None = None, *, llm: Path | None = None, **engine_options: Any
+    checkpoint: Path | None,
+    settings: Settings | None = None,
+    *,
+    llm: Path | None = None,
+    load: Any = None,
+    **engine_options: Any,
 ) -> Iterator[LiveServer]:
-    """Serve ``checkpoint`` (and the text model ``llm``, if given) until the block ends (``engine_options`` go to
-    ``AsyncEngine.from_pretrained``)."""
+    """Serve ``checkpoint`` (and the text model ``llm``, if given; or the engine the async factory ``load``
+    builds) until the block ends (``engine_options`` go to ``AsyncEngine.from_pretrained``)."""
 
-    async def load() -> Any:
+    async def load_checkpoint() -> Any:
         return await AsyncEngine.from_pretrained(checkpoint, llm=llm, progress=False, **engine_options)
 
-    app = create_app(load, settings or Settings())
+    app = create_app(load or load_checkpoint, settings or Settings())
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))

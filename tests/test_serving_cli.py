@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import httpx
 import pytest
 from serving_helpers import MODEL, expected_tone
 
+from omni_stream.family import default_available
 from omni_stream.models import EMBEDDED_DEFAULTS
 
 pytest_plugins = ("serving_fixtures",)
@@ -74,7 +76,9 @@ def test_serve_without_model_uses_the_embedded_checkpoint_and_stops_on_sigint(tm
     # Every kind with an embedded default: speech (Qwen3-TTS) first, text (a tiny Qwen3), transcription (Whisper), ...
     assert models[0].startswith("qwen3-tts-tiny") and "qwen3-tiny-chat-v1" in models
     assert any(m.startswith("whisper-tiny") for m in models)
-    assert len(models) == len(EMBEDDED_DEFAULTS)
+    # the image default joins them where the [image] extra (diffusers) is installed
+    assert ("instruct-pix2pix-tiny" in models) == bool(importlib.util.find_spec("diffusers"))
+    assert len(models) == len([kind for kind in EMBEDDED_DEFAULTS if default_available(kind)])
     # OMNI_STREAM_CACHE moves the voices dir too (beside the embedded checkpoint)
     assert f"voices dir {tmp_path / 'cache' / 'voices'}" in out and (tmp_path / "cache" / "voices").is_dir()
     assert (tmp_path / "cache" / "checkpoints").is_dir()

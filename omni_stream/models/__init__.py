@@ -16,6 +16,7 @@ BUILTIN_FAMILIES: dict[str, str] = {
     "openai": "omni_stream.models.openai_text.family",
     "whisper": "omni_stream.models.whisper.family",
     "synthetic_asr": "omni_stream.models.synthetic.asr_family",
+    "diffusers": "omni_stream.models.diffusers_image.family",
 }
 
 # The tiny random-weight checkpoint each kind serves when no model is given, as "module[:builder]".
@@ -23,4 +24,5 @@ EMBEDDED_DEFAULTS: dict[str, str] = {
     "speech": "omni_stream.models.qwen3_tts.family:embedded_default_checkpoint",
     "text": "omni_stream.models.causal_lm.family:embedded_default_checkpoint",
     "transcription": "omni_stream.models.whisper.checkpoint:embedded_default_checkpoint",
+    "image": "omni_stream.models.diffusers_image.checkpoint:embedded_default_checkpoint",
 }
