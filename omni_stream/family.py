@@ -269,8 +269,21 @@ def embedded_checkpoint(kind: str) -> Path:
 
 
 def read_config(path: Path) -> dict[str, Any]:
-    """``config.json`` of a checkpoint directory; ConfigError when it is missing or names no model_type."""
+    """``config.json`` of a checkpoint directory; ConfigError when it is missing or names no model_type.
+
+    A diffusers pipeline directory has ``model_index.json`` instead: its ``_class_name`` (e.g. ``HeliosPipeline``)
+    is the model type.
+    """
     config_file = path / "config.json"
+    index_file = path / "model_index.json"
+    if not config_file.is_file() and index_file.is_file():
+        try:
+            index = json.loads(index_file.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read {index_file}: {exc}") from exc
+        if not isinstance(index, dict) or not isinstance(index.get("_class_name"), str):
+            raise ConfigError(f"{index_file} has no _class_name")
+        return {**index, "model_type": index["_class_name"]}
     if not config_file.is_file():
         raise ConfigError(f"{path} is not a checkpoint directory: {config_file.name} is missing")
     try:

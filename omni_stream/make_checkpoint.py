@@ -16,6 +16,7 @@ WRITERS: dict[str, str] = {
     "custom_voice": "omni_stream.models.qwen3_tts.checkpoint:make",
     "voice_design": "omni_stream.models.qwen3_tts.checkpoint:make",
     "base": "omni_stream.models.qwen3_tts.checkpoint:make",
+    "video": "omni_stream.models.helios.checkpoint:make",
 }
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
-from omni_stream.realtime import health, speech_http, speech_ws, voices
+from omni_stream.realtime import health, speech_http, speech_ws, video_ws, voices
 from omni_stream.realtime.auth import ApiKeyMiddleware
 from omni_stream.realtime.errors import http_exception_handler, internal_error_handler
 from omni_stream.realtime.settings import Settings
@@ -38,6 +38,7 @@ def _routes(static_dir: Path | None) -> list[BaseRoute]:
         Route("/v1/audio/voices", voices.upload_voice, methods=["POST"]),
         Route("/v1/audio/voices/{name}", voices.delete_voice, methods=["DELETE"]),
         WebSocketRoute("/v1/audio/speech/stream", speech_ws.speech_stream),
+        WebSocketRoute("/v1/realtime/video", video_ws.video_stream),
     ]
     if static_dir is not None and static_dir.is_dir():
         index = static_dir / "index.html"
@@ -47,8 +48,15 @@ def _routes(static_dir: Path | None) -> list[BaseRoute]:
                 raise HTTPException(404)
             return FileResponse(index)
 
+        async def video_page(request: Any) -> Response:
+            page = static_dir / "video.html"
+            if not page.is_file():
+                raise HTTPException(404)
+            return FileResponse(page)
+
         routes += [
             Route("/", home, methods=["GET"]),
+            Route("/video", video_page, methods=["GET"]),
             Mount("/static", StaticFiles(directory=static_dir), name="static"),
         ]
     return routes

@@ -44,6 +44,10 @@ class Settings:
     # WebSocket timeouts
     ws_config_timeout: float = 10.0
     ws_idle_timeout: float = 30.0
+    # Video WebSocket (/v1/realtime/video): session.start within this many seconds; a session with neither
+    # generation progress nor a client ping for video_stall_timeout seconds is ended with a stall error
+    video_start_timeout: float = 10.0
+    video_stall_timeout: float = 60.0
     # Benchmark-only request fields (``ignore_eos``): off on production servers, where they are a 400
     enable_benchmark_fields: bool = False
 
@@ -57,5 +61,6 @@ class Settings:
             raise ValueError("limits must be positive")
         if not 0 < self.min_ref_seconds <= self.max_ref_seconds:
             raise ValueError("min_ref_seconds must be in (0, max_ref_seconds]")
-        if self.ws_config_timeout <= 0 or self.ws_idle_timeout <= 0:
+        timeouts = (self.ws_config_timeout, self.ws_idle_timeout, self.video_start_timeout, self.video_stall_timeout)
+        if min(timeouts) <= 0:
             raise ValueError("WebSocket timeouts must be positive")
