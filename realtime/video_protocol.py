@@ -338,8 +338,8 @@ class VideoProtocol:
         if not isinstance(event, Mapping):
             raise ProtocolError("invalid_message", "session.interaction requires an event object", event_id=event_id)
         if event.get("negative_prompt") is not None:
-            raise ProtocolError("unsupported_interaction", "negative_prompt updates are not supported", "negative_prompt",
-                                event_id)  # fmt: skip
+            message = "negative_prompt updates are not supported"
+            raise ProtocolError("unsupported_interaction", message, "negative_prompt", event_id)
         try:
             prompt = _text(event, "prompt", self.limits.max_prompt_chars, required=True) or ""
             transition = interaction.get("transition_chunks", 0)

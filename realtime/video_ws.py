@@ -87,14 +87,16 @@ def decode_image(url: str) -> np.ndarray:
     try:
         with Image.open(io.BytesIO(raw)) as image:
             if image.width * image.height > MAX_IMAGE_PIXELS:
-                raise InvalidRequestError(f"image_reference is larger than {MAX_IMAGE_PIXELS} pixels", "image_reference")
+                raise InvalidRequestError(
+                    f"image_reference is larger than {MAX_IMAGE_PIXELS} pixels", "image_reference"
+                )
             return np.asarray(image.convert("RGB"), dtype=np.uint8).copy()
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
         raise InvalidRequestError(f"image_reference is not a readable image ({exc})", "image_reference") from None
 
 
 class VideoSession:
-    """One video connection. ``generated``/``sent``/``sent_progress``/``peak_unsent_bytes`` are for tests and metrics."""
+    """One video connection; ``generated``, ``sent``, ``sent_progress`` and ``peak_unsent_bytes`` count its chunks."""
 
     def __init__(self, websocket: WebSocket, state: ServerState, clock: Callable[[], float] = time.monotonic) -> None:
         self.ws = websocket

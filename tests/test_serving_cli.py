@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -67,7 +68,10 @@ def test_serve_without_model_uses_the_embedded_checkpoint_and_stops_on_sigint(tm
     env = {"OMNI_STREAM_API_KEY": "k", "OMNI_STREAM_CACHE": str(tmp_path / "cache")}
     out, models = serve(["--voices-dir", str(tmp_path / "voices")], env, signal.SIGINT)
     assert "no --model given: serving the embedded tiny checkpoint" in out
-    assert len(models) == 1 and models[0].startswith("qwen3-tts-tiny")
+    # the tiny speech model, and with the [video] extra the tiny video model beside it
+    video = importlib.util.find_spec("diffusers") is not None
+    assert len(models) == 1 + video and models[0].startswith("qwen3-tts-tiny")
+    assert not video or models[1] == "helios-tiny-v1"
 
 
 def test_serve_help_lists_options():

@@ -14,18 +14,18 @@ import torch
 
 pytest.importorskip("diffusers", reason="needs the [video] extra (diffusers)")
 
-from video_helpers import chunks_begun, steps_after_release  # noqa: E402
+from video_helpers import chunks_begun, steps_after_release
 
-from omni_stream.engine import AsyncEngine  # noqa: E402
-from omni_stream.errors import ConfigError, InvalidRequestError, RequestCancelled  # noqa: E402
-from omni_stream.family import embedded_checkpoint, read_config  # noqa: E402
-from omni_stream.models.helios.checkpoint import (  # noqa: E402
+from omni_stream.engine import AsyncEngine
+from omni_stream.errors import ConfigError, InvalidRequestError, RequestCancelled
+from omni_stream.family import embedded_checkpoint, read_config
+from omni_stream.models.helios.checkpoint import (
     EMBEDDED_MARKER,
     embedded_default_checkpoint,
     load_pipeline,
 )
-from omni_stream.models.helios.runner import HeliosRunner  # noqa: E402
-from omni_stream.video import ChunkPrompt, PromptUpdate, VideoRequest  # noqa: E402
+from omni_stream.models.helios.runner import HeliosRunner
+from omni_stream.video import ChunkPrompt, PromptUpdate, VideoRequest
 
 pytest_plugins = ("video_helpers",)
 
@@ -223,7 +223,10 @@ async def test_dummy_weights_load_at_the_configured_sizes(video_checkpoint, tmp_
 
 def test_a_diffusers_directory_names_its_pipeline_as_model_type(video_checkpoint, tmp_path):
     config = read_config(video_checkpoint)
-    assert config["model_type"] == "HeliosPipeline" and config["transformer"] == ["diffusers", "HeliosTransformer3DModel"]
+    assert config["model_type"] == "HeliosPipeline" and config["transformer"] == [
+        "diffusers",
+        "HeliosTransformer3DModel",
+    ]
     (tmp_path / "model_index.json").write_text(json.dumps({"vae": ["diffusers", "AutoencoderKLWan"]}))
     with pytest.raises(ConfigError, match="_class_name"):
         read_config(tmp_path)
@@ -263,4 +266,3 @@ def test_the_embedded_default_serves_video_beside_speech(tmp_path, monkeypatch):
             return [info.model_name, info.default_width, info.frames_per_chunk]
 
     assert asyncio.run(main()) == ["helios-tiny-v1", 64, 33]
-

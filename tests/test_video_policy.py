@@ -19,8 +19,10 @@ from omni_stream.video import (
     resolve_request,
 )
 
-INFO = VideoInfo("tiny", "HeliosPipeline", ModelKind.VIDEO, default_width=64, default_height=32, max_width=256,
-                 max_height=256, max_num_frames=264, default_num_frames=66, default_steps=2, default_guidance=1.0)  # fmt: skip
+INFO = VideoInfo(
+    "tiny", "HeliosPipeline", ModelKind.VIDEO, default_width=64, default_height=32, max_width=256, max_height=256,
+    max_num_frames=264, default_num_frames=66, default_steps=2, default_guidance=1.0,
+)  # fmt: skip
 
 
 def test_chunk_count_covers_every_frame():

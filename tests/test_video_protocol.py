@@ -23,8 +23,10 @@ from omni_stream.realtime.video_protocol import (
 from omni_stream.family import ModelKind
 from omni_stream.video import ChunkPrompt, PromptSchedule, VideoChunk, VideoInfo, resolve_request
 
-INFO = VideoInfo("tiny", "HeliosPipeline", ModelKind.VIDEO, default_width=32, default_height=32, max_width=128,
-                 max_height=128, max_num_frames=99, default_num_frames=66, default_steps=2, default_guidance=1.0)  # fmt: skip
+INFO = VideoInfo(
+    "tiny", "HeliosPipeline", ModelKind.VIDEO, default_width=32, default_height=32, max_width=128, max_height=128,
+    max_num_frames=99, default_num_frames=66, default_steps=2, default_guidance=1.0,
+)  # fmt: skip
 LIMITS = VideoLimits(start_timeout=10.0, stall_timeout=60.0, max_control_bytes=1024)
 
 

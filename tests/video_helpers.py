@@ -25,7 +25,6 @@ from serving_helpers import LiveServer
 from omni_stream.engine import AsyncEngine
 
 
-
 @pytest.fixture(scope="session")
 def video_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from omni_stream.models.helios.checkpoint import write_tiny_checkpoint
