@@ -252,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.summarize:
         summarize()
         return 0
+    if args.gpu and not torch.cuda.is_available():
+        raise SystemExit("--gpu needs a CUDA device")
     if args.gpu:
         defaults = {"width": 320, "height": 192, "frames": 66, "steps": 2, "levels": "1,2,4,8", "transport": "inproc"}
     elif args.smoke:

@@ -96,7 +96,8 @@ def decode_image(url: str) -> np.ndarray:
 
 
 class VideoSession:
-    """One video connection; ``generated``, ``sent``, ``sent_progress`` and ``peak_unsent_bytes`` count its chunks."""
+    """One video connection; ``generated``, ``sent``, ``sent_progress``, ``peak_unsent_bytes`` and ``encoded_bytes``
+    count its chunks and bytes."""
 
     def __init__(self, websocket: WebSocket, state: ServerState, clock: Callable[[], float] = time.monotonic) -> None:
         self.ws = websocket
@@ -123,7 +124,8 @@ class VideoSession:
         self.generated = 0  # chunks taken from the engine
         self.sent = 0  # chunks whose bytes the socket took
         self.sent_progress: list[int] = []  # frames the engine had generated when each chunk's bytes were sent
-        self.peak_unsent_bytes = 0
+        self.peak_unsent_bytes = 0  # the largest encoded chunk held while the socket takes it
+        self.encoded_bytes = 0  # all bytes encoded for this session (sent, being sent, or in socket buffers)
         self.closed = False
         self._send_lock = anyio.Lock()
         self._scope: anyio.CancelScope | None = None
@@ -160,7 +162,8 @@ class VideoSession:
                 self.stream.abort()  # the request is released before the worker's next step
                 await self.stream.aclose()
             if self._encoder is not None:
-                await anyio.to_thread.run_sync(self._encoder.close)
+                with anyio.CancelScope(shield=True):  # a cancelled session still closes its muxer (milliseconds)
+                    await anyio.to_thread.run_sync(self._encoder.close)
 
     async def _watch_shutdown(self) -> None:
         stopping = self.state.stopping
@@ -276,6 +279,7 @@ class VideoSession:
                 self.protocol.progressed(self.clock())
                 data = await anyio.to_thread.run_sync(encoder.encode, chunk.frames, chunk.final)
                 self.peak_unsent_bytes = max(self.peak_unsent_bytes, len(data))
+                self.encoded_bytes += len(data)
                 made = stream.usage.get(ModelKind.VIDEO)
                 actions = self.protocol.chunk_ready(chunk, data, self.clock())
                 if actions:

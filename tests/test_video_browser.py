@@ -21,7 +21,7 @@ from serving_helpers import LiveServer
 from video_helpers import video_server, wait_until
 
 pytestmark = pytest.mark.browser
-pytest_plugins = ("video_helpers",)
+pytest_plugins = ("video_fixtures",)
 
 TIMEOUT_MS = 30_000
 CHROMIUM = Path("/usr/bin/chromium")

@@ -27,7 +27,7 @@ from omni_stream.models.helios.checkpoint import (
 from omni_stream.models.helios.runner import HeliosRunner
 from omni_stream.video import ChunkPrompt, PromptUpdate, VideoRequest
 
-pytest_plugins = ("video_helpers",)
+pytest_plugins = ("video_fixtures",)
 
 S = 32  # frame size of most tests (pixels)
 

@@ -17,10 +17,13 @@ from video_helpers import chunks_begun, steps_after_release, video_server, wait_
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-pytest_plugins = ("video_helpers",)
+pytest_plugins = ("video_fixtures",)
 
 S = 32
 SNDBUF = 8192  # the server's kernel send buffer (Linux doubles it): a stalled reader blocks sends after a few chunks
+RCVBUF = 4096  # the stalled client's kernel receive buffer (doubled too)
+ASYNCIO_HIGH_WATER = 64 * 1024  # asyncio transports pause writing above it (uvicorn keeps the default)
+CLIENT_READ = 64 * 1024  # what the websockets client reads off its socket at once before its queue pauses it
 
 
 @pytest.fixture(scope="module")
@@ -156,14 +159,13 @@ def test_a_prompt_interaction_is_queued_and_applied_from_a_next_chunk(live):
 def stalled_client(live):
     """A client that reads nothing after the handshake (a tiny receive buffer, a one-message queue), then drops."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
     sock.connect(("127.0.0.1", live.port))
-    ws = connect(f"{live.ws_url}/v1/realtime/video", sock=sock, max_queue=1, close_timeout=0.2)
-    try:
-        yield ws
-    finally:
-        sock.shutdown(socket.SHUT_RDWR)  # gone without a closing handshake, as a crashed client would be
-        ws.close()
+    with connect(f"{live.ws_url}/v1/realtime/video", sock=sock, max_queue=1, close_timeout=0.2) as ws:
+        try:
+            yield ws
+        finally:
+            sock.shutdown(socket.SHUT_RDWR)  # gone without a closing handshake, as a crashed client would be
 
 
 def test_a_stalled_reader_parks_its_request_while_another_session_keeps_streaming(live):
@@ -175,7 +177,12 @@ def test_a_stalled_reader_parks_its_request_while_another_session_keeps_streamin
         request_id = session.request_id
         # Wait until it stops moving (the socket buffers are full; the assertions below fail if it had not).
         parked = wait_quiet(
-            lambda: (session.sent, chunks_begun(fam.step_log, request_id), len(fam.step_log.of(request_id)))
+            lambda: (
+                session.sent,
+                chunks_begun(fam.step_log, request_id),
+                len(fam.step_log.of(request_id)),
+                session.encoded_bytes,
+            )
         )
         # parked: the socket took `sent` chunks, one more is in the session's hands, one more generated in the stage
         assert parked[1] == parked[0] + 2 and fam.step_log.of(request_id)[-1].kind == "decode"
@@ -184,10 +191,20 @@ def test_a_stalled_reader_parks_its_request_while_another_session_keeps_streamin
             _, pairs, done, _ = run_to_done(other)
         assert done["chunks"] == 3 and len(pairs) == 3  # the other session ran to the end meanwhile
         # ... while the stalled one ran no model step and sent nothing more
-        assert (session.sent, chunks_begun(fam.step_log, request_id), len(fam.step_log.of(request_id))) == parked
+        assert (
+            session.sent,
+            chunks_begun(fam.step_log, request_id),
+            len(fam.step_log.of(request_id)),
+            session.encoded_bytes,
+        ) == parked
         assert session.sent < 20 - 2  # it really stalled (the socket buffers hold a few chunks only)
         assert session.generated <= session.sent + 1  # the bound: one chunk in hand, one in the stage
-        assert session.peak_unsent_bytes < 64 * 64 * 3 * 33  # encoded bytes of one chunk, not raw frames
+        # The stated bound: every byte the server made for a stalled session sits in a buffer of fixed size, so it
+        # does not grow with the video: the socket buffers on both sides and asyncio's write buffer (64 KiB high
+        # water), the client library's read buffer and queue, plus the chunk in the session's hands.
+        chunk = session.peak_unsent_bytes
+        bound = 2 * SNDBUF + 2 * RCVBUF + ASYNCIO_HIGH_WATER + CLIENT_READ + 3 * chunk
+        assert session.encoded_bytes <= bound < 20 * chunk
     # the stalled client leaves without ever reading: its request is released, nothing runs after
     wait_until(lambda: fam.live() == {"requests": 0}, what="the stalled request to be released")
     assert steps_after_release(fam.step_log, request_id) == []
@@ -195,11 +212,10 @@ def test_a_stalled_reader_parks_its_request_while_another_session_keeps_streamin
 
 def test_a_disconnect_frees_the_request(live):
     fam = family(live)
-    ws = connect(f"{live.ws_url}/v1/realtime/video")
-    start(ws, num_frames=10 * 33, num_inference_steps=3)
-    begin = recv(ws)
-    assert recv(ws)["type"] == "video.chunk_metadata"
-    ws.close()
+    with connect(f"{live.ws_url}/v1/realtime/video") as ws:
+        start(ws, num_frames=10 * 33, num_inference_steps=3)
+        begin = recv(ws)
+        assert recv(ws)["type"] == "video.chunk_metadata"
     wait_until(lambda: fam.live() == {"requests": 0}, what="the request to be released")
     assert steps_after_release(fam.step_log, begin["request_id"]) == []
     assert chunks_begun(fam.step_log, begin["request_id"]) < 10

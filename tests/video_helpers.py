@@ -1,4 +1,4 @@
-"""Video test helpers: a tiny random Helios checkpoint (session-scoped) and a live server that serves it.
+"""Video test helpers: a live server for a Helios checkpoint, waits, step-log queries (fixtures: video_fixtures.py).
 
 ``video_server`` is ``serving_helpers.running_server`` with one addition: ``sndbuf`` sets the kernel send buffer of
 the listening socket (accepted connections inherit it), so that a client which stops reading blocks the server's
@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import uvicorn
 from omni_stream.realtime.app import create_app
 from omni_stream.realtime.graceful import GracefulServer
@@ -23,13 +22,6 @@ from omni_stream.realtime.settings import Settings
 from serving_helpers import LiveServer
 
 from omni_stream.engine import AsyncEngine
-
-
-@pytest.fixture(scope="session")
-def video_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from omni_stream.models.helios.checkpoint import write_tiny_checkpoint
-
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("helios") / "helios-tiny")
 
 
 @contextlib.contextmanager

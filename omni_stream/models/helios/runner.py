@@ -62,12 +62,16 @@ class StepLog:
     def __init__(self, size: int = STEP_LOG_SIZE) -> None:
         self._events: deque[StepEvent] = deque(maxlen=size)
         self._seq = itertools.count()
+        self._lock = threading.Lock()  # the worker appends while the loop (or a test) reads
 
     def add(self, request_id: str, chunk: int, kind: str) -> None:
-        self._events.append(StepEvent(next(self._seq), request_id, chunk, kind))
+        with self._lock:
+            self._events.append(StepEvent(next(self._seq), request_id, chunk, kind))
 
     def of(self, request_id: str) -> list[StepEvent]:
-        return [e for e in list(self._events) if e.request_id == request_id]
+        with self._lock:
+            events = list(self._events)
+        return [e for e in events if e.request_id == request_id]
 
 
 @dataclass(eq=False)
