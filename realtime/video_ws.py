@@ -157,8 +157,6 @@ class VideoSession:
                 log.exception("video session failed")
         finally:
             if self.stream is not None:
-                if self.stream.outcome is None and self.protocol.generating:
-                    self.state.metrics.disconnects.labels("video").inc()
                 self.stream.abort()  # the request is released before the worker's next step
                 await self.stream.aclose()
             if self._encoder is not None:
@@ -181,6 +179,8 @@ class VideoSession:
                 await self._perform(self.protocol.timeout(self.clock()), tg)
                 continue
             if message["type"] == "websocket.disconnect":
+                if self.protocol.generating:
+                    self.state.metrics.disconnects.labels("video").inc()
                 await self._perform(self.protocol.disconnected(), tg)
                 return
             text = message.get("text")

@@ -17,7 +17,7 @@ from video_helpers import chunks_begun, steps_after_release, video_server, wait_
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-pytest_plugins = ("video_fixtures",)
+pytest_plugins = ("video_fixtures", "serving_fixtures")
 
 S = 32
 SNDBUF = 8192  # the server's kernel send buffer (Linux doubles it): a stalled reader blocks sends after a few chunks
@@ -212,6 +212,12 @@ def test_a_stalled_reader_parks_its_request_while_another_session_keeps_streamin
 
 def test_a_disconnect_frees_the_request(live):
     fam = family(live)
+    registry = live.state.metrics.registry
+
+    def gone() -> float:
+        return registry.get_sample_value("omni_stream_client_disconnects_total", {"transport": "video"}) or 0.0
+
+    before = gone()
     with connect(f"{live.ws_url}/v1/realtime/video") as ws:
         start(ws, num_frames=10 * 33, num_inference_steps=3)
         begin = recv(ws)
@@ -219,6 +225,7 @@ def test_a_disconnect_frees_the_request(live):
     wait_until(lambda: fam.live() == {"requests": 0}, what="the request to be released")
     assert steps_after_release(fam.step_log, begin["request_id"]) == []
     assert chunks_begun(fam.step_log, begin["request_id"]) < 10
+    assert gone() == before + 1  # counted on /metrics
 
 
 @pytest.mark.parametrize(
@@ -296,3 +303,12 @@ def test_the_route_needs_the_api_key_like_every_v1_route(video_checkpoint):
             start(ws, num_frames=10, format="webm")
             begin, pairs, done, _ = run_to_done(ws)
         assert begin["format"] == "webm" and len(decoded_frames(pairs[0][1])) == 10
+
+
+def test_a_server_without_a_video_model_says_so(live_server):
+    with connect(f"{live_server.ws_url}/v1/realtime/video") as ws:
+        start(ws)
+        error = recv(ws)
+        assert error["code"] == "model_not_found" and "no video model" in error["message"]
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=10)
