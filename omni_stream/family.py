@@ -287,19 +287,22 @@ def default_available(kind: str) -> bool:
     return True
 
 
-# A diffusers pipeline directory has no config.json: its model_index.json names the pipeline class.
-DIFFUSERS_INDEX = "model_index.json"
-DIFFUSERS_MODEL_TYPE = "diffusers"
-
-
 def read_config(path: Path) -> dict[str, Any]:
     """``config.json`` of a checkpoint directory; ConfigError when it is missing or names no model_type.
 
-    A diffusers-layout directory (``model_index.json``, no ``config.json``) reads as ``model_type: diffusers``.
+    A diffusers pipeline directory has ``model_index.json`` instead: its ``_class_name`` (e.g. ``HeliosPipeline``)
+    is the model type.
     """
     config_file = path / "config.json"
-    if not config_file.is_file() and (path / DIFFUSERS_INDEX).is_file():
-        return {"model_type": DIFFUSERS_MODEL_TYPE}
+    index_file = path / "model_index.json"
+    if not config_file.is_file() and index_file.is_file():
+        try:
+            index = json.loads(index_file.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read {index_file}: {exc}") from exc
+        if not isinstance(index, dict) or not isinstance(index.get("_class_name"), str):
+            raise ConfigError(f"{index_file} has no _class_name")
+        return {**index, "model_type": index["_class_name"]}
     if not config_file.is_file():
         raise ConfigError(f"{path} is not a checkpoint directory: {config_file.name} is missing")
     try:

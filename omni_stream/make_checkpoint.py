@@ -22,6 +22,7 @@ WRITERS: dict[str, str] = {
     "image-edit": "omni_stream.models.diffusers_image.checkpoint:make",
     "image-edit-qwen": "omni_stream.models.diffusers_image.checkpoint:make",
     "image-generation": "omni_stream.models.diffusers_image.checkpoint:make",
+    "video": "omni_stream.models.helios.checkpoint:make",
 }
 
 

@@ -45,7 +45,8 @@ def _torch_threads() -> int:
 
 
 async def _speak(args: argparse.Namespace) -> int:
-    from omni_stream.engine import AsyncEngine
+    from omni_stream.engine import AsyncEngine, ModelSource
+    from omni_stream.family import ModelKind
     from omni_stream.requests import GREEDY, SpeechRequest, TaskType
 
     ref_audio = None
@@ -70,7 +71,9 @@ async def _speak(args: argparse.Namespace) -> int:
         subtalker_sampling=sampling,
         seed=args.seed,
     )
-    async with await AsyncEngine.from_pretrained(args.model, device=args.device, dtype=args.dtype) as engine:
+    # Without --model only the embedded speech model: speaking needs no other default (a video model, ...).
+    model = ModelSource(Path(args.model)) if args.model else ModelSource(kind=ModelKind.SPEECH)
+    async with await AsyncEngine.load({"model": model}, device=args.device, dtype=args.dtype) as engine:
         pieces: list[np.ndarray] = []
         async with engine.speech(request) as stream:
             async for audio in stream:

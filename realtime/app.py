@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
-from omni_stream.realtime import chat, health, images, speech_batch, speech_http, speech_ws, voices
+from omni_stream.realtime import chat, health, images, speech_batch, speech_http, speech_ws, video_ws, voices
 from omni_stream.realtime.auth import ApiKeyMiddleware
 from omni_stream.realtime.errors import http_exception_handler, internal_error_handler
 from omni_stream.realtime.replica import ReplicaHeaderMiddleware
@@ -47,6 +47,7 @@ def _routes(static_dir: Path | None) -> list[BaseRoute]:
         Route("/v1/chat/completions", chat.create_chat_completion, methods=["POST"]),
         Route(images.EDITS_ROUTE, images.create_edit, methods=["POST"]),
         Route(images.GENERATIONS_ROUTE, images.create_generation, methods=["POST"]),
+        WebSocketRoute("/v1/realtime/video", video_ws.video_stream),
     ]
     if static_dir is not None and static_dir.is_dir():
         index = static_dir / "index.html"
@@ -56,8 +57,15 @@ def _routes(static_dir: Path | None) -> list[BaseRoute]:
                 raise HTTPException(404)
             return FileResponse(index)
 
+        async def video_page(request: Any) -> Response:
+            page = static_dir / "video.html"
+            if not page.is_file():
+                raise HTTPException(404)
+            return FileResponse(page)
+
         routes += [
             Route("/", home, methods=["GET"]),
+            Route("/video", video_page, methods=["GET"]),
             Mount("/static", StaticFiles(directory=static_dir), name="static"),
         ]
     return routes

@@ -62,6 +62,10 @@ class Settings:
     max_image_bytes: int = 10 * 1024 * 1024
     max_image_pixels: int = 4096 * 4096
     max_image_files: int = 4  # input images and the mask
+    # Video WebSocket (/v1/realtime/video): session.start within this many seconds; a session with neither
+    # generation progress nor a client ping for video_stall_timeout seconds is ended with a stall error
+    video_start_timeout: float = 10.0
+    video_stall_timeout: float = 60.0
     # Benchmark-only request fields (``ignore_eos``): off on production servers, where they are a 400
     enable_benchmark_fields: bool = False
     # vLLM-Omni compatibility: ``stream=true`` without ``stream_format`` streams raw audio bytes, as vLLM-Omni
@@ -78,7 +82,8 @@ class Settings:
             raise ValueError("limits must be positive")
         if self.max_ws_uncommitted_chars < 1:
             raise ValueError("max_ws_uncommitted_chars must be positive")
-        if self.ws_config_timeout <= 0 or self.ws_idle_timeout <= 0:
+        timeouts = (self.ws_config_timeout, self.ws_idle_timeout, self.video_start_timeout, self.video_stall_timeout)
+        if min(timeouts) <= 0:
             raise ValueError("WebSocket timeouts must be positive")
         if self.pace_streams_seconds is not None and self.pace_streams_seconds < 0:
             raise ValueError("pace_streams_seconds must be >= 0 (None: not paced)")

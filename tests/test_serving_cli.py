@@ -78,6 +78,7 @@ def test_serve_without_model_uses_the_embedded_checkpoint_and_stops_on_sigint(tm
     assert any(m.startswith("whisper-tiny") for m in models)
     # the image default joins them where the [image] extra (diffusers) is installed
     assert ("instruct-pix2pix-tiny" in models) == bool(importlib.util.find_spec("diffusers"))
+    assert ("helios-tiny-v1" in models) == bool(importlib.util.find_spec("diffusers"))
     assert len(models) == len([kind for kind in EMBEDDED_DEFAULTS if default_available(kind)])
     # OMNI_STREAM_CACHE moves the voices dir too (beside the embedded checkpoint)
     assert f"voices dir {tmp_path / 'cache' / 'voices'}" in out and (tmp_path / "cache" / "voices").is_dir()

@@ -16,7 +16,11 @@ BUILTIN_FAMILIES: dict[str, str] = {
     "openai": "omni_stream.models.openai_text.family",
     "whisper": "omni_stream.models.whisper.family",
     "synthetic_asr": "omni_stream.models.synthetic.asr_family",
-    "diffusers": "omni_stream.models.diffusers_image.family",
+    # diffusers pipeline directories: model_index.json's _class_name is the model type
+    "StableDiffusionPipeline": "omni_stream.models.diffusers_image.family",
+    "StableDiffusionInstructPix2PixPipeline": "omni_stream.models.diffusers_image.family",
+    "QwenImageEditPipeline": "omni_stream.models.diffusers_image.family",
+    "HeliosPipeline": "omni_stream.models.helios.family",
 }
 
 # The tiny random-weight checkpoint each kind serves when no model is given, as "module[:builder]".
@@ -25,4 +29,7 @@ EMBEDDED_DEFAULTS: dict[str, str] = {
     "text": "omni_stream.models.causal_lm.family:embedded_default_checkpoint",
     "transcription": "omni_stream.models.whisper.checkpoint:embedded_default_checkpoint",
     "image": "omni_stream.models.diffusers_image.checkpoint:embedded_default_checkpoint",
+    "video": "omni_stream.models.helios.checkpoint:embedded_default_checkpoint",
 }
+# A default whose family needs an extra that is not installed (diffusers: [image], [video]) is left out of the
+# no-argument engine, not an error (omni_stream.family.default_available).

@@ -230,7 +230,7 @@ def load_pipeline(path: Path, options: LoadOptions, dtype: torch.dtype) -> Any:
     if missing:
         raise ConfigError(f"{path}: {index['_class_name']} needs {', '.join(missing)} ({INDEX} does not list it)")
     pipe = pipeline_cls(**{k: v for k, v in components.items() if k in params})
-    pipe.set_progress_bar_config(disable=True)  # type: ignore[attr-defined]  # defined on every pipeline class
+    pipe.set_progress_bar_config(disable=True)
     return pipe
 
 
