@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
-from omni_stream.realtime import health, speech_http, speech_ws, voices
+from omni_stream.realtime import health, realtime_ws, speech_http, speech_ws, voices
 from omni_stream.realtime.auth import ApiKeyMiddleware
 from omni_stream.realtime.errors import http_exception_handler, internal_error_handler
 from omni_stream.realtime.settings import Settings
@@ -38,6 +38,7 @@ def _routes(static_dir: Path | None) -> list[BaseRoute]:
         Route("/v1/audio/voices", voices.upload_voice, methods=["POST"]),
         Route("/v1/audio/voices/{name}", voices.delete_voice, methods=["DELETE"]),
         WebSocketRoute("/v1/audio/speech/stream", speech_ws.speech_stream),
+        WebSocketRoute("/v1/realtime", realtime_ws.realtime_endpoint),
     ]
     if static_dir is not None and static_dir.is_dir():
         index = static_dir / "index.html"

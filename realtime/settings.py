@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import platformdirs
 
@@ -46,6 +48,15 @@ class Settings:
     ws_idle_timeout: float = 30.0
     # Benchmark-only request fields (``ignore_eos``): off on production servers, where they are a 400
     enable_benchmark_fields: bool = False
+    # Realtime sessions (WS /v1/realtime and WebRTC)
+    vad_factory: Callable[[Any], Any] | None = None  # VadParams -> VoiceActivityDetector; None: no server VAD
+    realtime_max_append_bytes: int = 15 * 1024 * 1024  # decoded audio per input_audio_buffer.append
+    realtime_max_buffer_seconds: float = 300.0  # input audio a session holds before a commit
+    realtime_max_items: int = 256  # conversation items kept (the oldest go first)
+    realtime_session_seconds: float = 3600.0  # then error session_expired and close
+    realtime_run_ahead_seconds: float = 2.0  # audio sent ahead of the client's real-time playback
+    rtc_concurrency_limit: int = 8  # WebRTC sessions at once (fastrtc answers more with concurrency_limit_reached)
+    rtc_ice_servers: tuple[str, ...] = ()  # STUN/TURN URLs for WebRTC; none: host candidates only
 
     @property
     def max_speech_body_bytes(self) -> int:
