@@ -139,7 +139,15 @@ def run(args: argparse.Namespace) -> int:
         return engine
 
     app = create_app(load, settings)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10)
+    # ws_max_size: a 15 MiB realtime audio append is 20 MiB of base64 in one message
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=10,
+        ws_max_size=32 * 1024 * 1024,
+    )
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal: end with status 0 instead.
     signal.signal(signal.SIGTERM, _interrupt)
     try:

@@ -73,18 +73,20 @@ class LiveServer:
 
 
 @contextlib.contextmanager
-def running_server(checkpoint: Path, settings: Settings | None = None) -> Iterator[LiveServer]:
-    """Serve ``checkpoint`` until the block ends."""
+def running_server(checkpoint: Path | None, settings: Settings | None = None, load: Any = None) -> Iterator[LiveServer]:
+    """Serve ``checkpoint`` (or the engine the async ``load()`` builds) until the block ends."""
 
-    async def load() -> Any:
+    async def load_checkpoint() -> Any:
         return await AsyncEngine.from_pretrained(checkpoint, progress=False)
 
-    app = create_app(load, settings or Settings())
+    app = create_app(load or load_checkpoint, settings or Settings())
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5, ws_max_size=32 * 1024 * 1024
+    )
     server = GracefulServer(config, app.state.omni)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="test-uvicorn")
     thread.start()
