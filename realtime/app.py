@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
-from omni_stream.realtime import health, realtime_ws, speech_http, speech_ws, voices
+from omni_stream.realtime import health, realtime_rtc, realtime_ws, speech_http, speech_ws, voices
 from omni_stream.realtime.auth import ApiKeyMiddleware
 from omni_stream.realtime.errors import http_exception_handler, internal_error_handler
 from omni_stream.realtime.settings import Settings
@@ -81,7 +81,7 @@ def create_app(engine: Any | EngineFactory, settings: Settings | None = None) ->
 
     static_dir = settings.static_dir or STATIC_DIR
     app = Starlette(
-        routes=_routes(static_dir),
+        routes=[*_routes(static_dir), *realtime_rtc.routes(state)],
         middleware=[Middleware(ApiKeyMiddleware, api_key=settings.api_key)],
         exception_handlers={HTTPException: http_exception_handler, Exception: internal_error_handler},
         lifespan=lifespan,
