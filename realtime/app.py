@@ -48,8 +48,12 @@ def _routes(static_dir: Path | None) -> list[BaseRoute]:
                 raise HTTPException(404)
             return FileResponse(index)
 
+        async def realtime_page(request: Any) -> Response:
+            return FileResponse(static_dir / "realtime.html")
+
         routes += [
             Route("/", home, methods=["GET"]),
+            Route("/realtime", realtime_page, methods=["GET"]),
             Mount("/static", StaticFiles(directory=static_dir), name="static"),
         ]
     return routes

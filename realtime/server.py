@@ -47,6 +47,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="accept benchmark-only speech fields (ignore_eos: always generate max_new_tokens frames); "
         "without it they are a 400. Never on production servers",
     )
+    parser.add_argument(
+        "--rtc-ice-servers",
+        default="",
+        help="comma-separated STUN/TURN URLs for WebRTC (/rtc), e.g. stun:host:3478,turn:user:pass@host:3478 "
+        "(default: none, host candidates only)",
+    )
+    parser.add_argument(
+        "--rtc-concurrency-limit", type=int, default=8, help="WebRTC sessions at once (default: %(default)s)"
+    )
     parser.add_argument("--log-level", default="info", help="uvicorn log level (default: %(default)s)")
 
 
@@ -94,6 +103,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         allowed_local_media_path=args.allowed_local_media_path,
         allow_remote_media=args.allow_remote_media,
         enable_benchmark_fields=args.enable_benchmark_fields,
+        rtc_ice_servers=tuple(url.strip() for url in args.rtc_ice_servers.split(",") if url.strip()),
+        rtc_concurrency_limit=args.rtc_concurrency_limit,
     )
 
 

@@ -299,3 +299,21 @@ async def test_an_expired_session_gets_session_expired_and_a_normal_close(short_
                 events.append(json.loads(await ws.recv()))
     assert events[-1]["error"]["code"] == "session_expired"
     assert info.value.rcvd.code == 1000
+
+
+def test_serve_flags_set_the_webrtc_ice_servers_and_limit():
+    import argparse
+
+    from omni_stream.realtime.realtime_rtc import ice_servers
+    from omni_stream.realtime.server import add_arguments, settings_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--rtc-ice-servers", "stun:a:3478, turn:u:p@b:3478", "--rtc-concurrency-limit", "3"])
+    settings = settings_from_args(args)
+    assert settings.rtc_ice_servers == ("stun:a:3478", "turn:u:p@b:3478") and settings.rtc_concurrency_limit == 3
+    assert ice_servers(settings.rtc_ice_servers) == [
+        {"urls": "stun:a:3478"},
+        {"urls": "turn:b:3478", "username": "u", "credential": "p"},
+    ]
+    assert settings_from_args(parser.parse_args([])).rtc_ice_servers == ()
