@@ -331,7 +331,10 @@ class RealtimeSession:
         with scope:
             try:
                 speech = SpokenReply(voice=cmd.voice, with_text=False) if cmd.speak else None
-                stream = self.engine.generate(ChatRequest(TextRequest(cmd.messages, max_tokens=cmd.max_tokens), speech))
+                # Benchmarks only: random-weight LMs must not stop early, so a bounded reply ignores EOS.
+                ignore_eos = self.settings.enable_benchmark_fields and cmd.max_tokens is not None
+                prompt = TextRequest(cmd.messages, max_tokens=cmd.max_tokens, ignore_eos=ignore_eos)
+                stream = self.engine.generate(ChatRequest(prompt, speech))
             except Exception as exc:
                 await self._apply(self.protocol.response_failed, rid, _message(exc))
                 return
