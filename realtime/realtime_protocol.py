@@ -24,13 +24,14 @@ from __future__ import annotations
 import itertools
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any, TypeAlias
+from typing import Any
 
 import numpy as np
 from omni_stream.codecs.resample import Resampler
 from omni_stream.realtime.realtime_audio import RATE, InputDecoder, OutputEncoder, decode_whole
+from omni_stream.realtime.realtime_buffer import InputBuffer
 from omni_stream.realtime.realtime_events import (
     UNSET,
     AudioFormat,
@@ -51,147 +52,29 @@ from omni_stream.realtime.realtime_events import (
     SessionPatch,
     SessionType,
     SessionUpdate,
-    TranscriptionConfig,
     TurnDetection,
 )
 from omni_stream.realtime.realtime_items import Content, ContentType, Conversation, Item, ItemStatus, join_units
+from omni_stream.realtime.realtime_outputs import (
+    CancelResponse,
+    CancelTranscription,
+    Capabilities,
+    CloseSession,
+    Limits,
+    Outputs,
+    ResponseUsage,
+    ServerEvent,
+    SessionConfig,
+    StartResponse,
+    Transcribe,
+    VadFactory,
+)
 
 from omni_stream.requests import ChatMessage, Role
-from omni_stream.vad import VadEventKind, VadParams, VoiceActivityDetector
+from omni_stream.vad import VadEventKind, VoiceActivityDetector
 
-VadFactory: TypeAlias = Callable[[VadParams], VoiceActivityDetector]
 DEFAULT_INSTRUCTIONS = "You are a helpful voice assistant. Answer briefly."
 MIN_COMMIT_MS = 100  # a commit needs this much audio (OpenAI's rule)
-
-
-@dataclass(slots=True, frozen=True)
-class Capabilities:
-    """What the server can do for a session: loaded models, voices, and whether server VAD is available."""
-
-    model: str = "omni-stream"
-    voices: tuple[str, ...] = ()
-    default_voice: str | None = None
-    speech: bool = False
-    text: bool = False
-    transcription: bool = False
-    vad: bool = False
-    output_rate: int = RATE  # the speech model's sample rate (Hz)
-
-
-@dataclass(slots=True, frozen=True)
-class Limits:
-    """Sizes in bytes, durations in seconds unless named ``_ms``."""
-
-    max_append_bytes: int = 15 * 1024 * 1024
-    max_buffer_seconds: float = 300.0
-    max_items: int = 256
-    max_instructions: int = 32_768
-    session_seconds: float = 3600.0
-    vad_lookback_ms: int = 2000  # kept before the detector's report of a start (it reports late)
-
-
-@dataclass(slots=True, frozen=True)
-class SessionConfig:
-    type: SessionType
-    instructions: str
-    modality: Modality
-    voice: str | None
-    input_format: AudioFormat = AudioFormat.PCM
-    output_format: AudioFormat = AudioFormat.PCM
-    turn_detection: TurnDetection | None = None
-    transcription: TranscriptionConfig | None = None
-    max_output_tokens: int | None = None  # None: "inf"
-
-
-# --- outputs ------------------------------------------------------------------------------------------------
-
-
-@dataclass(slots=True, frozen=True)
-class ServerEvent:
-    """One server event: ``type``, ``event_id`` and JSON fields; audio deltas carry raw wire ``audio`` bytes that
-    become the base64 ``delta`` when the event is serialized (so a transport may use the bytes directly)."""
-
-    type: str
-    event_id: str
-    body: dict[str, Any]
-    audio: bytes | None = None
-
-    def wire(self) -> dict[str, Any]:
-        """The JSON object (without the base64 of ``audio``: see :func:`to_json_dict`)."""
-        return {"type": self.type, "event_id": self.event_id, **self.body}
-
-
-@dataclass(slots=True, frozen=True)
-class Transcribe:
-    """Transcribe ``samples`` (int16 at 24 kHz) of an item's content part."""
-
-    item_id: str
-    content_index: int
-    samples: np.ndarray
-    language: str | None = None
-    prompt: str | None = None
-
-
-@dataclass(slots=True, frozen=True)
-class CancelTranscription:
-    item_id: str
-
-
-@dataclass(slots=True, frozen=True)
-class StartResponse:
-    """Generate a reply to ``messages``: spoken in ``voice`` (``speak``) or text only."""
-
-    response_id: str
-    messages: tuple[ChatMessage, ...]
-    speak: bool
-    voice: str | None
-    max_tokens: int | None
-
-
-@dataclass(slots=True, frozen=True)
-class CancelResponse:
-    """Stop the response's generation now (its model slots back before the next step) and drop its audio."""
-
-    response_id: str
-
-
-@dataclass(slots=True, frozen=True)
-class CloseSession:
-    code: int
-    reason: str
-
-
-Command: TypeAlias = Transcribe | CancelTranscription | StartResponse | CancelResponse | CloseSession
-
-
-@dataclass(slots=True)
-class Outputs:
-    events: list[ServerEvent] = field(default_factory=list)
-    commands: list[Command] = field(default_factory=list)
-
-    def extend(self, other: Outputs) -> Outputs:
-        self.events += other.events
-        self.commands += other.commands
-        return self
-
-
-@dataclass(slots=True, frozen=True)
-class ResponseUsage:
-    """Tokens of one response: text in (prompt), text out (LLM), audio out (codec frames)."""
-
-    input_text_tokens: int = 0
-    output_text_tokens: int = 0
-    output_audio_tokens: int = 0
-
-    def wire(self) -> dict[str, Any]:
-        out = self.output_text_tokens + self.output_audio_tokens
-        return {
-            "total_tokens": self.input_text_tokens + out,
-            "input_tokens": self.input_text_tokens,
-            "output_tokens": out,
-            "input_token_details": {"text_tokens": self.input_text_tokens, "audio_tokens": 0, "cached_tokens": 0},
-            "output_token_details": {"text_tokens": self.output_text_tokens, "audio_tokens": self.output_audio_tokens},
-        }
 
 
 class Phase(StrEnum):
@@ -223,52 +106,6 @@ class _Response:
     @property
     def content(self) -> Content:
         return self.item.content[0]
-
-
-class _InputBuffer:
-    """Int16 chunks at 24 kHz; ``start`` is the stream position (samples since the session began) of the first."""
-
-    def __init__(self) -> None:
-        self.chunks: list[np.ndarray] = []
-        self.start = 0
-        self.length = 0
-
-    @property
-    def end(self) -> int:
-        return self.start + self.length
-
-    def append(self, samples: np.ndarray) -> None:
-        if samples.size:
-            self.chunks.append(samples)
-            self.length += samples.size
-
-    def drop_before(self, position: int) -> None:
-        """Forget the samples before stream ``position``."""
-        cut = min(max(position - self.start, 0), self.length)
-        if not cut:
-            return
-        whole = self.take(cut)
-        del whole
-
-    def take(self, n: int) -> np.ndarray:
-        """Remove and return the first ``n`` samples."""
-        n = min(n, self.length)
-        out, need = [], n
-        while need:
-            chunk = self.chunks[0]
-            if chunk.size <= need:
-                out.append(self.chunks.pop(0))
-                need -= chunk.size
-            else:
-                out.append(chunk[:need])
-                self.chunks[0] = chunk[need:]
-                need = 0
-        self.start += n
-        self.length -= n
-        return np.concatenate(out) if out else np.zeros(0, np.int16)
-
-    def clear(self) -> None:
-        self.drop_before(self.end)
 
 
 def _ms(samples: int, rate: int = RATE) -> int:
@@ -312,7 +149,7 @@ class RealtimeProtocol:
             turn_detection=TurnDetection() if self.caps.vad else None,
         )
         self.conversation = Conversation(self.limits.max_items)
-        self.buffer = _InputBuffer()
+        self.buffer = InputBuffer()
         self.decoder = InputDecoder(self.config.input_format)
         self.vad: VoiceActivityDetector | None = None
         self._vad_resampler: Resampler | None = None
@@ -321,7 +158,6 @@ class RealtimeProtocol:
         self._turn_item: str | None = None  # id the current turn's item will get
         self.pending: dict[tuple[str, int], list[str]] = {}  # transcriptions in flight: partial texts
         self.response: _Response | None = None
-        self._open_vad()
 
     # --- events ---
 
@@ -362,7 +198,9 @@ class RealtimeProtocol:
         }
 
     def start(self) -> Outputs:
-        """The events a new connection gets first."""
+        """Open the detector (loading it may take a while: run this off the event loop) and return the events a
+        new connection gets first."""
+        self._open_vad()
         return Outputs(
             [
                 self._event("session.created", session=self.session_wire()),

@@ -34,9 +34,16 @@ import anyio
 import numpy as np
 from anyio.abc import TaskGroup
 from omni_stream.codecs.resample import resample
-from omni_stream.realtime.realtime_events import ClientEvent, InputAudioAppend, ItemCreate, RealtimeError, SessionType
+from omni_stream.realtime.realtime_events import (
+    ClientEvent,
+    InputAudioAppend,
+    ItemCreate,
+    RealtimeError,
+    SessionType,
+    SessionUpdate,
+)
 from omni_stream.realtime.realtime_events import parse_client_event as parse
-from omni_stream.realtime.realtime_protocol import (
+from omni_stream.realtime.realtime_outputs import (
     CancelResponse,
     CancelTranscription,
     Capabilities,
@@ -44,13 +51,13 @@ from omni_stream.realtime.realtime_protocol import (
     Command,
     Limits,
     Outputs,
-    RealtimeProtocol,
     ResponseUsage,
     ServerEvent,
     StartResponse,
     Transcribe,
     VadFactory,
 )
+from omni_stream.realtime.realtime_protocol import RealtimeProtocol
 from omni_stream.realtime.settings import Settings
 
 from omni_stream.chunks import Audio, TextDelta
@@ -207,7 +214,7 @@ class RealtimeSession:
     async def __aenter__(self) -> RealtimeSession:
         self._tg = await self._stack.enter_async_context(anyio.create_task_group())
         self._tg.start_soon(self._expire_later)
-        await self._apply(self.protocol.start)
+        await self._apply(self.protocol.start, heavy=True)  # opens the detector (a model load)
         return self
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
@@ -267,10 +274,15 @@ class RealtimeSession:
         )
 
     async def client_event(self, event: ClientEvent) -> None:
+        # Off the loop: audio that reaches the detector or is large, and updates (they may load a new detector).
         heavy = (
-            isinstance(event, InputAudioAppend)
-            and (self.protocol.vad is not None or len(event.audio) > AUDIO_OFF_LOOP_BYTES)
-        ) or (isinstance(event, ItemCreate) and any(p.audio for p in event.item.content))
+            isinstance(event, SessionUpdate)
+            or (
+                isinstance(event, InputAudioAppend)
+                and (self.protocol.vad is not None or len(event.audio) > AUDIO_OFF_LOOP_BYTES)
+            )
+            or (isinstance(event, ItemCreate) and any(p.audio for p in event.item.content))
+        )
         await self._apply(self.protocol.receive, event, heavy=heavy)
 
     # --- the one path every transition takes ---

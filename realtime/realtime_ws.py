@@ -17,7 +17,7 @@ import logging
 import anyio
 from omni_stream.realtime.auth import offered_subprotocols, select_subprotocol
 from omni_stream.realtime.realtime_events import SessionType
-from omni_stream.realtime.realtime_protocol import ServerEvent
+from omni_stream.realtime.realtime_outputs import ServerEvent
 from omni_stream.realtime.realtime_session import RealtimeSession, SessionClose
 from omni_stream.realtime.state import ServerState
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState

@@ -10,17 +10,17 @@ import numpy as np
 import pytest
 from omni_stream.codecs.g711 import ulaw_encode
 from omni_stream.realtime.realtime_events import RealtimeError, SessionType, parse_client_event
-from omni_stream.realtime.realtime_protocol import (
+from omni_stream.realtime.realtime_outputs import (
     CancelResponse,
     Capabilities,
     CloseSession,
     Limits,
     Outputs,
-    RealtimeProtocol,
     ResponseUsage,
     StartResponse,
     Transcribe,
 )
+from omni_stream.realtime.realtime_protocol import RealtimeProtocol
 from realtime_doubles import EnergyVad, energy_vad, spoken_words
 
 from omni_stream.requests import Role
