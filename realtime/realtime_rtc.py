@@ -5,7 +5,8 @@
 FastAPI app and Gradio UI are never started. No STUN/TURN server unless ``Settings.rtc_ice_servers`` names some
 (aiortc would otherwise fall back to a public STUN server); at most ``Settings.rtc_concurrency_limit``
 connections, past which fastrtc answers ``{"status": "failed", "meta": {"error": "concurrency_limit_reached"}}``.
-Without fastrtc installed there are no ``/rtc`` routes.
+``GET /rtc/config`` tells pages whether WebRTC is available and which ICE servers to use; without fastrtc it is
+the only ``/rtc`` route (``available: false``).
 """
 
 from __future__ import annotations
@@ -59,7 +60,11 @@ def routes(state: Any) -> list[BaseRoute]:
         stream = make_stream(state)
         from fastrtc.stream import Body
     except ImportError:
-        return []
+
+        async def unavailable(request: Request) -> Response:
+            return JSONResponse({"available": False, "iceServers": []})
+
+        return [Route("/rtc/config", unavailable, methods=["GET"])]  # pages ask before they offer WebRTC
     state.rtc = stream
 
     async def offer(request: Request) -> Response:
@@ -76,7 +81,7 @@ def routes(state: Any) -> list[BaseRoute]:
         return answer if isinstance(answer, Response) else JSONResponse(answer)
 
     async def config(request: Request) -> Response:
-        return JSONResponse({"iceServers": ice_servers(state.settings.rtc_ice_servers)})
+        return JSONResponse({"available": True, "iceServers": ice_servers(state.settings.rtc_ice_servers)})
 
     return [
         Mount(

@@ -4,6 +4,7 @@ talks to the voice agent; closing it frees everything. Skipped without fastrtc, 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -58,7 +59,7 @@ def test_the_stream_is_mounted_with_the_configured_ice_servers_and_limit(rtc_ser
     stream = rtc_server.state.rtc
     assert stream.concurrency_limit == Settings().rtc_concurrency_limit
     config = httpx.get(f"{rtc_server.url}/rtc/config").json()
-    assert config == {"iceServers": [{"urls": "stun:stun.example.test:3478"}]}
+    assert config == {"available": True, "iceServers": [{"urls": "stun:stun.example.test:3478"}]}
 
 
 def test_a_malformed_offer_is_a_400_in_the_openai_shape(rtc_server):
@@ -66,3 +67,26 @@ def test_a_malformed_offer_is_a_400_in_the_openai_shape(rtc_server):
     assert response.status_code == 400 and response.json()["error"]["code"] == 400
     response = httpx.post(f"{rtc_server.url}/rtc/webrtc/offer", json={"sdp": "x"})
     assert response.status_code == 400 and "webrtc_id" in response.json()["error"]["message"]
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not netns_available(), reason="needs unshare -n (root) for a private loopback network")
+@pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Debian's chromium")
+def test_the_page_talks_to_the_agent_over_webrtc_in_chromium(tmp_path):
+    pytest.importorskip("playwright")
+    script = Path(__file__).parent / "rtc_browser.py"
+    shot = os.environ.get("OMNI_STREAM_RTC_SCREENSHOT", "")
+    run = subprocess.run(
+        ["unshare", "-n", "sh", "-c", f'ip link set lo up && exec "{sys.executable}" "{script}" {shot}'],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    assert "wait_error" not in found, found
+    assert found["rtc_state"] == "connected"
+    assert found["logs"][:3] == ["started_talking", "pause_detected", "response_starting"]
+    assert found["loud_frames"] >= 10  # the agent's track carried sound to the page
+    assert found["errors"] == [] and found["problems"] == []
+    assert found["freed"] and found["idle"]

@@ -4,6 +4,8 @@
 // speaker): a capture worklet posts 100 ms blocks that go out as input_audio_buffer.append (PCM16 base64), and
 // the gapless player worklet plays response.output_audio.delta. On speech_started the page drops what it has
 // not played and tells the server what was heard (conversation.item.truncate), as OpenAI clients do.
+// With the WebRTC transport the page sends its microphone track to the fastrtc stream under /rtc (data channel
+// first: the server waits for it) and plays the agent's track; the data channel's logs drive the status.
 // window.agent holds the page's state for tests.
 
 const RATE = 24000;
@@ -18,9 +20,14 @@ const agent = (window.agent = {
   samplesPlayed: 0,
   latencyMs: null,
   turns: [], // {role, text, cancelled}
+  transport: "ws",
+  logs: [], // WebRTC data-channel logs
+  rtcState: null,
+  loudFrames: 0, // WebRTC: analyser frames of the agent's track with sound in them
 });
 
 let socket = null;
+let rtc = null; // {pc, stream, context}
 let audio = null; // {context, player, capture, stream}
 let current = null; // the assistant turn being spoken: {li, turn, itemId, playedAtStart}
 let stoppedAt = null; // when the user's last turn ended (performance.now())
@@ -41,9 +48,12 @@ function showError(message) {
 }
 
 function render() {
-  $("sent").textContent = `${(agent.sentSamples / RATE).toFixed(1)} s`;
-  $("received").textContent = `${(agent.receivedSamples / RATE).toFixed(1)} s`;
-  $("played").textContent = `${(agent.samplesPlayed / RATE).toFixed(1)} s`;
+  $("sent").textContent = agent.transport === "rtc" ? "(WebRTC track)" : `${(agent.sentSamples / RATE).toFixed(1)} s`;
+  // WebRTC: time with sound on the agent's track, sampled every 20 ms
+  const received = agent.transport === "rtc" ? agent.loudFrames * 0.02 : agent.receivedSamples / RATE;
+  $("received").textContent = `${received.toFixed(1)} s`;
+  $("played").textContent =
+    agent.transport === "rtc" ? "(by the audio element)" : `${(agent.samplesPlayed / RATE).toFixed(1)} s`;
   $("latency").textContent = agent.latencyMs === null ? "–" : `${Math.round(agent.latencyMs)} ms`;
 }
 
@@ -70,6 +80,9 @@ async function loadInfo() {
       agent.model = body.data?.[0]?.id ?? null;
       $("model").textContent = agent.model ?? "unknown";
     }
+    const rtcConfig = await fetch("rtc/config");
+    const rtcAvailable = rtcConfig.ok && (await rtcConfig.json()).available;
+    $("transport").querySelector("option[value=rtc]").disabled = !rtcAvailable; // no fastrtc on this server
     const voices = await fetch("v1/audio/voices", { headers: headers() });
     if (voices.ok) {
       const names = (await voices.json()).voices ?? [];
@@ -226,8 +239,102 @@ function interrupt() {
   current = null;
 }
 
+function onLog(message) {
+  agent.logs.push(message);
+  if (message === "started_talking") setState("hearing you");
+  else if (message === "pause_detected") {
+    stoppedAt = performance.now();
+    addTurn("user", "(a spoken turn)");
+    setState("thinking");
+  } else if (message === "response_starting") {
+    addTurn("assistant", "(answering in speech)");
+    setState("speaking");
+  }
+}
+
+function iceGathered(pc) {
+  if (pc.iceGatheringState === "complete") return Promise.resolve();
+  return new Promise((resolve) => {
+    pc.addEventListener("icegatheringstatechange", () => pc.iceGatheringState === "complete" && resolve());
+  });
+}
+
+function watchLoudness(stream) {
+  // Counts analyser frames with sound in them (for the page's numbers and for tests).
+  const context = new AudioContext();
+  const analyser = context.createAnalyser();
+  context.createMediaStreamSource(stream).connect(analyser);
+  const data = new Float32Array(analyser.fftSize);
+  const tick = () => {
+    if (!rtc) return context.close().catch(() => {});
+    analyser.getFloatTimeDomainData(data);
+    if (data.some((x) => Math.abs(x) > 0.03)) {
+      agent.loudFrames += 1;
+      if (stoppedAt !== null) {
+        agent.latencyMs = performance.now() - stoppedAt;
+        stoppedAt = null;
+      }
+      render();
+    }
+    setTimeout(tick, 20);
+  };
+  tick();
+  return context;
+}
+
+async function startRtc() {
+  const config = await (await fetch("rtc/config")).json();
+  const pc = new RTCPeerConnection({ iceServers: config.iceServers });
+  const channel = pc.createDataChannel("text"); // before the offer: fastrtc's tracks wait for it
+  channel.onmessage = (message) => {
+    const data = JSON.parse(message.data);
+    if (data.type === "log") onLog(data.data);
+  };
+  const stream = await navigator.mediaDevices.getUserMedia({
+    audio: { channelCount: 1, echoCancellation: true, noiseSuppression: false, autoGainControl: false },
+  });
+  stream.getTracks().forEach((track) => pc.addTrack(track, stream));
+  rtc = { pc, stream, context: null };
+  pc.ontrack = (event) => {
+    const remote = event.streams[0] ?? new MediaStream([event.track]);
+    $("remote").srcObject = remote; // Chrome plays remote WebRTC audio only through a media element
+    rtc.context = watchLoudness(remote);
+  };
+  pc.onconnectionstatechange = () => {
+    agent.rtcState = pc.connectionState;
+    if (pc.connectionState === "connected") setState("listening");
+    if (pc.connectionState === "failed") {
+      showError("WebRTC connection failed");
+      stop();
+    }
+  };
+  await pc.setLocalDescription(await pc.createOffer());
+  await iceGathered(pc);
+  const body = { sdp: pc.localDescription.sdp, type: "offer", webrtc_id: crypto.randomUUID() };
+  const answer = await (
+    await fetch("rtc/webrtc/offer", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify(body),
+    })
+  ).json();
+  if (answer.status === "failed") throw new Error(answer.meta?.error ?? "the server refused the call");
+  if (answer.error) throw new Error(answer.error.message);
+  await pc.setRemoteDescription(answer);
+}
+
 async function start() {
   setState("connecting");
+  agent.transport = $("transport").value;
+  if (agent.transport === "rtc") {
+    try {
+      await startRtc();
+    } catch (err) {
+      showError(`WebRTC: ${err.message}`);
+      stop();
+    }
+    return;
+  }
   try {
     audio = await openAudio();
   } catch (err) {
@@ -251,6 +358,11 @@ async function start() {
 function stop() {
   socket?.close(1000);
   socket = null;
+  if (rtc) {
+    rtc.stream.getTracks().forEach((track) => track.stop());
+    rtc.pc.close();
+    rtc = null;
+  }
   if (audio) {
     audio.stream.getTracks().forEach((track) => track.stop());
     audio.context.close().catch(() => {});
