@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -199,22 +199,24 @@ class AsyncEngine:
     @classmethod
     async def from_pretrained(
         cls,
-        model: str | Path | None = None,
+        model: str | Path | Sequence[str | Path] | None = None,
         *,
         llm: str | Path | None = None,
         llm_family: str | None = None,
         llm_endpoint: str | None = None,
         **options: Any,
     ) -> AsyncEngine:
-        """Load ``model`` (a checkpoint directory of any family) and/or a text model; neither: the embedded defaults.
+        """Load ``model`` (a checkpoint directory of any family, or several of different kinds) and/or a text model;
+        neither: the embedded defaults.
 
         ``llm``: a text model's checkpoint; ``llm_family`` picks its backend (e.g. ``"vllm"``; default: its
         ``model_type``); ``llm_endpoint``: an OpenAI-compatible server instead (``llm_family`` defaults to
         ``"openai"`` then). Other keywords as :meth:`load`.
         """
         sources: dict[str, ModelSource] = {}
-        if model is not None:
-            sources["model"] = ModelSource(Path(model))
+        models = [model] if isinstance(model, str | Path) else list(model or ())
+        for i, path in enumerate(models):
+            sources[f"model{i}"] = ModelSource(Path(path))
         if llm is not None or llm_endpoint is not None:
             family = llm_family or ("openai" if llm is None else None)
             sources["llm"] = ModelSource(

@@ -170,7 +170,9 @@ def build_chat_speech(models: ModelSet, request: ChatRequest, ctx: RequestContex
     return Plan(
         (
             StagePlan("text", text.text_stage(request.text, ctx), emit=reply.with_text),
-            StagePlan("units", text_units(reply.split, speech.info.max_input_chars)),
+            StagePlan(
+                "units", text_units(reply.split, min(reply.max_unit_chars or 1 << 30, speech.info.max_input_chars))
+            ),
             StagePlan("speech", speak_units(speech, reply.request)),
         )
     )

@@ -196,6 +196,13 @@ class SpokenReply:
     initial_codec_chunk_frames: int | None = None
     split: str = "sentence"
     with_text: bool = True  # the consumer also gets the text model's deltas (else only transcripts and audio)
+    # A unit longer than this many characters is cut (at a sentence end, else a space) before it is spoken; None:
+    # the speech model's own limit. Lower it to bound the wait for the first audio when sentences run long.
+    max_unit_chars: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_unit_chars is not None and self.max_unit_chars < 1:
+            raise InvalidRequestError(f"max_unit_chars must be >= 1, got {self.max_unit_chars}", "max_unit_chars")
 
     def request(self, text: str, request_id: str) -> SpeechRequest:
         """The speech request for one unit of text."""

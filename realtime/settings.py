@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import platformdirs
 
@@ -15,6 +16,13 @@ STREAM_FORMATS = ("pcm", "wav")
 
 ENV_CACHE = "OMNI_STREAM_CACHE"  # moves the embedded checkpoint and the default voices dir together
 BATCH_MAX_ITEMS = 32  # items of one POST /v1/audio/speech/batch (vLLM-Omni's default)
+
+
+def silero_vad(params: Any) -> Any:
+    """The default server VAD: one silero-vad detector per session (the model ships in its wheel)."""
+    from omni_stream.models.silero_vad import SileroVad
+
+    return SileroVad(params)
 
 
 def default_voices_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -71,6 +79,16 @@ class Settings:
     # vLLM-Omni compatibility: ``stream=true`` without ``stream_format`` streams raw audio bytes, as vLLM-Omni
     # did before it switched to SSE (its bench_tts_serve.py and fastrtc demo count those bytes as PCM).
     legacy_stream_raw: bool = False
+    # Realtime sessions (WS /v1/realtime and WebRTC)
+    # VadParams -> VoiceActivityDetector for server_vad turn detection; None: manual commits only
+    vad_factory: Callable[[Any], Any] | None = silero_vad
+    realtime_max_append_bytes: int = 15 * 1024 * 1024  # decoded audio per input_audio_buffer.append
+    realtime_max_buffer_seconds: float = 300.0  # input audio a session holds before a commit
+    realtime_max_items: int = 256  # conversation items kept (the oldest go first)
+    realtime_session_seconds: float = 3600.0  # then error session_expired and close
+    realtime_run_ahead_seconds: float = 2.0  # audio sent ahead of the client's real-time playback
+    rtc_concurrency_limit: int = 8  # WebRTC sessions at once (fastrtc answers more with concurrency_limit_reached)
+    rtc_ice_servers: tuple[str, ...] = ()  # STUN/TURN URLs for WebRTC; none: host candidates only
 
     @property
     def max_speech_body_bytes(self) -> int:

@@ -72,7 +72,7 @@ def test_serve_subcommand_stops_cleanly_on_sigterm(synthetic_checkpoint, tmp_pat
 def test_serve_without_model_uses_the_embedded_checkpoint_and_stops_on_sigint(tmp_path):
     env = {"OMNI_STREAM_API_KEY": "k", "OMNI_STREAM_CACHE": str(tmp_path / "cache")}
     out, models = serve([], env, signal.SIGINT)
-    assert "no --model given: serving the embedded tiny checkpoint" in out
+    assert "no --model given: serving the embedded tiny model of every kind" in out
     # Every kind with an embedded default: speech (Qwen3-TTS) first, text (a tiny Qwen3), transcription (Whisper), ...
     assert models[0].startswith("qwen3-tts-tiny") and "qwen3-tiny-chat-v1" in models
     assert any(m.startswith("whisper-tiny") for m in models)
