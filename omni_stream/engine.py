@@ -146,7 +146,7 @@ class AsyncEngine:
         self.metrics = metrics
         self.wait_timeout = wait_timeout
         self._closed = False
-        self._streams: weakref.WeakValueDictionary[str, _Stream[Any]] = weakref.WeakValueDictionary()
+        self._streams: weakref.WeakValueDictionary[str, EngineStream[Any]] = weakref.WeakValueDictionary()
 
     @classmethod
     async def load(
@@ -303,7 +303,7 @@ class AsyncEngine:
             raise InvalidRequestError(f"a {type(request).__name__} has no request_id")
         return RequestContext.with_timeout(timeout, request_id=request_id, wait_timeout=self.wait_timeout)
 
-    def _track(self, stream: _Stream[Any]) -> None:
+    def _track(self, stream: EngineStream[Any]) -> None:
         self._streams[stream.request_id] = stream
 
     async def create_voice_prompt(
@@ -348,8 +348,9 @@ class AsyncEngine:
         await self.aclose()
 
 
-class _Stream(Generic[T]):
-    """One running request: outcome, metrics, abort and close around a :class:`PipelineStream`."""
+class EngineStream(Generic[T]):
+    """One running request: outcome, metrics, abort and close around a :class:`PipelineStream` (the base of
+    :class:`RequestStream` and :class:`SpeechStream`)."""
 
     def __init__(self, request_id: str, stream: PipelineStream, metrics: EngineMetrics | None) -> None:
         self._request_id = request_id
@@ -408,7 +409,7 @@ class _Stream(Generic[T]):
         self._finish("cancelled")
 
 
-class RequestStream(_Stream[StageOutput[Any]]):
+class RequestStream(EngineStream[StageOutput[Any]]):
     """The outputs of every emitting stage of one request, in arrival order; ``usage`` by model kind."""
 
     def __init__(self, stream: PipelineStream, metrics: EngineMetrics | None, pipeline: str) -> None:
@@ -438,7 +439,7 @@ class RequestStream(_Stream[StageOutput[Any]]):
         await self.aclose()
 
 
-class SpeechStream(_Stream[Audio]):
+class SpeechStream(EngineStream[Audio]):
     """Audio chunks of one speech request; ``usage`` and ``timings`` fill in as it streams."""
 
     def __init__(self, request: SpeechRequest, stream: PipelineStream, metrics: EngineMetrics | None = None) -> None:

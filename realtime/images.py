@@ -41,6 +41,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from omni_stream.chunks import Image, StageOutput, TextDelta
+from omni_stream.engine import RequestStream
 from omni_stream.errors import StageError
 from omni_stream.family import ModelKind
 from omni_stream.images import ImageRequest, image_family, output_size, uses_text
@@ -192,7 +193,7 @@ async def _chain(first: StageOutput[Any] | None, rest: AsyncIterator[StageOutput
 
 async def _events(
     state: ServerState,
-    stream: Any,
+    stream: RequestStream,
     outputs: AsyncIterator[StageOutput[Any]],
     params: ImageParams,
     events: ImageEvents,
@@ -236,7 +237,7 @@ async def _events(
         await close_stream(stream)
 
 
-async def _collect(stream: Any) -> list[StageOutput[Any]]:
+async def _collect(stream: RequestStream) -> list[StageOutput[Any]]:
     return [out async for out in stream]
 
 
@@ -245,7 +246,7 @@ def _encode_all(pictures: list[Image], params: ImageParams) -> list[str]:
 
 
 async def _whole(
-    request: Request, state: ServerState, stream: Any, params: ImageParams, events: ImageEvents
+    request: Request, state: ServerState, stream: RequestStream, params: ImageParams, events: ImageEvents
 ) -> Response:
     try:
         finished, outputs = await until_disconnect(request.receive, lambda: _collect(stream))

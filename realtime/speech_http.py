@@ -108,11 +108,11 @@ async def _create_speech(request: Request, state: ServerState) -> Response:
     return ClosingStreamingResponse(gen, on_close=release, media_type=SSE_MEDIA_TYPE, headers=headers)
 
 
-async def _collect(stream: Any) -> list[np.ndarray]:
+async def _collect(stream: SpeechStream) -> list[np.ndarray]:
     return [audio.samples async for audio in stream]
 
 
-async def _whole(request: Request, state: ServerState, opts: SpeechOptions, stream: Any) -> Response:
+async def _whole(request: Request, state: ServerState, opts: SpeechOptions, stream: SpeechStream) -> Response:
     try:
         finished, pieces = await until_disconnect(request.receive, lambda: _collect(stream))
     finally:
@@ -139,7 +139,7 @@ async def _audio_chunks(chunks: AsyncIterator[Audio], first: Audio | bool | None
 
 
 async def _raw_body(
-    state: ServerState, stream: Any, audio_chunks: AsyncGenerator[Audio], out: AudioOut
+    state: ServerState, stream: SpeechStream, audio_chunks: AsyncGenerator[Audio], out: AudioOut
 ) -> AsyncGenerator[bytes]:
     gauge = state.metrics.streams.labels("http")
     gauge.inc()
@@ -162,7 +162,7 @@ async def _raw_body(
 
 
 async def _sse_body(
-    state: ServerState, stream: Any, audio_chunks: AsyncGenerator[Audio], out: AudioOut
+    state: ServerState, stream: SpeechStream, audio_chunks: AsyncGenerator[Audio], out: AudioOut
 ) -> AsyncGenerator[bytes]:
     gauge = state.metrics.streams.labels("sse")
     gauge.inc()

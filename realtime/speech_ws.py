@@ -346,7 +346,7 @@ class SpeechSession:
                     continue
                 job = UnitJob(item, rate)
                 self.jobs.add(job)
-                job.start(tg, self.state.engine)
+                job.start(tg, self.state.ready_engine)
                 await jobs_send.send(job)
 
     async def _sender(self, jobs_recv: Any) -> None:

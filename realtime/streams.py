@@ -9,20 +9,20 @@ import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from omni_stream.engine import EngineStream
+
 T = TypeVar("T")
 
 
-async def close_stream(stream: Any) -> None:
-    """Release an engine stream's batch slot now, even from a cancelled ``finally``.
+async def close_stream(stream: EngineStream[Any] | None) -> None:
+    """Release an engine stream's batch slots now, even from a cancelled ``finally``.
 
     A client disconnect cancels the response task, and every ``await`` in a ``finally`` is then cancelled
     again before it runs, so the synchronous release comes first and the awaited close is shielded.
     """
     if stream is None:
         return
-    release = getattr(stream, "abort", None)
-    if callable(release):
-        release()
+    stream.abort()
     with anyio.CancelScope(shield=True):
         await stream.aclose()
 

@@ -19,6 +19,7 @@ from omni_stream.realtime.audio_out import AudioOut, encode_whole
 from omni_stream.realtime.speech_params import SpeechOptions
 from omni_stream.realtime.streams import close_stream
 
+from omni_stream.engine import AsyncEngine, SpeechStream
 from omni_stream.requests import SpeechRequest, next_request_id
 
 log = logging.getLogger("omni_stream.realtime.ws")
@@ -70,7 +71,7 @@ class UnitJob:
     def __post_init__(self) -> None:
         self._send, self.receive = anyio.create_memory_object_stream[bytes | Failure](CHANNEL_CHUNKS)
 
-    def start(self, tg: TaskGroup, engine: Any) -> None:
+    def start(self, tg: TaskGroup, engine: AsyncEngine) -> None:
         tg.start_soon(self._pump, engine)
 
     def cancel(self) -> None:
@@ -78,7 +79,7 @@ class UnitJob:
         self.cancelled = True
         self._scope.cancel()
 
-    async def _pump(self, engine: Any) -> None:
+    async def _pump(self, engine: AsyncEngine) -> None:
         spec = self.spec
         request = dataclasses.replace(spec.template, text=spec.text, request_id=next_request_id("ws"))
         stream = None
@@ -96,7 +97,7 @@ class UnitJob:
                 finally:
                     await close_stream(stream)
 
-    async def _stream_pcm(self, stream: Any) -> None:
+    async def _stream_pcm(self, stream: SpeechStream) -> None:
         out = await AudioOut.open("pcm", self.sample_rate, self.spec.opts.sample_rate)
         try:
             async for audio in stream:
@@ -109,7 +110,7 @@ class UnitJob:
         finally:
             out.close()
 
-    async def _whole_file(self, stream: Any) -> None:
+    async def _whole_file(self, stream: SpeechStream) -> None:
         pieces = [audio.samples async for audio in stream]
         samples = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
         opts = self.spec.opts
