@@ -10,12 +10,12 @@ question is one experiment; figures are medians of wall time (``perf_counter``) 
    interpreter's default 5 ms switch interval and at 0.5 ms.
 3. ``codec``: talker steps on this thread with a codec job every few steps, four arrangements: ``serial`` (the
    job on the talker's stream, waited for), ``side-normal`` / ``side-high`` (issued on a side stream of that
-   priority, read back by the completion thread: the engine's design), ``thread`` (a second Python thread runs
-   each job synchronously on its own stream: the earlier opt-in design); per arrangement the talker's step
-   wall, the job's latency from hand-over to audio on the host, and the job's GPU time on its stream.
-   ``thread`` and ``side-high`` are run again beside the busy thread (5 ms and 0.5 ms switch intervals).
-4. ``prefill``: a burst of 32 / 128 newcomers: prompt embedding per newcomer, then the prefill as one eager
-   padded forward vs the (count, length) prefill graph.
+   priority, collected by this thread after each talker step: the engine's design), ``thread`` (a second
+   Python thread runs each job synchronously on its own stream: the earlier opt-in design); per arrangement
+   the talker's step wall, the job's latency from hand-over to audio on the host, and the job's GPU time on
+   its stream. ``thread`` and ``side-high`` are run again beside the busy thread (5 ms and 0.5 ms intervals).
+4. ``prefill``: newcomers prefilled together: prompt embedding per newcomer, then the prefill as one eager
+   padded forward vs the (count, length) prefill graph (graphs hold up to 8 newcomers).
 5. ``kernels``: CUPTI kernel counts and GPU time by category of the step graph at B = 1 and 128.
 
 Writes ``overlap_profile.json`` to ``$OUT`` (or ``benchmarks/results``) after every experiment; prints a table.
@@ -49,6 +49,7 @@ from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
 from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
 from omni_stream.requests import SpeechRequest
 from omni_stream.runtime.gpu_completions import Completions
+from omni_stream.worker import DeviceWorker
 
 ROOT = Path(__file__).resolve().parent
 CONFIGS = {
@@ -216,6 +217,8 @@ def run_codec_mode(
         thread.start()
     else:
         pool.stream = streams.get(mode.removeprefix("side-")) if mode.startswith("side-") else None
+    if mode.startswith("side-"):
+        rows.runner.after_step = completions.deliver_ready  # as the family wires it
     t_loop = time.perf_counter()
     for i in range(steps):
         if i % every == 0:
@@ -251,9 +254,9 @@ def run_codec_mode(
         jobs.put(None)
         done.wait(60)
     torch.cuda.synchronize()
-    barrier = threading.Event()
-    completions.watch(torch.cuda.Event(), lambda err: barrier.set())  # everything handed over before has run
-    barrier.wait(60)
+    while completions.has_work():
+        completions.run_step()
+    rows.runner.after_step = None
     for start, end in timers:
         gpu_ms.append(start.elapsed_time(end))
     pool.stream = None
@@ -272,34 +275,31 @@ CODEC_CASES = ((1, (1, 2), 4, 48), (32, (32, 25), 12, 48), (128, (128, 25), 12, 
 
 def exp_codec(runner: Qwen3TTSRunner, requests: list, pool: CodecWindows, cases: tuple = CODEC_CASES) -> dict:
     streams = {"normal": torch.cuda.Stream(priority=0), "high": torch.cuda.Stream(priority=-100)}
-    completions = Completions()
+    completions = Completions(DeviceWorker())  # never started: this thread is the worker
     out: dict = {}
-    try:
-        for b, job, every, steps in cases:
-            rows = Rows(runner, requests, b)
-            try:
-                for _ in range(3):
-                    rows.step()
-                entry = {"job": f"{job[0]}x{job[1]} every {every} steps"}
-                for mode in ("serial", "side-normal", "side-high", "thread"):
-                    entry[mode] = run_codec_mode(mode, rows, pool, streams, completions, job, every, steps)
-                if b == 1:
-                    for interval, tag in ((0.005, "5ms"), (0.0005, "0.5ms")):
-                        for mode in ("thread", "side-high"):
-                            with SwitchInterval(interval), Busy():
-                                entry[f"{mode}+busy_{tag}"] = run_codec_mode(
-                                    mode, rows, pool, streams, completions, job, every, steps
-                                )
-            finally:
-                rows.close()
-            out[b] = entry
-            print(f"codec B={b}: {json.dumps(entry)}", flush=True)
-    finally:
-        completions.close()
+    for b, job, every, steps in cases:
+        rows = Rows(runner, requests, b)
+        try:
+            for _ in range(3):
+                rows.step()
+            entry = {"job": f"{job[0]}x{job[1]} every {every} steps"}
+            for mode in ("serial", "side-normal", "side-high", "thread"):
+                entry[mode] = run_codec_mode(mode, rows, pool, streams, completions, job, every, steps)
+            if b == 1:
+                for interval, tag in ((0.005, "5ms"), (0.0005, "0.5ms")):
+                    for mode in ("thread", "side-high"):
+                        with SwitchInterval(interval), Busy():
+                            entry[f"{mode}+busy_{tag}"] = run_codec_mode(
+                                mode, rows, pool, streams, completions, job, every, steps
+                            )
+        finally:
+            rows.close()
+        out[b] = entry
+        print(f"codec B={b}: {json.dumps(entry)}", flush=True)
     return out
 
 
-def exp_prefill(runner: Qwen3TTSRunner, requests: list, counts: tuple[int, ...] = (32, 128)) -> dict:
+def exp_prefill(runner: Qwen3TTSRunner, requests: list, counts: tuple[int, ...] = (4, 8, 32, 128)) -> dict:
     out: dict = {}
     graphs = runner.prefill_graphs
     for k in counts:
@@ -367,7 +367,6 @@ def main() -> int:
     runner = Qwen3TTSRunner(lm, max_batch_size=max(BATCHES), max_len=SPAN + 128)
     runner.batch_buckets = BATCHES
     runner.length_buckets = (SPAN,)
-    runner.prefill_batch_buckets = (1, 32, 128)
     runner.prefill_buckets = (128,)
     capture_s = runner.capture_graphs()
     pool = CodecWindows(decoder, 256, windows=(1, 2, 25), max_batch=128)

@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-DEFAULT_GUARD_S = 0.15
-DEFAULT_MAX_DEFER_S = 0.5
+# About one prefill stall plus a step: a stream with more audio ahead than this survives admitting newcomers.
+DEFAULT_GUARD_S = 0.06
+DEFAULT_MAX_DEFER_S = 0.3
 
 
 class AdmissionRule(Protocol):

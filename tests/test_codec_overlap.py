@@ -30,11 +30,14 @@ from omni_stream.worker import DeviceWorker
 
 
 class Gate:
-    """A stand-in for a CUDA event: ``synchronize()`` blocks until the test opens it."""
+    """A stand-in for a CUDA event: done once the test opens it; ``synchronize()`` blocks until then."""
 
     def __init__(self) -> None:
         self.opened = threading.Event()
         self.waited = threading.Event()
+
+    def query(self) -> bool:
+        return self.opened.is_set()
 
     def synchronize(self) -> None:
         self.waited.set()
@@ -43,6 +46,9 @@ class Gate:
 
 
 class Broken:
+    def query(self) -> bool:
+        raise RuntimeError("device fault")
+
     def synchronize(self) -> None:
         raise RuntimeError("device fault")
 
@@ -52,62 +58,70 @@ def decoder(tmp_path_factory: pytest.TempPathFactory):
     return load_speech_tokenizer(tiny_checkpoint_dir(tmp_path_factory), with_encoder=False).eval().decoder
 
 
-@pytest.fixture
-def completions():
-    c = Completions()
-    yield c
-    assert c.close()
-
-
-def test_callbacks_run_in_hand_over_order_after_their_events(completions) -> None:
-    gates = [Gate(), Gate()]
+def test_ready_events_are_collected_in_hand_over_order_without_blocking() -> None:
+    c = Completions(DeviceWorker())  # never started: the test is the worker
+    gates = [Gate(), Gate(), Gate()]
     ran: list[tuple[int, object]] = []
-    done = threading.Event()
-    completions.watch(gates[0], lambda err: ran.append((0, err)))
-    completions.watch(gates[1], lambda err: (ran.append((1, err)), done.set()))
-    completions.watch(Broken(), lambda err: ran.append((2, err)))
-    assert gates[0].waited.wait(5) and ran == []  # blocked on the first event; nothing ran yet
+    for i, g in enumerate(gates):
+        c.watch(g, lambda err, i=i: ran.append((i, err)))
+    assert c.has_work() and c.deliver_ready() == 0 and ran == []
     gates[1].opened.set()
-    assert ran == []  # the second is done, but the first still holds the line
+    assert c.deliver_ready() == 0 and ran == []  # the second is done, but the first still holds the line
     gates[0].opened.set()
-    assert done.wait(5)
-    assert [i for i, _ in ran[:2]] == [0, 1] and ran[0][1] is None and ran[1][1] is None
+    assert c.deliver_ready() == 2 and ran == [(0, None), (1, None)] and c.pending == 1
+    gates[2].opened.set()
+    c.run_step()
+    assert ran[-1] == (2, None) and not c.has_work()
 
 
-def test_a_failed_wait_reaches_its_callback_and_a_failing_callback_stops_nothing(completions) -> None:
+def test_the_worker_blocks_on_an_event_only_when_nothing_else_is_runnable() -> None:
+    busy = [True]
+    c = Completions(DeviceWorker(), busy=lambda: busy[0])
+    gate = Gate()
+    ran: list[object] = []
+    c.watch(gate, ran.append)
+    c.run_step()  # the talker has work: do not wait for the codec job
+    assert ran == [] and not gate.waited.is_set()
+    busy[0] = False
+    opener = threading.Timer(0.05, gate.opened.set)
+    opener.start()
+    c.run_step()  # nothing else to do: wait for it (the GIL is released meanwhile)
+    opener.join()
+    assert gate.waited.is_set() and ran == [None]
+
+
+def test_device_faults_and_callback_bugs_fail_only_their_own_job() -> None:
+    c = Completions(DeviceWorker())
     got: list[BaseException | None] = []
-    finished = threading.Event()
 
     def bad(err):
         raise ValueError("callback bug")
 
-    completions.watch(Broken(), got.append)
     ok = Gate()
     ok.opened.set()
-    completions.watch(ok, bad)
-    completions.watch(ok, lambda err: finished.set())
-    assert finished.wait(5)
-    assert len(got) == 1 and isinstance(got[0], RuntimeError)
+    c.watch(Broken(), got.append)
+    c.watch(ok, bad)
+    c.watch(ok, got.append)
+    assert c.deliver_ready() == 3
+    assert isinstance(got[0], RuntimeError) and got[1] is None
 
 
-def test_close_runs_what_is_pending_then_refuses_more() -> None:
-    c = Completions()
-    gate = Gate()
-    ran: list[object] = []
-    c.watch(gate, ran.append)
-    gate.opened.set()
-    assert c.close(timeout=10)
-    assert ran == [None]
-    with pytest.raises(RuntimeError):
-        c.watch(gate, ran.append)
+async def test_a_stopping_worker_fails_the_jobs_still_in_flight() -> None:
+    worker = DeviceWorker().start()
+    c = Completions(worker, busy=lambda: True)  # never blocks: the job stays in flight
+    got: list[object] = []
+    c.watch(Gate(), got.append)
+    await worker.aclose()
+    assert len(got) == 1 and type(got[0]).__name__ == "EngineClosed" and not c.has_work()
 
 
 def _pool(decoder, capacity: int = 4) -> CodecWindows:
     return CodecWindows(decoder, capacity, graphs=False, windows=(1, 2, 4))
 
 
-def test_issued_windows_settle_only_after_their_event_with_the_synchronous_audio(decoder, completions) -> None:
+def test_issued_windows_settle_when_collected_with_the_synchronous_audio(decoder) -> None:
     sync, side = _pool(decoder), _pool(decoder)
+    completions = Completions(DeviceWorker())
     gate = Gate()
     launch = side.issue
     side.issue = lambda *a: PendingAudio(launch(*a).pieces, gate)  # type: ignore[method-assign,arg-type]
@@ -115,47 +129,75 @@ def test_issued_windows_settle_only_after_their_event_with_the_synchronous_audio
     codes = [torch.randint(0, 2048, (2, 16), generator=gen) for _ in range(3)]
     slots = [side.acquire() for _ in range(3)]
     assert slots == [sync.acquire() for _ in range(3)]
-    futures = issue_slot_windows(side, [SlotWindow(s, c, True) for s, c in zip(slots, codes, strict=True)], completions)
-    assert gate.waited.wait(5) and not any(f.done() for f in futures)
+    jobs = [SlotWindow(s, c, True) for s, c in zip(slots, codes, strict=True)]
+    futures = issue_slot_windows(side, jobs, completions)
+    assert completions.deliver_ready() == 0 and not any(f.done() for f in futures)
     gate.opened.set()
-    got = [f.result(timeout=10) for f in futures]
+    assert completions.deliver_ready() == 1
+    got = [f.result(timeout=0) for f in futures]
     want = sync.decode(slots, codes, [True] * 3)
     for g, w in zip(got, want, strict=True):
         assert g.dtype == np.float32 and g.shape == (2 * 1920,) and np.array_equal(g, w)
 
 
-async def test_the_worker_runs_other_work_while_a_codec_window_is_on_the_device(decoder, completions) -> None:
-    """Issuing returns at once: a talker job submitted after the window runs before the window is done."""
-    worker = DeviceWorker().start()
+def test_a_job_with_a_first_window_is_waited_for_before_the_worker_moves_on(decoder) -> None:
     pool = _pool(decoder)
+    completions = Completions(DeviceWorker())
     gate = Gate()
     launch = pool.issue
     pool.issue = lambda *a: PendingAudio(launch(*a).pieces, gate)  # type: ignore[method-assign,arg-type]
+    codes = torch.randint(0, 2048, (1, 16), generator=torch.Generator().manual_seed(3))
+    opener = threading.Timer(0.05, gate.opened.set)
+    opener.start()
+    futures = issue_slot_windows(pool, [SlotWindow(pool.acquire(), codes, True, first=True)], completions)
+    opener.join()
+    assert gate.waited.is_set() and futures[0].done() and not completions.has_work()
+    assert futures[0].result().shape == (1920,)
+
+
+async def test_the_worker_runs_talker_work_while_a_codec_window_is_on_the_device(decoder) -> None:
+    """A later window is launched and the worker goes on; its audio is collected once its event is done."""
+    worker = DeviceWorker().start()
+    completions = Completions(worker, busy=lambda: True)  # as if the talker always had work: never block
+    watched = threading.Event()
+    watch = completions.watch
+    completions.watch = lambda e, then: (watch(e, then), watched.set())  # type: ignore[method-assign]
+    pool = _pool(decoder)
+    gates = [Gate(), Gate()]
+    gates[0].opened.set()  # the first window (2 frames) is waited for at once; the second stays on the "device"
+    events = iter(gates)
+    launch = pool.issue
+    pool.issue = lambda *a: PendingAudio(launch(*a).pieces, next(events))  # type: ignore[method-assign,arg-type]
     stage = codec_stage(decoder, worker, sample_rate=24000, samples_per_frame=1920, initial_frames=2,
                         steady_frames=4, pool=pool, completions=completions)  # fmt: skip
-    codes = torch.randint(0, 2048, (2, 16), generator=torch.Generator().manual_seed(1))
+    codes = torch.randint(0, 2048, (6, 16), generator=torch.Generator().manual_seed(1))
     order: list[str] = []
+    out: asyncio.Queue = asyncio.Queue()
 
     async def upstream():
-        yield CodecFrames(codes, start_frame=0, final=True)
+        for i in range(6):
+            yield CodecFrames(codes[i : i + 1], start_frame=i, final=i == 5)
 
-    async def consume():
+    async def consume() -> None:
         async for audio in stage(RequestContext(), upstream()):
-            order.append("audio")
-            return audio
-        return None
+            order.append(f"audio {sum(o.startswith('audio') for o in order)}")
+            await out.put(audio)
 
     try:
         task = asyncio.create_task(consume())
-        # the window is on the "device": the completion thread waits on it
-        assert await asyncio.to_thread(gate.waited.wait, 10)
+        first = await asyncio.wait_for(out.get(), 10)
+        assert await asyncio.to_thread(watched.wait, 10)  # the second window was launched and left in flight
         assert await worker.submit(lambda: order.append("talker step") or 7) == 7
-        assert order == ["talker step"]
-        gate.opened.set()
-        audio = await asyncio.wait_for(task, 10)
-        assert order == ["talker step", "audio"] and audio is not None and audio.final
-        want = decode_window(decoder, codes.T[None], CodecStreamState.zeros(decoder, 1))[0].numpy()
-        assert float(np.abs(audio.samples - want).max()) < 1e-5
+        assert order == ["audio 0", "talker step"]
+        gates[1].opened.set()
+        await worker.submit(completions.deliver_ready)  # what the runner's after-step hook does
+        second = await asyncio.wait_for(out.get(), 10)
+        await asyncio.wait_for(task, 10)
+        assert order == ["audio 0", "talker step", "audio 1"] and second.final and not first.final
+        state = CodecStreamState.zeros(decoder, 1)
+        for chunk, (lo, hi) in zip((first, second), ((0, 2), (2, 6)), strict=True):
+            want = decode_window(decoder, codes[lo:hi].T[None], state)[0].numpy()
+            assert float(np.abs(chunk.samples - want).max()) < 1e-5
         assert pool.in_use == 0  # the row went back when the stage ended
     finally:
         await worker.aclose()

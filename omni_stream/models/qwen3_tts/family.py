@@ -53,8 +53,8 @@ from omni_stream.stages import talker_stage
 log = logging.getLogger(__name__)
 
 # Codec windows on CUDA: "high" (default) or "normal": on their own stream of that priority, launched by the
-# device worker and read back by a completion thread, so they overlap talker steps; "off": on the talker's
-# stream, each job waited for by the worker (the codec work then stalls the talker for its duration).
+# device worker and collected by it after its next talker step, so they overlap talker steps; "off": on the
+# talker's stream, each job waited for by the worker (the codec work then stalls the talker for its duration).
 ENV_CODEC_STREAM = "OMNI_STREAM_CODEC_STREAM"
 CODEC_STREAM_MODES = ("high", "normal", "off")
 # Newcomers wait while a playing stream's listener is about to run dry (omni_stream.admission); "off": admit all.
@@ -159,8 +159,6 @@ class Qwen3TTSFamily:
                     self.speech_tokenizer.decoder, 2 * opts.max_batch_size, max_batch=opts.max_batch_size, stream=stream
                 )
                 self.capture_seconds += self.codec_windows.capture_graphs(progress=opts.progress_bar)
-                if stream is not None:
-                    self.completions = Completions(name=f"{self.worker.name}-codec-completions")
                 # Hot loops on the worker and a busy event loop share the GIL: hand it over in 0.5 ms, not 5.
                 shorten_switch_interval()
             if self.capture_seconds:
@@ -174,6 +172,12 @@ class Qwen3TTSFamily:
                 name="talker",
                 admission=admission_rule(),
             )
+            if self.codec_windows is not None and self.codec_windows.stream is not None:
+                # Codec jobs launched on their stream are collected by the worker itself: after every talker
+                # step (the runner's hook), and when nothing else is runnable (a step source attached after
+                # the scheduler, so a step's own codec jobs are collected in the same worker round).
+                self.completions = Completions(self.worker, busy=self.scheduler.has_work)
+                self.runner.after_step = self.completions.deliver_ready
             bar.update(1)
         self.sampling, self.subtalker_sampling = _sampling(self.defaults)
         self.info = SpeechInfo(
@@ -310,9 +314,7 @@ class Qwen3TTSFamily:
         return await self.worker.submit(self._extract_voice, np.ascontiguousarray(audio, dtype=np.float32), text)
 
     async def aclose(self) -> None:
-        """Stop the codec completion thread; models are freed with the family, the worker releases the sequences."""
-        if self.completions is not None:
-            await anyio.to_thread.run_sync(self.completions.close)
+        """Nothing to stop: models are freed with the family, the worker releases sequences and device jobs."""
 
 
 def admission_rule(env: dict[str, str] | None = None) -> PlaybackAdmission | None:

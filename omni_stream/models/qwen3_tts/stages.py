@@ -8,8 +8,9 @@ audio already sent runs out; the first window's size follows the load when the r
 (:func:`~.codec_stream.first_window_frames`). Windows of equal length from different requests are decoded
 together in one batched worker job. With a :class:`CodecWindows` (slot-indexed states, CUDA graphs per window
 bucket on GPU) a request holds one state row for its lifetime instead of a private state; with
-:class:`~omni_stream.runtime.gpu_completions.Completions` as well, the worker only launches the job (on the
-codec stream) and the completion thread hands the audio back, so codec work overlaps the talker's steps.
+:class:`~omni_stream.runtime.gpu_completions.Completions` as well, the worker only launches a job (on the
+codec stream) and collects its audio after the next talker step, so codec work overlaps the talker's steps;
+a job that holds a request's first window is waited for at once instead (time to first audio).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class SlotWindow:
     codes: torch.Tensor
     fresh: bool
     context: torch.Tensor | None = None
+    first: bool = False  # the request's first window: its job is waited for at once
     audio: concurrent.futures.Future[np.ndarray] = field(default_factory=concurrent.futures.Future)
 
 
@@ -106,8 +108,9 @@ def _settle(future: concurrent.futures.Future[np.ndarray], audio: np.ndarray | N
 def issue_slot_windows(
     pool: CodecWindows, jobs: list[SlotWindow], completions: Completions
 ) -> list[concurrent.futures.Future[np.ndarray]]:
-    """Batched job (device worker): launch the windows on the pool's stream and return at once; each job's
-    ``audio`` future is settled by ``completions`` when the device is done."""
+    """Batched job (device worker): launch the windows on the pool's stream; each job's ``audio`` future is
+    settled when ``completions`` collects the job (after a talker step), or before returning when a window of
+    the job is its request's first (the wait is then the first chunk's latency, which nothing should add to)."""
     _prime_contexts(pool, jobs)
     pending = pool.issue([j.slot for j in jobs], [j.codes for j in jobs], [j.fresh for j in jobs])
 
@@ -127,6 +130,13 @@ def issue_slot_windows(
 
     if pending.event is None:
         then(None)
+    elif any(j.first for j in jobs):
+        error: BaseException | None = None
+        try:
+            pending.event.synchronize()
+        except BaseException as exc:
+            error = exc
+        then(error)
     else:
         completions.watch(pending.event, then)
     return [j.audio for j in jobs]
@@ -163,8 +173,9 @@ def codec_stage(
     ``initial_frames``: the first window (None: ``first_window(load)`` with ``load`` the requests counted in
     ``live`` when the first frames arrive, this one included). ``pool``: shared slot-indexed states
     (graph-replayed windows on CUDA); requests that find it full, or all requests without one, keep a private
-    state. ``completions``: with a pool, jobs are only launched by the worker and their audio handed back by
-    this thread (codec work overlaps talker steps). ``reference``: ICL codes that prime the first window.
+    state. ``completions``: with a pool, jobs are only launched by the worker and their audio collected by it
+    after its next talker step (codec work overlaps talker steps). ``reference``: ICL codes that prime the
+    first window.
     """
     key_prefix = f"qwen3-codec-{id(decoder)}"
     chosen: list[int] = []  # the first window, once known
@@ -201,7 +212,7 @@ def codec_stage(
                 if slot is None:
                     assert state is not None
                     return await worker.submit_batched((key_prefix, n), CodecWindow(state, codes, context), batch_fn)
-                job = SlotWindow(slot, codes, window.index == 0, context)
+                job = SlotWindow(slot, codes, window.index == 0, context, first=window.index == 0)
                 if completions is None:
                     return await worker.submit_batched((key_prefix, "slots", n), job, slot_batch_fn)
                 issued = await worker.submit_batched((key_prefix, "issue", n), job, slot_issue_fn)
