@@ -10,10 +10,11 @@ question is one experiment; figures are medians of wall time (``perf_counter``) 
    interpreter's default 5 ms switch interval and at 0.5 ms.
 3. ``codec``: talker steps on this thread with a codec job every few steps, four arrangements: ``serial`` (the
    job on the talker's stream, waited for), ``side-normal`` / ``side-high`` (issued on a side stream of that
-   priority, collected by this thread after each talker step: the engine's design), ``thread`` (a second
-   Python thread runs each job synchronously on its own stream: the earlier opt-in design); per arrangement
-   the talker's step wall, the job's latency from hand-over to audio on the host, and the job's GPU time on
-   its stream. ``thread`` and ``side-high`` are run again beside the busy thread (5 ms and 0.5 ms intervals).
+   priority, collected by this thread after each talker step: the engine's opt-in side-stream mode),
+   ``thread`` (a second Python thread runs each job synchronously on its own stream: the earlier opt-in
+   design); per arrangement the talker's step wall, the job's latency from hand-over to audio on the host,
+   and the job's GPU time on its stream. ``thread`` and ``side-high`` are run again beside the busy thread
+   (5 ms and 0.5 ms switch intervals).
 4. ``prefill``: newcomers prefilled together: prompt embedding per newcomer, then the prefill as one eager
    padded forward vs the (count, length) prefill graph (graphs hold up to 8 newcomers).
 5. ``kernels``: CUPTI kernel counts and GPU time by category of the step graph at B = 1 and 128.
