@@ -5,9 +5,10 @@ together) can stall streams that started a moment earlier past the end of the li
 hold. So the scheduler asks a rule, before each step, how many of the waiting newcomers to admit, given each
 playing stream's *slack*: the audio its listener has not played yet, ``first_chunk + audio_seconds - now``
 from the request's own timings (a player that starts at the first chunk and plays in real time, the model of
-the underrun metric). While every slack is above ``guard`` all newcomers are admitted at once (their prefill
-is one graph replay per bucket); below it only those that have waited ``max_defer`` already are, so a stream
-that cannot keep its slack never holds newcomers back for long. Pure: the scheduler supplies the numbers.
+the underrun metric). While every slack is above ``guard`` all newcomers are admitted at once (they prefill
+together); below it only those that have waited ``max_defer`` already are, so a stream that cannot keep its
+slack never holds newcomers back for long. Pure: the scheduler supplies the numbers. The Qwen3-TTS family
+uses it only when ``OMNI_STREAM_ADMISSION=on`` (see its measured effect in ``benchmarks/results/tts_bench.md``).
 """
 
 from __future__ import annotations

@@ -158,8 +158,8 @@ def test_dummy_checkpoint_serves_speech_end_to_end_on_cuda(tmp_path) -> None:
                                                    progress=False)  # fmt: skip
         async with engine:
             family = engine.models.speech()
-            # codec windows on their own stream, read back by a completion thread, unless OMNI_STREAM_CODEC_STREAM=off
-            overlap = os.environ.get("OMNI_STREAM_CODEC_STREAM", "high") != "off"
+            # codec windows on the talker's stream unless OMNI_STREAM_CODEC_STREAM names a side stream (high, normal)
+            overlap = os.environ.get("OMNI_STREAM_CODEC_STREAM", "off") != "off"
             assert (family.completions is not None) == overlap
             assert (family.codec_windows.stream is not None) == overlap
             assert family.runner.prefill_graphs is not None and len(family.runner.prefill_graphs) > 0

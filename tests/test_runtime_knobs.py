@@ -36,12 +36,13 @@ def test_a_bad_switch_interval_is_a_config_error(raw: str) -> None:
 
 
 def test_codec_stream_and_admission_settings() -> None:
-    assert codec_stream_mode({}) == "high"
+    assert codec_stream_mode({}) == "off"
     assert codec_stream_mode({"OMNI_STREAM_CODEC_STREAM": " Normal "}) == "normal"
-    assert codec_stream_mode({"OMNI_STREAM_CODEC_STREAM": "off"}) == "off"
+    assert codec_stream_mode({"OMNI_STREAM_CODEC_STREAM": "high"}) == "high"
     with pytest.raises(ConfigError):
         codec_stream_mode({"OMNI_STREAM_CODEC_STREAM": "thread"})
-    assert admission_rule({}) == PlaybackAdmission()
+    assert admission_rule({}) is None
+    assert admission_rule({"OMNI_STREAM_ADMISSION": "on"}) == PlaybackAdmission()
     assert admission_rule({"OMNI_STREAM_ADMISSION": "off"}) is None
     with pytest.raises(ConfigError):
         admission_rule({"OMNI_STREAM_ADMISSION": "maybe"})

@@ -7,7 +7,8 @@ step (a codec job with ~25 of them took 181 ms for 3.6 ms of GPU work; ``benchma
 So the worker that issued the work also collects it: :meth:`Completions.deliver_ready` runs right after each
 talker step (the family hooks it there) and hands over every job whose event has completed, and as a step
 source the worker calls it when nothing else is runnable, blocking on the oldest event then (GIL released).
-Events are collected in the order they were handed over, the order of their stream.
+Events are collected in the order they were handed over, the order of their stream. (The Qwen3-TTS family
+uses this only when ``OMNI_STREAM_CODEC_STREAM`` names a side stream; measured, it did not pay: see there.)
 """
 
 from __future__ import annotations

@@ -52,12 +52,16 @@ from omni_stream.stages import talker_stage
 
 log = logging.getLogger(__name__)
 
-# Codec windows on CUDA: "high" (default) or "normal": on their own stream of that priority, launched by the
-# device worker and collected by it after its next talker step, so they overlap talker steps; "off": on the
-# talker's stream, each job waited for by the worker (the codec work then stalls the talker for its duration).
+# Codec windows on CUDA: "off" (default): on the talker's stream, each job run and waited for by the worker
+# between talker steps; "high" or "normal": on their own stream of that priority, launched by the worker and
+# collected by it after its next talker step. Measured on the H200 (benchmarks/results/tts_bench.md, run 10)
+# the side stream lost: its conv kernels fill the GPU, so the talker's step waits behind them on either
+# priority, and collecting a job a step later made HTTP c=1 6.7x per stream instead of 9.0x.
 ENV_CODEC_STREAM = "OMNI_STREAM_CODEC_STREAM"
-CODEC_STREAM_MODES = ("high", "normal", "off")
-# Newcomers wait while a playing stream's listener is about to run dry (omni_stream.admission); "off": admit all.
+CODEC_STREAM_MODES = ("off", "high", "normal")
+# "on": newcomers wait while a playing stream's listener is about to run dry (omni_stream.admission). Off by
+# default: measured at c=64 it tripled TTFA and cost continuity; at c=128 it raised continuity 50 -> 77 %
+# for 7 % less throughput (run 10).
 ENV_ADMISSION = "OMNI_STREAM_ADMISSION"
 
 SAMPLE_RATE = 24000
@@ -147,7 +151,7 @@ class Qwen3TTSFamily:
             # On CUDA the decode step replays per-bucket graphs; capturing them here keeps it out of requests.
             self.capture_seconds = self.runner.capture_graphs(progress=opts.progress_bar)
             # Streaming codec states in one slot-indexed pool, decoded by per-window-bucket graphs (CUDA only),
-            # on their own stream with a completion thread unless OMNI_STREAM_CODEC_STREAM=off.
+            # on the talker's stream unless OMNI_STREAM_CODEC_STREAM names a side stream.
             self.codec_windows: CodecWindows | None = None
             self.completions: Completions | None = None
             if torch.device(device).type == "cuda":
@@ -318,16 +322,16 @@ class Qwen3TTSFamily:
 
 
 def admission_rule(env: dict[str, str] | None = None) -> PlaybackAdmission | None:
-    """The talker's admission rule: playback-paced unless ``$OMNI_STREAM_ADMISSION`` is ``off``."""
+    """The talker's admission rule: playback-paced when ``$OMNI_STREAM_ADMISSION`` is ``on`` (default off)."""
     value = (os.environ if env is None else env).get(ENV_ADMISSION, "").strip().lower()
     if value not in ("", "on", "off"):
         raise ConfigError(f"{ENV_ADMISSION} must be on or off, got {value!r}")
-    return None if value == "off" else PlaybackAdmission()
+    return PlaybackAdmission() if value == "on" else None
 
 
 def codec_stream_mode(env: dict[str, str] | None = None) -> str:
-    """``$OMNI_STREAM_CODEC_STREAM`` (high, normal or off; default high), checked."""
-    mode = (os.environ if env is None else env).get(ENV_CODEC_STREAM, "").strip().lower() or "high"
+    """``$OMNI_STREAM_CODEC_STREAM`` (off, high or normal; default off), checked."""
+    mode = (os.environ if env is None else env).get(ENV_CODEC_STREAM, "").strip().lower() or "off"
     if mode not in CODEC_STREAM_MODES:
         raise ConfigError(f"{ENV_CODEC_STREAM} must be one of {', '.join(CODEC_STREAM_MODES)}, got {mode!r}")
     return mode
