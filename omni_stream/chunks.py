@@ -83,15 +83,21 @@ class Audio:
 
 @dataclass(slots=True, frozen=True)
 class Image:
-    """An image as uint8 ``(h, w, c)``; ``partial`` marks a preview before the final one."""
+    """An image as uint8 ``(h, w, c)``; ``partial`` marks a preview before the final one.
+
+    A request for several images yields them in order: ``index`` of ``count``; the stage's last chunk is the
+    last image (previews show image ``index`` while it forms).
+    """
 
     pixels: np.ndarray
     partial: bool = False
     meta: dict[str, str] = field(default_factory=dict)
+    index: int = 0
+    count: int = 1
 
     @property
     def final(self) -> bool:
-        return not self.partial
+        return not self.partial and self.index == self.count - 1
 
 
 @dataclass(slots=True, frozen=True)

@@ -12,6 +12,38 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+
+def positive_int(value: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}")
+    return n
+
+
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    """``--threads N``: torch intra-op threads of the device worker (shared by ``serve`` and ``speak``)."""
+    parser.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="torch intra-op threads for model work (default: $OMNI_STREAM_THREADS, else every core but one)",
+    )
+
+
+def apply_threads(args: argparse.Namespace) -> None:
+    """Hand ``--threads`` to the device worker, which sets torch's thread count when it starts."""
+    import os
+
+    from omni_stream.worker import ENV_THREADS
+
+    if getattr(args, "threads", None) is not None:
+        os.environ[ENV_THREADS] = str(args.threads)
+
+
 # subcommand -> module exposing `add_arguments(parser)` and `run(args) -> int`
 _COMMANDS = {
     "serve": (

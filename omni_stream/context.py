@@ -25,10 +25,12 @@ T = TypeVar("T")
 
 @dataclass(slots=True)
 class TokenCount:
-    """One model's usage within a request: tokens in, tokens (or codec frames) out."""
+    """One model's usage within a request: tokens in (of which ``input_audio_tokens`` were audio, e.g. a cloning
+    reference's codec frames in a speech prompt), tokens (or codec frames) out."""
 
     input_tokens: int = 0
     output_tokens: int = 0
+    input_audio_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

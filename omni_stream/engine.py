@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -52,6 +52,7 @@ from omni_stream.family import (
     ModelKind,
     SpeechInfo,
     check_family,
+    default_available,
     embedded_checkpoint,
     read_config,
     resolve_family,
@@ -67,18 +68,26 @@ T = TypeVar("T")
 
 @dataclass(slots=True, frozen=True)
 class Usage:
-    """One model's usage in a request: tokens in, tokens (text) or codec frames (speech) out, so far."""
+    """One model's usage in a request: tokens in (``input_audio_tokens`` of them audio, e.g. a cloning reference's
+    codec frames), tokens (text) or codec frames (speech) out, so far."""
 
     input_tokens: int = 0
     output_tokens: int = 0
+    input_audio_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
         return self.input_tokens + self.output_tokens
 
+    @property
+    def input_text_tokens(self) -> int:
+        return self.input_tokens - self.input_audio_tokens
+
     @classmethod
     def of(cls, count: TokenCount | None) -> Usage:
-        return cls() if count is None else cls(count.input_tokens, count.output_tokens)
+        if count is None:
+            return cls()
+        return cls(count.input_tokens, count.output_tokens, min(count.input_audio_tokens, count.input_tokens))
 
 
 @dataclass(slots=True, frozen=True)
@@ -172,7 +181,8 @@ class AsyncEngine:
         if sources is None:
             from omni_stream.models import EMBEDDED_DEFAULTS
 
-            sources = {kind: ModelSource(kind=kind) for kind in EMBEDDED_DEFAULTS}
+            # a default whose optional extra is not installed (diffusers for images) is left out, not an error
+            sources = {kind: ModelSource(kind=kind) for kind in EMBEDDED_DEFAULTS if default_available(kind)}
         worker = DeviceWorker(name=f"omni-stream-{device}").start()
         metrics = EngineMetrics()
         models = ModelSet()
@@ -189,22 +199,24 @@ class AsyncEngine:
     @classmethod
     async def from_pretrained(
         cls,
-        model: str | Path | None = None,
+        model: str | Path | Sequence[str | Path] | None = None,
         *,
         llm: str | Path | None = None,
         llm_family: str | None = None,
         llm_endpoint: str | None = None,
         **options: Any,
     ) -> AsyncEngine:
-        """Load ``model`` (a checkpoint directory of any family) and/or a text model; neither: the embedded defaults.
+        """Load ``model`` (a checkpoint directory of any family, or several of different kinds) and/or a text model;
+        neither: the embedded defaults.
 
         ``llm``: a text model's checkpoint; ``llm_family`` picks its backend (e.g. ``"vllm"``; default: its
         ``model_type``); ``llm_endpoint``: an OpenAI-compatible server instead (``llm_family`` defaults to
         ``"openai"`` then). Other keywords as :meth:`load`.
         """
         sources: dict[str, ModelSource] = {}
-        if model is not None:
-            sources["model"] = ModelSource(Path(model))
+        models = [model] if isinstance(model, str | Path) else list(model or ())
+        for i, path in enumerate(models):
+            sources[f"model{i}"] = ModelSource(Path(path))
         if llm is not None or llm_endpoint is not None:
             family = llm_family or ("openai" if llm is None else None)
             sources["llm"] = ModelSource(

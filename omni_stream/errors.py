@@ -46,3 +46,16 @@ class StageError(OmniStreamError):
 
 class EngineClosed(OmniStreamError):
     """The engine is shutting down or closed; no new requests are accepted."""
+
+
+class UpstreamError(OmniStreamError):
+    """A model served elsewhere failed: its server answered an error that is not the client's (5xx, refused
+    credentials, an unknown model name, overload), the connection failed, or the stream broke off.
+
+    ``status``: the upstream HTTP status (None when no response came).
+    """
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status

@@ -68,7 +68,8 @@ class ModelInfo:
 
 @dataclass(slots=True, frozen=True)
 class SpeechInfo(ModelInfo):
-    """A speech model: its tasks, built-in voices, languages and output ``sample_rate`` (Hz)."""
+    """A speech model: its tasks, built-in voices, languages, output ``sample_rate`` (Hz) and the longest text one
+    request may carry (``max_input_chars``: streamed text is cut into units no longer than that)."""
 
     task_types: tuple[TaskType, ...] = ()
     voices: tuple[str, ...] = ()
@@ -76,6 +77,7 @@ class SpeechInfo(ModelInfo):
     sample_rate: int = 24000
     default_task: TaskType = TaskType.CUSTOM_VOICE
     default_voice: str | None = None
+    max_input_chars: int = 1000
 
 
 @dataclass(slots=True, frozen=True)
@@ -268,9 +270,39 @@ def embedded_checkpoint(kind: str) -> Path:
     return Path(build())
 
 
+def default_available(kind: str) -> bool:
+    """False when the embedded default of ``kind`` needs an optional extra this install lacks (e.g. diffusers).
+
+    A broken module of our own still counts as available: loading it then says what is wrong.
+    """
+    from omni_stream.models import EMBEDDED_DEFAULTS
+
+    try:
+        importlib.import_module(EMBEDDED_DEFAULTS[kind].partition(":")[0])
+    except ImportError as exc:
+        missing = exc.name or ""
+        if missing and not missing.startswith("omni_stream"):
+            log.info("no embedded default %s model in this install (%s)", kind, exc)
+            return False
+    return True
+
+
 def read_config(path: Path) -> dict[str, Any]:
-    """``config.json`` of a checkpoint directory; ConfigError when it is missing or names no model_type."""
+    """``config.json`` of a checkpoint directory; ConfigError when it is missing or names no model_type.
+
+    A diffusers pipeline directory has ``model_index.json`` instead: its ``_class_name`` (e.g. ``HeliosPipeline``)
+    is the model type.
+    """
     config_file = path / "config.json"
+    index_file = path / "model_index.json"
+    if not config_file.is_file() and index_file.is_file():
+        try:
+            index = json.loads(index_file.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read {index_file}: {exc}") from exc
+        if not isinstance(index, dict) or not isinstance(index.get("_class_name"), str):
+            raise ConfigError(f"{index_file} has no _class_name")
+        return {**index, "model_type": index["_class_name"]}
     if not config_file.is_file():
         raise ConfigError(f"{path} is not a checkpoint directory: {config_file.name} is missing")
     try:

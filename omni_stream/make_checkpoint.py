@@ -16,6 +16,13 @@ WRITERS: dict[str, str] = {
     "custom_voice": "omni_stream.models.qwen3_tts.checkpoint:make",
     "voice_design": "omni_stream.models.qwen3_tts.checkpoint:make",
     "base": "omni_stream.models.qwen3_tts.checkpoint:make",
+    "chat": "omni_stream.models.causal_lm.checkpoint:make",
+    "chat-llama": "omni_stream.models.causal_lm.checkpoint:make",
+    "asr": "omni_stream.models.whisper.checkpoint:make",
+    "image-edit": "omni_stream.models.diffusers_image.checkpoint:make",
+    "image-edit-qwen": "omni_stream.models.diffusers_image.checkpoint:make",
+    "image-generation": "omni_stream.models.diffusers_image.checkpoint:make",
+    "video": "omni_stream.models.helios.checkpoint:make",
 }
 
 

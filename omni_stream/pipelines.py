@@ -151,7 +151,7 @@ def build_speech_stream(models: ModelSet, request: SpeechRequest, ctx: RequestCo
     assert not isinstance(request.text, str)
     return Plan(
         (
-            StagePlan("units", text_units(request.split)),
+            StagePlan("units", text_units(request.split, family.info.max_input_chars)),
             StagePlan("speech", speak_units(family, request.for_text)),
         ),
         source=aiter(request.text),
@@ -170,7 +170,9 @@ def build_chat_speech(models: ModelSet, request: ChatRequest, ctx: RequestContex
     return Plan(
         (
             StagePlan("text", text.text_stage(request.text, ctx), emit=reply.with_text),
-            StagePlan("units", text_units(reply.split)),
+            StagePlan(
+                "units", text_units(reply.split, min(reply.max_unit_chars or 1 << 30, speech.info.max_input_chars))
+            ),
             StagePlan("speech", speak_units(speech, reply.request)),
         )
     )

@@ -12,6 +12,7 @@ import numpy as np
 
 from omni_stream.chunks import TextDelta
 from omni_stream.errors import InvalidRequestError
+from omni_stream.speech_limits import check_instructions, check_max_new_tokens, check_text
 
 _ids = itertools.count(1)
 
@@ -70,8 +71,12 @@ class VoicePrompt:
 class SpeechRequest:
     """One text-to-speech request, as the Python API, HTTP and WebSocket layers all build it.
 
-    Units: ``max_new_tokens`` in codec frames (80 ms each for 12 Hz models); ``ref_audio`` float32 mono at
-    ``ref_sample_rate`` Hz; ``initial_codec_chunk_frames`` frames in the first audio chunk (None = model default).
+    Units: ``max_new_tokens`` in codec frames (80 ms each for 12 Hz models; None: the frame budget of the
+    text, :func:`omni_stream.speech_limits.frame_budget`); ``ref_audio`` float32 mono at ``ref_sample_rate`` Hz;
+    ``initial_codec_chunk_frames`` frames in the first audio chunk (None = model default). ``voice`` None: the
+    model's default voice. ``non_streaming_mode`` (None: the model's default) picks the prompt layout where
+    the family has two (Qwen3-TTS: all text in the prefill, or one text token per step); families with one
+    refuse it. Bounds: :mod:`omni_stream.speech_limits`.
 
     ``text`` may stream: an async iterator of :class:`TextDelta` (an LLM's output, a realtime session's text) is
     split into sentences, each synthesized as its own request while the previous one plays (``split``).
@@ -89,10 +94,11 @@ class SpeechRequest:
     x_vector_only_mode: bool = False
     voice_prompt: VoicePrompt | None = None
     # Generation. Sampling None: the checkpoint's own defaults (generation_config.json).
-    max_new_tokens: int = 2048
+    max_new_tokens: int | None = None
     sampling: SamplingParams | None = None
     subtalker_sampling: SamplingParams | None = None
     seed: int | None = None
+    non_streaming_mode: bool | None = None
     # Streaming
     initial_codec_chunk_frames: int | None = None
     # Benchmarks only: never stop on EOS, always generate max_new_tokens frames.
@@ -104,12 +110,11 @@ class SpeechRequest:
 
     def __post_init__(self) -> None:
         if isinstance(self.text, str):
-            if not self.text.strip():
-                raise InvalidRequestError("input text must be a non-empty string", "input")
+            check_text(self.text)
         elif not hasattr(self.text, "__aiter__"):
             raise InvalidRequestError("input must be a string or an async iterator of TextDelta", "input")
-        if self.max_new_tokens < 1:
-            raise InvalidRequestError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}", "max_new_tokens")
+        check_instructions(self.instructions)
+        check_max_new_tokens(self.max_new_tokens)
         if self.initial_codec_chunk_frames is not None and self.initial_codec_chunk_frames < 1:
             raise InvalidRequestError(
                 f"initial_codec_chunk_frames must be >= 1, got {self.initial_codec_chunk_frames}",
@@ -191,6 +196,13 @@ class SpokenReply:
     initial_codec_chunk_frames: int | None = None
     split: str = "sentence"
     with_text: bool = True  # the consumer also gets the text model's deltas (else only transcripts and audio)
+    # A unit longer than this many characters is cut (at a sentence end, else a space) before it is spoken; None:
+    # the speech model's own limit. Lower it to bound the wait for the first audio when sentences run long.
+    max_unit_chars: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_unit_chars is not None and self.max_unit_chars < 1:
+            raise InvalidRequestError(f"max_unit_chars must be >= 1, got {self.max_unit_chars}", "max_unit_chars")
 
     def request(self, text: str, request_id: str) -> SpeechRequest:
         """The speech request for one unit of text."""

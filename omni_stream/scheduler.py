@@ -20,6 +20,7 @@ before its next step.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
 import logging
 import time
@@ -105,7 +106,9 @@ class Scheduler:
         self.stats = SchedulerStats()
         self.waiting: deque[Sequence] = deque()
         self.running: dict[int, Sequence] = {}
-        self.free_slots = list(range(model.max_batch_size - 1, -1, -1))  # pop() hands out slot 0 first
+        # A heap: the lowest free slot goes out first, so the rows a step computes (0..max slot) follow the
+        # live batch; last-freed-first would leave a lone request after a burst in a high slot for good.
+        self.free_slots = list(range(model.max_batch_size))
         self._sessions: dict[int, _Session] = {}
         self._released: list[Sequence] = []  # left the batch; model.release pending on the worker
         self._ids = itertools.count()
@@ -210,7 +213,7 @@ class Scheduler:
         budget = self._admission_budget()
         while self.waiting and self.free_slots and len(prefill) < budget:
             seq = self.waiting.popleft()
-            seq.slot = self.free_slots.pop()
+            seq.slot = heapq.heappop(self.free_slots)
             seq.state = RequestState.RUNNING
             self.running[seq.seq_id] = seq
             prefill.append(seq)
@@ -281,7 +284,7 @@ class Scheduler:
                 log.exception("%s: model.release failed for sequence %d", self.name, seq.seq_id)
         with self.lock:
             for seq in gone:
-                self.free_slots.append(seq.slot)
+                heapq.heappush(self.free_slots, seq.slot)
                 seq.slot = -1
             self._observe_queues()
 
@@ -344,7 +347,8 @@ class Scheduler:
                 self.model.release(seq)
             except Exception:
                 log.exception("%s: model.release failed for sequence %d", self.name, seq.seq_id)
-            self.free_slots.append(seq.slot)
+            if seq.slot >= 0:
+                heapq.heappush(self.free_slots, seq.slot)
             seq.slot = -1
         self._wake(sessions)
 

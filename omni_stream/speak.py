@@ -10,26 +10,43 @@ from pathlib import Path
 import anyio
 import numpy as np
 
+from omni_stream.cli import add_threads_argument, apply_threads
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("text", help="text to speak")
     parser.add_argument("-o", "--output", type=Path, default=Path("out.wav"), help="output file (default out.wav)")
     parser.add_argument("--model", default=None, help="checkpoint directory (default: the embedded tiny checkpoint)")
-    parser.add_argument("--voice", default=None, help="speaker name (CustomVoice checkpoints)")
+    parser.add_argument(
+        "--voice", default=None, help="speaker name (CustomVoice checkpoints; default: the model's first voice)"
+    )
     parser.add_argument("--language", default="Auto", help="language name or Auto (default Auto)")
     parser.add_argument("--instructions", default=None, help="style instructions (VoiceDesign requires them)")
     parser.add_argument("--task-type", default=None, choices=["CustomVoice", "VoiceDesign", "Base"])
     parser.add_argument("--ref-audio", type=Path, default=None, help="reference audio file (Base cloning)")
     parser.add_argument("--ref-text", default=None, help="transcript of --ref-audio (in-context cloning)")
-    parser.add_argument("--max-new-tokens", type=int, default=2048, help="maximum codec frames (80 ms each)")
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="maximum codec frames, 80 ms each (default: 25 + 3 per character of text, at most 4096)",
+    )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: float32 on CPU)")
+    add_threads_argument(parser)
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 async def _speak(args: argparse.Namespace) -> int:
-    from omni_stream.engine import AsyncEngine
+    from omni_stream.engine import AsyncEngine, ModelSource
+    from omni_stream.family import ModelKind
     from omni_stream.requests import GREEDY, SpeechRequest, TaskType
 
     ref_audio = None
@@ -54,7 +71,9 @@ async def _speak(args: argparse.Namespace) -> int:
         subtalker_sampling=sampling,
         seed=args.seed,
     )
-    async with await AsyncEngine.from_pretrained(args.model, device=args.device, dtype=args.dtype) as engine:
+    # Without --model only the embedded speech model: speaking needs no other default (a video model, ...).
+    model = ModelSource(Path(args.model)) if args.model else ModelSource(kind=ModelKind.SPEECH)
+    async with await AsyncEngine.load({"model": model}, device=args.device, dtype=args.dtype) as engine:
         pieces: list[np.ndarray] = []
         async with engine.speech(request) as stream:
             async for audio in stream:
@@ -62,6 +81,7 @@ async def _speak(args: argparse.Namespace) -> int:
             timings = stream.timings
         wav = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
         rate = engine.speech_info.sample_rate
+        threads = await engine.worker.submit(_torch_threads)  # as the device worker's thread sees it
 
     import soundfile as sf
 
@@ -71,7 +91,7 @@ async def _speak(args: argparse.Namespace) -> int:
     print(
         f"wrote {args.output}: {len(wav) / rate:.2f} s of audio at {rate} Hz"
         + (f", first audio after {ttfa * 1000:.0f} ms" if ttfa is not None else "")
-        + f", {elapsed:.2f} s total",
+        + f", {elapsed:.2f} s total, {threads} torch threads",
         file=sys.stderr,
     )
     return 0
@@ -80,6 +100,7 @@ async def _speak(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     from omni_stream.errors import OmniStreamError
 
+    apply_threads(args)
     try:
         return anyio.run(_speak, args)
     except OmniStreamError as exc:

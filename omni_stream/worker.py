@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
@@ -31,6 +32,34 @@ from omni_stream.errors import EngineClosed
 log = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT = 60.0  # seconds aclose() waits for the step in progress (model steps take milliseconds)
+ENV_THREADS = "OMNI_STREAM_THREADS"  # intra-op threads of model work (``serve``/``speak --threads`` set it)
+
+
+def intra_op_threads(cpus: int) -> int:
+    """Torch intra-op threads for a machine of ``cpus`` usable cores: all but one, which the event loop keeps.
+
+    Torch's own default (every core) makes many concurrent streams slower than one thread on small machines:
+    the loop, the encoders and the worker's kernels then fight for the same cores.
+    """
+    return max(1, cpus - 1)
+
+
+def usable_cpus() -> int:
+    """Cores this process may run on (its CPU affinity where the platform tells it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def configured_threads(env: dict[str, str] | None = None, cpus: int | None = None) -> int:
+    """Threads from ``$OMNI_STREAM_THREADS`` when set (a positive integer), else :func:`intra_op_threads`."""
+    value = (os.environ if env is None else env).get(ENV_THREADS, "").strip()
+    if value:
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"{ENV_THREADS} must be a positive integer, got {value!r}")
+        return int(value)
+    return intra_op_threads(usable_cpus() if cpus is None else cpus)
 
 
 class StepSource(Protocol):
@@ -79,10 +108,18 @@ def _deliver(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], resul
 class DeviceWorker:
     """One thread for one device. ``start()`` it, ``close()`` (blocking) or ``await aclose()`` to stop."""
 
-    def __init__(self, name: str = "omni-stream-device", init: Callable[[], None] | None = None) -> None:
-        """``init`` runs first on the worker thread (thread-local device state, e.g. its own CUDA stream)."""
+    def __init__(
+        self, name: str = "omni-stream-device", init: Callable[[], None] | None = None, *, threads: int | None = None
+    ) -> None:
+        """``init`` runs first on the worker thread (thread-local device state, e.g. its own CUDA stream).
+
+        ``threads``: torch intra-op threads, set when the thread starts (None: :func:`configured_threads`).
+        """
         self.name = name
         self._init = init
+        self.threads = configured_threads() if threads is None else threads
+        if self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
         self.cond = threading.Condition()
         self.thread_id: int | None = None
         self._jobs: deque[_Job] = deque()
@@ -177,6 +214,12 @@ class DeviceWorker:
 
     def _main(self) -> None:
         self.thread_id = threading.get_ident()
+        try:
+            import torch
+
+            torch.set_num_threads(self.threads)
+        except Exception:  # no torch: model work brings its own threading
+            log.debug("device worker %s: torch threads not set", self.name, exc_info=True)
         if self._init is not None:
             try:
                 self._init()

@@ -14,11 +14,20 @@ from omni_stream import codecs
 BIT_DEPTH = 16  # the PCM the encoders are fed
 
 
-def audio_headers(sample_rate: int) -> dict[str, str]:
-    """``X-Sample-Rate``, ``X-Channels``, ``X-Bit-Depth`` for every audio response."""
-    return {"X-Sample-Rate": str(sample_rate), "X-Channels": "1", "X-Bit-Depth": str(BIT_DEPTH)}
+def audio_headers(sample_rate: int, requested: int | None = None) -> dict[str, str]:
+    """``X-Sample-Rate``, ``X-Channels``, ``X-Bit-Depth`` for every audio response.
+
+    When the client asked for a ``sample_rate`` the format cannot carry (mp3 codes 11000 Hz at 11025 Hz,
+    opus always decodes at 48000 Hz), ``X-Requested-Sample-Rate`` says what was asked beside what was sent.
+    """
+    headers = {"X-Sample-Rate": str(sample_rate), "X-Channels": "1", "X-Bit-Depth": str(BIT_DEPTH)}
+    if requested is not None and requested != sample_rate:
+        headers["X-Requested-Sample-Rate"] = str(requested)
+    return headers
 
 
+# Compressed formats whose readers want one audio packet (an empty mp3 or aac is 0 bytes, opus and flac headers only).
+NEEDS_A_PACKET = ("mp3", "aac", "opus", "flac")
 # Opus always decodes at 48 kHz (RFC 7845 5.1: the rate in OpusHead is the encoder's input, not for playback).
 DECODED_RATES = {"opus": 48000}
 
@@ -88,4 +97,9 @@ def encode_whole(
     rate = dst_rate or src_rate
     if rate != src_rate:
         samples = codecs.resample(samples, src_rate, rate)
+    if samples.size == 0 and fmt in NEEDS_A_PACKET:
+        # No audio at all (max_new_tokens=1 can end before the first frame). A wav file of no samples
+        # is valid, and pcm is simply empty; these formats need one audio packet, so the answer is the shortest
+        # valid file, one codec frame of silence, never a body of 0 bytes or of headers alone.
+        samples = np.zeros(1, np.float32)
     return codecs.encode_whole(fmt, samples, rate), output_rate(fmt, rate)

@@ -24,11 +24,15 @@ def offered_subprotocols(headers: Headers) -> list[str]:
 
 
 def select_subprotocol(offered: list[str]) -> str | None:
-    """The subprotocol to accept: browsers fail the handshake unless the server echoes one they offered."""
-    if not offered:
-        return None
+    """The subprotocol to accept: the first key-free one the client offered, never a key.
+
+    Browsers fail the handshake unless the server echoes a subprotocol they offered, so a browser that
+    carries the key in ``openai-insecure-api-key.KEY`` offers a key-free one beside it (``realtime``, as
+    OpenAI's clients do) and that one is echoed. A client that offers only the key gets no subprotocol back:
+    echoing it would write the key into every proxy's and browser's logs of the response headers.
+    """
     plain = [p for p in offered if not p.startswith(KEY_PROTOCOL_PREFIX)]
-    return plain[0] if plain else offered[0]
+    return plain[0] if plain else None
 
 
 def presented_keys(headers: Headers, websocket: bool) -> list[str]:

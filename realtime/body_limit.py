@@ -1,4 +1,4 @@
-"""Request bodies read through a byte limit: refused (400) before more than the limit is buffered."""
+"""Request bodies read through a byte limit: refused (400) before more than the limit is buffered; JSON parsing."""
 
 from __future__ import annotations
 
@@ -52,10 +52,10 @@ def limited(request: Request, limit: int, param: str | None = None) -> Request:
     return Request(request.scope, counting_receive(request.receive, limit, param))
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, at most ``limit`` bytes (400 otherwise, chunked transfer included)."""
+async def read_body(request: Request, limit: int, param: str | None = None) -> bytes:
+    """The whole body, at most ``limit`` bytes (400 naming ``param`` otherwise, chunked transfer included)."""
     chunks: list[bytes] = []
-    async for chunk in limited(request, limit).stream():
+    async for chunk in limited(request, limit, param).stream():
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -79,12 +79,27 @@ async def drain(receive: Receive, error: BaseException) -> None:
                 return
 
 
+MAX_NUMBER_DIGITS = 40  # a JSON integer longer than this is no field's value (int64 has 19 digits)
+
+
+def _parse_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_NUMBER_DIGITS:
+        raise ValueError(f"a number has {digits} digits (at most {MAX_NUMBER_DIGITS})")
+    return int(text)
+
+
+def parse_json(body: bytes | str) -> Any:
+    """``json.loads`` that refuses absurdly long integers in its own words, not Python's int-digits message."""
+    return json.loads(body, parse_int=_parse_int)
+
+
 async def read_json(request: Request, limit: int) -> Any:
     """The body as JSON, at most ``limit`` bytes; 400 when it is empty, too large or not JSON."""
     body = await read_body(request, limit)
     if not body:
         raise ApiError(400, "Request body is empty: expected a JSON object")
     try:
-        return json.loads(body)
+        return parse_json(body)
     except (ValueError, RecursionError) as exc:  # ValueError covers JSON and UTF-8 errors; too deep nesting
         raise ApiError(400, f"Request body is not valid JSON: {exc}") from exc

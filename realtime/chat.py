@@ -6,7 +6,9 @@ Text only: ``stream=true`` sends ``chat.completion.chunk`` objects as ``data:`` 
 is synthesized while the current one streams), and arrives in the same stream as OpenAI's audio-output deltas:
 ``choices[0].delta.audio {id, transcript}`` when a sentence starts and ``{id, data}`` (base64 PCM16 LE mono at the
 speech model's rate, 24 kHz) for its audio, interleaved with the text deltas; non-streamed, ``message.audio {id,
-data, transcript, expires_at}`` in ``audio.format``. The first output is awaited before the status line, so a
+data, transcript, expires_at}`` in ``audio.format``. Extension: ``audio.max_sentence_chars`` cuts spoken units at
+that many characters (at a sentence end, else a space), so a long first sentence does not hold back the first
+audio. The first output is awaited before the status line, so a
 request the model refuses (a prompt longer than its context) is a 400, not a broken stream; a failure after that
 is an in-band ``{"error": ...}`` chunk then ``[DONE]``. A client that leaves cancels every model's request.
 """
@@ -68,7 +70,7 @@ def _chat_request(engine: AsyncEngine, opts: ChatOptions) -> ChatRequest:
     if not engine.has_speech:
         raise ApiError(400, "Audio output needs a speech model, and this server has none loaded", "modalities")
     voice = opts.voice or engine.speech_info.default_voice
-    return ChatRequest(text, speech=SpokenReply(voice=voice))
+    return ChatRequest(text, speech=SpokenReply(voice=voice, max_unit_chars=opts.max_sentence_chars))
 
 
 @dataclass(slots=True)

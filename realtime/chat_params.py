@@ -22,6 +22,7 @@ MODALITIES = ("text", "audio")
 AUDIO_FORMATS = ("pcm16", "wav", "mp3", "flac", "opus", "aac")
 STREAM_AUDIO_FORMATS = ("pcm16",)  # base64 PCM16 deltas; whole-file formats only fit a non-streamed reply
 MAX_STOP = 4
+MIN_SENTENCE_CHARS, MAX_SENTENCE_CHARS = 8, 4096
 MAX_TOKENS = 1 << 20  # a wire bound; the model's context is the real one
 # Fields OpenAI defines that this server does not implement: sent with a non-default value they are a 400,
 # never silently ignored.
@@ -54,6 +55,7 @@ class ChatOptions:
     include_usage: bool = False
     voice: str | None = None
     audio_format: str | None = None
+    max_sentence_chars: int | None = None  # extension: spoken units are cut at this many characters
     ignore_eos: bool = False
 
     @property
@@ -162,7 +164,7 @@ def _stop(value: Any) -> tuple[str, ...]:
     return tuple(check_utf8(s, "stop") for s in items)
 
 
-def _audio(body: dict[str, Any], stream: bool) -> tuple[str | None, str | None]:
+def _audio(body: dict[str, Any], stream: bool) -> tuple[str | None, str | None, int | None]:
     modalities = body.get("modalities")
     if modalities is None:
         modalities = ["text"]
@@ -177,7 +179,7 @@ def _audio(body: dict[str, Any], stream: bool) -> tuple[str | None, str | None]:
     if "audio" not in modalities:
         if audio is not None:
             raise bad_request("'audio' is set but 'modalities' does not include 'audio'", "audio")
-        return None, None
+        return None, None, None
     if not isinstance(audio, dict):
         raise bad_request("'audio' ({\"voice\", \"format\"}) is required when 'modalities' includes 'audio'", "audio")
     voice = audio.get("voice")
@@ -189,7 +191,10 @@ def _audio(body: dict[str, Any], stream: bool) -> tuple[str | None, str | None]:
         choices = ", ".join(f"'{f}'" for f in allowed)
         mode = "a streamed" if stream else "a"
         raise bad_request(f"'audio.format' must be one of {choices} for {mode} reply, got {fmt!r}", "audio.format")
-    return (voice.strip().lower() or None) if voice is not None else None, fmt
+    # Extension: the longest unit spoken at once (characters); a long first sentence is cut so audio starts sooner.
+    key = "audio.max_sentence_chars"
+    max_chars = _int({key: audio.get("max_sentence_chars")}, key, MIN_SENTENCE_CHARS, MAX_SENTENCE_CHARS)
+    return (voice.strip().lower() or None) if voice is not None else None, fmt, max_chars
 
 
 def parse_chat(body: Any, settings: Settings) -> ChatOptions:
@@ -219,7 +224,7 @@ def parse_chat(body: Any, settings: Settings) -> ChatOptions:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_request(f"'model' must be a string, got {_type(model)}", "model")
-    voice, audio_format = _audio(body, stream)
+    voice, audio_format, max_sentence_chars = _audio(body, stream)
     ignore_eos = False
     if "ignore_eos" in body:
         if not settings.enable_benchmark_fields:
@@ -241,5 +246,6 @@ def parse_chat(body: Any, settings: Settings) -> ChatOptions:
         include_usage=include_usage,
         voice=voice,
         audio_format=audio_format,
+        max_sentence_chars=max_sentence_chars,
         ignore_eos=ignore_eos,
     )

@@ -40,7 +40,8 @@ AUTOSCALE_TARGET = 0.7  # target ongoing requests per replica, as a share of the
 class EngineSpec:
     """What each replica loads (the ``serve`` engine flags). ``dtype``: float32 | bfloat16 | float16 | None."""
 
-    model: str | None = None  # a local checkpoint directory; None: the embedded tiny checkpoint
+    models: tuple[str, ...] = ()  # local checkpoint directories (one per kind); none: the embedded tiny models
+    llm: tuple[tuple[str, Any], ...] = ()  # the text model's from_pretrained keywords (serve's --llm flags)
     device: str = "cpu"
     dtype: str | None = None
     load_format: str = "auto"
@@ -53,7 +54,8 @@ class EngineSpec:
         from omni_stream.engine import AsyncEngine
 
         return await AsyncEngine.from_pretrained(
-            self.model,
+            list(self.models),
+            **dict(self.llm),
             device=self.device,
             dtype=_dtype(self.dtype),
             load_format=self.load_format,
@@ -247,9 +249,10 @@ def options_from_args(args: argparse.Namespace) -> RayOptions:
     )
 
 
-def engine_from_args(args: argparse.Namespace, model: str | None) -> EngineSpec:
+def engine_from_args(args: argparse.Namespace, models: list[str], llm: dict[str, Any]) -> EngineSpec:
     return EngineSpec(
-        model=model,
+        models=tuple(models),
+        llm=tuple(llm.items()),
         device=args.device,
         dtype=args.dtype,
         load_format=args.load_format,
@@ -282,7 +285,7 @@ def shortfall(opts: RayOptions, resources: dict[str, float]) -> str | None:
     return None
 
 
-def run(args: argparse.Namespace, settings: Settings, model: str | None) -> int:
+def run(args: argparse.Namespace, settings: Settings, models: list[str], llm: dict[str, Any]) -> int:
     """Deploy, then serve until SIGINT/SIGTERM; the app is deleted (and a local cluster stopped) at the end."""
     try:
         from ray import serve
@@ -304,7 +307,7 @@ def run(args: argparse.Namespace, settings: Settings, model: str | None) -> int:
             print(f"omni-stream serve --ray: waiting for the cluster to grow: {problem}", flush=True)
         if opts.address is not None and settings.voices_dir is not None:
             print(f"omni-stream serve --ray: voices dir {settings.voices_dir} must be shared by every node")
-        app = build_application(engine_from_args(args, model), settings, opts)
+        app = build_application(engine_from_args(args, models, llm), settings, opts)
         serve.run(app, name=APP_NAME, route_prefix="/")
         scale = f"{opts.autoscale[0]}-{opts.autoscale[1]}" if opts.autoscale else str(opts.replicas)
         print(f"omni-stream serve --ray: {scale} replica(s) listening on http://{opts.host}:{opts.port}", flush=True)

@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from omni_stream.realtime import ray_serve
+from omni_stream.realtime import llm_flags, ray_serve
 from omni_stream.realtime.settings import Settings, default_voices_dir
 
+from omni_stream.cli import add_threads_argument, apply_threads
 from omni_stream.pacing import DEFAULT_AHEAD
 
 log = logging.getLogger("omni_stream.realtime.server")
@@ -20,7 +21,13 @@ log = logging.getLogger("omni_stream.realtime.server")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``serve`` options."""
-    parser.add_argument("--model", default=None, help="checkpoint directory or hub id (default: embedded tiny model)")
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        help="checkpoint directory or hub id, of any kind (speech, transcription, image, video, text); repeat it "
+        "to serve several kinds together (default: the embedded tiny model of every kind)",
+    )
     parser.add_argument("--served-model-name", default=None, help="model id clients send (default: the model's name)")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s)")
@@ -50,6 +57,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="accept benchmark-only speech fields (ignore_eos: always generate max_new_tokens frames); "
         "without it they are a 400. Never on production servers",
     )
+    parser.add_argument(
+        "--legacy-stream-raw",
+        action="store_true",
+        help="stream=true without stream_format streams raw pcm/wav bytes, as vLLM-Omni did before SSE (its "
+        "bench_tts_serve.py and fastrtc demo read those bytes as PCM); default: SSE",
+    )
+    add_threads_argument(parser)
+    parser.add_argument(
+        "--rtc-ice-servers",
+        default="",
+        help="comma-separated STUN/TURN URLs for WebRTC (/rtc), e.g. stun:host:3478,turn:user:pass@host:3478 "
+        "(default: none, host candidates only)",
+    )
+    parser.add_argument(
+        "--rtc-concurrency-limit", type=int, default=8, help="WebRTC sessions at once (default: %(default)s)"
+    )
     parser.add_argument("--log-level", default="info", help="uvicorn log level (default: %(default)s)")
     parser.add_argument(
         "--pace-streams",
@@ -60,6 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: 2 with --ray, else off)",
     )
     ray_serve.add_arguments(parser)
+    # --- language model (--llm, --llm-backend, --llm-arg, --llm-endpoint, ...) ---
+    llm_flags.add_arguments(parser)
 
 
 def _seconds_or_off(text: str) -> float | str:
@@ -78,10 +103,10 @@ class ModelNotFound(Exception):
     """``--model`` names neither a directory nor a hub id present in the local cache."""
 
 
-def resolve_model(model: str | None) -> str | None:
+def resolve_model(model: str) -> str:
     """A local directory as is; anything else is a hub id looked up in the local HF cache only (never downloaded)."""
-    if model is None or Path(model).expanduser().exists():
-        return None if model is None else str(Path(model).expanduser())
+    if Path(model).expanduser().exists():
+        return str(Path(model).expanduser())
     try:
         from huggingface_hub import snapshot_download
         from huggingface_hub.constants import HF_HUB_CACHE
@@ -119,6 +144,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         allow_remote_media=args.allow_remote_media,
         enable_benchmark_fields=args.enable_benchmark_fields,
         pace_streams_seconds=_pace(args),
+        legacy_stream_raw=args.legacy_stream_raw,
+        rtc_ice_servers=tuple(url.strip() for url in args.rtc_ice_servers.split(",") if url.strip()),
+        rtc_concurrency_limit=args.rtc_concurrency_limit,
     )
 
 
@@ -131,6 +159,18 @@ def _pace(args: argparse.Namespace) -> float | None:
     return float(args.pace_streams)
 
 
+def banner_notes(settings: Settings) -> list[str]:
+    """What the serve banner says about access and wire modes (pure, for tests)."""
+    notes = []
+    if settings.api_key:
+        notes.append("API key required on /v1 routes (Authorization: Bearer, or the WebSocket subprotocol)")
+    else:
+        notes.append("no API key: /v1 routes are open (set --api-key or OMNI_STREAM_API_KEY)")
+    if settings.legacy_stream_raw:
+        notes.append("stream=true streams raw audio bytes (--legacy-stream-raw), not SSE")
+    return notes
+
+
 def run(args: argparse.Namespace) -> int:
     """Load the model (with a progress bar), then serve until SIGINT/SIGTERM (graceful shutdown)."""
     import uvicorn
@@ -140,45 +180,61 @@ def run(args: argparse.Namespace) -> int:
     from omni_stream.engine import AsyncEngine
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    apply_threads(args)
     settings = settings_from_args(args)
     dtype = _dtype(args.dtype)
     try:
-        model = resolve_model(args.model)
+        models = [resolve_model(m) for m in args.model or ()]
     except ModelNotFound as exc:
         print(f"omni-stream serve: cannot find model: {exc}", file=sys.stderr)
         return 2
-    if model is None:
-        print("omni-stream serve: no --model given: serving the embedded tiny checkpoint (random weights)")
+    llm = llm_flags.engine_options(args)  # language model: --llm / --llm-endpoint and their backend
+    if not models and not llm:
+        print("omni-stream serve: no --model given: serving the embedded tiny model of every kind (random weights)")
     if args.load_format == "dummy":
         print("omni-stream serve: --load-format dummy: random weights, the audio is noise (benchmarks only)")
     if settings.enable_benchmark_fields:
         print("omni-stream serve: benchmark fields enabled (ignore_eos): not for production", flush=True)
+    for note in banner_notes(settings):
+        print(f"omni-stream serve: {note}", flush=True)
     if args.ray:
-        return ray_serve.run(args, settings, model)
+        return ray_serve.run(args, settings, models, llm)
     if args.replicas is not None or args.autoscale is not None or args.ray_address is not None:
         print("omni-stream serve: --replicas, --autoscale and --ray-address need --ray", file=sys.stderr)
         return 2
 
     async def load() -> Any:
-        print(f"omni-stream serve: loading {model or 'embedded tiny checkpoint'} on {args.device} ...", flush=True)
+        what = ", ".join([*models, *([str(llm.get("llm") or llm.get("llm_endpoint"))] if llm else [])])
+        print(f"omni-stream serve: loading {what or 'the embedded tiny models'} on {args.device} ...", flush=True)
         engine = await AsyncEngine.from_pretrained(
-            model,
+            models,
             device=args.device,
             dtype=dtype,
             load_format=args.load_format,
             max_batch_size=args.max_concurrency,
             progress=True,
+            **llm,
         )
         loaded = ", ".join(f"{f.info.model_name} ({f.info.kind}, {f.info.model_type})" for f in engine.models)
+        threads = await engine.worker.submit(_torch_threads)  # as the device worker's thread sees it
+        auth = "API key required" if settings.api_key else "no API key"
         print(
-            f"omni-stream serve: loaded {loaded}; voices dir {settings.voices_dir}; "
+            f"omni-stream serve: loaded {loaded}; voices dir {settings.voices_dir}; {threads} torch threads; {auth}; "
             f"listening on http://{args.host}:{args.port}",
             flush=True,
         )
         return engine
 
     app = create_app(load, settings)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10)
+    # ws_max_size: a 15 MiB realtime audio append is 20 MiB of base64 in one message
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=10,
+        ws_max_size=32 * 1024 * 1024,
+    )
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal: end with status 0 instead.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -186,6 +242,12 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def _interrupt(signum: int, frame: Any) -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import platformdirs
 
@@ -11,14 +14,31 @@ SPEECH_FORMATS = ("wav", "pcm", "flac", "mp3", "opus", "aac")
 STREAM_FORMATS = ("pcm", "wav")
 
 
-def default_voices_dir() -> Path:
-    """Where uploaded voices live unless ``--voices-dir`` says otherwise (the user cache dir)."""
-    return Path(platformdirs.user_cache_dir("omni-stream")) / "voices"
+ENV_CACHE = "OMNI_STREAM_CACHE"  # moves the embedded checkpoint and the default voices dir together
+BATCH_MAX_ITEMS = 32  # items of one POST /v1/audio/speech/batch (vLLM-Omni's default)
+
+
+def silero_vad(params: Any) -> Any:
+    """The default server VAD: one silero-vad detector per session (the model ships in its wheel)."""
+    from omni_stream.models.silero_vad import SileroVad
+
+    return SileroVad(params)
+
+
+def default_voices_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where uploaded voices live unless ``--voices-dir`` says otherwise: ``$OMNI_STREAM_CACHE/voices``, else
+    ``voices`` in the user cache dir (the embedded tiny checkpoint lives beside it)."""
+    cache = (os.environ if env is None else env).get(ENV_CACHE)
+    return Path(cache or platformdirs.user_cache_dir("omni-stream")) / "voices"
 
 
 @dataclass(slots=True, frozen=True)
 class Settings:
-    """Everything the serving layer needs besides the engine. Sizes in bytes, durations in seconds."""
+    """Everything the serving layer needs besides the engine. Sizes in bytes, durations in seconds.
+
+    Request bounds (text length, instructions, ``max_new_tokens``, reference audio seconds) are the engine's,
+    in :mod:`omni_stream.speech_limits`; the limits here are the wire's (bodies, messages, uploads, queues).
+    """
 
     # Identity and access
     model_name: str | None = None  # the served model id; None: the engine's own model name
@@ -26,17 +46,14 @@ class Settings:
     voices_dir: Path | None = None  # None: no persistence (voices live in memory only)
     static_dir: Path | None = None  # None: realtime/static when it exists
     # Limits
-    max_input_chars: int = 4096
-    max_instructions_chars: int = 500
-    max_new_tokens: int = 4096
-    min_ref_seconds: float = 1.0
-    max_ref_seconds: float = 30.0
     max_upload_bytes: int = 10 * 1024 * 1024
     max_voices: int = 1000
     max_ws_text_bytes: int = 128 * 1024
     max_ws_config_bytes: int = 4 * 1024 * 1024
     max_ws_pending_chars: int = 100_000  # text buffered in an open utterance, waiting for a unit boundary
     max_ws_queued_units: int = 64  # units of a session queued or synthesizing; more is refused until some finish
+    max_ws_uncommitted_chars: int = 400  # text_input_mode="commitment": held text past this is committed anyway
+    batch_max_items: int = BATCH_MAX_ITEMS
     # Reference audio sources: file paths only under this directory; URLs only when allowed
     allowed_local_media_path: Path | None = None
     allow_remote_media: bool = False
@@ -49,8 +66,29 @@ class Settings:
     pace_streams_seconds: float | None = None
     # Set per replica when several serve one address: a ``replica`` label on /metrics, an x-omni-stream-replica header
     replica_id: str | None = None
+    # Images (POST /v1/images/*): bytes per uploaded file, decoded pixels per image, files per request
+    max_image_bytes: int = 10 * 1024 * 1024
+    max_image_pixels: int = 4096 * 4096
+    max_image_files: int = 4  # input images and the mask
+    # Video WebSocket (/v1/realtime/video): session.start within this many seconds; a session with neither
+    # generation progress nor a client ping for video_stall_timeout seconds is ended with a stall error
+    video_start_timeout: float = 10.0
+    video_stall_timeout: float = 60.0
     # Benchmark-only request fields (``ignore_eos``): off on production servers, where they are a 400
     enable_benchmark_fields: bool = False
+    # vLLM-Omni compatibility: ``stream=true`` without ``stream_format`` streams raw audio bytes, as vLLM-Omni
+    # did before it switched to SSE (its bench_tts_serve.py and fastrtc demo count those bytes as PCM).
+    legacy_stream_raw: bool = False
+    # Realtime sessions (WS /v1/realtime and WebRTC)
+    # VadParams -> VoiceActivityDetector for server_vad turn detection; None: manual commits only
+    vad_factory: Callable[[Any], Any] | None = silero_vad
+    realtime_max_append_bytes: int = 15 * 1024 * 1024  # decoded audio per input_audio_buffer.append
+    realtime_max_buffer_seconds: float = 300.0  # input audio a session holds before a commit
+    realtime_max_items: int = 256  # conversation items kept (the oldest go first)
+    realtime_session_seconds: float = 3600.0  # then error session_expired and close
+    realtime_run_ahead_seconds: float = 2.0  # audio sent ahead of the client's real-time playback
+    rtc_concurrency_limit: int = 8  # WebRTC sessions at once (fastrtc answers more with concurrency_limit_reached)
+    rtc_ice_servers: tuple[str, ...] = ()  # STUN/TURN URLs for WebRTC; none: host candidates only
 
     @property
     def max_speech_body_bytes(self) -> int:
@@ -58,11 +96,12 @@ class Settings:
         return -(-self.max_upload_bytes * 4 // 3) + 64 * 1024
 
     def __post_init__(self) -> None:
-        if self.max_input_chars < 1 or self.max_new_tokens < 1 or self.max_voices < 0 or self.max_ws_queued_units < 1:
+        if self.max_voices < 0 or self.max_ws_queued_units < 1 or self.batch_max_items < 1:
             raise ValueError("limits must be positive")
-        if not 0 < self.min_ref_seconds <= self.max_ref_seconds:
-            raise ValueError("min_ref_seconds must be in (0, max_ref_seconds]")
-        if self.ws_config_timeout <= 0 or self.ws_idle_timeout <= 0:
+        if self.max_ws_uncommitted_chars < 1:
+            raise ValueError("max_ws_uncommitted_chars must be positive")
+        timeouts = (self.ws_config_timeout, self.ws_idle_timeout, self.video_start_timeout, self.video_stall_timeout)
+        if min(timeouts) <= 0:
             raise ValueError("WebSocket timeouts must be positive")
         if self.pace_streams_seconds is not None and self.pace_streams_seconds < 0:
             raise ValueError("pace_streams_seconds must be >= 0 (None: not paced)")

@@ -16,12 +16,24 @@ from omni_stream.realtime.speech_params import SpeechOptions
 from omni_stream.realtime.state import ServerState
 
 from omni_stream import codecs
-from omni_stream.requests import SpeechRequest, TaskType
+from omni_stream.errors import UnsupportedTaskError
+from omni_stream.requests import SpeechRequest, TaskType, VoicePrompt
+from omni_stream.speech_limits import (
+    MAX_REF_SECONDS,
+    check_instructions,
+    check_max_new_tokens,
+    check_ref_seconds,
+    check_text,
+    family_label,
+    unsupported_task_message,
+)
 
 
 def supported_voices(state: ServerState) -> list[str]:
-    """Sorted lower-case names of built-in and uploaded voices."""
-    names = {v.lower() for v in state.ready_engine.speech_info.voices} | {v.key for v in state.voices.voices()}
+    """Sorted lower-case names of the voices the model offers: built-in ones, and uploaded ones when it clones."""
+    names = {v.lower() for v in state.ready_engine.speech_info.voices}
+    if can_clone(state):
+        names |= {v.key for v in state.voices.voices()}
     return sorted(names)
 
 
@@ -39,24 +51,45 @@ def _builtin_voice(state: ServerState, name: str) -> str | None:
 
 
 async def decode_reference(state: ServerState, data: bytes, param: str) -> tuple[np.ndarray, int]:
-    """Decode reference audio off the loop at the engine's rate; 400 unless it lasts ``min_ref..max_ref`` seconds."""
-    settings = state.settings
+    """Decode reference audio off the loop at the engine's rate; 400 unless its length is within the engine's
+    bounds (:func:`omni_stream.speech_limits.check_ref_seconds`)."""
     rate = state.ready_engine.speech_info.sample_rate
 
     def decode() -> tuple[np.ndarray, float]:
-        return codecs.decode_audio(data, rate, max_seconds=settings.max_ref_seconds + 1.0)
+        return codecs.decode_audio(data, rate, max_seconds=MAX_REF_SECONDS + 1.0)
 
     try:
         samples, seconds = await anyio.to_thread.run_sync(decode)
     except ValueError as exc:
+        if "longer than" in str(exc):  # the decoder stopped past the bound: say so in the engine's words
+            check_ref_seconds(MAX_REF_SECONDS + 1.0, param)
         raise bad_request(f"Could not decode '{param}': {exc}", param) from exc
-    if not settings.min_ref_seconds <= seconds <= settings.max_ref_seconds:
-        raise bad_request(
-            f"'{param}' must last {settings.min_ref_seconds:g} to {settings.max_ref_seconds:g} seconds, "
-            f"got {seconds:.2f} s",
-            param,
-        )
+    check_ref_seconds(seconds, param)
     return samples, rate
+
+
+def can_clone(state: ServerState) -> bool:
+    """Whether the loaded checkpoint clones voices (uploaded voices need a Base task)."""
+    return TaskType.BASE in tuple(TaskType(t) for t in state.ready_engine.speech_info.task_types)
+
+
+def check_task(state: ServerState, task: TaskType) -> None:
+    """400 naming ``task_type`` and the checkpoint's kind when the checkpoint cannot do ``task`` (vLLM-Omni's words)."""
+    info = state.ready_engine.speech_info
+    offered = tuple(TaskType(t) for t in info.task_types)
+    if offered and task not in offered:
+        message = unsupported_task_message(
+            family_label(info.model_type),
+            TaskType(info.default_task).value,
+            task.value,
+            tuple(t.value for t in offered),
+        )
+        raise UnsupportedTaskError(message, "task_type")
+
+
+def check_request(state: ServerState, request: SpeechRequest) -> None:
+    """The engine's own checks of ``request`` (voices, tasks, the family's fields), without starting it."""
+    state.ready_engine.models.speech().check_request(request)
 
 
 async def load_ref_audio(state: ServerState, ref: str) -> bytes:
@@ -134,10 +167,18 @@ async def _fetch(url: str, limit: int, seconds: float) -> bytes:
 
 
 async def build_request(state: ServerState, opts: SpeechOptions, text: str) -> SpeechRequest:
-    """The engine request for ``text`` under ``opts``; 400 for an unknown voice or a task the model lacks."""
-    info = state.ready_engine.speech_info
+    """The engine request for ``text`` under ``opts``; 400 for an unknown voice or a task the model lacks.
+
+    Checks that need nothing decoded come first: the engine's bounds on the text, a task the checkpoint
+    cannot do, the voice; reference audio is decoded last.
+    """
+    check_text(text)
+    check_instructions(opts.instructions)
+    check_max_new_tokens(opts.max_new_tokens)
     fields: dict = {"text": text, "language": opts.language, "instructions": opts.instructions}
     task = opts.task_type
+    if task is not None:
+        check_task(state, task)
     if opts.voice is not None:
         uploaded = state.voices.get(opts.voice)
         builtin = _builtin_voice(state, opts.voice)
@@ -145,44 +186,56 @@ async def build_request(state: ServerState, opts: SpeechOptions, text: str) -> S
             uploaded = await anyio.to_thread.run_sync(state.voices.refresh, opts.voice)
         if builtin is not None and uploaded is None:
             fields["voice"] = builtin
+        elif uploaded is not None and not can_clone(state):
+            raise bad_request(
+                f"Voice '{opts.voice}' is an uploaded voice for cloning, which this checkpoint cannot do "
+                f"(it offers {', '.join(supported_voices(state)) or 'no voices'}); load a Base checkpoint to use it",
+                "voice",
+            )
         elif uploaded is not None:
             task = task or TaskType.BASE
+            check_task(state, task)
             prompt = uploaded.prompt if uploaded.prompt_model == model_key(state) else None
-            if prompt is not None and not opts.x_vector_only_mode:
+            if prompt is not None and uploaded.samples.size == 0:  # uploaded as a speaker embedding
+                fields["voice_prompt"] = prompt
+                fields["x_vector_only_mode"] = True
+            elif prompt is not None and not opts.x_vector_only_mode:
                 fields["voice_prompt"] = prompt
             elif prompt is not None:
                 fields["voice_prompt"] = dataclasses.replace(prompt, ref_codes=None)
                 fields["x_vector_only_mode"] = True
+            elif uploaded.samples.size == 0:
+                raise bad_request(
+                    f"Voice '{opts.voice}' holds a speaker embedding made for another checkpoint", "voice"
+                )
             else:  # no prompt from this checkpoint: the engine extracts one from the stored audio
                 fields.update(ref_audio=uploaded.samples, ref_sample_rate=uploaded.sample_rate)
                 fields["ref_text"] = uploaded.ref_text
         else:
             listed = ", ".join(supported_voices(state)) or "(none)"
             raise bad_request(f"Invalid voice '{opts.voice}'. Supported: {listed}", "voice")
+    if opts.speaker_embedding is not None:
+        fields["voice_prompt"] = VoicePrompt(x_vector=np.asarray(opts.speaker_embedding, dtype=np.float32))
+        fields["x_vector_only_mode"] = True
     if opts.ref_audio is not None:
         samples, rate = await decode_reference(state, await load_ref_audio(state, opts.ref_audio), "ref_audio")
         fields.update(ref_audio=samples, ref_sample_rate=rate, voice_prompt=None)
-        task = task or TaskType.BASE
     if opts.ref_text is not None:
         fields["ref_text"] = opts.ref_text
     if opts.x_vector_only_mode:
         fields["x_vector_only_mode"] = True
     if task is not None:
-        supported = [t.value if isinstance(t, TaskType) else str(t) for t in info.task_types]
-        if supported and task.value not in supported:
-            raise bad_request(
-                f"task_type '{task.value}' is not supported by this model; supported: {', '.join(supported)}",
-                "task_type",
-            )
         fields["task_type"] = task
-    if opts.language.lower() != "auto" and info.languages:
-        spelled = {str(lang).lower(): str(lang) for lang in info.languages}
+    if opts.language.lower() != "auto" and state.ready_engine.speech_info.languages:
+        spelled = {str(lang).lower(): str(lang) for lang in state.ready_engine.speech_info.languages}
         if opts.language.lower() not in spelled:
             listed = ", ".join(spelled.values())
             raise bad_request(f"Unsupported language '{opts.language}'. Supported: Auto, {listed}", "language")
         fields["language"] = spelled[opts.language.lower()]  # the model's own spelling
     if opts.max_new_tokens is not None:
         fields["max_new_tokens"] = opts.max_new_tokens
+    if opts.non_streaming_mode is not None:
+        fields["non_streaming_mode"] = opts.non_streaming_mode
     if opts.seed is not None:
         fields["seed"] = opts.seed
     if opts.initial_codec_chunk_frames is not None:

@@ -24,35 +24,37 @@ from starlette.responses import Response
 
 from omni_stream import codecs
 from omni_stream.chunks import Audio
+from omni_stream.engine import SpeechStream
 
 log = logging.getLogger("omni_stream.realtime.speech")
 ROUTE = "/v1/audio/speech"
 
 
-def usage_body(stream: Any, text_tokens: int | None = None) -> dict[str, Any]:
-    """The SSE ``usage`` object; ``audio_tokens`` are the input tokens that were not text (reference audio)."""
+def usage_body(stream: SpeechStream) -> dict[str, Any]:
+    """The ``usage`` object: input tokens split into text and audio (reference codec frames), as vLLM-Omni."""
     usage = stream.usage
-    inp, out = int(usage.input_tokens), int(usage.output_tokens)
-    text = inp if text_tokens is None else min(text_tokens, inp)
     return {
-        "input_tokens": inp,
-        "output_tokens": out,
-        "total_tokens": inp + out,
-        "input_token_details": {"text_tokens": text, "audio_tokens": inp - text},
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "total_tokens": usage.total_tokens,
+        "input_token_details": {"text_tokens": usage.input_text_tokens, "audio_tokens": usage.input_audio_tokens},
     }
 
 
-def _count_tokens(engine: Any, texts: list[str]) -> int:
-    """Text tokens of the input and instructions (blocking: tokenizers run off the loop)."""
-    return sum(engine.count_text_tokens(t) for t in texts if t)
-
-
-def usage_headers(stream: Any) -> dict[str, str]:
-    inp, out = int(stream.usage.input_tokens), int(stream.usage.output_tokens)
+def usage_headers(stream: SpeechStream) -> dict[str, str]:
+    """Usage of a whole-body response, under our names and vLLM-Omni's (with its text/audio split)."""
+    usage = usage_body(stream)
+    inp, out, total = (str(usage[k]) for k in ("input_tokens", "output_tokens", "total_tokens"))
+    details = usage["input_token_details"]
     return {
-        "x-omni-stream-input-tokens": str(inp),
-        "x-omni-stream-output-tokens": str(out),
-        "x-omni-stream-total-tokens": str(inp + out),
+        "x-omni-stream-input-tokens": inp,
+        "x-omni-stream-output-tokens": out,
+        "x-omni-stream-total-tokens": total,
+        "x-vllm-omni-input-tokens": inp,
+        "x-vllm-omni-output-tokens": out,
+        "x-vllm-omni-total-tokens": total,
+        "x-vllm-omni-input-text-tokens": str(details["text_tokens"]),
+        "x-vllm-omni-input-audio-tokens": str(details["audio_tokens"]),
     }
 
 
@@ -101,7 +103,7 @@ async def _create_speech(request: Request, state: ServerState) -> Response:
             gen, on_close=release, media_type=out.mime_type, headers=audio_headers(out.sample_rate)
         )
     audio = paced_audio(state, _audio_chunks(chunks, first), "sse")
-    gen = _sse_body(state, stream, audio, out, [text, opts.instructions or ""])
+    gen = _sse_body(state, stream, audio, out)
     headers = {**SSE_HEADERS, **audio_headers(out.sample_rate)}
     return ClosingStreamingResponse(gen, on_close=release, media_type=SSE_MEDIA_TYPE, headers=headers)
 
@@ -123,7 +125,7 @@ async def _whole(request: Request, state: ServerState, opts: SpeechOptions, stre
     data, rate = await anyio.to_thread.run_sync(
         encode_whole, opts.response_format, samples, src, opts.sample_rate, opts.speed
     )
-    headers = {**audio_headers(rate), **usage_headers(stream)}
+    headers = {**audio_headers(rate, opts.sample_rate), **usage_headers(stream)}
     return Response(data, media_type=codecs.mime_type(opts.response_format), headers=headers)
 
 
@@ -160,7 +162,7 @@ async def _raw_body(
 
 
 async def _sse_body(
-    state: ServerState, stream: Any, audio_chunks: AsyncGenerator[Audio], out: AudioOut, texts: list[str]
+    state: ServerState, stream: Any, audio_chunks: AsyncGenerator[Audio], out: AudioOut
 ) -> AsyncGenerator[bytes]:
     gauge = state.metrics.streams.labels("sse")
     gauge.inc()
@@ -180,7 +182,6 @@ async def _sse_body(
             tail = await out.finish()
             if tail:
                 yield delta(tail)
-            text_tokens = await anyio.to_thread.run_sync(_count_tokens, state.engine, texts)
         except Exception as exc:  # after the start: in-band error instead of done
             log.exception("speech stream failed")
             error = {"message": f"{type(exc).__name__}: {exc}", "type": "server_error", "param": None, "code": 500}
@@ -188,7 +189,7 @@ async def _sse_body(
             yield sse_event("speech.audio.error", {"type": "speech.audio.error", "error": error})
             return
         terminal = True
-        yield sse_event("speech.audio.done", {"type": "speech.audio.done", "usage": usage_body(stream, text_tokens)})
+        yield sse_event("speech.audio.done", {"type": "speech.audio.done", "usage": usage_body(stream)})
     finally:
         out.close()
         gauge.dec()

@@ -1,8 +1,11 @@
 """Speech request fields: validation of the JSON body (HTTP) or ``session.config`` (WebSocket) into typed options.
 
-Every problem is an :class:`ApiError` 400 naming the field and the allowed values; nothing here touches the
-engine, so the rules are unit-testable. :mod:`omni_stream.realtime.speech_build` turns options into a
-:class:`SpeechRequest` (voice resolution, reference audio).
+Wire checks only: types, shapes, enums and the combinations of the streaming modes. Every problem is an
+:class:`ApiError` 400 naming the field and the allowed values. Lengths and ranges of the request itself (text,
+instructions, ``max_new_tokens``, reference audio) are the engine's (:mod:`omni_stream.speech_limits`), whose
+errors reach the client as 400s naming the same fields. Nothing here touches the engine, so the rules are
+unit-testable. :mod:`omni_stream.realtime.speech_build` turns options into a :class:`SpeechRequest` (voice
+resolution, reference audio).
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from typing import Any
 from omni_stream.realtime.errors import ApiError, bad_request
 from omni_stream.realtime.settings import SPEECH_FORMATS, STREAM_FORMATS, Settings
 
+from omni_stream.errors import InvalidRequestError
 from omni_stream.requests import TaskType
+from omni_stream.speech_limits import check_embedding
 from omni_stream.text_split import Granularity
 
 
@@ -27,6 +32,13 @@ class StreamMode(StrEnum):
 
 # Fields the WebSocket config must not carry (they belong to the HTTP body or to input.text).
 WS_FORBIDDEN = ("input", "stream", "stream_format")
+
+
+class TextInputMode(StrEnum):
+    """How a speech WebSocket turns ``input.text`` into requests (``session.config`` ``text_input_mode``)."""
+
+    BUFFERED = "buffered"  # by split_granularity: one request per input.done, or per sentence / clause
+    COMMITMENT = "commitment"  # each committed span (text_commit) is synthesized as soon as it is committed
 
 
 @dataclass(slots=True, frozen=True)
@@ -44,6 +56,8 @@ class SpeechOptions:
     ref_audio: str | None = None
     ref_text: str | None = None
     x_vector_only_mode: bool = False
+    speaker_embedding: tuple[float, ...] | None = None
+    non_streaming_mode: bool | None = None
     max_new_tokens: int | None = None
     seed: int | None = None
     initial_codec_chunk_frames: int | None = None
@@ -53,6 +67,17 @@ class SpeechOptions:
     # WebSocket only
     stream_audio: bool = False
     split_granularity: Granularity = Granularity.NONE
+    text_input_mode: TextInputMode = TextInputMode.BUFFERED
+
+
+# Every field a session.config may carry (besides "type"); any other key is refused, naming it.
+WS_FIELDS = frozenset(
+    "model voice speaker response_format speed instructions task_type language ref_audio ref_text "
+    "x_vector_only_mode speaker_embedding non_streaming_mode max_new_tokens seed initial_codec_chunk_frames "
+    "sample_rate ignore_eos stream_audio split_granularity text_input_mode word_timestamps extra_params".split()
+)
+# Languages text_input_mode="commitment" commits by (vLLM-Omni's rule: an explicit Chinese or English).
+COMMIT_LANGUAGES = ("English", "Chinese")
 
 
 def _type_name(value: Any) -> str:
@@ -89,7 +114,8 @@ def _bool(body: dict[str, Any], key: str, default: bool = False) -> bool:
     return value
 
 
-def _int(body: dict[str, Any], key: str, lo: int, hi: int) -> int | None:
+def _int(body: dict[str, Any], key: str, lo: int | None = None, hi: int | None = None) -> int | None:
+    """An integer field; ``lo``/``hi`` bound wire ranges (int64, codec rates), not request policy."""
     value = body.get(key)
     if value is None:
         return None
@@ -97,9 +123,23 @@ def _int(body: dict[str, Any], key: str, lo: int, hi: int) -> int | None:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise bad_request(f"'{key}' must be an integer, got {_type_name(value)}", key)
-    if not lo <= value <= hi:
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
         raise bad_request(f"'{key}' must be between {lo} and {hi}, got {value}", key)
     return value
+
+
+def _optional_bool(body: dict[str, Any], key: str) -> bool | None:
+    return _bool(body, key) if body.get(key) is not None else None
+
+
+def _embedding(body: dict[str, Any]) -> tuple[float, ...] | None:
+    value = body.get("speaker_embedding")
+    if value is None:
+        return None
+    try:
+        return tuple(check_embedding(value))
+    except InvalidRequestError as exc:
+        raise bad_request(exc.message, "speaker_embedding") from None
 
 
 def _enum(body: dict[str, Any], key: str, allowed: tuple[str, ...], default: str | None) -> str | None:
@@ -137,29 +177,27 @@ def _speed(body: dict[str, Any]) -> float:
     return float(value)
 
 
-def _stream_mode(body: dict[str, Any]) -> StreamMode:
+def _stream_mode(body: dict[str, Any], settings: Settings) -> StreamMode:
     stream = _bool(body, "stream")
     stream_format = _enum(body, "stream_format", ("sse", "audio"), None)
     if stream_format == "audio":
         return StreamMode.AUDIO  # wins over stream=true
-    if stream or stream_format == "sse":
+    if stream_format == "sse":
         return StreamMode.SSE
+    if stream:
+        # stream=true alone: SSE (vLLM-Omni today), or raw bytes on a server that keeps its older meaning.
+        return StreamMode.AUDIO if settings.legacy_stream_raw else StreamMode.SSE
     return StreamMode.NONE
 
 
-def parse_input(body: dict[str, Any], settings: Settings) -> str:
-    """The ``input`` text, stripped: 1 to ``settings.max_input_chars`` characters."""
+def parse_input(body: dict[str, Any], settings: Settings | None = None) -> str:
+    """The ``input`` text, stripped (a string of valid Unicode; its length is the engine's rule)."""
     if "input" not in body or body["input"] is None:
         raise bad_request("'input' is required", "input")
     text = body["input"]
     if not isinstance(text, str):
         raise bad_request(f"'input' must be a string, got {_type_name(text)}", "input")
-    text = check_utf8(text, "input").strip()
-    if not text:
-        raise bad_request("Input text cannot be empty", "input")
-    if len(text) > settings.max_input_chars:
-        raise bad_request(f"Input text too long: {len(text)} characters (max {settings.max_input_chars})", "input")
-    return text
+    return check_utf8(text, "input").strip()
 
 
 def parse_options(body: Any, settings: Settings, *, websocket: bool = False) -> SpeechOptions:
@@ -168,30 +206,38 @@ def parse_options(body: Any, settings: Settings, *, websocket: bool = False) -> 
         raise bad_request("Request body must be a JSON object")
     if websocket:
         for key in WS_FORBIDDEN:
-            if key in body and key != "type":
+            if key in body:
                 raise bad_request(f"'{key}' is not allowed in session.config", key)
+        for key in body:
+            if key not in WS_FIELDS:
+                raise bad_request(f"Unknown session.config field '{key}'", str(key))
+    _refuse_unsupported(body)
     instructions = _str(body, "instructions")
-    if instructions is not None and len(instructions) > settings.max_instructions_chars:
-        raise bad_request(
-            f"Instructions too long: {len(instructions)} characters (max {settings.max_instructions_chars})",
-            "instructions",
-        )
     task = _enum(body, "task_type", tuple(t.value for t in TaskType), None)
     language = (_str(body, "language") or "Auto").strip() or "Auto"
     frames = _int(body, "initial_codec_chunk_frames", 0, 4096)
+    ref_audio = _str(body, "ref_audio") or None
+    ref_text = (_str(body, "ref_text") or "").strip() or None
+    embedding = _embedding(body)
+    if embedding is not None and ref_audio is not None:
+        raise bad_request("'speaker_embedding' and 'ref_audio' are mutually exclusive", "speaker_embedding")
+    if task is None and (ref_audio is not None or ref_text is not None or embedding is not None):
+        task = TaskType.BASE.value  # what vLLM-Omni infers from cloning fields
     opts = SpeechOptions(
         model=_str(body, "model"),
         voice=_voice(body),
         response_format=_enum(body, "response_format", SPEECH_FORMATS, "wav") or "wav",
         speed=_speed(body),
-        stream_mode=StreamMode.NONE if websocket else _stream_mode(body),
+        stream_mode=StreamMode.NONE if websocket else _stream_mode(body, settings),
         instructions=instructions.strip() or None if instructions is not None else None,
         task_type=TaskType(task) if task is not None else None,
         language=language if language.lower() == "auto" else language.title(),
-        ref_audio=_str(body, "ref_audio") or None,
-        ref_text=(_str(body, "ref_text") or "").strip() or None,
-        x_vector_only_mode=_bool(body, "x_vector_only_mode"),
-        max_new_tokens=_int(body, "max_new_tokens", 1, settings.max_new_tokens),
+        ref_audio=ref_audio,
+        ref_text=ref_text,
+        x_vector_only_mode=_bool(body, "x_vector_only_mode") or embedding is not None,
+        speaker_embedding=embedding,
+        non_streaming_mode=_optional_bool(body, "non_streaming_mode"),
+        max_new_tokens=_int(body, "max_new_tokens"),
         seed=_int(body, "seed", 0, 2**63 - 1),
         initial_codec_chunk_frames=frames or None,
         sample_rate=_int(body, "sample_rate", 8000, 192000),
@@ -202,12 +248,49 @@ def parse_options(body: Any, settings: Settings, *, websocket: bool = False) -> 
             if websocket
             else "none"
         ),
+        text_input_mode=TextInputMode(
+            (_enum(body, "text_input_mode", tuple(m.value for m in TextInputMode), "buffered") or "buffered")
+            if websocket
+            else "buffered"
+        ),
     )
     _check_streaming(opts, websocket)
+    _check_commitment(opts)
     if opts.ignore_eos and opts.max_new_tokens is None:
         message = "'ignore_eos' requires 'max_new_tokens' (the exact number of frames to generate)"
         raise bad_request(message, "ignore_eos")
     return opts
+
+
+def _refuse_unsupported(body: dict[str, Any]) -> None:
+    """vLLM-Omni fields this server cannot honour: a 400 naming them, never silently ignored."""
+    if _bool(body, "word_timestamps"):
+        raise bad_request(
+            "word_timestamps=true is not supported: this server has no forced aligner to compute word timings; "
+            "set word_timestamps=false",
+            "word_timestamps",
+        )
+    extra = body.get("extra_params")
+    if extra is not None and (not isinstance(extra, dict) or extra):
+        raise bad_request("'extra_params' (model-specific parameters) are not supported by this server", "extra_params")
+
+
+def _check_commitment(opts: SpeechOptions) -> None:
+    """vLLM-Omni's rules for text_input_mode='commitment': no splitting on top, an explicit commit language."""
+    if opts.text_input_mode is not TextInputMode.COMMITMENT:
+        return
+    if opts.split_granularity is not Granularity.NONE:
+        raise bad_request(
+            "text_input_mode='commitment' requires split_granularity='none' "
+            f"(commitment decides the spans itself), got '{opts.split_granularity.value}'",
+            "text_input_mode",
+        )
+    if opts.language not in COMMIT_LANGUAGES:
+        raise bad_request(
+            "text_input_mode='commitment' requires an explicit language: 'English' or 'Chinese' "
+            f"(the commit rules are per language), got '{opts.language}'",
+            "language",
+        )
 
 
 def _benchmark_bool(body: dict[str, Any], key: str, settings: Settings) -> bool:

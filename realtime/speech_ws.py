@@ -3,6 +3,11 @@
 One anyio task group per session: the receiver reads client messages (so ``input.cancel`` and
 ``session.config`` are seen while audio streams), a dispatcher starts the engine request of each queued
 unit (at most two at once: the one streaming and the next), and the sender sends units in order.
+
+Units come from the session's ``text_input_mode``: ``buffered`` cuts them by ``split_granularity`` (one per
+``input.done`` by default), ``commitment`` whenever :mod:`.text_commit` finds a span safe to speak. A config
+with an unknown field or value, or a field this server cannot honour (``word_timestamps``), is an ``error``
+naming it: closing on the first config, keeping the previous one later.
 """
 
 from __future__ import annotations
@@ -20,15 +25,17 @@ from anyio.abc import TaskGroup
 from omni_stream.realtime.audio_out import output_rate
 from omni_stream.realtime.auth import offered_subprotocols, select_subprotocol
 from omni_stream.realtime.errors import ApiError, from_exception
-from omni_stream.realtime.speech_build import build_request
-from omni_stream.realtime.speech_params import SpeechOptions, check_model, parse_options
+from omni_stream.realtime.speech_build import build_request, check_request
+from omni_stream.realtime.speech_params import SpeechOptions, TextInputMode, check_model, parse_options
 from omni_stream.realtime.state import ServerState
 from omni_stream.realtime.stream_pacing import SessionPacer, pcm_seconds
+from omni_stream.realtime.text_commit import TextCommitter
 from omni_stream.realtime.ws_messages import ProtocolError, input_text, parse_message
 from omni_stream.realtime.ws_units import UnitJob, UnitSpec, UtteranceEnd
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from omni_stream.requests import SpeechRequest
+from omni_stream.speech_limits import MAX_INPUT_CHARS
 from omni_stream.text_split import TextSplitter
 
 log = logging.getLogger("omni_stream.realtime.ws")
@@ -75,7 +82,7 @@ class SpeechSession:
         self.phase = Phase.CONFIG
         self.opts: SpeechOptions | None = None
         self.template: SpeechRequest | None = None
-        self.splitter = TextSplitter(max_chars=self.settings.max_input_chars)
+        self.splitter: TextSplitter | TextCommitter = TextSplitter(max_chars=MAX_INPUT_CHARS)
         self.utterance = 0  # index of the utterance text is now added to
         self.sentence = 0  # next sentence index inside it
         self.epoch = 0  # bumped by input.cancel: queued work of older epochs is dropped
@@ -200,10 +207,17 @@ class SpeechSession:
             opts = parse_options(config, self.settings, websocket=True)
             check_model(opts.model, self.state.served_models())
             template = await build_request(self.state, opts, "-")
+            check_request(self.state, template)  # the family's own checks, before any text arrives
         except Exception as exc:
             raise ProtocolError(f"Invalid session config: {from_exception(exc).message}") from exc
         self.opts, self.template = opts, template
-        self.splitter = TextSplitter(opts.split_granularity, max_chars=self.settings.max_input_chars)
+        self.splitter = self._splitter(opts)
+
+    def _splitter(self, opts: SpeechOptions) -> TextSplitter | TextCommitter:
+        if opts.text_input_mode is TextInputMode.COMMITMENT:
+            limit = self.settings.max_ws_uncommitted_chars
+            return TextCommitter(opts.language, max_uncommitted=limit, max_chars=MAX_INPUT_CHARS)
+        return TextSplitter(opts.split_granularity, max_chars=MAX_INPUT_CHARS)
 
     # --- receiving ---
 

@@ -62,6 +62,7 @@ class ServerState:
     ready: bool = False
     stopping: Any = None  # anyio.Event (made in the lifespan), set when the server begins to shut down
     sessions: set[Any] = field(default_factory=set)  # open WebSocket sessions, each with a ``finished`` event
+    rtc: Any = None  # the fastrtc Stream behind /rtc (when the webrtc extra is installed)
 
     async def begin_shutdown(self, grace: float) -> None:
         """Ask open WebSocket sessions to close (1001) and wait up to ``grace`` s for them to finish."""

@@ -72,6 +72,9 @@ class StoredVoice:
             "file_size": self.file_size,
             "mime_type": self.mime_type,
         }
+        direct = self.samples.size == 0 and self.prompt is not None  # uploaded as a speaker embedding
+        out["embedding_source"] = "direct" if direct else "audio"
+        out["embedding_dim"] = int(self.prompt.x_vector.size) if direct and self.prompt is not None else None
         if self.ref_text:
             out["ref_text"] = self.ref_text
         if self.speaker_description:

@@ -7,17 +7,20 @@ from pathlib import PurePath
 from typing import Any
 
 import anyio.to_thread
-from omni_stream.realtime.body_limit import drain, limited
+import numpy as np
+from omni_stream.realtime.body_limit import drain, parse_json, read_body
 from omni_stream.realtime.errors import ApiError, bad_request, from_exception
-from omni_stream.realtime.speech_build import decode_reference, model_key, supported_voices
+from omni_stream.realtime.speech_build import can_clone, check_request, decode_reference, model_key, supported_voices
 from omni_stream.realtime.state import ServerState
 from omni_stream.realtime.voice_store import StoredVoice, VoiceLimitError, now_seconds, validate_name
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import Message
 
-from omni_stream.errors import UnsupportedTaskError
-from omni_stream.requests import TaskType, VoicePrompt
+from omni_stream.errors import InvalidRequestError, UnsupportedTaskError
+from omni_stream.requests import SpeechRequest, TaskType, VoicePrompt
+from omni_stream.speech_limits import check_embedding
 
 log = logging.getLogger("omni_stream.realtime.voices")
 ROUTE = "/v1/audio/voices"
@@ -84,6 +87,13 @@ async def upload_voice(request: Request) -> Response:
     return _count(state, response)
 
 
+async def delete_without_name(request: Request) -> Response:
+    """``DELETE /v1/audio/voices/``: the name is missing from the path (a 400, not a redirect)."""
+    state: ServerState = request.app.state.omni
+    error = bad_request("'name' is required: DELETE /v1/audio/voices/{name}", "name")
+    return _count(state, error.response())
+
+
 async def delete_voice(request: Request) -> Response:
     state: ServerState = request.app.state.omni
     name = request.path_params["name"]
@@ -110,31 +120,102 @@ def _text_field(form: Any, key: str, required: bool) -> str | None:
     return value or None
 
 
+def _boundary(content_type: str) -> bytes | None:
+    for part in content_type.split(";")[1:]:
+        key, _, value = part.strip().partition("=")
+        if key.strip().lower() == "boundary" and value.strip().strip('"'):
+            return value.strip().strip('"').encode("latin-1", "replace")
+    return None
+
+
+async def _read_form(request: Request, limit: int) -> Any:
+    """The multipart form of ``request``, whole: a body that ends before its closing boundary is refused
+    (a truncated upload would otherwise parse as a form with fields missing)."""
+    content_type = request.headers.get("content-type", "")
+    boundary = _boundary(content_type) if content_type.startswith("multipart/form-data") else b""
+    if boundary is None:
+        raise bad_request("Invalid multipart body: the Content-Type header has no boundary")
+    body = await read_body(request, limit, "audio_sample")  # counted as it arrives: refused past the limit
+    if boundary and not body.rstrip(b"\r\n").endswith(b"--" + boundary + b"--"):
+        raise bad_request("Invalid multipart body: it ends before its closing boundary (was the upload cut short?)")
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    try:
+        return await Request(request.scope, replay).form(max_files=1, max_fields=16)
+    except Exception as exc:  # malformed multipart, too many parts
+        raise bad_request(f"Invalid multipart body: {getattr(exc, 'detail', exc)}") from exc
+
+
 async def _upload(request: Request, state: ServerState) -> StoredVoice:
     settings = state.settings
     limit = settings.max_upload_bytes
-    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
-        raise bad_request("Voice uploads must be multipart/form-data")
-    try:
-        # Counted as it arrives: a chunked upload without Content-Length is refused before it is spooled.
-        form = await limited(request, limit + FORM_OVERHEAD, "audio_sample").form(max_files=1, max_fields=16)
-    except ApiError:
-        raise
-    except Exception as exc:  # malformed multipart, too many parts
-        raise bad_request(f"Invalid multipart body: {getattr(exc, 'detail', exc)}") from exc
+    content_type = request.headers.get("content-type", "")
+    if not content_type.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
+        raise bad_request("Voice uploads must be multipart/form-data (or a form-encoded speaker_embedding)")
+    # Read first (bounded), so that even a refused client gets to read the answer before the connection closes.
+    form = await _read_form(request, limit + FORM_OVERHEAD)
+    if not can_clone(state):
+        await form.close()
+        kinds = "/".join(TaskType(t).value for t in state.ready_engine.speech_info.task_types)
+        raise bad_request(
+            f"This {kinds} checkpoint cannot clone voices, so it cannot use uploaded ones: "
+            "voice uploads need a Base checkpoint",
+            "audio_sample",
+        )
     try:
         name = _text_field(form, "name", required=True)
         consent = _text_field(form, "consent", required=True)
         ref_text = _text_field(form, "ref_text", required=False)
         description = _text_field(form, "speaker_description", required=False)
+        embedding_text = _text_field(form, "speaker_embedding", required=False)
         upload = form.get("audio_sample")
-        if not isinstance(upload, UploadFile):
-            raise bad_request("'audio_sample' (an audio file) is required", "audio_sample")
+        if isinstance(upload, UploadFile) and embedding_text is not None:
+            raise bad_request("Give either 'audio_sample' or 'speaker_embedding', not both", "speaker_embedding")
+        if not isinstance(upload, UploadFile) and embedding_text is None:
+            raise bad_request("'audio_sample' (an audio file) or 'speaker_embedding' is required", "audio_sample")
         assert name is not None and consent is not None
-        data = await upload.read(limit + 1)
-        content_type, filename = upload.content_type, upload.filename
+        data = await upload.read(limit + 1) if isinstance(upload, UploadFile) else b""
+        upload_type = upload.content_type if isinstance(upload, UploadFile) else None
+        filename = upload.filename if isinstance(upload, UploadFile) else None
     finally:
         await form.close()
+    problem = validate_name(name)
+    if problem:
+        raise bad_request(problem, "name")
+    if any(v.lower() == name.lower() for v in state.ready_engine.speech_info.voices):
+        raise bad_request(f"'{name}' is a built-in voice; choose another name", "name")
+    if not state.voices.has_room_for(name):
+        raise bad_request(f"Maximum number of uploaded voices ({state.voices.max_voices}) reached", "name")
+    if embedding_text is not None:
+        voice = await _embedding_voice(state, name, consent, embedding_text, ref_text, description)
+    else:
+        voice = await _audio_voice(state, name, consent, data, upload_type, filename, ref_text, description)
+    try:
+        replaced = await anyio.to_thread.run_sync(state.voices.save, voice, data)
+    except VoiceLimitError as exc:
+        raise bad_request(str(exc), "name") from exc
+    log.info("%s voice %r", "replaced" if replaced else "added", name)
+    return voice
+
+
+async def _audio_voice(
+    state: ServerState,
+    name: str,
+    consent: str,
+    data: bytes,
+    content_type: str | None,
+    filename: str | None,
+    ref_text: str | None,
+    description: str | None,
+) -> StoredVoice:
+    limit = state.settings.max_upload_bytes
     if len(data) > limit:
         raise bad_request(f"File size exceeds maximum limit of {limit // (1024 * 1024)}MB", "audio_sample")
     if not data:
@@ -145,16 +226,9 @@ async def _upload(request: Request, state: ServerState) -> StoredVoice:
             f"Unsupported audio type '{content_type}': use one of wav, mpeg, ogg, flac, webm, mp4, aac",
             "audio_sample",
         )
-    problem = validate_name(name)
-    if problem:
-        raise bad_request(problem, "name")
-    if any(v.lower() == name.lower() for v in state.ready_engine.speech_info.voices):
-        raise bad_request(f"'{name}' is a built-in voice; choose another name", "name")
-    if not state.voices.has_room_for(name):
-        raise bad_request(f"Maximum number of uploaded voices ({state.voices.max_voices}) reached", "name")
     samples, rate = await decode_reference(state, data, "audio_sample")
     prompt = await _voice_prompt(state, samples, rate, ref_text)
-    voice = StoredVoice(
+    return StoredVoice(
         name=name,
         consent=consent,
         created_at=now_seconds(),
@@ -167,12 +241,35 @@ async def _upload(request: Request, state: ServerState) -> StoredVoice:
         prompt=prompt,
         prompt_model=model_key(state) if prompt is not None else None,
     )
+
+
+async def _embedding_voice(
+    state: ServerState, name: str, consent: str, text: str, ref_text: str | None, description: str | None
+) -> StoredVoice:
+    """A voice given as a speaker embedding (a JSON list of numbers): checked against the checkpoint's size."""
     try:
-        replaced = await anyio.to_thread.run_sync(state.voices.save, voice, data)
-    except VoiceLimitError as exc:
-        raise bad_request(str(exc), "name") from exc
-    log.info("%s voice %r", "replaced" if replaced else "added", name)
-    return voice
+        values = check_embedding(parse_json(text))
+    except ValueError as exc:  # not JSON, or not a list of finite numbers (InvalidRequestError)
+        message = (
+            exc.message if isinstance(exc, InvalidRequestError) else f"'speaker_embedding' must be valid JSON: {exc}"
+        )
+        raise bad_request(message, "speaker_embedding") from exc
+    prompt = VoicePrompt(x_vector=np.asarray(values, dtype=np.float32))
+    # The engine's own checks (the embedding's size) on a request that would use it.
+    check_request(state, SpeechRequest(text="-", task_type=TaskType.BASE, voice_prompt=prompt, x_vector_only_mode=True))
+    return StoredVoice(
+        name=name,
+        consent=consent,
+        created_at=now_seconds(),
+        mime_type="application/json",
+        file_size=len(text.encode()),
+        samples=np.zeros(0, np.float32),
+        sample_rate=state.ready_engine.speech_info.sample_rate,
+        ref_text=ref_text,
+        speaker_description=description,
+        prompt=prompt,
+        prompt_model=model_key(state),
+    )
 
 
 async def _voice_prompt(state: ServerState, samples: Any, rate: int, ref_text: str | None) -> VoicePrompt | None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
+from omni_stream.realtime.body_limit import parse_json
 from omni_stream.realtime.errors import ApiError
 from omni_stream.realtime.speech_params import check_utf8
 
@@ -22,7 +22,7 @@ def parse_message(message: Mapping[str, Any], limit: int) -> dict[str, Any]:
     if len(text) > limit or (len(text) * 4 > limit and len(text.encode()) > limit):
         raise ProtocolError(f"Message too large (max {limit} bytes)")
     try:
-        body = json.loads(text)
+        body = parse_json(text)
     except (ValueError, RecursionError):  # RecursionError: nesting too deep to parse
         raise ProtocolError("Invalid JSON message") from None
     if not isinstance(body, dict):

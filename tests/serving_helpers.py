@@ -75,19 +75,27 @@ class LiveServer:
 
 @contextlib.contextmanager
 def running_server(
-    checkpoint: Path | None, settings: Settings | None = None, *, llm: Path | None = None
+    checkpoint: Path | None,
+    settings: Settings | None = None,
+    *,
+    llm: Path | None = None,
+    load: Any = None,
+    **engine_options: Any,
 ) -> Iterator[LiveServer]:
-    """Serve ``checkpoint`` (and the text model ``llm``, if given) until the block ends."""
+    """Serve ``checkpoint`` (and the text model ``llm``, if given; or the engine the async factory ``load``
+    builds) until the block ends (``engine_options`` go to ``AsyncEngine.from_pretrained``)."""
 
-    async def load() -> Any:
-        return await AsyncEngine.from_pretrained(checkpoint, llm=llm, progress=False)
+    async def load_checkpoint() -> Any:
+        return await AsyncEngine.from_pretrained(checkpoint, llm=llm, progress=False, **engine_options)
 
-    app = create_app(load, settings or Settings())
+    app = create_app(load or load_checkpoint, settings or Settings())
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5, ws_max_size=32 * 1024 * 1024
+    )
     server = GracefulServer(config, app.state.omni)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="test-uvicorn")
     thread.start()

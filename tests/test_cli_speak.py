@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import soundfile as sf
 
 from omni_stream.cli import main
+from omni_stream.models.qwen3_tts.config import load_config
+from omni_stream.speech_limits import frame_budget
 
 
 @pytest.fixture(scope="module")
@@ -40,3 +45,34 @@ def test_speak_reports_a_bad_voice_without_a_traceback(tiny, tmp_path, capsys):
 def test_speak_reports_a_missing_checkpoint(tmp_path, capsys):
     assert main(["speak", "--model", str(tmp_path / "missing"), "-o", str(tmp_path / "x.wav"), "Hi."]) == 2
     assert "config.json is missing" in capsys.readouterr().err
+
+
+def test_speak_without_a_voice_uses_the_models_default_voice(tiny, tmp_path, capsys):
+    out = tmp_path / "default.wav"
+    assert main(["speak", "--model", str(tiny), "--seed", "1", "-o", str(out), "Hi there."]) == 0
+    wav, _ = sf.read(out, dtype="float32")
+    # no --max-new-tokens: the frame budget of the text bounds it (random weights never stop on their own)
+    assert 0 < wav.size <= frame_budget("Hi there.") * 1920
+    same = tmp_path / "first-voice.wav"
+    voice = load_config(tiny).speakers[0]
+    assert main(["speak", "--model", str(tiny), "--seed", "1", "--voice", voice, "-o", str(same), "Hi there."]) == 0
+    assert np.array_equal(sf.read(same, dtype="float32")[0], wav)  # the default is the checkpoint's first voice
+
+
+def test_speak_threads_flag_reaches_torch(tiny, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("OMNI_STREAM_THREADS", "1")  # restored after the test: --threads overwrites it
+    out = tmp_path / "t.wav"
+    args = ["speak", "--model", str(tiny), "--threads", "2", "--max-new-tokens", "3", "-o", str(out), "Hi."]
+    assert main(args) == 0
+    # speak asks the device worker's own thread what torch runs with
+    assert ", 2 torch threads" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["speak", "--threads", "0", "Hi."])
+
+
+def test_help_does_not_import_torch():
+    code = "import sys; from omni_stream.cli import main; main(['--help'])"
+    proc = subprocess.run([sys.executable, "-c", code + "\n"], capture_output=True, text=True)
+    assert proc.returncode == 0 and "serve" in proc.stdout
+    probe = "import sys, omni_stream.cli, omni_stream.realtime.server; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "False"

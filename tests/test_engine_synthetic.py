@@ -105,7 +105,7 @@ async def test_unsupported_task_is_reported(tmp_path):
         with pytest.raises(UnsupportedTaskError):
             engine.speech("hi", task_type=TaskType.BASE)
         with pytest.raises(UnsupportedTaskError):
-            await engine.create_voice_prompt(np.zeros(2400, np.float32), 24000)
+            await engine.create_voice_prompt(np.zeros(24000, np.float32), 24000)
 
 
 async def test_voice_design_and_cloning_speak_stable_tones(engine):
@@ -341,7 +341,7 @@ async def test_create_voice_prompt_is_bounded_by_wait_timeout(checkpoint):
         busy = engine.worker.submit(lambda: (started.set(), release.wait(10)))
         await anyio.to_thread.run_sync(started.wait)  # the device is busy: the extraction cannot start
         with pytest.raises(DeadlineExceeded, match="voice prompt"):
-            await engine.create_voice_prompt(np.zeros(2400, np.float32), 24000)
+            await engine.create_voice_prompt(np.zeros(24000, np.float32), 24000)
         release.set()
         await busy
 

@@ -231,3 +231,12 @@ async def test_random_aborts_of_two_model_requests_leave_no_state_in_either_sche
     assert text_family.model.live == set() and speech_family.talker.live == set()
     assert set(text_family.model.released.values()) <= {1} and set(speech_family.talker.released.values()) <= {1}
     assert len(text_family.model.released) > 100  # most of the 200 reached the model before leaving
+
+
+async def test_from_pretrained_takes_several_checkpoints_each_filling_its_kind(checkpoints):
+    tts, lm = checkpoints
+    async with await AsyncEngine.from_pretrained([tts, lm], progress=False) as engine:
+        assert set(engine.models.kinds) == {"speech", "text"}
+        assert engine.models.text().info.model_type == "synthetic_lm"
+    with pytest.raises(ValueError, match="a speech model is loaded already"):
+        await AsyncEngine.from_pretrained([tts, tts], progress=False)

@@ -117,8 +117,8 @@ async def test_bad_requests_raise_typed_errors_and_leave_nothing(custom_voice_di
             engine.speech("hi", voice="ryan", language="Klingon")
         assert err.value.param == "language" and "English" in str(err.value)
         with pytest.raises(InvalidRequestError) as err:
-            engine.speech("hi")
-        assert err.value.param == "voice"
+            engine.speech("hi", voice="ryan", max_new_tokens=5000)
+        assert err.value.param == "max_new_tokens" and "4096" in str(err.value)
         with pytest.raises(UnsupportedTaskError):
             await engine.create_voice_prompt(np.zeros(24000, np.float32), 24000, "x")
         await _idle(engine)

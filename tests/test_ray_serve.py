@@ -95,7 +95,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         settings = Settings(voices_dir=voices, pace_streams_seconds=PACE, ws_config_timeout=5, ws_idle_timeout=20)
-        engine = EngineSpec(model=str(checkpoint), max_batch_size=BATCH)
+        engine = EngineSpec(models=(str(checkpoint),), max_batch_size=BATCH)
         live = Deployment(f"http://127.0.0.1:{port}", port, engine, settings)
         serve.run(live.application(), name=APP_NAME, route_prefix="/")
         yield live

@@ -64,6 +64,11 @@ def test_websocket_auth(live):
         assert say_hi(ws)["type"] == "audio.start"
     with connect(url, subprotocols=["realtime", f"openai-insecure-api-key.{KEY}"]) as ws:
         assert ws.subprotocol == "realtime"
+        assert KEY not in str(ws.response.headers)
+        assert say_hi(ws)["type"] == "audio.start"
+    with connect(url, subprotocols=[f"openai-insecure-api-key.{KEY}"]) as ws:
+        # the key alone is accepted, and never echoed back in the response headers
+        assert ws.subprotocol is None and KEY not in str(ws.response.headers)
         assert say_hi(ws)["type"] == "audio.start"
 
 

@@ -84,6 +84,21 @@ def test_audio_output_streams_pcm16_deltas_whose_transcripts_join_to_the_text(se
     assert np.max(np.abs(samples - expected)) < 1e-3
 
 
+def test_max_sentence_chars_cuts_long_sentences_into_shorter_spoken_units(server):
+    said = "one two three four five six seven eight nine ten"
+    stream = client(server).chat.completions.create(
+        model=LM,
+        messages=user(said),
+        modalities=["text", "audio"],
+        audio={"voice": "carol", "format": "pcm16", "max_sentence_chars": 12},
+        stream=True,
+    )
+    pieces = [c.choices[0].delta.audio.transcript for c in stream if getattr(c.choices[0].delta, "audio", None)]
+    pieces = [p for p in pieces if p]
+    assert "".join(pieces) == said and len(pieces) > 3
+    assert all(len(p.strip()) <= 12 for p in pieces)
+
+
 def test_audio_output_without_streaming_is_a_whole_wav_with_its_transcript(server):
     import io
 
@@ -116,6 +131,10 @@ BAD = [
         "audio.format",
     ),
     ({"model": LM, "messages": user("hi"), "temperature": 5}, "temperature"),
+    (
+        {"messages": user("hi"), "modalities": ["text", "audio"], "audio": {"voice": "bob", "max_sentence_chars": 2}},
+        "audio.max_sentence_chars",
+    ),
     ({"model": LM, "messages": user("hi"), "n": 2}, "n"),
     ({"model": LM, "messages": user("hi"), "tools": [{"type": "function"}]}, "tools"),
     ({"model": LM, "messages": user("hi"), "stop": ["a", "b", "c", "d", "e"]}, "stop"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -13,6 +14,9 @@ import time
 import httpx
 import pytest
 from serving_helpers import MODEL, expected_tone
+
+from omni_stream.family import default_available
+from omni_stream.models import EMBEDDED_DEFAULTS
 
 pytest_plugins = ("serving_fixtures",)
 
@@ -57,17 +61,37 @@ def serve(args: list[str], env: dict[str, str], sig: int = signal.SIGINT) -> tup
 
 
 def test_serve_subcommand_stops_cleanly_on_sigterm(synthetic_checkpoint, tmp_path):
-    args = ["--model", str(synthetic_checkpoint), "--voices-dir", str(tmp_path / "voices")]
+    args = ["--model", str(synthetic_checkpoint), "--voices-dir", str(tmp_path / "voices"), "--threads", "2"]
     out, models = serve(args, {"OMNI_STREAM_API_KEY": "k"}, signal.SIGTERM)
     assert models == [MODEL] and "loaded synthetic-tts" in out
     assert (tmp_path / "voices").is_dir()
+    assert "API key required on /v1 routes" in out and "; API key required;" in out  # the banner says auth is on
+    assert "2 torch threads" in out  # --threads, as the device worker's thread reports it
 
 
 def test_serve_without_model_uses_the_embedded_checkpoint_and_stops_on_sigint(tmp_path):
     env = {"OMNI_STREAM_API_KEY": "k", "OMNI_STREAM_CACHE": str(tmp_path / "cache")}
-    out, models = serve(["--voices-dir", str(tmp_path / "voices")], env, signal.SIGINT)
-    assert "no --model given: serving the embedded tiny checkpoint" in out
-    assert len(models) == 1 and models[0].startswith("qwen3-tts-tiny")
+    out, models = serve([], env, signal.SIGINT)
+    assert "no --model given: serving the embedded tiny model of every kind" in out
+    # Every kind with an embedded default: speech (Qwen3-TTS) first, text (a tiny Qwen3), transcription (Whisper), ...
+    assert models[0].startswith("qwen3-tts-tiny") and "qwen3-tiny-chat-v1" in models
+    assert any(m.startswith("whisper-tiny") for m in models)
+    # the image default joins them where the [image] extra (diffusers) is installed
+    assert ("instruct-pix2pix-tiny" in models) == bool(importlib.util.find_spec("diffusers"))
+    assert ("helios-tiny-v1" in models) == bool(importlib.util.find_spec("diffusers"))
+    assert len(models) == len([kind for kind in EMBEDDED_DEFAULTS if default_available(kind)])
+    # OMNI_STREAM_CACHE moves the voices dir too (beside the embedded checkpoint)
+    assert f"voices dir {tmp_path / 'cache' / 'voices'}" in out and (tmp_path / "cache" / "voices").is_dir()
+    assert (tmp_path / "cache" / "checkpoints").is_dir()
+
+
+def test_banner_notes():
+    from omni_stream.realtime.server import banner_notes
+    from omni_stream.realtime.settings import Settings
+
+    assert banner_notes(Settings(api_key="k"))[0].startswith("API key required")
+    assert banner_notes(Settings())[0].startswith("no API key")
+    assert any("raw audio bytes" in n for n in banner_notes(Settings(legacy_stream_raw=True)))
 
 
 def test_serve_help_lists_options():
@@ -81,6 +105,8 @@ def test_serve_help_lists_options():
         "--device",
         "--dtype",
         "--max-concurrency",
+        "--threads",
+        "--legacy-stream-raw",
     ):
         assert option in out.stdout
 

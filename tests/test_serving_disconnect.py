@@ -17,7 +17,7 @@ from omni_stream.realtime.settings import Settings
 from serving_helpers import VOICE_TONES, LiveServer, expected_tone, pcm16, running_server
 from websockets.sync.client import connect
 
-LONG = "This sentence is long enough to keep the model busy for many steps. " * 58  # 2000 frames
+LONG = "This sentence is long enough to keep the model busy for many steps. " * 14  # 490 frames
 
 pytest_plugins = ("serving_fixtures",)
 

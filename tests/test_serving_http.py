@@ -14,6 +14,7 @@ import soundfile as sf
 from serving_helpers import MODEL, RATE, expected_tone, pcm16
 
 from omni_stream import codecs
+from omni_stream.speech_limits import MAX_INPUT_CHARS
 
 TEXT = "Hello world, this is a test."
 
@@ -234,8 +235,10 @@ def error_of(r: httpx.Response, status: int) -> dict:
         ({"input": TEXT, "response_format": "pcm", "stream": True, "speed": 2.0}, "speed", ["speed"]),
         ({"input": ""}, "input", ["empty"]),
         ({"input": "   "}, "input", ["empty"]),
-        ({"input": "x" * 4097}, "input", ["4096"]),
-        ({"input": TEXT, "instructions": "x" * 501}, "instructions", ["500"]),
+        ({"input": "x" * (MAX_INPUT_CHARS + 1)}, "input", ["too long", str(MAX_INPUT_CHARS)]),
+        ({"input": TEXT, "max_new_tokens": 4097}, "max_new_tokens", ["cannot exceed 4096"]),
+        ({"input": TEXT, "max_new_tokens": 0}, "max_new_tokens", ["at least 1"]),
+        ({"input": TEXT, "instructions": "x" * 501}, "instructions", ["Instructions too long (max 500 characters)"]),
         ({"input": TEXT, "voice": "nope"}, "voice", ["nope", "alice", "bob"]),
         ({"input": TEXT, "response_format": "xyz"}, "response_format", ["wav", "pcm"]),
         ({"input": TEXT, "speed": 5}, "speed", ["0.25", "4.0"]),
@@ -282,7 +285,7 @@ def test_ref_audio_data_url_clones(http):
     assert r.status_code == 200 and len(r.content) == expected_tone("alice", TEXT).size * 2
     short = "data:audio/wav;base64," + base64.b64encode(wav_bytes(0.5)).decode()
     error = error_of(http.post("/v1/audio/speech", json={"input": TEXT, "ref_audio": short}), 400)
-    assert error["param"] == "ref_audio" and "1 to 30 seconds" in error["message"]
+    assert error["param"] == "ref_audio" and "Reference audio too short (0.5s)" in error["message"]
 
 
 # --- models, health, metrics ---

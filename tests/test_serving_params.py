@@ -74,10 +74,8 @@ def test_streaming_needs_speed_one():
         ({"task_type": "Clone"}, "task_type"),
         ({"voice": 3}, "voice"),
         ({"voice": {"name": "x"}}, "voice"),
-        ({"instructions": "x" * 501}, "instructions"),
-        ({"max_new_tokens": 0}, "max_new_tokens"),
-        ({"max_new_tokens": 4097}, "max_new_tokens"),
         ({"max_new_tokens": 1.5}, "max_new_tokens"),
+        ({"max_new_tokens": "10"}, "max_new_tokens"),
         ({"seed": -1}, "seed"),
         ({"sample_rate": 100}, "sample_rate"),
         ({"x_vector_only_mode": 1}, "x_vector_only_mode"),
@@ -110,13 +108,12 @@ def test_field_normalisation():
     ("body", "message"),
     [
         ({}, "'input' is required"),
-        ({"input": ""}, "Input text cannot be empty"),
-        ({"input": "   \n"}, "Input text cannot be empty"),
+        ({"input": None}, "'input' is required"),
         ({"input": 5}, "'input' must be a string"),
-        ({"input": "x" * 4097}, "Input text too long"),
+        ({"input": ["a"]}, "'input' must be a string"),
     ],
 )
-def test_input_rules(body, message):
+def test_input_wire_rules(body, message):
     with pytest.raises(ApiError) as info:
         parse_input(body, S)
     assert info.value.status == 400 and message in info.value.message and info.value.param == "input"
@@ -179,7 +176,8 @@ def test_auth_helpers():
     assert presented_keys(headers, websocket=True) == ["k1", "k2"]
     assert key_matches("k2", ["k1", "k2"]) and not key_matches("k3", ["k1", "k2"]) and not key_matches("k", [])
     assert select_subprotocol(["realtime", "openai-insecure-api-key.k"]) == "realtime"
-    assert select_subprotocol(["openai-insecure-api-key.k"]) == "openai-insecure-api-key.k"
+    assert select_subprotocol(["openai-insecure-api-key.k", "realtime"]) == "realtime"
+    assert select_subprotocol(["openai-insecure-api-key.k"]) is None  # never echo the key
     assert select_subprotocol([]) is None
 
 

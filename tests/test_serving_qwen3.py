@@ -7,6 +7,7 @@ import io
 import json
 
 import httpx
+import numpy as np
 import openai
 import pytest
 import soundfile as sf
@@ -14,6 +15,7 @@ from omni_stream.realtime.settings import Settings
 from serving_helpers import running_server, wav_bytes
 from websockets.sync.client import connect
 
+from omni_stream import codecs
 from omni_stream.models.qwen3_tts.checkpoint import write_tiny_checkpoint
 
 FRAMES = 6  # random weights rarely stop on their own: bound every request
@@ -85,3 +87,59 @@ def test_base_voice_upload_clones(base):
         r = c.post("/v1/audio/speech", json=body)
         assert r.status_code == 200, r.text
         assert 0 < len(r.content) <= FRAMES * SAMPLES_PER_FRAME * 2
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "aac", "opus", "flac", "wav"])
+def test_no_frames_is_still_a_valid_file(custom, fmt):
+    # max_new_tokens=1 allows one code-0 sample and no frame: the body is a decodable (silent) file, never empty
+    body = {"input": "Hi.", "voice": custom.engine.speech_info.voices[0], "response_format": fmt, "max_new_tokens": 1}
+    r = httpx.post(f"{custom.url}/v1/audio/speech", json=body, timeout=60)
+    assert r.status_code == 200 and len(r.content) > 0
+    assert r.headers["x-omni-stream-output-tokens"] == "0"
+    if fmt == "wav":
+        samples, _ = sf.read(io.BytesIO(r.content), dtype="float32")  # a valid file of no samples
+        assert samples.size == 0
+    else:  # these formats need one packet: a codec frame of silence
+        samples, _ = codecs.decode_audio(r.content, 24000)
+        assert 0 < samples.size <= 4096 and np.abs(samples).max() < 1e-3
+
+
+def test_cloning_usage_splits_text_and_reference_audio_tokens(base):
+    ref = "data:audio/wav;base64," + base64.b64encode(wav_bytes(2.0)).decode()
+    body = {"input": "Hi there.", "ref_audio": ref, "ref_text": "Hello.", "max_new_tokens": FRAMES, "seed": 0}
+    r = httpx.post(f"{base.url}/v1/audio/speech", json=body, timeout=120)  # no task_type: Base is inferred
+    assert r.status_code == 200, r.text
+    h = r.headers
+    audio_tokens = int(h["x-vllm-omni-input-audio-tokens"])
+    assert audio_tokens == 25  # 2 s of reference at 12.5 codec frames a second, in the prompt
+    assert int(h["x-vllm-omni-input-text-tokens"]) > 0
+    assert int(h["x-vllm-omni-input-tokens"]) == audio_tokens + int(h["x-vllm-omni-input-text-tokens"])
+    x_vector_only = {**body, "x_vector_only_mode": True}
+    r = httpx.post(f"{base.url}/v1/audio/speech", json=x_vector_only, timeout=120)
+    assert r.status_code == 200 and r.headers["x-vllm-omni-input-audio-tokens"] == "0"  # no codes in its prompt
+
+
+def test_speaker_embedding_and_non_streaming_mode_reach_the_model(base):
+    hidden = base.family.config.talker.decoder.hidden_size
+    body = {"input": "Hi there.", "speaker_embedding": [0.01] * hidden, "max_new_tokens": FRAMES, "seed": 0}
+    for mode in (None, True, False):
+        extra = {} if mode is None else {"non_streaming_mode": mode}
+        r = httpx.post(f"{base.url}/v1/audio/speech", json={**body, **extra, "response_format": "pcm"}, timeout=120)
+        assert r.status_code == 200, r.text
+    r = httpx.post(f"{base.url}/v1/audio/speech", json={**body, "speaker_embedding": [0.01] * 7}, timeout=60)
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == "speaker_embedding" and f"has {hidden}" in error["message"]
+
+
+def test_custom_voice_checkpoint_names_the_task_and_refuses_uploads(custom):
+    r = httpx.post(f"{custom.url}/v1/audio/speech", json={"input": "Hi.", "task_type": "Base"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "task_type"
+    assert r.json()["error"]["message"] == (
+        "Qwen3-TTS CustomVoice checkpoint does not support task_type='Base'. "
+        "Use task_type='CustomVoice' or load the matching Base checkpoint."
+    )
+    files = {"audio_sample": ("me.wav", wav_bytes(2.0), "audio/wav")}
+    r = httpx.post(f"{custom.url}/v1/audio/voices", data={"name": "Me", "consent": "yes"}, files=files)
+    assert r.status_code == 400 and "cannot clone voices" in r.json()["error"]["message"]
+    r = httpx.post(f"{custom.url}/v1/audio/speech", json={"input": "Hi.", "max_new_tokens": FRAMES}, timeout=60)
+    assert r.status_code == 200  # no voice: the checkpoint's default voice

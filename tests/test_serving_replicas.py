@@ -35,8 +35,9 @@ def test_ray_options_come_from_the_serve_flags():
     assert server.settings_from_args(args).pace_streams_seconds == 2.0  # paced behind Ray's proxy by default
     cpu = ray_serve.options_from_args(parse("--ray", "--autoscale", "1:4", "--max-queued-requests", "0"))
     assert cpu.gpus_per_replica == 0.0 and cpu.autoscale == (1, 4) and cpu.max_queued_requests == 0
-    assert ray_serve.engine_from_args(args, "/ckpt") == EngineSpec(
-        model="/ckpt", device="cuda", dtype=None, load_format="auto", max_batch_size=8
+    llm = {"llm": "/lm", "llm_family": "vllm", "backend_args": {"tensor_parallel_size": 2}}
+    assert ray_serve.engine_from_args(args, ["/ckpt"], llm) == EngineSpec(
+        models=("/ckpt",), llm=tuple(llm.items()), device="cuda", dtype=None, load_format="auto", max_batch_size=8
     )
 
 
@@ -90,7 +91,7 @@ def test_shortfall_names_what_the_cluster_lacks():
 
 async def test_the_health_check_follows_the_apps_lifespan(synthetic_checkpoint):
     """Ray runs the ASGI lifespan with uvicorn's LifespanOn, then calls check_health: the same path here."""
-    replica = OmniReplica(EngineSpec(model=str(synthetic_checkpoint)), Settings(), replica_id="r1")
+    replica = OmniReplica(EngineSpec(models=(str(synthetic_checkpoint),)), Settings(), replica_id="r1")
     with pytest.raises(RuntimeError, match="not built"):
         await replica.check_health()
     app = replica.__serve_build_asgi_app__()

@@ -80,8 +80,8 @@ def test_round_trip_and_restart(synthetic_checkpoint, live, voices_dir):
     ("kwargs", "param", "words"),
     [
         ({"audio": b"\0" * (10 * 1024 * 1024 + 1)}, "audio_sample", ["10MB"]),
-        ({"audio": wav_bytes(0.5)}, "audio_sample", ["1 to 30 seconds"]),
-        ({"audio": wav_bytes(40.0, rate=8000)}, "audio_sample", ["audio_sample"]),
+        ({"audio": wav_bytes(0.5)}, "audio_sample", ["Reference audio too short (0.5s)"]),
+        ({"audio": wav_bytes(40.0, rate=8000)}, "audio_sample", ["Reference audio too long", "30s"]),
         ({"audio": b"this is not audio at all"}, "audio_sample", ["decode"]),
         ({"audio": b""}, "audio_sample", ["empty"]),
         ({"mime": "text/plain"}, "audio_sample", ["text/plain"]),

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 # attend(layer_index, q [B, Hq, T, D], k [B, Hkv, T, D], v [B, Hkv, T, D]) -> [B, Hq, T, D]
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -27,6 +28,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
         w = w.masked_fill(~mask, torch.finfo(w.dtype).min)
     w = torch.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
     return torch.matmul(w, v)
+
+
+def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """One query per row against ``[B, Hkv, S, D]`` keys; GQA heads folded onto the query axis for SDPA on CUDA."""
+    if not q.is_cuda:
+        return attention(q, keys, values, mask)
+    b, hq, t, d = q.shape
+    hkv = keys.shape[1]
+    o = F.scaled_dot_product_attention(q.reshape(b, hkv, (hq // hkv) * t, d), keys, values, attn_mask=mask)
+    return o.reshape(b, hq, t, d)
 
 
 @dataclass(slots=True, frozen=True)

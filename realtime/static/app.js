@@ -142,7 +142,8 @@ function speak(text) {
   url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
   let ws;
   try {
-    ws = new WebSocket(url, key ? [KEY_PROTOCOL + key] : []);
+    // The key rides in a subprotocol (browsers cannot set headers); "realtime" beside it is the one echoed.
+    ws = new WebSocket(url, key ? ["realtime", KEY_PROTOCOL + key] : []);
   } catch (err) {
     fail(`Cannot connect: ${err.message}`);
     return;

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import anyio
 import numpy as np
@@ -45,9 +43,18 @@ from omni_stream.models.qwen3_tts.stages import LiveCount, ReferenceCodes, codec
 from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
 from omni_stream.pipeline import Stage
 from omni_stream.requests import SamplingParams, SpeechRequest, TaskType, VoicePrompt
+from omni_stream.runtime.cache import EMBEDDED_MARKER, embedded_checkpoint_dir
 from omni_stream.runtime.gil import shorten_switch_interval
 from omni_stream.runtime.gpu_completions import Completions
+from omni_stream.runtime.weights import parse_dtype
 from omni_stream.scheduler import Scheduler
+from omni_stream.speech_limits import (
+    check_ref_seconds,
+    check_text,
+    fit_context,
+    max_input_chars,
+    unsupported_task_message,
+)
 from omni_stream.stages import talker_stage
 
 log = logging.getLogger(__name__)
@@ -68,32 +75,7 @@ SAMPLE_RATE = 24000
 # Streaming windows: the first audio chunk after a load-dependent number of frames (80 ms each; 1 when the
 # engine is idle, codec_stream.first_window_frames), doubling up to the steady size.
 STEADY_FRAMES = 25
-# Reference audio for cloning (seconds).
-MIN_REF_SECONDS = 0.1
-MAX_REF_SECONDS = 60.0
-EMBEDDED_MARKER = ".omni-stream-embedded"
 EMBEDDED_NAME = "qwen3-tts-tiny-custom-voice-v1"
-
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
-
-
-def parse_dtype(dtype: Any, device: str) -> torch.dtype:
-    """``None`` -> float32 on CPU, bfloat16 on GPU; strings as in ``--dtype`` (others raise ConfigError)."""
-    if dtype is None:
-        return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        return _DTYPES[str(dtype).lower()]
-    except KeyError:
-        raise ConfigError(f"dtype: unknown dtype {dtype!r} (one of: {', '.join(sorted(_DTYPES))})") from None
 
 
 def _sampling(defaults: GenerationDefaults) -> tuple[SamplingParams, SamplingParams]:
@@ -194,6 +176,7 @@ class Qwen3TTSFamily:
             languages=tuple(lang.capitalize() for lang in cfg.languages if lang != "auto"),
             sample_rate=self.speech_tokenizer.sample_rate,
             default_task=self.task,
+            max_input_chars=max_input_chars(self.runner.max_len),
         )
         if self.embedded:
             log.warning(
@@ -208,9 +191,19 @@ class Qwen3TTSFamily:
         """Tokens of ``text`` under the checkpoint's tokenizer (blocking: call it off the loop for long text)."""
         return self.tokenizer.count(text)
 
-    def check_request(self, request: SpeechRequest) -> TaskType:
-        """Cheap field checks that need no tokenization; raises typed errors naming the field."""
+    def check_request(self, request: SpeechRequest) -> tuple[SpeechRequest, TaskType]:
+        """Cheap field checks that need no tokenization; raises typed errors naming the field.
+
+        Returns the request with the model's defaults filled in (the first built-in voice when a CustomVoice
+        request names none) and its task. The task is checked first, so a task the checkpoint cannot do is
+        refused before anything else about the request matters.
+        """
+        if request.task_type is not None and TaskType(request.task_type) is not self.task:
+            message = unsupported_task_message("Qwen3-TTS", self.task.value, TaskType(request.task_type).value)
+            raise UnsupportedTaskError(message, "task_type")
         task = resolve_task(request, self.config)
+        if isinstance(request.text, str):  # streamed text is checked unit by unit
+            check_text(request.text, self.max_input_chars)
         lang = (request.language or "auto").strip().lower()
         if lang not in self.config.languages:
             valid = ", ".join(x.capitalize() for x in self.config.languages)
@@ -218,7 +211,10 @@ class Qwen3TTSFamily:
         if task is TaskType.CUSTOM_VOICE:
             valid = ", ".join(self.config.speakers)
             if not request.voice:
-                raise InvalidRequestError(f"voice is required; valid voices: {valid}", "voice")
+                if not self.config.speakers:
+                    raise InvalidRequestError(f"voice is required; valid voices: {valid}", "voice")
+                request = replace(request, voice=self.config.speakers[0])  # vLLM-Omni's default speaker too
+            assert request.voice is not None
             if request.voice.strip().lower() not in self.config.talker.spk_id:
                 raise UnknownVoiceError(f"unknown voice {request.voice!r}; valid voices: {valid}", "voice")
         elif task is TaskType.VOICE_DESIGN:
@@ -234,10 +230,27 @@ class Qwen3TTSFamily:
                 "set x_vector_only_mode to clone from the speaker embedding alone",
                 "ref_text",
             )
-        return task
+        ref = request.ref_audio
+        if task is TaskType.BASE and request.voice_prompt is None and ref is not None and request.ref_sample_rate > 0:
+            check_ref_seconds(np.shape(ref)[0] / request.ref_sample_rate)
+        if task is TaskType.BASE and request.voice_prompt is not None:
+            hidden = self.config.talker.decoder.hidden_size
+            size = int(np.size(request.voice_prompt.x_vector))
+            if size != hidden:
+                raise InvalidRequestError(
+                    f"'speaker_embedding' has {size} values; this checkpoint's speaker embedding has {hidden}",
+                    "speaker_embedding",
+                )
+        return request, task
+
+    @property
+    def max_input_chars(self) -> int:
+        """The longest ``input`` the talker's context holds with its default frame budget (characters)."""
+        return max_input_chars(self.runner.max_len)
 
     def speech_stages(self, request: SpeechRequest, ctx: RequestContext) -> Sequence[Stage]:
-        task = self.check_request(request)
+        request, task = self.check_request(request)
+        explicit = request.max_new_tokens is not None
         assert isinstance(request.text, str), "streamed text is split into units before it reaches a family"
         reference = ReferenceCodes()  # the talker stage's prompt hands the ICL reference codes to the codec stage
         request = replace(
@@ -245,6 +258,7 @@ class Qwen3TTSFamily:
             sampling=request.sampling or self.sampling,
             subtalker_sampling=request.subtalker_sampling or self.subtalker_sampling,
         )
+        context = self.runner.max_len
 
         async def prepare(ctx: RequestContext) -> TalkerRequest:
             voice_prompt = request.voice_prompt
@@ -254,11 +268,21 @@ class Qwen3TTSFamily:
                 with ctx.fail_after("voice prompt extraction"):
                     voice_prompt = await self.create_voice_prompt(request.ref_audio, request.ref_sample_rate, ref_text)
             talker_request = await anyio.to_thread.run_sync(
-                lambda: prepare_request(request, self.config, self.tokenizer, voice_prompt=voice_prompt)
+                lambda: prepare_request(
+                    request,
+                    self.config,
+                    self.tokenizer,
+                    voice_prompt=voice_prompt,
+                    non_streaming=request.non_streaming_mode,
+                )
             )
             prompt = talker_request.prompt
-            n_in = len(prompt.text_ids) + len(prompt.instruct_ids) + len(prompt.ref_text_ids or ())
-            ctx.tokens(ModelKind.SPEECH).input_tokens = n_in
+            frames = fit_context(prompt.prefill_len, talker_request.max_new_tokens, context, explicit=explicit)
+            talker_request = replace(talker_request, max_new_tokens=frames)
+            usage = ctx.tokens(ModelKind.SPEECH)
+            usage.input_audio_tokens = len(prompt.ref_codes) if prompt.ref_codes is not None else 0
+            text_tokens = len(prompt.text_ids) + len(prompt.instruct_ids) + len(prompt.ref_text_ids or ())
+            usage.input_tokens = text_tokens + usage.input_audio_tokens
             reference.codes = prompt.ref_codes
             return talker_request
 
@@ -295,9 +319,7 @@ class Qwen3TTSFamily:
     ) -> VoicePrompt:
         """Speaker x-vector (and, with ``ref_text``, the reference codes) of ``audio`` for Base cloning."""
         if self.task is not TaskType.BASE:
-            raise UnsupportedTaskError(
-                f"this {self.task.value} checkpoint does not clone voices (that needs a Base checkpoint)", "task_type"
-            )
+            raise UnsupportedTaskError(unsupported_task_message("Qwen3-TTS", self.task.value, "Base"), "task_type")
         audio = np.asarray(audio, dtype=np.float32)
         if audio.ndim == 2:
             audio = audio.mean(axis=1)
@@ -305,11 +327,7 @@ class Qwen3TTSFamily:
             raise AudioDecodeError("reference audio must be non-empty, finite mono samples", "ref_audio")
         if sample_rate <= 0:
             raise InvalidRequestError(f"sample_rate must be positive, got {sample_rate}", "ref_audio")
-        seconds = audio.size / sample_rate
-        if not MIN_REF_SECONDS <= seconds <= MAX_REF_SECONDS:
-            raise AudioDecodeError(
-                f"reference audio must last {MIN_REF_SECONDS}-{MAX_REF_SECONDS} s, got {seconds:.2f} s", "ref_audio"
-            )
+        check_ref_seconds(audio.size / sample_rate)
         if sample_rate != SAMPLE_RATE:
             from omni_stream.codecs import resample
 
@@ -344,26 +362,9 @@ def load_family(load: LoadContext) -> Qwen3TTSFamily:
 
 def embedded_default_checkpoint(cache_dir: str | Path | None = None) -> Path:
     """The tiny CustomVoice checkpoint served when no model is given; built on first use (atomically)."""
-    if cache_dir is None:
-        from platformdirs import user_cache_dir
-
-        cache_dir = os.environ.get("OMNI_STREAM_CACHE") or user_cache_dir("omni-stream")
-    target = Path(cache_dir) / "checkpoints" / EMBEDDED_NAME
-    if (target / EMBEDDED_MARKER).exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    log.warning("building the embedded tiny checkpoint in %s (random weights: it speaks noise)", target)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_NAME}-", dir=target.parent))
-    try:
-        write_tiny_checkpoint(tmp, "custom_voice", "0.6b", seed=0)
-        (tmp / EMBEDDED_MARKER).write_text("tiny random-weight checkpoint built by omni-stream; it speaks noise\n")
-        if target.exists():  # a half-built leftover without its marker
-            shutil.rmtree(target, ignore_errors=True)
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            if not (target / EMBEDDED_MARKER).exists():  # another process did not win the race either
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return embedded_checkpoint_dir(
+        EMBEDDED_NAME,
+        lambda out: write_tiny_checkpoint(out, "custom_voice", "0.6b", seed=0),
+        "random weights: it speaks noise",
+        cache_dir,
+    )

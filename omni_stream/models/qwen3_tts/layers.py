@@ -1,4 +1,7 @@
-"""Qwen3 decoder pieces shared by the talker and the code predictor (hub parameter names).
+"""Qwen3 decoder pieces shared by the talker, the code predictor and the causal LMs (hub parameter names).
+
+The causal-LM family (:mod:`omni_stream.models.causal_lm`) builds Llama layers from the same class with
+``qk_norm=False``: Llama is this decoder without the per-head q/k norms.
 
 Numerics mirror the reference where it matters for token parity: RMSNorm normalizes in fp32, casts back,
 then multiplies by the weight in the input dtype; rotary tables are built in fp32 and cast to the
@@ -66,7 +69,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, cfg: DecoderConfig) -> None:
+    """Grouped-query attention; ``qk_norm``: per-head RMSNorm of q and k before rotary (Qwen3; Llama has none)."""
+
+    def __init__(self, cfg: DecoderConfig, qk_norm: bool = True) -> None:
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
         self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
@@ -74,8 +79,10 @@ class SelfAttention(nn.Module):
         self.k_proj = nn.Linear(h, self.n_kv * d, bias=False)
         self.v_proj = nn.Linear(h, self.n_kv * d, bias=False)
         self.o_proj = nn.Linear(self.n_heads * d, h, bias=False)
-        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        # Identity holds no parameters, so a Llama state dict has no q_norm/k_norm tensors.
+        self.q_norm: nn.Module = RMSNorm(d, cfg.rms_norm_eps) if qk_norm else nn.Identity()
+        self.k_norm: nn.Module = RMSNorm(d, cfg.rms_norm_eps) if qk_norm else nn.Identity()
+        self.qk_norm = qk_norm
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend, layer: int
@@ -101,9 +108,9 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: DecoderConfig) -> None:
+    def __init__(self, cfg: DecoderConfig, qk_norm: bool = True) -> None:
         super().__init__()
-        self.self_attn = SelfAttention(cfg)
+        self.self_attn = SelfAttention(cfg, qk_norm)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -126,7 +133,8 @@ class DecoderLayer(nn.Module):
         a, m = self.self_attn, self.mlp
         self.qkv_weight = _concat_as_views(a.q_proj, a.k_proj, a.v_proj)
         self.gate_up_weight = _concat_as_views(m.gate_proj, m.up_proj)
-        self.qk_norm_weight = _concat_as_views(a.q_norm, a.k_norm, stack=True)
+        if a.qk_norm:
+            self.qk_norm_weight = _concat_as_views(a.q_norm, a.k_norm, stack=True)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend, layer: int
@@ -146,14 +154,19 @@ class DecoderLayer(nn.Module):
         """The layer on residual ``x`` plus the previous layer's pending ``delta``; returns (residual, its delta)."""
         k = self.kernels
         assert k is not None and self.qkv_weight is not None and self.gate_up_weight is not None
-        assert self.qk_norm_weight is not None
         a, eps = self.self_attn, self.input_layernorm.eps
         b, t, _ = x.shape
         x, h = k.add_rms_norm(x, delta, self.input_layernorm.weight, eps)
         qkv = F.linear(h, self.qkv_weight)
-        q, kk = k.qk_norm_rope(qkv, self.qk_norm_weight, cos, sin, eps, a.n_heads, a.n_kv)
-        v = qkv[..., (a.n_heads + a.n_kv) * a.head_dim :].view(b, t, a.n_kv, a.head_dim)
-        o = attend(layer, q.transpose(1, 2), kk.transpose(1, 2), v.transpose(1, 2))
+        nq, nkv = a.n_heads * a.head_dim, a.n_kv * a.head_dim
+        v = qkv[..., nq + nkv :].view(b, t, a.n_kv, a.head_dim).transpose(1, 2)
+        if self.qk_norm_weight is not None:
+            q, kk = k.qk_norm_rope(qkv, self.qk_norm_weight, cos, sin, eps, a.n_heads, a.n_kv)
+            q, kk = q.transpose(1, 2), kk.transpose(1, 2)
+        else:  # no q/k norm (Llama): rotary alone, in torch
+            q = apply_rope(qkv[..., :nq].view(b, t, a.n_heads, a.head_dim).transpose(1, 2), cos, sin)
+            kk = apply_rope(qkv[..., nq : nq + nkv].view(b, t, a.n_kv, a.head_dim).transpose(1, 2), cos, sin)
+        o = attend(layer, q, kk, v)
         o = F.linear(o.transpose(1, 2).reshape(b, t, a.n_heads * a.head_dim), a.o_proj.weight)
         x, h = k.add_rms_norm(x, o, self.post_attention_layernorm.weight, eps)
         return x, F.linear(k.silu_mul(F.linear(h, self.gate_up_weight)), self.mlp.down_proj.weight)

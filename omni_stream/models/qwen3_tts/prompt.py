@@ -17,6 +17,7 @@ from omni_stream.errors import InvalidRequestError, UnknownVoiceError, Unsupport
 from omni_stream.models.qwen3_tts.config import CODEBOOK_SIZE, NUM_CODE_GROUPS, GenerationDefaults, Qwen3TTSConfig
 from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
 from omni_stream.requests import SamplingParams, SpeechRequest, TaskType, VoicePrompt
+from omni_stream.speech_limits import resolved_max_new_tokens
 
 TASK_OF_MODEL = {"custom_voice": TaskType.CUSTOM_VOICE, "voice_design": TaskType.VOICE_DESIGN, "base": TaskType.BASE}
 # Text layout the reference wrapper uses per task: all text in the prefill (True) or one token per step.
@@ -233,11 +234,13 @@ def prepare_request(
 ) -> TalkerRequest:
     """:func:`build_prompt` plus the request's generation settings; unset sampling comes from ``defaults``
     (the checkpoint's ``generation_config.json``; None: the reference defaults)."""
+    if not isinstance(request.text, str):
+        raise TypeError("streamed text is split into units before a prompt is built")
     prompt = build_prompt(request, cfg, tokenizer, voice_prompt=voice_prompt, non_streaming=non_streaming)
     gen = defaults or GenerationDefaults()
     return TalkerRequest(
         prompt=prompt,
-        max_new_tokens=request.max_new_tokens,
+        max_new_tokens=resolved_max_new_tokens(request.text, request.max_new_tokens),
         sampling=request.sampling or gen.talker_sampling(),
         subtalker_sampling=request.subtalker_sampling or gen.subtalker_sampling(),
         seed=request.seed,

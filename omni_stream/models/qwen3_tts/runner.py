@@ -7,10 +7,11 @@ of the 16 codebook embeddings + the row's next trailing text embedding, ``tts_pa
 talker by one position. One batched device-to-host copy per step carries all rows' codes; each row gets
 one :class:`CodecFrames` (16 codes) per step.
 
-The decode step works on the first ``b`` slots of the slot-indexed state (no gathers): rows of the step are
-marked in a static ``active`` mask, idle rows compute along but write their K/V into a scratch column and
-keep their state. Its shapes depend only on ``(b, span)``, so on CUDA the whole step (code-0 sampling, the
-15-step code predictor with in-graph sampling noise, the talker layer stack) is one CUDA graph per
+The decode step works on the first ``b`` slots of the slot-indexed state (no gathers; the scheduler hands
+out the lowest free slot, so ``b`` follows the live batch): rows of the step are marked in a static ``active``
+mask, idle rows compute along but write their K/V into a scratch column and keep their state. Its shapes
+depend only on ``(b, span)``, so on CUDA the whole step (code-0 sampling, the 15-step code predictor
+with in-graph sampling noise, the talker layer stack) is one CUDA graph per
 (batch bucket, attention-span bucket), replayed after one host-to-device copy of the mask. Elsewhere, and
 for shapes outside the buckets, the same function runs eagerly at the exact shape. Up to 8 newcomers of a step
 prefill together through a graph per (newcomer-count bucket, prompt-length bucket), their prompts right-padded
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections import deque
 from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
 from contextlib import contextmanager
@@ -38,7 +40,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from omni_stream.batch import Batch, SeqOutput, Sequence
 from omni_stream.chunks import CodecFrames
@@ -49,7 +50,7 @@ from omni_stream.models.qwen3_tts.prompt import TalkerRequest, embed_prompt, emb
 from omni_stream.models.qwen3_tts.talker import Qwen3TTSLM
 from omni_stream.runtime import rng
 from omni_stream.runtime.cuda_graphs import GraphSet, batch_buckets, length_buckets, pick
-from omni_stream.runtime.kv_cache import Attend, KVShape, SlotKVCache, attention
+from omni_stream.runtime.kv_cache import Attend, KVShape, SlotKVCache, attention, decode_attention
 from omni_stream.runtime.sampling import SamplingTensors, apply_repetition_penalty, mask_tokens
 from omni_stream.scheduler import run_offline
 
@@ -68,16 +69,6 @@ SMALLEST_SPAN = 128  # attention span of the smallest decode graph (the talker a
 def _head(t: SamplingTensors, b: int) -> SamplingTensors:
     """The first ``b`` rows as views (static storage a graph can read)."""
     return SamplingTensors(t.do_sample[:b], t.temperature[:b], t.top_k[:b], t.top_p[:b], t.repetition_penalty[:b])
-
-
-def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """One query per row against ``[B, Hkv, S, D]`` keys; GQA heads folded onto the query axis for SDPA on CUDA."""
-    if not q.is_cuda:
-        return attention(q, keys, values, mask)
-    b, hq, t, d = q.shape
-    hkv = keys.shape[1]
-    o = F.scaled_dot_product_attention(q.reshape(b, hkv, (hq // hkv) * t, d), keys, values, attn_mask=mask)
-    return o.reshape(b, hq, t, d)
 
 
 @dataclass(slots=True)
@@ -167,6 +158,7 @@ class Qwen3TTSRunner:
         self.graphs = GraphSet(self._graph_step, dev) if self.use_graphs else None
         self.graph_steps = 0
         self.eager_steps = 0
+        self.decode_rows: deque[int] = deque(maxlen=1024)  # rows each recent decode step computed
         # Runs after every step, once the step's codes are on the host (the family collects the codec jobs
         # that ran beside it on their own stream).
         self.after_step: Callable[[], object] | None = None
@@ -465,6 +457,7 @@ class Qwen3TTSRunner:
             b, span = (n, span) if not self.pad_eager else self._bucket(n, span) or (n, span)
             self._run_rows(b, span, noisy=self.pad_eager or any(st.samples for st in states))
             self.eager_steps += 1
+        self.decode_rows.append(b)
         return self.codes_out[:b].cpu().numpy()[slots]
 
     def _bucket(self, n: int, span: int) -> tuple[int, int] | None:

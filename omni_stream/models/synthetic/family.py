@@ -33,6 +33,13 @@ from omni_stream.models.synthetic.model import (
 from omni_stream.pipeline import Stage
 from omni_stream.requests import SpeechRequest, TaskType, VoicePrompt
 from omni_stream.scheduler import Scheduler
+from omni_stream.speech_limits import (
+    MAX_INPUT_CHARS,
+    check_ref_seconds,
+    check_text,
+    resolved_max_new_tokens,
+    unsupported_task_message,
+)
 from omni_stream.stages import CodecWindow, WindowDecode, codec_stage, talker_stage
 from omni_stream.worker import DeviceWorker
 
@@ -77,6 +84,7 @@ class SyntheticFamily:
             languages=config.languages,
             sample_rate=config.sample_rate,
             default_task=TaskType(config.default_task),
+            max_input_chars=MAX_INPUT_CHARS,
         )
 
     # --- requests ---
@@ -92,10 +100,12 @@ class SyntheticFamily:
         task = self._validate(request)
         assert isinstance(request.text, str), "streamed text is split into units before it reaches a family"
         text, faults = parse_faults(request.text) if self.config.fault_markers else (request.text, Faults())
+        # The tone's own length (its end of speech), within the request's budget (max_new_tokens or the default).
+        budget = resolved_max_new_tokens(text, request.max_new_tokens)
         if request.ignore_eos:
-            n_frames = request.max_new_tokens
+            n_frames = budget
         else:
-            n_frames = min(request.max_new_tokens, max(1, round(len(text.strip()) * self.config.frames_per_char)))
+            n_frames = min(budget, max(1, round(len(text.strip()) * self.config.frames_per_char)))
         ctx.tokens(ModelKind.SPEECH).input_tokens = self.count_text_tokens(request.text) + self.count_text_tokens(
             request.instructions or ""
         )
@@ -111,10 +121,23 @@ class SyntheticFamily:
     def _validate(self, request: SpeechRequest) -> TaskType:
         task = request.task_type or self.info.default_task
         if task not in self.info.task_types:
-            supported = ", ".join(t.value for t in self.info.task_types)
-            raise UnsupportedTaskError(
-                f"task_type {task.value!r} is not supported (supported: {supported})", "task_type"
+            supported = tuple(t.value for t in self.info.task_types)
+            message = unsupported_task_message("Synthetic", self.info.default_task.value, task.value, supported)
+            raise UnsupportedTaskError(message, "task_type")
+        if isinstance(request.text, str):  # streamed text is checked unit by unit
+            check_text(request.text, MAX_INPUT_CHARS)
+        if request.non_streaming_mode is not None:
+            raise InvalidRequestError(
+                "'non_streaming_mode' is not supported by this model: it has a single prompt layout",
+                "non_streaming_mode",
             )
+        if task is TaskType.BASE and request.voice_prompt is not None:
+            size = int(np.size(request.voice_prompt.x_vector))
+            if size != _X_VECTOR_DIM:
+                raise InvalidRequestError(
+                    f"'speaker_embedding' has {size} values; this checkpoint's speaker embedding has {_X_VECTOR_DIM}",
+                    "speaker_embedding",
+                )
         languages = {lang.lower() for lang in self.info.languages}
         if request.language.lower() != "auto" and request.language.lower() not in languages:
             allowed = ", ".join(("Auto", *self.info.languages))
@@ -130,6 +153,9 @@ class SyntheticFamily:
             raise InvalidRequestError(
                 "task_type 'Base' (voice cloning) needs ref_audio or an uploaded voice", "ref_audio"
             )
+        ref = request.ref_audio
+        if task is TaskType.BASE and request.voice_prompt is None and ref is not None and request.ref_sample_rate > 0:
+            check_ref_seconds(np.shape(ref)[0] / request.ref_sample_rate)
         return task
 
     async def _tone(self, request: SpeechRequest, task: TaskType, ctx: RequestContext) -> int:
@@ -221,8 +247,11 @@ class SyntheticFamily:
         self, audio: np.ndarray, sample_rate: int, ref_text: str | None = None
     ) -> VoicePrompt:
         if TaskType.BASE not in self.info.task_types:
-            raise UnsupportedTaskError("this checkpoint does not clone voices (no Base task)", "task_type")
+            supported = tuple(t.value for t in self.info.task_types)
+            message = unsupported_task_message("Synthetic", self.info.default_task.value, "Base", supported)
+            raise UnsupportedTaskError(message, "task_type")
         checked = self._check_audio(audio, sample_rate)
+        check_ref_seconds(checked.size / sample_rate)
         return await self.worker.submit(self._extract, checked, sample_rate, ref_text)
 
     async def aclose(self) -> None:

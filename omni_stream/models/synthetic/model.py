@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -49,6 +49,9 @@ class TalkerInput:
 class SyntheticTalker:
     """A BatchModel whose step emits one CodecFrames per sequence, after ``step_cost_ms`` of worker-thread sleep.
 
+    Like a model over a slot-indexed static cache, a step computes rows ``0 .. max(slot)`` (idle rows along,
+    their results dropped); ``rows`` holds that count for recent steps, so a test can see what a step costs.
+
     Test hooks: ``before_step(batch)`` runs at the start of every step (raise from it to fail the batch);
     with ``record=True`` the model logs ``("step", prefill_ids, decode_ids)`` and ``("release", seq_id)``
     events to ``log`` and counts releases in ``released``. ``live`` holds admitted, unreleased seq ids.
@@ -63,6 +66,7 @@ class SyntheticTalker:
         self.live: set[int] = set()
         self.step_threads: set[int] = set()
         self.steps = 0
+        self.rows: deque[int] = deque(maxlen=4096)  # rows computed by each recent step
         self.before_step: Callable[[Batch], None] | None = None
         self.step_cost_s = config.step_cost_ms / 1000.0
 
@@ -83,12 +87,18 @@ class SyntheticTalker:
         if self.before_step is not None:
             self.before_step(batch)
         seqs = (*batch.prefill, *batch.decode)
-        frames = np.fromiter((s.model_state for s in seqs), dtype=np.int64, count=len(seqs))
-        tones = np.fromiter((s.payload.tone for s in seqs), dtype=np.int64, count=len(seqs))
-        for seq, frame in zip(seqs, frames.tolist(), strict=True):
-            if seq.payload.faults.step_at == frame:
-                raise SyntheticFault(f"synthetic step failure at frame {frame} (sequence {seq.seq_id})")
-        codes = self._codes(frames, tones)
+        for seq in seqs:
+            if seq.payload.faults.step_at == seq.model_state:
+                raise SyntheticFault(f"synthetic step failure at frame {seq.model_state} (sequence {seq.seq_id})")
+        # Slot-indexed rows 0..max(slot), as a static-cache model computes them; idle rows stay zero.
+        n_rows = max(s.slot for s in seqs) + 1 if seqs else 0
+        self.rows.append(n_rows)
+        slots = np.fromiter((s.slot for s in seqs), dtype=np.int64, count=len(seqs))
+        frames = np.zeros(n_rows, np.int64)
+        tones = np.zeros(n_rows, np.int64)
+        frames[slots] = [s.model_state for s in seqs]
+        tones[slots] = [s.payload.tone for s in seqs]
+        codes = self._codes(frames, tones)[torch.from_numpy(slots)]
         outputs = []
         for i, seq in enumerate(seqs):
             frame = seq.model_state

@@ -1,0 +1,204 @@
+"""Image edit with streamed AR text: time to the first AR delta, the first preview and the final image, at c = 1..16.
+
+Run (CPU, tiny models, ~1 min):   ``OMP_NUM_THREADS=1 python benchmarks/image_bench.py``
+Run (GPU, real sizes, < 90 s):    ``python benchmarks/image_bench.py --device cuda``
+Also: ``--model qwen-image-edit`` (GPU only: 20B + 8B parameters, ~60 GB in bf16), ``--smoke`` (tests), ``--llm DIR``.
+
+What runs: the engine in process (no HTTP), the ``image`` pipeline: a text model rewrites the instruction (its
+deltas stream), then the diffusion stage edits a 512 px (GPU) or 64 px (CPU) image with ``--partial-images``
+previews. CPU: InstructPix2Pix-tiny (random weights, the embedded default's sizes). GPU: random weights at the
+published sizes of ``benchmarks/configs/<model>`` (``load_format="dummy"``). The text model is the synthetic one
+(it echoes the prompt, one word per step; ``--lm-step-ms`` emulates device time per token) unless ``--llm`` names
+a real text checkpoint. At each concurrency ``c``, ``c`` requests start together, ``--rounds`` times; requests of
+one shape batch into one pipeline call. Times are from the request's start, in ms: p50 and max over requests.
+
+Writes ``benchmarks/results/image_bench_<device>_<model>.json`` (and under ``$OUT`` when set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import gc
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from provenance import git_commit
+
+from omni_stream.engine import AsyncEngine, ModelSource
+from omni_stream.family import ModelKind
+from omni_stream.images import ImageRequest
+from omni_stream.metrics import percentile
+
+ROOT = Path(__file__).resolve().parent
+PROMPT = "make the sky look like a snowy winter evening with warm street lights"
+
+
+def ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 1)
+
+
+async def one(engine: AsyncEngine, request: ImageRequest) -> dict[str, float]:
+    start = time.perf_counter()
+    marks: dict[str, float] = {}
+    async with engine.generate(request) as stream:
+        async for out in stream:
+            now = time.perf_counter() - start
+            if out.stage == "text" and out.chunk.text:
+                marks.setdefault("first_text", now)
+            elif out.stage == "image" and out.chunk.partial:
+                marks.setdefault("first_preview", now)
+            elif out.stage == "image":
+                marks["final"] = now
+    return marks
+
+
+def summary(samples: list[dict[str, float]], key: str) -> dict[str, float | None]:
+    values = [s[key] for s in samples if key in s]
+    if not values:
+        return {"p50_ms": None, "max_ms": None}
+    return {"p50_ms": ms(percentile(values, 50)), "max_ms": ms(max(values))}
+
+
+async def level(engine: AsyncEngine, c: int, rounds: int, args: argparse.Namespace, image: np.ndarray) -> dict:
+    samples: list[dict[str, float]] = []
+    family = engine.models.get(ModelKind.IMAGE)
+    calls = family.runner.calls
+    t0 = time.perf_counter()
+    for r in range(rounds):
+        requests = [
+            ImageRequest(
+                PROMPT,
+                images=(image,),
+                size=(args.size, args.size),
+                steps=args.steps,
+                partial_images=args.partial_images,
+                seed=r * c + k,
+            )
+            for k in range(c)
+        ]
+        samples += await asyncio.gather(*(one(engine, req) for req in requests))
+    wall = time.perf_counter() - t0
+    return {
+        "concurrency": c,
+        "requests": len(samples),
+        "first_ar_delta": summary(samples, "first_text"),
+        "first_preview": summary(samples, "first_preview"),
+        "final_image": summary(samples, "final"),
+        "images_per_s": round(len(samples) / wall, 3),
+        "pipeline_calls": family.runner.calls - calls,
+        "wall_s": round(wall, 3),
+    }
+
+
+def image_source(args: argparse.Namespace, tmp: Path) -> ModelSource:
+    if args.device == "cpu" and args.model == "tiny":
+        from omni_stream.models.diffusers_image.checkpoint import write_tiny_checkpoint
+
+        return ModelSource(write_tiny_checkpoint(tmp / "pix2pix-tiny", "image-edit"))
+    return ModelSource(ROOT / "configs" / args.model)
+
+
+async def main(args: argparse.Namespace) -> dict:
+    from omni_stream.models.synthetic.lm_family import write_lm_checkpoint
+
+    with tempfile.TemporaryDirectory() as tmp:
+        llm = args.llm or write_lm_checkpoint(Path(tmp) / "lm", step_cost_ms=args.lm_step_ms, reply_prefix="Picture:")
+        sources = {"image": image_source(args, Path(tmp)), "llm": ModelSource(Path(llm))}
+        t = time.perf_counter()
+        load_format = "auto" if args.model == "tiny" else "dummy"
+        engine = await AsyncEngine.load(sources, device=args.device, load_format=load_format, progress=False)
+        load_s = time.perf_counter() - t
+        gc.freeze()  # as the server does after loading (realtime/app.py): no full collections of the models' objects
+        async with engine:
+            rng = np.random.default_rng(0)
+            image = rng.integers(0, 256, (args.size, args.size, 3), dtype=np.uint8)
+            await level(engine, 1, 1, args, image)  # warm-up (allocator, kernels)
+            levels = [await level(engine, c, args.rounds, args, image) for c in args.levels]
+            info = engine.models.get(ModelKind.IMAGE).info
+    return {
+        "benchmark": "image_bench",
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "device": args.device,
+        "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor(),
+        "torch_threads": torch.get_num_threads(),
+        "model": info.model_name if args.model == "tiny" else args.model,
+        "weights": "tiny random" if args.model == "tiny" else "dummy (random, published sizes)",
+        "preview": info.preview,
+        "text_model": str(args.llm) if args.llm else f"synthetic echo, {args.lm_step_ms} ms/token",
+        "size_px": args.size,
+        "steps": args.steps,
+        "partial_images": args.partial_images,
+        "own_diffusion_thread": os.environ.get("OMNI_STREAM_DIFFUSION_THREAD", "0") == "1",
+        "load_s": round(load_s, 2),
+        "levels": levels,
+    }
+
+
+def table(result: dict) -> str:
+    rows = [
+        f"image_bench {result['device']} {result['model']} {result['size_px']}px {result['steps']} steps, "
+        f"{result['partial_images']} previews, text: {result['text_model']}",
+        f"{'c':>3} {'first AR delta':>18} {'first preview':>18} {'final image':>18} {'img/s':>7} {'calls':>5}",
+    ]
+
+    def cell(lv: dict, key: str) -> str:
+        s = lv[key]
+        return "-" if s["p50_ms"] is None else f"{s['p50_ms']:.0f} / {s['max_ms']:.0f}"
+
+    for lv in result["levels"]:
+        rows.append(
+            f"{lv['concurrency']:>3} {cell(lv, 'first_ar_delta'):>18} {cell(lv, 'first_preview'):>18}"
+            f" {cell(lv, 'final_image'):>18} {lv['images_per_s']:>7.2f} {lv['pipeline_calls']:>5}"
+        )
+    rows.append("(ms from request start, p50 / max)")
+    return "\n".join(rows)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--model", default=None, help="tiny (CPU default) or a folder of benchmarks/configs")
+    parser.add_argument("--levels", default="1,4,16", help="concurrency levels (default 1,4,16)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds per level (default 2)")
+    parser.add_argument("--steps", type=int, default=None, help="denoising steps (CPU 4, GPU 20)")
+    parser.add_argument("--size", type=int, default=None, help="image side in px (CPU 64, GPU 512)")
+    parser.add_argument("--partial-images", type=int, default=2)
+    parser.add_argument("--llm", type=Path, default=None, help="a text checkpoint (default: the synthetic echo)")
+    parser.add_argument("--lm-step-ms", type=float, default=0.0, help="synthetic text model: ms per token")
+    parser.add_argument("--smoke", action="store_true", help="c = 1, 2; one round; 3 steps (tests)")
+    args = parser.parse_args(argv)
+    gpu = args.device.startswith("cuda")
+    args.model = args.model or ("instruct-pix2pix" if gpu else "tiny")
+    args.steps = args.steps or (20 if gpu else 4)
+    args.size = args.size or (512 if gpu else 64)
+    args.levels = [int(c) for c in args.levels.split(",")]
+    if args.smoke:
+        args.levels, args.rounds, args.steps = [1, 2], 1, 3
+    return args
+
+
+if __name__ == "__main__":
+    args = parse(sys.argv[1:])
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
+    result = asyncio.run(main(args))
+    print(table(result))
+    name = f"image_bench_{'cuda' if args.device.startswith('cuda') else 'cpu'}_{result['model']}"
+    name += "_own_thread" if result["own_diffusion_thread"] else ""
+    name += "_smoke" if args.smoke else ""
+    targets = [Path(os.environ["OUT"])] if os.environ.get("OUT") else []
+    if not args.smoke:
+        targets.append(ROOT / "results")
+    for folder in targets:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {folder / name}.json")

@@ -1,0 +1,368 @@
+"""Voice-agent latency over the real WebSocket (WS /v1/realtime): voice-to-voice and barge-in, N sessions at once.
+
+Each session streams a microphone in real time (100 ms PCM16 appends at 24 kHz, server VAD): silence, an
+utterance, then silence until the agent has answered for ``--barge-after`` seconds, then an interrupting
+utterance. Measured on the client:
+
+- voice-to-voice: end of the user's speech -> first agent audio byte (includes the VAD's ``silence_duration_ms``,
+  as every server-VAD agent does); also from ``speech_stopped`` arriving -> first audio byte (the server's part);
+- barge-in: start of the interrupting speech -> the last audio byte of the interrupted response (what a client
+  plays at most after the user starts talking, before it even flushes its own buffer).
+
+The server runs in a child process (``--serve``) so client and server do not share one interpreter.
+
+CPU mode (default): synthetic TTS and LM with emulated device time per step (``--tts-step-ms``, ``--lm-step-ms``)
+and the test doubles for VAD and ASR (``tests/realtime_doubles.py``: an energy detector and a tone-naming
+recognizer; the utterances are tones it names). The tiny random Qwen3-TTS never stops speaking and runs slower
+than real time on CPU, so it is not used here. GPU mode: pass real checkpoints or real-size configs with
+``--load-format dummy`` (``--tts``, ``--lm``/``--lm-family``, ``--asr``, ``--vad module:attr``, ``--device cuda``);
+``--max-output-tokens`` bounds each reply and, with benchmark fields on, makes a random-weight LM ignore EOS.
+
+Writes JSON (``--out``, default ``$OUT/voice_bench_<mode>.json`` or ``benchmarks/results/``) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO / "tests"))  # the VAD and ASR test doubles (CPU mode)
+sys.path.insert(0, str(HERE))
+
+RATE = 24000
+CHUNK = RATE // 10  # 100 ms appends
+REPLY = " ".join(f"Here is sentence {i} of the answer, long enough to keep speaking." for i in range(30))
+
+
+# --- the server (child process) -----------------------------------------------------------------------------
+
+
+def serve(args: argparse.Namespace) -> None:
+    import importlib
+
+    import uvicorn
+    from omni_stream.realtime.app import create_app
+    from omni_stream.realtime.settings import Settings
+
+    from omni_stream.engine import AsyncEngine, ModelSource
+    from omni_stream.family import ModelKind
+    from omni_stream.models.synthetic import write_checkpoint
+    from omni_stream.models.synthetic.lm_family import write_lm_checkpoint
+
+    tmp = Path(tempfile.mkdtemp(prefix="voice-bench-"))
+    if args.tts == "synthetic":
+        tts = ModelSource(write_checkpoint(tmp / "tts", step_cost_ms=args.tts_step_ms))
+    else:
+        tts = ModelSource(Path(args.tts))
+    if args.lm == "synthetic":
+        lm = ModelSource(write_lm_checkpoint(tmp / "lm", reply_prefix=REPLY, step_cost_ms=args.lm_step_ms))
+    else:
+        lm = ModelSource(Path(args.lm), family=args.lm_family)
+    if args.asr == "tone":
+        from realtime_doubles import write_tone_asr
+
+        asr = ModelSource(write_tone_asr(tmp / "asr"))
+    else:
+        asr = ModelSource(Path(args.asr))
+    module, _, attr = args.vad.partition(":")
+    vad_factory = getattr(importlib.import_module(module), attr)
+
+    async def load() -> AsyncEngine:
+        sources = {
+            "tts": tts,
+            "lm": ModelSource(lm.path, lm.family, kind=ModelKind.TEXT),
+            "asr": ModelSource(asr.path, kind=ModelKind.TRANSCRIPTION),
+        }
+        return await AsyncEngine.load(
+            sources, device=args.device, load_format=args.load_format, max_batch_size=64, progress=False
+        )
+
+    settings = Settings(vad_factory=vad_factory, enable_benchmark_fields=args.max_output_tokens is not None)
+    app = create_app(load, settings)
+    config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", ws_max_size=32 << 20)
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            print("READY", flush=True)  # the engine is loaded (lifespan) and the socket listens
+
+    Server(config).run()
+
+
+@contextlib.contextmanager
+def server_process(args: argparse.Namespace) -> Iterator[int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    forwarded = ["--tts", args.tts, "--lm", args.lm, "--asr", args.asr, "--vad", args.vad, "--device", args.device]
+    forwarded += ["--tts-step-ms", str(args.tts_step_ms), "--lm-step-ms", str(args.lm_step_ms)]
+    forwarded += ["--load-format", args.load_format]
+    if args.lm_family:
+        forwarded += ["--lm-family", args.lm_family]
+    if args.max_output_tokens is not None:
+        forwarded += ["--max-output-tokens", str(args.max_output_tokens)]
+    cmd = [sys.executable, __file__, "--serve", "--port", str(port), *forwarded]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=tempfile.gettempdir())
+    try:
+        deadline = time.monotonic() + args.server_timeout
+        assert proc.stdout is not None
+        while True:
+            line = proc.stdout.readline()
+            if line.strip() == "READY":
+                break
+            if (not line and proc.poll() is not None) or time.monotonic() > deadline:
+                raise RuntimeError("the benchmark server did not start")
+        yield port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+# --- one client session -------------------------------------------------------------------------------------
+
+
+def utterance(words: list[str]) -> np.ndarray:
+    from realtime_doubles import spoken_words
+
+    return spoken_words(words, lead_ms=0, tail_ms=0)
+
+
+class Mic:
+    """A real-time microphone: 100 ms chunks at their wall-clock times; knows when each sample was 'spoken'."""
+
+    def __init__(self, ws: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.ws, self.loop = ws, loop
+        self.t0 = loop.time()
+        self.sent = 0  # samples
+
+    def time_of(self, sample: int) -> float:
+        """Wall time at which stream sample ``sample`` was spoken."""
+        return self.t0 + sample / RATE
+
+    async def play(self, samples: np.ndarray) -> int:
+        """Send ``samples`` in real time; returns the stream position where they began."""
+        start = self.sent
+        for i in range(0, samples.size, CHUNK):
+            chunk = samples[i : i + CHUNK]
+            due = self.time_of(self.sent + chunk.size)  # a chunk leaves once its last sample is 'recorded'
+            await asyncio.sleep(max(0.0, due - self.loop.time()))
+            audio = base64.b64encode(chunk.astype("<i2").tobytes()).decode()
+            await self.ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+            self.sent += chunk.size
+        return start
+
+    async def silence_until(self, event: asyncio.Event, limit_s: float) -> None:
+        quiet = np.zeros(CHUNK, np.int16)
+        end = self.loop.time() + limit_s
+        while not event.is_set() and self.loop.time() < end:
+            await self.play(quiet)
+
+
+async def one_session(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    import websockets
+
+    loop = asyncio.get_running_loop()
+    result: dict[str, Any] = {}
+    async with websockets.connect(url, max_size=None) as ws:
+        for _ in range(2):
+            await ws.recv()  # session.created, conversation.created
+        vad = {"type": "server_vad", "silence_duration_ms": args.silence_ms, "prefix_padding_ms": 300}
+        session: dict[str, Any] = {"type": "realtime", "audio": {"input": {"turn_detection": vad}}}
+        if args.max_output_tokens is not None:
+            session["max_output_tokens"] = args.max_output_tokens
+        await ws.send(json.dumps({"type": "session.update", "session": session}))
+        while json.loads(await ws.recv())["type"] != "session.updated":
+            pass
+        mic = Mic(ws, loop)
+        first = utterance(["three", "five"])
+        interruption = utterance(["seven"])
+        barge = asyncio.Event()
+        done = asyncio.Event()
+        marks: dict[str, float] = {}
+
+        async def speak() -> None:
+            await mic.play(np.zeros(CHUNK * 3, np.int16))
+            start = await mic.play(first)
+            marks["speech_end"] = mic.time_of(start + first.size)
+            await mic.silence_until(barge, args.session_timeout)
+            if not barge.is_set():
+                return
+            start = await mic.play(interruption)
+            marks["barge_start"] = mic.time_of(start)
+            await mic.silence_until(done, args.session_timeout)
+
+        async def listen() -> None:
+            rid, audio_s = None, 0.0
+            async for raw in ws:
+                event = json.loads(raw)
+                kind, now = event["type"], loop.time()
+                if kind == "input_audio_buffer.speech_stopped" and "stopped" not in marks:
+                    marks["stopped"] = now
+                elif kind == "response.output_audio.delta" and (rid is None or event["response_id"] == rid):
+                    rid = event["response_id"]
+                    marks.setdefault("first_audio", now)
+                    marks["last_audio"] = now
+                    audio_s += len(base64.b64decode(event["delta"])) / 2 / RATE
+                    if audio_s >= args.barge_after:
+                        barge.set()
+                elif kind == "response.done" and event["response"]["id"] == rid:
+                    result["status"] = event["response"]["status"]
+                    result["reason"] = (event["response"].get("status_details") or {}).get("reason")
+                    done.set()
+                    return
+                elif kind == "error":
+                    result.setdefault("errors", []).append(event["error"]["code"])
+
+        async with asyncio.timeout(args.session_timeout):
+            await asyncio.gather(speak(), listen())
+    if "first_audio" in marks:
+        result["v2v_ms"] = 1000 * (marks["first_audio"] - marks["speech_end"])
+        result["server_v2v_ms"] = 1000 * (marks["first_audio"] - marks["stopped"])
+    if "barge_start" in marks and result.get("status") == "cancelled":
+        result["barge_in_ms"] = 1000 * (marks["last_audio"] - marks["barge_start"])
+    return result
+
+
+# --- levels -------------------------------------------------------------------------------------------------
+
+
+def summary(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p95": None, "mean": None, "max": None}
+    ordered = sorted(values)
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    return {
+        "p50": round(statistics.median(ordered), 1),
+        "p95": round(p95, 1),
+        "mean": round(statistics.fmean(ordered), 1),
+        "max": round(ordered[-1], 1),
+    }
+
+
+async def run_level(url: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
+    started = time.perf_counter()
+    outcomes = await asyncio.gather(*(one_session(url, args) for _ in range(n)), return_exceptions=True)
+    wall = time.perf_counter() - started
+    ok = [o for o in outcomes if isinstance(o, dict)]
+    failures = [f"{type(o).__name__}: {o}" for o in outcomes if not isinstance(o, dict)]
+    return {
+        "concurrency": n,
+        "sessions": n,
+        "answered": sum("v2v_ms" in o for o in ok),
+        "interrupted": sum(o.get("status") == "cancelled" for o in ok),
+        "voice_to_voice_ms": summary([o["v2v_ms"] for o in ok if "v2v_ms" in o]),
+        "server_voice_to_voice_ms": summary([o["server_v2v_ms"] for o in ok if "server_v2v_ms" in o]),
+        "barge_in_ms": summary([o["barge_in_ms"] for o in ok if "barge_in_ms" in o]),
+        "error_events": sorted({e for o in ok for e in o.get("errors", [])}),
+        "failures": failures[:5],
+        "wall_s": round(wall, 2),
+    }
+
+
+def table(levels: list[dict[str, Any]]) -> str:
+    names = ("sessions", "answered", "v2v p50", "v2v p95", "srv p50", "barge p50", "barge p95")
+    rows = [" ".join(f"{name:>9}" for name in names)]
+    for lv in levels:
+        v, s, b = lv["voice_to_voice_ms"], lv["server_voice_to_voice_ms"], lv["barge_in_ms"]
+        rows.append(
+            " ".join(
+                f"{x!s:>9}"
+                for x in (lv["concurrency"], lv["answered"], v["p50"], v["p95"], s["p50"], b["p50"], b["p95"])
+            )
+        )
+    return "\n".join(rows)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--levels", default="1,4,16,32", help="concurrent sessions per level (default: %(default)s)")
+    ap.add_argument("--smoke", action="store_true", help="levels 1,2 and a short run (CI)")
+    ap.add_argument("--tts", default="synthetic", help="'synthetic' or a checkpoint directory")
+    ap.add_argument("--lm", default="synthetic", help="'synthetic' or a checkpoint directory")
+    ap.add_argument("--lm-family", default=None, help="backend for --lm (e.g. vllm); default: its model_type")
+    ap.add_argument("--asr", default="tone", help="'tone' (the test double) or a checkpoint directory")
+    ap.add_argument("--vad", default="realtime_doubles:energy_vad", help="VAD factory module:attr")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--load-format", choices=("auto", "dummy"), default="auto")
+    ap.add_argument("--tts-step-ms", type=float, default=4.0, help="synthetic TTS device time per frame step")
+    ap.add_argument("--lm-step-ms", type=float, default=2.0, help="synthetic LM device time per token step")
+    ap.add_argument("--max-output-tokens", type=int, default=None, help="bound each reply (random-weight LMs)")
+    ap.add_argument("--silence-ms", type=int, default=500, help="server VAD silence_duration_ms")
+    ap.add_argument("--barge-after", type=float, default=1.0, help="seconds of agent audio before interrupting")
+    ap.add_argument("--session-timeout", type=float, default=60.0)
+    ap.add_argument("--server-timeout", type=float, default=600.0)
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.serve:
+        serve(args)
+        return 0
+    from provenance import git_commit
+
+    levels = [1, 2] if args.smoke else [int(x) for x in args.levels.split(",")]
+    if args.smoke:
+        args.barge_after = min(args.barge_after, 0.5)
+    mode = "cpu" if args.device == "cpu" else "gpu"
+    results: list[dict[str, Any]] = []
+    with server_process(args) as port:
+        url = f"ws://127.0.0.1:{port}/v1/realtime"
+        asyncio.run(run_level(url, 1, args))  # warm-up (filter designs, worker threads), not reported
+        for n in levels:
+            results.append(asyncio.run(run_level(url, n, args)))
+            print(table(results[-1:]).splitlines()[-1], flush=True)
+    report = {
+        "benchmark": "voice_bench",
+        "mode": mode,
+        "smoke": args.smoke,
+        "git_commit": git_commit(),
+        "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        "models": {"tts": args.tts, "lm": args.lm, "asr": args.asr, "vad": args.vad, "load_format": args.load_format},
+        "settings": {
+            "tts_step_ms": args.tts_step_ms if args.tts == "synthetic" else None,
+            "lm_step_ms": args.lm_step_ms if args.lm == "synthetic" else None,
+            "silence_duration_ms": args.silence_ms,
+            "barge_after_s": args.barge_after,
+            "run_ahead_s": 2.0,
+            "append_ms": 100,
+        },
+        "levels": results,
+    }
+    out = (
+        args.out
+        or Path(os.environ.get("OUT") or HERE / "results") / f"voice_bench_{mode}{'_smoke' if args.smoke else ''}.json"
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(table(results))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""The native text family (``model_type: qwen3`` or ``llama``): a hub-layout causal LM on our batch scheduler.
+
+Loading (off the event loop): config and generation config, the tokenizer with its chat template, the LM
+(safetensors, or ``load_format="dummy"`` at real sizes), the runner with its slot KV cache (CUDA graphs captured
+here on GPU) and its scheduler. ``LoadOptions.backend_args`` may set ``max_model_len`` (positions per sequence:
+prompt + output; default ``min(max_position_embeddings, 4096)``), which sizes the KV cache.
+
+Requests: :meth:`CausalLMFamily.text_stage` checks the fields that need no tokens right away; the stage's prepare
+step builds the prompt off the loop (chat template, tokenization), checks it against the context (errors name
+``messages``/``prompt`` or ``max_tokens``, before any delta) and counts its tokens. Tokens are detokenized on the
+device worker (:mod:`.runner`).
+
+``embedded_default_checkpoint()`` builds the tiny random-weight chat model the server loads when no model is given.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from omni_stream.chunks import TextDelta
+from omni_stream.context import RequestContext
+from omni_stream.errors import ConfigError, InvalidRequestError
+from omni_stream.family import LoadContext, ModelKind, TextInfo
+from omni_stream.models.causal_lm.config import load_config, load_generation_defaults
+from omni_stream.models.causal_lm.model import load_lm
+from omni_stream.models.causal_lm.runner import CausalLMRunner, LMRequest
+from omni_stream.models.causal_lm.tokenizer import ChatTokenizer
+from omni_stream.pipeline import Stage
+from omni_stream.requests import TextRequest
+from omni_stream.runtime.cache import EMBEDDED_MARKER, embedded_checkpoint_dir
+from omni_stream.runtime.weights import parse_dtype
+from omni_stream.scheduler import Scheduler
+from omni_stream.stages import text_generation_stage
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_MODEL_LEN = 4096
+BACKEND_ARGS = ("max_model_len",)
+EMBEDDED_NAME = "qwen3-tiny-chat-v1"
+
+
+@dataclass(slots=True, frozen=True)
+class _Args:
+    max_model_len: int | None = None
+
+
+def _backend_args(items: tuple[tuple[str, Any], ...]) -> _Args:
+    args = dict(items)
+    unknown = sorted(set(args) - set(BACKEND_ARGS))
+    if unknown:
+        raise ConfigError(f"backend_args: the native text backend takes {', '.join(BACKEND_ARGS)}, not {unknown}")
+    n = args.get("max_model_len")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 2):
+        raise ConfigError(f"backend_args max_model_len: must be an integer >= 2, got {n!r}")
+    return _Args(n)
+
+
+class CausalLMFamily:
+    """A loaded causal LM. ``runner``, ``scheduler`` and ``tokenizer`` are public for tests and benchmarks."""
+
+    def __init__(self, load: LoadContext) -> None:
+        opts = load.options
+        ckpt = load.checkpoint
+        if opts.load_format not in ("auto", "safetensors", "dummy"):
+            raise ConfigError(f"load_format: must be auto, safetensors or dummy, got {opts.load_format!r}")
+        args = _backend_args(opts.backend_args)
+        dtype = parse_dtype(opts.dtype, opts.device)
+        self.embedded = (ckpt / EMBEDDED_MARKER).exists()
+        with opts.progress_bar(total=3, desc=f"loading {ckpt.name}", unit="part") as bar:
+            self.config = cfg = load_config(ckpt)
+            self.defaults = load_generation_defaults(ckpt, cfg)
+            self.tokenizer = ChatTokenizer(ckpt)
+            bar.update(1)
+            lm = load_lm(ckpt, device=opts.device, dtype=dtype, load_format=opts.load_format, config=cfg)
+            bar.update(1)
+            max_len = args.max_model_len or min(cfg.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+            if max_len > cfg.max_position_embeddings:
+                raise ConfigError(
+                    f"backend_args max_model_len: {max_len} exceeds the model's {cfg.max_position_embeddings} positions"
+                )
+            self.runner = CausalLMRunner(
+                lm,
+                self.tokenizer.decode,
+                eos_token_ids=self.defaults.eos_token_ids,
+                max_batch_size=opts.max_batch_size,
+                max_len=max_len,
+            )
+            # On CUDA the decode step replays per-bucket graphs; capturing them here keeps it out of requests.
+            self.capture_seconds = self.runner.capture_graphs(progress=opts.progress_bar)
+            self.scheduler = Scheduler(
+                self.runner,
+                load.worker,
+                high_watermark=opts.max_buffered_frames,
+                metrics=load.metrics.scheduler("text"),
+                name="text",
+            )
+            bar.update(1)
+        self.sampling = self.defaults.sampling
+        self.max_context = self.runner.max_len
+        self.info = TextInfo(ckpt.name, cfg.model_type, ModelKind.TEXT, max_context=self.max_context)
+        if self.embedded:
+            log.warning(
+                "serving the embedded tiny text checkpoint %s: random weights, it babbles "
+                "(load a real Qwen3 or Llama checkpoint as the text model for real replies)",
+                ckpt,
+            )
+
+    # --- requests -------------------------------------------------------------------------------------------
+
+    def count_text_tokens(self, text: str) -> int:
+        """Tokens of ``text`` under the checkpoint's tokenizer (blocking: call it off the loop for long text)."""
+        return self.tokenizer.count(text)
+
+    def text_stage(self, request: TextRequest, ctx: RequestContext) -> Stage[Any, TextDelta]:
+        """Check ``request`` (field errors now; prompt-length errors in the stage, before any delta)."""
+        if request.max_tokens is not None and request.max_tokens >= self.max_context:
+            raise InvalidRequestError(
+                f"max_tokens ({request.max_tokens}) must be less than the context of {self.max_context} tokens",
+                "max_tokens",
+            )
+        if request.messages and not self.tokenizer.has_chat_template:
+            raise InvalidRequestError("this model has no chat template: send a raw prompt instead", "messages")
+        sampling = request.sampling or self.sampling
+        field = "prompt" if request.prompt is not None else "messages"
+
+        async def prepare(ctx: RequestContext) -> LMRequest:
+            ids = await anyio.to_thread.run_sync(self.tokenizer.encode, request)
+            room = self.max_context - len(ids)
+            if room < 1:
+                raise InvalidRequestError(
+                    f"the prompt ({len(ids)} tokens) does not fit the context of {self.max_context} tokens", field
+                )
+            if request.max_tokens is not None and request.max_tokens > room:
+                raise InvalidRequestError(
+                    f"max_tokens ({request.max_tokens}) exceeds the {room} tokens left in the context of "
+                    f"{self.max_context} after the prompt ({len(ids)} tokens)",
+                    "max_tokens",
+                )
+            ctx.tokens(ModelKind.TEXT).input_tokens = len(ids)
+            return LMRequest(
+                tuple(ids), request.max_tokens or room, sampling, request.seed, request.stop, request.ignore_eos
+            )
+
+        return text_generation_stage(self.scheduler, prepare)
+
+    async def aclose(self) -> None:
+        """Nothing to free beyond the scheduler, which the engine's worker shuts down."""
+
+
+def load_family(load: LoadContext) -> CausalLMFamily:
+    """Family loader for ``model_type: qwen3`` and ``llama`` (runs off the event loop)."""
+    return CausalLMFamily(load)
+
+
+def embedded_default_checkpoint(cache_dir: str | Path | None = None) -> Path:
+    """The tiny Qwen3 chat checkpoint served when no model is given; built on first use (atomically)."""
+    from omni_stream.models.causal_lm.checkpoint import write_tiny_checkpoint
+
+    return embedded_checkpoint_dir(
+        EMBEDDED_NAME, lambda out: write_tiny_checkpoint(out, "qwen3", seed=0), "random weights: it babbles", cache_dir
+    )

@@ -1,0 +1,418 @@
+"""CausalLMRunner: a decoder-only LM as a :class:`~omni_stream.batch.BatchModel` over a slot-indexed KV cache.
+
+One step: newcomers are prefilled together into their slots (prompts right-padded to the longest; other slots
+keep their rows), then every row of the step decodes one token: logits from the row's last hidden state,
+repetition penalty, per-row sampling (temperature, top-k, top-p, greedy; exponential race with counter-based
+noise from :mod:`omni_stream.runtime.rng`, so a seeded row draws the same tokens whoever it is batched with),
+then the sampled token runs through the layers at the row's next position. One device-to-host copy per step
+carries every row's token; each token then goes through the row's :class:`~.detokenize.TextStream` on this
+(the worker) thread and comes out as one :class:`~omni_stream.chunks.TextDelta` (empty while a character is
+incomplete or a stop string might be starting).
+
+The decode step works on slots ``0..b-1`` where ``b`` covers the highest slot in the step, so its cost follows
+the live rows (the scheduler hands out the lowest free slot); rows marked idle in a static ``active`` mask compute
+along, write their K/V into a scratch column and keep their state. Its shapes depend only on ``(b, span, full)``
+(``full``: some row samples or has a repetition penalty; else a plain argmax), so on CUDA the whole step is one
+CUDA graph per (batch bucket, attention-span bucket, mode), replayed after one host-to-device copy of the mask.
+On the CPU, and for shapes outside the buckets, the same function runs eagerly at the exact shape. On CUDA the
+layers run as the fused Triton kernels (residual+norm, q/k norm+rotary for Qwen3, SiLU-and-multiply); sampling
+stays in torch (the Triton sampler holds a whole row in one block, sized for the talker's 3072 codes, not a
+150k-token vocabulary).
+
+Ending: an EOS id from ``generation_config.json`` ends the row with ``finish_reason="stop"`` (``ignore_eos``:
+generation goes on), as does a stop string (the text stops before it); the ``max_tokens``-th token ends it with
+``"length"``. Every sampled token, EOS included, is one item (one token of usage).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from omni_stream.batch import Batch, SeqOutput, Sequence
+from omni_stream.chunks import TextDelta
+from omni_stream.errors import InvalidRequestError
+from omni_stream.models.causal_lm.detokenize import Decode, TextStream
+from omni_stream.models.causal_lm.model import CausalLM
+from omni_stream.models.qwen3_tts.fused import DecodeKernels, default_kernels
+from omni_stream.requests import SamplingParams
+from omni_stream.runtime import rng
+from omni_stream.runtime.cuda_graphs import GraphSet, batch_buckets, length_buckets, pick
+from omni_stream.runtime.kv_cache import Attend, KVShape, SlotKVCache, attention, decode_attention
+from omni_stream.runtime.sampling import SamplingTensors, apply_repetition_penalty, sample
+
+log = logging.getLogger(__name__)
+
+SPAN_BUCKET = 256  # smallest attention-span bucket of the decode graphs (positions)
+
+
+@dataclass(slots=True, frozen=True)
+class LMRequest:
+    """The scheduler payload of one generation: prompt ids and how to generate (``max_tokens`` >= 1)."""
+
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    sampling: SamplingParams
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(slots=True)
+class _SlotState:
+    """Host-side mirror of one running sequence (worker thread only)."""
+
+    slot: int
+    length: int  # positions written to the KV cache
+    max_tokens: int
+    ignore_eos: bool
+    full: bool  # needs the full sampler (sampling or a repetition penalty)
+    text: TextStream
+    generated: int = 0
+    tokens: list[int] | None = field(default=None)  # every sampled id, when the runner records
+
+
+def _head(t: SamplingTensors, b: int) -> SamplingTensors:
+    """The first ``b`` rows as views (static storage a graph can read)."""
+    return SamplingTensors(t.do_sample[:b], t.temperature[:b], t.top_k[:b], t.top_p[:b], t.repetition_penalty[:b])
+
+
+def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Causal attention of padded prompts (``mask`` ``[B, 1, T, T]``; None: one unpadded prompt)."""
+    if not q.is_cuda:
+        if mask is None:
+            t = q.shape[2]
+            mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+        return attention(q, k, v, mask)
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+class CausalLMRunner:
+    """Batched decoding over a slot-indexed static KV cache (see module docstring)."""
+
+    def __init__(
+        self,
+        lm: CausalLM,
+        decode: Decode,
+        *,
+        eos_token_ids: tuple[int, ...] = (),
+        max_batch_size: int = 8,
+        max_len: int = 2048,
+        graphs: bool | None = None,
+        fused: DecodeKernels | bool | None = None,
+        record: bool = False,
+    ) -> None:
+        """``decode``: ids -> text (special tokens skipped); ``max_len``: positions per slot (prompt + output).
+
+        ``graphs``: replay CUDA graphs of the decode step (None: on CUDA devices). ``fused``: decoder layers as
+        fused kernels (None: the Triton kernels on CUDA when Triton is installed; False: the modules).
+        ``record``: keep each sequence's sampled ids in ``recorded[seq_id]`` (tests).
+        """
+        self.lm = lm.eval()
+        self.cfg = cfg = lm.config
+        w = lm.model.embed_tokens.weight
+        self.device, self.dtype = w.device, w.dtype
+        kernels = default_kernels(self.device) if fused is None or fused is True else fused or None
+        if fused is True and kernels is None:
+            raise ValueError("fused kernels need a CUDA device with Triton installed")
+        lm.use_kernels(kernels)
+        self.kernels = kernels
+        self.decode_text = decode
+        self.eos = frozenset(eos_token_ids)
+        self.max_len = min(max_len, cfg.max_position_embeddings)
+        self._slots = s = max_batch_size
+        dev = self.device
+        # One column past max_len: idle rows of a decode step write their K/V there; no read ever reaches it.
+        self.kv = SlotKVCache(
+            KVShape(cfg.num_hidden_layers, s, cfg.num_key_value_heads, self.max_len + 1, cfg.head_dim),
+            dtype=self.dtype,
+            device=dev,
+        )
+        self.vocab = cfg.vocab_size
+        self.hidden = torch.zeros(s, cfg.hidden_size, dtype=self.dtype, device=dev)
+        self.seen = torch.zeros(s, self.vocab, dtype=torch.bool, device=dev)
+        self.steps = torch.zeros(s, dtype=torch.long, device=dev)
+        self.lengths = torch.zeros(s, dtype=torch.long, device=dev)
+        self.seeds = torch.zeros(s, dtype=torch.long, device=dev)
+        self.active = torch.zeros(s, dtype=torch.bool, device=dev)
+        self.tokens_out = torch.zeros(s, dtype=torch.long, device=dev)
+        self.params = SamplingTensors.empty(s, dev)
+        self._rows = torch.arange(s, device=dev)
+        self._active_host = torch.zeros(s, dtype=torch.bool, pin_memory=dev.type == "cuda")
+        rng.prepare(self.vocab, dev)
+        self._states: dict[int, _SlotState] = {}
+        self.record = record
+        self.recorded: dict[int, list[int]] = {}
+        self.use_graphs = dev.type == "cuda" if graphs is None else graphs
+        if self.use_graphs and dev.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device")
+        self.batch_buckets = batch_buckets(s)
+        self.length_buckets = length_buckets(self.max_len, SPAN_BUCKET)
+        self.pad_eager = False  # eager steps at bucket shapes too (graph-vs-eager comparisons)
+        self.graphs = GraphSet(self._run_rows, dev) if self.use_graphs else None
+        self.graph_steps = 0
+        self.eager_steps = 0
+
+    # -- CUDA graphs ------------------------------------------------------------------------------------
+
+    def capture_graphs(self, progress: Callable[..., object] | None = None) -> float:
+        """Capture the decode step for every (batch, span, mode) bucket, largest first; returns seconds (0 without
+        graphs). Needs no running sequence: every row is idle while it is captured."""
+        if self.graphs is None:
+            return 0.0
+        keys = [(b, n, full) for b in self.batch_buckets for n in self.length_buckets for full in (1, 0)]
+        missing = [k for k in keys if k not in self.graphs]
+        with self._idle():
+            return self.graphs.capture_all(missing, progress=progress, desc="capturing decode graphs")
+
+    @property
+    def capture_seconds(self) -> float:
+        return self.graphs.capture_seconds if self.graphs is not None else 0.0
+
+    @contextmanager
+    def _idle(self) -> Iterator[None]:
+        saved = self.active.clone()
+        self.active.zero_()
+        try:
+            yield
+        finally:
+            self.active.copy_(saved)
+
+    # -- BatchModel -------------------------------------------------------------------------------------
+
+    @property
+    def max_batch_size(self) -> int:
+        return self._slots
+
+    @property
+    def num_active(self) -> int:
+        """Slots currently holding a sequence."""
+        return len(self._states)
+
+    @torch.no_grad()
+    def step(self, batch: Batch) -> list[SeqOutput]:
+        """Prefill ``batch.prefill``, then give every row of the batch its next token."""
+        outputs: dict[int, SeqOutput] = {}
+        admitted: list[tuple[Sequence, torch.Tensor]] = []
+        for seq in batch.prefill:
+            try:
+                admitted.append((seq, self._admit(seq)))
+            except Exception as exc:  # one newcomer's failure must not end the running rows
+                self._reject(seq, exc, outputs)
+        rows = [*self._prefill_all(admitted, outputs), *batch.decode]
+        if rows:
+            states = [self._state(seq) for seq in rows]
+            for seq, st, token in zip(rows, states, self._decode(states), strict=True):
+                outputs[seq.seq_id] = self._emit(seq, st, token)
+        return [outputs[seq.seq_id] for seq in (*batch.prefill, *batch.decode)]
+
+    def release(self, seq: Sequence) -> None:
+        """Free the sequence's slot state; the static rows are simply reused by the slot's next owner."""
+        st = seq.model_state
+        if isinstance(st, _SlotState) and self._states.get(st.slot) is st:
+            del self._states[st.slot]
+        seq.model_state = None
+
+    # -- admission and prefill --------------------------------------------------------------------------
+
+    def _state(self, seq: Sequence) -> _SlotState:
+        st = seq.model_state
+        if not isinstance(st, _SlotState):
+            raise RuntimeError(f"sequence {seq.seq_id} was not prefilled by this runner")
+        return st
+
+    def _admit(self, seq: Sequence) -> torch.Tensor:
+        """Check the request, take its slot and set the slot's sampling state; returns the prompt ids ``[n]``."""
+        req = seq.payload
+        if not isinstance(req, LMRequest):
+            raise TypeError(f"payload must be an LMRequest, got {type(req).__name__}")
+        slot = seq.slot
+        if not 0 <= slot < self._slots:
+            raise ValueError(f"slot {slot} is outside 0..{self._slots - 1}")
+        if slot in self._states:
+            raise RuntimeError(f"slot {slot} is still held by another sequence")
+        n = len(req.prompt_ids)
+        if n < 1:
+            raise InvalidRequestError("the prompt has no tokens", "prompt")
+        if req.max_tokens < 1 or n + req.max_tokens > self.max_len:
+            raise InvalidRequestError(
+                f"the prompt ({n} tokens) + max_tokens ({req.max_tokens}) exceeds the context of {self.max_len} tokens",
+                "max_tokens",
+            )
+        if min(req.prompt_ids) < 0 or max(req.prompt_ids) >= self.vocab:
+            raise ValueError(f"prompt ids outside the vocabulary of {self.vocab}: tokenizer and model disagree")
+        ids = torch.tensor(req.prompt_ids, dtype=torch.long, device=self.device)
+        self.seen[slot] = False
+        self.seen[slot, ids] = True  # the repetition penalty counts the prompt too (as transformers does)
+        self.steps[slot] = 0
+        self.lengths[slot] = n
+        self.seeds[slot] = req.seed % (1 << 63) if req.seed is not None else secrets.randbits(63)
+        self.params.write(slot, req.sampling)
+        full = req.sampling.do_sample or req.sampling.repetition_penalty != 1.0
+        st = _SlotState(slot, n, req.max_tokens, req.ignore_eos, full, TextStream(self.decode_text, req.stop))
+        if self.record:
+            st.tokens = self.recorded[seq.seq_id] = []
+        self._states[slot] = st
+        seq.model_state = st
+        return ids
+
+    def _reject(self, seq: Sequence, exc: Exception, outputs: dict[int, SeqOutput]) -> None:
+        """End a newcomer with ``exc`` and free its slot state; other rows are untouched."""
+        if not isinstance(exc, InvalidRequestError):
+            log.error("prefill of sequence %s failed", seq.seq_id, exc_info=exc)
+        self.release(seq)
+        outputs[seq.seq_id] = SeqOutput(seq.seq_id, finished=True, error=exc)
+
+    def _prefill_all(
+        self, admitted: list[tuple[Sequence, torch.Tensor]], outputs: dict[int, SeqOutput]
+    ) -> list[Sequence]:
+        """Prefill the admitted newcomers together; returns those that joined the step.
+
+        A failing batched prefill falls back to one prefill per newcomer, so only the failing ones end.
+        """
+        if not admitted:
+            return []
+        try:
+            self._prefill([(seq.slot, ids) for seq, ids in admitted])
+            return [seq for seq, _ in admitted]
+        except Exception as exc:
+            if len(admitted) == 1:
+                self._reject(admitted[0][0], exc, outputs)
+                return []
+        joined = []
+        for seq, ids in admitted:
+            try:
+                self._prefill([(seq.slot, ids)])
+            except Exception as exc:
+                self._reject(seq, exc, outputs)
+                continue
+            joined.append(seq)
+        return joined
+
+    def _prefill(self, prompts: list[tuple[int, torch.Tensor]]) -> None:
+        """One forward over every newcomer's prompt; K/V rows go to each one's slot, its last hidden state kept."""
+        lengths = [ids.shape[0] for _, ids in prompts]
+        t = max(lengths)
+        ids = torch.nn.utils.rnn.pad_sequence([ids for _, ids in prompts], batch_first=True)
+        slots = torch.tensor([slot for slot, _ in prompts], dtype=torch.long, device=self.device)
+        lens = torch.tensor(lengths, dtype=torch.long, device=self.device)
+        positions = torch.arange(t, device=self.device)[None].expand(len(prompts), -1)
+        padded = min(lengths) != t
+        hidden = self.lm(self.lm.embed(ids), positions, self._prefill_attend(slots, lens, t, padded))
+        self.hidden[slots] = hidden[torch.arange(len(prompts), device=self.device), lens - 1]
+
+    def _prefill_attend(self, slots: torch.Tensor, lengths: torch.Tensor, t: int, padded: bool) -> Attend:
+        """Causal attention over prompts starting at position 0; padding keys masked (and later overwritten)."""
+        mask = None
+        if padded:
+            pos = torch.arange(t, device=slots.device)
+            causal = pos[None, :] <= pos[:, None]
+            mask = (causal[None] & (pos[None, :] < lengths[:, None])[:, None, :])[:, None]  # [B, 1, T, T]
+        kc, vc = self.kv.k, self.kv.v
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            kc[layer][slots, :, :t] = k
+            vc[layer][slots, :, :t] = v
+            return prefill_attention(q, k, v, mask)
+
+        return attend
+
+    # -- decode -------------------------------------------------------------------------------------------
+
+    def _decode(self, states: list[_SlotState]) -> list[int]:
+        """One token for each row; one device-to-host copy."""
+        slots = [st.slot for st in states]
+        n = max(slots) + 1
+        span = max(st.length for st in states) + 1
+        full = int(any(st.full for st in states))
+        host = self._active_host
+        host.zero_()
+        host.numpy()[slots] = True
+        self.active.copy_(host, non_blocking=True)
+        bucket = self._bucket(n, span)
+        if bucket is not None and self.graphs is not None:
+            key = (*bucket, full)
+            if key not in self.graphs:
+                with self._idle():
+                    self.graphs.capture(key)
+            self.graphs.replay(key)
+            self.graph_steps += 1
+            b = bucket[0]
+        else:
+            b, span = bucket if self.pad_eager and bucket is not None else (n, span)
+            self._run_rows(b, span, full)
+            self.eager_steps += 1
+        tokens = self.tokens_out[:b].cpu()
+        return tokens[slots].tolist()
+
+    def _bucket(self, n: int, span: int) -> tuple[int, int] | None:
+        b, s = pick(self.batch_buckets, n), pick(self.length_buckets, span)
+        return None if b is None or s is None else (b, s)
+
+    @torch.no_grad()
+    def _run_rows(self, b: int, span: int, full: int) -> None:
+        """The decode step over slots ``0..b-1``, attention over ``span`` positions (static tensors only).
+
+        Rows marked in ``active`` advance; the others compute along and are discarded.
+        """
+        rows, act = self._rows[:b], self.active[:b]
+        h, steps, lengths, seen = self.hidden[:b], self.steps[:b], self.lengths[:b], self.seen[:b]
+        logits = self.lm.logits(h).float()
+        if full:
+            params = _head(self.params, b)
+            logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
+            noise = rng.exponential(rng.row_keys(self.seeds[:b], steps), self.vocab)
+            token = sample(logits, params, noise)
+        else:
+            token = logits.argmax(dim=-1)
+        seen.scatter_(1, token[:, None], seen.gather(1, token[:, None]) | act[:, None])
+        write = torch.where(act, lengths, self.max_len)
+        hidden = self.lm(self.lm.embed(token)[:, None], lengths[:, None], self._attend(rows, write, lengths, span))
+        self.hidden[:b] = torch.where(act[:, None], hidden[:, 0], h)
+        inc = act.long()
+        steps += inc
+        lengths += inc
+        self.tokens_out[:b] = token
+
+    def _attend(self, rows: torch.Tensor, write: torch.Tensor, lengths: torch.Tensor, span: int) -> Attend:
+        """Attention over the first ``len(rows)`` slots: row ``i`` writes at ``write[i]``, reads ``0..lengths[i]``."""
+        b = rows.shape[0]
+        keep = torch.arange(span, device=rows.device)[None, :] <= lengths[:, None]
+        mask = keep[:, None, None, :]
+        kc, vc = self.kv.k, self.kv.v
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            kl, vl = kc[layer], vc[layer]
+            kl[rows, :, write] = k[:, :, 0]
+            vl[rows, :, write] = v[:, :, 0]
+            return decode_attention(q, kl[:b, :, :span], vl[:b, :, :span], mask)
+
+        return attend
+
+    def _emit(self, seq: Sequence, st: _SlotState, token: int) -> SeqOutput:
+        """The row's delta for ``token``, and whether the row is done."""
+        st.generated += 1
+        st.length += 1
+        if st.tokens is not None:
+            st.tokens.append(token)
+        index = st.generated - 1
+        if token in self.eos and not st.ignore_eos:
+            text, _ = st.text.finish()
+            return SeqOutput(seq.seq_id, TextDelta(text, index, final=True, finish_reason="stop"), finished=True)
+        text, stopped = st.text.push(token)
+        if not stopped and st.generated >= st.max_tokens:
+            rest, stopped = st.text.finish()
+            text += rest
+            reason = "stop" if stopped else "length"
+            return SeqOutput(seq.seq_id, TextDelta(text, index, final=True, finish_reason=reason), finished=True)
+        if stopped:
+            return SeqOutput(seq.seq_id, TextDelta(text, index, final=True, finish_reason="stop"), finished=True)
+        return SeqOutput(seq.seq_id, TextDelta(text, index))

@@ -1,0 +1,60 @@
+"""The checkpoint's tokenizer and chat template (transformers' tokenizers), as plain blocking functions.
+
+Prompts are built and tokenized off the event loop (the family calls these through ``anyio.to_thread``);
+decoding runs on the device worker, through the Rust ``tokenizers`` object directly where there is one
+(no per-call Python clean-up: deltas join to ``decode(ids, skip_special_tokens=True)`` with
+``clean_up_tokenization_spaces=False``, which is what the checkpoints we write declare).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from omni_stream.errors import ConfigError, InvalidRequestError
+from omni_stream.requests import TextRequest
+
+
+class ChatTokenizer:
+    """``encode`` a request (chat template or raw prompt), ``decode`` ids, ``count`` text tokens."""
+
+    def __init__(self, model_dir: str | Path) -> None:
+        # With a tokenizer.json (every fast-tokenizer checkpoint) the tokenizers-backed class reads it directly;
+        # AutoTokenizer resolves the class through every model config and costs seconds at each server start.
+        if (Path(model_dir) / "tokenizer.json").exists():
+            from transformers import PreTrainedTokenizerFast as Tokenizer
+        else:
+            from transformers import AutoTokenizer as Tokenizer  # type: ignore[assignment]
+        try:
+            self._tok = Tokenizer.from_pretrained(str(model_dir))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot load the tokenizer of {model_dir}: {exc}") from exc
+        backend = getattr(self._tok, "backend_tokenizer", None)
+        self._backend = backend if hasattr(backend, "decode") else None
+        self.has_chat_template = bool(getattr(self._tok, "chat_template", None))
+
+    def __len__(self) -> int:
+        return len(self._tok)
+
+    def encode(self, request: TextRequest) -> list[int]:
+        """Prompt ids of ``request``: its messages through the chat template (with the generation prompt), or the
+        raw prompt with the tokenizer's special tokens (e.g. BOS)."""
+        if request.prompt is not None:
+            return list(self._tok(request.prompt)["input_ids"])
+        if not self.has_chat_template:
+            raise InvalidRequestError("this model has no chat template: send a raw prompt instead", "messages")
+        messages = [{"role": m.role.value, "content": m.content} for m in request.messages]
+        out: Any = self._tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = out["input_ids"] if isinstance(out, Mapping) or hasattr(out, "keys") else out
+        return [int(i) for i in ids]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``, special tokens skipped (thread-safe; runs on the device worker)."""
+        if self._backend is not None:
+            return str(self._backend.decode(list(ids), skip_special_tokens=True))
+        return str(self._tok.decode(list(ids), skip_special_tokens=True))
+
+    def count(self, text: str) -> int:
+        """Tokens of ``text`` alone (no special tokens)."""
+        return len(self._tok(text, add_special_tokens=False)["input_ids"])

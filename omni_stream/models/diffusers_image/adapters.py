@@ -1,0 +1,220 @@
+"""What differs between diffusers pipelines: how one batched call is made, and where its latents live.
+
+An adapter wraps one loaded pipeline (never a copy of its code): it calls it for a batch of rows of one shape
+with ``callback_on_step_end`` (the runner's step hook), unpacks the latents the callback sees into
+``(batch, channels, h, w)`` (previews), and decodes such latents through the pipeline's own VAE (to fit the
+linear preview projection at load). Supported: Stable Diffusion (text to image, and edits as img2img),
+InstructPix2Pix (edits) and Qwen-Image-Edit (edits).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from omni_stream.errors import ConfigError
+from omni_stream.images import ImageMode
+
+StepCallback = Callable[[Any, int, Any, dict[str, Any]], dict[str, Any]]
+
+EDIT_STRENGTH = 0.8  # img2img on a text-to-image model: how far from the input the edit may go (diffusers' default)
+IMAGE_GUIDANCE = 1.5  # InstructPix2Pix: how closely the edit follows the input image (its authors' default)
+
+
+@dataclass(slots=True, frozen=True)
+class Shape:
+    """What requests must share to run in one pipeline call (sizes in pixels)."""
+
+    mode: ImageMode
+    width: int
+    height: int
+    steps: int
+    guidance: float
+
+
+@dataclass(slots=True, frozen=True)
+class Row:
+    """One image of a batched call: its prompt, its input image (PIL, at the output size) and its seed."""
+
+    prompt: str
+    image: Any | None
+    seed: int
+
+
+def _generators(rows: Sequence[Row]) -> list[torch.Generator]:
+    # CPU generators: the same seed paints the same image on any device
+    return [torch.Generator("cpu").manual_seed(row.seed) for row in rows]
+
+
+class Adapter:
+    """Base: a pipeline with an ``AutoencoderKL``-style VAE and unpacked ``(B, C, h, w)`` latents."""
+
+    pipeline_classes: ClassVar[tuple[str, ...]] = ()
+    modes: ClassVar[tuple[ImageMode, ...]] = ()
+    default_steps: ClassVar[int] = 30
+    default_guidance: ClassVar[float] = 7.5
+
+    def __init__(self, pipe: Any) -> None:
+        self.pipe = pipe
+
+    @property
+    def size_multiple(self) -> int:
+        return int(self.pipe.vae_scale_factor)
+
+    @property
+    def token_pixels(self) -> int:
+        return int(self.pipe.vae_scale_factor)
+
+    @property
+    def default_side(self) -> int:
+        return int(self.pipe.unet.config.sample_size) * int(self.pipe.vae_scale_factor)
+
+    @property
+    def latent_channels(self) -> int:
+        return int(self.pipe.vae.config.latent_channels)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.pipe._execution_device)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.pipe.vae.dtype
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` as the pipeline's text encoder reads it (truncated at its limit)."""
+        tokenizer = self.pipe.tokenizer
+        ids = tokenizer(text, truncation=True, max_length=tokenizer.model_max_length).input_ids
+        return len(ids)
+
+    def unpack(self, latents: torch.Tensor, shape: Shape) -> torch.Tensor:
+        """The callback's latents as ``(B, C, h, w)``."""
+        return latents
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Unpacked latents through the full VAE: RGB in [-1, 1], ``(B, 3, H, W)``."""
+        vae = self.pipe.vae
+        return vae.decode(latents / vae.config.scaling_factor, return_dict=False)[0]
+
+    def call(self, rows: Sequence[Row], shape: Shape, callback: StepCallback) -> np.ndarray:
+        """One pipeline call for ``rows``: float images in [0, 1], ``(B, H, W, 3)``."""
+        raise NotImplementedError
+
+    def _common(self, rows: Sequence[Row], shape: Shape, callback: StepCallback) -> dict[str, Any]:
+        return {
+            "prompt": [row.prompt for row in rows],
+            "num_inference_steps": shape.steps,
+            "generator": _generators(rows),
+            "output_type": "np",
+            "callback_on_step_end": callback,
+            "callback_on_step_end_tensor_inputs": ["latents"],
+        }
+
+
+class StableDiffusionAdapter(Adapter):
+    """Stable Diffusion 1.x/2.x: text to image; edits run the same components as img2img."""
+
+    pipeline_classes = ("StableDiffusionPipeline",)
+    modes = (ImageMode.GENERATE, ImageMode.EDIT)
+
+    def __init__(self, pipe: Any) -> None:
+        super().__init__(pipe)
+        from diffusers import StableDiffusionImg2ImgPipeline
+
+        self.img2img = StableDiffusionImg2ImgPipeline.from_pipe(pipe)  # shares every component
+        self.img2img.set_progress_bar_config(disable=True)
+
+    def call(self, rows: Sequence[Row], shape: Shape, callback: StepCallback) -> np.ndarray:
+        kwargs = self._common(rows, shape, callback)
+        if shape.mode is ImageMode.EDIT:
+            out = self.img2img(
+                image=[row.image for row in rows], strength=EDIT_STRENGTH, guidance_scale=shape.guidance, **kwargs
+            )
+        else:
+            out = self.pipe(height=shape.height, width=shape.width, guidance_scale=shape.guidance, **kwargs)
+        return np.asarray(out.images)
+
+
+class InstructPix2PixAdapter(Adapter):
+    """InstructPix2Pix: edits by instruction; the output has the input image's size."""
+
+    pipeline_classes = ("StableDiffusionInstructPix2PixPipeline",)
+    modes = (ImageMode.EDIT,)
+    default_steps = 20
+
+    def call(self, rows: Sequence[Row], shape: Shape, callback: StepCallback) -> np.ndarray:
+        out = self.pipe(
+            image=[row.image for row in rows],
+            guidance_scale=shape.guidance,
+            image_guidance_scale=IMAGE_GUIDANCE,
+            **self._common(rows, shape, callback),
+        )
+        return np.asarray(out.images)
+
+
+class QwenImageEditAdapter(Adapter):
+    """Qwen-Image-Edit: packed 2x2-patch latents, a video-style VAE (one frame), true CFG with a blank negative."""
+
+    pipeline_classes = ("QwenImageEditPipeline",)
+    modes = (ImageMode.EDIT,)
+    default_steps = 50
+    default_guidance = 4.0  # true_cfg_scale; <= 1 turns classifier-free guidance off
+
+    @property
+    def size_multiple(self) -> int:
+        return int(self.pipe.vae_scale_factor) * 2
+
+    @property
+    def token_pixels(self) -> int:
+        return self.size_multiple
+
+    @property
+    def default_side(self) -> int:
+        return int(self.pipe.default_sample_size) * int(self.pipe.vae_scale_factor)
+
+    @property
+    def latent_channels(self) -> int:
+        return int(self.pipe.vae.config.z_dim)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.pipe.tokenizer(text).input_ids)
+
+    def unpack(self, latents: torch.Tensor, shape: Shape) -> torch.Tensor:
+        pipe = self.pipe
+        return pipe._unpack_latents(latents, shape.height, shape.width, pipe.vae_scale_factor)[:, :, 0]
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        config = self.pipe.vae.config
+        mean = torch.tensor(config.latents_mean, device=latents.device, dtype=latents.dtype).view(1, -1, 1, 1)
+        std = torch.tensor(config.latents_std, device=latents.device, dtype=latents.dtype).view(1, -1, 1, 1)
+        z = (latents * std + mean).unsqueeze(2)  # the pipeline's own de-normalization, one frame
+        return self.pipe.vae.decode(z, return_dict=False)[0][:, :, 0]
+
+    def call(self, rows: Sequence[Row], shape: Shape, callback: StepCallback) -> np.ndarray:
+        cfg = shape.guidance > 1.0
+        out = self.pipe(
+            image=[row.image for row in rows],
+            height=shape.height,
+            width=shape.width,
+            true_cfg_scale=shape.guidance,
+            negative_prompt=[" "] * len(rows) if cfg else None,
+            **self._common(rows, shape, callback),
+        )
+        return np.asarray(out.images)
+
+
+ADAPTERS: tuple[type[Adapter], ...] = (StableDiffusionAdapter, InstructPix2PixAdapter, QwenImageEditAdapter)
+
+
+def adapter_for(pipe: Any) -> Adapter:
+    """The adapter of a loaded pipeline; ConfigError for a pipeline class this family does not serve."""
+    name = type(pipe).__name__
+    for cls in ADAPTERS:
+        if name in cls.pipeline_classes:
+            return cls(pipe)
+    known = ", ".join(c for a in ADAPTERS for c in a.pipeline_classes)
+    raise ConfigError(f"{name} is not served (supported diffusers pipelines: {known})")

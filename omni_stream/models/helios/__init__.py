@@ -1,0 +1,1 @@
+"""Helios (chunk-autoregressive video diffusion, diffusers' ``HeliosPipeline``) as a ``video`` family."""

@@ -1,0 +1,1 @@
+"""Text generation on any OpenAI-compatible server (family ``openai``); see :mod:`.family`."""

@@ -1,0 +1,1 @@
+"""Text generation on vLLM's ``AsyncLLM`` in process (family ``vllm``, the ``[vllm]`` extra); see :mod:`.family`."""

@@ -1,0 +1,152 @@
+"""The Whisper family (``model_type: whisper``): batched transcription of whole utterances on the scheduler.
+
+Loading (off the event loop): ``config.json``, ``generation_config.json`` (special ids, languages), the
+tokenizer, the log-mel feature extractor, then the model (``transformers``' ``WhisperForConditionalGeneration``
+from ``model.safetensors``; ``load_format="dummy"``: random weights at the config's sizes, no weight file read).
+A request is checked at once (language, ``max_tokens``, length of whole-utterance audio: 400s naming the
+field); in its stage the audio is collected (streamed input until its end), resampled to 16 kHz and turned into
+features in a thread, then decoded greedily by :class:`~omni_stream.models.whisper.runner.WhisperRunner` on the
+scheduler, batched with every other request. Usage: ``ctx.tokens("transcription")`` counts the prompt's text
+tokens plus 50 audio tokens per second of audio in (Whisper's encoder frames, 20 ms each) and every generated
+token out. Utterances longer than the model's 30 s window are refused (long-form chunking is not done here).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import torch
+
+from omni_stream.asr_stage import batched_transcription_stage, check_samples
+from omni_stream.chunks import Audio, TextDelta
+from omni_stream.context import RequestContext
+from omni_stream.errors import ConfigError, InvalidRequestError
+from omni_stream.family import LoadContext, ModelKind
+from omni_stream.models.whisper.checkpoint import EMBEDDED_MARKER, build_model, randomize
+from omni_stream.models.whisper.prompt import WhisperTokens
+from omni_stream.models.whisper.runner import WhisperInput, WhisperRunner
+from omni_stream.pipeline import Stage
+from omni_stream.scheduler import Scheduler
+from omni_stream.transcription import TranscriptionInfo, TranscriptionRequest
+
+log = logging.getLogger(__name__)
+
+SAMPLE_RATE = 16000
+AUDIO_TOKENS_PER_SECOND = 50  # encoder frames: 1500 for the 30 s window
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}  # fmt: skip
+
+
+def parse_dtype(dtype: Any, device: str) -> torch.dtype:
+    """None -> float32 on CPU, bfloat16 on GPU; else a torch dtype or one of ``_DTYPES``' names."""
+    if dtype is None:
+        return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return _DTYPES[str(dtype).lower()]
+    except KeyError:
+        raise ConfigError(f"dtype: unknown dtype {dtype!r} (one of: {', '.join(sorted(_DTYPES))})") from None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"{path.parent} is not a Whisper checkpoint: {path.name} is missing")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+class WhisperFamily:
+    """A loaded Whisper checkpoint. ``runner``, ``scheduler``, ``tokenizer`` are public for tests."""
+
+    def __init__(self, load: LoadContext) -> None:
+        from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration, WhisperTokenizer
+
+        opts, ckpt = load.options, load.checkpoint
+        if opts.load_format not in ("auto", "safetensors", "dummy"):
+            raise ConfigError(f"load_format: must be auto, safetensors or dummy, got {opts.load_format!r}")
+        device, dtype = opts.device, parse_dtype(opts.dtype, opts.device)
+        self.embedded = (ckpt / EMBEDDED_MARKER).exists()
+        with opts.progress_bar(total=3, desc=f"loading {ckpt.name}", unit="part") as bar:
+            config = dict(load.config)
+            gen = _read_json(ckpt / "generation_config.json")
+            self.tokens = WhisperTokens.from_generation_config(gen, int(config.get("max_target_positions", 448)))
+            self.tokenizer = WhisperTokenizer.from_pretrained(str(ckpt))
+            self.features = WhisperFeatureExtractor.from_pretrained(str(ckpt))
+            if self.features.sampling_rate != SAMPLE_RATE:
+                raise ConfigError(f"preprocessor_config.json: sampling_rate must be {SAMPLE_RATE}")
+            bar.update(1)
+            if opts.load_format == "dummy":
+                model = build_model(config, device=device, dtype=dtype)
+                randomize(model, seed=0)
+            else:
+                model = WhisperForConditionalGeneration.from_pretrained(str(ckpt), dtype=dtype)
+                model = model.to(device)  # type: ignore[arg-type]
+                model = model.eval().requires_grad_(False)
+            bar.update(1)
+            self.runner = WhisperRunner(model, self.tokens, self.tokenizer, opts.max_batch_size)
+            self.scheduler = Scheduler(
+                self.runner,
+                load.worker,
+                high_watermark=opts.max_buffered_frames,
+                metrics=load.metrics.scheduler("transcription"),
+                name="transcription",
+            )
+            bar.update(1)
+        self.max_seconds = self.features.n_samples / SAMPLE_RATE  # the encoder's window (30 s)
+        self.info = TranscriptionInfo(
+            model_name=ckpt.name,
+            model_type="whisper",
+            kind=ModelKind.TRANSCRIPTION,
+            sample_rate=SAMPLE_RATE,
+            languages=tuple(self.tokens.languages) if self.tokens.multilingual else ("en",),
+        )
+        if self.embedded:
+            log.warning("serving the embedded tiny Whisper %s: random weights, it transcribes noise", ckpt)
+
+    # --- requests -------------------------------------------------------------------------------------------
+
+    def count_text_tokens(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False).input_ids)
+
+    def transcription_stage(self, request: TranscriptionRequest, ctx: RequestContext) -> Stage[Audio, TextDelta]:
+        language = self.tokens.language_id(request.language)
+        check_samples(request, self.max_seconds)
+        room = self.tokens.max_length - self.tokens.prompt(language).length
+        if request.max_tokens is not None and request.max_tokens > room:
+            raise InvalidRequestError(f"max_tokens must be at most {room} for this model", "max_tokens")
+
+        async def prepare(ctx: RequestContext, samples: np.ndarray) -> WhisperInput:
+            payload = await anyio.to_thread.run_sync(self._prepare, samples, request, language)
+            seconds = samples.size / SAMPLE_RATE
+            n_prompt = payload.prompt.length - self.tokens.prompt(language).length
+            ctx.tokens(ModelKind.TRANSCRIPTION).input_tokens = math.ceil(seconds * AUDIO_TOKENS_PER_SECOND) + n_prompt
+            return payload
+
+        return batched_transcription_stage(
+            self.scheduler, request, prepare, sample_rate=SAMPLE_RATE, max_seconds=self.max_seconds
+        )
+
+    def _prepare(self, samples: np.ndarray, request: TranscriptionRequest, language: int | None) -> WhisperInput:
+        """Log-mel features and the prompt (blocking: runs in a thread)."""
+        features = self.features(samples, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features[0]
+        context: tuple[int, ...] = ()
+        if request.prompt and request.prompt.strip():
+            ids = self.tokenizer(" " + request.prompt.strip(), add_special_tokens=False).input_ids
+            context = tuple(int(i) for i in ids if i < self.tokens.eot)[-(self.tokens.max_length // 2 - 1) :]
+        prompt = self.tokens.prompt(language, context)
+        budget = self.tokens.max_length - prompt.length
+        return WhisperInput(features, prompt, min(request.max_tokens or budget, budget))
+
+    async def aclose(self) -> None:
+        """Nothing to free beyond the scheduler, which the engine's worker shuts down."""
+
+
+def load_family(load: LoadContext) -> WhisperFamily:
+    """Family loader for ``model_type: whisper`` (runs off the event loop)."""
+    return WhisperFamily(load)

@@ -1,0 +1,104 @@
+"""Whisper's decoder prompt: special-token ids from ``generation_config.json``, languages, the request's prompt.
+
+A transcription prompt is ``[<|startofprev|>, context...]`` (only with ``TranscriptionRequest.prompt``) then
+``<|startoftranscript|>``, the language, ``<|transcribe|>`` and ``<|notimestamps|>`` (English-only models have
+neither language nor task). With no language given, a multilingual model first detects it from
+``<|startoftranscript|>`` alone, as ``transformers``' ``generate()`` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from omni_stream.errors import ConfigError, InvalidRequestError
+
+
+@dataclass(slots=True, frozen=True)
+class WhisperPrompt:
+    """One request's decoder inputs: ``head`` (context + sot), its ``language`` token, ``tail`` (task +
+    no-timestamps). ``detect``: the model is multilingual and the request named no language."""
+
+    head: tuple[int, ...]
+    language: int | None
+    tail: tuple[int, ...]
+    detect: bool = False
+
+    def tokens(self, detected: int | None = None) -> tuple[int, ...]:
+        """The whole prompt (with the ``detected`` language when the request named none)."""
+        lang = detected if self.detect else self.language
+        return (*self.head, *(() if lang is None else (lang,)), *self.tail)
+
+    @property
+    def length(self) -> int:
+        return len(self.head) + len(self.tail) + (1 if self.detect or self.language is not None else 0)
+
+
+@dataclass(slots=True, frozen=True)
+class WhisperTokens:
+    """The special ids a checkpoint's ``generation_config.json`` names, and its generation limits."""
+
+    sot: int
+    eot: int
+    no_timestamps: int
+    transcribe: int | None
+    start_of_prev: int | None
+    multilingual: bool
+    languages: Mapping[str, int]  # language code ("en") -> token id
+    suppress: tuple[int, ...]
+    begin_suppress: tuple[int, ...]
+    max_length: int  # decoder positions (prompt + generated)
+
+    @classmethod
+    def from_generation_config(cls, gen: Mapping[str, Any], max_target_positions: int) -> WhisperTokens:
+        def need(key: str) -> Any:
+            if gen.get(key) is None:
+                raise ConfigError(f"generation_config.json: {key} is required")
+            return gen[key]
+
+        multilingual = bool(gen.get("is_multilingual", False))
+        lang_to_id = gen.get("lang_to_id") or {}
+        if multilingual and not lang_to_id:
+            raise ConfigError("generation_config.json: a multilingual model needs lang_to_id")
+        return cls(
+            sot=int(need("decoder_start_token_id")),
+            eot=int(need("eos_token_id")),
+            no_timestamps=int(need("no_timestamps_token_id")),
+            transcribe=int(gen["task_to_id"]["transcribe"]) if multilingual else None,
+            start_of_prev=gen.get("prev_sot_token_id"),
+            multilingual=multilingual,
+            languages={tok.strip("<|>"): int(i) for tok, i in lang_to_id.items()},
+            suppress=tuple(int(t) for t in gen.get("suppress_tokens") or ()),
+            begin_suppress=tuple(int(t) for t in gen.get("begin_suppress_tokens") or ()),
+            max_length=min(int(gen.get("max_length") or max_target_positions), max_target_positions),
+        )
+
+    def language_id(self, language: str | None) -> int | None:
+        """The language token of ``language`` (a code ``"en"``, a name ``"English"`` or ``"<|en|>"``); None: detect
+        (or, on an English-only model, no language token). InvalidRequestError names ``language`` otherwise."""
+        if language is None or not language.strip() or language.strip().lower() == "auto":
+            return None
+        from transformers.models.whisper.tokenization_whisper import TO_LANGUAGE_CODE
+
+        key = language.strip().lower().strip("<|>")
+        code = TO_LANGUAGE_CODE.get(key, key)
+        if not self.multilingual:
+            if code == "en":
+                return None
+            raise InvalidRequestError(f"this English-only model does not transcribe language {language!r}", "language")
+        if code not in self.languages:
+            raise InvalidRequestError(
+                f"unknown language {language!r} (one of: {', '.join(self.languages)}, or a language name)", "language"
+            )
+        return self.languages[code]
+
+    def prompt(self, language: int | None, context: tuple[int, ...] = ()) -> WhisperPrompt:
+        """The prompt for a language token (None: detect, on multilingual models) after ``context`` text ids."""
+        head = ((self.start_of_prev, *context) if context and self.start_of_prev is not None else ()) + (self.sot,)
+        tail = (
+            (self.transcribe, self.no_timestamps)
+            if self.multilingual and self.transcribe is not None
+            else (self.no_timestamps,)
+        )
+        return WhisperPrompt(head, language, tail, detect=self.multilingual and language is None)

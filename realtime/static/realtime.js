@@ -1,0 +1,379 @@
+// Voice agent page: microphone -> WS /v1/realtime (OpenAI Realtime events, server VAD) -> speaker.
+//
+// One AudioContext at 24 kHz (the session's audio/pcm rate: the browser resamples the microphone and the
+// speaker): a capture worklet posts 100 ms blocks that go out as input_audio_buffer.append (PCM16 base64), and
+// the gapless player worklet plays response.output_audio.delta. On speech_started the page drops what it has
+// not played and tells the server what was heard (conversation.item.truncate), as OpenAI clients do.
+// With the WebRTC transport the page sends its microphone track to the fastrtc stream under /rtc (data channel
+// first: the server waits for it) and plays the agent's track; the data channel's logs drive the status.
+// window.agent holds the page's state for tests.
+
+const RATE = 24000;
+const $ = (id) => document.getElementById(id);
+const agent = (window.agent = {
+  state: "idle",
+  model: null,
+  events: [],
+  errors: [],
+  sentSamples: 0,
+  receivedSamples: 0,
+  samplesPlayed: 0,
+  latencyMs: null,
+  turns: [], // {role, text, cancelled}
+  transport: "ws",
+  logs: [], // WebRTC data-channel logs
+  rtcState: null,
+  loudFrames: 0, // WebRTC: analyser frames of the agent's track with sound in them
+});
+
+let socket = null;
+let rtc = null; // {pc, stream, context}
+let audio = null; // {context, player, capture, stream}
+let current = null; // the assistant turn being spoken: {li, turn, itemId, playedAtStart}
+let stoppedAt = null; // when the user's last turn ended (performance.now())
+const userTurns = new Map(); // item id -> the user's turn, filled in when its transcript arrives
+
+function setState(state) {
+  agent.state = state;
+  $("state").textContent = state;
+  $("start").disabled = state !== "idle";
+  $("stop").disabled = state === "idle";
+}
+
+function showError(message) {
+  agent.errors.push(message);
+  const li = document.createElement("li");
+  li.textContent = message;
+  $("errors").append(li);
+}
+
+function render() {
+  $("sent").textContent = agent.transport === "rtc" ? "(WebRTC track)" : `${(agent.sentSamples / RATE).toFixed(1)} s`;
+  // WebRTC: time with sound on the agent's track, sampled every 20 ms
+  const received = agent.transport === "rtc" ? agent.loudFrames * 0.02 : agent.receivedSamples / RATE;
+  $("received").textContent = `${received.toFixed(1)} s`;
+  $("played").textContent =
+    agent.transport === "rtc" ? "(by the audio element)" : `${(agent.samplesPlayed / RATE).toFixed(1)} s`;
+  $("latency").textContent = agent.latencyMs === null ? "–" : `${Math.round(agent.latencyMs)} ms`;
+}
+
+function addTurn(role, text = "") {
+  const turn = { role, text, cancelled: false };
+  agent.turns.push(turn);
+  const li = document.createElement("li");
+  li.className = role;
+  li.textContent = text;
+  $("turns").append(li);
+  return { li, turn };
+}
+
+function headers() {
+  const key = $("key").value.trim();
+  return key ? { Authorization: `Bearer ${key}` } : {};
+}
+
+async function loadInfo() {
+  try {
+    const models = await fetch("v1/models", { headers: headers() });
+    if (models.ok) {
+      const body = await models.json();
+      agent.model = body.data?.[0]?.id ?? null;
+      $("model").textContent = agent.model ?? "unknown";
+    }
+    const rtcConfig = await fetch("rtc/config");
+    const rtcAvailable = rtcConfig.ok && (await rtcConfig.json()).available;
+    $("transport").querySelector("option[value=rtc]").disabled = !rtcAvailable; // no fastrtc on this server
+    const voices = await fetch("v1/audio/voices", { headers: headers() });
+    if (voices.ok) {
+      const names = (await voices.json()).voices ?? [];
+      $("voice").replaceChildren(new Option("(model default)", ""), ...names.map((n) => new Option(n, n)));
+    }
+  } catch (err) {
+    showError(`Could not reach the server: ${err.message}`);
+  }
+}
+
+// --- audio ---
+
+function toBase64(int16) {
+  const bytes = new Uint8Array(int16.buffer, int16.byteOffset, int16.byteLength);
+  let binary = "";
+  for (let i = 0; i < bytes.length; i += 0x8000) {
+    binary += String.fromCharCode.apply(null, bytes.subarray(i, i + 0x8000));
+  }
+  return btoa(binary);
+}
+
+function fromBase64(text) {
+  const binary = atob(text);
+  const bytes = new Uint8Array(binary.length);
+  for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
+  return bytes.buffer;
+}
+
+async function openAudio() {
+  const stream = await navigator.mediaDevices.getUserMedia({
+    audio: { channelCount: 1, echoCancellation: true, noiseSuppression: false, autoGainControl: false },
+  });
+  const context = new AudioContext({ sampleRate: RATE, latencyHint: "interactive" });
+  await context.audioWorklet.addModule("static/pcm-player-worklet.js");
+  await context.audioWorklet.addModule("static/mic-capture-worklet.js");
+  const player = new AudioWorkletNode(context, "pcm-player", { numberOfInputs: 0, outputChannelCount: [1] });
+  player.port.onmessage = (event) => {
+    agent.samplesPlayed = event.data.samplesPlayed;
+    render();
+  };
+  player.connect(context.destination);
+  player.port.postMessage({ type: "format", sampleRate: RATE });
+  const capture = new AudioWorkletNode(context, "mic-capture", { processorOptions: { blockSize: RATE / 10 } });
+  capture.port.onmessage = (event) => sendAudio(event.data.data);
+  const mute = context.createGain();
+  mute.gain.value = 0; // the capture node must be pulled by the graph, but the user must not hear themselves
+  context.createMediaStreamSource(stream).connect(capture).connect(mute).connect(context.destination);
+  await context.resume();
+  return { context, player, capture, stream };
+}
+
+function sendAudio(block) {
+  if (!socket || socket.readyState !== WebSocket.OPEN) return;
+  const pcm = new Int16Array(block.length);
+  for (let i = 0; i < block.length; i++) {
+    const x = Math.max(-1, Math.min(1, block[i]));
+    pcm[i] = Math.round(x * 32767);
+  }
+  socket.send(JSON.stringify({ type: "input_audio_buffer.append", audio: toBase64(pcm) }));
+  agent.sentSamples += pcm.length;
+  render();
+}
+
+// --- the session ---
+
+function send(event) {
+  socket?.send(JSON.stringify(event));
+}
+
+function onEvent(event) {
+  agent.events.push(event.type);
+  switch (event.type) {
+    case "session.created": {
+      const session = { type: "realtime", audio: { input: { turn_detection: { type: "server_vad" } } } };
+      const voice = $("voice").value;
+      if (voice) session.audio.output = { voice };
+      send({ type: "session.update", session });
+      break;
+    }
+    case "session.updated":
+      setState("listening");
+      break;
+    case "input_audio_buffer.speech_started":
+      setState("hearing you");
+      interrupt();
+      break;
+    case "input_audio_buffer.speech_stopped":
+      stoppedAt = performance.now();
+      setState("thinking");
+      break;
+    case "input_audio_buffer.committed":
+      userTurns.set(event.item_id, addTurn("user", "…"));
+      break;
+    case "conversation.item.input_audio_transcription.completed": {
+      const user = userTurns.get(event.item_id) ?? addTurn("user");
+      userTurns.delete(event.item_id);
+      user.turn.text = event.transcript || "(nothing heard)";
+      user.li.textContent = user.turn.text;
+      break;
+    }
+    case "response.created":
+      current = { ...addTurn("assistant"), itemId: null, playedAtStart: agent.samplesPlayed, received: 0 };
+      break;
+    case "response.output_audio_transcript.delta":
+    case "response.output_text.delta":
+      if (current) {
+        current.turn.text += event.delta;
+        current.li.textContent = current.turn.text;
+        current.itemId = event.item_id;
+      }
+      break;
+    case "response.output_audio.delta": {
+      const data = fromBase64(event.delta);
+      if (stoppedAt !== null) {
+        agent.latencyMs = performance.now() - stoppedAt;
+        stoppedAt = null;
+      }
+      agent.receivedSamples += data.byteLength / 2;
+      if (current) {
+        current.itemId = event.item_id;
+        current.received += data.byteLength / 2;
+      }
+      audio?.player.port.postMessage({ type: "pcm", data }, [data]);
+      setState("speaking");
+      render();
+      break;
+    }
+    case "response.done":
+      if (current && event.response.status === "cancelled") {
+        current.turn.cancelled = true;
+        current.li.classList.add("cancelled");
+      }
+      audio?.player.port.postMessage({ type: "end" });
+      if (agent.state === "speaking" || agent.state === "thinking") setState("listening");
+      break;
+    case "error":
+      showError(`${event.error.code ?? event.error.type}: ${event.error.message}`);
+      break;
+  }
+}
+
+function interrupt() {
+  // Drop the agent audio not yet played; tell the server how much of its answer was heard.
+  audio?.player.port.postMessage({ type: "flush" });
+  if (current?.itemId) {
+    const played = Math.min(agent.samplesPlayed - current.playedAtStart, current.received);
+    send({
+      type: "conversation.item.truncate",
+      item_id: current.itemId,
+      content_index: 0,
+      audio_end_ms: Math.max(0, Math.floor((played * 1000) / RATE)),
+    });
+  }
+  current = null;
+}
+
+function onLog(message) {
+  agent.logs.push(message);
+  if (message === "started_talking") setState("hearing you");
+  else if (message === "pause_detected") {
+    stoppedAt = performance.now();
+    addTurn("user", "(a spoken turn)");
+    setState("thinking");
+  } else if (message === "response_starting") {
+    addTurn("assistant", "(answering in speech)");
+    setState("speaking");
+  }
+}
+
+function iceGathered(pc) {
+  if (pc.iceGatheringState === "complete") return Promise.resolve();
+  return new Promise((resolve) => {
+    pc.addEventListener("icegatheringstatechange", () => pc.iceGatheringState === "complete" && resolve());
+  });
+}
+
+function watchLoudness(stream) {
+  // Counts analyser frames with sound in them (for the page's numbers and for tests).
+  const context = new AudioContext();
+  const analyser = context.createAnalyser();
+  context.createMediaStreamSource(stream).connect(analyser);
+  const data = new Float32Array(analyser.fftSize);
+  const tick = () => {
+    if (!rtc) return context.close().catch(() => {});
+    analyser.getFloatTimeDomainData(data);
+    if (data.some((x) => Math.abs(x) > 0.03)) {
+      agent.loudFrames += 1;
+      if (stoppedAt !== null) {
+        agent.latencyMs = performance.now() - stoppedAt;
+        stoppedAt = null;
+      }
+      render();
+    }
+    setTimeout(tick, 20);
+  };
+  tick();
+  return context;
+}
+
+async function startRtc() {
+  const config = await (await fetch("rtc/config")).json();
+  const pc = new RTCPeerConnection({ iceServers: config.iceServers });
+  const channel = pc.createDataChannel("text"); // before the offer: fastrtc's tracks wait for it
+  channel.onmessage = (message) => {
+    const data = JSON.parse(message.data);
+    if (data.type === "log") onLog(data.data);
+  };
+  const stream = await navigator.mediaDevices.getUserMedia({
+    audio: { channelCount: 1, echoCancellation: true, noiseSuppression: false, autoGainControl: false },
+  });
+  stream.getTracks().forEach((track) => pc.addTrack(track, stream));
+  rtc = { pc, stream, context: null };
+  pc.ontrack = (event) => {
+    const remote = event.streams[0] ?? new MediaStream([event.track]);
+    $("remote").srcObject = remote; // Chrome plays remote WebRTC audio only through a media element
+    rtc.context = watchLoudness(remote);
+  };
+  pc.onconnectionstatechange = () => {
+    agent.rtcState = pc.connectionState;
+    if (pc.connectionState === "connected") setState("listening");
+    if (pc.connectionState === "failed") {
+      showError("WebRTC connection failed");
+      stop();
+    }
+  };
+  await pc.setLocalDescription(await pc.createOffer());
+  await iceGathered(pc);
+  const body = { sdp: pc.localDescription.sdp, type: "offer", webrtc_id: crypto.randomUUID() };
+  const answer = await (
+    await fetch("rtc/webrtc/offer", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify(body),
+    })
+  ).json();
+  if (answer.status === "failed") throw new Error(answer.meta?.error ?? "the server refused the call");
+  if (answer.error) throw new Error(answer.error.message);
+  await pc.setRemoteDescription(answer);
+}
+
+async function start() {
+  setState("connecting");
+  agent.transport = $("transport").value;
+  if (agent.transport === "rtc") {
+    try {
+      await startRtc();
+    } catch (err) {
+      showError(`WebRTC: ${err.message}`);
+      stop();
+    }
+    return;
+  }
+  try {
+    audio = await openAudio();
+  } catch (err) {
+    showError(`Microphone or audio unavailable: ${err.message}`);
+    setState("idle");
+    return;
+  }
+  const protocols = ["realtime"];
+  const key = $("key").value.trim();
+  if (key) protocols.push(`openai-insecure-api-key.${key}`);
+  const scheme = location.protocol === "https:" ? "wss" : "ws";
+  const base = location.pathname.replace(/realtime\/?$/, "");
+  socket = new WebSocket(`${scheme}://${location.host}${base}v1/realtime?model=${agent.model ?? ""}`, protocols);
+  socket.onmessage = (message) => onEvent(JSON.parse(message.data));
+  socket.onclose = (close) => {
+    if (agent.state !== "idle" && close.code !== 1000) showError(`Connection closed (${close.code})`);
+    stop();
+  };
+}
+
+function stop() {
+  socket?.close(1000);
+  socket = null;
+  if (rtc) {
+    rtc.stream.getTracks().forEach((track) => track.stop());
+    rtc.pc.close();
+    rtc = null;
+  }
+  if (audio) {
+    audio.stream.getTracks().forEach((track) => track.stop());
+    audio.context.close().catch(() => {});
+    audio = null;
+  }
+  current = null;
+  setState("idle");
+}
+
+$("start").addEventListener("click", start);
+$("stop").addEventListener("click", stop);
+$("key").addEventListener("change", loadInfo);
+loadInfo();
+render();

@@ -1,0 +1,60 @@
+"""Image test helpers: engines of tiny checkpoints, test pictures, uploads, denoiser call counts."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from omni_stream.engine import AsyncEngine, ModelSource
+
+REWRITE_PREFIX = "Picture:"  # what the synthetic text model puts before the echoed instruction
+
+
+async def load_engine(image: Path, lm: Path | None = None, **options: Any) -> AsyncEngine:
+    sources = {"image": ModelSource(image)}
+    if lm is not None:
+        sources["llm"] = ModelSource(lm)
+    return await AsyncEngine.load(sources, progress=False, **options)
+
+
+def picture(width: int = 64, height: int = 64, seed: int = 0) -> np.ndarray:
+    """A smooth RGB test picture (uint8)."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 255 / max(1, width - 1), y * 255 / max(1, height - 1), np.full_like(x, 128.0)], -1)
+    return np.clip(base + rng.normal(0, 8, base.shape), 0, 255).astype(np.uint8)
+
+
+def png_bytes(pixels: np.ndarray, fmt: str = "PNG") -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, fmt)
+    return buf.getvalue()
+
+
+def decode_b64_image(b64: str) -> Any:
+    import base64
+
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(base64.b64decode(b64)))
+    image.load()
+    return image
+
+
+@contextmanager
+def unet_calls(family: Any) -> Iterator[list[int]]:
+    """Count forward passes of the denoiser (UNet or transformer): one per step (CFG batches inside)."""
+    model = getattr(family.pipe, "unet", None) or family.pipe.transformer
+    calls: list[int] = []
+    handle = model.register_forward_hook(lambda module, args, out: calls.append(1))
+    try:
+        yield calls
+    finally:
+        handle.remove()

@@ -1,0 +1,94 @@
+"""The voice-agent page over WebRTC in headless Chromium, run inside a private network namespace by the webrtc
+tests: a fake microphone (a WAV file) speaks, the page's peer connection reaches the fastrtc stream under /rtc,
+and the agent's audio comes back. Prints one JSON line of findings; ``argv[1]``, if given, is a screenshot path.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aioice.ice
+import numpy as np
+import soundfile as sf
+
+aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: ["127.0.0.1"] if use_ipv4 else []  # only lo exists
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from omni_stream.realtime.settings import Settings  # noqa: E402
+from realtime_doubles import spoken_words  # noqa: E402
+from realtime_fixtures import agent_checkpoints, agent_loader, vad_factory  # noqa: E402
+from serving_helpers import running_server  # noqa: E402
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+def main() -> None:
+    from playwright.sync_api import sync_playwright
+
+    shot = sys.argv[1] if len(sys.argv) > 1 else None
+    found: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        mic = root / "mic.wav"
+        sf.write(mic, spoken_words(["three", "five"], lead_ms=1000, tail_ms=5000).astype(np.float32) / 32768, 48000)
+        flags = [
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--autoplay-policy=no-user-gesture-required",
+            "--use-fake-ui-for-media-stream",
+            "--use-fake-device-for-media-stream",
+            f"--use-file-for-fake-audio-capture={mic}%noloop",
+            "--allow-loopback-in-peer-connection",  # the namespace has only 127.0.0.1
+            "--disable-features=WebRtcHideLocalIpsWithMdns",  # aiortc cannot resolve .local candidates
+        ]
+        problems: list[str] = []
+        with running_server(
+            None, Settings(vad_factory=vad_factory()), load=agent_loader(agent_checkpoints(root))
+        ) as live:
+            with sync_playwright() as pw:
+                context = pw.chromium.launch_persistent_context(
+                    str(root / "profile"), executable_path=CHROMIUM, headless=True, args=flags, chromium_sandbox=False
+                )
+                page = context.new_page()
+                page.on("console", lambda m: problems.append(f"console: {m.text}") if m.type == "error" else None)
+                page.on("pageerror", lambda e: problems.append(f"pageerror: {e}"))
+                page.goto(f"{live.url}/realtime", wait_until="load")
+                page.wait_for_function("window.agent.model !== null", timeout=20_000)
+                page.select_option("#transport", "rtc")
+                page.get_by_role("button", name="Start talking").click()
+                try:
+                    page.wait_for_function(
+                        "window.agent.logs.includes('response_starting') && window.agent.loudFrames >= 10",
+                        timeout=30_000,
+                    )
+                except Exception as exc:  # report what was seen instead of a bare timeout
+                    found["wait_error"] = type(exc).__name__
+                state = page.evaluate("() => JSON.parse(JSON.stringify(window.agent))")
+                if shot:
+                    page.screenshot(path=shot, full_page=True)
+                page.get_by_role("button", name="Stop").click()
+                context.close()
+            deadline = time.monotonic() + 20
+            while (live.state.sessions or live.state.rtc.connections) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            found.update(
+                logs=state["logs"],
+                loud_frames=state["loudFrames"],
+                rtc_state=state["rtcState"],
+                errors=state["errors"],
+                problems=problems,
+                freed=not live.state.sessions and not live.state.rtc.connections,
+                idle=not any(live.wait_idle().values()),
+            )
+    print(json.dumps(found))
+
+
+if __name__ == "__main__":
+    main()

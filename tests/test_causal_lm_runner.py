@@ -1,0 +1,160 @@
+"""The batched LM runner on the real scheduler: mixed batches equal solo runs, seeds, stop strings, limits."""
+
+from __future__ import annotations
+
+import pytest
+from lm_helpers import drive, load_tiny, tiny_lm_checkpoint
+
+from omni_stream.errors import InvalidRequestError
+from omni_stream.models.causal_lm.runner import LMRequest
+from omni_stream.models.qwen3_tts import fused
+from omni_stream.requests import GREEDY, SamplingParams
+
+SAMPLED = SamplingParams(do_sample=True, temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.1)
+TEXTS = (
+    "Hello there, how are you?", "Café 🎉", "The quick brown fox jumps over the lazy dog.", "hi", "What about you?",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=["qwen3", "llama"])
+def lm(request, tmp_path_factory):
+    return load_tiny(tiny_lm_checkpoint(tmp_path_factory, request.param))
+
+
+def mixed(lm) -> list[LMRequest]:
+    return [
+        lm.request(TEXTS[0], max_tokens=14, sampling=GREEDY),
+        lm.request(TEXTS[1], max_tokens=9, sampling=SAMPLED, seed=11),
+        lm.request(TEXTS[2], max_tokens=12, sampling=GREEDY, ignore_eos=True),
+        lm.request(TEXTS[3], max_tokens=11, sampling=SamplingParams(temperature=1.3, top_k=0), seed=5),
+        lm.request(TEXTS[4], max_tokens=6, sampling=SAMPLED, seed=2, ignore_eos=True),
+    ]
+
+
+async def test_a_mixed_batch_with_newcomers_gives_each_request_its_solo_tokens(lm):
+    requests = mixed(lm)
+    runner = lm.runner(slots=3)
+    solo = [(await drive(runner, [r]))[0] for r in requests]
+    # 3 slots for 5 requests: two join while others decode (steps 2 and 5), the rest wait for a free slot
+    batched = await drive(runner, requests, join_steps=[0, 2, 0, 5, 1])
+    for s, b in zip(solo, batched, strict=True):
+        assert b.error is None and b.tokens == s.tokens and b.text == s.text
+        assert b.finish_reason == s.finish_reason
+    assert runner.num_active == 0
+
+
+async def test_seeded_sampling_repeats_and_does_not_depend_on_neighbours(lm):
+    runner = lm.runner(slots=4)
+    request = lm.request(TEXTS[0], max_tokens=20, sampling=SamplingParams(temperature=1.0, top_k=0), seed=123)
+    (alone,) = await drive(runner, [request])
+    (again,) = await drive(runner, [request])
+    others = [lm.request(t, max_tokens=20, sampling=SAMPLED, seed=i) for i, t in enumerate(TEXTS[1:4])]
+    crowded = await drive(runner, [*others, request], join_steps=[0, 0, 3, 1])
+    assert alone.tokens == again.tokens == crowded[-1].tokens
+    reseeded = [(await drive(runner, [LMRequest(request.prompt_ids, 20, request.sampling, seed)]))[0]
+                for seed in (1, 2, 3)]  # fmt: skip
+    assert any(r.tokens != alone.tokens for r in reseeded)
+    assert len({tuple(r.tokens) for r in crowded[:3]}) == 3
+
+
+async def test_tokens_stream_one_delta_each_and_join_to_the_decode(lm):
+    (run,) = await drive(lm.runner(slots=1), [lm.request(TEXTS[1], max_tokens=30, sampling=SAMPLED, seed=4,
+                                                         ignore_eos=True)])  # fmt: skip
+    assert [d.index for d in run.deltas] == list(range(30)) == list(range(len(run.tokens)))
+    assert [d.final for d in run.deltas] == [False] * 29 + [True] and run.finish_reason == "length"
+    assert run.text == lm.tokenizer.decode(run.tokens)
+
+
+async def test_a_stop_string_ends_the_text_before_it(lm):
+    runner = lm.runner(slots=2)
+    base = lm.request(TEXTS[2], max_tokens=40, sampling=GREEDY, ignore_eos=True)
+    (full,) = await drive(runner, [base])
+    text = full.text
+    start = next(k for k in range(len(text) // 3, len(text) - 2) if "\ufffd" not in text[k : k + 3])
+    stop = text[start : start + 3]
+    cut = text.index(stop)
+    stopped = LMRequest(base.prompt_ids, 40, GREEDY, stop=("never-there", stop), ignore_eos=True)
+    (run,) = await drive(runner, [stopped])
+    assert run.text == text[:cut] and run.finish_reason == "stop"
+    assert run.tokens == full.tokens[: len(run.tokens)] and len(run.tokens) < 40  # it ended there, early
+
+
+async def test_max_tokens_past_the_context_fails_that_request_alone(lm):
+    runner = lm.runner(slots=2, max_len=64)
+    ok = lm.request(TEXTS[0], max_tokens=10, sampling=GREEDY, ignore_eos=True)
+    too_long = lm.request(TEXTS[1], max_tokens=64, sampling=GREEDY)
+    (solo,) = await drive(runner, [ok])
+    runs = await drive(runner, [ok, too_long], join_steps=[0, 3])
+    assert isinstance(runs[1].error, InvalidRequestError) and runs[1].error.param == "max_tokens"
+    assert "context of 64" in str(runs[1].error) and runs[1].deltas == []
+    assert runs[0].error is None and runs[0].tokens == solo.tokens
+    assert runner.num_active == 0
+
+
+async def test_a_failing_newcomer_ends_alone(lm, monkeypatch):
+    runner = lm.runner(slots=3)
+    requests = [lm.request(t, max_tokens=8, sampling=GREEDY, ignore_eos=True) for t in TEXTS[:3]]
+    solo = [(await drive(runner, [r]))[0] for r in requests]
+    real = runner._prefill
+
+    def prefill(prompts):
+        if any(ids.shape[0] == len(requests[1].prompt_ids) for _, ids in prompts):
+            raise RuntimeError("prefill failed")
+        return real(prompts)
+
+    monkeypatch.setattr(runner, "_prefill", prefill)
+    runs = await drive(runner, requests, join_steps=[0, 2, 2])
+    assert isinstance(runs[1].error, RuntimeError) and runs[1].deltas == []
+    assert [runs[0].tokens, runs[2].tokens] == [solo[0].tokens, solo[2].tokens]
+    assert runner.num_active == 0
+
+
+async def test_each_decode_step_computes_the_rows_up_to_the_highest_live_slot(lm, monkeypatch):
+    runner = lm.runner(slots=4)
+    widths: list[int] = []
+    real = runner._run_rows
+
+    def run_rows(b, span, full):
+        widths.append(b)
+        return real(b, span, full)
+
+    monkeypatch.setattr(runner, "_run_rows", run_rows)
+    lengths = (3, 9, 5)  # slot 0 ends first, then slot 2, slot 1 last
+    requests = [lm.request(TEXTS[i], max_tokens=n, sampling=GREEDY, ignore_eos=True) for i, n in enumerate(lengths)]
+    await drive(runner, requests)
+    # three rows (slots 0..2) while all run; slot 0 done: still 0..2; slot 2 done: slots 0..1 (slot 1 alone)
+    assert widths == [3] * 5 + [2] * 4
+
+
+async def test_fused_layers_give_the_module_tokens(lm):
+    requests = mixed(lm)
+    plain = lm.runner(slots=3)
+    assert plain.kernels is None
+    expected = await drive(plain, requests, join_steps=[0, 2, 0, 5, 1])
+    fast = lm.runner(slots=3)  # a fresh LM: use_kernels concatenates its weights in place
+    fast.lm.use_kernels(fused.TORCH)
+    fast.kernels = fused.TORCH
+    got = await drive(fast, requests, join_steps=[0, 2, 0, 5, 1])
+    assert [g.tokens for g in got] == [e.tokens for e in expected]
+    layer = fast.lm.model.layers[0]
+    assert layer.qkv_weight is not None and (layer.qk_norm_weight is not None) == fast.cfg.qk_norm
+
+
+async def test_decode_steps_at_graph_bucket_shapes_give_the_exact_shape_tokens(lm):
+    """The step a CUDA graph replays (padded to its batch and span buckets, idle rows along) changes no token."""
+    requests = mixed(lm)
+    exact = await drive(lm.runner(slots=6), requests, join_steps=[0, 2, 0, 5, 1])
+    padded_runner = lm.runner(slots=6)
+    padded_runner.pad_eager = True
+    widths: list[tuple[int, int]] = []
+    real = padded_runner._run_rows
+
+    def run_rows(b, span, full):
+        widths.append((b, span))
+        return real(b, span, full)
+
+    padded_runner._run_rows = run_rows  # type: ignore[method-assign]
+    padded = await drive(padded_runner, requests, join_steps=[0, 2, 0, 5, 1])
+    assert [p.tokens for p in padded] == [e.tokens for e in exact]
+    assert {b for b, _ in widths} <= set(padded_runner.batch_buckets) and {s for _, s in widths} == {256}
+    assert any(b == 4 for b, _ in widths)  # three live rows padded to the bucket of four

@@ -1,0 +1,25 @@
+"""benchmarks/image_bench.py --smoke in process: tiny InstructPix2Pix behind the synthetic text model, c = 1, 2."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("diffusers")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import image_bench
+
+
+async def test_the_smoke_run_measures_every_milestone_in_order():
+    args = image_bench.parse(["--smoke"])
+    result = await image_bench.main(args)
+    assert [lv["concurrency"] for lv in result["levels"]] == [1, 2]
+    assert result["device"] == "cpu" and result["preview"] == "tiny-autoencoder" and result["steps"] == 3
+    for lv in result["levels"]:
+        assert lv["requests"] == lv["concurrency"] and 1 <= lv["pipeline_calls"] <= lv["concurrency"]
+        text, preview, final = (lv[k]["p50_ms"] for k in ("first_ar_delta", "first_preview", "final_image"))
+        assert 0 < text <= preview <= final and lv["images_per_s"] > 0
+    assert "first AR delta" in image_bench.table(result)

@@ -1,0 +1,438 @@
+"""The realtime session's state machine, without a server: client events and engine results in, events out."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+
+import numpy as np
+import pytest
+from omni_stream.codecs.g711 import ulaw_encode
+from omni_stream.realtime.realtime_events import RealtimeError, SessionType, parse_client_event
+from omni_stream.realtime.realtime_outputs import (
+    CancelResponse,
+    Capabilities,
+    CloseSession,
+    Limits,
+    Outputs,
+    ResponseUsage,
+    StartResponse,
+    Transcribe,
+)
+from omni_stream.realtime.realtime_protocol import RealtimeProtocol
+from realtime_doubles import EnergyVad, energy_vad, spoken_words
+
+from omni_stream.requests import Role
+
+CAPS = Capabilities(
+    model="m", voices=("alice", "bob"), default_voice="alice", speech=True, text=True, transcription=True, vad=True
+)
+
+
+def make(caps: Capabilities = CAPS, limits: Limits | None = None, vad: bool = True, **kw) -> RealtimeProtocol:
+    counter = itertools.count(1)
+    proto = RealtimeProtocol(caps, limits, energy_vad if vad else None, ids=lambda p: f"{p}_{next(counter)}", **kw)
+    proto.start()
+    return proto
+
+
+def send(proto: RealtimeProtocol, **event) -> Outputs:
+    """Parse ``event`` as the wire would carry it and apply it (parse errors become error events)."""
+    try:
+        parsed = parse_client_event(json.dumps(event))
+    except RealtimeError as exc:
+        return proto.refuse(exc)
+    return proto.receive(parsed)
+
+
+def types(out: Outputs) -> list[str]:
+    return [e.type for e in out.events]
+
+
+def error_of(out: Outputs) -> dict:
+    assert types(out) == ["error"], types(out)
+    return out.events[0].body["error"]
+
+
+def b64(samples: np.ndarray) -> str:
+    return base64.b64encode(samples.astype("<i2").tobytes()).decode()
+
+
+def manual(proto: RealtimeProtocol) -> None:
+    out = send(proto, type="session.update", session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
+    assert types(out) == ["session.updated"]
+
+
+def one_second(value: int = 1000) -> np.ndarray:
+    return np.full(24000, value, np.int16)
+
+
+def test_a_new_session_starts_with_session_and_conversation_created():
+    proto = RealtimeProtocol(CAPS, vad_factory=energy_vad)
+    out = proto.start()
+    assert types(out) == ["session.created", "conversation.created"]
+    session = out.events[0].body["session"]
+    assert session["object"] == "realtime.session" and session["id"].startswith("sess_")
+    assert session["type"] == "realtime" and session["audio"]["output"]["voice"] == "alice"
+    assert session["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+    ids = [e.event_id for e in out.events]
+    assert len(set(ids)) == 2
+
+
+def test_without_a_detector_turn_detection_defaults_to_manual_and_server_vad_is_refused():
+    proto = make(vad=False)
+    assert proto.session_wire()["audio"]["input"]["turn_detection"] is None
+    out = send(proto, type="session.update", session={"audio": {"input": {"turn_detection": {"type": "server_vad"}}}})
+    err = error_of(out)
+    assert err["code"] == "invalid_value" and err["param"] == "session.audio.input.turn_detection"
+
+
+@pytest.mark.parametrize(
+    ("fmt", "param"),
+    [
+        ({"type": "audio/pcm", "rate": 16000}, "session.audio.input.format.rate"),
+        ({"type": "audio/opus"}, "session.audio.input.format.type"),
+    ],
+)
+def test_unsupported_audio_formats_are_refused_with_their_param(fmt, param):
+    proto = make()
+    err = error_of(send(proto, type="session.update", event_id="e1", session={"audio": {"input": {"format": fmt}}}))
+    assert err["code"] == "unsupported_audio_format" and err["param"] == param and err["event_id"] == "e1"
+    assert proto.config.input_format.value == "audio/pcm"  # nothing changed
+
+
+def test_session_update_merges_fields_and_validates_the_voice():
+    proto = make()
+    out = send(
+        proto,
+        type="session.update",
+        session={"instructions": "Be brief.", "audio": {"output": {"voice": "BOB", "format": {"type": "audio/pcmu"}}}},
+    )
+    session = out.events[0].body["session"]
+    assert session["instructions"] == "Be brief." and session["audio"]["output"]["voice"] == "bob"
+    assert session["audio"]["output"]["format"] == {"type": "audio/pcmu"}
+    assert session["audio"]["input"]["turn_detection"] is not None  # untouched
+    err = error_of(send(proto, type="session.update", session={"audio": {"output": {"voice": "zed"}}}))
+    assert err["param"] == "session.audio.output.voice" and "alice" in err["message"]
+    err = error_of(
+        send(proto, type="session.update", session={"audio": {"input": {"turn_detection": {"threshold": 2}}}})
+    )
+    assert err["param"] == "session.audio.input.turn_detection.threshold"
+
+
+@pytest.mark.parametrize(
+    ("raw", "code", "param"),
+    [
+        ("{not json", "invalid_json", None),
+        ("[1, 2]", "invalid_json", None),
+        ('{"type": "foo"}', "unknown_event", "type"),
+        ('{"type": "input_audio_buffer.append", "audio": "@@@@"}', "invalid_value", "audio"),
+        ('{"type": "input_audio_buffer.append", "audio": 5}', "invalid_value", "audio"),
+        ('{"type": "conversation.item.truncate", "item_id": "x", "audio_end_ms": -1}', "invalid_value", "audio_end_ms"),
+        ('{"type": "response.create", "response": {"conversation": "none"}}', "invalid_value", "response.conversation"),
+    ],
+)
+def test_bad_messages_get_an_error_with_a_code(raw, code, param):
+    proto = make()
+    with pytest.raises(RealtimeError) as info:
+        parse_client_event(raw)
+    err = error_of(proto.refuse(info.value))
+    assert (err["code"], err["param"]) == (code, param)
+    assert err["message"]
+
+
+def test_an_append_over_the_size_limit_is_refused():
+    with pytest.raises(RealtimeError) as info:
+        parse_client_event(json.dumps({"type": "input_audio_buffer.append", "audio": "A" * 40}), max_append_bytes=16)
+    assert info.value.code == "invalid_value" and info.value.param == "audio" and "MiB" in info.value.message
+
+
+def test_odd_pcm_byte_counts_and_empty_commits_are_errors_and_the_session_stays_usable():
+    proto = make()
+    manual(proto)
+    err = error_of(send(proto, type="input_audio_buffer.append", audio=base64.b64encode(b"abc").decode()))
+    assert err["code"] == "invalid_value" and "16-bit" in err["message"]
+    assert error_of(send(proto, type="input_audio_buffer.commit"))["code"] == "input_audio_buffer_commit_empty"
+    assert error_of(send(proto, type="response.cancel"))["code"] == "response_cancel_not_active"
+    assert types(send(proto, type="input_audio_buffer.append", audio=b64(one_second()))) == []
+    out = send(proto, type="input_audio_buffer.commit")
+    assert types(out) == ["input_audio_buffer.committed", "conversation.item.added", "conversation.item.done"]
+
+
+def test_the_input_buffer_is_bounded_and_an_overflow_appends_nothing():
+    proto = make(limits=Limits(max_buffer_seconds=1.5))
+    manual(proto)
+    assert types(send(proto, type="input_audio_buffer.append", audio=b64(one_second()))) == []
+    err = error_of(send(proto, type="input_audio_buffer.append", audio=b64(one_second())))
+    assert err["code"] == "input_audio_buffer_overflow"
+    assert proto.buffer.length == 24000
+    assert types(send(proto, type="input_audio_buffer.clear")) == ["input_audio_buffer.cleared"]
+    assert proto.buffer.length == 0
+
+
+def run_manual_turn(proto: RealtimeProtocol) -> tuple[str, str]:
+    """Commit one second of audio, ask for a response, finish the transcription; (item id, response id)."""
+    send(proto, type="input_audio_buffer.append", audio=b64(one_second()))
+    out = send(proto, type="input_audio_buffer.commit")
+    item_id = out.events[0].body["item_id"]
+    [transcribe] = out.commands
+    assert isinstance(transcribe, Transcribe) and transcribe.samples.size == 24000
+    out = send(proto, type="response.create")
+    assert types(out) == [
+        "response.created",
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.content_part.added",
+    ]
+    assert out.commands == []  # the transcript is not in yet
+    rid = out.events[0].body["response"]["id"]
+    proto.transcription_delta(item_id, 0, "three")
+    out = proto.transcription_done(item_id, 0, 50, 1)
+    assert types(out) == ["conversation.item.input_audio_transcription.completed"]
+    [start] = out.commands
+    assert isinstance(start, StartResponse) and start.response_id == rid and start.speak and start.voice == "alice"
+    assert [(m.role, m.content) for m in start.messages][-1] == (Role.USER, "three")
+    assert start.messages[0].role is Role.SYSTEM
+    return item_id, rid
+
+
+def test_a_manual_turn_runs_the_full_response_event_sequence():
+    proto = make()
+    manual(proto)
+    _, rid = run_manual_turn(proto)
+    assert types(proto.response_transcript(rid, "Three.")) == ["response.output_audio_transcript.delta"]
+    audio = proto.response_audio(rid, np.full(2400, 0.5, np.float32))
+    assert types(audio) == ["response.output_audio.delta"] and len(audio.events[0].audio) == 4800
+    assert types(proto.response_transcript(rid, "Again.")) == ["response.output_audio_transcript.delta"]
+    out = proto.response_done(rid, ResponseUsage(10, 2, 5))
+    assert types(out) == [
+        "response.output_audio.done",
+        "response.output_audio_transcript.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "conversation.item.done",
+        "response.done",
+    ]
+    assert out.events[1].body["transcript"] == "Three. Again."
+    response = out.events[-1].body["response"]
+    assert response["status"] == "completed" and response["usage"]["total_tokens"] == 17
+    assert response["output"][0]["content"][0] == {"type": "output_audio", "transcript": "Three. Again."}
+    assert proto.response is None
+    assert proto.response_audio(rid, np.ones(10, np.float32)).events == []  # nothing after response.done
+
+
+def test_a_second_response_while_one_is_active_is_refused():
+    proto = make()
+    manual(proto)
+    _, rid = run_manual_turn(proto)
+    assert error_of(send(proto, type="response.create"))["code"] == "conversation_already_has_active_response"
+    out = send(proto, type="response.cancel", response_id=rid)
+    assert out.commands == [CancelResponse(rid)]
+    done = out.events[-1].body["response"]
+    assert done["status"] == "cancelled" and done["status_details"] == {
+        "type": "cancelled",
+        "reason": "client_cancelled",
+    }
+
+
+def test_text_only_output_streams_text_deltas():
+    proto = make()
+    manual(proto)
+    send(proto, type="session.update", session={"output_modalities": ["text"]})
+    send(
+        proto, type="conversation.item.create", item={"role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+    )
+    out = send(proto, type="response.create")
+    [start] = out.commands
+    assert not start.speak and start.messages[-1].content == "hi"
+    assert out.events[3].body["part"] == {"type": "text", "text": ""}
+    assert types(proto.response_text(start.response_id, "hi")) == ["response.output_text.delta"]
+    out = proto.response_done(start.response_id, ResponseUsage(3, 1))
+    assert types(out)[0] == "response.output_text.done" and out.events[0].body["text"] == "hi"
+
+
+def test_max_output_tokens_reached_ends_the_response_incomplete():
+    proto = make()
+    send(
+        proto,
+        type="conversation.item.create",
+        item={"role": "user", "content": [{"type": "input_text", "text": "a b"}]},
+    )
+    out = send(proto, type="response.create", response={"max_output_tokens": 1})
+    [start] = out.commands
+    assert start.max_tokens == 1
+    done = proto.response_done(start.response_id, ResponseUsage(3, 1)).events[-1].body["response"]
+    assert done["status"] == "incomplete" and done["status_details"]["reason"] == "max_output_tokens"
+
+
+def feed(proto: RealtimeProtocol, samples: np.ndarray, chunk: int = 2400) -> Outputs:
+    out = Outputs()
+    for i in range(0, samples.size, chunk):
+        out.extend(send(proto, type="input_audio_buffer.append", audio=b64(samples[i : i + chunk])))
+    return out
+
+
+def test_server_vad_detects_a_turn_commits_it_and_answers_once_transcribed():
+    proto = make()
+    out = feed(proto, spoken_words(["three", "five"]))
+    assert types(out) == [
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+        "conversation.item.done",
+        "response.created",
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.content_part.added",
+    ]
+    started, stopped = out.events[0].body, out.events[1].body
+    assert started["audio_start_ms"] == 300 and stopped["audio_end_ms"] == 300 + 1000
+    assert started["item_id"] == stopped["item_id"] == out.events[2].body["item_id"]
+    [transcribe] = out.commands
+    # the turn's audio: from the start less prefix_padding_ms (300) to the stop
+    assert transcribe.samples.size == 24000 * 1300 // 1000
+    assert not any(isinstance(c, StartResponse) for c in out.commands)
+    start = proto.transcription_done(transcribe.item_id, 0, 1, 1).commands
+    assert isinstance(start[0], StartResponse)
+
+
+def test_while_nobody_speaks_the_buffer_keeps_only_the_lookback():
+    proto = make(limits=Limits(vad_lookback_ms=200))
+    feed(proto, np.zeros(24000 * 5, np.int16))
+    assert proto.buffer.length <= 24000 * (300 + 200) // 1000 + 2400
+
+
+def test_barge_in_cancels_the_running_response_and_truncates_it_to_the_audio_sent():
+    proto = make()
+    out = feed(proto, spoken_words(["three"]))
+    [transcribe] = out.commands
+    [start] = proto.transcription_done(transcribe.item_id, 0, 1, 1).commands
+    rid = start.response_id
+    proto.response_transcript(rid, "Three.")
+    proto.response_audio(rid, np.zeros(12000, np.float32))  # 500 ms sent
+    proto.response_transcript(rid, "Never heard.")
+    out = feed(proto, spoken_words(["four"], tail_ms=0)[: 24000 * 500 // 1000])
+    assert types(out)[0] == "input_audio_buffer.speech_started"
+    assert CancelResponse(rid) in out.commands
+    done = out.events[-1].body["response"]
+    assert types(out)[-1] == "response.done" and done["status"] == "cancelled"
+    assert done["status_details"]["reason"] == "turn_detected"
+    item = proto.conversation.get(done["output"][0]["id"])
+    assert item.content[0].audio_ms == 500 and item.status.value == "incomplete"
+    assert proto.response_audio(rid, np.ones(100, np.float32)).events == []
+    assert proto.response_done(rid, ResponseUsage()).events == []
+
+
+def test_truncate_cuts_the_transcript_to_the_units_heard():
+    proto = make()
+    manual(proto)
+    _, rid = run_manual_turn(proto)
+    proto.response_transcript(rid, "One.")
+    proto.response_audio(rid, np.zeros(24000, np.float32))
+    proto.response_transcript(rid, "Two.")
+    proto.response_audio(rid, np.zeros(24000, np.float32))
+    done = proto.response_done(rid, ResponseUsage()).events[-1].body["response"]
+    item_id = done["output"][0]["id"]
+    err = error_of(send(proto, type="conversation.item.truncate", item_id=item_id, content_index=0, audio_end_ms=2500))
+    assert err["param"] == "audio_end_ms"
+    out = send(proto, type="conversation.item.truncate", item_id=item_id, content_index=0, audio_end_ms=800)
+    assert types(out) == ["conversation.item.truncated"] and out.events[0].body["audio_end_ms"] == 800
+    retrieved = send(proto, type="conversation.item.retrieve", item_id=item_id).events[0].body["item"]
+    assert retrieved["content"][0]["transcript"] == "One."
+    err = error_of(send(proto, type="conversation.item.truncate", item_id="nope", content_index=0, audio_end_ms=1))
+    assert err["param"] == "item_id"
+
+
+def test_items_can_be_created_inserted_retrieved_and_deleted():
+    proto = make()
+    text = {"role": "user", "content": [{"type": "input_text", "text": "first"}]}
+    out = send(proto, type="conversation.item.create", item={**text, "id": "a"})
+    assert types(out) == ["conversation.item.added", "conversation.item.done"]
+    send(proto, type="conversation.item.create", item={**text, "id": "b"}, previous_item_id="root")
+    assert [i.id for i in proto.conversation.items] == ["b", "a"]
+    err = error_of(send(proto, type="conversation.item.create", item=text, previous_item_id="zz"))
+    assert err["param"] == "previous_item_id"
+    err = error_of(send(proto, type="conversation.item.create", item={**text, "id": "a"}))
+    assert err["param"] == "item.id"
+    bad = {"role": "assistant", "content": [{"type": "input_audio", "audio": ""}]}
+    assert error_of(send(proto, type="conversation.item.create", item=bad))["code"] == "invalid_value"
+    assert types(send(proto, type="conversation.item.delete", item_id="b")) == ["conversation.item.deleted"]
+    assert error_of(send(proto, type="conversation.item.delete", item_id="b"))["param"] == "item_id"
+
+
+def test_a_user_audio_item_is_decoded_in_the_session_format_and_transcribed():
+    proto = make()
+    send(proto, type="session.update", session={"audio": {"input": {"format": {"type": "audio/pcmu"}}}})
+    mu = ulaw_encode(np.full(8000, 2000, np.int16)).tobytes()  # 1 s at 8 kHz
+    item = {"role": "user", "content": [{"type": "input_audio", "audio": base64.b64encode(mu).decode()}]}
+    out = send(proto, type="conversation.item.create", item=item)
+    [transcribe] = out.commands
+    assert abs(transcribe.samples.size - 24000) <= 3
+    assert abs(int(np.median(transcribe.samples)) - 2000) < 64
+
+
+def test_g711_input_is_resampled_to_24_khz_and_output_encoded_at_8_khz():
+    proto = make()
+    fmt = {"type": "audio/pcmu"}
+    send(proto, type="session.update", session={"audio": {"input": {"format": fmt, "turn_detection": None}}})
+    send(proto, type="session.update", session={"audio": {"output": {"format": fmt}}})
+    mu = ulaw_encode(np.zeros(8000, np.int16)).tobytes()
+    send(proto, type="input_audio_buffer.append", audio=base64.b64encode(mu).decode())
+    assert 24000 - proto.buffer.length <= 200  # the resampler holds its look-ahead back
+    send(
+        proto, type="conversation.item.create", item={"role": "user", "content": [{"type": "input_text", "text": "x"}]}
+    )
+    [start] = send(proto, type="response.create").commands
+    out = proto.response_audio(start.response_id, np.zeros(2400, np.float32))
+    assert 700 <= len(out.events[0].audio) <= 800  # 100 ms at 8 kHz, one byte a sample
+
+
+def test_the_item_limit_drops_the_oldest_items_visibly():
+    proto = make(limits=Limits(max_items=2))
+    for i in range(3):
+        item = {"id": f"i{i}", "role": "user", "content": [{"type": "input_text", "text": str(i)}]}
+        out = send(proto, type="conversation.item.create", item=item)
+    assert types(out)[0] == "conversation.item.deleted" and out.events[0].body["item_id"] == "i0"
+    assert [i.id for i in proto.conversation.items] == ["i1", "i2"]
+
+
+def test_a_transcription_session_transcribes_turns_and_makes_no_responses():
+    proto = make(session_type=SessionType.TRANSCRIPTION)
+    assert proto.session_wire()["type"] == "transcription"
+    out = feed(proto, spoken_words(["two"]))
+    assert "response.created" not in types(out)
+    [transcribe] = out.commands
+    assert types(proto.transcription_delta(transcribe.item_id, 0, "two")) == [
+        "conversation.item.input_audio_transcription.delta"
+    ]
+    done = proto.transcription_done(transcribe.item_id, 0, 1, 1)
+    assert done.events[0].body["transcript"] == "two" and done.commands == []
+    assert error_of(send(proto, type="response.create"))["param"] == "session.type"
+
+
+def test_without_an_asr_model_a_committed_turn_reports_a_failed_transcription():
+    proto = make(caps=Capabilities(speech=True, text=True, voices=("alice",), default_voice="alice"), vad=False)
+    send(proto, type="input_audio_buffer.append", audio=b64(one_second()))
+    out = send(proto, type="input_audio_buffer.commit")
+    assert types(out)[-1] == "conversation.item.input_audio_transcription.failed"
+    assert out.events[-1].body["error"]["code"] == "transcription_unavailable"
+
+
+def test_expiry_sends_session_expired_closes_and_ignores_later_events():
+    proto = make(limits=Limits(session_seconds=5))
+    out = proto.expire()
+    assert error_of(Outputs(out.events))["code"] == "session_expired"
+    assert out.commands == [CloseSession(1000, "session expired")]
+    assert send(proto, type="input_audio_buffer.clear").events == []
+    assert proto.vad is None and proto.buffer.length == 0
+
+
+def test_close_forgets_the_detector_and_the_buffer():
+    proto = make()
+    feed(proto, spoken_words(["three"], tail_ms=0)[:12000])
+    vad = proto.vad
+    assert isinstance(vad, EnergyVad) and vad.held() and proto.buffer.length
+    proto.close()
+    assert proto.vad is None and proto.buffer.length == 0 and not vad.held()

@@ -1,0 +1,119 @@
+"""The voice-agent session driver on a real engine, without a transport: run-ahead pacing on a fake clock."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from omni_stream.realtime.realtime_events import ItemCreate, NewItem, NewPart, PartType, ResponseCancel, ResponseCreate
+from omni_stream.realtime.realtime_session import RealtimeSession, SessionClose
+from omni_stream.realtime.settings import Settings
+from realtime_fixtures import agent_checkpoints, agent_loader
+
+LONG = " ".join(["Here is one more sentence of the answer, spoken slowly."] * 20)
+
+
+class FakeClock:
+    """A clock that moves only when the test says so; sleepers wake when it passes their time."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.sleepers: list[tuple[float, anyio.Event]] = []
+        self._changed = anyio.Event()
+
+    def now(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        entry = (self.t + seconds, anyio.Event())
+        self.sleepers.append(entry)
+        self._changed.set()
+        try:
+            await entry[1].wait()
+        finally:
+            self.sleepers.remove(entry)
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+        for target, event in self.sleepers:
+            if target <= self.t + 1e-9:
+                event.set()
+
+    async def sleeper_within(self, seconds: float) -> None:
+        """Return once something sleeps until at most ``seconds`` from now."""
+        while not any(target - self.t <= seconds and not ev.is_set() for target, ev in self.sleepers):
+            self._changed = anyio.Event()
+            await self._changed.wait()
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    return agent_checkpoints(tmp_path_factory.mktemp("session"))
+
+
+async def drain(session: RealtimeSession, into: list, done: anyio.Event) -> None:
+    async for event in session.outgoing:
+        into.append(event)
+        if event.type == "response.done":
+            done.set()
+
+
+def sent_seconds(session: RealtimeSession) -> float:
+    r = session.protocol.response
+    return 0.0 if r is None else r.samples / 24000
+
+
+async def test_response_audio_runs_ahead_of_playback_by_the_bound_only(checkpoints):
+    engine = await agent_loader(checkpoints)()
+    clock = FakeClock()
+    events: list = []
+    try:
+        session = RealtimeSession(engine, Settings(realtime_run_ahead_seconds=2.0), clock=clock)
+        async with session, anyio.create_task_group() as tg:
+            finished = anyio.Event()
+            tg.start_soon(drain, session, events, finished)
+            user = NewItem("user", (NewPart(PartType.INPUT_TEXT, text=LONG),))
+            await session.client_event(ItemCreate(None, user))
+            await session.client_event(ResponseCreate(None))
+            largest_chunk = 8 * 1920 / 24000  # the synthetic codec's largest window (0.64 s)
+            for step in range(4):
+                await clock.sleeper_within(2.0)  # the pacer holds the next chunk
+                lead = sent_seconds(session) - clock.now()
+                assert 2.0 - 1e-6 <= lead <= 2.0 + largest_chunk, (step, lead)
+                clock.advance(1.0)
+            rid = session.protocol.response.id
+            before = sent_seconds(session)
+            await session.client_event(ResponseCancel(None))
+            assert session.live()["engine_requests"] == 0  # aborted at once, before any other task ran
+            await finished.wait()
+            tg.cancel_scope.cancel()
+        assert before < 2.0 + 4 * 1.0 + largest_chunk
+        done = [e for e in events if e.type == "response.done"]
+        assert done and done[0].body["response"]["status"] == "cancelled"
+        after = events[events.index(done[0]) :]
+        assert not [e for e in after if e.type == "response.output_audio.delta" and e.body["response_id"] == rid]
+        assert not any(session.live().values())
+        for _ in range(2):  # the worker frees released slots before its next step: let it get there
+            await engine.worker.submit(lambda: None)
+        assert not any(engine.models.text().scheduler.live().values())
+        assert not any(engine.models.speech().scheduler.live().values())
+    finally:
+        await engine.aclose()
+
+
+async def test_the_session_expires_on_its_clock(checkpoints):
+    engine = await agent_loader(checkpoints)()
+    clock = FakeClock()
+    events: list = []
+    try:
+        session = RealtimeSession(engine, Settings(realtime_session_seconds=60.0), clock=clock)
+        async with session:
+            await clock.sleeper_within(60.0)
+            clock.advance(60.0)
+            async for event in session.outgoing:
+                events.append(event)
+                if isinstance(event, SessionClose):
+                    break
+        assert events[-2].body["error"]["code"] == "session_expired"
+        assert events[-1] == SessionClose(1000, "session expired")
+    finally:
+        await engine.aclose()

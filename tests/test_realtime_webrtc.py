@@ -1,0 +1,92 @@
+"""WebRTC through fastrtc (the ``[webrtc]`` extra): an aiortc client on loopback in a private network namespace
+talks to the voice agent; closing it frees everything. Skipped without fastrtc, aiortc or ``unshare``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+fastrtc = pytest.importorskip("fastrtc")
+pytest.importorskip("aiortc")
+
+from omni_stream.realtime.settings import Settings  # noqa: E402
+from realtime_fixtures import agent_checkpoints, agent_loader, vad_factory  # noqa: E402
+from serving_helpers import running_server  # noqa: E402
+
+pytestmark = pytest.mark.webrtc
+SCRIPT = Path(__file__).parent / "rtc_loopback.py"
+
+
+def netns_available() -> bool:
+    if not shutil.which("unshare") or not shutil.which("ip"):
+        return False
+    return subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not netns_available(), reason="needs unshare -n (root) for a private loopback network")
+def test_an_aiortc_client_talks_to_the_agent_and_closing_frees_everything():
+    run = subprocess.run(
+        ["unshare", "-n", "sh", "-c", f'ip link set lo up && exec "{sys.executable}" "{SCRIPT}"'],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    assert found["connection"] == "connected"
+    assert found["loud_frames"] >= 25  # half a second of agent speech came back
+    assert found["logs"][:3] == ["started_talking", "pause_detected", "response_starting"]
+    assert found["second_offer"] == {"status": "failed", "meta": {"error": "concurrency_limit_reached", "limit": 1}}
+    assert found["sessions_freed"] and found["connections_freed"] and found["schedulers_idle"]
+
+
+@pytest.fixture(scope="module")
+def rtc_server(tmp_path_factory):
+    settings = Settings(vad_factory=vad_factory(), rtc_ice_servers=("stun:stun.example.test:3478",))
+    loader = agent_loader(agent_checkpoints(tmp_path_factory.mktemp("rtc")))
+    with running_server(None, settings, load=loader) as live:
+        yield live
+
+
+def test_the_stream_is_mounted_with_the_configured_ice_servers_and_limit(rtc_server):
+    stream = rtc_server.state.rtc
+    assert stream.concurrency_limit == Settings().rtc_concurrency_limit
+    config = httpx.get(f"{rtc_server.url}/rtc/config").json()
+    assert config == {"available": True, "iceServers": [{"urls": "stun:stun.example.test:3478"}]}
+
+
+def test_a_malformed_offer_is_a_400_in_the_openai_shape(rtc_server):
+    response = httpx.post(f"{rtc_server.url}/rtc/webrtc/offer", content=b"{nope")
+    assert response.status_code == 400 and response.json()["error"]["code"] == 400
+    response = httpx.post(f"{rtc_server.url}/rtc/webrtc/offer", json={"sdp": "x"})
+    assert response.status_code == 400 and "webrtc_id" in response.json()["error"]["message"]
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not netns_available(), reason="needs unshare -n (root) for a private loopback network")
+@pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Debian's chromium")
+def test_the_page_talks_to_the_agent_over_webrtc_in_chromium(tmp_path):
+    pytest.importorskip("playwright")
+    script = Path(__file__).parent / "rtc_browser.py"
+    shot = os.environ.get("OMNI_STREAM_RTC_SCREENSHOT", "")
+    run = subprocess.run(
+        ["unshare", "-n", "sh", "-c", f'ip link set lo up && exec "{sys.executable}" "{script}" {shot}'],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    assert "wait_error" not in found, found
+    assert found["rtc_state"] == "connected"
+    assert found["logs"][:3] == ["started_talking", "pause_detected", "response_starting"]
+    assert found["loud_frames"] >= 10  # the agent's track carried sound to the page
+    assert found["errors"] == [] and found["problems"] == []
+    assert found["freed"] and found["idle"]

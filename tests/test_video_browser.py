@@ -1,0 +1,105 @@
+"""The video page at ``/video`` in headless Chromium: it streams fMP4 chunks into Media Source Extensions and plays.
+
+Needs Debian's Chromium at /usr/bin/chromium and the ``playwright`` package (no downloaded browsers); skipped
+without them. Set ``OMNI_STREAM_VIDEO_SCREENSHOT=path.png`` to keep a screenshot of the page after playing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("diffusers", reason="needs the [video] extra (diffusers)")
+
+from omni_stream.realtime.settings import Settings
+from serving_helpers import LiveServer
+from video_helpers import video_server, wait_until
+
+pytestmark = pytest.mark.browser
+pytest_plugins = ("video_fixtures",)
+
+TIMEOUT_MS = 30_000
+CHROMIUM = Path("/usr/bin/chromium")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--autoplay-policy=no-user-gesture-required"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def live(video_checkpoint: Path) -> Iterator[LiveServer]:
+    with video_server(video_checkpoint, Settings()) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        pytest.skip(f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium)")
+    if importlib.util.find_spec("playwright") is None:
+        pytest.skip("needs the playwright Python package (pip install playwright; no browser download)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("chromium-video")), executable_path=str(CHROMIUM), headless=True,
+            args=FLAGS, chromium_sandbox=False,
+        )  # fmt: skip
+        try:
+            yield context
+        finally:
+            context.close()
+
+
+def test_the_page_plays_the_stream_and_a_second_prompt_steers_it(browser: Any, live: LiveServer) -> None:
+    page = browser.new_page()
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(f"console: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(f"pageerror: {e}"))
+    try:
+        page.goto(f"{live.url}/video", wait_until="load")
+        page.wait_for_function("window.__video.model !== null", timeout=TIMEOUT_MS)
+        assert "HeliosPipeline" in page.locator("#model").inner_text()
+        page.get_by_label("Frames").fill(str(8 * 33))
+        page.get_by_role("button", name="Generate").click()
+        page.wait_for_function("window.__video.chunks >= 1", timeout=TIMEOUT_MS)
+        page.get_by_role("button", name="Steer").click()
+        page.wait_for_function("window.__video.state === 'done'", timeout=TIMEOUT_MS)
+        # the video element really plays what arrived: its clock moves past the first second
+        page.wait_for_function("window.__video.currentTime > 1.0", timeout=TIMEOUT_MS)
+        state = page.evaluate("() => JSON.parse(JSON.stringify(window.__video))")
+        assert state["errors"] == [] and state["done"]["chunks"] == 8 and state["done"]["stopped"] is False
+        assert state["chunks"] == 8 and state["appended"] >= 8 and state["ttfcMs"] is not None
+        assert state["queued"] == ["steer-1"] and state["applied"] == ["steer-1"]
+        assert state["mimeType"].startswith('video/mp4; codecs="avc1.')
+        assert page.evaluate("document.getElementById('video').videoWidth") == 64
+        if shot := os.environ.get("OMNI_STREAM_VIDEO_SCREENSHOT"):
+            page.screenshot(path=shot, full_page=True)
+        assert problems == []
+    finally:
+        page.close()
+    family = live.engine.models.get("video")
+    wait_until(lambda: family.live() == {"requests": 0}, what="the request to be released")
+
+
+def test_stop_on_the_page_ends_the_stream(browser: Any, live: LiveServer) -> None:
+    page = browser.new_page()
+    problems: list[str] = []
+    page.on("pageerror", lambda e: problems.append(f"pageerror: {e}"))
+    try:
+        page.goto(f"{live.url}/video", wait_until="load")
+        page.wait_for_function("window.__video.model !== null", timeout=TIMEOUT_MS)
+        page.get_by_label("Frames").fill(str(30 * 33))
+        page.get_by_role("button", name="Generate").click()
+        page.wait_for_function("window.__video.chunks >= 1", timeout=TIMEOUT_MS)
+        page.get_by_role("button", name="Stop").click()
+        page.wait_for_function("window.__video.state === 'stopped'", timeout=TIMEOUT_MS)
+        state = page.evaluate("() => JSON.parse(JSON.stringify(window.__video))")
+        assert state["done"]["stopped"] is True and state["chunks"] < 30 and state["errors"] == []
+        assert page.get_by_role("button", name="Generate").is_enabled() and problems == []
+    finally:
+        page.close()

@@ -1,0 +1,32 @@
+"""benchmarks/voice_bench.py --smoke end to end on CPU: its own server process, real WebSocket sessions, JSON out."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "voice_bench.py"
+
+
+def test_the_smoke_run_measures_voice_to_voice_and_barge_in(tmp_path):
+    out = tmp_path / "voice.json"
+    env = {**os.environ, "GIT_COMMIT": "test"}
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--smoke", "--out", str(out)], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["mode"] == "cpu" and report["smoke"] and report["git_commit"] == "test"
+    assert [lv["concurrency"] for lv in report["levels"]] == [1, 2]
+    for level in report["levels"]:
+        assert level["answered"] == level["sessions"] and level["interrupted"] == level["sessions"]
+        assert not level["failures"] and not level["error_events"]
+        v2v = level["voice_to_voice_ms"]
+        # the detector needs silence_duration_ms of silence before it ends a turn: no answer can come sooner
+        assert report["settings"]["silence_duration_ms"] <= v2v["p50"] <= v2v["max"]
+        assert level["server_voice_to_voice_ms"]["p50"] < v2v["p50"]
+        assert level["barge_in_ms"]["p50"] is not None
+    assert "barge p50" in proc.stdout

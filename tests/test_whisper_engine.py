@@ -1,0 +1,272 @@
+"""Whisper through ``engine.generate(TranscriptionRequest(...))``: the transcription pipeline end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import threading
+from collections import Counter
+from collections.abc import AsyncIterator
+
+import anyio
+import numpy as np
+import pytest
+from asr_helpers import utterance
+from omni_stream.codecs.resample import resample
+
+from omni_stream.chunks import Audio, TextDelta
+from omni_stream.engine import AsyncEngine
+from omni_stream.errors import DeadlineExceeded, InvalidRequestError
+from omni_stream.family import ModelKind, embedded_checkpoint
+from omni_stream.models.whisper.checkpoint import EMBEDDED_MARKER
+from omni_stream.transcription import TranscriptionFamily, TranscriptionInfo, TranscriptionRequest
+
+pytest_plugins = ("asr_fixtures",)
+
+
+@pytest.fixture
+async def engine(tiny_whisper) -> AsyncIterator[AsyncEngine]:
+    async with await AsyncEngine.from_pretrained(tiny_whisper, progress=False, max_batch_size=8) as engine:
+        yield engine
+
+
+async def chunks_of(audio: np.ndarray, rate: int, piece: int, *, final: bool = True) -> AsyncIterator[Audio]:
+    for i in range(0, audio.size, piece):
+        last = i + piece >= audio.size
+        yield Audio(audio[i : i + piece].copy(), rate, i, final=final and last)
+
+
+async def transcript(engine: AsyncEngine, request: TranscriptionRequest) -> tuple[str, list[TextDelta], dict]:
+    async with engine.generate(request) as stream:
+        outs = [out async for out in stream]
+    assert {o.stage for o in outs} == {"transcription"} and outs[-1].last
+    deltas = [o.chunk for o in outs]
+    return "".join(d.text for d in deltas), deltas, stream.usage
+
+
+async def test_a_whole_utterance_at_any_rate_transcribes_with_usage(engine):
+    family = engine.models.get(ModelKind.TRANSCRIPTION)
+    assert isinstance(family, TranscriptionFamily) and isinstance(family.info, TranscriptionInfo)
+    assert family.info.sample_rate == 16000 and family.info.model_type == "whisper" and "en" in family.info.languages
+    audio16 = utterance("tone440", 2.0)
+    text16, deltas, usage = await transcript(engine, TranscriptionRequest(audio16, language="en", max_tokens=10))
+    assert text16 and deltas[-1].final and deltas[-1].finish_reason == "length"
+    assert [d.index for d in deltas] == sorted(d.index for d in deltas) and deltas[-1].index == 9
+    assert usage["transcription"].input_tokens == 100 and usage["transcription"].output_tokens == 10
+    # Audio at 24 kHz is resampled to 16 kHz first: it reads as its 16 kHz resampling does.
+    audio24 = utterance("tone440", 2.0, rate=24000)
+    text24, _, _ = await transcript(
+        engine, TranscriptionRequest(audio24, sample_rate=24000, language="en", max_tokens=10)
+    )
+    as16, _, _ = await transcript(
+        engine, TranscriptionRequest(resample(audio24, 24000, 16000), language="en", max_tokens=10)
+    )
+    assert text24 == as16 != text16
+
+
+async def test_streamed_audio_is_collected_until_its_final_chunk(engine):
+    audio48 = resample(utterance("noise", 1.5, seed=3), 16000, 48000)
+    whole, _, usage = await transcript(
+        engine, TranscriptionRequest(audio48, sample_rate=48000, language="en", max_tokens=8)
+    )
+    streamed, _, usage_streamed = await transcript(
+        engine, TranscriptionRequest(chunks_of(audio48, 48000, 960), language="en", max_tokens=8)
+    )
+    assert streamed == whole and usage_streamed == usage
+
+    stop = anyio.Event()  # never set: a live stream that stays open after its turn ended
+
+    async def live() -> AsyncIterator[Audio]:
+        stereo = np.stack([audio48, audio48], axis=1)
+        async for chunk in chunks_of(stereo, 48000, 4800):
+            yield chunk
+        await stop.wait()
+        yield Audio(np.zeros(10, np.float32), 48000)
+
+    with anyio.fail_after(60):
+        held, _, _ = await transcript(engine, TranscriptionRequest(live(), language="en", max_tokens=8))
+    assert held == whole
+
+
+async def test_a_stream_without_a_final_chunk_ends_with_its_iterator(engine):
+    audio = utterance("tone220", 1.0)
+    ended, _, _ = await transcript(
+        engine, TranscriptionRequest(chunks_of(audio, 16000, 1600, final=False), language="en", max_tokens=6)
+    )
+    assert ended == (await transcript(engine, TranscriptionRequest(audio, language="en", max_tokens=6)))[0]
+
+
+async def test_a_transcript_stops_at_end_of_text(tiny_whisper):
+    async with await AsyncEngine.from_pretrained(tiny_whisper, progress=False) as engine:
+        runner = engine.models.get(ModelKind.TRANSCRIPTION).runner
+        real_decode, eot = runner._decode, runner.tokens.eot
+
+        def eot_wins(seqs):  # end of text scores best; the first token may not be it (begin suppression)
+            logits = real_decode(seqs)
+            logits[:, eot] = logits.max() + 1.0
+            return logits
+
+        runner._decode = eot_wins
+        text, deltas, usage = await transcript(engine, TranscriptionRequest(utterance("noise", 1.0), language="en"))
+    assert text and [d.finish_reason for d in deltas if d.final] == ["stop"]
+    assert usage["transcription"].output_tokens == 2  # one text token, then end of text
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"language": "klingon"}, "language"),
+        ({"max_tokens": 1000}, "max_tokens"),
+        ({"audio": np.zeros(16000 * 31, np.float32)}, "audio"),
+        ({"audio": np.array([0.1, np.nan], np.float32)}, "audio"),
+    ],
+)
+async def test_bad_requests_fail_before_anything_streams_naming_the_field(engine, fields, param):
+    request = TranscriptionRequest(**{"audio": utterance("noise", 0.5), **fields})
+    with pytest.raises(InvalidRequestError) as err:
+        engine.generate(request)
+    assert err.value.param == param
+
+
+async def test_an_english_only_model_refuses_other_languages(tiny_whisper_en):
+    async with await AsyncEngine.from_pretrained(tiny_whisper_en, progress=False) as engine:
+        with pytest.raises(InvalidRequestError, match="English-only") as err:
+            engine.generate(TranscriptionRequest(utterance("noise", 0.5), language="fr"))
+        assert err.value.param == "language"
+        text, _, _ = await transcript(engine, TranscriptionRequest(utterance("noise", 0.5), language="English"))
+        assert text
+
+
+@pytest.mark.parametrize("case", ["too_long", "empty", "rates", "nan"])
+async def test_bad_streams_fail_the_request_with_the_field_named(engine, case):
+    async def stream() -> AsyncIterator[Audio]:
+        if case == "too_long":
+            for i in range(40):
+                yield Audio(np.full(16000, 0.01, np.float32), 16000, i * 16000)
+        elif case == "rates":
+            yield Audio(np.zeros(160, np.float32), 16000)
+            yield Audio(np.zeros(240, np.float32), 24000)
+        elif case == "nan":
+            yield Audio(np.array([0.0, np.nan], np.float32), 16000)
+        return
+
+    family = engine.models.get(ModelKind.TRANSCRIPTION)
+    with pytest.raises(InvalidRequestError) as err:
+        await transcript(engine, TranscriptionRequest(stream(), language="en"))
+    assert err.value.param == "audio"
+    assert family.scheduler.live() == dict.fromkeys(family.scheduler.live(), 0)
+
+
+async def test_feature_extraction_runs_off_the_event_loop(engine):
+    family = engine.models.get(ModelKind.TRANSCRIPTION)
+    loop_thread = threading.get_ident()
+    threads: list[int] = []
+    prepare = family._prepare
+
+    def spy(*args):
+        threads.append(threading.get_ident())
+        return prepare(*args)
+
+    family._prepare = spy
+    await transcript(engine, TranscriptionRequest(utterance("noise", 0.5), language="en", max_tokens=3))
+    assert threads and loop_thread not in threads
+    assert engine.worker.thread_id not in threads  # nor on the device worker: the model steps stay unblocked
+
+
+MODES = ("aclose", "task_cancel", "break", "deadline", "engine_abort", "complete")
+
+
+async def test_random_aborts_free_every_slot(tiny_whisper):
+    rng = random.Random(20261201)
+    async with await AsyncEngine.from_pretrained(
+        tiny_whisper, progress=False, max_batch_size=6, max_buffered_frames=3
+    ) as engine:
+        family = engine.models.get(ModelKind.TRANSCRIPTION)
+        runner, sched = family.runner, family.scheduler
+        runner.record = True
+        outcomes: Counter[str] = Counter()
+
+        async def one(i: int) -> None:
+            mode = rng.choice(MODES)
+            k = rng.randint(1, 6)
+            request = TranscriptionRequest(utterance("noise", rng.uniform(0.3, 2.0), seed=i), language="en",
+                                           max_tokens=rng.randint(4, 30))  # fmt: skip
+            if mode == "aclose":
+                stream = engine.generate(request)
+                for _ in range(k):
+                    if await anext(stream, None) is None:
+                        break
+                await stream.aclose()
+            elif mode == "task_cancel":
+                started = asyncio.Event()
+
+                async def read() -> None:
+                    async for _ in engine.generate(request):
+                        started.set()
+                    started.set()
+
+                task = asyncio.create_task(read())
+                await started.wait()
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            elif mode == "break":
+                async with engine.generate(request) as stream:
+                    n = 0
+                    async for _ in stream:
+                        n += 1
+                        if n >= k:
+                            break
+            elif mode == "deadline":
+                try:
+                    async with engine.generate(request, timeout=rng.uniform(0.001, 0.05)) as stream:
+                        async for _ in stream:
+                            await anyio.sleep(0.01)
+                except DeadlineExceeded:
+                    outcomes["deadline_hit"] += 1
+            elif mode == "engine_abort":
+                stream = engine.generate(request)
+                await anext(stream)
+                engine.abort(request.request_id)
+                with pytest.raises(Exception, match="aborted"):
+                    async for _ in stream:
+                        pass
+            else:
+                text, _, _ = await transcript(engine, request)
+                assert text is not None
+            outcomes[mode] += 1
+
+        async with anyio.create_task_group() as tg:
+            for i in range(50):
+                tg.start_soon(one, i)
+        await engine.worker.submit(lambda: None)  # the worker has finished every step that began before
+        await engine.worker.submit(lambda: None)
+
+        assert sum(outcomes[m] for m in MODES) == 50 and len([m for m in MODES if outcomes[m]]) >= 5
+        assert sched.live() == dict.fromkeys(sched.live(), 0)
+        assert runner.live == set()
+        admitted = Counter(e[1] for e in runner.log if e[0] == "admit")
+        assert set(admitted.values()) == {1} and runner.released == admitted  # released once per admission
+        assert sched.stats.max_batch > 1
+        assert asyncio.all_tasks() == {asyncio.current_task()}
+
+
+def test_the_embedded_default_is_built_once_atomically(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("OMNI_STREAM_CACHE", str(tmp_path))
+    path = embedded_checkpoint(ModelKind.TRANSCRIPTION)
+    assert (path / EMBEDDED_MARKER).exists() and (path / "model.safetensors").is_file()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [path.name]  # no temp leftovers
+    mtime = (path / "model.safetensors").stat().st_mtime_ns
+    assert embedded_checkpoint(ModelKind.TRANSCRIPTION) == path
+    assert (path / "model.safetensors").stat().st_mtime_ns == mtime
+
+    async def load() -> None:
+        async with await AsyncEngine.from_pretrained(path, progress=False) as engine:
+            family = engine.models.get(ModelKind.TRANSCRIPTION)
+            assert family.embedded
+            text, _, usage = await transcript(engine, TranscriptionRequest(utterance("noise", 1.0), max_tokens=4))
+            assert text and usage["transcription"].output_tokens == 4
+            assert math.isclose(usage["transcription"].input_tokens, 50)
+
+    anyio.run(load)
