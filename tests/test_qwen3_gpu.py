@@ -173,6 +173,94 @@ def test_dummy_checkpoint_serves_speech_end_to_end_on_cuda(tmp_path) -> None:
     assert frames == 5 and samples == 5 * 1920
 
 
+# -- fused decoder layers (Triton) ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_kernels_equal_torch_versions_on_cuda(dtype) -> None:
+    from omni_stream.models.qwen3_tts import fused
+    from omni_stream.runtime import triton_kernels as tk
+
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def r(*s):
+        return torch.randn(*s, generator=g, device="cuda").to(dtype)
+
+    for rows, h in ((1, 2048), (96, 1024)):
+        x, d, w = r(rows, 1, h), r(rows, 1, h), r(h)
+        for delta in (None, d):
+            for a, b in zip(tk.add_rms_norm(x, delta, w, 1e-6), fused.add_rms_norm(x, delta, w, 1e-6), strict=True):
+                torch.testing.assert_close(a, b, **tol)
+    for b, t, hq, hkv in ((1, 1, 16, 8), (64, 1, 16, 8), (2, 37, 16, 8), (8, 2, 16, 8)):
+        qkv, nw = r(b, t, (hq + 2 * hkv) * 128), r(2, 128)
+        ang = torch.rand(1, t, 64, generator=g, device="cuda") * 100
+        emb = torch.cat((ang, ang), -1)
+        cos, sin = emb.cos().to(dtype).expand(b, -1, -1), emb.sin().to(dtype).expand(b, -1, -1)
+        got = tk.qk_norm_rope(qkv, nw, cos, sin, 1e-6, hq, hkv)
+        want = fused.qk_norm_rope(qkv, nw, cos, sin, 1e-6, hq, hkv)
+        for a, c in zip(got, want, strict=True):
+            torch.testing.assert_close(a, c, **tol)
+    gu = r(64, 1, 2 * 6144)
+    torch.testing.assert_close(tk.silu_mul(gu), fused.silu_mul(gu), **tol)
+
+
+def test_fused_talker_matches_module_talker_on_cuda(tmp_path) -> None:
+    """fp32 weights at real size: the fused layers compute the module layers' function."""
+    from omni_stream.models.qwen3_tts.fused import triton_kernels
+    from omni_stream.runtime.kv_cache import attention
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    _, _, lm = _from_config(tmp_path, "qwen3-tts-12hz-1.7b-customvoice", torch.float32)
+    talker = lm.talker
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(2, 40, lm.config.talker.decoder.hidden_size, generator=g, device="cuda")
+    pos = torch.arange(40, device="cuda")[None].expand(2, -1)
+    causal = torch.ones(40, 40, dtype=torch.bool, device="cuda").tril()
+
+    def attend(_layer, q, k, v):
+        return attention(q, k, v, causal)
+
+    with torch.no_grad():
+        talker.use_kernels(None)
+        want = talker(x, pos, attend)
+        talker.use_kernels(triton_kernels())
+        got = talker(x, pos, attend)
+    err = (got - want).norm() / want.norm()
+    assert err < 1e-4, float(err)
+
+
+def test_triton_sampler_agrees_with_torch_sampler_on_cuda() -> None:
+    from omni_stream.runtime import triton_kernels as tk
+    from omni_stream.runtime.sampling import sample
+
+    kinds = [
+        SamplingParams(do_sample=False), SamplingParams(temperature=0.9, top_k=50), SamplingParams(top_k=5, top_p=0.8),
+        SamplingParams(top_k=0, top_p=0.5), SamplingParams(top_k=1), SamplingParams(temperature=1.3, top_k=0),
+        SamplingParams(top_k=5000, top_p=0.95), SamplingParams(temperature=0.5, top_k=20, top_p=0.3),
+    ]  # fmt: skip
+    g = torch.Generator(device="cuda").manual_seed(3)
+    params = SamplingTensors.from_params(kinds * 16, "cuda")
+    b = len(kinds) * 16
+    agree = total = 0
+    for vocab in (2048, 3072):
+        for dtype in (torch.float32, torch.bfloat16):
+            for _ in range(10):
+                logits = (torch.randn(b, vocab, generator=g, device="cuda") * 4).to(dtype)
+                noise = torch.empty(b, 2, vocab, device="cuda").exponential_(generator=g)[:, 0]
+                got, want = tk.sample(logits, params, noise), sample(logits, params, noise)
+                greedy = ~params.do_sample
+                assert torch.equal(got[greedy], want[greedy])  # ties break to the first index in both
+                agree += int((got == want).sum())
+                total += b
+                # every sampled token lies inside its row's top-k
+                k = params.top_k.clamp(min=1).where(params.top_k > 0, torch.full_like(params.top_k, vocab))
+                rank = (logits.float() > logits.float().gather(1, got[:, None])).sum(1)
+                assert bool((rank < k).all())
+    # the race compares probabilities computed by two exp implementations: only near-ties may differ
+    assert agree / total > 0.995, agree / total
+
+
 def test_codec_windows_on_their_own_stream_equal_the_synchronous_decode(tmp_path) -> None:
     """Issued on a high-priority side stream while the default stream is busy and collected by the worker:
     the same audio as the synchronous decode, for graph and eager window sizes and batches in pieces."""
