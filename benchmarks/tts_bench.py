@@ -95,10 +95,16 @@ def result_path(tag: str, transport: str) -> Path:
     return out_dir() / (f"tts_bench_{tag}.json" if transport == "inproc" else f"tts_bench_{tag}_{transport}.json")
 
 
+INITIAL_FRAMES: int | None = None  # --initial-frames: every request fixes its first window (None: the engine's)
+
+
 def request_fields(i: int, frames: int) -> dict:
     """The speech fields of request ``i``: a fixed length (EOS suppressed), voices in turn, seeded."""
-    return {"voice": VOICES[i % len(VOICES)], "language": "English", "max_new_tokens": frames, "ignore_eos": True,
-            "seed": i}  # fmt: skip
+    fields = {"voice": VOICES[i % len(VOICES)], "language": "English", "max_new_tokens": frames, "ignore_eos": True,
+              "seed": i}  # fmt: skip
+    if INITIAL_FRAMES is not None:
+        fields["initial_codec_chunk_frames"] = INITIAL_FRAMES
+    return fields
 
 
 def request_record(t0: float, arrivals: list[float], durations: list[float], samples: int) -> dict:
@@ -154,6 +160,16 @@ class StepTimer:
             return out
 
         stages.decode_slot_windows = timed_slot_decode
+        slot_issue = stages.issue_slot_windows
+
+        def timed_slot_issue(pool, jobs, completions):
+            # Overlapped codec: the worker's own time per job is the launch (the audio comes back later).
+            t0 = time.perf_counter()
+            out = slot_issue(pool, jobs, completions)
+            self.codec.append((len(jobs), int(jobs[0].codes.shape[0]), time.perf_counter() - t0))
+            return out
+
+        stages.issue_slot_windows = timed_slot_issue
 
     def reset(self) -> None:
         self.steps.clear()
@@ -359,6 +375,8 @@ def base_result(args: argparse.Namespace, transport: str) -> dict:
         "dtype": args.dtype,
         "max_batch": args.max_batch,
         "sampling": "checkpoint defaults (talker top-k 50 T 0.9 rep 1.05; code predictor top-k 50 T 0.9)",
+        "initial_frames": args.initial_frames,
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("OMNI_STREAM_") and "KEY" not in k},
         "levels": [],
     }
     try:
@@ -550,6 +568,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--port", type=int, default=0, help="server port (default: a free one)")
     ap.add_argument("--server-timeout", type=float, default=900.0, help="seconds to wait for the server to load")
     ap.add_argument("--request-timeout", type=float, default=600.0, help="seconds a read may wait on a stream")
+    ap.add_argument(
+        "--initial-frames",
+        type=int,
+        default=None,
+        help="first audio window of every request (initial_codec_chunk_frames; default: the engine's)",
+    )
+    ap.add_argument("--tag-suffix", default="", help="appended to the result file's size tag (A/B runs)")
     ap.add_argument("--summarize", action="store_true", help="print the table of saved results and plot them")
     args = ap.parse_args(argv)
     args.levels = [int(x) for x in args.levels.split(",")]
@@ -559,12 +584,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--transport: unknown {unknown} (choose from {', '.join(TRANSPORTS)})")
     if args.dtype is None:
         args.dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
-    args.tag = f"tiny-{args.size}" if args.tiny else args.size
+    args.tag = (f"tiny-{args.size}" if args.tiny else args.size) + args.tag_suffix
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
+    global INITIAL_FRAMES
     args = parse_args(argv)
+    INITIAL_FRAMES = args.initial_frames
     if args.summarize:
         return summarize([f"tiny-{s}" for s in ("1.7b", "0.6b")] if args.tiny else ["1.7b", "0.6b"])
     asyncio.run(run_size(args))

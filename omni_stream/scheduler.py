@@ -31,6 +31,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from omni_stream.admission import AdmissionRule
 from omni_stream.batch import Batch, BatchModel, SeqOutput, Sequence
 from omni_stream.context import RequestContext
 from omni_stream.errors import EngineClosed
@@ -87,7 +88,10 @@ class Scheduler:
         low_watermark: int | None = None,
         metrics: SchedulerMetrics | None = None,
         name: str = "model",
+        admission: AdmissionRule | None = None,
     ) -> None:
+        """``admission``: how many waiting sequences each step admits (:mod:`omni_stream.admission`; None: all
+        that fit in the free slots)."""
         low = high_watermark // 4 if low_watermark is None else low_watermark
         if high_watermark < 1 or not 0 <= low < high_watermark:
             raise ValueError(f"need 0 <= low_watermark < high_watermark, got {low}, {high_watermark}")
@@ -98,6 +102,7 @@ class Scheduler:
         self.low = low
         self.metrics = metrics
         self.name = name
+        self.admission = admission
         self.stats = SchedulerStats()
         self.waiting: deque[Sequence] = deque()
         self.running: dict[int, Sequence] = {}
@@ -204,8 +209,9 @@ class Scheduler:
 
     def schedule(self) -> tuple[Batch, int]:
         """Admit waiting sequences into free slots (prefill) and decode the running ones that are not paused."""
-        prefill = []
-        while self.waiting and self.free_slots:
+        prefill: list[Sequence] = []
+        budget = self._admission_budget()
+        while self.waiting and self.free_slots and len(prefill) < budget:
             seq = self.waiting.popleft()
             seq.slot = heapq.heappop(self.free_slots)
             seq.state = RequestState.RUNNING
@@ -219,6 +225,20 @@ class Scheduler:
             elif seq.state is RequestState.PAUSED:
                 n_paused += 1
         return Batch(tuple(prefill), tuple(decode)), n_paused
+
+    def _admission_budget(self) -> int:
+        """Newcomers the admission rule lets in now, from the playing streams' slack (lock held)."""
+        if self.admission is None or not self.waiting:
+            return len(self.free_slots)
+        now = time.perf_counter()
+        slacks = []
+        for seq in self.running.values():
+            sess = self._sessions.get(seq.seq_id)
+            first = sess.ctx.timings.first_chunk if sess is not None else None
+            if seq.state is RequestState.RUNNING and sess is not None and first is not None:
+                slacks.append(first + sess.ctx.timings.audio_seconds - now)
+        ages = [now - self._sessions[seq.seq_id].ctx.timings.created for seq in self.waiting]
+        return self.admission.budget(len(self.free_slots), ages, slacks)
 
     def postprocess(self, batch: Batch, outputs: list[SeqOutput], error: BaseException | None) -> list[_Session]:
         """Buffer each sequence's item; pause those at the high watermark; end finished and failed ones."""

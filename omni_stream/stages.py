@@ -123,7 +123,8 @@ def codec_stage(
     """Decode upstream codec frames in windows of ``windows(index)`` frames; yield :class:`Audio` per window.
 
     Windows follow the family's ramp: a small first window for time to first audio, then longer ones, each
-    decoded by ``open_decoder``'s callable with the request's own decoder state. The last chunk carries
+    decoded by ``open_decoder``'s callable with the request's own decoder state. ``windows(index)`` is called
+    when window ``index`` is about to be filled (window 0 when the first frames arrive). The last chunk carries
     ``final=True`` without delaying any chunk: a window that ends exactly on the frames received so far may be the
     last, so unless the talker marked its frame final it is decoded at once and handed on when the next frame (or
     the end of the stream) says which it is; the first window always goes out at once, and should nothing follow
@@ -134,7 +135,7 @@ def codec_stage(
         async with open_decoder(ctx) as decode:
             held: deque[torch.Tensor] = deque()  # code pieces not decoded yet, in frame order
             n_held = index = start = expected = 0
-            want = windows(0)
+            want: int | None = None  # asked for when the first frames arrive: a load-dependent size sees that moment
 
             async def flush(n: int, final: bool) -> Audio:
                 nonlocal n_held, start, index, want
@@ -158,6 +159,8 @@ def codec_stage(
                 if pending is not None:
                     yield pending
                     pending = None
+                if want is None:
+                    want = windows(0)
                 while n_held >= want:
                     more = n_held > want
                     last = not more and frames.final

@@ -228,8 +228,9 @@ def test_newcomers_prefill_together_as_they_would_alone(cv) -> None:
         torch.testing.assert_close(together.kv.v[:, i, :, :n], alone.kv.v[:, i, :, :n], rtol=1e-5, atol=1e-5)
 
 
-def test_lone_newcomers_prefill_through_padded_buckets_with_exact_codes(cv) -> None:
-    """The prefill graph's function (prompt right-padded to a bucket), replayed by a CPU stand-in."""
+def test_newcomers_prefill_through_padded_buckets_with_exact_codes(cv) -> None:
+    """The prefill graphs' function (prompts right-padded to a length bucket, newcomers padded to a count bucket
+    with rows that write the scratch slot), replayed by a CPU stand-in: alone and together, the exact codes."""
     reqs = [
         _req(cv, "Hello world, this is a test.", "ryan", 6),
         _req(cv, "Good.", "dylan", 5, hot=True, seed=3),
@@ -240,13 +241,35 @@ def test_lone_newcomers_prefill_through_padded_buckets_with_exact_codes(cv) -> N
     graphed.prefill_graphs = EagerGraphs(graphed._padded_prefill)
     graphed.prefill_buckets = (16, 32, 64)
     graphed.capture_graphs()
-    assert len(graphed.prefill_graphs) == 3
+    assert len(graphed.prefill_graphs) == 3 * 3  # newcomer counts 1, 2, 4 x prompt lengths 16, 32, 64
     lengths = [r.prompt.prefill_len for r in reqs]
     assert min(lengths) < 32 < max(lengths) <= 64  # buckets 32 and 64 both used, never at their exact size
-    for r in reqs:  # alone, so each prefill takes the graph path; then together (eager batched prefill)
+    for r in reqs:  # alone, so each prefill takes the (1, length) graph
         assert torch.equal(graphed.generate_codes([r])[0], exact.generate_codes([r])[0])
     assert graphed.prefill_graph_calls == 3
-    together = graphed.generate_codes(reqs)
-    assert graphed.prefill_graph_calls == 3
+    together = graphed.generate_codes(reqs)  # three newcomers: the (4, 64) graph, one padding row
+    assert graphed.prefill_graph_calls == 4 and graphed.eager_steps > 0
     for got, r in zip(together, reqs, strict=True):
         assert torch.equal(got, exact.generate_codes([r])[0])
+    # Nothing a sequence reads was touched by the padding row: a later solo run still gives the exact codes.
+    assert torch.equal(graphed.generate_codes([reqs[1]])[0], exact.generate_codes([reqs[1]])[0])
+
+
+def test_padding_rows_of_a_prefill_bucket_write_only_the_scratch_slot(cv) -> None:
+    r = Qwen3TTSRunner(cv[2], max_batch_size=4, max_len=96)
+    r.pad_eager = True  # the bucket path without graphs: same function, same shapes
+    assert r.scratch_slot == 4 and r.kv.k.shape[1] == 5 and r.hidden.shape[0] == 5
+    r.kv.k[:, 2].fill_(3.0)
+    r.kv.k[:, 4].fill_(3.0)
+    r.hidden[2].fill_(3.0)
+    texts = [("Hello world.", "ryan", 0), ("Good.", "vivian", 1), ("The voice is warm.", "aiden", 3)]
+    seqs = [Sequence(seq_id=i, payload=_req(cv, t, v, 4), slot=s) for i, (t, v, s) in enumerate(texts)]
+    r._prefill([r._admit(s) for s in seqs])  # three newcomers: bucket 4, one padding row
+    assert bool((r.kv.k[:, 2] == 3.0).all()) and bool((r.hidden[2] == 3.0).all())
+    assert not bool((r.kv.k[:, 4, :, :1] == 3.0).any())  # the padding row's 1-position prompt went to the scratch slot
+    for s in seqs:
+        n = s.model_state.length
+        alone = Qwen3TTSRunner(cv[2], max_batch_size=4, max_len=96)
+        alone._prefill([alone._admit(Sequence(seq_id=0, payload=s.payload, slot=s.slot))])
+        torch.testing.assert_close(r.hidden[s.slot], alone.hidden[s.slot], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(r.kv.k[:, s.slot, :, :n], alone.kv.k[:, s.slot, :, :n], rtol=1e-5, atol=1e-5)

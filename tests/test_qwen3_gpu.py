@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -157,8 +158,10 @@ def test_dummy_checkpoint_serves_speech_end_to_end_on_cuda(tmp_path) -> None:
                                                    progress=False)  # fmt: skip
         async with engine:
             family = engine.models.speech()
-            # codec windows share the talker's thread unless OMNI_STREAM_CODEC_THREAD=1
-            assert (family.codec_worker is family.worker) == (os.environ.get("OMNI_STREAM_CODEC_THREAD") != "1")
+            # codec windows on the talker's stream unless OMNI_STREAM_CODEC_STREAM names a side stream (high, normal)
+            overlap = os.environ.get("OMNI_STREAM_CODEC_STREAM", "off") != "off"
+            assert (family.completions is not None) == overlap
+            assert (family.codec_windows.stream is not None) == overlap
             assert family.runner.prefill_graphs is not None and len(family.runner.prefill_graphs) > 0
             samples = 0
             async with engine.speech("Hello world.", voice="ryan", max_new_tokens=5, ignore_eos=True) as stream:
@@ -256,3 +259,40 @@ def test_triton_sampler_agrees_with_torch_sampler_on_cuda() -> None:
                 assert bool((rank < k).all())
     # the race compares probabilities computed by two exp implementations: only near-ties may differ
     assert agree / total > 0.995, agree / total
+
+
+def test_codec_windows_on_their_own_stream_equal_the_synchronous_decode(tmp_path) -> None:
+    """Issued on a high-priority side stream while the default stream is busy and collected by the worker:
+    the same audio as the synchronous decode, for graph and eager window sizes and batches in pieces."""
+    from omni_stream.models.qwen3_tts.checkpoint import write_dummy_checkpoint
+    from omni_stream.models.qwen3_tts.codec import load_speech_tokenizer
+    from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
+    from omni_stream.models.qwen3_tts.stages import SlotWindow, decode_slot_windows, issue_slot_windows
+    from omni_stream.runtime.gpu_completions import Completions
+    from omni_stream.worker import DeviceWorker
+
+    path = write_dummy_checkpoint(CONFIGS / "qwen3-tts-12hz-0.6b-customvoice", tmp_path / "ckpt",
+                                  dtype=torch.bfloat16, weights=False)  # fmt: skip
+    decoder = load_speech_tokenizer(path, "cuda", torch.bfloat16, "dummy", with_encoder=False).eval().decoder
+    windows = (1, 2, 4)
+    sync = CodecWindows(decoder, 8, windows=windows, max_batch=2)
+    side = CodecWindows(decoder, 8, windows=windows, max_batch=2, stream=torch.cuda.Stream(priority=-100))
+    sync.capture_graphs()
+    side.capture_graphs()
+    completions = Completions(DeviceWorker())  # never started: this thread collects, as the worker would
+    gen = torch.Generator().manual_seed(0)
+    codes = [torch.randint(0, 2048, (10, 16), generator=gen) for _ in range(3)]
+    busy = torch.randn(4096, 4096, device="cuda")
+    for lo, hi in ((0, 1), (1, 3), (3, 7), (7, 10)):  # 1, 2, 4 (graphs; 3 windows: pieces of 2), 3 (eager)
+        want = decode_slot_windows(sync, [SlotWindow(i, codes[i][lo:hi], lo == 0) for i in range(3)])
+        for _ in range(20):  # keep the default stream busy while the side stream decodes
+            busy = busy @ busy / 64
+        jobs = [SlotWindow(i, codes[i][lo:hi], lo == 0, first=lo == 0) for i in range(3)]
+        futures = issue_slot_windows(side, jobs, completions)
+        assert all(f.done() for f in futures) == (lo == 0)  # a first window is waited for at once
+        while completions.has_work():
+            completions.run_step()
+        got = [f.result(timeout=0) for f in futures]
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == np.float32 and g.shape == w.shape and float(np.abs(g - w).max()) < 1e-4
+    assert side.graph_jobs == sync.graph_jobs > 0 and side.eager_jobs == sync.eager_jobs > 0

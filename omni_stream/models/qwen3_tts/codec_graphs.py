@@ -5,12 +5,21 @@ the rows of its requests, decodes, and scatters the new states back; on CUDA tha
 per (batch bucket, window frames), with static slot and code buffers (padding rows point at a scratch row),
 so a 2-frame first window costs one replay instead of hundreds of eager launches. Windows of other sizes
 (an utterance's short last window, ICL priming) run the same pool step eagerly.
+
+:meth:`CodecWindows.issue` only launches a job: on its own ``stream`` (a side stream beside the talker's)
+with its inputs copied from pinned host memory and its audio copied back into pinned host memory, so issuing
+never waits for the device; the returned :class:`PendingAudio` is read once its event has completed (by a
+:class:`~omni_stream.runtime.gpu_completions.Completions` thread). Jobs on one stream run in issue order, which
+is what keeps a state row consistent when its request ends and the row's next owner starts while a job of the
+previous owner is still running.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,6 +30,29 @@ from omni_stream.models.qwen3_tts.codec_stream import CodecStatePool
 from omni_stream.runtime.cuda_graphs import GraphSet, batch_buckets, pick
 
 DEFAULT_WINDOWS = (1, 2, 4, 8, 16, 25)
+
+
+@dataclass(slots=True, frozen=True)
+class PendingAudio:
+    """A launched window job: host ``pieces`` (``[k_i, samples]`` float32, in job order) valid once ``event`` has
+    completed (None: already valid)."""
+
+    pieces: tuple[torch.Tensor, ...]
+    event: torch.cuda.Event | None = None
+
+    def arrays(self) -> list[np.ndarray]:
+        """One float32 array per window (copies: the host buffers go back to their allocator). Event done first."""
+        out: list[np.ndarray] = []
+        for piece in self.pieces:
+            block = np.array(piece.numpy(), dtype=np.float32, copy=True)
+            out.extend(block)
+        return out
+
+    def wait(self) -> list[np.ndarray]:
+        """Block until the job is done and return its audio (the synchronous path)."""
+        if self.event is not None:
+            self.event.synchronize()
+        return self.arrays()
 
 
 class CodecWindows:
@@ -34,8 +66,10 @@ class CodecWindows:
         graphs: bool | None = None,
         windows: Sequence[int] = DEFAULT_WINDOWS,
         max_batch: int | None = None,
+        stream: torch.cuda.Stream | None = None,
     ) -> None:
-        """``graphs``: None = on CUDA; ``max_batch``: largest graph batch (default ``capacity``)."""
+        """``graphs``: None = on CUDA; ``max_batch``: largest graph batch (default ``capacity``); ``stream``: the
+        CUDA stream jobs run on (None: the issuing thread's current stream)."""
         self.decoder = decoder
         self.capacity = capacity
         self.scratch = capacity  # the pool's last row: padding rows of a graph batch read and write it
@@ -51,6 +85,7 @@ class CodecWindows:
         self._slots: dict[int, torch.Tensor] = {}
         self._out: dict[tuple[int, int], torch.Tensor] = {}
         self.graphs = GraphSet(self._graph_step, self.device) if self.use_graphs else None
+        self.stream = stream if self.device.type == "cuda" else None
         self.graph_jobs = 0
         self.eager_jobs = 0
 
@@ -65,6 +100,12 @@ class CodecWindows:
         """Give the row back; its next owner's first window starts it from zero."""
         with self._lock:
             self._free.append(slot)
+
+    @property
+    def in_use(self) -> int:
+        """Rows held by requests now."""
+        with self._lock:
+            return self.capacity - len(self._free)
 
     # -- graphs ------------------------------------------------------------------------------------------------
 
@@ -94,24 +135,61 @@ class CodecWindows:
 
     # -- the batched job (device worker) -----------------------------------------------------------------------
 
-    @torch.inference_mode()
+    @contextlib.contextmanager
+    def _on_stream(self) -> Iterator[None]:
+        if self.stream is None:
+            yield
+            return
+        with torch.cuda.stream(self.stream):
+            yield
+
+    def _to_device(self, host: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the device; on CUDA through pinned memory, so the copy never waits for the stream."""
+        if self.device.type != "cuda":
+            return host.to(self.device)
+        return host.pin_memory().to(self.device, non_blocking=True)
+
+    def _upload(self, dst: torch.Tensor, host: torch.Tensor) -> None:
+        """Copy a host tensor into a static device buffer (through pinned memory on CUDA: never waits)."""
+        dst.copy_(host.pin_memory() if self.device.type == "cuda" else host, non_blocking=True)
+
+    def _to_host(self, audio: torch.Tensor) -> torch.Tensor:
+        """Device audio into (pinned) host memory, asynchronously on CUDA: read it after the job's event."""
+        if self.device.type != "cuda":
+            return audio.float().cpu()
+        out = torch.empty(audio.shape, dtype=torch.float32, pin_memory=True)
+        out.copy_(audio, non_blocking=True)
+        return out
+
     def decode(self, slots: Sequence[int], codes: Sequence[torch.Tensor], fresh: Sequence[bool]) -> list[np.ndarray]:
         """Decode equal-length windows ``codes[i] [n, 16]`` of the streams in ``slots``; float32 audio each.
 
-        ``fresh[i]``: the stream's first window (its row is zeroed first).
+        ``fresh[i]``: the stream's first window (its row is zeroed first). Blocks until done (see :meth:`issue`).
         """
-        k, n = len(slots), int(codes[0].shape[0])
-        largest = self.batch_buckets[-1]
-        if self.graphs is not None and n in self.windows and k > largest:
+        return self.issue(slots, codes, fresh).wait()
+
+    @torch.inference_mode()
+    def issue(self, slots: Sequence[int], codes: Sequence[torch.Tensor], fresh: Sequence[bool]) -> PendingAudio:
+        """Launch :meth:`decode`'s job on :attr:`stream` without waiting for the device."""
+        with self._on_stream():
+            starting = [s for s, f in zip(slots, fresh, strict=True) if f]
+            if starting:
+                self.pool.reset(self._to_device(torch.tensor(starting, dtype=torch.long)))
+            largest = self.batch_buckets[-1]
+            n = int(codes[0].shape[0])
             # More windows than the largest graph batch: several replays beat one eager decode by far
             # (measured at 64 windows: ~165 ms eager, which stalled every talker step behind it).
-            parts: list[np.ndarray] = []
-            for i in range(0, k, largest):
-                parts += self.decode(slots[i : i + largest], codes[i : i + largest], fresh[i : i + largest])
-            return parts
-        starting = [s for s, f in zip(slots, fresh, strict=True) if f]
-        if starting:
-            self.pool.reset(torch.tensor(starting, dtype=torch.long, device=self.device))
+            step = largest if self.graphs is not None and n in self.windows else len(slots)
+            pieces = tuple(self._launch(slots[i : i + step], codes[i : i + step]) for i in range(0, len(slots), step))
+            event = None
+            if self.device.type == "cuda":
+                event = torch.cuda.Event()
+                event.record()
+        return PendingAudio(pieces, event)
+
+    def _launch(self, slots: Sequence[int], codes: Sequence[torch.Tensor]) -> torch.Tensor:
+        """One graph replay (or eager decode) of at most the largest bucket's windows; returns host audio."""
+        k, n = len(slots), int(codes[0].shape[0])
         host = torch.stack([c.T for c in codes])  # [k, 16, n]
         b = pick(self.batch_buckets, k) if self.graphs is not None and n in self.windows else None
         if b is not None and self.graphs is not None:
@@ -119,22 +197,22 @@ class CodecWindows:
             if (b, n) not in self.graphs:
                 static_slots.fill_(self.scratch)
                 self.graphs.capture((b, n))
-            static_codes[:k].copy_(host, non_blocking=True)
             index = torch.full((b,), self.scratch, dtype=torch.long)
             index[:k] = torch.tensor(slots, dtype=torch.long)
-            static_slots.copy_(index, non_blocking=True)
+            self._upload(static_codes[:k], host)
+            self._upload(static_slots, index)
             self.graphs.replay((b, n))
-            audio = self._out[(b, n)][:k].cpu()
             self.graph_jobs += 1
-        else:
-            index = torch.tensor(slots, dtype=torch.long, device=self.device)
-            audio = self.pool.decode(host.to(self.device), index).cpu()
-            self.eager_jobs += 1
-        return [a.numpy().astype(np.float32, copy=False) for a in audio]
+            return self._to_host(self._out[(b, n)][:k])
+        index_d = self._to_device(torch.tensor(slots, dtype=torch.long))
+        audio = self.pool.decode(self._to_device(host), index_d)
+        self.eager_jobs += 1
+        return self._to_host(audio)
 
     @torch.inference_mode()
     def prime(self, slot: int, context: torch.Tensor) -> None:
         """Feed context frames ``[T, 16]`` (ICL reference codes) into a fresh row without returning audio."""
-        index = torch.tensor([slot], dtype=torch.long, device=self.device)
-        self.pool.reset(index)
-        self.pool.decode(context.T.unsqueeze(0).to(self.device), index)
+        with self._on_stream():
+            index = self._to_device(torch.tensor([slot], dtype=torch.long))
+            self.pool.reset(index)
+            self.pool.decode(self._to_device(context.T.unsqueeze(0).contiguous()), index)

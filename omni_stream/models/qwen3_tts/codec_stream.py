@@ -45,6 +45,34 @@ def ramp_window(index: int, initial_frames: int, steady_frames: int) -> int:
     return min(steady_frames, initial_frames << min(index, steady_frames.bit_length()))
 
 
+# First-window frames by load (live requests, this one included): up to 32 -> 1 frame, up to 64 -> 2, beyond -> 4.
+FIRST_WINDOW_BY_LOAD = ((32, 1), (64, 2))
+FIRST_WINDOW_MOST = 4
+
+
+def first_window_frames(
+    load: int,
+    requested: int | None = None,
+    by_load: Sequence[tuple[int, int]] = FIRST_WINDOW_BY_LOAD,
+    most: int = FIRST_WINDOW_MOST,
+) -> int:
+    """Frames in a request's first audio window when ``load`` requests (itself included) are being served.
+
+    ``requested`` (the request's ``initial_codec_chunk_frames``) wins. Otherwise one frame (80 ms, ready after a
+    single decode step) while the load is light, and more as it grows: under load a decode step and a round of
+    codec windows take longer, and the first chunk is all a player holds while the next, twice as long, is made;
+    it also has to cover the stalls of newcomers' prefills. ``by_load``: ascending ``(up_to_load, frames)``.
+    """
+    if requested is not None:
+        if requested < 1:
+            raise ValueError(f"requested first window must be >= 1 frame, got {requested}")
+        return requested
+    for up_to, frames in by_load:
+        if load <= up_to:
+            return frames
+    return most
+
+
 def ramp_schedule(total_frames: int, initial_frames: int, steady_frames: int) -> list[int]:
     """Window sizes covering ``total_frames`` (e.g. 2, 4, 8, 16, 25, 25, ...); the last window may be short."""
     sizes: list[int] = []
@@ -184,6 +212,7 @@ __all__ = [
     "CodecStreamState",
     "decode_window",
     "decode_windows",
+    "first_window_frames",
     "frames_to_samples",
     "prime",
     "ramp_schedule",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Literal
@@ -22,6 +22,7 @@ import anyio
 import numpy as np
 import torch
 
+from omni_stream.admission import PlaybackAdmission
 from omni_stream.context import RequestContext
 from omni_stream.errors import (
     AudioDecodeError,
@@ -38,11 +39,13 @@ from omni_stream.models.qwen3_tts.config import GenerationDefaults, load_config,
 from omni_stream.models.qwen3_tts.prompt import TASK_OF_MODEL, TalkerRequest, prepare_request, resolve_task
 from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
 from omni_stream.models.qwen3_tts.speaker_encoder import load_speaker_encoder
-from omni_stream.models.qwen3_tts.stages import ReferenceCodes, codec_stage
+from omni_stream.models.qwen3_tts.stages import LiveCount, ReferenceCodes, codec_stage
 from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
 from omni_stream.pipeline import Stage
 from omni_stream.requests import SamplingParams, SpeechRequest, TaskType, VoicePrompt
 from omni_stream.runtime.cache import EMBEDDED_MARKER, embedded_checkpoint_dir
+from omni_stream.runtime.gil import shorten_switch_interval
+from omni_stream.runtime.gpu_completions import Completions
 from omni_stream.runtime.weights import parse_dtype
 from omni_stream.scheduler import Scheduler
 from omni_stream.speech_limits import (
@@ -53,15 +56,24 @@ from omni_stream.speech_limits import (
     unsupported_task_message,
 )
 from omni_stream.stages import talker_stage
-from omni_stream.worker import DeviceWorker
 
 log = logging.getLogger(__name__)
 
-ENV_CODEC_THREAD = "OMNI_STREAM_CODEC_THREAD"  # 1: codec windows on their own thread and CUDA stream
+# Codec windows on CUDA: "off" (default): on the talker's stream, each job run and waited for by the worker
+# between talker steps; "high" or "normal": on their own stream of that priority, launched by the worker and
+# collected by it after its next talker step. Measured on the H200 (benchmarks/results/tts_bench.md, run 10)
+# the side stream lost: its conv kernels fill the GPU, so the talker's step waits behind them on either
+# priority, and collecting a job a step later made HTTP c=1 6.7x per stream instead of 9.0x.
+ENV_CODEC_STREAM = "OMNI_STREAM_CODEC_STREAM"
+CODEC_STREAM_MODES = ("off", "high", "normal")
+# "on": newcomers wait while a playing stream's listener is about to run dry (omni_stream.admission). Off by
+# default: measured at c=64 it tripled TTFA and cost continuity; at c=128 it raised continuity 50 -> 77 %
+# for 7 % less throughput (run 10).
+ENV_ADMISSION = "OMNI_STREAM_ADMISSION"
 
 SAMPLE_RATE = 24000
-# Streaming windows: the first audio chunk after this many frames (80 ms each), doubling up to the steady size.
-DEFAULT_INITIAL_FRAMES = 2
+# Streaming windows: the first audio chunk after a load-dependent number of frames (80 ms each; 1 when the
+# engine is idle, codec_stream.first_window_frames), doubling up to the steady size.
 STEADY_FRAMES = 25
 EMBEDDED_NAME = "qwen3-tts-tiny-custom-voice-v1"
 
@@ -120,29 +132,38 @@ class Qwen3TTSFamily:
             self.runner = Qwen3TTSRunner(lm, max_batch_size=opts.max_batch_size)
             # On CUDA the decode step replays per-bucket graphs; capturing them here keeps it out of requests.
             self.capture_seconds = self.runner.capture_graphs(progress=opts.progress_bar)
-            # Streaming codec states in one slot-indexed pool, decoded by per-window-bucket graphs (CUDA only).
+            # Streaming codec states in one slot-indexed pool, decoded by per-window-bucket graphs (CUDA only),
+            # on the talker's stream unless OMNI_STREAM_CODEC_STREAM names a side stream.
             self.codec_windows: CodecWindows | None = None
+            self.completions: Completions | None = None
             if torch.device(device).type == "cuda":
+                mode = codec_stream_mode()
+                stream = None
+                if mode != "off":
+                    stream = torch.cuda.Stream(device, priority=-100 if mode == "high" else 0)
                 self.codec_windows = CodecWindows(
-                    self.speech_tokenizer.decoder, 2 * opts.max_batch_size, max_batch=min(opts.max_batch_size, 32)
+                    self.speech_tokenizer.decoder, 2 * opts.max_batch_size, max_batch=opts.max_batch_size, stream=stream
                 )
                 self.capture_seconds += self.codec_windows.capture_graphs(progress=opts.progress_bar)
+                # Hot loops on the worker and a busy event loop share the GIL: hand it over in 0.5 ms, not 5.
+                shorten_switch_interval()
             if self.capture_seconds:
                 log.info("captured CUDA graphs in %.2f s", self.capture_seconds)
-            # Codec windows share the talker's thread by default. A second thread with its own CUDA stream
-            # (OMNI_STREAM_CODEC_THREAD=1) lets window jobs overlap talker steps, but on the H200 it made a
-            # batch-1 window job take 16 ms instead of 5 and the c=1 HTTP TTFA 149 ms instead of 37
-            # (benchmarks/results/tts_bench.md), so it stays opt-in.
-            self.codec_worker = self.worker
-            if self.codec_windows is not None and os.environ.get(ENV_CODEC_THREAD, "0") == "1":
-                self.codec_worker = DeviceWorker(name=f"{self.worker.name}-codec", init=_own_stream(device)).start()
+            self.live = LiveCount()
             self.scheduler = Scheduler(
                 self.runner,
                 load.worker,
                 high_watermark=opts.max_buffered_frames,
                 metrics=load.metrics.scheduler("talker"),
                 name="talker",
+                admission=admission_rule(),
             )
+            if self.codec_windows is not None and self.codec_windows.stream is not None:
+                # Codec jobs launched on their stream are collected by the worker itself: after every talker
+                # step (the runner's hook), and when nothing else is runnable (a step source attached after
+                # the scheduler, so a step's own codec jobs are collected in the same worker round).
+                self.completions = Completions(self.worker, busy=self.scheduler.has_work)
+                self.runner.after_step = self.completions.deliver_ready
             bar.update(1)
         self.sampling, self.subtalker_sampling = _sampling(self.defaults)
         self.info = SpeechInfo(
@@ -265,18 +286,19 @@ class Qwen3TTSFamily:
             reference.codes = prompt.ref_codes
             return talker_request
 
-        initial = request.initial_codec_chunk_frames or DEFAULT_INITIAL_FRAMES
         return [
             talker_stage(self.scheduler, prepare),
             codec_stage(
                 self.speech_tokenizer.decoder,
-                self.codec_worker,
+                self.worker,
                 sample_rate=self.speech_tokenizer.sample_rate,
                 samples_per_frame=self.speech_tokenizer.samples_per_frame,
-                initial_frames=initial,
-                steady_frames=max(STEADY_FRAMES, initial),
+                initial_frames=request.initial_codec_chunk_frames,
+                steady_frames=STEADY_FRAMES,
                 pool=self.codec_windows,
                 reference=reference,
+                completions=self.completions,
+                live=self.live,
             ),
         ]
 
@@ -314,18 +336,23 @@ class Qwen3TTSFamily:
         return await self.worker.submit(self._extract_voice, np.ascontiguousarray(audio, dtype=np.float32), text)
 
     async def aclose(self) -> None:
-        """Stop the codec thread; models are freed with the family, the engine's worker releases the sequences."""
-        if self.codec_worker is not self.worker:
-            await self.codec_worker.aclose()
+        """Nothing to stop: models are freed with the family, the worker releases sequences and device jobs."""
 
 
-def _own_stream(device: str) -> Callable[[], None]:
-    """A worker init that makes a new CUDA stream current on its thread (current streams are per thread)."""
+def admission_rule(env: dict[str, str] | None = None) -> PlaybackAdmission | None:
+    """The talker's admission rule: playback-paced when ``$OMNI_STREAM_ADMISSION`` is ``on`` (default off)."""
+    value = (os.environ if env is None else env).get(ENV_ADMISSION, "").strip().lower()
+    if value not in ("", "on", "off"):
+        raise ConfigError(f"{ENV_ADMISSION} must be on or off, got {value!r}")
+    return PlaybackAdmission() if value == "on" else None
 
-    def init() -> None:
-        torch.cuda.set_stream(torch.cuda.Stream(device))
 
-    return init
+def codec_stream_mode(env: dict[str, str] | None = None) -> str:
+    """``$OMNI_STREAM_CODEC_STREAM`` (off, high or normal; default off), checked."""
+    mode = (os.environ if env is None else env).get(ENV_CODEC_STREAM, "").strip().lower() or "off"
+    if mode not in CODEC_STREAM_MODES:
+        raise ConfigError(f"{ENV_CODEC_STREAM} must be one of {', '.join(CODEC_STREAM_MODES)}, got {mode!r}")
+    return mode
 
 
 def load_family(load: LoadContext) -> Qwen3TTSFamily:

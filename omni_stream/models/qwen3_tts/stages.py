@@ -4,16 +4,22 @@ Windows of new frames are decoded with each request's full decoder state (conv h
 overlap, sliding-window K/V), so the streamed waveform equals the whole-utterance decode whatever the window
 sizes (``codec_stream``). Windows follow a ramp (``initial_codec_chunk_frames`` doubling up to
 ``steady_frames``): a small first window for time to first audio, then longer ones that each arrive before the
-audio already sent runs out. Windows of equal length from different requests are decoded together in one
-batched worker job. With a :class:`CodecWindows` (slot-indexed states, CUDA graphs per window bucket on GPU) a
-request holds one state row for its lifetime instead of a private state.
+audio already sent runs out; the first window's size follows the load when the request does not fix it
+(:func:`~.codec_stream.first_window_frames`). Windows of equal length from different requests are decoded
+together in one batched worker job. With a :class:`CodecWindows` (slot-indexed states, CUDA graphs per window
+bucket on GPU) a request holds one state row for its lifetime instead of a private state; with
+:class:`~omni_stream.runtime.gpu_completions.Completions` as well, the worker only launches a job (on the
+codec stream) and collects its audio after the next talker step, so codec work overlaps the talker's steps;
+a job that holds a request's first window is waited for at once instead (time to first audio).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import concurrent.futures
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -21,8 +27,15 @@ import torch
 from omni_stream.context import RequestContext
 from omni_stream.models.qwen3_tts.codec import CodecDecoder
 from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
-from omni_stream.models.qwen3_tts.codec_stream import CodecStreamState, decode_windows, prime, ramp_window
+from omni_stream.models.qwen3_tts.codec_stream import (
+    CodecStreamState,
+    decode_windows,
+    first_window_frames,
+    prime,
+    ramp_window,
+)
 from omni_stream.pipeline import Stage
+from omni_stream.runtime.gpu_completions import Completions
 from omni_stream.stages import CodecWindow as SharedWindow
 from omni_stream.stages import WindowDecode
 from omni_stream.stages import codec_stage as shared_codec_stage
@@ -54,15 +67,79 @@ class SlotWindow:
     codes: torch.Tensor
     fresh: bool
     context: torch.Tensor | None = None
+    first: bool = False  # the request's first window: its job is waited for at once
+    audio: concurrent.futures.Future[np.ndarray] = field(default_factory=concurrent.futures.Future)
 
 
-def decode_slot_windows(pool: CodecWindows, jobs: list[SlotWindow]) -> list[np.ndarray]:
-    """Batched job (device worker): equal-length windows of several requests, each on its own state row."""
+class LiveCount:
+    """Requests of one family with an open codec stage (the load the first window follows); event loop only."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+
+def _prime_contexts(pool: CodecWindows, jobs: list[SlotWindow]) -> None:
     for job in jobs:
         if job.context is not None:
             pool.prime(job.slot, job.context)
             job.context, job.fresh = None, False
+
+
+def decode_slot_windows(pool: CodecWindows, jobs: list[SlotWindow]) -> list[np.ndarray]:
+    """Batched job (device worker): equal-length windows of several requests, each on its own state row."""
+    _prime_contexts(pool, jobs)
     return pool.decode([j.slot for j in jobs], [j.codes for j in jobs], [j.fresh for j in jobs])
+
+
+def _settle(future: concurrent.futures.Future[np.ndarray], audio: np.ndarray | None, error: BaseException | None):
+    if future.done():  # its request gave up waiting (wrap_future cancelled it)
+        return
+    try:
+        if error is not None or audio is None:
+            future.set_exception(error or RuntimeError("codec job returned no audio"))
+        else:
+            future.set_result(audio)
+    except concurrent.futures.InvalidStateError:  # cancelled meanwhile
+        pass
+
+
+def issue_slot_windows(
+    pool: CodecWindows, jobs: list[SlotWindow], completions: Completions
+) -> list[concurrent.futures.Future[np.ndarray]]:
+    """Batched job (device worker): launch the windows on the pool's stream; each job's ``audio`` future is
+    settled when ``completions`` collects the job (after a talker step), or before returning when a window of
+    the job is its request's first (the wait is then the first chunk's latency, which nothing should add to)."""
+    _prime_contexts(pool, jobs)
+    pending = pool.issue([j.slot for j in jobs], [j.codes for j in jobs], [j.fresh for j in jobs])
+
+    def then(error: BaseException | None) -> None:
+        if error is not None:
+            for job in jobs:
+                _settle(job.audio, None, error)
+            return
+        try:
+            arrays = pending.arrays()
+        except BaseException as exc:
+            for job in jobs:
+                _settle(job.audio, None, exc)
+            return
+        for job, audio in zip(jobs, arrays, strict=True):
+            _settle(job.audio, audio, None)
+
+    if pending.event is None:
+        then(None)
+    elif any(j.first for j in jobs):
+        error: BaseException | None = None
+        try:
+            pending.event.synchronize()
+        except BaseException as exc:
+            error = exc
+        then(error)
+    else:
+        completions.watch(pending.event, then)
+    return [j.audio for j in jobs]
 
 
 def decode_codec_windows(decoder: CodecDecoder, windows: list[CodecWindow]) -> list[np.ndarray]:
@@ -83,17 +160,31 @@ def codec_stage(
     *,
     sample_rate: int,
     samples_per_frame: int,
-    initial_frames: int,
+    initial_frames: int | None,
     steady_frames: int,
     pool: CodecWindows | None = None,
     reference: ReferenceCodes | None = None,
+    completions: Completions | None = None,
+    live: LiveCount | None = None,
+    first_window: Callable[[int], int] = first_window_frames,
 ) -> Stage:
     """The shared windowed codec stage over this decoder, with exact streaming state and a doubling ramp.
 
-    ``pool``: shared slot-indexed states (graph-replayed windows on CUDA); requests that find it full, or
-    all requests without one, keep a private state. ``reference``: ICL codes that prime the first window.
+    ``initial_frames``: the first window (None: ``first_window(load)`` with ``load`` the requests counted in
+    ``live`` when the first frames arrive, this one included). ``pool``: shared slot-indexed states
+    (graph-replayed windows on CUDA); requests that find it full, or all requests without one, keep a private
+    state. ``completions``: with a pool, jobs are only launched by the worker and their audio collected by it
+    after its next talker step (codec work overlaps talker steps). ``reference``: ICL codes that prime the
+    first window.
     """
     key_prefix = f"qwen3-codec-{id(decoder)}"
+    chosen: list[int] = []  # the first window, once known
+
+    def windows(index: int) -> int:
+        if not chosen:
+            load = live.value if live is not None else 1
+            chosen.append(initial_frames if initial_frames is not None else first_window(load))
+        return ramp_window(index, chosen[0], max(steady_frames, chosen[0]))
 
     def batch_fn(windows: list[CodecWindow]) -> list[np.ndarray]:
         return decode_codec_windows(decoder, windows)
@@ -101,6 +192,10 @@ def codec_stage(
     def slot_batch_fn(jobs: list[SlotWindow]) -> list[np.ndarray]:
         assert pool is not None
         return decode_slot_windows(pool, jobs)
+
+    def slot_issue_fn(jobs: list[SlotWindow]) -> list[concurrent.futures.Future[np.ndarray]]:
+        assert pool is not None and completions is not None
+        return issue_slot_windows(pool, jobs, completions)
 
     @asynccontextmanager
     async def open_decoder(ctx: RequestContext) -> AsyncIterator[WindowDecode]:
@@ -117,12 +212,19 @@ def codec_stage(
                 if slot is None:
                     assert state is not None
                     return await worker.submit_batched((key_prefix, n), CodecWindow(state, codes, context), batch_fn)
-                job = SlotWindow(slot, codes, window.index == 0, context)
-                return await worker.submit_batched((key_prefix, "slots", n), job, slot_batch_fn)
+                job = SlotWindow(slot, codes, window.index == 0, context, first=window.index == 0)
+                if completions is None:
+                    return await worker.submit_batched((key_prefix, "slots", n), job, slot_batch_fn)
+                issued = await worker.submit_batched((key_prefix, "issue", n), job, slot_issue_fn)
+            return await ctx.wait(asyncio.wrap_future(issued), "codec decode")
 
+        if live is not None:
+            live.value += 1
         try:
             yield decode
         finally:
+            if live is not None:
+                live.value -= 1
             if slot is not None:
                 assert pool is not None
                 pool.release(slot)
@@ -131,5 +233,5 @@ def codec_stage(
         open_decoder,
         sample_rate=sample_rate,
         samples_per_frame=samples_per_frame,
-        windows=lambda index: ramp_window(index, initial_frames, steady_frames),
+        windows=windows,
     )

@@ -1,0 +1,49 @@
+"""Admission paced by playback deadlines: newcomers wait while a playing stream is about to run dry.
+
+A newcomer's prefill stalls every running stream for its duration, and a burst of them (32-128 requests sent
+together) can stall streams that started a moment earlier past the end of the little audio their listeners
+hold. So the scheduler asks a rule, before each step, how many of the waiting newcomers to admit, given each
+playing stream's *slack*: the audio its listener has not played yet, ``first_chunk + audio_seconds - now``
+from the request's own timings (a player that starts at the first chunk and plays in real time, the model of
+the underrun metric). While every slack is above ``guard`` all newcomers are admitted at once (they prefill
+together); below it only those that have waited ``max_defer`` already are, so a stream that cannot keep its
+slack never holds newcomers back for long. Pure: the scheduler supplies the numbers. The Qwen3-TTS family
+uses it only when ``OMNI_STREAM_ADMISSION=on`` (see its measured effect in ``benchmarks/results/tts_bench.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+# About one prefill stall plus a step: a stream with more audio ahead than this survives admitting newcomers.
+DEFAULT_GUARD_S = 0.06
+DEFAULT_MAX_DEFER_S = 0.3
+
+
+class AdmissionRule(Protocol):
+    def budget(self, free: int, waiting_ages: Sequence[float], slacks: Sequence[float]) -> int:
+        """How many of the waiting sequences (oldest first) to admit this step."""
+        ...
+
+
+@dataclass(slots=True, frozen=True)
+class PlaybackAdmission:
+    """Admit newcomers while every playing stream keeps ``guard`` seconds of audio ahead of its listener;
+    a newcomer that has waited ``max_defer`` seconds is admitted regardless."""
+
+    guard: float = DEFAULT_GUARD_S
+    max_defer: float = DEFAULT_MAX_DEFER_S
+
+    def __post_init__(self) -> None:
+        if self.guard < 0 or self.max_defer < 0:
+            raise ValueError(f"guard and max_defer must be >= 0 s, got {self.guard}, {self.max_defer}")
+
+    def budget(self, free: int, waiting_ages: Sequence[float], slacks: Sequence[float]) -> int:
+        """``waiting_ages``: seconds each waiting sequence has waited, oldest first; ``slacks``: seconds of audio
+        ahead of each playing stream's listener (streams not playing yet are not in it)."""
+        n = max(0, min(free, len(waiting_ages)))
+        if not slacks or min(slacks) >= self.guard:
+            return n
+        return min(n, sum(1 for age in waiting_ages if age >= self.max_defer))

@@ -1,0 +1,73 @@
+"""Admission paced by playback deadlines: the pure rule, and the scheduler stepping running streams first."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import pytest
+from test_scheduler import make, read_all, settle, step, steps_in
+
+from omni_stream.admission import PlaybackAdmission
+from omni_stream.context import RequestContext
+from omni_stream.models.synthetic import TalkerInput
+
+
+def test_all_newcomers_go_in_while_every_playing_stream_has_audio_ahead() -> None:
+    rule = PlaybackAdmission(guard=0.15, max_defer=0.5)
+    assert rule.budget(8, [0.01, 0.0], []) == 2  # nothing playing yet
+    assert rule.budget(8, [0.01, 0.0], [0.4, 0.15]) == 2
+    assert rule.budget(1, [0.01, 0.0], [0.4]) == 1  # never more than the free slots
+    assert rule.budget(8, [], [0.0]) == 0
+
+
+def test_newcomers_wait_while_a_stream_is_about_to_run_dry_but_never_past_max_defer() -> None:
+    rule = PlaybackAdmission(guard=0.15, max_defer=0.5)
+    assert rule.budget(8, [0.2, 0.1, 0.0], [0.4, 0.149]) == 0
+    assert rule.budget(8, [0.7, 0.5, 0.1], [0.4, -0.3]) == 2  # the two that waited long enough, oldest first
+    assert rule.budget(1, [0.7, 0.6], [-1.0]) == 1
+    with pytest.raises(ValueError):
+        PlaybackAdmission(guard=-1)
+
+
+def _playing(ctx: RequestContext, ahead: float) -> None:
+    """Timings as if the consumer had taken chunks that leave ``ahead`` seconds unplayed now."""
+    t = ctx.timings
+    t.first_chunk = time.perf_counter() - 10.0 + ahead
+    t.chunk_times, t.chunk_durations = [t.first_chunk], [10.0]
+
+
+async def test_the_scheduler_steps_running_streams_first_while_their_listeners_run_dry() -> None:
+    sched, model = make(max_batch=4)
+    sched.admission = PlaybackAdmission(guard=0.15, max_defer=60.0)
+    ctx_a = RequestContext()
+    async with sched.session(TalkerInput(20, 1), ctx_a) as a:
+        items: list = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read_all, a, items)
+            await settle()
+            await step(sched, 2)
+            _playing(ctx_a, ahead=0.05)  # its listener has 50 ms left
+            ctx_b = RequestContext()
+            async with sched.session(TalkerInput(5, 2), ctx_b) as b:
+                await step(sched, 3)
+                assert b.seq.num_steps == 0  # held back: three steps for the stream about to run dry
+                assert all(e[1] == () for e in steps_in(model)[2:])  # decode-only steps
+                _playing(ctx_a, ahead=1.0)  # the stream caught up: the newcomer goes in at the next step
+                await step(sched)
+                assert steps_in(model)[-1][1] == (b.seq.seq_id,) and b.seq.num_steps == 1
+                _playing(ctx_a, ahead=0.0)
+                late, old = RequestContext(), RequestContext()
+                old.timings.created -= 120.0  # waited past max_defer already: admitted whatever the slack
+                async with sched.session(TalkerInput(3, 3), old) as c, sched.session(TalkerInput(3, 4), late) as d:
+                    await step(sched)
+                    assert c.seq.num_steps == 1 and d.seq.num_steps == 0
+                    _playing(ctx_a, ahead=5.0)
+                    await step(sched)
+                    assert d.seq.num_steps == 1
+                    while sched.has_work():
+                        await step(sched)
+                        for stream in (b, c, d):
+                            while stream.buffered:
+                                await stream.__anext__()
+            tg.cancel_scope.cancel()
