@@ -101,7 +101,7 @@ def main() -> int:
     opts = RayOptions(port=HTTP_PORT, replicas=2, gpus_per_replica=1.0, cpus_per_replica=0.25, max_ongoing_requests=4)
     settings = Settings(voices_dir=Path(temp) / "voices", pace_streams_seconds=1.0)
     started = time.monotonic()
-    serve.run(build_application(EngineSpec(model=str(checkpoint), max_batch_size=4), settings, opts), name=APP_NAME)
+    serve.run(build_application(EngineSpec(models=(str(checkpoint),), max_batch_size=4), settings, opts), name=APP_NAME)
     figures["deploy_s"] = time.monotonic() - started
 
     # Where Ray put the replicas, and the GPU it gave each (from the actor table; no dashboard needed).
