@@ -335,3 +335,22 @@ def test_serve_flags_set_the_webrtc_ice_servers_and_limit():
         {"urls": "turn:b:3478", "username": "u", "credential": "p"},
     ]
     assert settings_from_args(parser.parse_args([])).rtc_ice_servers == ()
+
+
+async def test_a_transcription_session_streams_asr_deltas_and_makes_no_response(real_agent):
+    """session.type "transcription" on the real speech-input models: the turn is transcribed, nothing answers."""
+    speech = framed(espeak("Good morning to you."))
+    async with client(real_agent).realtime.connect(model="synthetic-tts") as conn:
+        await conn.recv(), await conn.recv()
+        vad = {"type": "server_vad", "threshold": 0.5, "silence_duration_ms": 500, "prefix_padding_ms": 300}
+        await conn.session.update(session={"type": "transcription", "audio": {"input": {"turn_detection": vad}}})
+        await append(conn, speech)
+        events = await until(conn, "conversation.item.input_audio_transcription.completed")
+        await conn.response.create()  # refused in a transcription session, and the connection stays usable
+        refused = await until(conn, "error")
+    types = [e.type for e in events]
+    assert "input_audio_buffer.speech_stopped" in types and "input_audio_buffer.committed" in types
+    deltas = [e.delta for e in events if e.type == "conversation.item.input_audio_transcription.delta"]
+    assert deltas and "".join(deltas) == events[-1].transcript
+    assert not any(t.startswith("response.") for t in types)
+    assert refused[-1].error.param == "session.type"
