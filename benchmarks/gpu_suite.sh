@@ -6,15 +6,17 @@
 #   bash benchmarks/gpu_suite.sh
 #
 # It installs .whl/ into /tmp/site (the package too: the source tree's omni_stream/ lacks realtime/ and codecs/,
-# so every benchmark runs from a scratch folder outside it), then runs, cheapest and most important first:
+# so every benchmark runs from a scratch folder outside it), then runs, cheapest and most important first
+# (expected seconds on one H200, mostly model build, graph capture and server start; cap):
 #
-#   tts    tts_bench.py --size 1.7b --transport http --levels 1,32   (150 frames a request; run 8's settings)
-#   text   text_bench.py                   Qwen3-0.6B, TTFT and tok/s at c = 1, 4, 16, 32, 64
-#   asr    asr_bench.py --from-config whisper-large-v3-turbo --device cuda
-#   chat   chat_bench.py                   /v1/chat/completions, Qwen3-0.6B -> Qwen3-TTS 0.6B, c = 1, 4, 16
-#   voice  voice_bench.py --build dummy    WS /v1/realtime: silero VAD, Whisper turbo, Qwen3-0.6B, Qwen3-TTS 0.6B
-#   image  image_bench.py --device cuda    InstructPix2Pix 512 px, 20 steps, c = 1, 4, 16
-#   video  video_bench.py --gpu            Helios-Base, 320x192, 2 chunks, c = 1, 2, 4, 8
+#   tts    ~65 / 150  tts_bench.py --size 1.7b --transport http --levels 1,32 (150 frames a request, as run 8)
+#   text   ~45 / 110  text_bench.py: Qwen3-0.6B, TTFT and tok/s at c = 1, 4, 16, 32, 64, 256 tokens
+#   asr    ~40 / 100  asr_bench.py --from-config whisper-large-v3-turbo --device cuda, c = 1, 4, 16, 32
+#   chat   ~75 / 130  chat_bench.py: /v1/chat/completions, Qwen3-0.6B -> Qwen3-TTS 0.6B, c = 1, 4, 16
+#   voice  ~80 / 170  voice_bench.py --build dummy: WS /v1/realtime, silero VAD, Whisper turbo, Qwen3-0.6B,
+#                     Qwen3-TTS 0.6B, 1, 4, 16, 32 sessions, engine batch 32
+#   image  ~45 / 120  image_bench.py --device cuda: InstructPix2Pix 512 px, 20 steps, c = 1, 4, 16
+#   video  ~95 / 180  video_bench.py --gpu: Helios-Base (~38 GB), 320x192, 2 chunks, c = 1, 2, 4, 8
 #
 # Each gets min(its cap, what is left of SUITE_BUDGET_S) and is skipped when less than it needs is left; `timeout`
 # signals its whole process group (the benchmark and any server it started). What comes back ($OUT, 3 files):
