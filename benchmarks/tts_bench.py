@@ -28,7 +28,9 @@ lameenc). Here, in the repository root, once (``/.whl/`` is git-ignored)::
       python-multipart==0.0.34 platformdirs==4.14.8 soundfile==0.14.0 cffi==2.1.1 pycparser==3.12 \
       av==18.1.0 lameenc==1.9.0
 
-and after every change to the tree (the package itself travels as a wheel; ~38 MB in all)::
+(``benchmarks/gpu_wheels.sh`` fetches these and the other benchmarks' wheels; ``benchmarks/gpu_suite.sh`` runs
+every GPU benchmark in one call) and after every change to the tree (the package itself travels as a wheel;
+~38 MB in all)::
 
     rm -f .whl/omni_stream-*.whl && python3 -m pip wheel -q --no-deps --no-build-isolation -w .whl .
 

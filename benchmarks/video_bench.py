@@ -15,9 +15,10 @@ Modes:
   ``load_format="dummy"``, bf16, built on the device: ~40 GB), in process. Defaults keep the run near a minute on
   an H200: 320x192, 66 frames (2 chunks), 2 steps, no guidance, levels 1, 2, 4, 8. Writes
   ``video_bench_gpu_helios-base.json``. The GPU image needs, besides the TTS benchmark's wheels (see
-  ``tts_bench.py``: av, platformdirs, ...): ``diffusers==0.42.1 ftfy==6.3.1 wcwidth==0.9.4 importlib_metadata``
-  (and ``huggingface_hub>=1.32`` where the image's is older; random weights need no accelerate), fetched with
-  ``pip download --no-deps`` into ``.whl`` the same way. Run: ``python3 benchmarks/video_bench.py --gpu``.
+  ``tts_bench.py``: av, platformdirs, ...): ``diffusers==0.42.1 ftfy==6.3.1 wcwidth==0.9.4`` (and
+  ``huggingface_hub>=1.32`` where the image's is older; random weights need no accelerate), fetched with
+  ``pip download --no-deps`` into ``.whl`` the same way (``benchmarks/gpu_wheels.sh`` fetches them all).
+  Run: ``python3 benchmarks/video_bench.py --gpu`` (or the whole suite, ``benchmarks/gpu_suite.sh``).
 - ``--smoke``: a few seconds on CPU (levels 1, 2; 16x16; 2 chunks; both transports); ``tests/test_video_bench.py``.
 
 Results go to ``$OUT`` or ``benchmarks/results``; ``--summarize`` prints the table of every result there.

@@ -14,9 +14,18 @@ The server runs in a child process (``--serve``) so client and server do not sha
 CPU mode (default): synthetic TTS and LM with emulated device time per step (``--tts-step-ms``, ``--lm-step-ms``)
 and the test doubles for VAD and ASR (``tests/realtime_doubles.py``: an energy detector and a tone-naming
 recognizer; the utterances are tones it names). The tiny random Qwen3-TTS never stops speaking and runs slower
-than real time on CPU, so it is not used here. GPU mode: pass real checkpoints or real-size configs with
-``--load-format dummy`` (``--tts``, ``--lm``/``--lm-family``, ``--asr``, ``--vad module:attr``, ``--device cuda``);
-``--max-output-tokens`` bounds each reply and, with benchmark fields on, makes a random-weight LM ignore EOS.
+than real time on CPU, so it is not used there. GPU mode: pass real checkpoints (``--tts``, ``--lm``/``--lm-family``,
+``--asr``, ``--vad module:attr``, ``--device cuda``), or ``--build dummy``: the benchmark writes Qwen3-TTS 0.6B
+CustomVoice, Qwen3-0.6B and Whisper large-v3-turbo at their real sizes from ``benchmarks/configs`` (configs and
+tokenizers; ``load_format="dummy"``, random weights, bf16 on CUDA) and serves them with the server's silero VAD
+(``--build tiny``: the tiny random checkpoints, for a CPU dry run of the same path). Whenever the ASR is not the
+tone double, the utterances are recorded speech (``benchmarks/speech/*.wav``, espeak-ng at 24 kHz; silero hears no
+speech in tones). ``--max-output-tokens`` bounds each reply and, with benchmark fields on, makes a random-weight LM
+ignore EOS; ``--asr-max-tokens`` bounds each transcript (a random-weight Whisper never ends one, and the response
+waits for it; ``--build`` sets 24, about what a real model writes for the question).
+
+GPU run: ``python3 benchmarks/voice_bench.py --build dummy --device cuda`` (the wheels of ``tts_bench.py``;
+``benchmarks/gpu_suite.sh`` runs it with the other benchmarks).
 
 Writes JSON (``--out``, default ``$OUT/voice_bench_<mode>.json`` or ``benchmarks/results/``) and prints a table.
 """
@@ -50,6 +59,37 @@ sys.path.insert(0, str(HERE))
 RATE = 24000
 CHUNK = RATE // 10  # 100 ms appends
 REPLY = " ".join(f"Here is sentence {i} of the answer, long enough to keep speaking." for i in range(30))
+SPEECH = HERE / "speech"  # question.wav, interruption.wav: espeak-ng, mono int16 at RATE
+CONFIGS = HERE / "configs"
+BUILDS = {  # --build dummy: real sizes from these configs
+    "tts": CONFIGS / "qwen3-tts-12hz-0.6b-customvoice",
+    "lm": CONFIGS / "qwen3-0.6b",
+    "asr": CONFIGS / "whisper-large-v3-turbo",
+}
+SILERO = "omni_stream.realtime.settings:silero_vad"
+ENERGY = "realtime_doubles:energy_vad"
+
+
+def build_checkpoints(kind: str, root: Path) -> dict[str, str]:
+    """``--build``: the TTS, LM and ASR directories, ``tiny`` random checkpoints or ``dummy`` real-size layouts."""
+    import torch
+
+    from omni_stream.models.causal_lm import checkpoint as lm_ckpt
+    from omni_stream.models.qwen3_tts import checkpoint as tts_ckpt
+    from omni_stream.models.whisper import checkpoint as asr_ckpt
+
+    if kind == "tiny":
+        return {
+            "tts": str(tts_ckpt.write_tiny_checkpoint(root / "tts", "custom_voice", "0.6b")),
+            "lm": str(lm_ckpt.write_tiny_checkpoint(root / "lm")),
+            "asr": str(asr_ckpt.write_tiny_checkpoint(root / "asr")),
+        }
+    bf16 = torch.bfloat16
+    return {
+        "tts": str(tts_ckpt.write_dummy_checkpoint(BUILDS["tts"], root / "tts", dtype=bf16, weights=False)),
+        "lm": str(lm_ckpt.write_dummy_checkpoint(BUILDS["lm"], root / "lm", dtype=bf16, weights=False)),
+        "asr": str(asr_ckpt.write_dummy_checkpoint(BUILDS["asr"], root / "asr", dtype=bf16, weights=False)),
+    }
 
 
 # --- the server (child process) -----------------------------------------------------------------------------
@@ -92,10 +132,11 @@ def serve(args: argparse.Namespace) -> None:
             "asr": ModelSource(asr.path, kind=ModelKind.TRANSCRIPTION),
         }
         return await AsyncEngine.load(
-            sources, device=args.device, load_format=args.load_format, max_batch_size=64, progress=False
+            sources, device=args.device, load_format=args.load_format, max_batch_size=args.max_batch, progress=False
         )
 
-    settings = Settings(vad_factory=vad_factory, enable_benchmark_fields=args.max_output_tokens is not None)
+    settings = Settings(vad_factory=vad_factory, enable_benchmark_fields=args.max_output_tokens is not None,
+                        realtime_transcription_max_tokens=args.asr_max_tokens)  # fmt: skip
     app = create_app(load, settings)
     config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", ws_max_size=32 << 20)
 
@@ -114,7 +155,9 @@ def server_process(args: argparse.Namespace) -> Iterator[int]:
         port = s.getsockname()[1]
     forwarded = ["--tts", args.tts, "--lm", args.lm, "--asr", args.asr, "--vad", args.vad, "--device", args.device]
     forwarded += ["--tts-step-ms", str(args.tts_step_ms), "--lm-step-ms", str(args.lm_step_ms)]
-    forwarded += ["--load-format", args.load_format]
+    forwarded += ["--load-format", args.load_format, "--max-batch", str(args.max_batch)]
+    if args.asr_max_tokens is not None:
+        forwarded += ["--asr-max-tokens", str(args.asr_max_tokens)]
     if args.lm_family:
         forwarded += ["--lm-family", args.lm_family]
     if args.max_output_tokens is not None:
@@ -146,6 +189,16 @@ def utterance(words: list[str]) -> np.ndarray:
     from realtime_doubles import spoken_words
 
     return spoken_words(words, lead_ms=0, tail_ms=0)
+
+
+def recorded(name: str) -> np.ndarray:
+    """``benchmarks/speech/<name>.wav`` as int16 samples at ``RATE``."""
+    import wave
+
+    with wave.open(str(SPEECH / f"{name}.wav"), "rb") as w:
+        if (w.getnchannels(), w.getsampwidth(), w.getframerate()) != (1, 2, RATE):
+            raise ValueError(f"{name}.wav must be mono int16 at {RATE} Hz")
+        return np.frombuffer(w.readframes(w.getnframes()), "<i2").copy()
 
 
 class Mic:
@@ -195,8 +248,10 @@ async def one_session(url: str, args: argparse.Namespace) -> dict[str, Any]:
         while json.loads(await ws.recv())["type"] != "session.updated":
             pass
         mic = Mic(ws, loop)
-        first = utterance(["three", "five"])
-        interruption = utterance(["seven"])
+        if args.asr == "tone":
+            first, interruption = utterance(["three", "five"]), utterance(["seven"])
+        else:
+            first, interruption = recorded("question"), recorded("interruption")
         barge = asyncio.Event()
         done = asyncio.Event()
         marks: dict[str, float] = {}
@@ -302,9 +357,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lm", default="synthetic", help="'synthetic' or a checkpoint directory")
     ap.add_argument("--lm-family", default=None, help="backend for --lm (e.g. vllm); default: its model_type")
     ap.add_argument("--asr", default="tone", help="'tone' (the test double) or a checkpoint directory")
-    ap.add_argument("--vad", default="realtime_doubles:energy_vad", help="VAD factory module:attr")
+    ap.add_argument("--vad", default=None, help=f"VAD factory module:attr (default: {ENERGY} with the tone ASR, "
+                    f"else {SILERO})")  # fmt: skip
+    ap.add_argument(
+        "--build",
+        choices=("tiny", "dummy"),
+        default=None,
+        help="write TTS, LM and ASR checkpoints: tiny random ones, or real sizes with dummy weights",
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--load-format", choices=("auto", "dummy"), default="auto")
+    ap.add_argument("--max-batch", type=int, default=64, help="engine max_batch_size (default: %(default)s)")
+    ap.add_argument("--asr-max-tokens", type=int, default=None, help="bound each transcript (--build: 24)")
     ap.add_argument("--tts-step-ms", type=float, default=4.0, help="synthetic TTS device time per frame step")
     ap.add_argument("--lm-step-ms", type=float, default=2.0, help="synthetic LM device time per token step")
     ap.add_argument("--max-output-tokens", type=int, default=None, help="bound each reply (random-weight LMs)")
@@ -315,7 +379,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.build is not None and not args.serve:
+        if args.build == "dummy":
+            args.load_format = "dummy"
+        if args.max_output_tokens is None:
+            args.max_output_tokens = 64
+        if args.asr_max_tokens is None:
+            args.asr_max_tokens = 24
+    if args.vad is None:
+        args.vad = ENERGY if args.asr == "tone" and args.build is None else SILERO
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -329,8 +403,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.barge_after = min(args.barge_after, 0.5)
     mode = "cpu" if args.device == "cpu" else "gpu"
+    if args.build is not None:
+        mode += f"_{args.build}"
     results: list[dict[str, Any]] = []
-    with server_process(args) as port:
+    if args.build == "dummy":
+        models = {k: f"{v.name} (random weights, real size)" for k, v in BUILDS.items()}
+    elif args.build == "tiny":
+        models = {k: "tiny random" for k in BUILDS}
+    else:
+        models = {"tts": args.tts, "lm": args.lm, "asr": args.asr}
+    with contextlib.ExitStack() as stack:
+        if args.build is not None:
+            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="voice-bench-ckpt-")))
+            built = build_checkpoints(args.build, root)
+            args.tts, args.lm, args.asr = built["tts"], built["lm"], built["asr"]
+        port = stack.enter_context(server_process(args))
         url = f"ws://127.0.0.1:{port}/v1/realtime"
         asyncio.run(run_level(url, 1, args))  # warm-up (filter designs, worker threads), not reported
         for n in levels:
@@ -342,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         "smoke": args.smoke,
         "git_commit": git_commit(),
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()},
-        "models": {"tts": args.tts, "lm": args.lm, "asr": args.asr, "vad": args.vad, "load_format": args.load_format},
+        "models": {**models, "vad": args.vad, "load_format": args.load_format, "max_batch": args.max_batch},
         "settings": {
             "tts_step_ms": args.tts_step_ms if args.tts == "synthetic" else None,
             "lm_step_ms": args.lm_step_ms if args.lm == "synthetic" else None,
@@ -350,6 +437,9 @@ def main(argv: list[str] | None = None) -> int:
             "barge_after_s": args.barge_after,
             "run_ahead_s": 2.0,
             "append_ms": 100,
+            "utterances": "tones" if args.asr == "tone" else "recorded speech (benchmarks/speech)",
+            "max_output_tokens": args.max_output_tokens,
+            "asr_max_tokens": args.asr_max_tokens,
         },
         "levels": results,
     }

@@ -355,7 +355,8 @@ class RealtimeSession:
                     return
                 rate = self.engine.models.get(ModelKind.TRANSCRIPTION).info.sample_rate  # type: ignore[attr-defined]
                 audio = await anyio.to_thread.run_sync(_asr_input, cmd.samples, rate)
-                request = TranscriptionRequest(audio, rate, language=cmd.language, prompt=cmd.prompt)
+                request = TranscriptionRequest(audio, rate, language=cmd.language, prompt=cmd.prompt,
+                                               max_tokens=self.settings.realtime_transcription_max_tokens)  # fmt: skip
                 stream = self.engine.generate(request)
                 self._asr_streams[(item, index)] = stream
                 async with stream:

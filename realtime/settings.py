@@ -87,6 +87,9 @@ class Settings:
     realtime_max_items: int = 256  # conversation items kept (the oldest go first)
     realtime_session_seconds: float = 3600.0  # then error session_expired and close
     realtime_run_ahead_seconds: float = 2.0  # audio sent ahead of the client's real-time playback
+    # Tokens a turn's transcript may take (None: the model's own budget). Benchmarks bound it: a random-weight ASR
+    # never ends a transcript, and the response waits for it.
+    realtime_transcription_max_tokens: int | None = None
     rtc_concurrency_limit: int = 8  # WebRTC sessions at once (fastrtc answers more with concurrency_limit_reached)
     rtc_ice_servers: tuple[str, ...] = ()  # STUN/TURN URLs for WebRTC; none: host candidates only
 
@@ -98,6 +101,8 @@ class Settings:
     def __post_init__(self) -> None:
         if self.max_voices < 0 or self.max_ws_queued_units < 1 or self.batch_max_items < 1:
             raise ValueError("limits must be positive")
+        if self.realtime_transcription_max_tokens is not None and self.realtime_transcription_max_tokens < 1:
+            raise ValueError("realtime_transcription_max_tokens must be at least 1")
         if self.max_ws_uncommitted_chars < 1:
             raise ValueError("max_ws_uncommitted_chars must be positive")
         timeouts = (self.ws_config_timeout, self.ws_idle_timeout, self.video_start_timeout, self.video_stall_timeout)

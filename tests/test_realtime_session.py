@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 import anyio
+import numpy as np
 import pytest
-from omni_stream.realtime.realtime_events import ItemCreate, NewItem, NewPart, PartType, ResponseCancel, ResponseCreate
+from omni_stream.realtime.realtime_events import (
+    InputAudioAppend,
+    InputAudioCommit,
+    ItemCreate,
+    NewItem,
+    NewPart,
+    PartType,
+    ResponseCancel,
+    ResponseCreate,
+)
 from omni_stream.realtime.realtime_session import RealtimeSession, SessionClose
 from omni_stream.realtime.settings import Settings
 from realtime_fixtures import agent_checkpoints, agent_loader
@@ -115,5 +125,26 @@ async def test_the_session_expires_on_its_clock(checkpoints):
                     break
         assert events[-2].body["error"]["code"] == "session_expired"
         assert events[-1] == SessionClose(1000, "session expired")
+    finally:
+        await engine.aclose()
+
+
+@pytest.mark.parametrize("cap", [3, 5])
+async def test_a_transcript_stops_at_the_configured_token_bound(tmp_path, cap):
+    from omni_stream.models.whisper.checkpoint import write_tiny_checkpoint
+
+    checkpoints = {**agent_checkpoints(tmp_path), "asr": write_tiny_checkpoint(tmp_path / "whisper")}
+    engine = await agent_loader(checkpoints)()
+    speech = (np.random.default_rng(0).standard_normal(24000) * 3000).astype("<i2")  # 1 s; random weights never stop
+    try:
+        settings = Settings(vad_factory=None, realtime_transcription_max_tokens=cap)
+        async with RealtimeSession(engine, settings) as session:
+            await session.client_event(InputAudioAppend(None, speech.tobytes()))
+            await session.client_event(InputAudioCommit(None))
+            async for event in session.outgoing:
+                assert getattr(event, "type", None) != "error", event
+                if event.type == "conversation.item.input_audio_transcription.completed":
+                    break
+        assert event.body["usage"]["output_tokens"] == cap
     finally:
         await engine.aclose()

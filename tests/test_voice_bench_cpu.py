@@ -30,3 +30,22 @@ def test_the_smoke_run_measures_voice_to_voice_and_barge_in(tmp_path):
         assert level["server_voice_to_voice_ms"]["p50"] < v2v["p50"]
         assert level["barge_in_ms"]["p50"] is not None
     assert "barge p50" in proc.stdout
+
+
+def test_the_recorded_utterances_are_one_turn_each_for_the_silero_vad():
+    """GPU mode speaks benchmarks/speech/*.wav to silero (it hears no speech in the doubles' tones)."""
+    import numpy as np
+
+    from omni_stream.models.silero_vad import SileroVad
+    from omni_stream.vad import VadEventKind, VadParams
+
+    sys.path.insert(0, str(BENCH.parent))
+    from voice_bench import CHUNK, RATE, recorded
+
+    for name in ("question", "interruption"):
+        speech = recorded(name)
+        assert 0.5 < speech.size / RATE < 3.0
+        audio = np.concatenate([np.zeros(3 * CHUNK, np.int16), speech, np.zeros(RATE, np.int16)])
+        vad = SileroVad(VadParams(silence_duration_ms=500, prefix_padding_ms=300), RATE)
+        events = [e for i in range(0, audio.size, CHUNK) for e in vad.feed(audio[i : i + CHUNK])]
+        assert [e.kind for e in events] == [VadEventKind.SPEECH_STARTED, VadEventKind.SPEECH_STOPPED], name
