@@ -26,10 +26,9 @@ from safetensors.torch import save_file
 from omni_stream.errors import ConfigError
 from omni_stream.models.causal_lm.config import ARCHITECTURES, parse_config
 from omni_stream.models.causal_lm.model import build_lm
-from omni_stream.runtime.weights import init_dummy
+from omni_stream.runtime.weights import init_dummy, parse_dtype
 
 KIND_ARCH = {"chat": "qwen3", "chat-llama": "llama"}
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 CORPUS = (
     "Hello world, this is a tiny chat model.",
@@ -231,7 +230,7 @@ def write_dummy_checkpoint(
 
 def make(args: argparse.Namespace) -> Path:
     """``make-checkpoint`` for the text kinds (``omni_stream.make_checkpoint``)."""
-    dtype = DTYPES[args.dtype]
+    dtype = parse_dtype(args.dtype, "cpu")
     if args.tiny:
         return write_tiny_checkpoint(args.out, KIND_ARCH[args.kind], dtype=dtype, seed=args.seed)
     return write_dummy_checkpoint(args.from_config, args.out, dtype=dtype, seed=args.seed)

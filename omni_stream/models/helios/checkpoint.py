@@ -18,9 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import fields
@@ -30,11 +27,12 @@ from typing import Any
 import torch
 
 from omni_stream.errors import ConfigError
+from omni_stream.runtime.cache import embedded_checkpoint_dir
+from omni_stream.runtime.weights import parse_dtype
 
 log = logging.getLogger(__name__)
 
 DEFAULTS_FILE = "video_defaults.json"
-EMBEDDED_MARKER = ".omni-stream-embedded"
 EMBEDDED_NAME = "helios-tiny-v1"
 COMPONENTS = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")
 
@@ -258,32 +256,12 @@ def make(args: argparse.Namespace) -> Path:
     """``make-checkpoint --kind video`` (:mod:`omni_stream.make_checkpoint`)."""
     if args.tiny:
         return write_tiny_checkpoint(args.out, seed=args.seed)
-    dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+    dtype = parse_dtype(args.dtype, "cpu")
     return write_random_checkpoint(args.from_config, args.out, dtype, seed=args.seed)
 
 
 def embedded_default_checkpoint(cache_dir: str | Path | None = None) -> Path:
     """The tiny Helios served when no video model is given; built on first use, atomically, in the user cache."""
-    if cache_dir is None:
-        from platformdirs import user_cache_dir
-
-        cache_dir = os.environ.get("OMNI_STREAM_CACHE") or user_cache_dir("omni-stream")
-    target = Path(cache_dir) / "checkpoints" / EMBEDDED_NAME
-    if (target / EMBEDDED_MARKER).exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    log.warning("building the embedded tiny video checkpoint in %s (random weights: it draws noise)", target)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_NAME}-", dir=target.parent))
-    try:
-        write_tiny_checkpoint(tmp, seed=0)
-        (tmp / EMBEDDED_MARKER).write_text("tiny random-weight checkpoint built by omni-stream; it draws noise\n")
-        if target.exists():  # a half-built leftover without its marker
-            shutil.rmtree(target, ignore_errors=True)
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            if not (target / EMBEDDED_MARKER).exists():  # another process did not win the race either
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return embedded_checkpoint_dir(
+        EMBEDDED_NAME, lambda out: write_tiny_checkpoint(out, seed=0), "random weights: it draws noise", cache_dir
+    )

@@ -19,11 +19,10 @@ from safetensors.torch import save_file
 from omni_stream.errors import ConfigError
 from omni_stream.models.qwen3_tts.config import Qwen3TTSConfig, load_config, parse_config
 from omni_stream.models.qwen3_tts.talker import Qwen3TTSLM
-from omni_stream.runtime.weights import init_dummy, load_safetensors, safetensors_files
+from omni_stream.runtime.weights import init_dummy, load_safetensors, parse_dtype, safetensors_files
 
 KINDS = ("custom_voice", "voice_design", "base")
 SIZES = ("0.6b", "1.7b")
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
 LANGUAGE_IDS = {
     "chinese": 2055, "english": 2050, "german": 2053, "italian": 2070, "portuguese": 2071, "spanish": 2054,
@@ -307,7 +306,7 @@ def write_dummy_checkpoint(
 
 def make(args: argparse.Namespace) -> Path:
     """``make-checkpoint`` for the speech kinds (``omni_stream.make_checkpoint``)."""
-    dtype = DTYPES[args.dtype]
+    dtype = parse_dtype(args.dtype, "cpu")
     if args.tiny:
         size = args.size or "0.6b"
         if size not in SIZES:
