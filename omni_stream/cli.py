@@ -44,6 +44,13 @@ def apply_threads(args: argparse.Namespace) -> None:
         os.environ[ENV_THREADS] = str(args.threads)
 
 
+def torch_threads() -> int:
+    """torch's intra-op thread count as the calling thread sees it (run it on the device worker)."""
+    import torch
+
+    return torch.get_num_threads()
+
+
 # subcommand -> module exposing `add_arguments(parser)` and `run(args) -> int`
 _COMMANDS = {
     "serve": (
