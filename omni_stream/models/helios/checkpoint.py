@@ -75,26 +75,14 @@ def info_fields() -> frozenset[str]:
 # --- tokenizer ----------------------------------------------------------------------------------------------------
 
 
-def _byte_chars() -> list[str]:
-    """The GPT-2 byte-to-unicode table: 256 printable stand-ins, one per byte."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [chr(c) for c in cs]
-
-
 def byte_tokenizer(max_length: int = 512) -> Any:
     """A byte-level BPE without merges (T5 special ids: pad 0, eos 1, unk 2): every text maps to 3 + its bytes."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2}
-    for c in _byte_chars():
+    for c in bytes_to_unicode().values():
         vocab[c] = len(vocab)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

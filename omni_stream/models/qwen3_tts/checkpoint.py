@@ -162,21 +162,11 @@ def load_lm(
 # -- synthetic tokenizer ------------------------------------------------------------------------------------
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, (chr(c) for c in cs), strict=True))
-
-
 def write_tokenizer(out_dir: Path) -> None:
     """A Qwen2-style byte-level BPE with the real special-token ids and ``assistant``/``user``/``\\n`` ids."""
-    byte_chars = list(_bytes_to_unicode().values())  # GPT-2 order: "\n" ("Ċ") lands on id 198 as in Qwen2
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    byte_chars = list(bytes_to_unicode().values())  # GPT-2 order: "\n" ("Ċ") lands on id 198 as in Qwen2
     vocab: dict[str, int] = {c: i for i, c in enumerate(byte_chars)}
     merges: list[tuple[str, str]] = []
     reserved = set(FIXED_WORDS.values())

@@ -69,19 +69,6 @@ def special_layout(vocab_size: int, multilingual: bool) -> dict[str, Any]:
 # -- tokenizer and processor ---------------------------------------------------------------------------------
 
 
-def _byte_alphabet() -> list[str]:
-    """GPT-2's byte-to-character table in id order (byte-level BPE ids 0..255; " " is "Ġ" = 220)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [chr(c) for c in cs]
-
-
 def _pseudo_words() -> Iterator[str]:
     """``Ġba``, ``Ġbe``, ... then two and three syllables: made-up words after a space (byte-level "Ġ")."""
     syllables = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
@@ -94,9 +81,10 @@ def build_tokenizer(vocab_size: int, multilingual: bool = True) -> Any:
     """A ``WhisperTokenizer`` with the real layout (see module docstring)."""
     from tokenizers import AddedToken
     from transformers import WhisperTokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     layout = special_layout(vocab_size, multilingual)
-    vocab = {c: i for i, c in enumerate(_byte_alphabet())}
+    vocab = {c: i for i, c in enumerate(bytes_to_unicode().values())}  # GPT-2's byte table: " " is "Ġ" = 220
     merges: list[tuple[str, str]] = []
     for word in COMMON_WORDS:
         for i in range(2, len(word) + 1):
