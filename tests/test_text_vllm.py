@@ -308,8 +308,8 @@ def served_backend(engine: AsyncEngine, url: str) -> TextBackend:
             values = [float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)$", metrics, re.M)]
             assert values and all(v == 0 for v in values), (name, values)
 
-    # vllm serve's 400s for a request that does not fit carry no ``param``
-    return TextBackend(engine, assert_idle, reference, names_params=False)
+    # vllm serve's 400s carry no ``param``, and it takes a max_tokens past the room after the prompt as "up to the end"
+    return TextBackend(engine, assert_idle, reference, names_params=False, refuses_past_room=False)
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=check_id)
