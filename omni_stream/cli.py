@@ -55,7 +55,7 @@ def torch_threads() -> int:
 _COMMANDS = {
     "serve": (
         "omni_stream.realtime.server",
-        "Serve the HTTP/WebSocket API (embedded tiny checkpoint without --model).",
+        "Serve the HTTP/WebSocket API (without --model and --llm: every kind's embedded tiny model).",
     ),
     "speak": ("omni_stream.speak", "Synthesize text to an audio file."),
     "make-checkpoint": ("omni_stream.make_checkpoint", "Write a random-weight checkpoint (hub layout)."),

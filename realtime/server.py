@@ -26,9 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         help="checkpoint directory or hub id, of any kind (speech, transcription, image, video, text); repeat it "
-        "to serve several kinds together (default: the embedded tiny model of every kind)",
+        "to serve several kinds together (without --model and --llm: the embedded tiny model of every kind; with "
+        "either, only the models named)",
     )
-    parser.add_argument("--served-model-name", default=None, help="model id clients send (default: the model's name)")
+    parser.add_argument(
+        "--served-model-name", default=None, help="the speech model's id clients send (default: its name)"
+    )
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s)")
     parser.add_argument(
@@ -38,7 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--voices-dir", type=Path, default=None, help="where uploaded voices persist")
     parser.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
-    parser.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: the model's choice)")
+    parser.add_argument(
+        "--dtype", default=None, help="float32 | bfloat16 | float16 (default: each model's choice for the device)"
+    )
     parser.add_argument(
         "--load-format",
         choices=("auto", "dummy"),
