@@ -21,8 +21,9 @@ from .pcm import to_float32, to_int16
 _LAYOUTS = {1: "mono", 2: "stereo"}
 
 
-class _Sink:
-    """Write-only, non-seekable byte collector (no ``seek``/``tell``: PyAV then marks the output unseekable)."""
+class ByteSink:
+    """Write-only, non-seekable byte collector (no ``seek``/``tell``: PyAV then marks the output unseekable, so
+    the muxer never rewrites what it wrote)."""
 
     def __init__(self) -> None:
         self._parts: list[bytes] = []
@@ -54,7 +55,7 @@ class _AvEncoder(Encoder):
             self.default_bitrate_per_channel * self.channels if self.default_bitrate_per_channel else None
         )
         self._seekable = not streaming and self.codec_name == "flac"
-        self._sink: _Sink | io.BytesIO = io.BytesIO() if self._seekable else _Sink()
+        self._sink: ByteSink | io.BytesIO = io.BytesIO() if self._seekable else ByteSink()
         self._closed = False
         self._container = av.open(
             self._sink, "w", format=self.container_format, container_options=dict(self.container_options)

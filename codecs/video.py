@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import av
 import numpy as np
 
+from .av_encoders import ByteSink
 from .errors import UnsupportedFormatError
 
 
@@ -55,22 +56,6 @@ VIDEO_FORMATS: dict[str, VideoFormat] = {
         (("deadline", "realtime"), ("cpu-used", "8"), ("lag-in-frames", "0"), ("row-mt", "1")),
     ),
 }
-
-
-class _Sink:
-    """Write-only, non-seekable byte collector (no ``seek``/``tell``: the muxer never rewrites what it wrote)."""
-
-    def __init__(self) -> None:
-        self._parts: list[bytes] = []
-
-    def write(self, data: bytes) -> int:
-        self._parts.append(bytes(data))
-        return len(data)
-
-    def drain(self) -> bytes:
-        out = b"".join(self._parts)
-        self._parts.clear()
-        return out
 
 
 def avc_codec_string(extradata: bytes | None) -> str:
@@ -108,7 +93,7 @@ class VideoStreamEncoder:
         self.width, self.height, self.fps = width, height, fps
         self.frames = 0
         self.closed = False
-        self._sink = _Sink()
+        self._sink = ByteSink()
         self._container = av.open(self._sink, "w", format=spec.container, options=dict(spec.container_options))
         stream = self._container.add_stream(spec.codec, rate=fps, options=dict(spec.codec_options))
         assert isinstance(stream, av.VideoStream)  # a video codec gives a video stream

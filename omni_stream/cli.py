@@ -44,11 +44,18 @@ def apply_threads(args: argparse.Namespace) -> None:
         os.environ[ENV_THREADS] = str(args.threads)
 
 
+def torch_threads() -> int:
+    """torch's intra-op thread count as the calling thread sees it (run it on the device worker)."""
+    import torch
+
+    return torch.get_num_threads()
+
+
 # subcommand -> module exposing `add_arguments(parser)` and `run(args) -> int`
 _COMMANDS = {
     "serve": (
         "omni_stream.realtime.server",
-        "Serve the HTTP/WebSocket API (embedded tiny checkpoint without --model).",
+        "Serve the HTTP/WebSocket API (without --model and --llm: every kind's embedded tiny model).",
     ),
     "speak": ("omni_stream.speak", "Synthesize text to an audio file."),
     "make-checkpoint": ("omni_stream.make_checkpoint", "Write a random-weight checkpoint (hub layout)."),

@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import numpy as np
 
-from omni_stream.cli import add_threads_argument, apply_threads
+from omni_stream.cli import add_threads_argument, apply_threads, torch_threads
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,12 +36,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: float32 on CPU)")
     add_threads_argument(parser)
-
-
-def _torch_threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
 
 
 async def _speak(args: argparse.Namespace) -> int:
@@ -81,7 +75,7 @@ async def _speak(args: argparse.Namespace) -> int:
             timings = stream.timings
         wav = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
         rate = engine.speech_info.sample_rate
-        threads = await engine.worker.submit(_torch_threads)  # as the device worker's thread sees it
+        threads = await engine.worker.submit(torch_threads)  # as the device worker's thread sees it
 
     import soundfile as sf
 

@@ -43,6 +43,17 @@ STATIC_DIR = Path(__file__).parent / "static"
 EngineFactory = Callable[[], Awaitable[AsyncEngine]]
 
 
+def _page(path: Path) -> Callable[[Any], Awaitable[Response]]:
+    """A GET endpoint answering with the page at ``path`` (404 while it is missing)."""
+
+    async def page(request: Any) -> Response:
+        if not await anyio.Path(path).is_file():
+            raise HTTPException(404)
+        return FileResponse(path)
+
+    return page
+
+
 def _routes(static_dir: Path | None) -> list[BaseRoute]:
     routes: list[BaseRoute] = [
         Route("/health", health.health, methods=["GET"]),
@@ -62,29 +73,10 @@ def _routes(static_dir: Path | None) -> list[BaseRoute]:
         WebSocketRoute("/v1/realtime", realtime_ws.realtime_endpoint),
     ]
     if static_dir is not None and static_dir.is_dir():
-        index = static_dir / "index.html"
-
-        async def home(request: Any) -> Response:
-            if not index.is_file():
-                raise HTTPException(404)
-            return FileResponse(index)
-
-        async def video_page(request: Any) -> Response:
-            page = static_dir / "video.html"
-            if not page.is_file():
-                raise HTTPException(404)
-            return FileResponse(page)
-
-        async def realtime_page(request: Any) -> Response:
-            page = static_dir / "realtime.html"
-            if not page.is_file():
-                raise HTTPException(404)
-            return FileResponse(page)
-
         routes += [
-            Route("/", home, methods=["GET"]),
-            Route("/video", video_page, methods=["GET"]),
-            Route("/realtime", realtime_page, methods=["GET"]),
+            Route("/", _page(static_dir / "index.html"), methods=["GET"]),
+            Route("/video", _page(static_dir / "video.html"), methods=["GET"]),
+            Route("/realtime", _page(static_dir / "realtime.html"), methods=["GET"]),
             Mount("/static", StaticFiles(directory=static_dir), name="static"),
         ]
     return routes

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from omni_stream.realtime.errors import bad_request
+from omni_stream.realtime.json_fields import int_field, type_name
 from omni_stream.realtime.settings import Settings
 from omni_stream.realtime.speech_params import check_utf8
 
@@ -63,41 +64,22 @@ class ChatOptions:
         return self.audio_format is not None
 
 
-def _type(value: Any) -> str:
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}.get(
-        type(value), type(value).__name__
-    )
-
-
 def _number(body: dict[str, Any], key: str, lo: float, hi: float) -> float | None:
     value = body.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise bad_request(f"'{key}' must be a number, got {_type(value)}", key)
+        raise bad_request(f"'{key}' must be a number, got {type_name(value)}", key)
     if not lo <= value <= hi:
         raise bad_request(f"'{key}' must be between {lo:g} and {hi:g}, got {value}", key)
     return float(value)
-
-
-def _int(body: dict[str, Any], key: str, lo: int, hi: int) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise bad_request(f"'{key}' must be an integer, got {_type(value)}", key)
-    if not lo <= value <= hi:
-        raise bad_request(f"'{key}' must be between {lo} and {hi}, got {value}", key)
-    return value
 
 
 def _bool(value: Any, key: str) -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise bad_request(f"'{key}' must be a boolean, got {_type(value)}", key)
+        raise bad_request(f"'{key}' must be a boolean, got {type_name(value)}", key)
     return value
 
 
@@ -113,7 +95,7 @@ def _content(value: Any, where: str) -> str:
         return "".join(parts)
     if value is None:
         raise bad_request(f"'{where}' is required", where)
-    raise bad_request(f"'{where}' must be a string or a list of text parts, got {_type(value)}", where)
+    raise bad_request(f"'{where}' must be a string or a list of text parts, got {type_name(value)}", where)
 
 
 def parse_messages(value: Any) -> tuple[ChatMessage, ...]:
@@ -121,13 +103,13 @@ def parse_messages(value: Any) -> tuple[ChatMessage, ...]:
     if value is None:
         raise bad_request("'messages' is required", "messages")
     if not isinstance(value, list):
-        raise bad_request(f"'messages' must be an array, got {_type(value)}", "messages")
+        raise bad_request(f"'messages' must be an array, got {type_name(value)}", "messages")
     if not value:
         raise bad_request("'messages' must hold at least one message", "messages")
     out = []
     for i, message in enumerate(value):
         if not isinstance(message, dict):
-            raise bad_request(f"'messages[{i}]' must be an object, got {_type(message)}", "messages")
+            raise bad_request(f"'messages[{i}]' must be an object, got {type_name(message)}", "messages")
         role = message.get("role")
         if role not in ROLES:
             allowed = ", ".join(f"'{r}'" for r in ROLES)
@@ -184,7 +166,7 @@ def _audio(body: dict[str, Any], stream: bool) -> tuple[str | None, str | None, 
         raise bad_request("'audio' ({\"voice\", \"format\"}) is required when 'modalities' includes 'audio'", "audio")
     voice = audio.get("voice")
     if voice is not None and not isinstance(voice, str):
-        raise bad_request(f"'audio.voice' must be a string, got {_type(voice)}", "audio.voice")
+        raise bad_request(f"'audio.voice' must be a string, got {type_name(voice)}", "audio.voice")
     fmt = audio.get("format", "pcm16")
     allowed = STREAM_AUDIO_FORMATS if stream else AUDIO_FORMATS
     if fmt not in allowed:
@@ -193,7 +175,7 @@ def _audio(body: dict[str, Any], stream: bool) -> tuple[str | None, str | None, 
         raise bad_request(f"'audio.format' must be one of {choices} for {mode} reply, got {fmt!r}", "audio.format")
     # Extension: the longest unit spoken at once (characters); a long first sentence is cut so audio starts sooner.
     key = "audio.max_sentence_chars"
-    max_chars = _int({key: audio.get("max_sentence_chars")}, key, MIN_SENTENCE_CHARS, MAX_SENTENCE_CHARS)
+    max_chars = int_field({key: audio.get("max_sentence_chars")}, key, MIN_SENTENCE_CHARS, MAX_SENTENCE_CHARS)
     return (voice.strip().lower() or None) if voice is not None else None, fmt, max_chars
 
 
@@ -205,25 +187,25 @@ def parse_chat(body: Any, settings: Settings) -> ChatOptions:
     for key, default in UNSUPPORTED.items():
         if body.get(key, default) not in (default, None, [], {}):
             raise bad_request(f"'{key}' is not supported by this server", key)
-    n = _int(body, "n", 1, 1 << 30)
+    n = int_field(body, "n", 1, 1 << 30)
     if n not in (None, 1):
         raise bad_request("'n' must be 1: this server returns one choice", "n")
     response_format = body.get("response_format")
     if response_format is not None and response_format != {"type": "text"}:
         raise bad_request('\'response_format\' must be {"type": "text"} on this server', "response_format")
-    max_tokens = _int(body, "max_completion_tokens", 1, MAX_TOKENS)
+    max_tokens = int_field(body, "max_completion_tokens", 1, MAX_TOKENS)
     if max_tokens is None:
-        max_tokens = _int(body, "max_tokens", 1, MAX_TOKENS)
+        max_tokens = int_field(body, "max_tokens", 1, MAX_TOKENS)
     stream = _bool(body.get("stream"), "stream")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
-        raise bad_request(f"'stream_options' must be an object, got {_type(options)}", "stream_options")
+        raise bad_request(f"'stream_options' must be an object, got {type_name(options)}", "stream_options")
     include_usage = _bool((options or {}).get("include_usage"), "stream_options.include_usage")
     if options is not None and not stream:
         raise bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise bad_request(f"'model' must be a string, got {_type(model)}", "model")
+        raise bad_request(f"'model' must be a string, got {type_name(model)}", "model")
     voice, audio_format, max_sentence_chars = _audio(body, stream)
     ignore_eos = False
     if "ignore_eos" in body:
@@ -240,7 +222,7 @@ def parse_chat(body: Any, settings: Settings) -> ChatOptions:
         model=model,
         max_tokens=max_tokens,
         sampling=_sampling(body),
-        seed=_int(body, "seed", -(2**63), 2**63 - 1),
+        seed=int_field(body, "seed", -(2**63), 2**63 - 1),
         stop=_stop(body.get("stop")),
         stream=stream,
         include_usage=include_usage,

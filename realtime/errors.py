@@ -25,6 +25,7 @@ _TYPES = {
     422: "BadRequestError",
     429: "RateLimitError",
     500: "InternalServerError",
+    502: "BadGatewayError",
     503: "ServiceUnavailableError",
     504: "TimeoutError",
 }
@@ -74,6 +75,10 @@ def from_exception(exc: BaseException) -> ApiError:
         return ApiError(503, "The engine is shutting down")
     if isinstance(exc, engine_errors.DeadlineExceeded):
         return ApiError(504, f"Request timed out: {exc}")
+    if isinstance(exc, engine_errors.UpstreamError):
+        # A model served elsewhere (the remote text backend) failed: neither the client's fault nor ours.
+        log.warning("upstream model failed: %s", exc.message)
+        return ApiError(502, f"Bad gateway: {exc.message}")
     # Anything else is our fault, never the client's: 5xx (vLLM-Omni answers 400 here).
     log.exception("internal error while serving a request", exc_info=exc)
     return ApiError(500, f"Internal server error: {type(exc).__name__}: {exc}", type="InternalServerError")

@@ -53,6 +53,7 @@ async def list_models(request: Request) -> Response:
                 entry.update(task_types=[t.value for t in info.task_types], sample_rate=info.sample_rate)
             if isinstance(info, TextInfo):
                 entry["max_context"] = info.max_context
+                entry["max_model_len"] = info.max_context  # vLLM's name, which OpenAI-compatible clients read
             data.append(entry)
     state.metrics.requests.labels("/v1/models", "200").inc()
     return JSONResponse({"object": "list", "data": data})

@@ -57,7 +57,7 @@ class EngineSpec:
             list(self.models),
             **dict(self.llm),
             device=self.device,
-            dtype=_dtype(self.dtype),
+            dtype=_dtype(self.dtype, self.device),
             load_format=self.load_format,
             max_batch_size=self.max_batch_size,
             progress=False,

@@ -15,12 +15,12 @@ import json
 import logging
 
 import anyio
-from omni_stream.realtime.auth import offered_subprotocols, select_subprotocol
 from omni_stream.realtime.realtime_events import SessionType
 from omni_stream.realtime.realtime_outputs import ServerEvent
 from omni_stream.realtime.realtime_session import RealtimeSession, SessionClose
 from omni_stream.realtime.state import ServerState
-from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+from omni_stream.realtime.ws_sessions import accept, close_quietly, is_gone, registered
+from starlette.websockets import WebSocket
 
 log = logging.getLogger("omni_stream.realtime.ws")
 
@@ -36,65 +36,50 @@ def to_json(event: ServerEvent) -> str:
     return json.dumps(body, ensure_ascii=False)
 
 
-def _gone(exc: BaseException) -> bool:
-    if isinstance(exc, BaseExceptionGroup):
-        return all(_gone(e) for e in exc.exceptions)
-    return isinstance(exc, WebSocketDisconnect | anyio.ClosedResourceError | anyio.BrokenResourceError | OSError)
-
-
 async def realtime_endpoint(websocket: WebSocket) -> None:
     state: ServerState = websocket.app.state.omni
-    await websocket.accept(subprotocol=select_subprotocol(offered_subprotocols(websocket.headers)))
+    await accept(websocket)
     intent = websocket.query_params.get("intent")
     kind = SessionType.TRANSCRIPTION if intent == "transcription" else SessionType.REALTIME
     session = RealtimeSession(
         state.ready_engine, state.settings, session_type=kind, model=websocket.query_params.get("model")
     )
-    gauge = state.metrics.streams.labels("realtime")
-    gauge.inc()
-    state.sessions.add(session)
     close_code: int | None = None
-    try:
-        async with session, anyio.create_task_group() as tg:
-
-            async def send_events() -> None:
-                nonlocal close_code
-                async for item in session.outgoing:
-                    if isinstance(item, SessionClose):
-                        close_code = item.code
-                        break
-                    big = item.audio is not None and len(item.audio) > ENCODE_OFF_LOOP_BYTES
-                    text = await anyio.to_thread.run_sync(to_json, item) if big else to_json(item)
-                    await websocket.send_text(text)
-                tg.cancel_scope.cancel()
-
-            async def until_shutdown() -> None:
-                nonlocal close_code
-                if state.stopping is None:
-                    return
-                await state.stopping.wait()
-                close_code = CLOSE_GOING_AWAY
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(send_events)
-            tg.start_soon(until_shutdown)
-            while True:
-                message = await websocket.receive()
-                if message["type"] == "websocket.disconnect":
-                    break
-                text = message.get("text")
-                await session.client_message(text if text is not None else message.get("bytes"))
-            tg.cancel_scope.cancel()
-    except Exception as exc:
-        if not _gone(exc):
-            log.exception("realtime session failed")
-            close_code = 1011
-    finally:
-        state.sessions.discard(session)
-        gauge.dec()
-    if close_code is not None and websocket.application_state is not WebSocketState.DISCONNECTED:
+    async with registered(state, session, "realtime"):
         try:
-            await websocket.close(close_code)
-        except Exception as exc:  # the client left meanwhile
-            if not _gone(exc) and not isinstance(exc, RuntimeError):
-                raise
+            async with session, anyio.create_task_group() as tg:
+
+                async def send_events() -> None:
+                    nonlocal close_code
+                    async for item in session.outgoing:
+                        if isinstance(item, SessionClose):
+                            close_code = item.code
+                            break
+                        big = item.audio is not None and len(item.audio) > ENCODE_OFF_LOOP_BYTES
+                        text = await anyio.to_thread.run_sync(to_json, item) if big else to_json(item)
+                        await websocket.send_text(text)
+                    tg.cancel_scope.cancel()
+
+                async def until_shutdown() -> None:
+                    nonlocal close_code
+                    if state.stopping is None:
+                        return
+                    await state.stopping.wait()
+                    close_code = CLOSE_GOING_AWAY
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(send_events)
+                tg.start_soon(until_shutdown)
+                while True:
+                    message = await websocket.receive()
+                    if message["type"] == "websocket.disconnect":
+                        break
+                    text = message.get("text")
+                    await session.client_message(text if text is not None else message.get("bytes"))
+                tg.cancel_scope.cancel()
+        except Exception as exc:
+            if not is_gone(exc):
+                log.exception("realtime session failed")
+                close_code = 1011
+    if close_code is not None:
+        await close_quietly(websocket, close_code)

@@ -13,7 +13,7 @@ from typing import Any
 from omni_stream.realtime import llm_flags, ray_serve
 from omni_stream.realtime.settings import Settings, default_voices_dir
 
-from omni_stream.cli import add_threads_argument, apply_threads
+from omni_stream.cli import add_threads_argument, apply_threads, torch_threads
 from omni_stream.pacing import DEFAULT_AHEAD
 
 log = logging.getLogger("omni_stream.realtime.server")
@@ -26,9 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         help="checkpoint directory or hub id, of any kind (speech, transcription, image, video, text); repeat it "
-        "to serve several kinds together (default: the embedded tiny model of every kind)",
+        "to serve several kinds together (without --model and --llm: the embedded tiny model of every kind; with "
+        "either, only the models named)",
     )
-    parser.add_argument("--served-model-name", default=None, help="model id clients send (default: the model's name)")
+    parser.add_argument(
+        "--served-model-name", default=None, help="the speech model's id clients send (default: its name)"
+    )
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s)")
     parser.add_argument(
@@ -38,7 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--voices-dir", type=Path, default=None, help="where uploaded voices persist")
     parser.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
-    parser.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: the model's choice)")
+    parser.add_argument(
+        "--dtype", default=None, help="float32 | bfloat16 | float16 (default: each model's choice for the device)"
+    )
     parser.add_argument(
         "--load-format",
         choices=("auto", "dummy"),
@@ -122,17 +127,17 @@ def resolve_model(model: str) -> str:
         ) from exc
 
 
-def _dtype(name: str | None) -> Any:
-    # Not the Qwen3 family's parse_dtype: importing it pulls in the whole Qwen3 model stack whatever the
-    # checkpoint, and its None means a concrete dtype where here it means the family's own choice.
+def _dtype(name: str | None, device: str) -> Any:
+    """``--dtype`` as a torch dtype; None stays None (each family's own choice for the device)."""
     if name is None:
         return None
-    import torch
+    from omni_stream.errors import ConfigError
+    from omni_stream.runtime.weights import parse_dtype
 
     try:
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-    except KeyError:
-        raise SystemExit(f"--dtype must be float32, bfloat16 or float16, got {name!r}") from None
+        return parse_dtype(name, device)
+    except ConfigError as exc:
+        raise SystemExit(f"omni-stream serve: --{exc}") from None
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -182,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     apply_threads(args)
     settings = settings_from_args(args)
-    dtype = _dtype(args.dtype)
+    dtype = _dtype(args.dtype, args.device)
     try:
         models = [resolve_model(m) for m in args.model or ()]
     except ModelNotFound as exc:
@@ -216,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
             **llm,
         )
         loaded = ", ".join(f"{f.info.model_name} ({f.info.kind}, {f.info.model_type})" for f in engine.models)
-        threads = await engine.worker.submit(_torch_threads)  # as the device worker's thread sees it
+        threads = await engine.worker.submit(torch_threads)  # as the device worker's thread sees it
         auth = "API key required" if settings.api_key else "no API key"
         print(
             f"omni-stream serve: loaded {loaded}; voices dir {settings.voices_dir}; {threads} torch threads; {auth}; "
@@ -242,12 +247,6 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     return 0
-
-
-def _torch_threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
 
 
 def _interrupt(signum: int, frame: Any) -> None:

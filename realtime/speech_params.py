@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import Any
 
 from omni_stream.realtime.errors import ApiError, bad_request
+from omni_stream.realtime.json_fields import int_field, type_name
 from omni_stream.realtime.settings import SPEECH_FORMATS, STREAM_FORMATS, Settings
 
 from omni_stream.errors import InvalidRequestError
@@ -80,12 +81,6 @@ WS_FIELDS = frozenset(
 COMMIT_LANGUAGES = ("English", "Chinese")
 
 
-def _type_name(value: Any) -> str:
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}.get(
-        type(value), type(value).__name__
-    )
-
-
 def check_utf8(value: str, key: str) -> str:
     """``value`` unchanged; 400 naming ``key`` when it holds text UTF-8 cannot carry (lone surrogates)."""
     try:
@@ -101,7 +96,7 @@ def _str(body: dict[str, Any], key: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise bad_request(f"'{key}' must be a string, got {_type_name(value)}", key)
+        raise bad_request(f"'{key}' must be a string, got {type_name(value)}", key)
     return check_utf8(value, key)
 
 
@@ -110,21 +105,7 @@ def _bool(body: dict[str, Any], key: str, default: bool = False) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise bad_request(f"'{key}' must be a boolean (true or false), got {_type_name(value)}", key)
-    return value
-
-
-def _int(body: dict[str, Any], key: str, lo: int | None = None, hi: int | None = None) -> int | None:
-    """An integer field; ``lo``/``hi`` bound wire ranges (int64, codec rates), not request policy."""
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise bad_request(f"'{key}' must be an integer, got {_type_name(value)}", key)
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise bad_request(f"'{key}' must be between {lo} and {hi}, got {value}", key)
+        raise bad_request(f"'{key}' must be a boolean (true or false), got {type_name(value)}", key)
     return value
 
 
@@ -161,7 +142,7 @@ def _voice(body: dict[str, Any]) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise bad_request(f"'voice' must be a string or {{\"id\": string}}, got {_type_name(value)}", "voice")
+        raise bad_request(f"'voice' must be a string or {{\"id\": string}}, got {type_name(value)}", "voice")
     value = check_utf8(value, "voice").strip().lower()
     return value or None
 
@@ -196,7 +177,7 @@ def parse_input(body: dict[str, Any], settings: Settings | None = None) -> str:
         raise bad_request("'input' is required", "input")
     text = body["input"]
     if not isinstance(text, str):
-        raise bad_request(f"'input' must be a string, got {_type_name(text)}", "input")
+        raise bad_request(f"'input' must be a string, got {type_name(text)}", "input")
     return check_utf8(text, "input").strip()
 
 
@@ -215,7 +196,7 @@ def parse_options(body: Any, settings: Settings, *, websocket: bool = False) -> 
     instructions = _str(body, "instructions")
     task = _enum(body, "task_type", tuple(t.value for t in TaskType), None)
     language = (_str(body, "language") or "Auto").strip() or "Auto"
-    frames = _int(body, "initial_codec_chunk_frames", 0, 4096)
+    frames = int_field(body, "initial_codec_chunk_frames", 0, 4096)
     ref_audio = _str(body, "ref_audio") or None
     ref_text = (_str(body, "ref_text") or "").strip() or None
     embedding = _embedding(body)
@@ -237,10 +218,10 @@ def parse_options(body: Any, settings: Settings, *, websocket: bool = False) -> 
         x_vector_only_mode=_bool(body, "x_vector_only_mode") or embedding is not None,
         speaker_embedding=embedding,
         non_streaming_mode=_optional_bool(body, "non_streaming_mode"),
-        max_new_tokens=_int(body, "max_new_tokens"),
-        seed=_int(body, "seed", 0, 2**63 - 1),
+        max_new_tokens=int_field(body, "max_new_tokens"),
+        seed=int_field(body, "seed", 0, 2**63 - 1),
         initial_codec_chunk_frames=frames or None,
-        sample_rate=_int(body, "sample_rate", 8000, 192000),
+        sample_rate=int_field(body, "sample_rate", 8000, 192000),
         ignore_eos=_benchmark_bool(body, "ignore_eos", settings),
         stream_audio=_bool(body, "stream_audio") if websocket else False,
         split_granularity=Granularity(

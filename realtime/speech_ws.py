@@ -23,7 +23,6 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 from omni_stream.realtime.audio_out import output_rate
-from omni_stream.realtime.auth import offered_subprotocols, select_subprotocol
 from omni_stream.realtime.errors import ApiError, from_exception
 from omni_stream.realtime.speech_build import build_request, check_request
 from omni_stream.realtime.speech_params import SpeechOptions, TextInputMode, check_model, parse_options
@@ -31,8 +30,9 @@ from omni_stream.realtime.state import ServerState
 from omni_stream.realtime.stream_pacing import SessionPacer, pcm_seconds
 from omni_stream.realtime.text_commit import TextCommitter
 from omni_stream.realtime.ws_messages import ProtocolError, input_text, parse_message
+from omni_stream.realtime.ws_sessions import accept, is_gone, registered
 from omni_stream.realtime.ws_units import UnitJob, UnitSpec, UtteranceEnd
-from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+from starlette.websockets import WebSocket, WebSocketState
 
 from omni_stream.requests import SpeechRequest
 from omni_stream.speech_limits import MAX_INPUT_CHARS
@@ -53,23 +53,10 @@ class Phase(StrEnum):
 
 async def speech_stream(websocket: WebSocket) -> None:
     state: ServerState = websocket.app.state.omni
-    await websocket.accept(subprotocol=select_subprotocol(offered_subprotocols(websocket.headers)))
-    gauge = state.metrics.streams.labels("ws")
-    gauge.inc()
+    await accept(websocket)
     session = SpeechSession(websocket, state)
-    state.sessions.add(session)
-    try:
+    async with registered(state, session, "ws"):
         await session.run()
-    finally:
-        state.sessions.discard(session)
-        session.finished.set()
-        gauge.dec()
-
-
-def _is_disconnect(exc: BaseException) -> bool:
-    if isinstance(exc, BaseExceptionGroup):
-        return all(_is_disconnect(e) for e in exc.exceptions)
-    return isinstance(exc, WebSocketDisconnect | anyio.ClosedResourceError | anyio.BrokenResourceError | OSError)
 
 
 class SpeechSession:
@@ -121,7 +108,7 @@ class SpeechSession:
             if self.ws.application_state is not WebSocketState.DISCONNECTED:
                 await self.ws.close(code)
         except Exception as exc:
-            if not _is_disconnect(exc) and not isinstance(exc, RuntimeError):
+            if not is_gone(exc) and not isinstance(exc, RuntimeError):
                 raise
 
     # --- life ---
@@ -147,7 +134,7 @@ class SpeechSession:
                 outer.start_soon(until_shutdown)
                 outer.start_soon(serve)
         except Exception as exc:
-            if _is_disconnect(exc):
+            if is_gone(exc):
                 reason = "disconnect"
             else:
                 log.exception("speech session failed")

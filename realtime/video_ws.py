@@ -26,7 +26,6 @@ from typing import Any
 import anyio
 import numpy as np
 from omni_stream.codecs.video import VideoStreamEncoder
-from omni_stream.realtime.auth import offered_subprotocols, select_subprotocol
 from omni_stream.realtime.errors import from_exception
 from omni_stream.realtime.state import ServerState
 from omni_stream.realtime.video_protocol import (
@@ -39,7 +38,8 @@ from omni_stream.realtime.video_protocol import (
     VideoLimits,
     VideoProtocol,
 )
-from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+from omni_stream.realtime.ws_sessions import accept, close_quietly, is_gone, registered
+from starlette.websockets import WebSocket
 
 from omni_stream.engine import RequestStream
 from omni_stream.errors import InvalidRequestError, RequestCancelled
@@ -54,23 +54,10 @@ MAX_IMAGE_PIXELS = 4096 * 4096
 
 async def video_stream(websocket: WebSocket) -> None:
     state: ServerState = websocket.app.state.omni
-    await websocket.accept(subprotocol=select_subprotocol(offered_subprotocols(websocket.headers)))
-    gauge = state.metrics.streams.labels("video")
-    gauge.inc()
+    await accept(websocket)
     session = VideoSession(websocket, state)
-    state.sessions.add(session)
-    try:
+    async with registered(state, session, "video"):
         await session.run()
-    finally:
-        state.sessions.discard(session)
-        session.finished.set()
-        gauge.dec()
-
-
-def _is_disconnect(exc: BaseException) -> bool:
-    if isinstance(exc, BaseExceptionGroup):
-        return all(_is_disconnect(e) for e in exc.exceptions)
-    return isinstance(exc, WebSocketDisconnect | anyio.ClosedResourceError | anyio.BrokenResourceError | OSError)
 
 
 def decode_image(url: str) -> np.ndarray:
@@ -152,7 +139,7 @@ class VideoSession:
                 await self._receive_loop(tg)
                 tg.cancel_scope.cancel()
         except Exception as exc:
-            if not _is_disconnect(exc):
+            if not is_gone(exc):
                 log.exception("video session failed")
         finally:
             if self.stream is not None:
@@ -224,7 +211,7 @@ class VideoSession:
                     else:
                         await self.ws.send_bytes(action.data)
         except Exception as exc:
-            if not _is_disconnect(exc) and not isinstance(exc, RuntimeError):
+            if not is_gone(exc) and not isinstance(exc, RuntimeError):
                 raise
             return False
         return True
@@ -240,12 +227,7 @@ class VideoSession:
             self._scope.cancel()
 
     async def _close(self, code: int) -> None:
-        try:
-            if self.ws.application_state is not WebSocketState.DISCONNECTED:
-                await self.ws.close(code)
-        except Exception as exc:
-            if not _is_disconnect(exc) and not isinstance(exc, RuntimeError):
-                raise
+        await close_quietly(self.ws, code)
 
     async def _start(self, action: StartGeneration, tg: Any) -> None:
         request = action.request

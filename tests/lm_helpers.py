@@ -1,4 +1,5 @@
-"""Tiny causal-LM checkpoints (built once per test run) and a step-by-step driver of the runner on the real scheduler.
+"""Tiny causal-LM checkpoints (built once per test run), a step-by-step driver of the runner on the real scheduler,
+and transformers' greedy output as the text-backend contract's reference.
 
 The driver attaches a :class:`Scheduler` to a worker that is never started and calls ``run_step()`` itself, so a
 test decides exactly at which step each request joins; admission, slots and releases are the scheduler's own.
@@ -6,12 +7,14 @@ test decides exactly at which step each request joins; admission, slots and rele
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import anyio
 import pytest
 import torch
+from text_backend_contract import Reference
 
 from omni_stream.chunks import TextDelta
 from omni_stream.models.causal_lm.checkpoint import write_tiny_checkpoint
@@ -105,3 +108,29 @@ async def drive(
             sched.release(sess)  # type: ignore[arg-type]
     assert all(v == 0 for v in sched.live().values()), sched.live()
     return runs
+
+
+def transformers_reference(checkpoint: Path) -> Callable[[TextRequest], Awaitable[Reference]]:
+    """The contract's reference for greedy chat requests on ``checkpoint``: transformers' chat template and
+    ``generate()``, decoded by its tokenizer (nothing of omni-stream's, nor of the backend under test)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32, attn_implementation="eager")
+
+    def generate(request: TextRequest) -> Reference:
+        assert request.sampling is not None and not request.sampling.do_sample and request.ignore_eos
+        messages = [{"role": m.role.value, "content": m.content} for m in request.messages]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        prompt = torch.tensor([ids])
+        with torch.no_grad():  # an explicit mask: generate() would take every id equal to pad_token_id for padding
+            out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=request.max_tokens,
+                                 do_sample=False, eos_token_id=None, pad_token_id=0)  # fmt: skip
+        new = out[0, len(ids) :].tolist()
+        return Reference(tokenizer.decode(new, skip_special_tokens=True), len(ids), len(new))
+
+    async def reference(request: TextRequest) -> Reference:
+        return await anyio.to_thread.run_sync(generate, request)
+
+    return reference

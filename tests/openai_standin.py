@@ -1,4 +1,5 @@
-"""STAND-IN for an OpenAI-compatible text server, until ``omni-stream serve`` answers ``/v1/chat/completions``.
+"""STAND-IN for an OpenAI-compatible text server (vLLM's wire), for what ``omni-stream serve`` cannot show the
+remote text backend: ``/v1/completions``, ``/tokenize`` and upstream faults (``test_text_remote_standin.py``).
 
 A small real Starlette app on a real uvicorn server (127.0.0.1, free port, background thread) that serves an
 omni-stream engine with the synthetic LM (word echo, on the real scheduler) in vLLM's exact wire shapes, as

@@ -19,43 +19,32 @@ aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: ["127.0.0.1"] if use_
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from browser_helpers import chromium  # noqa: E402
 from omni_stream.realtime.settings import Settings  # noqa: E402
 from realtime_doubles import spoken_words  # noqa: E402
 from realtime_fixtures import agent_checkpoints, agent_loader, vad_factory  # noqa: E402
 from serving_helpers import running_server  # noqa: E402
 
-CHROMIUM = "/usr/bin/chromium"
-
 
 def main() -> None:
-    from playwright.sync_api import sync_playwright
-
     shot = sys.argv[1] if len(sys.argv) > 1 else None
     found: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         mic = root / "mic.wav"
         sf.write(mic, spoken_words(["three", "five"], lead_ms=1000, tail_ms=5000).astype(np.float32) / 32768, 48000)
-        flags = [
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-first-run",
-            "--autoplay-policy=no-user-gesture-required",
+        flags = (
             "--use-fake-ui-for-media-stream",
             "--use-fake-device-for-media-stream",
             f"--use-file-for-fake-audio-capture={mic}%noloop",
             "--allow-loopback-in-peer-connection",  # the namespace has only 127.0.0.1
             "--disable-features=WebRtcHideLocalIpsWithMdns",  # aiortc cannot resolve .local candidates
-        ]
+        )
         problems: list[str] = []
         with running_server(
             None, Settings(vad_factory=vad_factory()), load=agent_loader(agent_checkpoints(root))
         ) as live:
-            with sync_playwright() as pw:
-                context = pw.chromium.launch_persistent_context(
-                    str(root / "profile"), executable_path=CHROMIUM, headless=True, args=flags, chromium_sandbox=False
-                )
+            with chromium(root / "profile", *flags) as context:
                 page = context.new_page()
                 page.on("console", lambda m: problems.append(f"console: {m.text}") if m.type == "error" else None)
                 page.on("pageerror", lambda e: problems.append(f"pageerror: {e}"))
@@ -74,7 +63,6 @@ def main() -> None:
                 if shot:
                     page.screenshot(path=shot, full_page=True)
                 page.get_by_role("button", name="Stop").click()
-                context.close()
             deadline = time.monotonic() + 20
             while (live.state.sessions or live.state.rtc.connections) and time.monotonic() < deadline:
                 time.sleep(0.05)

@@ -27,7 +27,8 @@ from omni_stream.realtime.graceful import GracefulServer
 from omni_stream.realtime.settings import Settings
 from websockets.exceptions import ConnectionClosed
 
-from omni_stream.engine import AsyncEngine
+from omni_stream.engine import AsyncEngine, ModelSource
+from omni_stream.family import ModelKind
 from omni_stream.models.synthetic import SyntheticConfig, tone_samples, write_checkpoint
 
 MODEL = "synthetic-tts"
@@ -110,6 +111,19 @@ def running_server(
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
+
+
+@contextlib.contextmanager
+def text_server(checkpoint: Path, settings: Settings | None = None, **engine_options: Any) -> Iterator[LiveServer]:
+    """``running_server`` with the text model ``checkpoint`` alone (what ``omni-stream serve --model LM`` loads);
+    default settings accept the benchmark field ``ignore_eos``."""
+
+    async def load() -> AsyncEngine:
+        source = ModelSource(checkpoint, kind=ModelKind.TEXT)
+        return await AsyncEngine.load({"llm": source}, progress=False, **engine_options)
+
+    with running_server(None, settings or Settings(enable_benchmark_fields=True), load=load) as live:
+        yield live
 
 
 def make_checkpoint(directory: Path, **options: Any) -> Path:

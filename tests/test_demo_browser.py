@@ -7,7 +7,6 @@ Set ``OMNI_STREAM_DEMO_SCREENSHOT=path.png`` to keep a screenshot of the page af
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -18,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from browser_helpers import chromium, skip_without_browser
 from omni_stream.realtime.app import STATIC_DIR
 from omni_stream.realtime.settings import Settings
 from serving_helpers import LiveServer, make_checkpoint, running_server
@@ -27,18 +27,6 @@ from omni_stream.text_split import Granularity, split_text
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = Path("/usr/bin/chromium")
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--autoplay-policy=no-user-gesture-required",
-]
 STEP_COST_MS = 10.0  # slow enough that Stop lands mid-utterance, fast enough for short tests
 TIMEOUT_MS = 20_000
 RATE = SyntheticConfig().sample_rate
@@ -56,22 +44,9 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    if not CHROMIUM.exists():
-        pytest.skip(f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium)")
-    if importlib.util.find_spec("playwright") is None:
-        pytest.skip("needs the playwright Python package (pip install playwright; no browser download)")
-    from playwright.sync_api import sync_playwright
-
-    profile = tmp_path_factory.mktemp("chromium-profile")
-    with sync_playwright() as pw:
-        # A persistent context gives Chromium its own new, empty profile directory.
-        context = pw.chromium.launch_persistent_context(
-            str(profile), executable_path=str(CHROMIUM), headless=True, args=FLAGS, chromium_sandbox=False
-        )
-        try:
-            yield context
-        finally:
-            context.close()
+    skip_without_browser()
+    with chromium(tmp_path_factory.mktemp("chromium-profile")) as context:
+        yield context
 
 
 class Page:

@@ -406,7 +406,7 @@ def test_make_checkpoint_writes_image_kinds(pix2pix_checkpoint, tmp_path):
 
 async def test_the_embedded_default_is_built_once_and_serves_edits(tmp_path, monkeypatch):
     from omni_stream.engine import AsyncEngine, ModelSource
-    from omni_stream.models.diffusers_image.checkpoint import EMBEDDED_MARKER
+    from omni_stream.runtime.cache import EMBEDDED_MARKER
 
     monkeypatch.setenv("OMNI_STREAM_CACHE", str(tmp_path))
     async with await AsyncEngine.load({"image": ModelSource(kind=ModelKind.IMAGE)}, progress=False) as engine:

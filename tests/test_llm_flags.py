@@ -12,8 +12,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from lm_helpers import tiny_lm_checkpoint
 from omni_stream.realtime import llm_flags, server
-from openai_standin import MODEL, StandIn, running_standin
+from serving_helpers import LiveServer, text_server
 from test_serving_cli import free_port, wait_healthy
 
 from omni_stream.errors import ConfigError
@@ -114,17 +115,19 @@ def test_a_model_engine_argument_is_refused_for_vllm():
 
 
 @pytest.fixture(scope="module")
-def standin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandIn]:
-    with running_standin(tmp_path_factory.mktemp("standin-cli")) as server:
+def lm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """Our own server with a text model: the upstream of the serve subprocesses below."""
+    with text_server(tiny_lm_checkpoint(tmp_path_factory, "qwen3")) as server:
         yield server
 
 
-def test_serve_with_an_llm_endpoint_loads_the_remote_model(synthetic_checkpoint, standin, tmp_path):
+def test_serve_with_an_llm_endpoint_loads_the_remote_model(synthetic_checkpoint, lm_server, tmp_path):
     """``omni-stream serve --model TTS --llm-endpoint URL`` as a subprocess: both models load."""
+    model = lm_server.engine.models.text().info.model_name
     port = free_port()
     cmd = [sys.executable, "-m", "omni_stream.cli", "serve", "--port", str(port), "--log-level", "warning"]
     cmd += ["--model", str(synthetic_checkpoint), "--voices-dir", str(tmp_path / "voices")]
-    cmd += ["--llm-endpoint", standin.url + "/v1", "--llm-model", MODEL, "--llm-arg", "connect_timeout=3"]
+    cmd += ["--llm-endpoint", lm_server.url + "/v1", "--llm-model", model, "--llm-arg", "connect_timeout=3"]
     proc = subprocess.Popen(cmd, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_healthy(f"http://127.0.0.1:{port}", proc)
@@ -135,12 +138,12 @@ def test_serve_with_an_llm_endpoint_loads_the_remote_model(synthetic_checkpoint,
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out
-    assert f"{MODEL} (text, openai)" in out and "synthetic-tts (speech, synthetic_tts)" in out, out
+    assert f"{model} (text, openai)" in out and "synthetic-tts (speech, synthetic_tts)" in out, out
 
 
-def test_serve_refuses_unknown_remote_options_at_start(standin):
+def test_serve_refuses_unknown_remote_options_at_start(lm_server):
     cmd = [sys.executable, "-m", "omni_stream.cli", "serve", "--port", str(free_port())]
-    cmd += ["--llm-endpoint", standin.url, "--llm-arg", "tensor_parallel_size=2"]
+    cmd += ["--llm-endpoint", lm_server.url, "--llm-arg", "tensor_parallel_size=2"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert "unknown options for the OpenAI-compatible backend: tensor_parallel_size" in done.stdout + done.stderr

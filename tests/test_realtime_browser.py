@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
+from browser_helpers import chromium, skip_without_browser
 from omni_stream.realtime.settings import Settings
 from realtime_doubles import spoken_words
 from realtime_fixtures import REAL_MODELS, agent_checkpoints, agent_loader, vad_factory
@@ -21,16 +21,12 @@ from serving_helpers import expected_tone, running_server
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = Path("/usr/bin/chromium")
 TIMEOUT_MS = 30_000
 
 
 @pytest.fixture(scope="module")
 def page_env(tmp_path_factory):
-    if not CHROMIUM.exists():
-        pytest.skip(f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium)")
-    if importlib.util.find_spec("playwright") is None:
-        pytest.skip("needs the playwright Python package")
+    skip_without_browser()
     root = tmp_path_factory.mktemp("realtime-page")
     mic = root / "mic.wav"
     # The user says "three five" (tones the test ASR names), then stays quiet; %noloop plays the file once.
@@ -42,48 +38,34 @@ def page_env(tmp_path_factory):
 
 
 def test_the_page_hears_a_turn_and_plays_the_agents_answer(page_env):
-    from playwright.sync_api import sync_playwright
-
     live, mic, root = page_env
-    flags = [
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--autoplay-policy=no-user-gesture-required",
+    fake_mic = (
         "--use-fake-ui-for-media-stream",
         "--use-fake-device-for-media-stream",
         f"--use-file-for-fake-audio-capture={mic}%noloop",
-    ]
+    )
     problems: list[str] = []
-    with sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(
-            str(root / "profile"), executable_path=str(CHROMIUM), headless=True, args=flags, chromium_sandbox=False
+    with chromium(root / "profile", *fake_mic) as context:
+        page = context.new_page()
+        page.on("console", lambda m: problems.append(f"console: {m.text}") if m.type == "error" else None)
+        page.on("pageerror", lambda e: problems.append(f"pageerror: {e}"))
+        page.goto(f"{live.url}/realtime", wait_until="load")
+        page.wait_for_function("window.agent.model !== null", timeout=TIMEOUT_MS)
+        assert "synthetic-tts" in page.locator("#model").inner_text()
+        rtc_offered = page.locator("#transport option[value=rtc]").evaluate("o => !o.disabled")
+        assert rtc_offered == (importlib.util.find_spec("fastrtc") is not None)  # /rtc/config says
+        page.get_by_role("button", name="Start talking").click()
+        page.wait_for_function(
+            "window.agent.turns.some(t => t.role === 'assistant' && t.text) && "
+            "window.agent.events.includes('response.done') && window.agent.samplesPlayed > 0",
+            timeout=TIMEOUT_MS,
         )
-        try:
-            page = context.new_page()
-            page.on("console", lambda m: problems.append(f"console: {m.text}") if m.type == "error" else None)
-            page.on("pageerror", lambda e: problems.append(f"pageerror: {e}"))
-            page.goto(f"{live.url}/realtime", wait_until="load")
-            page.wait_for_function("window.agent.model !== null", timeout=TIMEOUT_MS)
-            assert "synthetic-tts" in page.locator("#model").inner_text()
-            rtc_offered = page.locator("#transport option[value=rtc]").evaluate("o => !o.disabled")
-            assert rtc_offered == (importlib.util.find_spec("fastrtc") is not None)  # /rtc/config says
-            page.get_by_role("button", name="Start talking").click()
-            page.wait_for_function(
-                "window.agent.turns.some(t => t.role === 'assistant' && t.text) && "
-                "window.agent.events.includes('response.done') && window.agent.samplesPlayed > 0",
-                timeout=TIMEOUT_MS,
-            )
-            page.wait_for_function("window.agent.samplesPlayed >= window.agent.receivedSamples", timeout=TIMEOUT_MS)
-            state = page.evaluate("() => JSON.parse(JSON.stringify(window.agent))")
-            if shot := os.environ.get("OMNI_STREAM_REALTIME_SCREENSHOT"):
-                page.screenshot(path=shot, full_page=True)
-            page.get_by_role("button", name="Stop").click()
-            page.wait_for_function("window.agent.state === 'idle'", timeout=TIMEOUT_MS)
-        finally:
-            context.close()
+        page.wait_for_function("window.agent.samplesPlayed >= window.agent.receivedSamples", timeout=TIMEOUT_MS)
+        state = page.evaluate("() => JSON.parse(JSON.stringify(window.agent))")
+        if shot := os.environ.get("OMNI_STREAM_REALTIME_SCREENSHOT"):
+            page.screenshot(path=shot, full_page=True)
+        page.get_by_role("button", name="Stop").click()
+        page.wait_for_function("window.agent.state === 'idle'", timeout=TIMEOUT_MS)
     for kind in ("input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped", "response.done"):
         assert kind in state["events"]
     assert state["errors"] == [] and problems == []

@@ -186,3 +186,5 @@ def test_a_client_that_leaves_mid_reply_frees_both_models(server):
 def test_the_models_route_lists_both_models(server):
     data = httpx.get(f"{server.url}/v1/models").json()["data"]
     assert {(m["id"], m["kind"]) for m in data} == {("synthetic-tts", "speech"), (LM, "text")}
+    (text,) = [m for m in data if m["kind"] == "text"]
+    assert text["max_context"] == text["max_model_len"] == 64

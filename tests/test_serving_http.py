@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 
 import httpx
 import numpy as np
@@ -297,6 +298,16 @@ def test_models_health_metrics(http, client):
     r = http.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     assert "omni_stream_requests_running" in r.text and "omni_stream_http_requests_total" in r.text
+
+
+@pytest.mark.parametrize("page", ["/", "/realtime", "/video"])
+def test_every_demo_page_and_each_file_it_links_is_served(http, page):
+    r = http.get(page)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    linked = re.findall(r'(?:href|src)="(static/[^"]+)"', r.text)
+    assert "static/page.css" in linked  # the stylesheet the pages share
+    for path in linked:
+        assert http.get(f"/{path}").status_code == 200, path
 
 
 def test_raw_stream_failure_after_start_cuts_the_body(http):

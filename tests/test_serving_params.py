@@ -151,12 +151,15 @@ def test_websocket_config_rules():
 
 
 def test_engine_errors_map_to_statuses():
-    from omni_stream.errors import DeadlineExceeded, EngineClosed, InvalidRequestError, UnknownVoiceError
+    from omni_stream.errors import DeadlineExceeded, EngineClosed, InvalidRequestError, UnknownVoiceError, UpstreamError
 
     assert from_exception(InvalidRequestError("bad", "voice")).status == 400
     assert from_exception(UnknownVoiceError("nope", "voice")).param == "voice"
     assert from_exception(EngineClosed("x")).status == 503
     assert from_exception(DeadlineExceeded("x")).status == 504
+    upstream = from_exception(UpstreamError("the upstream server answered 500: boom", status=500))
+    assert (upstream.status, upstream.type, upstream.body()["error"]["code"]) == (502, "BadGatewayError", 502)
+    assert "answered 500: boom" in upstream.message
     internal = from_exception(RuntimeError("boom"))
     assert internal.status == 500 and internal.type == "InternalServerError"
 

@@ -119,6 +119,8 @@ def test_remote_options_are_checked():
     with pytest.raises(ConfigError, match="max_context"):
         RemoteOptions(max_context=1)
     assert served_model({"data": [{"id": "a", "max_model_len": 8}, {"id": "b"}]}) == ("a", 8)
+    omni = [{"id": "tts", "kind": "speech"}, {"id": "lm", "kind": "text", "max_model_len": 9}]
+    assert served_model({"data": omni}) == ("lm", 9)  # an omni-stream server lists its speech model too
     with pytest.raises(ConfigError, match="lists no model"):
         served_model({"data": []})
 

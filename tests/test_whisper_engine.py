@@ -19,7 +19,7 @@ from omni_stream.chunks import Audio, TextDelta
 from omni_stream.engine import AsyncEngine
 from omni_stream.errors import DeadlineExceeded, InvalidRequestError
 from omni_stream.family import ModelKind, embedded_checkpoint
-from omni_stream.models.whisper.checkpoint import EMBEDDED_MARKER
+from omni_stream.runtime.cache import EMBEDDED_MARKER
 from omni_stream.transcription import TranscriptionFamily, TranscriptionInfo, TranscriptionRequest
 
 pytest_plugins = ("asr_fixtures",)

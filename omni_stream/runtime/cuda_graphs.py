@@ -10,12 +10,25 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 log = logging.getLogger(__name__)
+
+
+@contextmanager
+def idle_rows(active: torch.Tensor) -> Iterator[None]:
+    """Every row of the boolean ``active`` mask off for the block, then as it was (capturing a step needs no
+    running sequence: idle rows compute along and their results are dropped)."""
+    saved = active.clone()
+    active.zero_()
+    try:
+        yield
+    finally:
+        active.copy_(saved)
 
 
 def batch_buckets(max_batch: int) -> tuple[int, ...]:

@@ -98,6 +98,22 @@ class SlotKVCache:
 
         return attend
 
+    def decode_rows(self, rows: torch.Tensor, write: torch.Tensor, lengths: torch.Tensor, span: int) -> Attend:
+        """Attention over the first ``len(rows)`` slots (a graph's static batch): row ``i`` writes at ``write[i]``
+        (an inactive row at a spare position past every length) and reads positions ``0..lengths[i]``."""
+        b = rows.shape[0]
+        keep = torch.arange(span, device=rows.device)[None, :] <= lengths[:, None]
+        mask = keep[:, None, None, :]
+        kc, vc = self.k, self.v
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            kl, vl = kc[layer], vc[layer]
+            kl[rows, :, write] = k[:, :, 0]
+            vl[rows, :, write] = v[:, :, 0]
+            return decode_attention(q, kl[:b, :, :span], vl[:b, :, :span], mask)
+
+        return attend
+
 
 class FrameKVCache:
     """Per-frame scratch cache of the code predictor: ``[layers, batch, kv_heads, max_len, head_dim]``.

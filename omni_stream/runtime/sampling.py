@@ -56,6 +56,12 @@ class SamplingTensors:
         self.top_p[row] = p.top_p
         self.repetition_penalty[row] = p.repetition_penalty
 
+    def head(self, b: int) -> SamplingTensors:
+        """The first ``b`` rows as views (static storage a graph can read)."""
+        return SamplingTensors(
+            self.do_sample[:b], self.temperature[:b], self.top_k[:b], self.top_p[:b], self.repetition_penalty[:b]
+        )
+
     def index(self, rows: torch.Tensor) -> SamplingTensors:
         """Gather rows (e.g. the slots of this step's batch)."""
         return SamplingTensors(

@@ -26,10 +26,9 @@ from safetensors.torch import save_file
 from omni_stream.errors import ConfigError
 from omni_stream.models.causal_lm.config import ARCHITECTURES, parse_config
 from omni_stream.models.causal_lm.model import build_lm
-from omni_stream.runtime.weights import init_dummy
+from omni_stream.runtime.weights import init_dummy, parse_dtype
 
 KIND_ARCH = {"chat": "qwen3", "chat-llama": "llama"}
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 CORPUS = (
     "Hello world, this is a tiny chat model.",
@@ -138,10 +137,13 @@ def generation_config(arch: str, first_special: int) -> dict[str, Any]:
 # -- config and weights --------------------------------------------------------------------------------------
 
 
-def tiny_config(arch: str, vocab_size: int, first_special: int) -> dict[str, Any]:
-    """A tiny hub ``config.json`` (legacy rotary keys, which transformers 4 and 5 both read)."""
+def tiny_config(arch: str, vocab_size: int, first_special: int, head_dim: int | None = None) -> dict[str, Any]:
+    """A tiny hub ``config.json`` (legacy rotary keys, which transformers 4 and 5 both read); ``head_dim`` None:
+    :data:`TINY`'s."""
     ids = _special_ids(arch, first_special)
     cfg: dict[str, Any] = dict(TINY, vocab_size=vocab_size, torch_dtype="float32")
+    if head_dim is not None:
+        cfg["head_dim"] = head_dim
     if arch == "llama":
         # llama3 scaling with a short original context, so every branch of the frequency rule is exercised.
         scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -186,16 +188,23 @@ def _write_json(path: Path, data: Mapping[str, Any]) -> None:
 
 
 def write_tiny_checkpoint(
-    out: str | Path, arch: str = "qwen3", *, dtype: torch.dtype = torch.float32, seed: int = 0, shards: int = 1
+    out: str | Path,
+    arch: str = "qwen3",
+    *,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    shards: int = 1,
+    head_dim: int | None = None,
 ) -> Path:
-    """A tiny random ``arch`` chat checkpoint in the hub layout; returns its directory."""
+    """A tiny random ``arch`` chat checkpoint in the hub layout; returns its directory. ``head_dim`` None: 16
+    (vLLM's CPU attention needs 32 or more)."""
     if arch not in ARCHITECTURES:
         raise ConfigError(f"arch must be one of {ARCHITECTURES}, got {arch!r}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(arch)
     first = tok.convert_tokens_to_ids(SPECIALS[arch][0])
-    cfg = tiny_config(arch, len(tok), first)
+    cfg = tiny_config(arch, len(tok), first, head_dim)
     if dtype != torch.float32:
         cfg["torch_dtype"] = "bfloat16"
     tok.save_pretrained(str(out))
@@ -231,7 +240,7 @@ def write_dummy_checkpoint(
 
 def make(args: argparse.Namespace) -> Path:
     """``make-checkpoint`` for the text kinds (``omni_stream.make_checkpoint``)."""
-    dtype = DTYPES[args.dtype]
+    dtype = parse_dtype(args.dtype, "cpu")
     if args.tiny:
         return write_tiny_checkpoint(args.out, KIND_ARCH[args.kind], dtype=dtype, seed=args.seed)
     return write_dummy_checkpoint(args.from_config, args.out, dtype=dtype, seed=args.seed)

@@ -28,8 +28,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -43,8 +42,8 @@ from omni_stream.models.causal_lm.model import CausalLM
 from omni_stream.models.qwen3_tts.fused import DecodeKernels, default_kernels
 from omni_stream.requests import SamplingParams
 from omni_stream.runtime import rng
-from omni_stream.runtime.cuda_graphs import GraphSet, batch_buckets, length_buckets, pick
-from omni_stream.runtime.kv_cache import Attend, KVShape, SlotKVCache, attention, decode_attention
+from omni_stream.runtime.cuda_graphs import GraphSet, batch_buckets, idle_rows, length_buckets, pick
+from omni_stream.runtime.kv_cache import Attend, KVShape, SlotKVCache, attention
 from omni_stream.runtime.sampling import SamplingTensors, apply_repetition_penalty, sample
 
 log = logging.getLogger(__name__)
@@ -76,11 +75,6 @@ class _SlotState:
     text: TextStream
     generated: int = 0
     tokens: list[int] | None = field(default=None)  # every sampled id, when the runner records
-
-
-def _head(t: SamplingTensors, b: int) -> SamplingTensors:
-    """The first ``b`` rows as views (static storage a graph can read)."""
-    return SamplingTensors(t.do_sample[:b], t.temperature[:b], t.top_k[:b], t.top_p[:b], t.repetition_penalty[:b])
 
 
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -170,21 +164,12 @@ class CausalLMRunner:
             return 0.0
         keys = [(b, n, full) for b in self.batch_buckets for n in self.length_buckets for full in (1, 0)]
         missing = [k for k in keys if k not in self.graphs]
-        with self._idle():
+        with idle_rows(self.active):
             return self.graphs.capture_all(missing, progress=progress, desc="capturing decode graphs")
 
     @property
     def capture_seconds(self) -> float:
         return self.graphs.capture_seconds if self.graphs is not None else 0.0
-
-    @contextmanager
-    def _idle(self) -> Iterator[None]:
-        saved = self.active.clone()
-        self.active.zero_()
-        try:
-            yield
-        finally:
-            self.active.copy_(saved)
 
     # -- BatchModel -------------------------------------------------------------------------------------
 
@@ -341,7 +326,7 @@ class CausalLMRunner:
         if bucket is not None and self.graphs is not None:
             key = (*bucket, full)
             if key not in self.graphs:
-                with self._idle():
+                with idle_rows(self.active):
                     self.graphs.capture(key)
             self.graphs.replay(key)
             self.graph_steps += 1
@@ -367,7 +352,7 @@ class CausalLMRunner:
         h, steps, lengths, seen = self.hidden[:b], self.steps[:b], self.lengths[:b], self.seen[:b]
         logits = self.lm.logits(h).float()
         if full:
-            params = _head(self.params, b)
+            params = self.params.head(b)
             logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
             noise = rng.exponential(rng.row_keys(self.seeds[:b], steps), self.vocab)
             token = sample(logits, params, noise)
@@ -375,27 +360,13 @@ class CausalLMRunner:
             token = logits.argmax(dim=-1)
         seen.scatter_(1, token[:, None], seen.gather(1, token[:, None]) | act[:, None])
         write = torch.where(act, lengths, self.max_len)
-        hidden = self.lm(self.lm.embed(token)[:, None], lengths[:, None], self._attend(rows, write, lengths, span))
+        attend = self.kv.decode_rows(rows, write, lengths, span)
+        hidden = self.lm(self.lm.embed(token)[:, None], lengths[:, None], attend)
         self.hidden[:b] = torch.where(act[:, None], hidden[:, 0], h)
         inc = act.long()
         steps += inc
         lengths += inc
         self.tokens_out[:b] = token
-
-    def _attend(self, rows: torch.Tensor, write: torch.Tensor, lengths: torch.Tensor, span: int) -> Attend:
-        """Attention over the first ``len(rows)`` slots: row ``i`` writes at ``write[i]``, reads ``0..lengths[i]``."""
-        b = rows.shape[0]
-        keep = torch.arange(span, device=rows.device)[None, :] <= lengths[:, None]
-        mask = keep[:, None, None, :]
-        kc, vc = self.kv.k, self.kv.v
-
-        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            kl, vl = kc[layer], vc[layer]
-            kl[rows, :, write] = k[:, :, 0]
-            vl[rows, :, write] = v[:, :, 0]
-            return decode_attention(q, kl[:b, :, :span], vl[:b, :, :span], mask)
-
-        return attend
 
     def _emit(self, seq: Sequence, st: _SlotState, token: int) -> SeqOutput:
         """The row's delta for ``token``, and whether the row is done."""

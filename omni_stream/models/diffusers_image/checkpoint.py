@@ -13,9 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,11 +26,12 @@ from omni_stream.models.diffusers_image import text_tokenizers
 from omni_stream.models.diffusers_image.components import image_only_processor, load_pipeline, save_pipeline
 from omni_stream.models.diffusers_image.family import SERVING_FILE
 from omni_stream.models.diffusers_image.preview import PREVIEW_DIR
+from omni_stream.runtime.cache import embedded_checkpoint_dir
+from omni_stream.runtime.weights import parse_dtype
 
 log = logging.getLogger(__name__)
 
 EMBEDDED_NAME = "instruct-pix2pix-tiny"
-EMBEDDED_MARKER = ".omni-stream-complete"
 
 
 def _clip_parts(unet_in: int) -> dict[str, Any]:
@@ -220,34 +219,13 @@ def write_dummy_checkpoint(config_dir: str | Path, out: str | Path, *, dtype: to
 
 def embedded_default_checkpoint(cache_dir: str | Path | None = None) -> Path:
     """The tiny InstructPix2Pix served when no image model is given; built on first use (atomically)."""
-    if cache_dir is None:
-        from platformdirs import user_cache_dir
-
-        cache_dir = os.environ.get("OMNI_STREAM_CACHE") or user_cache_dir("omni-stream")
-    target = Path(cache_dir) / "checkpoints" / EMBEDDED_NAME
-    if (target / EMBEDDED_MARKER).exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    log.warning("building the embedded tiny image checkpoint in %s (random weights: it paints noise)", target)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_NAME}-", dir=target.parent))
-    try:
-        write_tiny_checkpoint(tmp, "image-edit", seed=0)
-        (tmp / EMBEDDED_MARKER).write_text("tiny random-weight checkpoint built by omni-stream; it paints noise\n")
-        if target.exists():  # a half-built leftover without its marker
-            shutil.rmtree(target, ignore_errors=True)
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            if not (target / EMBEDDED_MARKER).exists():  # another process did not win the race either
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    note = "random weights: it paints noise"
+    return embedded_checkpoint_dir(EMBEDDED_NAME, lambda out: write_tiny_checkpoint(out, "image-edit"), note, cache_dir)
 
 
 def make(args: argparse.Namespace) -> Path:
     """``make-checkpoint`` for the image kinds (``omni_stream.make_checkpoint``)."""
     if args.tiny:
         return write_tiny_checkpoint(args.out, args.kind, seed=args.seed)
-    dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+    dtype = parse_dtype(args.dtype, "cpu")
     return write_dummy_checkpoint(args.from_config, args.out, dtype=dtype)

@@ -51,6 +51,7 @@ from omni_stream.models.diffusers_image.components import load_pipeline
 from omni_stream.models.diffusers_image.preview import PreviewDecoder
 from omni_stream.models.diffusers_image.runner import BatchRunner, Job
 from omni_stream.pipeline import Stage
+from omni_stream.runtime.weights import parse_dtype
 from omni_stream.worker import DeviceWorker
 
 log = logging.getLogger(__name__)
@@ -74,10 +75,6 @@ def serving_defaults(checkpoint: Path) -> dict[str, Any]:
     if unknown:
         raise ConfigError(f"{path}: unknown keys {', '.join(unknown)} (known: {', '.join(_SERVING_KEYS)})")
     return dict(data)
-
-
-def default_dtype(device: str) -> torch.dtype:
-    return torch.bfloat16 if device.startswith("cuda") else torch.float32
 
 
 @dataclass(slots=True, frozen=True)
@@ -105,7 +102,7 @@ class DiffusersImageFamily:
     def __init__(self, load: LoadContext) -> None:
         opts = load.options
         self.device = opts.device
-        self.dtype = opts.dtype if isinstance(opts.dtype, torch.dtype) else default_dtype(opts.device)
+        self.dtype = parse_dtype(opts.dtype, opts.device)
         defaults = serving_defaults(load.checkpoint)
         self.pipe = load_pipeline(load.checkpoint, opts, self.dtype)
         self.adapter = adapter_for(self.pipe)

@@ -18,9 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import fields
@@ -30,11 +27,12 @@ from typing import Any
 import torch
 
 from omni_stream.errors import ConfigError
+from omni_stream.runtime.cache import embedded_checkpoint_dir
+from omni_stream.runtime.weights import parse_dtype
 
 log = logging.getLogger(__name__)
 
 DEFAULTS_FILE = "video_defaults.json"
-EMBEDDED_MARKER = ".omni-stream-embedded"
 EMBEDDED_NAME = "helios-tiny-v1"
 COMPONENTS = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")
 
@@ -77,26 +75,14 @@ def info_fields() -> frozenset[str]:
 # --- tokenizer ----------------------------------------------------------------------------------------------------
 
 
-def _byte_chars() -> list[str]:
-    """The GPT-2 byte-to-unicode table: 256 printable stand-ins, one per byte."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [chr(c) for c in cs]
-
-
 def byte_tokenizer(max_length: int = 512) -> Any:
     """A byte-level BPE without merges (T5 special ids: pad 0, eos 1, unk 2): every text maps to 3 + its bytes."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2}
-    for c in _byte_chars():
+    for c in bytes_to_unicode().values():
         vocab[c] = len(vocab)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -258,32 +244,12 @@ def make(args: argparse.Namespace) -> Path:
     """``make-checkpoint --kind video`` (:mod:`omni_stream.make_checkpoint`)."""
     if args.tiny:
         return write_tiny_checkpoint(args.out, seed=args.seed)
-    dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+    dtype = parse_dtype(args.dtype, "cpu")
     return write_random_checkpoint(args.from_config, args.out, dtype, seed=args.seed)
 
 
 def embedded_default_checkpoint(cache_dir: str | Path | None = None) -> Path:
     """The tiny Helios served when no video model is given; built on first use, atomically, in the user cache."""
-    if cache_dir is None:
-        from platformdirs import user_cache_dir
-
-        cache_dir = os.environ.get("OMNI_STREAM_CACHE") or user_cache_dir("omni-stream")
-    target = Path(cache_dir) / "checkpoints" / EMBEDDED_NAME
-    if (target / EMBEDDED_MARKER).exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    log.warning("building the embedded tiny video checkpoint in %s (random weights: it draws noise)", target)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_NAME}-", dir=target.parent))
-    try:
-        write_tiny_checkpoint(tmp, seed=0)
-        (tmp / EMBEDDED_MARKER).write_text("tiny random-weight checkpoint built by omni-stream; it draws noise\n")
-        if target.exists():  # a half-built leftover without its marker
-            shutil.rmtree(target, ignore_errors=True)
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            if not (target / EMBEDDED_MARKER).exists():  # another process did not win the race either
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return embedded_checkpoint_dir(
+        EMBEDDED_NAME, lambda out: write_tiny_checkpoint(out, seed=0), "random weights: it draws noise", cache_dir
+    )

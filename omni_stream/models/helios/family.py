@@ -19,13 +19,10 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-import torch
-
 from omni_stream.context import RequestContext
 from omni_stream.errors import ConfigError
 from omni_stream.family import LoadContext, ModelKind
 from omni_stream.models.helios.checkpoint import (
-    EMBEDDED_MARKER,
     embedded_default_checkpoint,
     info_fields,
     load_pipeline,
@@ -33,6 +30,8 @@ from omni_stream.models.helios.checkpoint import (
 )
 from omni_stream.models.helios.runner import ChunkState, HeliosRunner, StepLog
 from omni_stream.pipeline import Stage
+from omni_stream.runtime.cache import EMBEDDED_MARKER
+from omni_stream.runtime.weights import parse_dtype
 from omni_stream.video import (
     PromptSchedule,
     VideoChunk,
@@ -46,20 +45,6 @@ from omni_stream.worker import DeviceWorker
 __all__ = ["HeliosFamily", "embedded_default_checkpoint", "load_family"]
 
 log = logging.getLogger(__name__)
-
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}  # fmt: skip
-
-
-def _dtype(dtype: Any, device: str) -> torch.dtype:
-    if dtype is None:
-        return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        return _DTYPES[str(dtype).lower()]
-    except KeyError:
-        raise ConfigError(f"dtype: unknown dtype {dtype!r} (one of: {', '.join(sorted(_DTYPES))})") from None
 
 
 class HeliosFamily:
@@ -76,7 +61,8 @@ class HeliosFamily:
         if unknown:
             raise ConfigError(f"{ckpt / 'video_defaults.json'}: unknown fields {', '.join(sorted(unknown))}")
         with opts.progress_bar(total=1, desc=f"loading {ckpt.name}", unit="model") as bar:
-            pipe = load_pipeline(ckpt, opts.device, _dtype(opts.dtype, opts.device), opts.load_format, opts.progress)
+            dtype = parse_dtype(opts.dtype, opts.device)
+            pipe = load_pipeline(ckpt, opts.device, dtype, opts.load_format, opts.progress)
             bar.update(1)
         self.runner = HeliosRunner(pipe, opts.device, int(defaults.get("max_sequence_length", 512)))
         name = ckpt.name or "helios"

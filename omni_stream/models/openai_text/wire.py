@@ -169,8 +169,11 @@ def error_from_response(status: int, body: bytes) -> OmniStreamError:
 
 
 def served_model(models: object) -> tuple[str, int | None]:
-    """(id, max_model_len or None) of the first model a ``GET /v1/models`` body lists."""
+    """(id, max_model_len or None) of the first model a ``GET /v1/models`` body lists; where the list says each
+    model's ``kind`` (an omni-stream server serving speech and text), the first of kind ``text``."""
     data = models.get("data") if isinstance(models, dict) else None
+    if isinstance(data, list):
+        data = [m for m in data if isinstance(m, dict) and m.get("kind") == "text"] or data
     if not isinstance(data, list) or not data or not isinstance(data[0], dict) or "id" not in data[0]:
         raise ConfigError(f"the upstream server lists no model at {MODELS_PATH}: {str(models)[:200]}")
     first = data[0]

@@ -19,11 +19,10 @@ from safetensors.torch import save_file
 from omni_stream.errors import ConfigError
 from omni_stream.models.qwen3_tts.config import Qwen3TTSConfig, load_config, parse_config
 from omni_stream.models.qwen3_tts.talker import Qwen3TTSLM
-from omni_stream.runtime.weights import init_dummy, load_safetensors, safetensors_files
+from omni_stream.runtime.weights import init_dummy, load_safetensors, parse_dtype, safetensors_files
 
 KINDS = ("custom_voice", "voice_design", "base")
 SIZES = ("0.6b", "1.7b")
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
 LANGUAGE_IDS = {
     "chinese": 2055, "english": 2050, "german": 2053, "italian": 2070, "portuguese": 2071, "spanish": 2054,
@@ -163,21 +162,11 @@ def load_lm(
 # -- synthetic tokenizer ------------------------------------------------------------------------------------
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, (chr(c) for c in cs), strict=True))
-
-
 def write_tokenizer(out_dir: Path) -> None:
     """A Qwen2-style byte-level BPE with the real special-token ids and ``assistant``/``user``/``\\n`` ids."""
-    byte_chars = list(_bytes_to_unicode().values())  # GPT-2 order: "\n" ("Ċ") lands on id 198 as in Qwen2
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    byte_chars = list(bytes_to_unicode().values())  # GPT-2 order: "\n" ("Ċ") lands on id 198 as in Qwen2
     vocab: dict[str, int] = {c: i for i, c in enumerate(byte_chars)}
     merges: list[tuple[str, str]] = []
     reserved = set(FIXED_WORDS.values())
@@ -307,7 +296,7 @@ def write_dummy_checkpoint(
 
 def make(args: argparse.Namespace) -> Path:
     """``make-checkpoint`` for the speech kinds (``omni_stream.make_checkpoint``)."""
-    dtype = DTYPES[args.dtype]
+    dtype = parse_dtype(args.dtype, "cpu")
     if args.tiny:
         size = args.size or "0.6b"
         if size not in SIZES:

@@ -32,9 +32,8 @@ from __future__ import annotations
 import logging
 import secrets
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,8 +48,8 @@ from omni_stream.models.qwen3_tts.fused import DecodeKernels, default_kernels
 from omni_stream.models.qwen3_tts.prompt import TalkerRequest, embed_prompt, embed_tts_pad
 from omni_stream.models.qwen3_tts.talker import Qwen3TTSLM
 from omni_stream.runtime import rng
-from omni_stream.runtime.cuda_graphs import GraphSet, batch_buckets, length_buckets, pick
-from omni_stream.runtime.kv_cache import Attend, KVShape, SlotKVCache, attention, decode_attention
+from omni_stream.runtime.cuda_graphs import GraphSet, batch_buckets, idle_rows, length_buckets, pick
+from omni_stream.runtime.kv_cache import Attend, KVShape, SlotKVCache, attention
 from omni_stream.runtime.sampling import SamplingTensors, apply_repetition_penalty, mask_tokens
 from omni_stream.scheduler import run_offline
 
@@ -64,11 +63,6 @@ PREFILL_BUCKETS = (32, 64, 128, 256)  # prompt positions of the prefill graphs; 
 # longest prompt, not to a bucket) measured faster (32 newcomers x 88 positions: 20.9 ms eager, 26.3 ms graph).
 PREFILL_GRAPH_BATCH = 8
 SMALLEST_SPAN = 128  # attention span of the smallest decode graph (the talker attention at B=128 reads the span)
-
-
-def _head(t: SamplingTensors, b: int) -> SamplingTensors:
-    """The first ``b`` rows as views (static storage a graph can read)."""
-    return SamplingTensors(t.do_sample[:b], t.temperature[:b], t.top_k[:b], t.top_p[:b], t.repetition_penalty[:b])
 
 
 @dataclass(slots=True)
@@ -189,7 +183,7 @@ class Qwen3TTSRunner:
         if self.graphs is not None:
             keys = [(b, n) for b in self.batch_buckets for n in self.length_buckets]
             missing = [k for k in keys if k not in self.graphs]
-            with self._idle():
+            with idle_rows(self.active):
                 seconds += self.graphs.capture_all(missing, progress=progress)
         if self.prefill_graphs is not None:
             # Capturing runs the prefill of 1-position prompts into the scratch slot: rows no sequence reads.
@@ -205,15 +199,6 @@ class Qwen3TTSRunner:
         """Total time spent capturing graphs so far (warm-up runs included)."""
         graphs = (self.graphs, self.prefill_graphs)
         return sum(g.capture_seconds for g in graphs if g is not None)
-
-    @contextmanager
-    def _idle(self) -> Iterator[None]:
-        saved = self.active.clone()
-        self.active.zero_()
-        try:
-            yield
-        finally:
-            self.active.copy_(saved)
 
     @torch.no_grad()
     def _graph_step(self, b: int, span: int) -> None:
@@ -448,7 +433,7 @@ class Qwen3TTSRunner:
         key = self._graph_key(n, span)
         if key is not None and self.graphs is not None:
             if key not in self.graphs:
-                with self._idle():
+                with idle_rows(self.active):
                     self.graphs.capture(key)
             self.graphs.replay(key)
             self.graph_steps += 1
@@ -475,7 +460,7 @@ class Qwen3TTSRunner:
         talker = self.talker
         rows, act = self._rows[:b], self.active[:b]
         h, steps, lengths, seen = self.hidden[:b], self.steps[:b], self.lengths[:b], self.seen[:b]
-        tp, cp = _head(self.talker_params, b), _head(self.cp_params, b)
+        tp, cp = self.talker_params.head(b), self.cp_params.head(b)
 
         logits = talker.codec_head(h).float()
         logits = apply_repetition_penalty(logits, seen, tp.repetition_penalty)
@@ -499,27 +484,12 @@ class Qwen3TTSRunner:
         text = torch.where(has_text[:, None], self.trailing[rows, idx], self.tts_pad[None])
         x = (x + text)[:, None]
         write = torch.where(act, lengths, self.max_len)
-        hidden = talker(x, lengths[:, None], self._attend(rows, write, lengths, span))
+        hidden = talker(x, lengths[:, None], self.kv.decode_rows(rows, write, lengths, span))
         self.hidden[:b] = torch.where(act[:, None], hidden[:, 0], h)
         inc = act.long()
         steps += inc
         lengths += inc
         self.codes_out[:b] = codes
-
-    def _attend(self, rows: torch.Tensor, write: torch.Tensor, lengths: torch.Tensor, span: int) -> Attend:
-        """Attention over the first ``len(rows)`` slots: row ``i`` writes at ``write[i]``, reads ``0..lengths[i]``."""
-        b = rows.shape[0]
-        keep = torch.arange(span, device=rows.device)[None, :] <= lengths[:, None]
-        mask = keep[:, None, None, :]
-        kc, vc = self.kv.k, self.kv.v
-
-        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            kl, vl = kc[layer], vc[layer]
-            kl[rows, :, write] = k[:, :, 0]
-            vl[rows, :, write] = v[:, :, 0]
-            return decode_attention(q, kl[:b, :, :span], vl[:b, :, :span], mask)
-
-        return attend
 
     # -- synchronous driver (tests, offline use) ----------------------------------------------------------
 

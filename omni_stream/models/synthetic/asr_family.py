@@ -13,24 +13,24 @@ failure on purpose). With ``record=True`` the model logs ``("step", prefill_ids,
 
 from __future__ import annotations
 
-import json
 import math
 import time
-from collections import Counter
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from omni_stream.asr_stage import batched_transcription_stage, check_samples
-from omni_stream.batch import Batch, SeqOutput, Sequence
+from omni_stream.batch import Batch, SeqOutput
 from omni_stream.chunks import Audio, TextDelta
 from omni_stream.context import RequestContext
 from omni_stream.errors import ConfigError
 from omni_stream.family import LoadContext, ModelKind
 from omni_stream.metrics import EngineMetrics
+from omni_stream.models.synthetic.config import check_keys, write_config
 from omni_stream.pipeline import Stage
+from omni_stream.runtime.step_record import StepRecord
 from omni_stream.scheduler import Scheduler
 from omni_stream.transcription import TranscriptionInfo, TranscriptionRequest
 from omni_stream.worker import DeviceWorker
@@ -63,19 +63,13 @@ class SyntheticASRConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SyntheticASRConfig:
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ConfigError(f"unknown synthetic_asr config keys: {', '.join(unknown)}")
+        check_keys(cls, data, MODEL_TYPE)
         return cls(**data)
 
 
 def write_asr_checkpoint(path: str | Path, **options: Any) -> Path:
     """Write a synthetic ASR checkpoint (``config.json``) into ``path``; ``options`` override config fields."""
-    config = SyntheticASRConfig.from_dict(options)
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
-    return path
+    return write_config(path, asdict(SyntheticASRConfig.from_dict(options)))
 
 
 @dataclass(slots=True, frozen=True)
@@ -122,16 +116,13 @@ class _Row:
     emitted: int = 0
 
 
-class SyntheticASR:
+class SyntheticASR(StepRecord):
     """A BatchModel: admission analyses the audio, then each step emits the next word of every row."""
 
     def __init__(self, config: SyntheticASRConfig, max_batch_size: int = 32, *, record: bool = False) -> None:
         self.config = config
         self._max_batch_size = max_batch_size
-        self.record = record
-        self.log: list[tuple[Any, ...]] = []
-        self.released: Counter[int] = Counter()
-        self.live: set[int] = set()
+        super().__init__(record=record)
         self.step_cost_s = config.step_cost_ms / 1000.0
 
     @property
@@ -139,8 +130,7 @@ class SyntheticASR:
         return self._max_batch_size
 
     def step(self, batch: Batch) -> list[SeqOutput]:
-        if self.record:
-            self.log.append(("step", tuple(s.seq_id for s in batch.prefill), tuple(s.seq_id for s in batch.decode)))
+        self.record_step(batch)
         cfg = self.config
         outputs = []
         for seq in batch.prefill:
@@ -167,13 +157,6 @@ class SyntheticASR:
             delta = TextDelta(row.words[k], k, final=final, finish_reason=row.reason if final else None)
             outputs.append(SeqOutput(seq.seq_id, delta, final))
         return outputs
-
-    def release(self, seq: Sequence) -> None:
-        self.live.discard(seq.seq_id)
-        seq.model_state = None
-        if self.record:
-            self.released[seq.seq_id] += 1
-            self.log.append(("release", seq.seq_id))
 
 
 class SyntheticASRFamily:

@@ -53,10 +53,7 @@ class SyntheticConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SyntheticConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"unknown synthetic_tts config keys: {', '.join(unknown)}")
+        check_keys(cls, data, MODEL_TYPE)
         values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
         return cls(**values)
 
@@ -70,10 +67,21 @@ class SyntheticConfig:
 
 def write_checkpoint(path: str | Path, **options: Any) -> Path:
     """Write a synthetic checkpoint (``config.json``) into ``path``; ``options`` override SyntheticConfig fields."""
-    config = SyntheticConfig.from_dict(options)
+    return write_config(path, SyntheticConfig.from_dict(options).to_dict())
+
+
+def check_keys(cls: type, data: dict[str, Any], model_type: str) -> None:
+    """ConfigError naming every key of ``data`` that is no field of the dataclass ``cls``."""
+    unknown = sorted(set(data) - {f.name for f in fields(cls)})
+    if unknown:
+        raise ConfigError(f"unknown {model_type} config keys: {', '.join(unknown)}")
+
+
+def write_config(path: str | Path, config: dict[str, Any]) -> Path:
+    """``config`` as ``path/config.json`` (the whole checkpoint of a synthetic family); returns ``path``."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return path
 
 

@@ -10,22 +10,22 @@ time by sleeping on the worker thread. Tokens are words: ``count_text_tokens`` c
 
 from __future__ import annotations
 
-import json
 import re
 import time
-from collections import Counter
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from omni_stream.batch import Batch, SeqOutput, Sequence
+from omni_stream.batch import Batch, SeqOutput
 from omni_stream.chunks import TextDelta
 from omni_stream.context import RequestContext
 from omni_stream.errors import ConfigError, InvalidRequestError
 from omni_stream.family import LoadContext, ModelKind, TextInfo
 from omni_stream.metrics import EngineMetrics
+from omni_stream.models.synthetic.config import check_keys, write_config
 from omni_stream.pipeline import Stage
 from omni_stream.requests import Role, TextRequest
+from omni_stream.runtime.step_record import StepRecord
 from omni_stream.scheduler import Scheduler
 from omni_stream.stages import text_generation_stage
 from omni_stream.worker import DeviceWorker
@@ -52,19 +52,13 @@ class SyntheticLMConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SyntheticLMConfig:
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ConfigError(f"unknown synthetic_lm config keys: {', '.join(unknown)}")
+        check_keys(cls, data, MODEL_TYPE)
         return cls(**data)
 
 
 def write_lm_checkpoint(path: str | Path, **options: Any) -> Path:
     """Write a synthetic text checkpoint (``config.json``) into ``path``."""
-    config = SyntheticLMConfig.from_dict(options)
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
-    return path
+    return write_config(path, asdict(SyntheticLMConfig.from_dict(options)))
 
 
 def words(text: str) -> list[str]:
@@ -81,16 +75,13 @@ class LMInput:
     ignore_eos: bool = False
 
 
-class SyntheticLM:
+class SyntheticLM(StepRecord):
     """A BatchModel: each step emits the next reply word of every sequence (see module docstring)."""
 
     def __init__(self, config: SyntheticLMConfig, max_batch_size: int = 32, *, record: bool = False) -> None:
         self.config = config
         self._max_batch_size = max_batch_size
-        self.record = record
-        self.log: list[tuple[Any, ...]] = []
-        self.released: Counter[int] = Counter()
-        self.live: set[int] = set()
+        super().__init__(record=record)
         self.step_cost_s = config.step_cost_ms / 1000.0
 
     @property
@@ -98,8 +89,7 @@ class SyntheticLM:
         return self._max_batch_size
 
     def step(self, batch: Batch) -> list[SeqOutput]:
-        if self.record:
-            self.log.append(("step", tuple(s.seq_id for s in batch.prefill), tuple(s.seq_id for s in batch.decode)))
+        self.record_step(batch)
         for seq in batch.prefill:
             seq.model_state = 0  # tokens emitted
             self.live.add(seq.seq_id)
@@ -118,13 +108,6 @@ class SyntheticLM:
             delta = TextDelta(word, k, final=final, finish_reason="length" if final else None)
             outputs.append(SeqOutput(seq.seq_id, delta, final))
         return outputs
-
-    def release(self, seq: Sequence) -> None:
-        self.live.discard(seq.seq_id)
-        seq.model_state = None
-        if self.record:
-            self.released[seq.seq_id] += 1
-            self.log.append(("release", seq.seq_id))
 
 
 class SyntheticLMFamily:

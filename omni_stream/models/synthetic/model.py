@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from omni_stream.batch import Batch, SeqOutput, Sequence
+from omni_stream.batch import Batch, SeqOutput
 from omni_stream.chunks import CodecFrames
 from omni_stream.models.synthetic.config import Faults, SyntheticConfig, tone_samples
+from omni_stream.runtime.step_record import StepRecord
 from omni_stream.stages import CodecWindow
 
 
@@ -46,7 +47,7 @@ class TalkerInput:
     faults: Faults = field(default_factory=Faults)
 
 
-class SyntheticTalker:
+class SyntheticTalker(StepRecord):
     """A BatchModel whose step emits one CodecFrames per sequence, after ``step_cost_ms`` of worker-thread sleep.
 
     Like a model over a slot-indexed static cache, a step computes rows ``0 .. max(slot)`` (idle rows along,
@@ -60,10 +61,7 @@ class SyntheticTalker:
     def __init__(self, config: SyntheticConfig, max_batch_size: int = 32, *, record: bool = False) -> None:
         self.config = config
         self._max_batch_size = max_batch_size
-        self.record = record
-        self.log: list[tuple] = []
-        self.released: Counter[int] = Counter()
-        self.live: set[int] = set()
+        super().__init__(record=record)
         self.step_threads: set[int] = set()
         self.steps = 0
         self.rows: deque[int] = deque(maxlen=4096)  # rows computed by each recent step
@@ -77,8 +75,7 @@ class SyntheticTalker:
     def step(self, batch: Batch) -> list[SeqOutput]:
         self.step_threads.add(threading.get_ident())
         self.steps += 1
-        if self.record:
-            self.log.append(("step", tuple(s.seq_id for s in batch.prefill), tuple(s.seq_id for s in batch.decode)))
+        self.record_step(batch)
         for seq in batch.prefill:
             seq.model_state = 0  # next frame index
             self.live.add(seq.seq_id)
@@ -118,13 +115,6 @@ class SyntheticTalker:
         codes[:, 0] = frames % size
         codes[:, 1] = tones
         return torch.from_numpy(codes)
-
-    def release(self, seq: Sequence) -> None:
-        self.live.discard(seq.seq_id)
-        seq.model_state = None
-        if self.record:
-            self.released[seq.seq_id] += 1
-            self.log.append(("release", seq.seq_id))
 
 
 class SyntheticCodec:

@@ -19,9 +19,6 @@ import itertools
 import json
 import logging
 import math
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +26,8 @@ from typing import Any
 import torch
 
 from omni_stream.errors import ConfigError
+from omni_stream.runtime.cache import embedded_checkpoint_dir
+from omni_stream.runtime.weights import parse_dtype
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +35,7 @@ MULTILINGUAL_REGULAR = 50257  # regular (BPE) tokens of multilingual models; Eng
 N_TIMESTAMPS = 1501  # <|0.00|> .. <|30.00|>
 CONTROL_TOKENS = ("<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nocaptions|>",
                   "<|notimestamps|>")  # fmt: skip
-EMBEDDED_MARKER = ".omni-stream-embedded"
 EMBEDDED_NAME = "whisper-tiny-random-v1"
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 # Words the synthetic BPE spells as single tokens (so encoding a prompt gives a few real merges).
 COMMON_WORDS = ("Ġthe", "Ġand", "Ġhello", "Ġworld", "Ġthis", "Ġis", "Ġa", "Ġtest", "Ġspeech", "Ġvoice", "Hello")
 
@@ -72,19 +69,6 @@ def special_layout(vocab_size: int, multilingual: bool) -> dict[str, Any]:
 # -- tokenizer and processor ---------------------------------------------------------------------------------
 
 
-def _byte_alphabet() -> list[str]:
-    """GPT-2's byte-to-character table in id order (byte-level BPE ids 0..255; " " is "Ġ" = 220)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [chr(c) for c in cs]
-
-
 def _pseudo_words() -> Iterator[str]:
     """``Ġba``, ``Ġbe``, ... then two and three syllables: made-up words after a space (byte-level "Ġ")."""
     syllables = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
@@ -97,9 +81,10 @@ def build_tokenizer(vocab_size: int, multilingual: bool = True) -> Any:
     """A ``WhisperTokenizer`` with the real layout (see module docstring)."""
     from tokenizers import AddedToken
     from transformers import WhisperTokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     layout = special_layout(vocab_size, multilingual)
-    vocab = {c: i for i, c in enumerate(_byte_alphabet())}
+    vocab = {c: i for i, c in enumerate(bytes_to_unicode().values())}  # GPT-2's byte table: " " is "Ġ" = 220
     merges: list[tuple[str, str]] = []
     for word in COMMON_WORDS:
         for i in range(2, len(word) + 1):
@@ -255,34 +240,13 @@ def write_dummy_checkpoint(
 
 def embedded_default_checkpoint(cache_dir: str | Path | None = None) -> Path:
     """The tiny Whisper served when no transcription model is given; built on first use (atomically)."""
-    if cache_dir is None:
-        from platformdirs import user_cache_dir
-
-        cache_dir = os.environ.get("OMNI_STREAM_CACHE") or user_cache_dir("omni-stream")
-    target = Path(cache_dir) / "checkpoints" / EMBEDDED_NAME
-    if (target / EMBEDDED_MARKER).exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    log.warning("building the embedded tiny Whisper in %s (random weights: its transcripts are noise)", target)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_NAME}-", dir=target.parent))
-    try:
-        write_tiny_checkpoint(tmp)
-        (tmp / EMBEDDED_MARKER).write_text("tiny random-weight Whisper built by omni-stream; it transcribes noise\n")
-        if target.exists():  # a half-built leftover without its marker
-            shutil.rmtree(target, ignore_errors=True)
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            if not (target / EMBEDDED_MARKER).exists():  # another process did not win the race either
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    note = "random weights: it transcribes noise"
+    return embedded_checkpoint_dir(EMBEDDED_NAME, write_tiny_checkpoint, note, cache_dir)
 
 
 def make(args: argparse.Namespace) -> Path:
     """``make-checkpoint --kind asr`` (``omni_stream.make_checkpoint``)."""
-    dtype = DTYPES[args.dtype]
+    dtype = parse_dtype(args.dtype, "cpu")
     if args.tiny:
         if args.size not in (None, "tiny", "tiny.en"):
             raise SystemExit(f"--size must be tiny or tiny.en for --kind asr, got {args.size!r}")

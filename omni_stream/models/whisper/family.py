@@ -21,17 +21,18 @@ from typing import Any
 
 import anyio
 import numpy as np
-import torch
 
 from omni_stream.asr_stage import batched_transcription_stage, check_samples
 from omni_stream.chunks import Audio, TextDelta
 from omni_stream.context import RequestContext
 from omni_stream.errors import ConfigError, InvalidRequestError
 from omni_stream.family import LoadContext, ModelKind
-from omni_stream.models.whisper.checkpoint import EMBEDDED_MARKER, build_model, randomize
+from omni_stream.models.whisper.checkpoint import build_model, randomize
 from omni_stream.models.whisper.prompt import WhisperTokens
 from omni_stream.models.whisper.runner import WhisperInput, WhisperRunner
 from omni_stream.pipeline import Stage
+from omni_stream.runtime.cache import EMBEDDED_MARKER
+from omni_stream.runtime.weights import parse_dtype
 from omni_stream.scheduler import Scheduler
 from omni_stream.transcription import TranscriptionInfo, TranscriptionRequest
 
@@ -39,20 +40,6 @@ log = logging.getLogger(__name__)
 
 SAMPLE_RATE = 16000
 AUDIO_TOKENS_PER_SECOND = 50  # encoder frames: 1500 for the 30 s window
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}  # fmt: skip
-
-
-def parse_dtype(dtype: Any, device: str) -> torch.dtype:
-    """None -> float32 on CPU, bfloat16 on GPU; else a torch dtype or one of ``_DTYPES``' names."""
-    if dtype is None:
-        return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        return _DTYPES[str(dtype).lower()]
-    except KeyError:
-        raise ConfigError(f"dtype: unknown dtype {dtype!r} (one of: {', '.join(sorted(_DTYPES))})") from None
 
 
 def _read_json(path: Path) -> dict[str, Any]:

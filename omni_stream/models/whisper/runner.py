@@ -22,7 +22,6 @@ positions). ``release`` drops a row's state; its slot's cache rows are overwritt
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -34,6 +33,7 @@ from omni_stream.batch import Batch, SeqOutput, Sequence
 from omni_stream.chunks import TextDelta
 from omni_stream.models.whisper.detokenizer import Detokenizer
 from omni_stream.models.whisper.prompt import WhisperPrompt, WhisperTokens
+from omni_stream.runtime.step_record import StepRecord
 
 
 @dataclass(slots=True, frozen=True)
@@ -62,7 +62,7 @@ class _Row:
     detok: Detokenizer
 
 
-class WhisperRunner:
+class WhisperRunner(StepRecord):
     """Batched greedy Whisper (see module docstring).
 
     ``record=True`` logs ``("step", prefill_ids, decode_ids)``, ``("admit", seq_id, request_id)``, ``("language",
@@ -76,10 +76,7 @@ class WhisperRunner:
         self.decoder = model.model.decoder
         self.proj_out = model.proj_out
         self.tokens = tokens
-        self.record = record
-        self.log: list[tuple[Any, ...]] = []
-        self.released: Counter[int] = Counter()
-        self.live: set[int] = set()
+        super().__init__(record=record)
         self._max_batch_size = max_batch_size
         self._decode_text = tokenizer.backend_tokenizer.decode
         param = next(model.parameters())
@@ -112,8 +109,7 @@ class WhisperRunner:
 
     @torch.inference_mode()
     def step(self, batch: Batch) -> list[SeqOutput]:
-        if self.record:
-            self.log.append(("step", tuple(s.seq_id for s in batch.prefill), tuple(s.seq_id for s in batch.decode)))
+        self.record_step(batch)
         if batch.prefill:
             self._admit(batch.prefill)
         seqs = [s for s in (*batch.prefill, *batch.decode) if isinstance(s.model_state, _Row)]
@@ -136,13 +132,6 @@ class WhisperRunner:
         lang_next = self.lang_ids[logits[:, self.lang_ids].argmax(-1)]
         picks = torch.stack((text_next, lang_next), 1).cpu().tolist()  # the step's one device-to-host copy
         return [self._advance(seq, text, lang) for seq, (text, lang) in zip(order, picks, strict=True)]
-
-    def release(self, seq: Sequence) -> None:
-        self.live.discard(seq.seq_id)
-        seq.model_state = None
-        if self.record:
-            self.released[seq.seq_id] += 1
-            self.log.append(("release", seq.seq_id))
 
     # --- admission ------------------------------------------------------------------------------------------
 
