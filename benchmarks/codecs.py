@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from omni_stream.codecs import Resampler, decode_audio, encode_whole, open_encoder
 from omni_stream.codecs.testsignal import speech_like
 

@@ -82,11 +82,12 @@ def main() -> int:
 
     import httpx
     import ray
+    from ray import serve
+    from serving_helpers import expected_tone, make_checkpoint, pcm16
+
     from omni_stream.realtime.ray_serve import APP_NAME, EngineSpec, RayOptions, build_application
     from omni_stream.realtime.replica import HEADER
     from omni_stream.realtime.settings import Settings
-    from ray import serve
-    from serving_helpers import expected_tone, make_checkpoint, pcm16
 
     started = time.monotonic()
     ray.init(address=f"127.0.0.1:{HEAD_PORT}", log_to_driver=False)

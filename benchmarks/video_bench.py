@@ -106,7 +106,6 @@ def level_summary(c: int, sessions: list[dict], wall: float) -> dict:
 
 async def inproc_session(engine: Any, args: argparse.Namespace, seed: int) -> dict:
     from omni_stream.codecs.video import VideoStreamEncoder
-
     from omni_stream.video import VideoRequest
 
     request = VideoRequest(PROMPT, width=args.width, height=args.height, fps=args.fps, num_frames=args.frames,
@@ -148,10 +147,10 @@ async def run_inproc(checkpoint: Path, args: argparse.Namespace) -> list[dict]:
 @contextlib.contextmanager
 def serving(checkpoint: Path, device: str) -> Iterator[int]:
     import uvicorn
-    from omni_stream.realtime.app import create_app
-    from omni_stream.realtime.graceful import GracefulServer
 
     from omni_stream.engine import AsyncEngine
+    from omni_stream.realtime.app import create_app
+    from omni_stream.realtime.graceful import GracefulServer
 
     async def load() -> Any:
         return await AsyncEngine.from_pretrained(checkpoint, device=device, progress=False)

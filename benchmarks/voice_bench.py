@@ -99,13 +99,13 @@ def serve(args: argparse.Namespace) -> None:
     import importlib
 
     import uvicorn
-    from omni_stream.realtime.app import create_app
-    from omni_stream.realtime.settings import Settings
 
     from omni_stream.engine import AsyncEngine, ModelSource
     from omni_stream.family import ModelKind
     from omni_stream.models.synthetic import write_checkpoint
     from omni_stream.models.synthetic.lm_family import write_lm_checkpoint
+    from omni_stream.realtime.app import create_app
+    from omni_stream.realtime.settings import Settings
 
     tmp = Path(tempfile.mkdtemp(prefix="voice-bench-"))
     if args.tts == "synthetic":

@@ -10,6 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.responses import FileResponse, Response
+from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+
+from omni_stream.engine import AsyncEngine
 from omni_stream.realtime import (
     chat,
     health,
@@ -28,14 +36,6 @@ from omni_stream.realtime.replica import ReplicaHeaderMiddleware
 from omni_stream.realtime.settings import Settings, silero_vad
 from omni_stream.realtime.state import ServerState
 from omni_stream.realtime.voice_store import VoiceStore
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
-from starlette.responses import FileResponse, Response
-from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
-from starlette.staticfiles import StaticFiles
-
-from omni_stream.engine import AsyncEngine
 
 log = logging.getLogger("omni_stream.realtime")
 

@@ -6,10 +6,10 @@ from typing import Any
 
 import anyio.to_thread
 import numpy as np
-from omni_stream.codecs.formats import coding_rate
-from omni_stream.realtime.stretch import time_stretch
 
 from omni_stream import codecs
+from omni_stream.codecs.formats import coding_rate
+from omni_stream.realtime.stretch import time_stretch
 
 BIT_DEPTH = 16  # the PCM the encoders are fed
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from omni_stream.realtime.errors import ApiError
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from omni_stream.realtime.errors import ApiError
 
 KEY_PROTOCOL_PREFIX = "openai-insecure-api-key."
 

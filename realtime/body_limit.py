@@ -6,9 +6,10 @@ import json
 from typing import Any
 
 import anyio
-from omni_stream.realtime.errors import ApiError
 from starlette.requests import Request
 from starlette.types import Message, Receive
+
+from omni_stream.realtime.errors import ApiError
 
 DRAIN_SECONDS = 5.0  # how long the rest of a refused body is read (and dropped) so the client sees the answer
 

@@ -24,6 +24,12 @@ from typing import Any
 
 import anyio.to_thread
 import numpy as np
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from omni_stream.chunks import Audio, StageOutput, TextDelta
+from omni_stream.engine import AsyncEngine, RequestStream
+from omni_stream.family import ModelKind
 from omni_stream.realtime.audio_out import AudioOut, encode_whole
 from omni_stream.realtime.body_limit import drain, read_json
 from omni_stream.realtime.chat_params import ChatOptions, parse_chat
@@ -32,12 +38,6 @@ from omni_stream.realtime.speech_params import check_model
 from omni_stream.realtime.sse import SSE_HEADERS, SSE_MEDIA_TYPE, sse_data
 from omni_stream.realtime.state import ServerState
 from omni_stream.realtime.streams import ClosingStreamingResponse, close_stream, until_disconnect
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-
-from omni_stream.chunks import Audio, StageOutput, TextDelta
-from omni_stream.engine import AsyncEngine, RequestStream
-from omni_stream.family import ModelKind
 from omni_stream.requests import ChatRequest, SpokenReply, TextRequest
 
 log = logging.getLogger("omni_stream.realtime.chat")

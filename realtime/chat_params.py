@@ -15,7 +15,6 @@ from omni_stream.realtime.errors import bad_request
 from omni_stream.realtime.json_fields import int_field, type_name
 from omni_stream.realtime.settings import Settings
 from omni_stream.realtime.speech_params import check_utf8
-
 from omni_stream.requests import GREEDY, ChatMessage, Role, SamplingParams
 
 ROLES = {"system": Role.SYSTEM, "developer": Role.SYSTEM, "user": Role.USER, "assistant": Role.ASSISTANT}

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from omni_stream.realtime.body_limit import BodyTooLarge, limited
-from omni_stream.realtime.errors import bad_request
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import Request
+
+from omni_stream.realtime.body_limit import BodyTooLarge, limited
+from omni_stream.realtime.errors import bad_request
 
 
 @dataclass(slots=True, frozen=True)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import time
 
-from omni_stream.realtime.replica import ReplicaLabelled
-from omni_stream.realtime.state import ServerState
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from omni_stream.family import SpeechInfo, TextInfo
+from omni_stream.realtime.replica import ReplicaLabelled
+from omni_stream.realtime.state import ServerState
 
 _STARTED = int(time.time())
 

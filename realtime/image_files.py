@@ -12,6 +12,7 @@ import warnings
 from typing import Any
 
 import numpy as np
+
 from omni_stream.realtime.errors import bad_request
 
 FORMATS = ("PNG", "JPEG", "WEBP")

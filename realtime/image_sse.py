@@ -17,12 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from omni_stream.realtime.images_params import Dialect
-from omni_stream.realtime.sse import sse_data, sse_event
-
 from omni_stream.engine import Usage
 from omni_stream.family import ModelKind
 from omni_stream.images import USAGE_IMAGE, USAGE_IMAGE_INPUT
+from omni_stream.realtime.images_params import Dialect
+from omni_stream.realtime.sse import sse_data, sse_event
 
 DONE = sse_data("[DONE]")
 

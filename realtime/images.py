@@ -18,6 +18,14 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from omni_stream.chunks import Image, StageOutput, TextDelta
+from omni_stream.engine import RequestStream
+from omni_stream.errors import StageError
+from omni_stream.family import ModelKind
+from omni_stream.images import ImageRequest, image_family, output_size, uses_text
 from omni_stream.realtime.body_limit import drain, read_body
 from omni_stream.realtime.errors import ApiError, bad_request, from_exception
 from omni_stream.realtime.form_stream import FormLimits, read_form
@@ -37,14 +45,6 @@ from omni_stream.realtime.speech_params import check_model
 from omni_stream.realtime.sse import SSE_HEADERS, SSE_MEDIA_TYPE
 from omni_stream.realtime.state import ServerState
 from omni_stream.realtime.streams import ClosingStreamingResponse, close_stream, until_disconnect
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-
-from omni_stream.chunks import Image, StageOutput, TextDelta
-from omni_stream.engine import RequestStream
-from omni_stream.errors import StageError
-from omni_stream.family import ModelKind
-from omni_stream.images import ImageRequest, image_family, output_size, uses_text
 
 log = logging.getLogger("omni_stream.realtime.images")
 EDITS_ROUTE = "/v1/images/edits"

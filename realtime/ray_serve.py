@@ -49,9 +49,8 @@ class EngineSpec:
 
     async def load(self) -> Any:
         """Build the engine (inside a replica, from the app's lifespan)."""
-        from omni_stream.realtime.server import _dtype
-
         from omni_stream.engine import AsyncEngine
+        from omni_stream.realtime.server import _dtype
 
         return await AsyncEngine.from_pretrained(
             list(self.models),

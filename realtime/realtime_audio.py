@@ -8,6 +8,7 @@ click. These are CPU work that grows with the chunk: the session runs large ones
 from __future__ import annotations
 
 import numpy as np
+
 from omni_stream.codecs.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from omni_stream.codecs.pcm import to_int16
 from omni_stream.codecs.resample import Resampler

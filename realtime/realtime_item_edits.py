@@ -4,12 +4,12 @@ what an item leaving the conversation cancels."""
 from __future__ import annotations
 
 import numpy as np
+
 from omni_stream.realtime.realtime_audio import InputDecoder, decode_whole
 from omni_stream.realtime.realtime_events import ItemCreate, ItemTruncate, PartType, RealtimeError
 from omni_stream.realtime.realtime_items import Content, ContentType, Item, ItemStatus
 from omni_stream.realtime.realtime_outputs import CancelTranscription, Outputs
 from omni_stream.realtime.realtime_protocol_state import ProtocolState, samples_ms
-
 from omni_stream.requests import Role
 
 

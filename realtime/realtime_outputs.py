@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 import numpy as np
+
 from omni_stream.realtime.realtime_audio import RATE
 from omni_stream.realtime.realtime_events import AudioFormat, Modality, SessionType, TranscriptionConfig, TurnDetection
-
 from omni_stream.requests import ChatMessage
 from omni_stream.vad import VadParams, VoiceActivityDetector
 

@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 import numpy as np
+
 from omni_stream.codecs.resample import Resampler
 from omni_stream.realtime.realtime_audio import RATE, InputDecoder, OutputEncoder
 from omni_stream.realtime.realtime_buffer import InputBuffer
@@ -25,7 +26,6 @@ from omni_stream.realtime.realtime_events import (
 )
 from omni_stream.realtime.realtime_items import Content, Conversation, Item
 from omni_stream.realtime.realtime_outputs import Capabilities, Limits, Outputs, ServerEvent, SessionConfig, VadFactory
-
 from omni_stream.vad import VoiceActivityDetector
 
 DEFAULT_INSTRUCTIONS = "You are a helpful voice assistant. Answer briefly."

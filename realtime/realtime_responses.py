@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
 from omni_stream.realtime.realtime_audio import OutputEncoder
 from omni_stream.realtime.realtime_events import (
     UNSET,
@@ -18,7 +19,6 @@ from omni_stream.realtime.realtime_events import (
 from omni_stream.realtime.realtime_items import Content, ContentType, Item, ItemStatus, join_units
 from omni_stream.realtime.realtime_outputs import CancelResponse, Outputs, ResponseUsage, StartResponse
 from omni_stream.realtime.realtime_protocol_state import ProtocolState, ResponseState, ResponseStatus, samples_ms
-
 from omni_stream.requests import ChatMessage, Role
 
 

@@ -39,6 +39,7 @@ def ice_servers(urls: tuple[str, ...]) -> list[dict[str, Any]]:
 def make_stream(state: Any) -> Any:
     """The fastrtc Stream of the voice agent (ImportError without fastrtc)."""
     from fastrtc import Stream
+
     from omni_stream.realtime.rtc_handler import VoiceAgentHandler
 
     settings = state.settings

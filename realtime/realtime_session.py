@@ -33,7 +33,12 @@ from typing import Any
 import anyio
 import numpy as np
 from anyio.abc import TaskGroup
+
+from omni_stream.chunks import Audio, TextDelta
 from omni_stream.codecs.resample import resample
+from omni_stream.engine import AsyncEngine, RequestStream
+from omni_stream.family import ModelKind
+from omni_stream.pacing import AnyioClock, Clock, Pacer
 from omni_stream.realtime.realtime_events import (
     ClientEvent,
     InputAudioAppend,
@@ -59,11 +64,6 @@ from omni_stream.realtime.realtime_outputs import (
 )
 from omni_stream.realtime.realtime_protocol import RealtimeProtocol
 from omni_stream.realtime.settings import Settings
-
-from omni_stream.chunks import Audio, TextDelta
-from omni_stream.engine import AsyncEngine, RequestStream
-from omni_stream.family import ModelKind
-from omni_stream.pacing import AnyioClock, Clock, Pacer
 from omni_stream.requests import ChatRequest, SpokenReply, TextRequest
 from omni_stream.transcription import TranscriptionRequest
 

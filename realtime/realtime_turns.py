@@ -4,13 +4,13 @@ commits, and the transcription of committed audio (commands out, results in)."""
 from __future__ import annotations
 
 import numpy as np
+
 from omni_stream.codecs.resample import Resampler
 from omni_stream.realtime.realtime_audio import RATE
 from omni_stream.realtime.realtime_events import RealtimeError, SessionType
 from omni_stream.realtime.realtime_items import Content, ContentType, Item
 from omni_stream.realtime.realtime_outputs import Outputs, Transcribe
 from omni_stream.realtime.realtime_protocol_state import Phase, ProtocolState, samples_ms
-
 from omni_stream.requests import Role
 from omni_stream.vad import VadEventKind
 

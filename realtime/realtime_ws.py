@@ -15,12 +15,13 @@ import json
 import logging
 
 import anyio
+from starlette.websockets import WebSocket
+
 from omni_stream.realtime.realtime_events import SessionType
 from omni_stream.realtime.realtime_outputs import ServerEvent
 from omni_stream.realtime.realtime_session import RealtimeSession, SessionClose
 from omni_stream.realtime.state import ServerState
 from omni_stream.realtime.ws_sessions import accept, close_quietly, is_gone, registered
-from starlette.websockets import WebSocket
 
 log = logging.getLogger("omni_stream.realtime.ws")
 

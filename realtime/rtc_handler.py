@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from fastrtc import AsyncStreamHandler
 from fastrtc.utils import create_message
+
 from omni_stream.realtime.realtime_events import (
     AudioFormat,
     InputAudioAppend,

@@ -10,11 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from omni_stream.realtime import llm_flags, ray_serve
-from omni_stream.realtime.settings import Settings, default_voices_dir
-
 from omni_stream.cli import add_threads_argument, apply_threads, torch_threads
 from omni_stream.pacing import DEFAULT_AHEAD
+from omni_stream.realtime import llm_flags, ray_serve
+from omni_stream.realtime.settings import Settings, default_voices_dir
 
 log = logging.getLogger("omni_stream.realtime.server")
 
@@ -179,10 +178,10 @@ def banner_notes(settings: Settings) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     """Load the model (with a progress bar), then serve until SIGINT/SIGTERM (graceful shutdown)."""
     import uvicorn
-    from omni_stream.realtime.app import create_app
-    from omni_stream.realtime.graceful import GracefulServer
 
     from omni_stream.engine import AsyncEngine
+    from omni_stream.realtime.app import create_app
+    from omni_stream.realtime.graceful import GracefulServer
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     apply_threads(args)

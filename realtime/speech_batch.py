@@ -18,6 +18,10 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import numpy as np
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from omni_stream import codecs
 from omni_stream.realtime.audio_out import encode_whole
 from omni_stream.realtime.body_limit import drain
 from omni_stream.realtime.errors import ApiError, bad_request, from_exception
@@ -26,10 +30,6 @@ from omni_stream.realtime.speech_http import read_json, usage_body
 from omni_stream.realtime.speech_params import check_model, parse_input, parse_options
 from omni_stream.realtime.state import ServerState
 from omni_stream.realtime.streams import close_stream, until_disconnect
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-
-from omni_stream import codecs
 
 log = logging.getLogger("omni_stream.realtime.speech")
 ROUTE = "/v1/audio/speech/batch"

@@ -11,12 +11,12 @@ from urllib.parse import unquote, unquote_to_bytes, urlparse
 import anyio
 import anyio.to_thread
 import numpy as np
-from omni_stream.realtime.errors import bad_request
-from omni_stream.realtime.speech_params import SpeechOptions
-from omni_stream.realtime.state import ServerState
 
 from omni_stream import codecs
 from omni_stream.errors import UnsupportedTaskError
+from omni_stream.realtime.errors import bad_request
+from omni_stream.realtime.speech_params import SpeechOptions
+from omni_stream.realtime.state import ServerState
 from omni_stream.requests import SpeechRequest, TaskType, VoicePrompt
 from omni_stream.speech_limits import (
     MAX_REF_SECONDS,

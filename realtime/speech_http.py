@@ -10,6 +10,12 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import numpy as np
+from starlette.requests import Request
+from starlette.responses import Response
+
+from omni_stream import codecs
+from omni_stream.chunks import Audio
+from omni_stream.engine import SpeechStream
 from omni_stream.realtime.audio_out import AudioOut, audio_headers, encode_whole
 from omni_stream.realtime.body_limit import drain, read_json
 from omni_stream.realtime.errors import ApiError, from_exception
@@ -19,12 +25,6 @@ from omni_stream.realtime.sse import SSE_HEADERS, SSE_MEDIA_TYPE, sse_event
 from omni_stream.realtime.state import ServerState
 from omni_stream.realtime.stream_pacing import paced_audio
 from omni_stream.realtime.streams import ClosingStreamingResponse, close_stream, until_disconnect
-from starlette.requests import Request
-from starlette.responses import Response
-
-from omni_stream import codecs
-from omni_stream.chunks import Audio
-from omni_stream.engine import SpeechStream
 
 log = logging.getLogger("omni_stream.realtime.speech")
 ROUTE = "/v1/audio/speech"

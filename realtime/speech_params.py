@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from omni_stream.errors import InvalidRequestError
 from omni_stream.realtime.errors import ApiError, bad_request
 from omni_stream.realtime.json_fields import int_field, type_name
 from omni_stream.realtime.settings import SPEECH_FORMATS, STREAM_FORMATS, Settings
-
-from omni_stream.errors import InvalidRequestError
 from omni_stream.requests import TaskType
 from omni_stream.speech_limits import check_embedding
 from omni_stream.text_split import Granularity

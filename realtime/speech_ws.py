@@ -22,6 +22,8 @@ from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
+from starlette.websockets import WebSocket, WebSocketState
+
 from omni_stream.realtime.audio_out import output_rate
 from omni_stream.realtime.errors import ApiError, from_exception
 from omni_stream.realtime.speech_build import build_request, check_request
@@ -32,8 +34,6 @@ from omni_stream.realtime.text_commit import TextCommitter
 from omni_stream.realtime.ws_messages import ProtocolError, input_text, parse_message
 from omni_stream.realtime.ws_sessions import accept, is_gone, registered
 from omni_stream.realtime.ws_units import UnitJob, UnitSpec, UtteranceEnd
-from starlette.websockets import WebSocket, WebSocketState
-
 from omni_stream.requests import SpeechRequest
 from omni_stream.speech_limits import MAX_INPUT_CHARS
 from omni_stream.text_split import TextSplitter

@@ -6,12 +6,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-from omni_stream.realtime.settings import Settings
-from omni_stream.realtime.voice_store import VoiceStore
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from omni_stream.engine import AsyncEngine
 from omni_stream.family import ModelKind
+from omni_stream.realtime.settings import Settings
+from omni_stream.realtime.voice_store import VoiceStore
 
 
 @dataclass(slots=True)

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator
 
 import anyio
-from omni_stream.realtime.state import ServerState
 from prometheus_client import Counter
 
 from omni_stream.chunks import Audio
 from omni_stream.pacing import Pacer, paced
+from omni_stream.realtime.state import ServerState
 
 PCM16_BYTES = 2
 

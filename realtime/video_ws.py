@@ -25,7 +25,12 @@ from typing import Any
 
 import anyio
 import numpy as np
+from starlette.websockets import WebSocket
+
 from omni_stream.codecs.video import VideoStreamEncoder
+from omni_stream.engine import RequestStream
+from omni_stream.errors import InvalidRequestError, RequestCancelled
+from omni_stream.family import ModelKind
 from omni_stream.realtime.errors import from_exception
 from omni_stream.realtime.state import ServerState
 from omni_stream.realtime.video_protocol import (
@@ -39,11 +44,6 @@ from omni_stream.realtime.video_protocol import (
     VideoProtocol,
 )
 from omni_stream.realtime.ws_sessions import accept, close_quietly, is_gone, registered
-from starlette.websockets import WebSocket
-
-from omni_stream.engine import RequestStream
-from omni_stream.errors import InvalidRequestError, RequestCancelled
-from omni_stream.family import ModelKind
 from omni_stream.video import VideoFamily, VideoRequest
 
 log = logging.getLogger("omni_stream.realtime.video")

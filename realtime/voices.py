@@ -8,17 +8,17 @@ from typing import Any
 
 import anyio.to_thread
 import numpy as np
-from omni_stream.realtime.body_limit import drain, parse_json, read_body
-from omni_stream.realtime.errors import ApiError, bad_request, from_exception
-from omni_stream.realtime.speech_build import can_clone, check_request, decode_reference, model_key, supported_voices
-from omni_stream.realtime.state import ServerState
-from omni_stream.realtime.voice_store import StoredVoice, VoiceLimitError, now_seconds, validate_name
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Message
 
 from omni_stream.errors import InvalidRequestError, UnsupportedTaskError
+from omni_stream.realtime.body_limit import drain, parse_json, read_body
+from omni_stream.realtime.errors import ApiError, bad_request, from_exception
+from omni_stream.realtime.speech_build import can_clone, check_request, decode_reference, model_key, supported_voices
+from omni_stream.realtime.state import ServerState
+from omni_stream.realtime.voice_store import StoredVoice, VoiceLimitError, now_seconds, validate_name
 from omni_stream.requests import SpeechRequest, TaskType, VoicePrompt
 from omni_stream.speech_limits import check_embedding
 

@@ -8,9 +8,10 @@ from contextlib import asynccontextmanager
 from typing import Protocol
 
 import anyio
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
 from omni_stream.realtime.auth import offered_subprotocols, select_subprotocol
 from omni_stream.realtime.state import ServerState
-from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 
 class Session(Protocol):

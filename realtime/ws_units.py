@@ -15,11 +15,11 @@ from typing import Any
 import anyio
 import numpy as np
 from anyio.abc import TaskGroup
+
+from omni_stream.engine import AsyncEngine, SpeechStream
 from omni_stream.realtime.audio_out import AudioOut, encode_whole
 from omni_stream.realtime.speech_params import SpeechOptions
 from omni_stream.realtime.streams import close_stream
-
-from omni_stream.engine import AsyncEngine, SpeechStream
 from omni_stream.requests import SpeechRequest, next_request_id
 
 log = logging.getLogger("omni_stream.realtime.ws")

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import pytest
 import soundfile as sf
-from omni_stream.codecs.resample import resample
 from realtime_doubles import energy_vad, write_tone_asr
 
+from omni_stream.codecs.resample import resample
 from omni_stream.engine import AsyncEngine, ModelSource
 from omni_stream.family import ModelKind
 from omni_stream.models.synthetic import write_checkpoint

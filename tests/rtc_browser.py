@@ -20,10 +20,11 @@ aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: ["127.0.0.1"] if use_
 sys.path.insert(0, str(Path(__file__).parent))
 
 from browser_helpers import chromium  # noqa: E402
-from omni_stream.realtime.settings import Settings  # noqa: E402
 from realtime_doubles import spoken_words  # noqa: E402
 from realtime_fixtures import agent_checkpoints, agent_loader, vad_factory  # noqa: E402
 from serving_helpers import running_server  # noqa: E402
+
+from omni_stream.realtime.settings import Settings  # noqa: E402
 
 
 def main() -> None:

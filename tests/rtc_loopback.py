@@ -27,10 +27,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription  # noqa: E402
 from aiortc.contrib.media import MediaPlayer  # noqa: E402
-from omni_stream.codecs.resample import resample  # noqa: E402
-from omni_stream.realtime.settings import Settings  # noqa: E402
 from realtime_fixtures import agent_checkpoints, agent_loader, espeak, framed, vad_factory  # noqa: E402
 from serving_helpers import running_server  # noqa: E402
+
+from omni_stream.codecs.resample import resample  # noqa: E402
+from omni_stream.realtime.settings import Settings  # noqa: E402
 
 
 async def call(url: str, wav: Path, want_frames: int, wait_s: float) -> dict:

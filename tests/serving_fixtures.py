@@ -7,8 +7,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from omni_stream.realtime.settings import Settings
 from serving_helpers import LiveServer, make_checkpoint, running_server
+
+from omni_stream.realtime.settings import Settings
 
 
 @pytest.fixture(scope="session")

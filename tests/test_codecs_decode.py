@@ -11,6 +11,7 @@ import av
 import numpy as np
 import pytest
 import soundfile as sf
+
 from omni_stream.codecs import AudioDecodeError, decode_audio, encode_whole, resample, sniff_container
 from omni_stream.codecs import decode as decode_module
 from omni_stream.codecs.testsignal import correlation, find_delay, speech_like

@@ -7,6 +7,8 @@ import pathlib
 
 import numpy as np
 import pytest
+
+from omni_stream import codecs
 from omni_stream.codecs import (
     FORMATS,
     CodecError,
@@ -17,8 +19,6 @@ from omni_stream.codecs import (
     mime_type,
     open_encoder,
 )
-
-from omni_stream import codecs
 
 ALL = ["pcm", "wav", "flac", "mp3", "opus", "aac", "mulaw", "alaw"]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+
 from omni_stream.codecs import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 
 with warnings.catch_warnings():

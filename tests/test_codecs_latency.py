@@ -11,6 +11,7 @@ import io
 import av
 import numpy as np
 import pytest
+
 from omni_stream.codecs import open_encoder
 from omni_stream.codecs.testsignal import find_delay, speech_like
 from omni_stream.codecs.wav import WAV_HEADER_BYTES

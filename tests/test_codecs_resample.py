@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from omni_stream.codecs import Resampler, resample
 from omni_stream.codecs.testsignal import random_splits, speech_like
 

@@ -9,6 +9,7 @@ import av
 import numpy as np
 import pytest
 import soundfile as sf
+
 from omni_stream.codecs import encode_whole, open_encoder
 from omni_stream.codecs.pcm import to_int16
 from omni_stream.codecs.testsignal import correlation, find_delay, random_splits, snr_db, speech_like

@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import pytest
 from browser_helpers import chromium, skip_without_browser
-from omni_stream.realtime.app import STATIC_DIR
-from omni_stream.realtime.settings import Settings
 from serving_helpers import LiveServer, make_checkpoint, running_server
 
 from omni_stream.models.synthetic import SyntheticConfig
+from omni_stream.realtime.app import STATIC_DIR
+from omni_stream.realtime.settings import Settings
 from omni_stream.text_split import Granularity, split_text
 
 pytestmark = pytest.mark.browser

@@ -11,7 +11,6 @@ from typing import Any, Protocol, runtime_checkable
 
 import openai
 import pytest
-from omni_stream.realtime.settings import Settings
 from serving_helpers import running_server
 
 from omni_stream import family as family_module
@@ -22,6 +21,7 @@ from omni_stream.engine import AsyncEngine, ModelSource
 from omni_stream.errors import ConfigError
 from omni_stream.family import LoadContext, ModelInfo, ModelKind, TextInfo, register_family, register_kind
 from omni_stream.pipelines import ModelSet, PipelineSpec, Plan, StagePlan, register_pipeline
+from omni_stream.realtime.settings import Settings
 from omni_stream.requests import ChatMessage, ChatRequest, Role, TextRequest, next_request_id
 from omni_stream.scheduler import Scheduler
 from omni_stream.stages import text_generation_stage

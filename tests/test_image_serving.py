@@ -14,12 +14,12 @@ import numpy as np
 import openai
 import pytest
 from image_helpers import REWRITE_PREFIX, decode_b64_image, load_engine, picture, png_bytes, unet_calls
-from omni_stream.realtime.body_limit import BodyTooLarge
-from omni_stream.realtime.form_stream import FormLimits, read_form
 from serving_helpers import running_server
 from starlette.requests import Request
 
 from omni_stream.family import ModelKind
+from omni_stream.realtime.body_limit import BodyTooLarge
+from omni_stream.realtime.form_stream import FormLimits, read_form
 
 pytest_plugins = ("image_fixtures",)
 
@@ -373,9 +373,8 @@ async def test_the_form_reader_stops_at_the_file_limit_without_reading_on():
 async def test_serve_loads_an_image_model_beside_a_text_model(pix2pix_checkpoint, rewriting_lm):
     import argparse
 
-    from omni_stream.realtime.server import add_arguments
-
     from omni_stream.engine import AsyncEngine
+    from omni_stream.realtime.server import add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -13,12 +13,12 @@ from pathlib import Path
 import httpx
 import pytest
 from lm_helpers import tiny_lm_checkpoint
-from omni_stream.realtime import llm_flags, server
 from serving_helpers import LiveServer, text_server
 from test_serving_cli import free_port, wait_healthy
 
 from omni_stream.errors import ConfigError
 from omni_stream.models.vllm_text.params import engine_args
+from omni_stream.realtime import llm_flags, server
 
 pytest_plugins = ("serving_fixtures",)
 

@@ -11,8 +11,9 @@ import time
 
 import httpx
 import pytest
-from omni_stream.realtime.replica import HEADER
 from serving_helpers import expected_tone, pcm16
+
+from omni_stream.realtime.replica import HEADER
 
 pytest.importorskip("ray.serve")
 

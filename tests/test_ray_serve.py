@@ -25,13 +25,14 @@ import pytest
 pytest.importorskip("ray.serve")
 
 import ray
-from omni_stream.realtime.ray_serve import APP_NAME, EngineSpec, RayOptions, build_application
-from omni_stream.realtime.replica import HEADER
-from omni_stream.realtime.settings import Settings
 from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 from serving_helpers import expected_tone, make_checkpoint, pcm16, wav_bytes
 from websockets.sync.client import connect
+
+from omni_stream.realtime.ray_serve import APP_NAME, EngineSpec, RayOptions, build_application
+from omni_stream.realtime.replica import HEADER
+from omni_stream.realtime.settings import Settings
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

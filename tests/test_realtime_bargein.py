@@ -7,13 +7,13 @@ import base64
 
 import numpy as np
 import pytest
-from omni_stream.realtime.settings import Settings
 from openai import AsyncOpenAI
 from realtime_doubles import spoken_words
 from realtime_fixtures import agent_checkpoints, agent_loader, vad_factory
 from serving_helpers import running_server
 
 from omni_stream.engine import RequestStream
+from omni_stream.realtime.settings import Settings
 
 # Forty long sentences before the echo: when the user speaks, the LLM is still generating (paused at its
 # watermark) and each sentence's speech request (about 45 frames) is still generating too.

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 import soundfile as sf
 from browser_helpers import chromium, skip_without_browser
-from omni_stream.realtime.settings import Settings
 from realtime_doubles import spoken_words
 from realtime_fixtures import REAL_MODELS, agent_checkpoints, agent_loader, vad_factory
 from serving_helpers import expected_tone, running_server
+
+from omni_stream.realtime.settings import Settings
 
 pytestmark = pytest.mark.browser
 

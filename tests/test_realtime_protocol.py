@@ -8,6 +8,8 @@ import json
 
 import numpy as np
 import pytest
+from realtime_doubles import EnergyVad, energy_vad, spoken_words
+
 from omni_stream.codecs.g711 import ulaw_encode
 from omni_stream.realtime.realtime_events import RealtimeError, SessionType, parse_client_event
 from omni_stream.realtime.realtime_outputs import (
@@ -21,8 +23,6 @@ from omni_stream.realtime.realtime_outputs import (
     Transcribe,
 )
 from omni_stream.realtime.realtime_protocol import RealtimeProtocol
-from realtime_doubles import EnergyVad, energy_vad, spoken_words
-
 from omni_stream.requests import Role
 
 CAPS = Capabilities(

@@ -13,11 +13,12 @@ import json
 import numpy as np
 import pytest
 import websockets
-from omni_stream.realtime.settings import Settings
 from openai import AsyncOpenAI
 from realtime_doubles import spoken_words
 from realtime_fixtures import REAL_MODELS, agent_checkpoints, agent_loader, espeak, framed, vad_factory
 from serving_helpers import expected_tone, pcm16, running_server
+
+from omni_stream.realtime.settings import Settings
 
 MANUAL = {
     "type": "realtime",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import anyio
 import numpy as np
 import pytest
+from realtime_fixtures import agent_checkpoints, agent_loader
+
 from omni_stream.realtime.realtime_events import (
     InputAudioAppend,
     InputAudioCommit,
@@ -17,7 +19,6 @@ from omni_stream.realtime.realtime_events import (
 )
 from omni_stream.realtime.realtime_session import RealtimeSession, SessionClose
 from omni_stream.realtime.settings import Settings
-from realtime_fixtures import agent_checkpoints, agent_loader
 
 LONG = " ".join(["Here is one more sentence of the answer, spoken slowly."] * 20)
 

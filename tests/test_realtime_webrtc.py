@@ -16,9 +16,10 @@ import pytest
 fastrtc = pytest.importorskip("fastrtc")
 pytest.importorskip("aiortc")
 
-from omni_stream.realtime.settings import Settings  # noqa: E402
 from realtime_fixtures import agent_checkpoints, agent_loader, vad_factory  # noqa: E402
 from serving_helpers import running_server  # noqa: E402
+
+from omni_stream.realtime.settings import Settings  # noqa: E402
 
 pytestmark = pytest.mark.webrtc
 SCRIPT = Path(__file__).parent / "rtc_loopback.py"

@@ -9,13 +9,13 @@ import av
 import httpx
 import numpy as np
 import pytest
-from omni_stream.codecs import EncoderState
-from omni_stream.realtime import audio_out
-from omni_stream.realtime.audio_out import AudioOut, encode_whole
 from serving_helpers import RATE
 from websockets.sync.client import connect
 
 from omni_stream import codecs
+from omni_stream.codecs import EncoderState
+from omni_stream.realtime import audio_out
+from omni_stream.realtime.audio_out import AudioOut, encode_whole
 
 pytest_plugins = ("serving_fixtures",)
 

@@ -7,10 +7,11 @@ import json
 import httpx
 import openai
 import pytest
-from omni_stream.realtime.settings import Settings
 from serving_helpers import MODEL, running_server
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
+
+from omni_stream.realtime.settings import Settings
 
 KEY = "s3cret-key"
 

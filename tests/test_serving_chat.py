@@ -8,11 +8,11 @@ import httpx
 import numpy as np
 import openai
 import pytest
-from omni_stream.realtime.settings import Settings
 from serving_helpers import running_server
 
 from omni_stream.models.synthetic import SyntheticConfig, tone_samples, write_checkpoint
 from omni_stream.models.synthetic.lm_family import write_lm_checkpoint
+from omni_stream.realtime.settings import Settings
 
 CONFIG = SyntheticConfig()
 LM = "synthetic-lm"

@@ -113,6 +113,7 @@ def test_serve_help_lists_options():
 
 def test_hub_ids_resolve_from_the_local_cache_only(monkeypatch, tmp_path):
     import huggingface_hub
+
     from omni_stream.realtime.server import ModelNotFound, resolve_model
 
     calls = []

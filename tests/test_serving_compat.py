@@ -17,13 +17,13 @@ import httpx
 import numpy as np
 import pytest
 import soundfile as sf
-from omni_stream.realtime.errors import ApiError
-from omni_stream.realtime.settings import Settings
-from omni_stream.realtime.speech_batch import merge_items
 from serving_helpers import MODEL, RATE, expected_tone, make_checkpoint, pcm16, running_server, wav_bytes
 
 from omni_stream.models.synthetic.config import SyntheticConfig, tone_samples
 from omni_stream.models.synthetic.family import _prompt_tone
+from omni_stream.realtime.errors import ApiError
+from omni_stream.realtime.settings import Settings
+from omni_stream.realtime.speech_batch import merge_items
 from omni_stream.requests import VoicePrompt
 
 TEXT = "Hello world, this is a test."

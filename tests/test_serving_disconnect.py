@@ -13,9 +13,10 @@ from collections.abc import Callable, Iterator
 import anyio
 import httpx
 import pytest
-from omni_stream.realtime.settings import Settings
 from serving_helpers import VOICE_TONES, LiveServer, expected_tone, pcm16, running_server
 from websockets.sync.client import connect
+
+from omni_stream.realtime.settings import Settings
 
 LONG = "This sentence is long enough to keep the model busy for many steps. " * 14  # 490 frames
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from serving_helpers import running_server, wav_bytes
+from starlette.requests import Request
+
 from omni_stream.realtime.body_limit import BodyTooLarge, drain, read_body
 from omni_stream.realtime.settings import Settings
 from omni_stream.realtime.voices import FORM_OVERHEAD
-from serving_helpers import running_server, wav_bytes
-from starlette.requests import Request
 
 pytest_plugins = ("serving_fixtures",)
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from starlette.datastructures import Headers
+
 from omni_stream.realtime.auth import key_matches, presented_keys, select_subprotocol
 from omni_stream.realtime.errors import ApiError, from_exception
 from omni_stream.realtime.settings import Settings
 from omni_stream.realtime.speech_params import StreamMode, check_model, parse_input, parse_options
 from omni_stream.realtime.sse import sse_event
-from starlette.datastructures import Headers
-
 from omni_stream.requests import TaskType
 from omni_stream.text_split import Granularity
 

@@ -11,12 +11,12 @@ import numpy as np
 import openai
 import pytest
 import soundfile as sf
-from omni_stream.realtime.settings import Settings
 from serving_helpers import running_server, wav_bytes
 from websockets.sync.client import connect
 
 from omni_stream import codecs
 from omni_stream.models.qwen3_tts.checkpoint import write_tiny_checkpoint
+from omni_stream.realtime.settings import Settings
 
 FRAMES = 6  # random weights rarely stop on their own: bound every request
 SAMPLES_PER_FRAME = 1920

@@ -7,15 +7,16 @@ import argparse
 
 import httpx
 import pytest
-from omni_stream.realtime import ray_serve, server
-from omni_stream.realtime.ray_serve import EngineSpec, OmniReplica, RayOptions, deployment_options, probe, shortfall
-from omni_stream.realtime.replica import HEADER
-from omni_stream.realtime.settings import Settings
 from prometheus_client.parser import text_string_to_metric_families
 from serving_helpers import running_server
 from uvicorn.config import Config
 from uvicorn.lifespan.on import LifespanOn
 from websockets.sync.client import connect
+
+from omni_stream.realtime import ray_serve, server
+from omni_stream.realtime.ray_serve import EngineSpec, OmniReplica, RayOptions, deployment_options, probe, shortfall
+from omni_stream.realtime.replica import HEADER
+from omni_stream.realtime.settings import Settings
 
 pytest_plugins = ("serving_fixtures",)
 

@@ -9,8 +9,9 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from omni_stream.realtime.settings import Settings
 from serving_helpers import running_server, wav_bytes
+
+from omni_stream.realtime.settings import Settings
 
 pytest_plugins = ("serving_fixtures",)
 

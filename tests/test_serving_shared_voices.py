@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import httpx
 import numpy as np
+from serving_helpers import running_server, wav_bytes
+
 from omni_stream.realtime.settings import Settings
 from omni_stream.realtime.voice_store import StoredVoice, VoiceStore
-from serving_helpers import running_server, wav_bytes
 
 pytest_plugins = ("serving_fixtures",)
 

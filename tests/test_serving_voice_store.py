@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from omni_stream.realtime.voice_store import StoredVoice, VoiceLimitError, VoiceStore, validate_name
 
+from omni_stream.realtime.voice_store import StoredVoice, VoiceLimitError, VoiceStore, validate_name
 from omni_stream.requests import VoicePrompt
 
 

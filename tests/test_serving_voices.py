@@ -7,8 +7,9 @@ import os
 import httpx
 import numpy as np
 import pytest
-from omni_stream.realtime.settings import Settings
 from serving_helpers import make_checkpoint, running_server, wav_bytes
+
+from omni_stream.realtime.settings import Settings
 
 TEXT = "Speak in my voice."
 

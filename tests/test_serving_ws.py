@@ -11,9 +11,10 @@ import time
 import numpy as np
 import pytest
 import soundfile as sf
-from omni_stream.realtime.settings import Settings
 from serving_helpers import RATE, Session, expected_tone, pcm16, running_server, units_of
 from websockets.sync.client import connect
+
+from omni_stream.realtime.settings import Settings
 
 PATH = "/v1/audio/speech/stream"
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import contextlib
 
 import pytest
-from omni_stream.realtime.text_commit import TextCommitter, commit_text, forced_cut
 from serving_helpers import Session, expected_tone, pcm16, units_of
 from websockets.sync.client import connect
+
+from omni_stream.realtime.text_commit import TextCommitter, commit_text, forced_cut
 
 PATH = "/v1/audio/speech/stream"
 

@@ -6,11 +6,12 @@ import contextlib
 import json
 
 import pytest
-from omni_stream.realtime import speech_ws
-from omni_stream.realtime.settings import Settings
 from serving_helpers import Session, make_checkpoint, running_server, units_of
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
+
+from omni_stream.realtime import speech_ws
+from omni_stream.realtime.settings import Settings
 
 pytest_plugins = ("serving_fixtures",)
 

@@ -17,12 +17,12 @@ import httpx
 import pytest
 import pytest_asyncio
 from lm_helpers import tiny_lm_checkpoint
-from omni_stream.realtime.settings import Settings
 from serving_helpers import LiveServer, text_server
 from text_backend_contract import CHECKS, Reference, TextBackend, chat, check_id, reply
 
 from omni_stream.engine import AsyncEngine
 from omni_stream.errors import ConfigError, UpstreamError
+from omni_stream.realtime.settings import Settings
 from omni_stream.requests import TextRequest
 
 

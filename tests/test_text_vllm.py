@@ -236,9 +236,10 @@ async def test_cli_engine_arguments_reach_async_engine_args_unchanged(monkeypatc
     """``serve --llm DIR --llm-backend vllm --llm-arg ...`` -> the real ``AsyncEngineArgs`` vLLM is built from."""
     import argparse
 
-    from omni_stream.realtime import llm_flags, server
     from test_llm_flags import SCALE_OUT, SCALE_OUT_ARGS
     from vllm.v1.engine.async_llm import AsyncLLM
+
+    from omni_stream.realtime import llm_flags, server
 
     seen = []
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
-from omni_stream.codecs.resample import resample
 from spoken import needs_espeak, speak, spoken_span
 
+from omni_stream.codecs.resample import resample
 from omni_stream.errors import InvalidRequestError
 from omni_stream.models.silero_vad import (
     CHUNK,

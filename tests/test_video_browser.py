@@ -16,9 +16,10 @@ import pytest
 pytest.importorskip("diffusers", reason="needs the [video] extra (diffusers)")
 
 from browser_helpers import chromium, skip_without_browser
-from omni_stream.realtime.settings import Settings
 from serving_helpers import LiveServer
 from video_helpers import video_server, wait_until
+
+from omni_stream.realtime.settings import Settings
 
 pytestmark = pytest.mark.browser
 pytest_plugins = ("video_fixtures",)

@@ -7,6 +7,7 @@ import io
 import av
 import numpy as np
 import pytest
+
 from omni_stream.codecs import UnsupportedFormatError
 from omni_stream.codecs.video import VideoStreamEncoder, avc_codec_string
 

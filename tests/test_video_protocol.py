@@ -6,6 +6,8 @@ import json
 
 import numpy as np
 import pytest
+
+from omni_stream.family import ModelKind
 from omni_stream.realtime.video_protocol import (
     CLOSE_INTERNAL,
     CLOSE_NORMAL,
@@ -19,8 +21,6 @@ from omni_stream.realtime.video_protocol import (
     VideoLimits,
     VideoProtocol,
 )
-
-from omni_stream.family import ModelKind
 from omni_stream.video import ChunkPrompt, PromptSchedule, VideoChunk, VideoInfo, resolve_request
 
 INFO = VideoInfo(

@@ -12,10 +12,11 @@ import pytest
 pytest.importorskip("diffusers", reason="needs the [video] extra (diffusers)")
 
 import av
-from omni_stream.realtime.settings import Settings
 from video_helpers import chunks_begun, steps_after_release, video_server, wait_quiet, wait_until
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
+
+from omni_stream.realtime.settings import Settings
 
 pytest_plugins = ("video_fixtures", "serving_fixtures")
 

@@ -13,9 +13,9 @@ import anyio
 import numpy as np
 import pytest
 from asr_helpers import utterance
-from omni_stream.codecs.resample import resample
 
 from omni_stream.chunks import Audio, TextDelta
+from omni_stream.codecs.resample import resample
 from omni_stream.engine import AsyncEngine
 from omni_stream.errors import DeadlineExceeded, InvalidRequestError
 from omni_stream.family import ModelKind, embedded_checkpoint

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-from omni_stream.realtime.app import create_app
-from omni_stream.realtime.graceful import GracefulServer
-from omni_stream.realtime.settings import Settings
 from serving_helpers import LiveServer
 
 from omni_stream.engine import AsyncEngine
+from omni_stream.realtime.app import create_app
+from omni_stream.realtime.graceful import GracefulServer
+from omni_stream.realtime.settings import Settings
 
 
 @contextlib.contextmanager
