@@ -7,7 +7,8 @@ In process, one engine; requests of ``--frames`` frames run one at a time, first
 load-adaptive choice and each ``--windows`` value, interleaved ``--rounds`` times so drift hits every arm alike).
 The worker's talker steps and codec window jobs are timed with their start and end, and every audio chunk's
 arrival at the caller, so a request's wall splits into talker steps, codec jobs and the worker's idle gaps
-(time the worker had nothing to run: the request was paused, or waiting on the event loop). Prints a line per
+(time the worker had nothing to run: the request was paused, or waiting on the event loop). Before the arms,
+the first full-length request after a ``--short-frames`` one is timed alone with every job ("cold"). Prints a line per
 arm and writes ``first_window_probe_<size>.json`` (under ``$OUT`` if set, else ``benchmarks/results/``).
 """
 
@@ -35,6 +36,7 @@ class Timeline:
         from omni_stream.models.qwen3_tts import stages
 
         self.events: list[tuple[str, float, float, int]] = []  # (kind, start, end, frames or batch)
+        self.t0 = 0.0  # the current request's send time
         step = family.runner.step
 
         def timed_step(batch):
@@ -65,7 +67,7 @@ async def one_request(engine, timeline: Timeline, i: int, frames: int, first: in
     if first is not None:
         fields["initial_codec_chunk_frames"] = first
     arrivals: list[tuple[float, int]] = []
-    t0 = time.perf_counter()
+    t0 = timeline.t0 = time.perf_counter()
     async with engine.speech(TEXT, **fields) as stream:
         async for audio in stream:
             arrivals.append((time.perf_counter(), int(audio.samples.shape[0])))
@@ -121,8 +123,17 @@ async def main(args: argparse.Namespace) -> None:
     arms: list[int | None] = [None, *args.windows]
     rows: dict[str, list[dict]] = {str(a): [] for a in arms}
     async with engine:
+        # The first full-length request after a short one (what a server sees after tts_bench's warm-up), timed
+        # apart: the worker's first long request pays costs the later ones do not.
+        await one_request(engine, timeline, 0, args.short_frames, arms[0])
+        timeline.events.clear()
+        cold = await one_request(engine, timeline, 0, args.frames, arms[0])
+        cold["events"] = [(k, round(1000 * (s - timeline.t0), 3), round(1000 * (e - s), 3), n)
+                          for k, s, e, n in timeline.events]  # fmt: skip
+        timeline.events.clear()
         for a in arms:  # warm-up, not measured: every window size and graph once
             await one_request(engine, timeline, 0, args.frames, a)
+        timeline.events.clear()
         for r in range(args.rounds):
             for a in arms:
                 rows[str(a)].append(await one_request(engine, timeline, r, args.frames, a))
@@ -135,7 +146,12 @@ async def main(args: argparse.Namespace) -> None:
         "torch": torch.__version__,
         "frames": args.frames,
         "arms": {a: {"summary": summary(v), "requests": v} for a, v in rows.items()},
+        "cold": cold,
     }
+    slow = sorted(cold["events"], key=lambda e: -e[2])[:10]
+    print(f"cold first long request: wall {cold['wall_s']:.3f} s  xRT {cold['xrt']:.2f}  steps {cold['step_s']:.3f} s"
+          f"  codec {cold['codec_s']:.3f} s  idle {cold['idle_s']:.3f} s; slowest jobs (kind, at ms, ms, n): {slow}",
+          flush=True)  # fmt: skip
     for a, v in result["arms"].items():
         s = v["summary"]
         print(f"first window {a:>4}: wall {s['wall_s']:.3f} s  TTFA {s['ttfa_ms']:.1f} ms  xRT {s['xrt']:.2f}  "
@@ -157,4 +173,5 @@ if __name__ == "__main__":
     ap.add_argument("--max-batch", type=int, default=128)
     ap.add_argument("--windows", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--short-frames", type=int, default=12, help="the short request before the cold one")
     asyncio.run(main(ap.parse_args()))
