@@ -77,12 +77,15 @@ class CodecWindow:
     """Frames ``[start_frame, start_frame + n_frames)`` of one request (window ``index``), as the talker emitted them.
 
     ``pieces`` are ``[k, n_codebooks]`` code tensors in frame order (views; join them where the decode runs).
+    ``final``: known to be the request's last window when it is decoded (a decoder may then pad it: nothing is
+    decoded after it); a window decoded before the next frame says so stays False even if it turns out last.
     """
 
     pieces: tuple[torch.Tensor, ...]
     start_frame: int
     n_frames: int
     index: int
+    final: bool = False
 
     def codes(self) -> torch.Tensor:
         """The window's codes ``[n_frames, n_codebooks]`` in one tensor."""
@@ -139,7 +142,7 @@ def codec_stage(
 
             async def flush(n: int, final: bool) -> Audio:
                 nonlocal n_held, start, index, want
-                window = CodecWindow(_take_frames(held, n), start, n, index)
+                window = CodecWindow(_take_frames(held, n), start, n, index, final)
                 n_held -= n
                 samples = await decode(ctx, window)
                 audio = Audio(samples, sample_rate, start * samples_per_frame, final)

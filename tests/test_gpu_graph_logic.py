@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from graph_standins import EagerGraphs
 from reference_qwen import tiny_checkpoint
 
 from omni_stream.batch import Batch, Sequence
@@ -101,37 +102,6 @@ def test_padded_bucket_shapes_give_the_exact_shape_codes(cv) -> None:
     assert not exact.use_graphs and exact.graphs is None and exact.capture_graphs() == 0.0
 
 
-class EagerGraphs:
-    """Stands in for GraphSet on CPU: "capture" runs the step once, "replay" runs it again at the same key."""
-
-    def __init__(self, fn) -> None:
-        self.fn, self.graphs = fn, {}
-
-    def __contains__(self, key) -> bool:
-        return key in self.graphs
-
-    def __len__(self) -> int:
-        return len(self.graphs)
-
-    def capture(self, key) -> None:
-        self.fn(*key)
-        self.graphs[key] = True
-
-    def capture_all(self, keys, progress=None, desc="") -> float:
-        for key in keys:
-            self.capture(key)
-        return 0.0
-
-    def replay(self, key) -> bool:
-        if key not in self.graphs:
-            return False
-        self.fn(*key)
-        return True
-
-    def clear(self) -> None:
-        self.graphs.clear()
-
-
 def test_graph_replay_path_matches_eager_on_cpu(cv) -> None:
     reqs = [
         _req(cv, "Hello world, this is a test.", "ryan", 9),
@@ -192,6 +162,64 @@ def test_codec_window_pool_streams_like_private_states(codec, graph_path) -> Non
         assert pool.graph_jobs == 4 and pool.eager_jobs == 2
     pool.release(slots[1])
     assert pool.acquire() == slots[1]
+
+
+@pytest.mark.parametrize(
+    ("n", "windows", "final", "plan"),
+    [
+        (4, (1, 2, 4), False, [4]),
+        (3, (1, 2, 4), False, [2, 1]),
+        (3, (1, 2, 4), True, [4]),
+        (19, (1, 2, 4, 8, 16, 25), False, [16, 2, 1]),
+        (19, (1, 2, 4, 8, 16, 25), True, [25]),
+        (30, (1, 2, 4, 8, 16, 25), True, [25, 8]),
+        (50, (1, 2, 4, 8, 16, 25), False, [25, 25]),
+        (5, (2, 4), False, None),
+        (5, (2, 4), True, [4, 2]),
+        (1, (2, 4), True, [2]),
+    ],
+)
+def test_window_plan_covers_any_length_with_graph_windows(n, windows, final, plan) -> None:
+    from omni_stream.models.qwen3_tts.codec_graphs import window_plan
+
+    assert window_plan(n, windows, final) == plan
+    if plan is not None:
+        assert all(w in windows for w in plan)
+        assert sum(plan) == n if not final else n <= sum(plan) < n + min(windows) + max(windows)
+
+
+def test_windows_of_no_graph_size_replay_split_or_padded_exactly(codec) -> None:
+    """Odd windows (a fixed first window of 3, its ramp, a 3-frame tail) and ICL priming of 7 frames replay graph
+    windows only, and stream exactly what private states give."""
+    from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
+    from omni_stream.models.qwen3_tts.codec_stream import CodecStreamState, decode_window, prime
+    from omni_stream.models.qwen3_tts.stages import SlotWindow, decode_slot_windows
+
+    pool = CodecWindows(codec, capacity=4, graphs=False, windows=(1, 2, 4))
+    pool.graphs = EagerGraphs(pool._graph_step)
+    pool.capture_graphs()
+    gen = torch.Generator().manual_seed(2)
+    context = torch.randint(0, 2048, (7, 16), generator=gen)
+    codes = [torch.randint(0, 2048, (12, 16), generator=gen) for _ in range(2)]
+    bounds = ((0, 3), (3, 9), (9, 12))  # 3 -> [2, 1], 6 -> [4, 2], the last 3 -> [4] padded
+    slots = [pool.acquire(), pool.acquire()]
+    got: list[list] = [[], []]
+    for lo, hi in bounds:
+        jobs = [
+            SlotWindow(slots[i], codes[i][lo:hi], lo == 0, context if (i == 1 and lo == 0) else None, final=hi == 12)
+            for i in range(2)
+        ]
+        for i, audio in enumerate(decode_slot_windows(pool, jobs)):
+            got[i].append(audio)
+    assert pool.eager_jobs == 0 and pool.planned_jobs == 3 + 1  # three odd windows, the 7-frame prime
+    assert pool.graph_jobs == 2 + 2 + 1 + 3  # replays: [2, 1], [4, 2], [4], and the prime's [4, 2, 1]
+    for i in range(2):
+        state = CodecStreamState.zeros(codec, 1)
+        if i == 1:
+            prime(codec, context.T.unsqueeze(0), state)
+        want = [decode_window(codec, codes[i][lo:hi].T[None], state)[0].numpy() for lo, hi in bounds]
+        for g, w in zip(got[i], want, strict=True):
+            assert g.shape == w.shape and float(abs(g - w).max()) < 1e-5
 
 
 def test_codec_jobs_larger_than_the_largest_graph_batch_replay_in_pieces(codec) -> None:

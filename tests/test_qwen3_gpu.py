@@ -283,7 +283,7 @@ def test_codec_windows_on_their_own_stream_equal_the_synchronous_decode(tmp_path
     gen = torch.Generator().manual_seed(0)
     codes = [torch.randint(0, 2048, (10, 16), generator=gen) for _ in range(3)]
     busy = torch.randn(4096, 4096, device="cuda")
-    for lo, hi in ((0, 1), (1, 3), (3, 7), (7, 10)):  # 1, 2, 4 (graphs; 3 windows: pieces of 2), 3 (eager)
+    for lo, hi in ((0, 1), (1, 3), (3, 7), (7, 10)):  # 1, 2, 4 (3 windows: pieces of 2), 3 (replays 2 + 1)
         want = decode_slot_windows(sync, [SlotWindow(i, codes[i][lo:hi], lo == 0) for i in range(3)])
         for _ in range(20):  # keep the default stream busy while the side stream decodes
             busy = busy @ busy / 64
@@ -295,4 +295,40 @@ def test_codec_windows_on_their_own_stream_equal_the_synchronous_decode(tmp_path
         got = [f.result(timeout=0) for f in futures]
         for g, w in zip(got, want, strict=True):
             assert g.dtype == np.float32 and g.shape == w.shape and float(np.abs(g - w).max()) < 1e-4
-    assert side.graph_jobs == sync.graph_jobs > 0 and side.eager_jobs == sync.eager_jobs > 0
+    assert side.graph_jobs == sync.graph_jobs > 0 and side.eager_jobs == sync.eager_jobs == 0
+    assert side.planned_jobs == sync.planned_jobs == 2  # the 3-frame windows: two batch pieces, each 2 + 1
+
+
+def test_codec_windows_of_no_graph_size_replay_graphs_exactly(tmp_path) -> None:
+    """On CUDA graphs (fp32): a 3-frame window (2 + 1), a 7-frame ICL prime (4 + 2 + 1) and a 3-frame last
+    window (padded to 4) give what private eager states give, with no eager decode."""
+    from omni_stream.models.qwen3_tts.checkpoint import write_dummy_checkpoint
+    from omni_stream.models.qwen3_tts.codec import load_speech_tokenizer
+    from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
+    from omni_stream.models.qwen3_tts.codec_stream import CodecStreamState, decode_window, prime
+    from omni_stream.models.qwen3_tts.stages import SlotWindow, decode_slot_windows
+
+    path = write_dummy_checkpoint(CONFIGS / "qwen3-tts-12hz-0.6b-customvoice", tmp_path / "ckpt",
+                                  dtype=torch.float32, weights=False)  # fmt: skip
+    decoder = load_speech_tokenizer(path, "cuda", torch.float32, "dummy", with_encoder=False).eval().decoder
+    pool = CodecWindows(decoder, 4, windows=(1, 2, 4), max_batch=2)
+    pool.capture_graphs()
+    gen = torch.Generator().manual_seed(3)
+    context = torch.randint(0, 2048, (7, 16), generator=gen)
+    codes = [torch.randint(0, 2048, (9, 16), generator=gen) for _ in range(2)]
+    bounds = ((0, 3), (3, 6), (6, 9))
+    got: list[list[np.ndarray]] = [[], []]
+    for lo, hi in bounds:
+        ctx = [context if lo == 0 else None, None]
+        jobs = [SlotWindow(i, codes[i][lo:hi], lo == 0, ctx[i], final=hi == 9) for i in range(2)]
+        for i, audio in enumerate(decode_slot_windows(pool, jobs)):
+            got[i].append(audio)
+    assert pool.eager_jobs == 0 and pool.planned_jobs == 4
+    with torch.inference_mode():
+        for i in range(2):
+            state = CodecStreamState.zeros(decoder, 1)
+            if i == 0:
+                prime(decoder, context.T.unsqueeze(0).cuda(), state)
+            for (lo, hi), g in zip(bounds, got[i], strict=True):
+                w = decode_window(decoder, codes[i][lo:hi].T[None].cuda(), state)[0].float().cpu().numpy()
+                assert g.shape == w.shape and float(np.abs(g - w).max()) < 1e-3

@@ -3,8 +3,14 @@
 Each streaming request holds one row of a :class:`CodecStatePool` for its lifetime. A window job gathers
 the rows of its requests, decodes, and scatters the new states back; on CUDA that whole job is one graph
 per (batch bucket, window frames), with static slot and code buffers (padding rows point at a scratch row),
-so a 2-frame first window costs one replay instead of hundreds of eager launches. Windows of other sizes
-(an utterance's short last window, ICL priming) run the same pool step eagerly.
+so a 2-frame first window costs one replay instead of hundreds of eager launches. A window of another size
+(an utterance's short last window, a ramp from a first window the request fixed, ICL priming) replays too, as
+graph-sized pieces one after the other (:func:`window_plan`; exact, as streamed decodes are for any split); a
+request's last window instead pads its codes up to one graph window and drops the padding's audio (the decoder
+is causal, and the row is not decoded again before its next owner zeroes it). An eager decode of a new length
+costs its first time several hundred milliseconds on CUDA (617 ms for a 19-frame tail on the H200,
+``benchmarks/results/first_window_probe_1.7b.json``), which a new length of last window would pay again and
+again; only windows that no plan covers (window sets without 1) still run eagerly.
 
 :meth:`CodecWindows.issue` only launches a job: on its own ``stream`` (a side stream beside the talker's)
 with its inputs copied from pinned host memory and its audio copied back into pinned host memory, so issuing
@@ -30,6 +36,32 @@ from omni_stream.models.qwen3_tts.codec_stream import CodecStatePool
 from omni_stream.runtime.cuda_graphs import GraphSet, batch_buckets, pick
 
 DEFAULT_WINDOWS = (1, 2, 4, 8, 16, 25)
+
+
+def window_plan(n: int, windows: Sequence[int], final: bool) -> list[int] | None:
+    """Graph window sizes that decode ``n`` frames in order: the largest that fit, one after another; with
+    ``final`` (nothing is decoded after these frames) a remainder that no window equals is padded up to the
+    smallest window above it instead, so the sizes then sum to more than ``n``. None when ``windows`` cannot
+    cover ``n`` (no 1-frame window and not ``final``).
+
+    >>> window_plan(19, (1, 2, 4, 8, 16, 25), final=False), window_plan(19, (1, 2, 4, 8, 16, 25), final=True)
+    ([16, 2, 1], [25])
+    """
+    if n < 1 or not windows:
+        raise ValueError(f"need n >= 1 and some windows, got {n}, {tuple(windows)}")
+    sizes = sorted(set(windows), reverse=True)
+    plan: list[int] = []
+    left = n
+    while left:
+        if final and left < sizes[0] and left not in sizes:
+            plan.append(min(w for w in sizes if w > left))
+            return plan
+        fits = [w for w in sizes if w <= left]
+        if not fits:
+            return None
+        plan.append(fits[0])
+        left -= fits[0]
+    return plan
 
 
 @dataclass(slots=True, frozen=True)
@@ -69,7 +101,8 @@ class CodecWindows:
         stream: torch.cuda.Stream | None = None,
     ) -> None:
         """``graphs``: None = on CUDA; ``max_batch``: largest graph batch (default ``capacity``); ``stream``: the
-        CUDA stream jobs run on (None: the issuing thread's current stream)."""
+        CUDA stream jobs run on (None: the issuing thread's current stream). Windows are split or padded to the
+        graph windows (:func:`window_plan`) whenever :attr:`graphs` is set."""
         self.decoder = decoder
         self.capacity = capacity
         self.scratch = capacity  # the pool's last row: padding rows of a graph batch read and write it
@@ -86,8 +119,9 @@ class CodecWindows:
         self._out: dict[tuple[int, int], torch.Tensor] = {}
         self.graphs = GraphSet(self._graph_step, self.device) if self.use_graphs else None
         self.stream = stream if self.device.type == "cuda" else None
-        self.graph_jobs = 0
-        self.eager_jobs = 0
+        self.graph_jobs = 0  # graph replays
+        self.eager_jobs = 0  # eager decodes
+        self.planned_jobs = 0  # decodes of a length no graph has, replayed split or padded
 
     # -- slots (event loop) ------------------------------------------------------------------------------------
 
@@ -161,53 +195,92 @@ class CodecWindows:
         out.copy_(audio, non_blocking=True)
         return out
 
-    def decode(self, slots: Sequence[int], codes: Sequence[torch.Tensor], fresh: Sequence[bool]) -> list[np.ndarray]:
+    def decode(
+        self,
+        slots: Sequence[int],
+        codes: Sequence[torch.Tensor],
+        fresh: Sequence[bool],
+        final: Sequence[bool] | None = None,
+    ) -> list[np.ndarray]:
         """Decode equal-length windows ``codes[i] [n, 16]`` of the streams in ``slots``; float32 audio each.
 
-        ``fresh[i]``: the stream's first window (its row is zeroed first). Blocks until done (see :meth:`issue`).
+        ``fresh[i]``: the stream's first window (its row is zeroed first); ``final[i]``: its last (nothing is
+        decoded on that row until its next owner's fresh window). Blocks until done (see :meth:`issue`).
         """
-        return self.issue(slots, codes, fresh).wait()
+        return self.issue(slots, codes, fresh, final).wait()
 
     @torch.inference_mode()
-    def issue(self, slots: Sequence[int], codes: Sequence[torch.Tensor], fresh: Sequence[bool]) -> PendingAudio:
+    def issue(
+        self,
+        slots: Sequence[int],
+        codes: Sequence[torch.Tensor],
+        fresh: Sequence[bool],
+        final: Sequence[bool] | None = None,
+    ) -> PendingAudio:
         """Launch :meth:`decode`'s job on :attr:`stream` without waiting for the device."""
         with self._on_stream():
             starting = [s for s, f in zip(slots, fresh, strict=True) if f]
             if starting:
                 self.pool.reset(self._to_device(torch.tensor(starting, dtype=torch.long)))
-            largest = self.batch_buckets[-1]
             n = int(codes[0].shape[0])
+            plan = None
+            if self.graphs is not None:
+                plan = window_plan(n, self.windows, final=final is not None and all(final))
             # More windows than the largest graph batch: several replays beat one eager decode by far
             # (measured at 64 windows: ~165 ms eager, which stalled every talker step behind it).
-            step = largest if self.graphs is not None and n in self.windows else len(slots)
-            pieces = tuple(self._launch(slots[i : i + step], codes[i : i + step]) for i in range(0, len(slots), step))
+            step = self.batch_buckets[-1] if plan is not None else len(slots)
+            pieces = tuple(
+                self._launch(slots[i : i + step], codes[i : i + step], plan) for i in range(0, len(slots), step)
+            )
             event = None
             if self.device.type == "cuda":
                 event = torch.cuda.Event()
                 event.record()
         return PendingAudio(pieces, event)
 
-    def _launch(self, slots: Sequence[int], codes: Sequence[torch.Tensor]) -> torch.Tensor:
-        """One graph replay (or eager decode) of at most the largest bucket's windows; returns host audio."""
-        k, n = len(slots), int(codes[0].shape[0])
-        host = torch.stack([c.T for c in codes])  # [k, 16, n]
-        b = pick(self.batch_buckets, k) if self.graphs is not None and n in self.windows else None
-        if b is not None and self.graphs is not None:
-            static_codes, static_slots = self._static(b, n)
-            if (b, n) not in self.graphs:
-                static_slots.fill_(self.scratch)
-                self.graphs.capture((b, n))
-            index = torch.full((b,), self.scratch, dtype=torch.long)
-            index[:k] = torch.tensor(slots, dtype=torch.long)
-            self._upload(static_codes[:k], host)
-            self._upload(static_slots, index)
-            self.graphs.replay((b, n))
-            self.graph_jobs += 1
-            return self._to_host(self._out[(b, n)][:k])
-        index_d = self._to_device(torch.tensor(slots, dtype=torch.long))
-        audio = self.pool.decode(self._to_device(host), index_d)
-        self.eager_jobs += 1
-        return self._to_host(audio)
+    def _launch(self, slots: Sequence[int], codes: Sequence[torch.Tensor], plan: list[int] | None) -> torch.Tensor:
+        """Decode at most the largest bucket's windows, by ``plan``'s graph replays (else eagerly); host audio."""
+        return self._to_host(self._decode_on_device(slots, torch.stack([c.T for c in codes]), plan))
+
+    def _decode_on_device(self, slots: Sequence[int], host: torch.Tensor, plan: list[int] | None) -> torch.Tensor:
+        """Audio ``[k, n * samples per frame]`` of host codes ``[k, 16, n]`` on the device (a graph's output
+        buffer when one replay does it: copy it off before that graph replays again)."""
+        k, n = len(slots), int(host.shape[2])
+        if plan is None:
+            self.eager_jobs += 1
+            return self.pool.decode(self._to_device(host), self._to_device(torch.tensor(slots, dtype=torch.long)))
+        if plan != [n]:
+            self.planned_jobs += 1
+        outs: list[torch.Tensor] = []
+        start = 0
+        for w in plan:
+            piece = host[:, :, start : start + w]
+            if piece.shape[2] < w:  # the padded end of a last window: repeat its last frame's codes
+                piece = torch.cat([piece, piece[:, :, -1:].expand(k, piece.shape[1], w - piece.shape[2])], dim=2)
+            out = self._replay(slots, piece)
+            outs.append(out if len(plan) == 1 else out.clone())  # a later piece may replay the same graph
+            start += w
+        audio = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        if start > n:  # drop the padding's audio
+            audio = audio[:, : audio.shape[1] * n // start]
+        return audio
+
+    def _replay(self, slots: Sequence[int], host: torch.Tensor) -> torch.Tensor:
+        """One graph replay over host codes ``[k, 16, n]`` (``n`` one of :attr:`windows`); its output buffer."""
+        assert self.graphs is not None
+        k, n = len(slots), int(host.shape[2])
+        b = pick(self.batch_buckets, k)
+        static_codes, static_slots = self._static(b, n)
+        if (b, n) not in self.graphs:
+            static_slots.fill_(self.scratch)
+            self.graphs.capture((b, n))
+        index = torch.full((b,), self.scratch, dtype=torch.long)
+        index[:k] = torch.tensor(slots, dtype=torch.long)
+        self._upload(static_codes[:k], host)
+        self._upload(static_slots, index)
+        self.graphs.replay((b, n))
+        self.graph_jobs += 1
+        return self._out[(b, n)][:k]
 
     @torch.inference_mode()
     def prime(self, slot: int, context: torch.Tensor) -> None:
@@ -215,4 +288,5 @@ class CodecWindows:
         with self._on_stream():
             index = self._to_device(torch.tensor([slot], dtype=torch.long))
             self.pool.reset(index)
-            self.pool.decode(self._to_device(context.T.unsqueeze(0).contiguous()), index)
+            plan = window_plan(int(context.shape[0]), self.windows, final=False) if self.graphs is not None else None
+            self._decode_on_device([slot], context.T.unsqueeze(0).contiguous(), plan)

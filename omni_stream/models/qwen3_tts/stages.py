@@ -68,6 +68,7 @@ class SlotWindow:
     fresh: bool
     context: torch.Tensor | None = None
     first: bool = False  # the request's first window: its job is waited for at once
+    final: bool = False  # the request's last window: the row is not decoded again (it may be padded)
     audio: concurrent.futures.Future[np.ndarray] = field(default_factory=concurrent.futures.Future)
 
 
@@ -90,7 +91,9 @@ def _prime_contexts(pool: CodecWindows, jobs: list[SlotWindow]) -> None:
 def decode_slot_windows(pool: CodecWindows, jobs: list[SlotWindow]) -> list[np.ndarray]:
     """Batched job (device worker): equal-length windows of several requests, each on its own state row."""
     _prime_contexts(pool, jobs)
-    return pool.decode([j.slot for j in jobs], [j.codes for j in jobs], [j.fresh for j in jobs])
+    return pool.decode(
+        [j.slot for j in jobs], [j.codes for j in jobs], [j.fresh for j in jobs], [j.final for j in jobs]
+    )
 
 
 def _settle(future: concurrent.futures.Future[np.ndarray], audio: np.ndarray | None, error: BaseException | None):
@@ -112,7 +115,9 @@ def issue_slot_windows(
     settled when ``completions`` collects the job (after a talker step), or before returning when a window of
     the job is its request's first (the wait is then the first chunk's latency, which nothing should add to)."""
     _prime_contexts(pool, jobs)
-    pending = pool.issue([j.slot for j in jobs], [j.codes for j in jobs], [j.fresh for j in jobs])
+    pending = pool.issue(
+        [j.slot for j in jobs], [j.codes for j in jobs], [j.fresh for j in jobs], [j.final for j in jobs]
+    )
 
     def then(error: BaseException | None) -> None:
         if error is not None:
@@ -212,7 +217,7 @@ def codec_stage(
                 if slot is None:
                     assert state is not None
                     return await worker.submit_batched((key_prefix, n), CodecWindow(state, codes, context), batch_fn)
-                job = SlotWindow(slot, codes, window.index == 0, context, first=window.index == 0)
+                job = SlotWindow(slot, codes, window.index == 0, context, first=window.index == 0, final=window.final)
                 if completions is None:
                     return await worker.submit_batched((key_prefix, "slots", n), job, slot_batch_fn)
                 issued = await worker.submit_batched((key_prefix, "issue", n), job, slot_issue_fn)
