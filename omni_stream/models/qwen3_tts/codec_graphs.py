@@ -270,6 +270,7 @@ class CodecWindows:
         assert self.graphs is not None
         k, n = len(slots), int(host.shape[2])
         b = pick(self.batch_buckets, k)
+        assert b is not None, f"{k} windows in one replay: more than the largest graph batch"
         static_codes, static_slots = self._static(b, n)
         if (b, n) not in self.graphs:
             static_slots.fill_(self.scratch)
