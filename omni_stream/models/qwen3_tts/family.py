@@ -61,14 +61,14 @@ log = logging.getLogger(__name__)
 
 # Codec windows on CUDA: "off" (default): on the talker's stream, each job run and waited for by the worker
 # between talker steps; "high" or "normal": on their own stream of that priority, launched by the worker and
-# collected by it after its next talker step. Measured on the H200 (benchmarks/results/tts_bench.md, run 10)
-# the side stream lost: its conv kernels fill the GPU, so the talker's step waits behind them on either
-# priority, and collecting a job a step later made HTTP c=1 6.7x per stream instead of 9.0x.
+# collected by it after its next talker step. Measured on the H200 (benchmarks/results/tts_bench.md, run 15)
+# the side stream does not pay: its conv kernels fill the GPU, so the talker's step waits behind them (24 ms
+# instead of 15 ms at c=128, continuity 75 % instead of 88 %), for the same throughput.
 ENV_CODEC_STREAM = "OMNI_STREAM_CODEC_STREAM"
 CODEC_STREAM_MODES = ("off", "high", "normal")
 # "on": newcomers wait while a playing stream's listener is about to run dry (omni_stream.admission). Off by
-# default: measured at c=64 it tripled TTFA and cost continuity; at c=128 it raised continuity 50 -> 77 %
-# for 7 % less throughput (run 10).
+# default: measured (runs 15-16, one server per arm) it keeps continuity at 100 % at c=64 and c=128 (88 % without
+# at c=128, underrun p99 64 ms instead of 310 ms) but at c=64 costs 40 % more TTFA p50 and 13 % of throughput.
 ENV_ADMISSION = "OMNI_STREAM_ADMISSION"
 
 SAMPLE_RATE = 24000
