@@ -95,6 +95,7 @@ def bench_code_predictor(lm, batches: list[int], eager_reps: int, graph_reps: in
 
 
 CATEGORIES = (
+    ("small linear (Triton)", ("small_linear",)),
     ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "splitk")),
     ("attention", ("flash", "fmha", "attention", "cudnn", "sdpa")),
     ("sort/top-k", ("sort", "radix", "topk")),

@@ -205,7 +205,38 @@ def test_triton_kernels_equal_torch_versions_on_cuda(dtype) -> None:
     torch.testing.assert_close(tk.silu_mul(gu), fused.silu_mul(gu), **tol)
 
 
-def test_fused_talker_matches_module_talker_on_cuda(tmp_path) -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_small_batch_linear_equals_torch_and_is_batch_invariant_on_cuda(dtype) -> None:
+    from omni_stream.models.qwen3_tts import fused
+    from omni_stream.runtime import triton_kernels as tk
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    g = torch.Generator(device="cuda").manual_seed(5)
+
+    def r(*s, scale=1.0):
+        return (torch.randn(*s, generator=g, device="cuda") * scale).to(dtype)
+
+    # the 1.7B projections: talker q/k/v, o, gate/up, down; code predictor down; the predictor's input projection
+    for n, k in ((4096, 2048), (2048, 2048), (12288, 2048), (2048, 6144), (1024, 3072), (1024, 2048)):
+        w, bias, nw = r(n, k, scale=k**-0.5), r(n), r(k)
+        x, res, gu = r(16, 1, k), r(16, 1, n), r(16, 1, 2 * k)
+        kws = ({}, {"bias": bias}, {"norm_weight": nw, "eps": 1e-6}, {"residual": res})
+        for kw in kws:
+            got, want = tk.linear(x, w, **kw), fused.linear(x, w, **kw)
+            err = float((got.float() - want.float()).norm() / want.float().norm())
+            assert err < (1e-5 if dtype == torch.float32 else 1e-2), (n, k, kw.keys(), err)
+            for m in (1, 2, 5):  # a row's result is the same bits alone or among 16
+                assert torch.equal(tk.linear(x[:m], w, **{a: v[:m] if a == "residual" else v for a, v in kw.items()}),
+                                   got[:m])  # fmt: skip
+        if 2 * k <= 12288:
+            got = tk.linear(gu, w, gated=True, residual=res)
+            want = fused.linear(gu, w, gated=True, residual=res)
+            err = float((got.float() - want.float()).norm() / want.float().norm())
+            assert err < (1e-5 if dtype == torch.float32 else 1e-2), (n, k, "gated", err)
+
+
+@pytest.mark.parametrize("rows", [(2, 40), (1, 12)])  # the cuBLAS flow, the small-batch flow
+def test_fused_talker_matches_module_talker_on_cuda(tmp_path, rows) -> None:
     """fp32 weights at real size: the fused layers compute the module layers' function."""
     from omni_stream.models.qwen3_tts.fused import triton_kernels
     from omni_stream.runtime.kv_cache import attention
@@ -214,9 +245,10 @@ def test_fused_talker_matches_module_talker_on_cuda(tmp_path) -> None:
     _, _, lm = _from_config(tmp_path, "qwen3-tts-12hz-1.7b-customvoice", torch.float32)
     talker = lm.talker
     g = torch.Generator(device="cuda").manual_seed(1)
-    x = torch.randn(2, 40, lm.config.talker.decoder.hidden_size, generator=g, device="cuda")
-    pos = torch.arange(40, device="cuda")[None].expand(2, -1)
-    causal = torch.ones(40, 40, dtype=torch.bool, device="cuda").tril()
+    b, t = rows
+    x = torch.randn(b, t, lm.config.talker.decoder.hidden_size, generator=g, device="cuda")
+    pos = torch.arange(t, device="cuda")[None].expand(b, -1)
+    causal = torch.ones(t, t, dtype=torch.bool, device="cuda").tril()
 
     def attend(_layer, q, k, v):
         return attention(q, k, v, causal)
@@ -224,8 +256,10 @@ def test_fused_talker_matches_module_talker_on_cuda(tmp_path) -> None:
     with torch.no_grad():
         talker.use_kernels(None)
         want = talker(x, pos, attend)
-        talker.use_kernels(triton_kernels())
+        kernels = triton_kernels(small_rows=16)
+        talker.use_kernels(kernels)
         got = talker(x, pos, attend)
+    assert (b * t <= kernels.small_rows) == (rows == (1, 12))
     err = (got - want).norm() / want.norm()
     assert err < 1e-4, float(err)
 

@@ -1,6 +1,9 @@
 """Triton kernels for the decoder layer's elementwise chains (imported only where Triton is installed).
 
-Each replaces a chain of eager kernels with one launch; the GEMMs and attention stay with cuBLAS/SDPA.
+Each replaces a chain of eager kernels with one launch. Attention stays with SDPA and the GEMMs with cuBLAS,
+except at 1-16 rows (decode at small batch), where :func:`linear` reads the weight in one launch with its
+neighbours folded in: the RMSNorm before it, the SiLU gate before the down projection, the bias and the
+residual add after it (three launches a layer fewer, and cuBLAS's M=1 kernels read weights at ~1 TB/s).
 Rounding follows the eager bf16 path where it is cheap to (the residual sum, the normalized activations
 before the weight, the SiLU output are rounded to the activation dtype as eager rounds them); the rotary
 combination is computed in fp32 and rounded once. :mod:`omni_stream.models.qwen3_tts.fused` holds the
@@ -8,6 +11,8 @@ torch versions these are tested against (``TRITON_INTERPRET=1`` runs them on the
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -143,6 +148,131 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     block = min(1024, triton.next_power_of_2(n))
     _silu_mul_kernel[(rows.shape[0], triton.cdiv(n, block))](rows, out, n, BLOCK=block, num_warps=4)
     return out.view(*gate_up.shape[:-1], n)
+
+
+# -- small-batch projections ----------------------------------------------------------------------------------
+
+SMALL_ROWS = 16  # the row tile of the small-batch projection; a call may pass at most this many rows
+
+
+@triton.jit
+def _small_linear_kernel(
+    x_ptr, w_ptr, nw_ptr, bias_ptr, res_ptr, out_ptr,
+    M, N, K, x_stride, res_stride, eps,
+    NORM: tl.constexpr, GATED: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    rm = tl.arange(0, BLOCK_M)
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    mm = rm < M
+    nm = rn < N
+    dt = out_ptr.dtype.element_ty
+    xrow = x_ptr + rm.to(tl.int64)[:, None] * x_stride
+    if NORM:  # every program normalizes the rows itself: K values a row, read from L2
+        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + rk
+            v = tl.load(xrow + kk[None, :], mask=mm[:, None] & (kk < K)[None, :], other=0.0).to(tl.float32)
+            ss += tl.sum(v * v, axis=1)
+        inv = tl.rsqrt(ss / K + eps)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    wrow = w_ptr + rn.to(tl.int64)[:, None] * K
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        km = kk < K
+        xm = mm[:, None] & km[None, :]
+        if GATED:  # x = [gate | up], each K wide
+            g = tl.load(xrow + kk[None, :], mask=xm, other=0.0).to(tl.float32)
+            u = tl.load(xrow + K + kk[None, :], mask=xm, other=0.0).to(tl.float32)
+            a = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * u).to(dt)
+        elif NORM:
+            v = tl.load(xrow + kk[None, :], mask=xm, other=0.0).to(tl.float32)
+            nw = tl.load(nw_ptr + kk, mask=km, other=0.0).to(tl.float32)
+            a = ((v * inv[:, None]).to(dt).to(tl.float32) * nw[None, :]).to(dt)
+        else:
+            a = tl.load(xrow + kk[None, :], mask=xm, other=0.0).to(dt)
+        w = tl.load(wrow + kk[None, :], mask=nm[:, None] & km[None, :], other=0.0)
+        if IEEE:
+            acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, tl.trans(w), acc)
+    if BIAS:
+        acc += tl.load(bias_ptr + rn, mask=nm, other=0.0).to(tl.float32)[None, :]
+    y = acc.to(dt)
+    om = mm[:, None] & nm[None, :]
+    if RESIDUAL:  # the residual add rounds the projection first, as the eager ``x + linear(...)`` does
+        r = tl.load(res_ptr + rm.to(tl.int64)[:, None] * res_stride + rn[None, :], mask=om, other=0.0)
+        y = (y.to(tl.float32) + r.to(tl.float32)).to(dt)
+    tl.store(out_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], y, mask=om)
+
+
+@dataclass(slots=True, frozen=True)
+class SmallLinearBlocks:
+    """Launch shape of the small-batch projection: output columns and reduction width per program."""
+
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+def small_linear_blocks(n: int, k: int) -> SmallLinearBlocks:
+    """Tile sizes for an ``[N, K]`` weight: a function of the weight alone, never of the row count.
+
+    The row tile is always :data:`SMALL_ROWS`, so a row's sums run in the same order whether it is
+    projected alone or with 15 others (batched rows get their solo results bit for bit). At 1-16 rows
+    the call is a weight read: 16 columns a program spreads a 1024-4096-column weight over 64-256
+    programs, and the reduction is cut in 256-wide slices pipelined over a few stages.
+    """
+    block_k = min(256, triton.next_power_of_2(k))
+    return SmallLinearBlocks(block_n=16, block_k=block_k, num_warps=4, num_stages=3)
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    gated: bool = False,
+    residual: torch.Tensor | None = None,
+    blocks: SmallLinearBlocks | None = None,
+) -> torch.Tensor:
+    """:func:`omni_stream.models.qwen3_tts.fused.linear` for at most :data:`SMALL_ROWS` rows, one launch.
+
+    ``blocks`` overrides :func:`small_linear_blocks` (benchmarks sweep it).
+    """
+    n, k = weight.shape
+    width = x.shape[-1]
+    if width != (2 * k if gated else k):
+        raise ValueError(f"input width {width} does not fit a [{n}, {k}] weight (gated: {gated})")
+    rows = x.reshape(-1, width)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    m = rows.shape[0]
+    if m > SMALL_ROWS:
+        raise ValueError(f"the small-batch projection takes at most {SMALL_ROWS} rows, got {m}")
+    if not weight.is_contiguous():
+        raise ValueError("the weight must be contiguous")
+    out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
+    res = rows
+    res_stride = 0
+    if residual is not None:
+        res = residual.reshape(-1, n)
+        if res.stride(-1) != 1:
+            res = res.contiguous()
+        res_stride = res.stride(0)
+    b = blocks or small_linear_blocks(n, k)
+    _small_linear_kernel[(triton.cdiv(n, b.block_n),)](
+        rows, weight, weight if norm_weight is None else norm_weight, weight if bias is None else bias, res, out,
+        m, n, k, rows.stride(0), res_stride, eps,
+        NORM=norm_weight is not None, GATED=gated, BIAS=bias is not None, RESIDUAL=residual is not None,
+        IEEE=x.dtype == torch.float32, BLOCK_M=SMALL_ROWS, BLOCK_N=b.block_n, BLOCK_K=b.block_k,
+        num_warps=b.num_warps, num_stages=b.num_stages,
+    )  # fmt: skip
+    return out
 
 
 @triton.jit

@@ -74,11 +74,20 @@ class CodePredictor(nn.Module):
         self._caches: dict[tuple[int, torch.dtype, torch.device], FrameKVCache] = {}
         self._rope: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
         self.sample: Callable[[torch.Tensor, SamplingTensors, torch.Tensor | None], torch.Tensor] = sample
+        self.kernels: DecodeKernels | None = None
 
     def use_kernels(self, kernels: DecodeKernels | None) -> None:
         """Run the decoder layers fused through ``kernels`` (None: the modules)."""
         self.sample = sample if kernels is None else kernels.sample
+        self.kernels = kernels
         use_kernels(self.model.layers, kernels)
+
+    def _linear(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """``module(x)`` for a linear layer; the kernels' small-batch projection at few rows."""
+        k = self.kernels
+        if k is None or not isinstance(module, nn.Linear) or x.numel() // x.shape[-1] > k.small_rows:
+            return module(x)
+        return k.linear(x, module.weight, bias=module.bias)
 
     def _cache(self, batch: int, dtype: torch.dtype, device: torch.device) -> FrameKVCache:
         key = (batch, dtype, device)
@@ -110,7 +119,8 @@ class CodePredictor(nn.Module):
         b = hidden.shape[0]
         cache = self._cache(b, hidden.dtype, hidden.device)
         cos_all, sin_all = self._tables(hidden.dtype, hidden.device)
-        x = self.small_to_mtp_projection(torch.stack((hidden, c0_embed), dim=1))
+        proj = self.small_to_mtp_projection
+        x = self._linear(proj, torch.stack((hidden, c0_embed), dim=1))
         codes = []
         pos = 0
         for j in range(STEPS):
@@ -119,9 +129,9 @@ class CodePredictor(nn.Module):
             sin = sin_all[:, pos : pos + n].expand(b, -1, -1)
             out = run_layers(self.model.layers, self.model.norm, x, cos, sin, attend_at(cache, pos))
             pos += n
-            logits = self.lm_head[j](out[:, -1])
+            logits = self._linear(self.lm_head[j], out[:, -1])
             token = self.sample(logits, params, None if noise is None else noise[:, j])
             codes.append(token)
             if j + 1 < STEPS:
-                x = self.small_to_mtp_projection(self.model.codec_embedding[j](token))[:, None]
+                x = self._linear(proj, self.model.codec_embedding[j](token))[:, None]
         return torch.stack(codes, dim=1)

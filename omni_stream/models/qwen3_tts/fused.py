@@ -10,7 +10,14 @@ its own). The fused layer is
     h = norm(x += o @ Wo)           one GEMM, one kernel
     delta = silu_mul(h @ Wgu) @ Wd  one GEMM over the concatenated gate/up weights, one kernel, one GEMM
 
-so ~12 launches a layer, and the stack's final norm absorbs the last residual add. The samplers (code 0
+so ~12 launches a layer, and the stack's final norm absorbs the last residual add. At 1-16 rows (decode at
+small batch) the layer is instead four projections with their neighbours folded in (:func:`linear`)
+
+    qkv = norm(x) @ Wqkv;  q, k = qk_norm_rope(qkv);  o = attend(q, k, v)
+    x = x + o @ Wo;  gu = norm(x) @ Wgu;  x = x + silu_mul(gu) @ Wd
+
+so ~8 launches, no pending residual between layers, and the projections read their weights in one
+Triton launch each instead of cuBLAS's batch-1 kernels. The samplers (code 0
 and the 15 code-predictor steps) are the other hot chain: temperature, top-k, top-p and the exponential
 race are ~30 launches with two sorts in torch, one kernel per row in Triton. :class:`DecodeKernels`
 is the set of these functions: :data:`TORCH` (plain torch, the reference; also what the
@@ -82,6 +89,29 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    gated: bool = False,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``residual + prologue(x) @ weight.T + bias``: a projection with its neighbours folded in.
+
+    The prologue is ``rms_norm(x) * norm_weight`` when ``norm_weight`` is given, ``silu(gate) * up`` of
+    ``x = [gate | up]`` when ``gated``, else ``x``; ``bias`` and ``residual`` may be None.
+    """
+    if norm_weight is not None:
+        x = _norm(x, norm_weight, eps)
+    elif gated:
+        x = silu_mul(x)
+    y = F.linear(x, weight, bias)
+    return y if residual is None else residual + y
+
+
 @dataclass(slots=True, frozen=True)
 class DecodeKernels:
     """The fused layer's elementwise functions (signatures of this module's torch versions)."""
@@ -91,16 +121,37 @@ class DecodeKernels:
     silu_mul: Callable[[torch.Tensor], torch.Tensor]
     sample: Callable[[torch.Tensor, SamplingTensors, torch.Tensor | None], torch.Tensor]
     name: str
+    # Projections of at most this many rows go through ``linear`` with their neighbours folded in (0: never).
+    linear: Callable[..., torch.Tensor] = linear
+    small_rows: int = 0
 
 
-TORCH = DecodeKernels(add_rms_norm, qk_norm_rope, silu_mul, sample, name="torch")
+SMALL_ROWS = 16  # the Triton small-batch projection's row tile (``triton_kernels.SMALL_ROWS``)
+ENV_SMALL_ROWS = "OMNI_STREAM_SMALL_ROWS"  # at most this many rows take the small-batch path on CUDA (0: never)
+
+# The torch reference takes the small-row layout too, so the CPU tests run both layer flows.
+TORCH = DecodeKernels(add_rms_norm, qk_norm_rope, silu_mul, sample, name="torch", small_rows=SMALL_ROWS)
 
 
-def triton_kernels() -> DecodeKernels:
-    """The Triton versions (imports Triton)."""
+def small_rows_setting(default: int = SMALL_ROWS) -> int:
+    """``OMNI_STREAM_SMALL_ROWS`` (0..16), else ``default``."""
+    raw = os.environ.get(ENV_SMALL_ROWS, "").strip()
+    if not raw:
+        return default
+    value = int(raw)
+    if not 0 <= value <= SMALL_ROWS:
+        raise ValueError(f"{ENV_SMALL_ROWS} must be 0..{SMALL_ROWS}, got {raw}")
+    return value
+
+
+def triton_kernels(small_rows: int | None = None) -> DecodeKernels:
+    """The Triton versions (imports Triton); ``small_rows`` None: :func:`small_rows_setting`."""
     from omni_stream.runtime import triton_kernels as tk
 
-    return DecodeKernels(tk.add_rms_norm, tk.qk_norm_rope, tk.silu_mul, tk.sample, name="triton")
+    rows = small_rows_setting() if small_rows is None else small_rows
+    return DecodeKernels(
+        tk.add_rms_norm, tk.qk_norm_rope, tk.silu_mul, tk.sample, name="triton", linear=tk.linear, small_rows=rows
+    )
 
 
 def default_kernels(device: torch.device) -> DecodeKernels | None:
