@@ -7,8 +7,8 @@ Run on a CUDA machine: ``python benchmarks/small_linear.py [--size 1.7b] [--swee
    ring of distinct weights larger than L2 (so every call reads its weight from HBM, as a decode step does);
    ``--sweep`` also times a grid of tile shapes at 1 row and reports the best.
 2. The code-predictor loop (15 steps with sampling) and the whole decode step as CUDA graphs at batch 1-16,
-   with ``small_rows`` 0 (cuBLAS and the separate norm / SiLU / residual kernels) and 16 (the folded
-   projections), plus a CUPTI kernel profile of each at batch 1.
+   with ``small_rows`` 0 (every projection on cuBLAS) and 16 (the Triton projection up to 16 rows), plus a
+   CUPTI kernel profile of each at batch 1.
 
 Prints a table last; writes ``small_linear.json`` to ``$OUT`` (or ``benchmarks/results``).
 """
@@ -37,18 +37,19 @@ CALLS = 200
 RING_BYTES = 512 << 20
 
 
-def projections(size: str) -> dict[str, tuple[int, int, str]]:
-    """name -> (N, K, variant) for the decoder projections of the talker and the code predictor."""
+def projections(size: str) -> dict[str, tuple[int, int]]:
+    """name -> (N, K) for the decoder projections of the talker and the code predictor, and the predictor's others."""
     cfg = load_config(CONFIGS[size])
     out = {}
     for who, d in (("talker", cfg.talker.decoder), ("cp", cfg.code_predictor)):
-        qkv = (d.num_attention_heads + 2 * d.num_key_value_heads) * d.head_dim
-        out[f"{who}.qkv"] = (qkv, d.hidden_size, "norm")
-        out[f"{who}.o"] = (d.hidden_size, d.num_attention_heads * d.head_dim, "residual")
-        out[f"{who}.gate_up"] = (2 * d.intermediate_size, d.hidden_size, "norm")
-        out[f"{who}.down"] = (d.hidden_size, d.intermediate_size, "gated")
+        out[f"{who}.qkv"] = ((d.num_attention_heads + 2 * d.num_key_value_heads) * d.head_dim, d.hidden_size)
+        out[f"{who}.o"] = (d.hidden_size, d.num_attention_heads * d.head_dim)
+        out[f"{who}.gate_up"] = (2 * d.intermediate_size, d.hidden_size)
+        out[f"{who}.down"] = (d.hidden_size, d.intermediate_size)
     cp = cfg.code_predictor
-    out["cp.lm_head"] = (cp.vocab_size, cp.hidden_size, "plain")
+    out["cp.lm_head"] = (cp.vocab_size, cp.hidden_size)
+    if cfg.talker.decoder.hidden_size != cp.hidden_size:
+        out["cp.input_proj"] = (cp.hidden_size, cfg.talker.decoder.hidden_size)
     return out
 
 
@@ -72,34 +73,23 @@ def time_calls(fn_for, n: int, k: int) -> float:
     return 1000.0 * ms / CALLS
 
 
-def bench_projection(n: int, k: int, variant: str, rows: int, blocks: tk.SmallLinearBlocks | None) -> dict:
-    gated = variant == "gated"
-    width = 2 * k if gated else k
-    x = torch.randn(rows, width, device="cuda", dtype=torch.bfloat16)
-    nw = torch.randn(k, device="cuda", dtype=torch.bfloat16)
-    res = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
-    kw: dict = {}
-    if variant == "norm":
-        kw = {"norm_weight": nw, "eps": 1e-6}
-    elif variant == "gated":
-        kw = {"gated": True, "residual": res}
-    elif variant == "residual":
-        kw = {"residual": res}
-    cublas = time_calls(lambda w: lambda: F.linear(x[:, :k], w), n, k)
-    triton = time_calls(lambda w: lambda: tk.linear(x, w, blocks=blocks, **kw), n, k)
+def bench_projection(n: int, k: int, rows: int, blocks: tk.SmallLinearBlocks | None) -> dict:
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    cublas = time_calls(lambda w: lambda: F.linear(x, w), n, k)
+    triton = time_calls(lambda w: lambda: tk.linear(x, w, blocks=blocks), n, k)
     gb = n * k * 2 / 1e9
     return {"cublas_us": cublas, "triton_us": triton, "cublas_tbps": gb / cublas * 1e3,
             "triton_tbps": gb / triton * 1e3}  # fmt: skip
 
 
-def sweep(n: int, k: int, variant: str) -> dict:
+def sweep(n: int, k: int) -> dict:
     best: dict | None = None
     for bn, bk, warps, stages in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (2, 4)):
         if bk > triton_next(k) or bn * bk > 32768:
             continue
         blocks = tk.SmallLinearBlocks(bn, bk, warps, stages)
         try:
-            r = bench_projection(n, k, "plain", 1, blocks)  # the tile choice, not the prologue, is swept
+            r = bench_projection(n, k, 1, blocks)
         except Exception as exc:  # a tile that does not compile or fit is skipped
             print(f"    {blocks}: {type(exc).__name__}", flush=True)
             continue
@@ -126,17 +116,16 @@ def main() -> int:
     result: dict = {"git_commit": git_commit(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                     "size": args.size, "projections": {}, "loops": {}}  # fmt: skip
     print(f"== projections ({args.size}, bf16, us per call, weights from HBM)", flush=True)
-    for name, (n, k, variant) in projections(args.size).items():
-        entry: dict = {"n": n, "k": k, "variant": variant,
-                       "default_blocks": list(vars_of(tk.small_linear_blocks(n, k)))}  # fmt: skip
+    for name, (n, k) in projections(args.size).items():
+        entry: dict = {"n": n, "k": k, "default_blocks": list(vars_of(tk.small_linear_blocks(n, k)))}
         for rows in (1, 2, 8, 16):
-            entry[f"rows_{rows}"] = r = bench_projection(n, k, variant, rows, None)
-            print(f"  {name:12s} [{n:5d} x {k:5d}] {variant:8s} rows {rows:2d}: cuBLAS {r['cublas_us']:6.2f} us"
+            entry[f"rows_{rows}"] = r = bench_projection(n, k, rows, None)
+            print(f"  {name:14s} [{n:5d} x {k:5d}] rows {rows:2d}: cuBLAS {r['cublas_us']:6.2f} us"
                   f" ({r['cublas_tbps']:.2f} TB/s)  Triton {r['triton_us']:6.2f} us ({r['triton_tbps']:.2f} TB/s)",
                   flush=True)  # fmt: skip
         if args.sweep:
-            entry["best_1_row"] = best = sweep(n, k, variant)
-            print(f"  {name:12s} best tile at 1 row {best['blocks']}: {best['triton_us']:.2f} us", flush=True)
+            entry["best_1_row"] = best = sweep(n, k)
+            print(f"  {name:14s} best tile at 1 row {best['blocks']}: {best['triton_us']:.2f} us", flush=True)
         result["projections"][name] = entry
     batches = [int(b) for b in args.batches.split(",")]
     with tempfile.TemporaryDirectory() as tmp:

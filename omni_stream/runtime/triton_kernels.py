@@ -1,9 +1,9 @@
 """Triton kernels for the decoder layer's elementwise chains (imported only where Triton is installed).
 
 Each replaces a chain of eager kernels with one launch. Attention stays with SDPA and the GEMMs with cuBLAS,
-except at 1-16 rows (decode at small batch), where :func:`linear` reads the weight in one launch with its
-neighbours folded in: the RMSNorm before it, the SiLU gate before the down projection, the bias and the
-residual add after it (three launches a layer fewer, and cuBLAS's M=1 kernels read weights at ~1 TB/s).
+except at 1-16 rows (decode at small batch), where :func:`linear` reads the weight in one launch: cuBLAS's
+heuristic picks a 12.7 us kernel for the code predictor's 1024 x 2048 output projection at one row, where a
+plain tiled read takes 5.1 us (``benchmarks/results/small_linear.md``).
 Rounding follows the eager bf16 path where it is cheap to (the residual sum, the normalized activations
 before the weight, the SiLU output are rounded to the activation dtype as eager rounds them); the rotary
 combination is computed in fp32 and rounded once. :mod:`omni_stream.models.qwen3_tts.fused` holds the
@@ -157,41 +157,21 @@ SMALL_ROWS = 16  # the row tile of the small-batch projection; a call may pass a
 
 @triton.jit
 def _small_linear_kernel(
-    x_ptr, w_ptr, nw_ptr, bias_ptr, res_ptr, out_ptr,
-    M, N, K, x_stride, res_stride, eps,
-    NORM: tl.constexpr, GATED: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr, w_ptr, bias_ptr, out_ptr, M, N, K, x_stride,
+    BIAS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     rm = tl.arange(0, BLOCK_M)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     mm = rm < M
     nm = rn < N
-    dt = out_ptr.dtype.element_ty
     xrow = x_ptr + rm.to(tl.int64)[:, None] * x_stride
-    if NORM:  # every program normalizes the rows itself: K values a row, read from L2
-        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + rk
-            v = tl.load(xrow + kk[None, :], mask=mm[:, None] & (kk < K)[None, :], other=0.0).to(tl.float32)
-            ss += tl.sum(v * v, axis=1)
-        inv = tl.rsqrt(ss / K + eps)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     wrow = w_ptr + rn.to(tl.int64)[:, None] * K
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         km = kk < K
-        xm = mm[:, None] & km[None, :]
-        if GATED:  # x = [gate | up], each K wide
-            g = tl.load(xrow + kk[None, :], mask=xm, other=0.0).to(tl.float32)
-            u = tl.load(xrow + K + kk[None, :], mask=xm, other=0.0).to(tl.float32)
-            a = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * u).to(dt)
-        elif NORM:
-            v = tl.load(xrow + kk[None, :], mask=xm, other=0.0).to(tl.float32)
-            nw = tl.load(nw_ptr + kk, mask=km, other=0.0).to(tl.float32)
-            a = ((v * inv[:, None]).to(dt).to(tl.float32) * nw[None, :]).to(dt)
-        else:
-            a = tl.load(xrow + kk[None, :], mask=xm, other=0.0).to(dt)
+        a = tl.load(xrow + kk[None, :], mask=mm[:, None] & km[None, :], other=0.0)
         w = tl.load(wrow + kk[None, :], mask=nm[:, None] & km[None, :], other=0.0)
         if IEEE:
             acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
@@ -199,12 +179,8 @@ def _small_linear_kernel(
             acc = tl.dot(a, tl.trans(w), acc)
     if BIAS:
         acc += tl.load(bias_ptr + rn, mask=nm, other=0.0).to(tl.float32)[None, :]
-    y = acc.to(dt)
     om = mm[:, None] & nm[None, :]
-    if RESIDUAL:  # the residual add rounds the projection first, as the eager ``x + linear(...)`` does
-        r = tl.load(res_ptr + rm.to(tl.int64)[:, None] * res_stride + rn[None, :], mask=om, other=0.0)
-        y = (y.to(tl.float32) + r.to(tl.float32)).to(dt)
-    tl.store(out_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], y, mask=om)
+    tl.store(out_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=om)
 
 
 @dataclass(slots=True, frozen=True)
@@ -221,34 +197,34 @@ def small_linear_blocks(n: int, k: int) -> SmallLinearBlocks:
     """Tile sizes for an ``[N, K]`` weight: a function of the weight alone, never of the row count.
 
     The row tile is always :data:`SMALL_ROWS`, so a row's sums run in the same order whether it is
-    projected alone or with 15 others (batched rows get their solo results bit for bit). At 1-16 rows
-    the call is a weight read: 16 columns a program spreads a 1024-4096-column weight over 64-256
-    programs, and the reduction is cut in 256-wide slices pipelined over a few stages.
+    projected alone or with 15 others (batched rows get their solo results bit for bit). The column
+    widths are the fastest of a sweep on the H200 at one row (``benchmarks/small_linear.py --sweep``,
+    ``benchmarks/results/small_linear.md``): 16 columns a program up to 2048 output columns, 32 up to
+    4096, 64 up to 8192, then 32 with a narrower reduction slice; four pipelined stages throughout.
     """
-    block_k = min(256, triton.next_power_of_2(k))
-    return SmallLinearBlocks(block_n=16, block_k=block_k, num_warps=4, num_stages=3)
+    if n <= 2048:
+        block_n, block_k = 16, 512
+    elif n <= 4096:
+        block_n, block_k = 32, 512
+    elif n <= 8192:
+        block_n, block_k = 64, 256
+    else:
+        block_n, block_k = 32, 128
+    return SmallLinearBlocks(block_n, max(16, min(block_k, triton.next_power_of_2(k))), num_warps=4, num_stages=4)
 
 
 def linear(
     x: torch.Tensor,
     weight: torch.Tensor,
-    *,
     bias: torch.Tensor | None = None,
-    norm_weight: torch.Tensor | None = None,
-    eps: float = 0.0,
-    gated: bool = False,
-    residual: torch.Tensor | None = None,
+    *,
     blocks: SmallLinearBlocks | None = None,
 ) -> torch.Tensor:
-    """:func:`omni_stream.models.qwen3_tts.fused.linear` for at most :data:`SMALL_ROWS` rows, one launch.
-
-    ``blocks`` overrides :func:`small_linear_blocks` (benchmarks sweep it).
-    """
+    """``F.linear`` for at most :data:`SMALL_ROWS` rows in one launch (``blocks`` overrides the tile choice)."""
     n, k = weight.shape
-    width = x.shape[-1]
-    if width != (2 * k if gated else k):
-        raise ValueError(f"input width {width} does not fit a [{n}, {k}] weight (gated: {gated})")
-    rows = x.reshape(-1, width)
+    if x.shape[-1] != k:
+        raise ValueError(f"input width {x.shape[-1]} does not fit a [{n}, {k}] weight")
+    rows = x.reshape(-1, k)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     m = rows.shape[0]
@@ -257,20 +233,11 @@ def linear(
     if not weight.is_contiguous():
         raise ValueError("the weight must be contiguous")
     out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
-    res = rows
-    res_stride = 0
-    if residual is not None:
-        res = residual.reshape(-1, n)
-        if res.stride(-1) != 1:
-            res = res.contiguous()
-        res_stride = res.stride(0)
     b = blocks or small_linear_blocks(n, k)
     _small_linear_kernel[(triton.cdiv(n, b.block_n),)](
-        rows, weight, weight if norm_weight is None else norm_weight, weight if bias is None else bias, res, out,
-        m, n, k, rows.stride(0), res_stride, eps,
-        NORM=norm_weight is not None, GATED=gated, BIAS=bias is not None, RESIDUAL=residual is not None,
-        IEEE=x.dtype == torch.float32, BLOCK_M=SMALL_ROWS, BLOCK_N=b.block_n, BLOCK_K=b.block_k,
-        num_warps=b.num_warps, num_stages=b.num_stages,
+        rows, weight, weight if bias is None else bias, out, m, n, k, rows.stride(0),
+        BIAS=bias is not None, IEEE=x.dtype == torch.float32, BLOCK_M=SMALL_ROWS, BLOCK_N=b.block_n,
+        BLOCK_K=b.block_k, num_warps=b.num_warps, num_stages=b.num_stages,
     )  # fmt: skip
     return out
 

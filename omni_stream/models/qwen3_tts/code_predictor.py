@@ -87,7 +87,7 @@ class CodePredictor(nn.Module):
         k = self.kernels
         if k is None or not isinstance(module, nn.Linear) or x.numel() // x.shape[-1] > k.small_rows:
             return module(x)
-        return k.linear(x, module.weight, bias=module.bias)
+        return k.linear(x, module.weight, module.bias)
 
     def _cache(self, batch: int, dtype: torch.dtype, device: torch.device) -> FrameKVCache:
         key = (batch, dtype, device)

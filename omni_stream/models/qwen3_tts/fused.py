@@ -11,13 +11,8 @@ its own). The fused layer is
     delta = silu_mul(h @ Wgu) @ Wd  one GEMM over the concatenated gate/up weights, one kernel, one GEMM
 
 so ~12 launches a layer, and the stack's final norm absorbs the last residual add. At 1-16 rows (decode at
-small batch) the layer is instead four projections with their neighbours folded in (:func:`linear`)
-
-    qkv = norm(x) @ Wqkv;  q, k = qk_norm_rope(qkv);  o = attend(q, k, v)
-    x = x + o @ Wo;  gu = norm(x) @ Wgu;  x = x + silu_mul(gu) @ Wd
-
-so ~8 launches, no pending residual between layers, and the projections read their weights in one
-Triton launch each instead of cuBLAS's batch-1 kernels. The samplers (code 0
+small batch) the four projections read their weights through :attr:`DecodeKernels.linear` (Triton's
+tiled read instead of cuBLAS's batch-1 kernels, one of which is 2.5x slower than it needs to be). The samplers (code 0
 and the 15 code-predictor steps) are the other hot chain: temperature, top-k, top-p and the exponential
 race are ~30 launches with two sorts in torch, one kernel per row in Triton. :class:`DecodeKernels`
 is the set of these functions: :data:`TORCH` (plain torch, the reference; also what the
@@ -89,29 +84,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    *,
-    bias: torch.Tensor | None = None,
-    norm_weight: torch.Tensor | None = None,
-    eps: float = 0.0,
-    gated: bool = False,
-    residual: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``residual + prologue(x) @ weight.T + bias``: a projection with its neighbours folded in.
-
-    The prologue is ``rms_norm(x) * norm_weight`` when ``norm_weight`` is given, ``silu(gate) * up`` of
-    ``x = [gate | up]`` when ``gated``, else ``x``; ``bias`` and ``residual`` may be None.
-    """
-    if norm_weight is not None:
-        x = _norm(x, norm_weight, eps)
-    elif gated:
-        x = silu_mul(x)
-    y = F.linear(x, weight, bias)
-    return y if residual is None else residual + y
-
-
 @dataclass(slots=True, frozen=True)
 class DecodeKernels:
     """The fused layer's elementwise functions (signatures of this module's torch versions)."""
@@ -121,16 +93,15 @@ class DecodeKernels:
     silu_mul: Callable[[torch.Tensor], torch.Tensor]
     sample: Callable[[torch.Tensor, SamplingTensors, torch.Tensor | None], torch.Tensor]
     name: str
-    # Projections of at most this many rows go through ``linear`` with their neighbours folded in (0: never).
-    linear: Callable[..., torch.Tensor] = linear
+    # Projections of at most this many rows go through ``linear`` (F.linear's signature; 0: never).
+    linear: Callable[..., torch.Tensor] = F.linear
     small_rows: int = 0
 
 
 SMALL_ROWS = 16  # the Triton small-batch projection's row tile (``triton_kernels.SMALL_ROWS``)
 ENV_SMALL_ROWS = "OMNI_STREAM_SMALL_ROWS"  # at most this many rows take the small-batch path on CUDA (0: never)
 
-# The torch reference takes the small-row layout too, so the CPU tests run both layer flows.
-TORCH = DecodeKernels(add_rms_norm, qk_norm_rope, silu_mul, sample, name="torch", small_rows=SMALL_ROWS)
+TORCH = DecodeKernels(add_rms_norm, qk_norm_rope, silu_mul, sample, name="torch")
 
 
 def small_rows_setting(default: int = SMALL_ROWS) -> int:

@@ -8,7 +8,7 @@ then multiplies by the weight in the input dtype; rotary tables are built in fp3
 activation dtype; attention softmax runs in fp32. Attention itself is delegated to an ``attend``
 callable so one layer serves the slot-indexed talker cache and the per-frame code-predictor cache.
 With kernels set (:meth:`DecoderLayer.use_kernels`, CUDA by default) :func:`run_layers` runs each layer as
-:meth:`DecoderLayer.fused_forward`: the same function in ~12 launches, ~8 at 1-16 rows (:mod:`.fused`).
+:meth:`DecoderLayer.fused_forward`: the same function in ~12 launches (:mod:`.fused`).
 """
 
 from __future__ import annotations
@@ -150,24 +150,18 @@ class DecoderLayer(nn.Module):
         sin: torch.Tensor,
         attend: Attend,
         layer: int,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer on residual ``x`` plus the previous layer's pending ``delta``; returns (residual, its delta).
 
-        At most ``kernels.small_rows`` rows the returned delta is None: the residual add happened in the
-        down projection.
+        At most ``kernels.small_rows`` rows the projections go through ``kernels.linear``.
         """
         k = self.kernels
         assert k is not None and self.qkv_weight is not None and self.gate_up_weight is not None
         a, eps = self.self_attn, self.input_layernorm.eps
         b, t, _ = x.shape
-        small = b * t <= k.small_rows
-        if small:  # projections with their neighbours folded in; the residual is complete after every layer
-            if delta is not None:
-                x = x + delta
-            qkv = k.linear(x, self.qkv_weight, norm_weight=self.input_layernorm.weight, eps=eps)
-        else:
-            x, h = k.add_rms_norm(x, delta, self.input_layernorm.weight, eps)
-            qkv = F.linear(h, self.qkv_weight)
+        proj = k.linear if b * t <= k.small_rows else F.linear
+        x, h = k.add_rms_norm(x, delta, self.input_layernorm.weight, eps)
+        qkv = proj(h, self.qkv_weight)
         nq, nkv = a.n_heads * a.head_dim, a.n_kv * a.head_dim
         v = qkv[..., nq + nkv :].view(b, t, a.n_kv, a.head_dim).transpose(1, 2)
         if self.qk_norm_weight is not None:
@@ -177,12 +171,8 @@ class DecoderLayer(nn.Module):
             q = apply_rope(qkv[..., :nq].view(b, t, a.n_heads, a.head_dim).transpose(1, 2), cos, sin)
             kk = apply_rope(qkv[..., nq : nq + nkv].view(b, t, a.n_kv, a.head_dim).transpose(1, 2), cos, sin)
         o = attend(layer, q, kk, v).transpose(1, 2).reshape(b, t, a.n_heads * a.head_dim)
-        if small:
-            x = k.linear(o, a.o_proj.weight, residual=x)
-            gu = k.linear(x, self.gate_up_weight, norm_weight=self.post_attention_layernorm.weight, eps=eps)
-            return k.linear(gu, self.mlp.down_proj.weight, gated=True, residual=x), None
-        x, h = k.add_rms_norm(x, F.linear(o, a.o_proj.weight), self.post_attention_layernorm.weight, eps)
-        return x, F.linear(k.silu_mul(F.linear(h, self.gate_up_weight)), self.mlp.down_proj.weight)
+        x, h = k.add_rms_norm(x, proj(o, a.o_proj.weight), self.post_attention_layernorm.weight, eps)
+        return x, proj(k.silu_mul(proj(h, self.gate_up_weight)), self.mlp.down_proj.weight)
 
 
 def use_kernels(layers: nn.ModuleList, kernels: DecodeKernels | None) -> None:
