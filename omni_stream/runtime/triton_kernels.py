@@ -193,14 +193,18 @@ class SmallLinearBlocks:
     num_stages: int
 
 
-def small_linear_blocks(n: int, k: int) -> SmallLinearBlocks:
-    """Tile sizes for an ``[N, K]`` weight: a function of the weight alone, never of the row count.
+SMEM_BUDGET = 192 << 10  # bytes of shared memory the pipelined tiles may take (the H100/H200 limit is 227 KB)
+
+
+def small_linear_blocks(n: int, k: int, itemsize: int = 2) -> SmallLinearBlocks:
+    """Tile sizes for an ``[N, K]`` weight of ``itemsize``-byte elements: never a function of the row count.
 
     The row tile is always :data:`SMALL_ROWS`, so a row's sums run in the same order whether it is
     projected alone or with 15 others (batched rows get their solo results bit for bit). The column
     widths are the fastest of a sweep on the H200 at one row (``benchmarks/small_linear.py --sweep``,
     ``benchmarks/results/small_linear.md``): 16 columns a program up to 2048 output columns, 32 up to
-    4096, 64 up to 8192, then 32 with a narrower reduction slice; four pipelined stages throughout.
+    4096, 64 up to 8192, then 32 with a narrower reduction slice; four pipelined stages where they fit
+    in :data:`SMEM_BUDGET` (bf16: always; fp32 takes fewer stages or a narrower slice).
     """
     if n <= 2048:
         block_n, block_k = 16, 512
@@ -210,7 +214,12 @@ def small_linear_blocks(n: int, k: int) -> SmallLinearBlocks:
         block_n, block_k = 64, 256
     else:
         block_n, block_k = 32, 128
-    return SmallLinearBlocks(block_n, max(16, min(block_k, triton.next_power_of_2(k))), num_warps=4, num_stages=4)
+    block_k = max(16, min(block_k, triton.next_power_of_2(k)))
+    while True:
+        stages = min(4, SMEM_BUDGET // ((block_n + SMALL_ROWS) * block_k * itemsize))
+        if stages >= 2 or block_k == 16:
+            return SmallLinearBlocks(block_n, block_k, num_warps=4, num_stages=max(stages, 1))
+        block_k //= 2
 
 
 def linear(
@@ -233,7 +242,7 @@ def linear(
     if not weight.is_contiguous():
         raise ValueError("the weight must be contiguous")
     out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
-    b = blocks or small_linear_blocks(n, k)
+    b = blocks or small_linear_blocks(n, k, x.element_size())
     _small_linear_kernel[(triton.cdiv(n, b.block_n),)](
         rows, weight, weight if bias is None else bias, out, m, n, k, rows.stride(0),
         BIAS=bias is not None, IEEE=x.dtype == torch.float32, BLOCK_M=SMALL_ROWS, BLOCK_N=b.block_n,
