@@ -188,6 +188,7 @@ _TRITON_CHECK = textwrap.dedent(
         for bb in (None, bias):
             want = torch.nn.functional.linear(x, w, bb)
             torch.testing.assert_close(tk.linear(x, w, bb), want, rtol=1e-5, atol=1e-4)
+    assert tk.SMALL_ROWS == fused.SMALL_ROWS  # the layer routes at most the kernel's row tile to it
     try:
         tk.linear(r(17, 8), r(4, 8))
     except ValueError as e:

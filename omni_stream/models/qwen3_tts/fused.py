@@ -12,12 +12,13 @@ its own). The fused layer is
 
 so ~12 launches a layer, and the stack's final norm absorbs the last residual add. At 1-16 rows (decode at
 small batch) the four projections read their weights through :attr:`DecodeKernels.linear` (Triton's
-tiled read instead of cuBLAS's batch-1 kernels, one of which is 2.5x slower than it needs to be). The samplers (code 0
-and the 15 code-predictor steps) are the other hot chain: temperature, top-k, top-p and the exponential
-race are ~30 launches with two sorts in torch, one kernel per row in Triton. :class:`DecodeKernels`
-is the set of these functions: :data:`TORCH` (plain torch, the reference; also what the
-CPU tests run) or :func:`triton_kernels` (:mod:`omni_stream.runtime.triton_kernels`). The CPU default stays
-the module path, whose numerics match the reference implementation exactly.
+tiled read instead of cuBLAS's batch-1 kernels, one of which is 2.5x slower than it needs to be).
+
+The samplers (code 0 and the 15 code-predictor steps) are the other hot chain: temperature, top-k, top-p
+and the exponential race are ~30 launches with two sorts in torch, one kernel per row in Triton.
+:class:`DecodeKernels` is the set of these functions: :data:`TORCH` (plain torch, the reference; also what
+the CPU tests run) or :func:`triton_kernels` (:mod:`omni_stream.runtime.triton_kernels`). The CPU default
+stays the module path, whose numerics match the reference implementation exactly.
 """
 
 from __future__ import annotations
