@@ -109,6 +109,7 @@ def main() -> int:
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--batches", default="1,2,4,8,16")
     ap.add_argument("--graph-reps", type=int, default=30)
+    ap.add_argument("--no-projections", action="store_true", help="only the loops (part 2)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA device")
@@ -116,7 +117,7 @@ def main() -> int:
     result: dict = {"git_commit": git_commit(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                     "size": args.size, "projections": {}, "loops": {}}  # fmt: skip
     print(f"== projections ({args.size}, bf16, us per call, weights from HBM)", flush=True)
-    for name, (n, k) in projections(args.size).items():
+    for name, (n, k) in ({} if args.no_projections else projections(args.size)).items():
         entry: dict = {"n": n, "k": k, "default_blocks": list(vars_of(tk.small_linear_blocks(n, k)))}
         for rows in (1, 2, 8, 16):
             entry[f"rows_{rows}"] = r = bench_projection(n, k, rows, None)

@@ -82,6 +82,42 @@ def test_small_batches_route_every_projection_through_the_kernels_linear(cv) -> 
         assert widths == (per_layer * 3 if b * t <= 16 else [])
 
 
+def test_fused_layers_write_k_and_v_into_a_cache_attend_target(cv) -> None:
+    """The kernel that makes k writes k and v into the cache (no copies); the result equals the copying path."""
+    from omni_stream.runtime.kv_cache import KVShape, SlotKVCache
+
+    cfg = cv[0]
+    d = cfg.talker.decoder
+    layers, norm = _stack(cfg)
+    calls = []
+
+    def counting(*args):
+        calls.append(args[-1])
+        return fused.qk_norm_rope_kv(*args)
+
+    kernels = dataclasses.replace(fused.TORCH, qk_norm_rope_kv=counting)
+    for layer in layers:
+        layer.use_kernels(kernels)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 1, d.hidden_size, generator=gen)
+    lengths = torch.tensor([4, 6])
+    angles = lengths[:, None, None].float() * torch.rand(1, 1, d.head_dim // 2, generator=gen)
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    out = []
+    for direct in (True, False):
+        cache = SlotKVCache(KVShape(3, 2, d.num_key_value_heads, 9, d.head_dim), dtype=torch.float32, device="cpu")
+        cache.k.normal_(generator=torch.Generator().manual_seed(4))  # earlier positions: some history
+        cache.v.normal_(generator=torch.Generator().manual_seed(5))
+        attend = cache.decode_rows(torch.arange(2), lengths, lengths, 8)
+        if not direct:  # a plain callable: the layer hands k and v to it and it copies them
+            attend = attend.__call__
+        with torch.no_grad():
+            out.append((run_layers(layers, norm, x, cos, sin, attend), cache.k.clone(), cache.v.clone()))
+    assert len(calls) == 3 and all(c.slots.shape == (2,) for c in calls)  # three layers, direct run only
+    for a, b in zip(*out, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
 def test_fused_stack_equals_module_stack_and_shares_weights(cv) -> None:
     cfg = cv[0]
     layers, norm = _stack(cfg)
@@ -188,6 +224,22 @@ _TRITON_CHECK = textwrap.dedent(
         for bb in (None, bias):
             want = torch.nn.functional.linear(x, w, bb)
             torch.testing.assert_close(tk.linear(x, w, bb), want, rtol=1e-5, atol=1e-4)
+    from omni_stream.runtime.kv_cache import KVWrite
+
+    hq, hkv, dim = 4, 2, 16
+    for b, t, start in ((3, 2, torch.tensor([1, 5, 0])), (3, 1, torch.tensor([7]).expand(3))):
+        qkv, nw = r(b, t, (hq + 2 * hkv) * dim), r(2, dim)
+        ang = torch.rand(1, t, dim // 2, generator=g) * 6
+        emb = torch.cat((ang, ang), -1)
+        cos, sin = emb.cos().expand(b, -1, -1), emb.sin().expand(b, -1, -1)
+        caches = []
+        for fn in (tk.qk_norm_rope_kv, fused.qk_norm_rope_kv):
+            kc, vc = torch.zeros(4, hkv, 10, dim), torch.zeros(4, hkv, 10, dim)
+            q = fn(qkv, nw, cos, sin, 1e-6, hq, hkv, KVWrite(kc, vc, torch.tensor([2, 0, 3]), start))
+            caches.append((q, kc, vc))
+        for a, c in zip(*caches):
+            torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5)
+        assert caches[0][1].abs().sum() > 0 and caches[0][2][1].abs().sum() == 0  # slot 1 untouched
     assert tk.SMALL_ROWS == fused.SMALL_ROWS  # the layer routes at most the kernel's row tile to it
     try:
         tk.linear(r(17, 8), r(4, 8))

@@ -3,10 +3,15 @@
 A slot belongs to one sequence at a time (the scheduler owns slot numbers). Rows are never cleared:
 a row's valid length is tracked by its owner and every read is masked by it, so handing a slot to a
 newcomer costs nothing and a newcomer's prefill can write its rows while other slots keep decoding.
+
+The decode attends are :class:`CacheAttend` objects: besides attending they name where this step's K/V
+rows go (:class:`KVWrite`), so the fused layer's rotary kernel writes k and v there itself and the two
+copy kernels per layer and step disappear (206 of a batch-1 Qwen3-TTS frame's ~1,560 kernels).
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,6 +43,46 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     hkv = keys.shape[1]
     o = F.scaled_dot_product_attention(q.reshape(b, hkv, (hq // hkv) * t, d), keys, values, attn_mask=mask)
     return o.reshape(b, hq, t, d)
+
+
+@dataclass(slots=True, frozen=True)
+class KVWrite:
+    """Where one layer's new K/V rows go: token ``t`` of batch row ``i`` -> ``k[slots[i], :, start[i] + t]``.
+
+    ``k``/``v``: that layer's cache ``[slots, kv_heads, positions, head_dim]`` (unit stride in the last axis);
+    ``slots``/``start``: int64 ``[B]`` (any stride, 0 included: one start for every row).
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    slots: torch.Tensor
+    start: torch.Tensor
+
+
+class CacheAttend(ABC):
+    """An :data:`Attend` that can also hand its write target to the kernel that makes K and V.
+
+    Calling it writes ``k``/``v`` into the cache and attends; a fused layer may instead write them itself
+    through :meth:`target` (no separate copy kernels) and then call :meth:`read`.
+    """
+
+    @abstractmethod
+    def target(self, layer: int) -> KVWrite: ...
+
+    @abstractmethod
+    def read(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """Attention of ``q`` ``[B, Hq, T, D]`` over the cache, this step's K/V rows already written."""
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """``k``/``v`` ``[B, Hkv, T, D]`` into :meth:`target` (the unfused path's copies)."""
+        dst = self.target(layer)
+        pos = dst.start[:, None] + torch.arange(k.shape[2], device=k.device)
+        dst.k[dst.slots[:, None], :, pos] = k.transpose(1, 2)
+        dst.v[dst.slots[:, None], :, pos] = v.transpose(1, 2)
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.write(layer, k, v)
+        return self.read(layer, q)
 
 
 @dataclass(slots=True, frozen=True)
@@ -98,21 +143,27 @@ class SlotKVCache:
 
         return attend
 
-    def decode_rows(self, rows: torch.Tensor, write: torch.Tensor, lengths: torch.Tensor, span: int) -> Attend:
+    def decode_rows(self, rows: torch.Tensor, write: torch.Tensor, lengths: torch.Tensor, span: int) -> CacheAttend:
         """Attention over the first ``len(rows)`` slots (a graph's static batch): row ``i`` writes at ``write[i]``
         (an inactive row at a spare position past every length) and reads positions ``0..lengths[i]``."""
-        b = rows.shape[0]
         keep = torch.arange(span, device=rows.device)[None, :] <= lengths[:, None]
-        mask = keep[:, None, None, :]
-        kc, vc = self.k, self.v
+        return _RowsDecode(self, rows, write, keep[:, None, None, :], span)
 
-        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            kl, vl = kc[layer], vc[layer]
-            kl[rows, :, write] = k[:, :, 0]
-            vl[rows, :, write] = v[:, :, 0]
-            return decode_attention(q, kl[:b, :, :span], vl[:b, :, :span], mask)
 
-        return attend
+class _RowsDecode(CacheAttend):
+    def __init__(self, cache: SlotKVCache, rows: torch.Tensor, write: torch.Tensor, mask: torch.Tensor, span: int):
+        self.cache, self.rows, self.write_at, self.mask, self.span = cache, rows, write, mask, span
+
+    def target(self, layer: int) -> KVWrite:
+        return KVWrite(self.cache.k[layer], self.cache.v[layer], self.rows, self.write_at)
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.cache.k[layer][self.rows, :, self.write_at] = k[:, :, 0]
+        self.cache.v[layer][self.rows, :, self.write_at] = v[:, :, 0]
+
+    def read(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        b, s = self.rows.shape[0], self.span
+        return decode_attention(q, self.cache.k[layer][:b, :, :s], self.cache.v[layer][:b, :, :s], self.mask)
 
 
 class FrameKVCache:
@@ -129,14 +180,34 @@ class FrameKVCache:
         self.v = torch.zeros(size, dtype=dtype, device=device)
         n = s.max_len
         self._causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        self.batch = torch.arange(s.num_slots, device=device)
+        self.positions = torch.arange(n, device=device)
 
-    def at(self, start: int) -> Attend:
-        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            t = k.shape[2]
-            end = start + t
-            self.k[layer, :, :, start:end] = k
-            self.v[layer, :, :, start:end] = v
-            mask = None if t == 1 else self._causal[start:end, :end]
-            return attention(q, self.k[layer, :, :, :end], self.v[layer, :, :, :end], mask)
+    def at(self, start: int, t: int) -> CacheAttend:
+        """Attention for ``t`` new tokens of every row at positions ``start..start+t-1`` (causal among them)."""
+        return _FrameAt(self, start, t)
 
-        return attend
+
+class _FrameAt(CacheAttend):
+    def __init__(self, cache: FrameKVCache, start: int, t: int) -> None:
+        self.cache, self.start, self.end = cache, start, start + t
+
+    def target(self, layer: int) -> KVWrite:
+        c = self.cache
+        return KVWrite(c.k[layer], c.v[layer], c.batch, c.positions[self.start : self.start + 1].expand(c.batch.shape))
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.cache.k[layer, :, :, self.start : self.end] = k
+        self.cache.v[layer, :, :, self.start : self.end] = v
+
+    def read(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        c, start, end = self.cache, self.start, self.end
+        keys, values = c.k[layer, :, :, :end], c.v[layer, :, :, :end]
+        if end - start == 1:
+            if q.is_cuda:  # SDPA with the GQA heads folded onto the query axis
+                b, hq, _, d = q.shape
+                hkv = keys.shape[1]
+                o = F.scaled_dot_product_attention(q.reshape(b, hkv, hq // hkv, d), keys, values)
+                return o.reshape(b, hq, 1, d)
+            return attention(q, keys, values, None)
+        return attention(q, keys, values, c._causal[start:end, :end])

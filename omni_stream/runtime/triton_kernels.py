@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from omni_stream.runtime.kv_cache import KVWrite
 from omni_stream.runtime.sampling import SamplingTensors
 from omni_stream.runtime.sampling import sample as torch_sample
 
@@ -65,35 +66,74 @@ def add_rms_norm(
 
 @triton.jit
 def _qk_norm_rope_kernel(
-    qkv_ptr, w_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr,
-    row_stride, t_len, cos_sb, cos_st, sin_sb, sin_st, eps,
-    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+    qkv_ptr, w_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, kc_ptr, vc_ptr, slots_ptr, start_ptr,
+    row_stride, t_len, cos_sb, cos_st, sin_sb, sin_st, c_slot, c_head, c_pos, slots_stride, start_stride, eps,
+    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, KV: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     half: tl.constexpr = D // 2
     offs = tl.arange(0, D)
-    partner = tl.where(offs < half, offs + half, offs - half)
-    base = qkv_ptr + row * row_stride + head * D  # q heads then k heads are adjacent in the fused projection
-    x = tl.load(base + offs).to(tl.float32)
-    xp = tl.load(base + partner).to(tl.float32)
-    r = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
-    wsel = (head >= HQ).to(tl.int32) * D  # row 0 of the weight pair: q norm, row 1: k norm
-    w = tl.load(w_ptr + wsel + offs).to(tl.float32)
-    wp = tl.load(w_ptr + wsel + partner).to(tl.float32)
-    dt = q_ptr.dtype.element_ty
-    y = ((x * r).to(dt).to(tl.float32) * w).to(dt).to(tl.float32)
-    yp = ((xp * r).to(dt).to(tl.float32) * wp).to(dt).to(tl.float32)
-    rot = tl.where(offs < half, -yp, yp)
+    base = qkv_ptr + row * row_stride + head * D  # q, k then v heads are adjacent in the fused projection
     b = row // t_len
     t = row % t_len
-    c = tl.load(cos_ptr + b * cos_sb + t * cos_st + offs).to(tl.float32)
-    s = tl.load(sin_ptr + b * sin_sb + t * sin_st + offs).to(tl.float32)
-    out = (y * c + rot * s).to(dt)
-    if head < HQ:
-        tl.store(q_ptr + (row * HQ + head) * D + offs, out)
+    if KV:  # k and v go straight into the cache: token t of row b at start[b] + t of slot slots[b]
+        slot = tl.load(slots_ptr + b * slots_stride)
+        pos = tl.load(start_ptr + b * start_stride) + t
+        cache = slot * c_slot + pos * c_pos
+    if head < HQ + HKV:
+        partner = tl.where(offs < half, offs + half, offs - half)
+        x = tl.load(base + offs).to(tl.float32)
+        xp = tl.load(base + partner).to(tl.float32)
+        r = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
+        wsel = (head >= HQ).to(tl.int32) * D  # row 0 of the weight pair: q norm, row 1: k norm
+        w = tl.load(w_ptr + wsel + offs).to(tl.float32)
+        wp = tl.load(w_ptr + wsel + partner).to(tl.float32)
+        dt = q_ptr.dtype.element_ty
+        y = ((x * r).to(dt).to(tl.float32) * w).to(dt).to(tl.float32)
+        yp = ((xp * r).to(dt).to(tl.float32) * wp).to(dt).to(tl.float32)
+        rot = tl.where(offs < half, -yp, yp)
+        c = tl.load(cos_ptr + b * cos_sb + t * cos_st + offs).to(tl.float32)
+        s = tl.load(sin_ptr + b * sin_sb + t * sin_st + offs).to(tl.float32)
+        out = (y * c + rot * s).to(dt)
+        if head < HQ:
+            tl.store(q_ptr + (row * HQ + head) * D + offs, out)
+        elif KV:
+            tl.store(kc_ptr + cache + (head - HQ) * c_head + offs, out)
+        else:
+            tl.store(k_ptr + (row * HKV + (head - HQ)) * D + offs, out)
+    else:  # launched only with KV: the v heads, copied as they are
+        tl.store(vc_ptr + cache + (head - HQ - HKV) * c_head + offs, tl.load(base + offs))
+
+
+def _qk_norm_rope(qkv, norm_weights, cos, sin, eps, heads, kv_heads, dst):  # type: ignore[no-untyped-def]
+    b, t, width = qkv.shape
+    d = norm_weights.shape[-1]
+    if d & (d - 1) or cos.stride(-1) != 1 or sin.stride(-1) != 1:
+        raise ValueError(f"head_dim must be a power of two and cos/sin unit-stride in it, got head_dim {d}")
+    rows = qkv.reshape(b * t, width)
+    if rows.stride(1) != 1:
+        rows = rows.contiguous()
+    q = torch.empty(b, t, heads, d, dtype=qkv.dtype, device=qkv.device)
+    cs, ss = cos.stride(), sin.stride()
+    if dst is None:
+        k = torch.empty(b, t, kv_heads, d, dtype=qkv.dtype, device=qkv.device)
+        kc = vc = slots = start = k
+        cache_strides = (0, 0, 0, 0, 0)
+        programs = heads + kv_heads
     else:
-        tl.store(k_ptr + (row * HKV + (head - HQ)) * D + offs, out)
+        k = None
+        kc, vc, slots, start = dst.k, dst.v, dst.slots, dst.start
+        if kc.stride() != vc.stride() or kc.stride(-1) != 1 or kc.dtype != qkv.dtype:
+            raise ValueError("the K and V caches must share strides and dtype, unit stride in head_dim")
+        cache_strides = (kc.stride(0), kc.stride(1), kc.stride(2), slots.stride(0), start.stride(0))
+        programs = heads + 2 * kv_heads
+    _qk_norm_rope_kernel[(b * t, programs)](
+        rows, norm_weights, cos, sin, q, k if k is not None else q, kc, vc, slots, start,
+        rows.stride(0), t, cs[0], cs[1], ss[0], ss[1], *cache_strides, eps,
+        HQ=heads, HKV=kv_heads, D=d, KV=dst is not None, num_warps=1,
+    )  # fmt: skip
+    return q, k
 
 
 def qk_norm_rope(
@@ -110,21 +150,22 @@ def qk_norm_rope(
     ``norm_weights`` ``[2, D]`` (q norm, k norm); ``cos``/``sin`` ``[B, T, D]`` (any strides, unit last axis).
     Returns q ``[B, T, Hq, D]`` and k ``[B, T, Hkv, D]``, contiguous.
     """
-    b, t, width = qkv.shape
-    d = norm_weights.shape[-1]
-    if d & (d - 1) or cos.stride(-1) != 1 or sin.stride(-1) != 1:
-        raise ValueError(f"head_dim must be a power of two and cos/sin unit-stride in it, got head_dim {d}")
-    rows = qkv.reshape(b * t, width)
-    if rows.stride(1) != 1:
-        rows = rows.contiguous()
-    q = torch.empty(b, t, heads, d, dtype=qkv.dtype, device=qkv.device)
-    k = torch.empty(b, t, kv_heads, d, dtype=qkv.dtype, device=qkv.device)
-    cs, ss = cos.stride(), sin.stride()
-    _qk_norm_rope_kernel[(b * t, heads + kv_heads)](
-        rows, norm_weights, cos, sin, q, k, rows.stride(0), t, cs[0], cs[1], ss[0], ss[1], eps,
-        HQ=heads, HKV=kv_heads, D=d, num_warps=1,
-    )  # fmt: skip
+    q, k = _qk_norm_rope(qkv, norm_weights, cos, sin, eps, heads, kv_heads, None)
     return q, k
+
+
+def qk_norm_rope_kv(
+    qkv: torch.Tensor,
+    norm_weights: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    heads: int,
+    kv_heads: int,
+    dst: KVWrite,
+) -> torch.Tensor:
+    """:func:`qk_norm_rope` with k and the v part written into the cache at ``dst``; returns q."""
+    return _qk_norm_rope(qkv, norm_weights, cos, sin, eps, heads, kv_heads, dst)[0]
 
 
 @triton.jit

@@ -12,39 +12,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from omni_stream.models.qwen3_tts.config import NUM_CODE_GROUPS, Qwen3TTSConfig
 from omni_stream.models.qwen3_tts.fused import DecodeKernels
 from omni_stream.models.qwen3_tts.layers import DecoderLayer, RMSNorm, Rotary, run_layers, use_kernels
-from omni_stream.runtime.kv_cache import Attend, FrameKVCache, KVShape
+from omni_stream.runtime.kv_cache import FrameKVCache, KVShape
 from omni_stream.runtime.sampling import SamplingTensors, sample
 
 STEPS = NUM_CODE_GROUPS - 1  # codes 1..15
 CACHE_LEN = NUM_CODE_GROUPS  # 2-token prefill + 14 single-token steps
-
-
-def attend_at(cache: FrameKVCache, start: int) -> Attend:
-    """The cache's attention at ``start``; on CUDA single-token steps use SDPA with GQA heads on the query axis."""
-    plain = cache.at(start)
-    if not cache.k.is_cuda:
-        return plain
-
-    def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if k.shape[2] != 1:
-            return plain(layer, q, k, v)
-        end = start + 1
-        cache.k[layer, :, :, start:end] = k
-        cache.v[layer, :, :, start:end] = v
-        b, hq, _, d = q.shape
-        hkv = k.shape[1]
-        o = F.scaled_dot_product_attention(
-            q.reshape(b, hkv, hq // hkv, d), cache.k[layer, :, :, :end], cache.v[layer, :, :, :end]
-        )
-        return o.reshape(b, hq, 1, d)
-
-    return attend
 
 
 class CodePredictorModel(nn.Module):
@@ -127,7 +104,7 @@ class CodePredictor(nn.Module):
             n = x.shape[1]
             cos = cos_all[:, pos : pos + n].expand(b, -1, -1)
             sin = sin_all[:, pos : pos + n].expand(b, -1, -1)
-            out = run_layers(self.model.layers, self.model.norm, x, cos, sin, attend_at(cache, pos))
+            out = run_layers(self.model.layers, self.model.norm, x, cos, sin, cache.at(pos, n))
             pos += n
             logits = self._linear(self.lm_head[j], out[:, -1])
             token = self.sample(logits, params, None if noise is None else noise[:, j])

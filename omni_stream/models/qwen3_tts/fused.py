@@ -6,7 +6,8 @@ its own). The fused layer is
 
     h = norm(x += delta)            one kernel: the previous layer's residual add and this layer's norm
     q, k = qk_norm_rope(h @ Wqkv)   one GEMM over the concatenated q/k/v weights, one kernel for both norms + rotary
-    o = attend(q, k, v)             the caller's cache writes and SDPA
+                                    (with a CacheAttend the same kernel writes k and v into the cache)
+    o = attend(q, k, v)             SDPA (and, with a plain attend, its cache writes)
     h = norm(x += o @ Wo)           one GEMM, one kernel
     delta = silu_mul(h @ Wgu) @ Wd  one GEMM over the concatenated gate/up weights, one kernel, one GEMM
 
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from omni_stream.runtime.kv_cache import KVWrite
 from omni_stream.runtime.sampling import SamplingTensors, sample
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,27 @@ def qk_norm_rope(
     return rope(q), rope(k)
 
 
+def qk_norm_rope_kv(
+    qkv: torch.Tensor,
+    norm_weights: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    heads: int,
+    kv_heads: int,
+    dst: KVWrite,
+) -> torch.Tensor:
+    """:func:`qk_norm_rope` with k and the v part ``[B, T, Hkv, D]`` written into the cache at ``dst``; returns q."""
+    b, t, _ = qkv.shape
+    d = norm_weights.shape[-1]
+    q, k = qk_norm_rope(qkv, norm_weights, cos, sin, eps, heads, kv_heads)
+    v = qkv[..., (heads + kv_heads) * d :].reshape(b, t, kv_heads, d)
+    pos = dst.start[:, None] + torch.arange(t, device=qkv.device)
+    dst.k[dst.slots[:, None], :, pos] = k
+    dst.v[dst.slots[:, None], :, pos] = v
+    return q
+
+
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` for ``gate_up = [..., gate | up]``."""
     gate, up = gate_up.chunk(2, dim=-1)
@@ -97,12 +120,14 @@ class DecodeKernels:
     # Projections of at most this many rows go through ``linear`` (F.linear's signature; 0: never).
     linear: Callable[..., torch.Tensor] = F.linear
     small_rows: int = 0
+    # qk_norm_rope writing k and v into a :class:`CacheAttend`'s target (None: the attend copies them).
+    qk_norm_rope_kv: Callable[..., torch.Tensor] | None = None
 
 
 SMALL_ROWS = 16  # the Triton small-batch projection's row tile (``triton_kernels.SMALL_ROWS``)
 ENV_SMALL_ROWS = "OMNI_STREAM_SMALL_ROWS"  # at most this many rows take the small-batch path on CUDA (0: never)
 
-TORCH = DecodeKernels(add_rms_norm, qk_norm_rope, silu_mul, sample, name="torch")
+TORCH = DecodeKernels(add_rms_norm, qk_norm_rope, silu_mul, sample, name="torch", qk_norm_rope_kv=qk_norm_rope_kv)
 
 
 def small_rows_setting(default: int = SMALL_ROWS) -> int:
@@ -122,8 +147,9 @@ def triton_kernels(small_rows: int | None = None) -> DecodeKernels:
 
     rows = small_rows_setting() if small_rows is None else small_rows
     return DecodeKernels(
-        tk.add_rms_norm, tk.qk_norm_rope, tk.silu_mul, tk.sample, name="triton", linear=tk.linear, small_rows=rows
-    )
+        tk.add_rms_norm, tk.qk_norm_rope, tk.silu_mul, tk.sample, name="triton", linear=tk.linear, small_rows=rows,
+        qk_norm_rope_kv=tk.qk_norm_rope_kv,
+    )  # fmt: skip
 
 
 def default_kernels(device: torch.device) -> DecodeKernels | None:

@@ -21,7 +21,7 @@ from torch import nn
 
 from omni_stream.models.qwen3_tts.config import DecoderConfig
 from omni_stream.models.qwen3_tts.fused import DecodeKernels
-from omni_stream.runtime.kv_cache import Attend
+from omni_stream.runtime.kv_cache import Attend, CacheAttend
 
 
 class RMSNorm(nn.Module):
@@ -164,13 +164,19 @@ class DecoderLayer(nn.Module):
         qkv = proj(h, self.qkv_weight)
         nq, nkv = a.n_heads * a.head_dim, a.n_kv * a.head_dim
         v = qkv[..., nq + nkv :].view(b, t, a.n_kv, a.head_dim).transpose(1, 2)
-        if self.qk_norm_weight is not None:
-            q, kk = k.qk_norm_rope(qkv, self.qk_norm_weight, cos, sin, eps, a.n_heads, a.n_kv)
-            q, kk = q.transpose(1, 2), kk.transpose(1, 2)
-        else:  # no q/k norm (Llama): rotary alone, in torch
-            q = apply_rope(qkv[..., :nq].view(b, t, a.n_heads, a.head_dim).transpose(1, 2), cos, sin)
-            kk = apply_rope(qkv[..., nq : nq + nkv].view(b, t, a.n_kv, a.head_dim).transpose(1, 2), cos, sin)
-        o = attend(layer, q, kk, v).transpose(1, 2).reshape(b, t, a.n_heads * a.head_dim)
+        if self.qk_norm_weight is not None and k.qk_norm_rope_kv is not None and isinstance(attend, CacheAttend):
+            # k and v go into the cache from the kernel that makes them: no copy kernels
+            q = k.qk_norm_rope_kv(qkv, self.qk_norm_weight, cos, sin, eps, a.n_heads, a.n_kv, attend.target(layer))
+            o = attend.read(layer, q.transpose(1, 2))
+        else:
+            if self.qk_norm_weight is not None:
+                q, kk = k.qk_norm_rope(qkv, self.qk_norm_weight, cos, sin, eps, a.n_heads, a.n_kv)
+                q, kk = q.transpose(1, 2), kk.transpose(1, 2)
+            else:  # no q/k norm (Llama): rotary alone, in torch
+                q = apply_rope(qkv[..., :nq].view(b, t, a.n_heads, a.head_dim).transpose(1, 2), cos, sin)
+                kk = apply_rope(qkv[..., nq : nq + nkv].view(b, t, a.n_kv, a.head_dim).transpose(1, 2), cos, sin)
+            o = attend(layer, q, kk, v)
+        o = o.transpose(1, 2).reshape(b, t, a.n_heads * a.head_dim)
         x, h = k.add_rms_norm(x, proj(o, a.o_proj.weight), self.post_attention_layernorm.weight, eps)
         return x, proj(k.silu_mul(proj(h, self.gate_up_weight)), self.mlp.down_proj.weight)
 
