@@ -229,6 +229,33 @@ def test_small_batch_linear_equals_cublas_and_is_batch_invariant_on_cuda(dtype) 
                 assert torch.equal(tk.linear(x[:m], w, bb), got[:m])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_kernel_writes_k_and_v_into_the_cache_on_cuda(dtype) -> None:
+    from omni_stream.models.qwen3_tts import fused
+    from omni_stream.runtime import triton_kernels as tk
+    from omni_stream.runtime.kv_cache import KVWrite
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def r(*s):
+        return torch.randn(*s, generator=g, device="cuda").to(dtype)
+
+    hq, hkv, d = 16, 8, 128
+    slots = torch.tensor([2, 0, 3], device="cuda")
+    for b, t, start in ((3, 2, torch.tensor([1, 5, 0], device="cuda")),
+                        (3, 1, torch.tensor([7], device="cuda").expand(3))):  # fmt: skip
+        qkv, nw = r(b, t, (hq + 2 * hkv) * d), r(2, d)
+        ang = torch.rand(1, t, d // 2, generator=g, device="cuda") * 6
+        emb = torch.cat((ang, ang), -1)
+        cos, sin = emb.cos().to(dtype).expand(b, -1, -1), emb.sin().to(dtype).expand(b, -1, -1)
+        got = []
+        for fn in (tk.qk_norm_rope_kv, fused.qk_norm_rope_kv):
+            kc, vc = (torch.zeros(4, hkv, 10, d, device="cuda", dtype=dtype) for _ in range(2))
+            got.append((fn(qkv, nw, cos, sin, 1e-6, hq, hkv, KVWrite(kc, vc, slots, start)), kc, vc))
+        for a, c in zip(*got, strict=True):
+            torch.testing.assert_close(a, c, rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("rows", [(2, 40), (1, 12)])  # the cuBLAS flow, the small-batch flow
 def test_fused_talker_matches_module_talker_on_cuda(tmp_path, rows) -> None:
     """fp32 weights at real size: the fused layers compute the module layers' function."""

@@ -77,7 +77,8 @@ def _qk_norm_rope_kernel(
     base = qkv_ptr + row * row_stride + head * D  # q, k then v heads are adjacent in the fused projection
     b = row // t_len
     t = row % t_len
-    if KV:  # k and v go straight into the cache: token t of row b at start[b] + t of slot slots[b]
+    cache = row * 0  # k and v go straight into the cache (KV): token t of row b at start[b] + t of slot slots[b]
+    if KV:
         slot = tl.load(slots_ptr + b * slots_stride)
         pos = tl.load(start_ptr + b * start_stride) + t
         cache = slot * c_slot + pos * c_pos
@@ -102,7 +103,7 @@ def _qk_norm_rope_kernel(
             tl.store(kc_ptr + cache + (head - HQ) * c_head + offs, out)
         else:
             tl.store(k_ptr + (row * HKV + (head - HQ)) * D + offs, out)
-    else:  # launched only with KV: the v heads, copied as they are
+    elif KV:  # the v heads (launched only with KV), copied as they are
         tl.store(vc_ptr + cache + (head - HQ - HKV) * c_head + offs, tl.load(base + offs))
 
 
