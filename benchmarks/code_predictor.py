@@ -116,6 +116,7 @@ def kernel_profile(fn: Callable[[], object], reps: int = 5) -> dict:
             fn()
         torch.cuda.synchronize()
     cats: dict[str, list[float]] = {}
+    top: list[tuple[float, float, str]] = []
     for ev in prof.key_averages():
         t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
         if not t:
@@ -125,8 +126,10 @@ def kernel_profile(fn: Callable[[], object], reps: int = 5) -> dict:
         entry = cats.setdefault(cat, [0.0, 0.0])
         entry[0] += ev.count / reps
         entry[1] += t / reps / 1000.0
+        top.append((t / reps / 1000.0, ev.count / reps, ev.key[:80]))
     total = {"kernels": sum(v[0] for v in cats.values()), "busy_ms": sum(v[1] for v in cats.values())}
-    return {"total": total, "by_category": {c: {"kernels": v[0], "ms": v[1]} for c, v in sorted(cats.items())}}
+    return {"total": total, "by_category": {c: {"kernels": v[0], "ms": v[1]} for c, v in sorted(cats.items())},
+            "top": [{"kernel": k, "count": n, "ms": ms} for ms, n, k in sorted(top, reverse=True)[:15]]}  # fmt: skip
 
 
 def bench_step(lm, batches: list[int], graph_reps: int, span: int) -> tuple[list[dict], float, float]:

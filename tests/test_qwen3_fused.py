@@ -95,7 +95,13 @@ def test_fused_layers_write_k_and_v_into_a_cache_attend_target(cv) -> None:
         calls.append(args[-1])
         return fused.qk_norm_rope_kv(*args)
 
-    kernels = dataclasses.replace(fused.TORCH, qk_norm_rope_kv=counting)
+    reads = []
+
+    def reading(q, src):
+        reads.append((src.slots, src.last, src.span))
+        return fused.read_one(q, src)
+
+    kernels = dataclasses.replace(fused.TORCH, qk_norm_rope_kv=counting, decode_attention=reading)
     for layer in layers:
         layer.use_kernels(kernels)
     gen = torch.Generator().manual_seed(3)
@@ -114,6 +120,8 @@ def test_fused_layers_write_k_and_v_into_a_cache_attend_target(cv) -> None:
         with torch.no_grad():
             out.append((run_layers(layers, norm, x, cos, sin, attend), cache.k.clone(), cache.v.clone()))
     assert len(calls) == 3 and all(c.slots.shape == (2,) for c in calls)  # three layers, direct run only
+    # and the one-token read went to the decode-attention function: each row up to its own length, no mask
+    assert len(reads) == 3 and all(torch.equal(last, lengths) and span == 8 for _, last, span in reads)
     for a, b in zip(*out, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
@@ -240,6 +248,24 @@ _TRITON_CHECK = textwrap.dedent(
         for a, c in zip(*caches):
             torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5)
         assert caches[0][1].abs().sum() > 0 and caches[0][2][1].abs().sum() == 0  # slot 1 untouched
+    from omni_stream.runtime.kv_cache import KVRead, read_one
+
+    # decode attention: GQA groups of 2 and 3 (padded to 4), rows at different lengths, one past the span,
+    # a stride-0 length (the code predictor's), keys over several 32-position blocks
+    for hq, hkv, dim, pos, span, last in (
+        (4, 2, 16, 12, 9, torch.tensor([0, 5, 40])),
+        (6, 2, 8, 80, 70, torch.tensor([66]).expand(3)),
+        (2, 2, 16, 80, 80, torch.tensor([31, 32, 79])),
+    ):
+        kc, vc = r(4, hkv, pos, dim), r(4, hkv, pos, dim)
+        slots = torch.tensor([2, 0, 3])
+        q = r(3, 1, hq, dim)
+        src = KVRead(kc, vc, slots, last, span)
+        got, want = tk.decode_attention(q, src), read_one(q, src)
+        assert got.shape == (3, 1, hq * dim)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        alone = tk.decode_attention(q[1:2], KVRead(kc, vc, slots[1:2], last[1:2], span))
+        assert torch.equal(alone[0], got[1])  # a row's result does not depend on its batch
     assert tk.SMALL_ROWS == fused.SMALL_ROWS  # the layer routes at most the kernel's row tile to it
     try:
         tk.linear(r(17, 8), r(4, 8))

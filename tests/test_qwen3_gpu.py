@@ -256,6 +256,29 @@ def test_rotary_kernel_writes_k_and_v_into_the_cache_on_cuda(dtype) -> None:
             torch.testing.assert_close(a, c, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_attention_kernel_equals_masked_attention_on_cuda(dtype) -> None:
+    """The talker's shapes (16 query heads on 8 kv heads, head_dim 128): rows at their own lengths in a 512-position
+    span, one inactive row past it, the code predictor's stride-0 length; a row alone gives the same bits."""
+    from omni_stream.runtime import triton_kernels as tk
+    from omni_stream.runtime.kv_cache import KVRead, read_one
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    hq, hkv, d = 16, 8, 128
+    kc, vc = (torch.randn(6, hkv, 513, d, generator=g, device="cuda").to(dtype) for _ in range(2))
+    slots = torch.tensor([4, 0, 5, 1], device="cuda")
+    for last, span in ((torch.tensor([0, 130, 511, 600], device="cuda"), 512),
+                       (torch.tensor([9], device="cuda").expand(4), 10)):  # fmt: skip
+        q = torch.randn(4, 1, hq, d, generator=g, device="cuda").to(dtype)
+        src = KVRead(kc, vc, slots, last, span)
+        got = tk.decode_attention(q, src)
+        want = read_one(q.float(), KVRead(kc.float(), vc.float(), slots, last, span))
+        torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2 if dtype == torch.bfloat16 else 1e-4)
+        for i in range(4):
+            alone = tk.decode_attention(q[i : i + 1], KVRead(kc, vc, slots[i : i + 1], last[i : i + 1], span))
+            assert torch.equal(alone[0], got[i])
+
+
 @pytest.mark.parametrize("rows", [(2, 40), (1, 12)])  # the cuBLAS flow, the small-batch flow
 def test_fused_talker_matches_module_talker_on_cuda(tmp_path, rows) -> None:
     """fp32 weights at real size: the fused layers compute the module layers' function."""

@@ -6,7 +6,9 @@ newcomer costs nothing and a newcomer's prefill can write its rows while other s
 
 The decode attends are :class:`CacheAttend` objects: besides attending they name where this step's K/V
 rows go (:class:`KVWrite`), so the fused layer's rotary kernel writes k and v there itself and the two
-copy kernels per layer and step disappear (206 of a batch-1 Qwen3-TTS frame's ~1,560 kernels).
+copy kernels per layer and step disappear (206 of a batch-1 Qwen3-TTS frame's ~1,560 kernels). For one new
+token per row they also name what the query reads (:class:`KVRead`), so a decode-attention kernel can read each
+row's valid positions straight from the cache (no gathered keys, no mask, no transposes around SDPA).
 """
 
 from __future__ import annotations
@@ -59,6 +61,30 @@ class KVWrite:
     start: torch.Tensor
 
 
+@dataclass(slots=True, frozen=True)
+class KVRead:
+    """What one new query token of batch row ``i`` attends: positions ``0..last[i]`` of slot ``slots[i]``.
+
+    ``k``/``v``: that layer's cache ``[slots, kv_heads, positions, head_dim]``; ``slots``/``last``: int64 ``[B]``
+    (any stride); ``span``: a host bound, ``last[i] < span`` for every row that matters (a row past it reads
+    ``0..span-1``: the inactive rows of a graph's static batch, whose output is discarded).
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    slots: torch.Tensor
+    last: torch.Tensor
+    span: int
+
+
+def read_one(q: torch.Tensor, src: KVRead) -> torch.Tensor:
+    """Attention of one query token per row ``q`` ``[B, 1, Hq, D]`` over ``src``; ``[B, 1, Hq * D]`` (torch)."""
+    b, _, hq, d = q.shape
+    keys, values = src.k[src.slots, :, : src.span], src.v[src.slots, :, : src.span]
+    keep = torch.arange(src.span, device=q.device)[None, :] <= src.last[:, None]
+    return attention(q.transpose(1, 2), keys, values, keep[:, None, None, :]).reshape(b, 1, hq * d)
+
+
 class CacheAttend(ABC):
     """An :data:`Attend` that can also hand its write target to the kernel that makes K and V.
 
@@ -72,6 +98,11 @@ class CacheAttend(ABC):
     @abstractmethod
     def read(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """Attention of ``q`` ``[B, Hq, T, D]`` over the cache, this step's K/V rows already written."""
+
+    def source(self, layer: int) -> KVRead | None:
+        """What :meth:`read` attends when every row has one new token, for a decode-attention kernel (None:
+        more than one token per row; :meth:`read` it is)."""
+        return None
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """``k``/``v`` ``[B, Hkv, T, D]`` into :meth:`target` (the unfused path's copies)."""
@@ -146,16 +177,26 @@ class SlotKVCache:
     def decode_rows(self, rows: torch.Tensor, write: torch.Tensor, lengths: torch.Tensor, span: int) -> CacheAttend:
         """Attention over the first ``len(rows)`` slots (a graph's static batch): row ``i`` writes at ``write[i]``
         (an inactive row at a spare position past every length) and reads positions ``0..lengths[i]``."""
-        keep = torch.arange(span, device=rows.device)[None, :] <= lengths[:, None]
-        return _RowsDecode(self, rows, write, keep[:, None, None, :], span)
+        return _RowsDecode(self, rows, write, lengths, span)
 
 
 class _RowsDecode(CacheAttend):
-    def __init__(self, cache: SlotKVCache, rows: torch.Tensor, write: torch.Tensor, mask: torch.Tensor, span: int):
-        self.cache, self.rows, self.write_at, self.mask, self.span = cache, rows, write, mask, span
+    def __init__(self, cache: SlotKVCache, rows: torch.Tensor, write: torch.Tensor, lengths: torch.Tensor, span: int):
+        self.cache, self.rows, self.write_at, self.lengths, self.span = cache, rows, write, lengths, span
+        self._mask: torch.Tensor | None = None  # built on the first read (a decode-attention kernel needs none)
+
+    @property
+    def mask(self) -> torch.Tensor:
+        if self._mask is None:
+            keep = torch.arange(self.span, device=self.rows.device)[None, :] <= self.lengths[:, None]
+            self._mask = keep[:, None, None, :]
+        return self._mask
 
     def target(self, layer: int) -> KVWrite:
         return KVWrite(self.cache.k[layer], self.cache.v[layer], self.rows, self.write_at)
+
+    def source(self, layer: int) -> KVRead:
+        return KVRead(self.cache.k[layer], self.cache.v[layer], self.rows, self.lengths, self.span)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         self.cache.k[layer][self.rows, :, self.write_at] = k[:, :, 0]
@@ -195,6 +236,12 @@ class _FrameAt(CacheAttend):
     def target(self, layer: int) -> KVWrite:
         c = self.cache
         return KVWrite(c.k[layer], c.v[layer], c.batch, c.positions[self.start : self.start + 1].expand(c.batch.shape))
+
+    def source(self, layer: int) -> KVRead | None:
+        c, end = self.cache, self.end
+        if end - self.start != 1:
+            return None
+        return KVRead(c.k[layer], c.v[layer], c.batch, c.positions[end - 1 : end].expand(c.batch.shape), end)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         self.cache.k[layer, :, :, self.start : self.end] = k

@@ -1,7 +1,9 @@
 """Triton kernels for the decoder layer's elementwise chains (imported only where Triton is installed).
 
-Each replaces a chain of eager kernels with one launch. Attention stays with SDPA and the GEMMs with cuBLAS,
-except at 1-16 rows (decode at small batch), where :func:`linear` reads the weight in one launch: cuBLAS's
+Each replaces a chain of eager kernels with one launch. Prefill attention stays with SDPA and the GEMMs with
+cuBLAS. A one-token decode reads each row's valid cache positions in :func:`decode_attention` (SDPA would need
+the rows' keys gathered, a mask over the whole span and transposes around it). At 1-16 rows (decode at small
+batch) :func:`linear` reads the weight in one launch: cuBLAS's
 heuristic picks a 12.7 us kernel for the code predictor's 1024 x 2048 output projection at one row, where a
 plain tiled read takes 5.1 us (``benchmarks/results/small_linear.md``).
 Rounding follows the eager bf16 path where it is cheap to (the residual sum, the normalized activations
@@ -18,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from omni_stream.runtime.kv_cache import KVWrite
+from omni_stream.runtime.kv_cache import KVRead, KVWrite
 from omni_stream.runtime.sampling import SamplingTensors
 from omni_stream.runtime.sampling import sample as torch_sample
 
@@ -167,6 +169,70 @@ def qk_norm_rope_kv(
 ) -> torch.Tensor:
     """:func:`qk_norm_rope` with k and the v part written into the cache at ``dst``; returns q."""
     return _qk_norm_rope(qkv, norm_weights, cos, sin, eps, heads, kv_heads, dst)[0]
+
+
+@triton.jit
+def _decode_attention_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, slots_ptr, last_ptr,
+    q_sb, q_sh, o_sb, c_slot, c_head, c_pos, slots_stride, last_stride, span, scale,
+    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr,
+):  # fmt: skip
+    # one program per (row, kv head): the G query heads sharing that kv head, online softmax over blocks of keys
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    offs_g = tl.arange(0, GP)
+    offs_d = tl.arange(0, D)
+    g_ok = offs_g < G
+    heads = kvh * G + offs_g
+    q = tl.load(q_ptr + b * q_sb + heads[:, None] * q_sh + offs_d[None, :], mask=g_ok[:, None], other=0.0)
+    q = q.to(tl.float32) * scale
+    slot = tl.load(slots_ptr + b * slots_stride)
+    n = tl.minimum(tl.load(last_ptr + b * last_stride) + 1, span).to(tl.int32)
+    base = slot * c_slot + kvh * c_head
+    m = tl.full([GP], float("-inf"), tl.float32)
+    den = tl.zeros([GP], tl.float32)
+    acc = tl.zeros([GP, D], tl.float32)
+    for s0 in range(0, n, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)
+        ok = offs_s < n
+        at = base + offs_s[:, None] * c_pos + offs_d[None, :]
+        k = tl.load(k_ptr + at, mask=ok[:, None], other=0.0).to(tl.float32)
+        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [GP, BLOCK_S]
+        s = tl.where(ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m - m_new)
+        v = tl.load(v_ptr + at, mask=ok[:, None], other=0.0).to(tl.float32)
+        den = den * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        m = m_new
+    out = acc / den[:, None]
+    at_o = o_ptr + b * o_sb + heads[:, None] * D + offs_d[None, :]
+    tl.store(at_o, out.to(o_ptr.dtype.element_ty), mask=g_ok[:, None])
+
+
+def decode_attention(q: torch.Tensor, src: KVRead) -> torch.Tensor:
+    """One query token per row ``q`` ``[B, 1, Hq, D]`` (unit stride in D) over ``src``; ``[B, 1, Hq * D]``.
+
+    Reads positions ``0..min(last, span - 1)`` of each row's slot and nothing else (fp32 online softmax, the
+    scale ``D ** -0.5``); the same result for a row alone or in any batch.
+    """
+    b, t, hq, d = q.shape
+    hkv = src.k.shape[1]
+    if t != 1 or hq % hkv or d & (d - 1) or q.stride(-1) != 1:
+        raise ValueError(f"one token, whole GQA groups and a power-of-two head_dim, got q {tuple(q.shape)}")
+    if src.k.stride() != src.v.stride() or src.k.stride(-1) != 1:
+        raise ValueError("the K and V caches must share strides, unit stride in head_dim")
+    g = hq // hkv
+    o = torch.empty(b, 1, hq * d, dtype=q.dtype, device=q.device)
+    ks = src.k.stride()
+    _decode_attention_kernel[(b, hkv)](
+        q, src.k, src.v, o, src.slots, src.last,
+        q.stride(0), q.stride(2), o.stride(0), ks[0], ks[1], ks[2], src.slots.stride(0), src.last.stride(0),
+        src.span, d**-0.5,
+        G=g, GP=max(2, triton.next_power_of_2(g)), D=d, BLOCK_S=32, num_warps=4,
+    )  # fmt: skip
+    return o
 
 
 @triton.jit

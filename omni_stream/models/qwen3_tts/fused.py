@@ -7,7 +7,8 @@ its own). The fused layer is
     h = norm(x += delta)            one kernel: the previous layer's residual add and this layer's norm
     q, k = qk_norm_rope(h @ Wqkv)   one GEMM over the concatenated q/k/v weights, one kernel for both norms + rotary
                                     (with a CacheAttend the same kernel writes k and v into the cache)
-    o = attend(q, k, v)             SDPA (and, with a plain attend, its cache writes)
+    o = attend(q, k, v)             one kernel reading the cache for one new token a row, else SDPA (and, with a
+                                    plain attend, its cache writes)
     h = norm(x += o @ Wo)           one GEMM, one kernel
     delta = silu_mul(h @ Wgu) @ Wd  one GEMM over the concatenated gate/up weights, one kernel, one GEMM
 
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from omni_stream.runtime.kv_cache import KVWrite
+from omni_stream.runtime.kv_cache import KVWrite, read_one
 from omni_stream.runtime.sampling import SamplingTensors, sample
 
 log = logging.getLogger(__name__)
@@ -122,12 +123,17 @@ class DecodeKernels:
     small_rows: int = 0
     # qk_norm_rope writing k and v into a :class:`CacheAttend`'s target (None: the attend copies them).
     qk_norm_rope_kv: Callable[..., torch.Tensor] | None = None
+    # one-token attention over a :class:`KVRead` (``kv_cache.read_one``'s signature; None: the attend's read)
+    decode_attention: Callable[..., torch.Tensor] | None = None
 
 
 SMALL_ROWS = 16  # the Triton small-batch projection's row tile (``triton_kernels.SMALL_ROWS``)
 ENV_SMALL_ROWS = "OMNI_STREAM_SMALL_ROWS"  # at most this many rows take the small-batch path on CUDA (0: never)
 
-TORCH = DecodeKernels(add_rms_norm, qk_norm_rope, silu_mul, sample, name="torch", qk_norm_rope_kv=qk_norm_rope_kv)
+TORCH = DecodeKernels(
+    add_rms_norm, qk_norm_rope, silu_mul, sample, name="torch", qk_norm_rope_kv=qk_norm_rope_kv,
+    decode_attention=read_one,
+)  # fmt: skip
 
 
 def small_rows_setting(default: int = SMALL_ROWS) -> int:
@@ -148,7 +154,7 @@ def triton_kernels(small_rows: int | None = None) -> DecodeKernels:
     rows = small_rows_setting() if small_rows is None else small_rows
     return DecodeKernels(
         tk.add_rms_norm, tk.qk_norm_rope, tk.silu_mul, tk.sample, name="triton", linear=tk.linear, small_rows=rows,
-        qk_norm_rope_kv=tk.qk_norm_rope_kv,
+        qk_norm_rope_kv=tk.qk_norm_rope_kv, decode_attention=tk.decode_attention,
     )  # fmt: skip
 
 

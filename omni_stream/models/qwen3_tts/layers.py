@@ -167,7 +167,12 @@ class DecoderLayer(nn.Module):
         if self.qk_norm_weight is not None and k.qk_norm_rope_kv is not None and isinstance(attend, CacheAttend):
             # k and v go into the cache from the kernel that makes them: no copy kernels
             q = k.qk_norm_rope_kv(qkv, self.qk_norm_weight, cos, sin, eps, a.n_heads, a.n_kv, attend.target(layer))
-            o = attend.read(layer, q.transpose(1, 2))
+            read_one = k.decode_attention
+            src = attend.source(layer) if t == 1 and read_one is not None else None
+            if read_one is not None and src is not None:  # one token a row: read the cache where it lies
+                o = read_one(q, src)  # already [B, 1, Hq * D]
+            else:
+                o = attend.read(layer, q.transpose(1, 2)).transpose(1, 2).reshape(b, t, nq)
         else:
             if self.qk_norm_weight is not None:
                 q, kk = k.qk_norm_rope(qkv, self.qk_norm_weight, cos, sin, eps, a.n_heads, a.n_kv)
@@ -175,8 +180,7 @@ class DecoderLayer(nn.Module):
             else:  # no q/k norm (Llama): rotary alone, in torch
                 q = apply_rope(qkv[..., :nq].view(b, t, a.n_heads, a.head_dim).transpose(1, 2), cos, sin)
                 kk = apply_rope(qkv[..., nq : nq + nkv].view(b, t, a.n_kv, a.head_dim).transpose(1, 2), cos, sin)
-            o = attend(layer, q, kk, v)
-        o = o.transpose(1, 2).reshape(b, t, a.n_heads * a.head_dim)
+            o = attend(layer, q, kk, v).transpose(1, 2).reshape(b, t, nq)
         x, h = k.add_rms_norm(x, proj(o, a.o_proj.weight), self.post_attention_layernorm.weight, eps)
         return x, proj(k.silu_mul(proj(h, self.gate_up_weight)), self.mlp.down_proj.weight)
 
