@@ -227,6 +227,11 @@ _TRITON_CHECK = textwrap.dedent(
             logits = r(b, vocab) * scale
             assert torch.equal(tk.sample(logits, params, noise), sample(logits, params, noise))
             assert torch.equal(tk.sample(logits, params, None), logits.argmax(-1))
+        # many ties (whole-number logits) at the top-k cut-off: every tie kept, as the torch version keeps them
+        tied = [p for p in kinds if p.top_p >= 1.0]
+        params = SamplingTensors.from_params(tied)
+        logits = (r(len(tied), vocab) * 3).round()
+        assert torch.equal(tk.sample(logits, params, noise[: len(tied)]), sample(logits, params, noise[: len(tied)]))
     for m, n, k in ((1, 40, 96), (5, 200, 72), (16, 33, 300)):
         w, bias, x = r(n, k), r(n), r(m, 1, k)
         for bb in (None, bias):

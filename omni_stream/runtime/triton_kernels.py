@@ -372,19 +372,32 @@ def _sample_kernel(
     lg = tl.load(logits_ptr + row * logits_stride + offs, mask=m, other=neg).to(tl.float32)
     greedy = tl.argmax(lg, axis=0, tie_break_left=True)
     x = lg / tl.load(temp_ptr + row)
-    # top-k: keep values >= the k-th largest (k == 0 keeps all)
-    s = tl.sort(x, dim=0, descending=True)
+    # top-k: keep values >= the k-th largest (k == 0 keeps all). The k-th largest by bisection over the values'
+    # order-preserving integer keys: 32 counting passes instead of a sort of the vocabulary (34 us a row on an
+    # H200 at 2048 entries, a tenth of a batch-1 frame)
     k = tl.load(top_k_ptr + row)
     kk = tl.minimum(tl.maximum(k, 1), n_cols)
-    kth = tl.max(tl.where(offs == kk - 1, s, neg), axis=0)
+    bits = x.to(tl.int32, bitcast=True)
+    key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+    lo = tl.min(key, axis=0)  # invariant: at least kk keys >= lo
+    hi = tl.max(key, axis=0)
+    for _ in range(32):
+        mid = lo + (hi - lo + 1) // 2
+        enough = tl.sum((key >= mid).to(tl.int32), axis=0) >= kk
+        lo = tl.where(enough, mid, lo)
+        hi = tl.where(enough, hi, mid - 1)
+    kth = tl.max(tl.where(key == lo, x, neg), axis=0)
     kth = tl.where(k > 0, kth, neg)
-    s = tl.where(s < kth, neg, s)
-    # top-p: in descending order keep a token while the mass strictly before it is < p (the best always stays)
-    e = tl.exp(s - tl.max(s, axis=0))
-    ps = e / tl.sum(e, axis=0)
-    before = tl.cumsum(ps, axis=0) - ps
-    keep = (before < tl.load(top_p_ptr + row)) | (offs == 0)
-    threshold = tl.maximum(tl.min(tl.where(keep, s, float("inf")), axis=0), kth)
+    threshold = kth
+    tp = tl.load(top_p_ptr + row)
+    if tp < 1.0:  # top-p: in descending order keep a token while the mass strictly before it is < p (the best stays)
+        s = tl.sort(x, dim=0, descending=True)
+        s = tl.where(s < kth, neg, s)
+        e = tl.exp(s - tl.max(s, axis=0))
+        ps = e / tl.sum(e, axis=0)
+        before = tl.cumsum(ps, axis=0) - ps
+        keep = (before < tp) | (offs == 0)
+        threshold = tl.maximum(tl.min(tl.where(keep, s, float("inf")), axis=0), kth)
     x = tl.where(x < threshold, neg, x)
     # exponential race over the filtered distribution
     e = tl.exp(x - tl.max(x, axis=0))
