@@ -7,8 +7,8 @@ Run on a CUDA machine: ``python benchmarks/small_linear.py [--size 1.7b] [--swee
    ring of distinct weights larger than L2 (so every call reads its weight from HBM, as a decode step does);
    ``--sweep`` also times a grid of tile shapes at 1 row and reports the best.
 2. The code-predictor loop (15 steps with sampling) and the whole decode step as CUDA graphs at batch 1-16,
-   with ``small_rows`` 0 (every projection on cuBLAS) and 16 (the Triton projection up to 16 rows), plus a
-   CUPTI kernel profile of each at batch 1.
+   with ``small_rows`` 0 (every projection on cuBLAS), 16 (the Triton projections up to 16 rows) and 16 with
+   the code predictor's limit at 1 (``16p1``), plus a CUPTI kernel profile of each at batch 1.
 
 Prints a table last; writes ``small_linear.json`` to ``$OUT`` (or ``benchmarks/results``).
 """
@@ -29,10 +29,13 @@ from provenance import git_commit
 
 from omni_stream.models.qwen3_tts.checkpoint import load_lm, write_dummy_checkpoint
 from omni_stream.models.qwen3_tts.config import load_config
-from omni_stream.models.qwen3_tts.fused import ENV_SMALL_ROWS, triton_kernels
+from omni_stream.models.qwen3_tts.fused import ENV_PREDICTOR_ROWS, ENV_SMALL_ROWS, triton_kernels
 from omni_stream.runtime import triton_kernels as tk
 
 ROOT = Path(__file__).resolve().parent
+# (name, small_rows, the code predictor's limit: None as small_rows): all cuBLAS, the default, and the
+# predictor's small path at one row only
+LIMITS = (("0", 0, None), ("16", 16, None), ("16p1", 16, 1))
 CALLS = 200
 RING_BYTES = 512 << 20
 
@@ -46,6 +49,8 @@ def projections(size: str) -> dict[str, tuple[int, int]]:
         out[f"{who}.o"] = (d.hidden_size, d.num_attention_heads * d.head_dim)
         out[f"{who}.gate_up"] = (2 * d.intermediate_size, d.hidden_size)
         out[f"{who}.down"] = (d.hidden_size, d.intermediate_size)
+    t = cfg.talker.decoder
+    out["talker.codec_head"] = (t.vocab_size, t.hidden_size)
     cp = cfg.code_predictor
     out["cp.lm_head"] = (cp.vocab_size, cp.hidden_size)
     if cfg.talker.decoder.hidden_size != cp.hidden_size:
@@ -132,21 +137,27 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = write_dummy_checkpoint(CONFIGS[args.size], tmp, dtype=torch.bfloat16, weights=False)
         lm = load_lm(ckpt, load_format="dummy", dtype=torch.bfloat16, device="cuda")
-        for small in (0, 16):
-            print(f"== small_rows {small}", flush=True)
+        for name, small, predictor in LIMITS:
+            print(f"== small_rows {small}, code predictor {small if predictor is None else predictor}", flush=True)
             os.environ[ENV_SMALL_ROWS] = str(small)  # what the runner's default kernels read
-            cp = bench_code_predictor(lm, batches, 3, args.graph_reps, triton_kernels(small), f"_small{small}")
+            os.environ[ENV_PREDICTOR_ROWS] = "" if predictor is None else str(predictor)
+            kernels = triton_kernels(small, predictor)
+            cp = bench_code_predictor(lm, batches, 3, args.graph_reps, kernels, f"_small{name}")
             step, _, _ = bench_step(lm, batches, args.graph_reps, 512)
-            result["loops"][str(small)] = {"code_predictor": cp, "step": step}
+            result["loops"][name] = {"code_predictor": cp, "step": step}
+        os.environ[ENV_PREDICTOR_ROWS] = ""
     out_dir = Path(os.environ.get("OUT") or ROOT / "results")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "small_linear.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"\n{result['gpu']}, torch {result['torch']}, commit {result['git_commit']}")
-    print("B     CP graph: cuBLAS  small   step graph: cuBLAS  small   xRT/stream at the step (small)")
+    names = [name for name, _, _ in LIMITS]
+    print("B     CP graph: " + "".join(f"{n:>8s}" for n in names) + "   step graph: "
+          + "".join(f"{n:>8s}" for n in names) + "   xRT/stream at the step (16)")  # fmt: skip
     for i, b in enumerate(batches):
-        c0, c16 = (result["loops"][s]["code_predictor"][i][f"cp_graph_ms_small{s}"] for s in ("0", "16"))
-        s0, s16 = (result["loops"][s]["step"][i]["step_graph_ms"] for s in ("0", "16"))
-        print(f"{b:3d}   {c0:15.2f} {c16:7.2f}   {s0:17.2f} {s16:7.2f}   {80.0 / s16:8.1f}x")
+        cps = [result["loops"][s]["code_predictor"][i][f"cp_graph_ms_small{s}"] for s in names]
+        steps = [result["loops"][s]["step"][i]["step_graph_ms"] for s in names]
+        print(f"{b:3d}   {'':10s}" + "".join(f"{c:8.2f}" for c in cps) + f"   {'':11s}"
+              + "".join(f"{c:8.2f}" for c in steps) + f"   {80.0 / steps[1]:8.1f}x")  # fmt: skip
     return 0
 
 

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from omni_stream.models.qwen3_tts.config import NUM_CODE_GROUPS, Qwen3TTSConfig
-from omni_stream.models.qwen3_tts.fused import DecodeKernels
-from omni_stream.models.qwen3_tts.layers import DecoderLayer, RMSNorm, Rotary, run_layers, use_kernels
+from omni_stream.models.qwen3_tts.fused import DecodeKernels, SmallRows
+from omni_stream.models.qwen3_tts.layers import DecoderLayer, RMSNorm, Rotary, run_stack, use_kernels
 from omni_stream.runtime.kv_cache import FrameKVCache, KVShape
 from omni_stream.runtime.sampling import SamplingTensors, sample
 
@@ -54,17 +54,38 @@ class CodePredictor(nn.Module):
         self.kernels: DecodeKernels | None = None
 
     def use_kernels(self, kernels: DecodeKernels | None) -> None:
-        """Run the decoder layers fused through ``kernels`` (None: the modules)."""
+        """Run the decoder layers fused through ``kernels`` (None: the modules), at the predictor's row limit."""
+        kernels = None if kernels is None else kernels.for_predictor()
         self.sample = sample if kernels is None else kernels.sample
         self.kernels = kernels
         use_kernels(self.model.layers, kernels)
 
+    def _small(self, rows: int) -> SmallRows | None:
+        k = self.kernels
+        return k.small if k is not None and rows <= k.small_rows else None
+
     def _linear(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """``module(x)`` for a linear layer; the kernels' small-batch projection at few rows."""
-        k = self.kernels
-        if k is None or not isinstance(module, nn.Linear) or x.numel() // x.shape[-1] > k.small_rows:
+        small = self._small(x.numel() // x.shape[-1])
+        if small is None or not isinstance(module, nn.Linear):
             return module(x)
-        return k.linear(x, module.weight, module.bias)
+        return small.linear(x, module.weight, module.bias)
+
+    def _logits(self, j: int, x: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
+        """``lm_head[j]`` of the final norm of residual ``x`` (+ the stack's pending ``delta``) ``[B, H]``."""
+        norm, head, k = self.model.norm, self.lm_head[j], self.kernels
+        small = self._small(x.shape[0])
+        if small is not None:  # the norm folded into the head's projection
+            return small.norm_linear(x, delta, norm.weight, norm.eps, head.weight)[1]
+        return head(norm(x) if k is None else k.add_rms_norm(x, delta, norm.weight, norm.eps)[1])
+
+    def _next_input(self, j: int, token: torch.Tensor) -> torch.Tensor:
+        """The input ``[B, 1, H]`` after code ``j + 1``: its embedding, projected to the predictor's width."""
+        table, proj = self.model.codec_embedding[j], self.small_to_mtp_projection
+        small = self._small(token.shape[0])
+        if small is not None and isinstance(proj, nn.Linear):  # the lookup folded into the projection
+            return small.embed_linear(table.weight, token, proj.weight, proj.bias)[:, None]
+        return self._linear(proj, table(token))[:, None]
 
     def _cache(self, batch: int, dtype: torch.dtype, device: torch.device) -> FrameKVCache:
         key = (batch, dtype, device)
@@ -104,11 +125,11 @@ class CodePredictor(nn.Module):
             n = x.shape[1]
             cos = cos_all[:, pos : pos + n].expand(b, -1, -1)
             sin = sin_all[:, pos : pos + n].expand(b, -1, -1)
-            out = run_layers(self.model.layers, self.model.norm, x, cos, sin, cache.at(pos, n))
+            res, delta = run_stack(self.model.layers, x, cos, sin, cache.at(pos, n))
             pos += n
-            logits = self._linear(self.lm_head[j], out[:, -1])
+            logits = self._logits(j, res[:, -1], None if delta is None else delta[:, -1])
             token = self.sample(logits, params, None if noise is None else noise[:, j])
             codes.append(token)
             if j + 1 < STEPS:
-                x = self._linear(proj, self.model.codec_embedding[j](token))[:, None]
+                x = self._next_input(j, token)
         return torch.stack(codes, dim=1)

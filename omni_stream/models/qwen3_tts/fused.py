@@ -12,9 +12,12 @@ its own). The fused layer is
     h = norm(x += o @ Wo)           one GEMM, one kernel
     delta = silu_mul(h @ Wgu) @ Wd  one GEMM over the concatenated gate/up weights, one kernel, one GEMM
 
-so ~12 launches a layer, and the stack's final norm absorbs the last residual add. At 1-16 rows (decode at
-small batch) the four projections read their weights through :attr:`DecodeKernels.linear` (Triton's
-tiled read instead of cuBLAS's batch-1 kernels, one of which is 2.5x slower than it needs to be).
+so ~9 launches a layer, and the stack's final norm absorbs the last residual add. At 1-16 rows (decode at
+small batch) the projections go through :class:`SmallRows` instead: Triton's tiled weight read (cuBLAS's
+batch-1 kernels are up to 2.5x slower than they need to be) with what comes before each projection folded
+into it: the residual add and norm into the q/k/v and gate/up projections, the SwiGLU into the down
+projection, so 6 launches a layer; the code predictor's final norm goes into its head and its embedding
+lookup into its input projection the same way.
 
 The samplers (code 0 and the 15 code-predictor steps) are the other hot chain: temperature, top-k, top-p
 and the exponential race are ~30 launches with two sorts in torch, one kernel per row in Triton.
@@ -28,7 +31,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -109,6 +112,40 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def norm_linear(
+    x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x + delta, rms_norm(x + delta) * norm_weight @ weight.T)``: :func:`add_rms_norm` into a projection."""
+    x, h = add_rms_norm(x, delta, norm_weight, eps)
+    return x, F.linear(h, weight)
+
+
+def silu_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``silu_mul(gate_up) @ weight.T``: the SwiGLU into the down projection."""
+    return F.linear(silu_mul(gate_up), weight)
+
+
+def embed_linear(
+    table: torch.Tensor, ids: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``F.linear(table[ids], weight, bias)``: an embedding lookup into a projection."""
+    return F.linear(F.embedding(ids, table), weight, bias)
+
+
+@dataclass(slots=True, frozen=True)
+class SmallRows:
+    """The projections of a few rows, each with what comes before it folded in (one launch each on CUDA).
+
+    ``linear`` has F.linear's signature; the others those of this module's :func:`norm_linear`,
+    :func:`silu_linear` and :func:`embed_linear`.
+    """
+
+    linear: Callable[..., torch.Tensor] = F.linear
+    norm_linear: Callable[..., tuple[torch.Tensor, torch.Tensor]] = norm_linear
+    silu_linear: Callable[..., torch.Tensor] = silu_linear
+    embed_linear: Callable[..., torch.Tensor] = embed_linear
+
+
 @dataclass(slots=True, frozen=True)
 class DecodeKernels:
     """The fused layer's elementwise functions (signatures of this module's torch versions)."""
@@ -118,17 +155,26 @@ class DecodeKernels:
     silu_mul: Callable[[torch.Tensor], torch.Tensor]
     sample: Callable[[torch.Tensor, SamplingTensors, torch.Tensor | None], torch.Tensor]
     name: str
-    # Projections of at most this many rows go through ``linear`` (F.linear's signature; 0: never).
-    linear: Callable[..., torch.Tensor] = F.linear
+    # Projections of at most this many rows go through ``small`` (0: never): the talker's and, unless
+    # ``predictor_rows`` says otherwise, the code predictor's
+    small: SmallRows = SmallRows()
     small_rows: int = 0
+    predictor_rows: int | None = None
     # qk_norm_rope writing k and v into a :class:`CacheAttend`'s target (None: the attend copies them).
     qk_norm_rope_kv: Callable[..., torch.Tensor] | None = None
     # one-token attention over a :class:`KVRead` (``kv_cache.read_one``'s signature; None: the attend's read)
     decode_attention: Callable[..., torch.Tensor] | None = None
 
+    def for_predictor(self) -> DecodeKernels:
+        """These kernels with the code predictor's row limit (``predictor_rows``) as ``small_rows``."""
+        if self.predictor_rows is None or self.predictor_rows == self.small_rows:
+            return self
+        return replace(self, small_rows=self.predictor_rows)
+
 
 SMALL_ROWS = 16  # the Triton small-batch projection's row tile (``triton_kernels.SMALL_ROWS``)
 ENV_SMALL_ROWS = "OMNI_STREAM_SMALL_ROWS"  # at most this many rows take the small-batch path on CUDA (0: never)
+ENV_PREDICTOR_ROWS = "OMNI_STREAM_PREDICTOR_SMALL_ROWS"  # the same for the code predictor (unset: as the talker)
 
 TORCH = DecodeKernels(
     add_rms_norm, qk_norm_rope, silu_mul, sample, name="torch", qk_norm_rope_kv=qk_norm_rope_kv,
@@ -136,25 +182,29 @@ TORCH = DecodeKernels(
 )  # fmt: skip
 
 
-def small_rows_setting(default: int = SMALL_ROWS) -> int:
-    """``OMNI_STREAM_SMALL_ROWS`` (0..16), else ``default``."""
-    raw = os.environ.get(ENV_SMALL_ROWS, "").strip()
+def small_rows_setting(default: int | None = SMALL_ROWS, name: str = ENV_SMALL_ROWS) -> int | None:
+    """The row limit in the environment variable ``name`` (0..16), else ``default``."""
+    raw = os.environ.get(name, "").strip()
     if not raw:
         return default
     value = int(raw)
     if not 0 <= value <= SMALL_ROWS:
-        raise ValueError(f"{ENV_SMALL_ROWS} must be 0..{SMALL_ROWS}, got {raw}")
+        raise ValueError(f"{name} must be 0..{SMALL_ROWS}, got {raw}")
     return value
 
 
-def triton_kernels(small_rows: int | None = None) -> DecodeKernels:
-    """The Triton versions (imports Triton); ``small_rows`` None: :func:`small_rows_setting`."""
+def triton_kernels(small_rows: int | None = None, predictor_rows: int | None = None) -> DecodeKernels:
+    """The Triton versions (imports Triton); a row limit left None is read by :func:`small_rows_setting`."""
     from omni_stream.runtime import triton_kernels as tk
 
     rows = small_rows_setting() if small_rows is None else small_rows
+    assert rows is not None
+    if predictor_rows is None:
+        predictor_rows = small_rows_setting(None, ENV_PREDICTOR_ROWS)
+    small = SmallRows(tk.linear, tk.norm_linear, tk.silu_linear, tk.embed_linear)
     return DecodeKernels(
-        tk.add_rms_norm, tk.qk_norm_rope, tk.silu_mul, tk.sample, name="triton", linear=tk.linear, small_rows=rows,
-        qk_norm_rope_kv=tk.qk_norm_rope_kv, decode_attention=tk.decode_attention,
+        tk.add_rms_norm, tk.qk_norm_rope, tk.silu_mul, tk.sample, name="triton", small=small, small_rows=rows,
+        predictor_rows=predictor_rows, qk_norm_rope_kv=tk.qk_norm_rope_kv, decode_attention=tk.decode_attention,
     )  # fmt: skip
 
 

@@ -462,7 +462,7 @@ class Qwen3TTSRunner:
         h, steps, lengths, seen = self.hidden[:b], self.steps[:b], self.lengths[:b], self.seen[:b]
         tp, cp = self.talker_params.head(b), self.cp_params.head(b)
 
-        logits = talker.codec_head(h).float()
+        logits = talker.head(h).float()
         logits = apply_repetition_penalty(logits, seen, tp.repetition_penalty)
         logits = mask_tokens(logits, self.suppress)
         ban_eos = (steps < MIN_NEW_TOKENS) | self.no_eos[:b]

@@ -54,12 +54,21 @@ class Talker(nn.Module):
         self.codec_head = nn.Linear(t.decoder.hidden_size, t.decoder.vocab_size, bias=False)
         self.code_predictor = CodePredictor(cfg)
         self.sample: Callable[[torch.Tensor, SamplingTensors, torch.Tensor | None], torch.Tensor] = sample
+        self.kernels: DecodeKernels | None = None
 
     def use_kernels(self, kernels: DecodeKernels | None) -> None:
         """Run every decoder layer (talker and code predictor) fused through ``kernels`` (None: the modules)."""
         self.sample = sample if kernels is None else kernels.sample
+        self.kernels = kernels
         use_kernels(self.model.layers, kernels)
         self.code_predictor.use_kernels(kernels)
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Code-0 logits of final-normed hidden states ``[B, H]`` (the small-batch projection at few rows)."""
+        k = self.kernels
+        if k is not None and h.shape[0] <= k.small_rows:
+            return k.small.linear(h, self.codec_head.weight)
+        return self.codec_head(h)
 
     def embed_text(self, ids: torch.Tensor) -> torch.Tensor:
         """Text ids -> projected embeddings (``T(ids)``), any leading shape."""
