@@ -242,6 +242,7 @@ def test_runner_with_fused_layers_gives_the_module_codes(cv) -> None:
 
 _TRITON_CHECK = textwrap.dedent(
     """
+    import itertools
     import torch
     from omni_stream.models.qwen3_tts import fused
     from omni_stream.runtime import triton_kernels as tk
@@ -301,12 +302,12 @@ _TRITON_CHECK = textwrap.dedent(
     # the SwiGLU, the embedding lookup with a bias; each a row alone = the same row among others, in bits
     for m, n, k in ((1, 40, 96), (5, 200, 72), (16, 33, 300)):
         w, nw, x, d = r(n, k), r(k), r(m, 2, k)[:, -1], r(m, 2, k)[:, -1]
-        for delta in (None, d):
-            got = tk.norm_linear(x, delta, nw, 1e-6, w)
+        for delta, one_pass in itertools.product((None, d), (False, True)):
+            got = tk.norm_linear(x, delta, nw, 1e-6, w, one_pass=one_pass)
             want = fused.norm_linear(x, delta, nw, 1e-6, w)
             for a, c in zip(got, want):
                 torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-4)
-            alone = tk.norm_linear(x[-1:], None if delta is None else delta[-1:], nw, 1e-6, w)
+            alone = tk.norm_linear(x[-1:], None if delta is None else delta[-1:], nw, 1e-6, w, one_pass=one_pass)
             assert torch.equal(alone[1][0], got[1][-1]) and torch.equal(alone[0][0], got[0][-1])
         gu = r(m, 1, 2 * k)
         torch.testing.assert_close(tk.silu_linear(gu, w), fused.silu_linear(gu, w), rtol=1e-5, atol=1e-4)

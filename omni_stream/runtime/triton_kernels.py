@@ -267,7 +267,7 @@ SMALL_ROWS = 16  # the row tile of the small-batch projection; a call may pass a
 # the residual sum and RMSNorm of the rows (the norm before a layer's q/k/v or gate/up projection), or the
 # SwiGLU of a ``[gate | up]`` row (the input of the down projection). Each saves a launch and the round trip
 # of the activations through memory.
-PRE_NONE, PRE_NORM, PRE_SILU = 0, 1, 2
+PRE_NONE, PRE_NORM, PRE_SILU, PRE_NORM_AFTER = 0, 1, 2, 3
 
 
 @triton.jit
@@ -304,6 +304,7 @@ def _small_linear_kernel(
             ss += tl.sum(af * af, axis=1)
         rstd = tl.rsqrt(ss / K + eps)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    sq = tl.zeros([BLOCK_M], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         km = kk < K
@@ -312,6 +313,16 @@ def _small_linear_kernel(
             g = tl.load(xrow + kk[None, :], mask=am, other=0.0).to(tl.float32)
             u = tl.load(xrow + K + kk[None, :], mask=am, other=0.0).to(tl.float32)
             a = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * u).to(dt)
+        elif PRE == 3:  # one pass: the row's scale applied to the sums after the loop
+            a = tl.load(xrow + kk[None, :], mask=am, other=0.0)
+            if DELTA:
+                a = (a.to(tl.float32) + tl.load(drow + kk[None, :], mask=am, other=0.0).to(tl.float32)).to(dt)
+                if tl.program_id(0) == 0:
+                    tl.store(sum_ptr + rm.to(tl.int64)[:, None] * K + kk[None, :], a, mask=am)
+            af = a.to(tl.float32)
+            sq += tl.sum(af * af, axis=1)
+            nw = tl.load(nw_ptr + kk, mask=km, other=0.0).to(tl.float32)
+            a = (af * nw[None, :]).to(dt)
         else:
             a = tl.load(xrow + kk[None, :], mask=am, other=0.0)
             if PRE == 1:
@@ -324,6 +335,8 @@ def _small_linear_kernel(
             acc = tl.dot(a.to(w.dtype), tl.trans(w), acc, input_precision="ieee")
         else:
             acc = tl.dot(a.to(w.dtype), tl.trans(w), acc)
+    if PRE == 3:
+        acc = acc * tl.rsqrt(sq / K + eps)[:, None]
     if BIAS:
         acc += tl.load(bias_ptr + rn, mask=nm, other=0.0).to(tl.float32)[None, :]
     om = mm[:, None] & nm[None, :]
@@ -428,7 +441,14 @@ def linear(
 
 
 def norm_linear(
-    x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
+    x: torch.Tensor,
+    delta: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    *,
+    blocks: SmallLinearBlocks | None = None,
+    one_pass: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(x + delta, rms_norm(x + delta) * norm_weight @ weight.T)`` in one launch (``delta`` None: ``x`` itself).
 
@@ -438,26 +458,34 @@ def norm_linear(
     if x.shape[-1] != k or norm_weight.shape != (k,):
         raise ValueError(f"input width {x.shape[-1]} does not fit a [{weight.shape[0]}, {k}] weight and its norm")
     rows = _rows(x, k)
+    pre = PRE_NORM_AFTER if one_pass else PRE_NORM
     if delta is None:
-        return x, _project(rows, weight, None, tuple(x.shape[:-1]), None, pre=PRE_NORM, norm_weight=norm_weight,
+        return x, _project(rows, weight, None, tuple(x.shape[:-1]), blocks, pre=pre, norm_weight=norm_weight,
                            eps=eps)  # fmt: skip
     drows = _rows(delta, k)
     total = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
-    out = _project(rows, weight, None, tuple(x.shape[:-1]), None, pre=PRE_NORM, delta=drows,
+    out = _project(rows, weight, None, tuple(x.shape[:-1]), blocks, pre=pre, delta=drows,
                    norm_weight=norm_weight, total=total, eps=eps)  # fmt: skip
     return total.view(x.shape), out
 
 
-def silu_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def silu_linear(
+    gate_up: torch.Tensor, weight: torch.Tensor, *, blocks: SmallLinearBlocks | None = None
+) -> torch.Tensor:
     """``linear(silu_mul(gate_up), weight)`` in one launch (``gate_up = [..., gate | up]``, at most 16 rows)."""
     k = weight.shape[1]
     if gate_up.shape[-1] != 2 * k:
         raise ValueError(f"gate/up width {gate_up.shape[-1]} does not fit a [{weight.shape[0]}, {k}] weight")
-    return _project(_rows(gate_up, 2 * k), weight, None, tuple(gate_up.shape[:-1]), None, pre=PRE_SILU)
+    return _project(_rows(gate_up, 2 * k), weight, None, tuple(gate_up.shape[:-1]), blocks, pre=PRE_SILU)
 
 
 def embed_linear(
-    table: torch.Tensor, ids: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    table: torch.Tensor,
+    ids: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    blocks: SmallLinearBlocks | None = None,
 ) -> torch.Tensor:
     """``linear(table[ids], weight, bias)`` in one launch: the rows are read from the table where they lie."""
     k = weight.shape[1]
@@ -466,7 +494,7 @@ def embed_linear(
     flat = ids.reshape(-1)
     if flat.shape[0] > SMALL_ROWS:
         raise ValueError(f"the small-batch projection takes at most {SMALL_ROWS} rows, got {flat.shape[0]}")
-    return _project(table, weight, bias, tuple(ids.shape), None, m=flat.shape[0], idx=flat.contiguous())
+    return _project(table, weight, bias, tuple(ids.shape), blocks, m=flat.shape[0], idx=flat.contiguous())
 
 
 @triton.jit
