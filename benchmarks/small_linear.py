@@ -104,102 +104,6 @@ def sweep(n: int, k: int) -> dict:
     return best
 
 
-def folded(size: str) -> dict[str, tuple[str, int, int]]:
-    """name -> (form, N, K) of the projections that take their input's last step folded in."""
-    p = projections(size)
-    out = {name: ("norm", *p[name]) for name in ("talker.qkv", "talker.gate_up", "cp.qkv", "cp.gate_up", "cp.lm_head")}
-    out |= {name: ("silu", *p[name]) for name in ("talker.down", "cp.down")}
-    if "cp.input_proj" in p:
-        out["cp.input_proj"] = ("embed", *p["cp.input_proj"])
-    return out
-
-
-def folded_calls(form: str, rows: int, n: int, k: int, blocks: tk.SmallLinearBlocks | None, one_pass: bool):
-    """(the projection alone, separate kernels, the folded kernel): call makers for ``time_calls``."""
-    dev, bf = "cuda", torch.bfloat16
-    if form == "norm":
-        x, d = (torch.randn(rows, k, device=dev, dtype=bf) for _ in range(2))
-        nw = torch.ones(k, device=dev, dtype=bf)
-
-        h = tk.add_rms_norm(x, d, nw, 1e-6)[1]
-
-        def plain(w):
-            return lambda: tk.linear(h, w, blocks=blocks)
-
-        def apart(w):
-            return lambda: tk.linear(tk.add_rms_norm(x, d, nw, 1e-6)[1], w, blocks=blocks)
-
-        def one(w):
-            return lambda: tk.norm_linear(x, d, nw, 1e-6, w, blocks=blocks, one_pass=one_pass)
-
-    elif form == "silu":
-        gu = torch.randn(rows, 2 * k, device=dev, dtype=bf)
-
-        h = tk.silu_mul(gu)
-
-        def plain(w):
-            return lambda: tk.linear(h, w, blocks=blocks)
-
-        def apart(w):
-            return lambda: tk.linear(tk.silu_mul(gu), w, blocks=blocks)
-
-        def one(w):
-            return lambda: tk.silu_linear(gu, w, blocks=blocks)
-
-    else:
-        table = torch.randn(2048, k, device=dev, dtype=bf)
-        ids = torch.randint(0, 2048, (rows,), device=dev)
-        bias = torch.randn(n, device=dev, dtype=bf)
-
-        h = F.embedding(ids, table)
-
-        def plain(w):
-            return lambda: tk.linear(h, w, bias, blocks=blocks)
-
-        def apart(w):
-            return lambda: tk.linear(F.embedding(ids, table), w, bias, blocks=blocks)
-
-        def one(w):
-            return lambda: tk.embed_linear(table, ids, w, bias, blocks=blocks)
-
-    return plain, apart, one
-
-
-def bench_folded(size: str) -> dict:
-    """Per folded projection: separate kernels vs the folded one at 1 and 16 rows (default tiles), then the
-    best tile of a sweep at one row for the folded one (and for the norm both ways of scaling)."""
-    result: dict = {}
-    for name, (form, n, k) in folded(size).items():
-        entry: dict = {"form": form, "n": n, "k": k}
-        modes = (False, True) if form == "norm" else (False,)
-        for rows in (1, 16):
-            for one_pass in modes:
-                plain, apart, one = folded_calls(form, rows, n, k, None, one_pass)
-                tag = f"rows_{rows}" + ("_one_pass" if one_pass else "")
-                entry[tag] = r = {"plain_us": time_calls(plain, n, k), "apart_us": time_calls(apart, n, k),
-                                  "folded_us": time_calls(one, n, k)}  # fmt: skip
-                print(f"  {name:14s} {form:5s} {tag:16s} projection alone {r['plain_us']:6.2f} us, with its input"
-                      f" step apart {r['apart_us']:6.2f} us, folded {r['folded_us']:6.2f} us", flush=True)  # fmt: skip
-        for one_pass in modes:
-            best = None
-            for bk, warps, stages in itertools.product((128, 256, 512), (4, 8), (3, 4)):
-                bn = tk.small_linear_blocks(n, k).block_n
-                if bk > triton_next(k):
-                    continue
-                blocks = tk.SmallLinearBlocks(bn, bk, warps, stages)
-                try:
-                    us = time_calls(folded_calls(form, 1, n, k, blocks, one_pass)[2], n, k)
-                except Exception as exc:  # a tile that does not compile or fit is skipped
-                    print(f"    {blocks}: {type(exc).__name__}", flush=True)
-                    continue
-                if best is None or us < best["folded_us"]:
-                    best = {"blocks": [bn, bk, warps, stages], "folded_us": us}
-            entry["best_1_row" + ("_one_pass" if one_pass else "")] = best
-            print(f"  {name:14s} best folded tile at 1 row{' (one pass)' if one_pass else ''}: {best}", flush=True)
-        result[name] = entry
-    return result
-
-
 def triton_next(k: int) -> int:
     return 1 << (k - 1).bit_length()
 
@@ -211,20 +115,12 @@ def main() -> int:
     ap.add_argument("--batches", default="1,2,4,8,16")
     ap.add_argument("--graph-reps", type=int, default=30)
     ap.add_argument("--no-projections", action="store_true", help="only the loops (part 2)")
-    ap.add_argument("--folded", action="store_true", help="only the folded projections against separate kernels")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA device")
         return 2
     result: dict = {"git_commit": git_commit(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                     "size": args.size, "projections": {}, "loops": {}}  # fmt: skip
-    if args.folded:
-        print(f"== folded projections ({args.size}, bf16, us per call, weights from HBM)", flush=True)
-        result["folded"] = bench_folded(args.size)
-        out_dir = Path(os.environ.get("OUT") or ROOT / "results")
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "small_linear_folded.json").write_text(json.dumps(result, indent=2) + "\n")
-        return 0
     print(f"== projections ({args.size}, bf16, us per call, weights from HBM)", flush=True)
     for name, (n, k) in ({} if args.no_projections else projections(args.size)).items():
         entry: dict = {"n": n, "k": k, "default_blocks": list(vars_of(tk.small_linear_blocks(n, k)))}

@@ -67,23 +67,14 @@ def _counting_small(calls: list[tuple[str, int]]) -> fused.SmallRows:
         calls.append(("linear", weight.shape[0]))
         return torch.nn.functional.linear(x, weight, bias)
 
-    def norm_linear(x, delta, norm_weight, eps, weight):
-        calls.append(("norm", weight.shape[0]))
-        return fused.norm_linear(x, delta, norm_weight, eps, weight)
-
-    def silu_linear(gate_up, weight):
-        calls.append(("silu", weight.shape[0]))
-        return fused.silu_linear(gate_up, weight)
-
     def embed_linear(table, ids, weight, bias):
         calls.append(("embed", weight.shape[0]))
         return fused.embed_linear(table, ids, weight, bias)
 
-    return fused.SmallRows(linear, norm_linear, silu_linear, embed_linear)
+    return fused.SmallRows(linear, embed_linear)
 
 
-def test_small_batches_route_every_projection_through_the_small_row_forms(cv) -> None:
-    """Each norm folds into the projection after it and the SwiGLU into the down projection (4 calls a layer)."""
+def test_small_batches_route_every_projection_through_the_kernels_linear(cv) -> None:
     cfg = cv[0]
     layers, norm = _stack(cfg)
     ref = [_run(layers, norm, b, t, cfg) for b, t in SHAPES]
@@ -92,16 +83,16 @@ def test_small_batches_route_every_projection_through_the_small_row_forms(cv) ->
     for layer in layers:
         layer.use_kernels(kernels)
     d = cfg.talker.decoder
-    per_layer = [("norm", (d.num_attention_heads + 2 * d.num_key_value_heads) * d.head_dim),
-                 ("linear", d.hidden_size), ("norm", 2 * d.intermediate_size), ("silu", d.hidden_size)]  # fmt: skip
+    per_layer = [(d.num_attention_heads + 2 * d.num_key_value_heads) * d.head_dim, d.hidden_size,
+                 2 * d.intermediate_size, d.hidden_size]  # fmt: skip
     for (b, t), want in zip(SHAPES, ref, strict=True):
         calls.clear()
         torch.testing.assert_close(_run(layers, norm, b, t, cfg), want, rtol=1e-5, atol=1e-5)
-        assert calls == (per_layer * 3 if b * t <= 16 else [])
+        assert calls == ([("linear", w) for w in per_layer] * 3 if b * t <= 16 else [])
 
 
-def test_code_predictor_takes_its_own_row_limit_and_folds_its_head_and_input(cv) -> None:
-    """At small batch the predictor's head takes the final norm and its next input the embedding lookup; with a
+def test_code_predictor_takes_its_own_row_limit_and_reads_its_inputs_from_the_tables(cv) -> None:
+    """At small batch the predictor's next input is its projection reading the embedding table; with a
     predictor row limit of 1 a two-row frame goes the cuBLAS way in the predictor while the talker keeps 16;
     the codes are the module path's in every case."""
     cfg, tok, path = cv
@@ -112,6 +103,7 @@ def test_code_predictor_takes_its_own_row_limit_and_folds_its_head_and_input(cv)
                             subtalker_sampling=GREEDY)  # fmt: skip
         reqs.append(prepare_request(req, cfg, tok))
     expected = Qwen3TTSRunner(lm, max_batch_size=2, max_len=256).generate_codes(reqs)
+    assert cfg.talker.decoder.hidden_size != cfg.code_predictor.hidden_size  # the predictor has an input projection
     cp = lm.talker.code_predictor
     sizes: list[int] = []
     generate = cp.generate
@@ -129,13 +121,13 @@ def test_code_predictor_takes_its_own_row_limit_and_folds_its_head_and_input(cv)
                                           predictor_rows=predictor_rows)  # fmt: skip
             runner = Qwen3TTSRunner(lm, max_batch_size=2, max_len=256, fused=kernels)
             assert cp.kernels is not None and cp.kernels.small_rows == (16 if predictor_rows is None else 1)
-            assert lm.talker.model.layers[0].kernels is kernels
+            assert lm.talker.model.layers[0].kernels is kernels and lm.talker.kernels is kernels
             got = runner.generate_codes(reqs)
             assert all(torch.equal(g, e) for g, e in zip(got, expected, strict=True))
             small = sum(1 for b in sizes if b <= cp.kernels.small_rows)  # frames the predictor ran the small way
             assert 2 in sizes and (small == len(sizes)) == (predictor_rows is None)
             embeds = sum(1 for form, _ in calls if form == "embed")
-            heads = sum(1 for form, width in calls if form == "norm" and width == cfg.code_predictor.vocab_size)
+            heads = sum(1 for form, width in calls if form == "linear" and width == cfg.code_predictor.vocab_size)
             assert (embeds, heads) == (14 * small, 15 * small)
     finally:
         del cp.generate
@@ -242,7 +234,6 @@ def test_runner_with_fused_layers_gives_the_module_codes(cv) -> None:
 
 _TRITON_CHECK = textwrap.dedent(
     """
-    import itertools
     import torch
     from omni_stream.models.qwen3_tts import fused
     from omni_stream.runtime import triton_kernels as tk
@@ -298,20 +289,9 @@ _TRITON_CHECK = textwrap.dedent(
         for bb in (None, bias):
             want = torch.nn.functional.linear(x, w, bb)
             torch.testing.assert_close(tk.linear(x, w, bb), want, rtol=1e-5, atol=1e-4)
-    # the folded forms: residual sum + norm (with a strided last-token view, as the predictor's head passes),
-    # the SwiGLU, the embedding lookup with a bias; each a row alone = the same row among others, in bits
+    # the embedding lookup read by the projection (with a bias); a row alone = the same row among others, in bits
     for m, n, k in ((1, 40, 96), (5, 200, 72), (16, 33, 300)):
-        w, nw, x, d = r(n, k), r(k), r(m, 2, k)[:, -1], r(m, 2, k)[:, -1]
-        for delta, one_pass in itertools.product((None, d), (False, True)):
-            got = tk.norm_linear(x, delta, nw, 1e-6, w, one_pass=one_pass)
-            want = fused.norm_linear(x, delta, nw, 1e-6, w)
-            for a, c in zip(got, want):
-                torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-4)
-            alone = tk.norm_linear(x[-1:], None if delta is None else delta[-1:], nw, 1e-6, w, one_pass=one_pass)
-            assert torch.equal(alone[1][0], got[1][-1]) and torch.equal(alone[0][0], got[0][-1])
-        gu = r(m, 1, 2 * k)
-        torch.testing.assert_close(tk.silu_linear(gu, w), fused.silu_linear(gu, w), rtol=1e-5, atol=1e-4)
-        table, bias, ids = r(50, k), r(n), torch.randint(0, 50, (m,), generator=g)
+        w, table, bias, ids = r(n, k), r(50, k), r(n), torch.randint(0, 50, (m,), generator=g)
         got = tk.embed_linear(table, ids, w, bias)
         torch.testing.assert_close(got, fused.embed_linear(table, ids, w, bias), rtol=1e-5, atol=1e-4)
         assert torch.equal(tk.embed_linear(table, ids[-1:], w, bias)[0], got[-1])

@@ -263,17 +263,10 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 SMALL_ROWS = 16  # the row tile of the small-batch projection; a call may pass at most this many rows
 
 
-# What the projection does to its input rows on the way in (the kernel's ``PRE``): read them as they are, take
-# the residual sum and RMSNorm of the rows (the norm before a layer's q/k/v or gate/up projection), or the
-# SwiGLU of a ``[gate | up]`` row (the input of the down projection). Each saves a launch and the round trip
-# of the activations through memory.
-PRE_NONE, PRE_NORM, PRE_SILU, PRE_NORM_AFTER = 0, 1, 2, 3
-
-
 @triton.jit
 def _small_linear_kernel(
-    x_ptr, idx_ptr, d_ptr, nw_ptr, sum_ptr, w_ptr, bias_ptr, out_ptr, M, N, K, x_stride, d_stride, eps,
-    PRE: tl.constexpr, DELTA: tl.constexpr, GATHER: tl.constexpr, BIAS: tl.constexpr, IEEE: tl.constexpr,
+    x_ptr, idx_ptr, w_ptr, bias_ptr, out_ptr, M, N, K, x_stride,
+    GATHER: tl.constexpr, BIAS: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     rm = tl.arange(0, BLOCK_M)
@@ -286,61 +279,21 @@ def _small_linear_kernel(
     else:
         src = rm.to(tl.int64)
     xrow = x_ptr + src[:, None] * x_stride
-    drow = d_ptr + rm.to(tl.int64)[:, None] * d_stride
     wrow = w_ptr + rn.to(tl.int64)[:, None] * K
-    dt = out_ptr.dtype.element_ty
-    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if PRE == 1:  # a first pass for each row's mean square (the rows are a few KB: every program reads them)
-        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + rk
-            am = mm[:, None] & (kk < K)[None, :]
-            a = tl.load(xrow + kk[None, :], mask=am, other=0.0)
-            if DELTA:  # the residual sum rounded as eager rounds it; program 0 stores it for the next layer
-                a = (a.to(tl.float32) + tl.load(drow + kk[None, :], mask=am, other=0.0).to(tl.float32)).to(dt)
-                if tl.program_id(0) == 0:
-                    tl.store(sum_ptr + rm.to(tl.int64)[:, None] * K + kk[None, :], a, mask=am)
-            af = a.to(tl.float32)
-            ss += tl.sum(af * af, axis=1)
-        rstd = tl.rsqrt(ss / K + eps)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    sq = tl.zeros([BLOCK_M], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         km = kk < K
-        am = mm[:, None] & km[None, :]
-        if PRE == 2:  # silu(gate) rounded, times up, rounded: the eager rounding
-            g = tl.load(xrow + kk[None, :], mask=am, other=0.0).to(tl.float32)
-            u = tl.load(xrow + K + kk[None, :], mask=am, other=0.0).to(tl.float32)
-            a = ((g * tl.sigmoid(g)).to(dt).to(tl.float32) * u).to(dt)
-        elif PRE == 3:  # one pass: the row's scale applied to the sums after the loop
-            a = tl.load(xrow + kk[None, :], mask=am, other=0.0)
-            if DELTA:
-                a = (a.to(tl.float32) + tl.load(drow + kk[None, :], mask=am, other=0.0).to(tl.float32)).to(dt)
-                if tl.program_id(0) == 0:
-                    tl.store(sum_ptr + rm.to(tl.int64)[:, None] * K + kk[None, :], a, mask=am)
-            af = a.to(tl.float32)
-            sq += tl.sum(af * af, axis=1)
-            nw = tl.load(nw_ptr + kk, mask=km, other=0.0).to(tl.float32)
-            a = (af * nw[None, :]).to(dt)
-        else:
-            a = tl.load(xrow + kk[None, :], mask=am, other=0.0)
-            if PRE == 1:
-                if DELTA:
-                    a = (a.to(tl.float32) + tl.load(drow + kk[None, :], mask=am, other=0.0).to(tl.float32)).to(dt)
-                nw = tl.load(nw_ptr + kk, mask=km, other=0.0).to(tl.float32)
-                a = ((a.to(tl.float32) * rstd[:, None]).to(dt).to(tl.float32) * nw[None, :]).to(dt)
+        a = tl.load(xrow + kk[None, :], mask=mm[:, None] & km[None, :], other=0.0)
         w = tl.load(wrow + kk[None, :], mask=nm[:, None] & km[None, :], other=0.0)
         if IEEE:
-            acc = tl.dot(a.to(w.dtype), tl.trans(w), acc, input_precision="ieee")
+            acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
         else:
-            acc = tl.dot(a.to(w.dtype), tl.trans(w), acc)
-    if PRE == 3:
-        acc = acc * tl.rsqrt(sq / K + eps)[:, None]
+            acc = tl.dot(a, tl.trans(w), acc)
     if BIAS:
         acc += tl.load(bias_ptr + rn, mask=nm, other=0.0).to(tl.float32)[None, :]
     om = mm[:, None] & nm[None, :]
-    tl.store(out_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], acc.to(dt), mask=om)
+    tl.store(out_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=om)
 
 
 @dataclass(slots=True, frozen=True)
@@ -356,7 +309,7 @@ class SmallLinearBlocks:
 SMEM_BUDGET = 192 << 10  # bytes of shared memory the pipelined tiles may take (the H100/H200 limit is 227 KB)
 
 
-def small_linear_blocks(n: int, k: int, itemsize: int = 2, x_tiles: int = 1) -> SmallLinearBlocks:
+def small_linear_blocks(n: int, k: int, itemsize: int = 2) -> SmallLinearBlocks:
     """Tile sizes for an ``[N, K]`` weight of ``itemsize``-byte elements: never a function of the row count.
 
     The row tile is always :data:`SMALL_ROWS`, so a row's sums run in the same order whether it is
@@ -364,8 +317,7 @@ def small_linear_blocks(n: int, k: int, itemsize: int = 2, x_tiles: int = 1) -> 
     widths are the fastest of a sweep on the H200 at one row (``benchmarks/small_linear.py --sweep``,
     ``benchmarks/results/small_linear.md``): 16 columns a program up to 2048 output columns, 32 up to
     4096, 64 up to 8192, then 32 with a narrower reduction slice; four pipelined stages where they fit
-    in :data:`SMEM_BUDGET` (bf16: always; fp32 takes fewer stages or a narrower slice). ``x_tiles``: input
-    tiles a stage loads (2 for a residual sum or a ``[gate | up]`` row).
+    in :data:`SMEM_BUDGET` (bf16: always; fp32 takes fewer stages or a narrower slice).
     """
     if n <= 2048:
         block_n, block_k = 16, 512
@@ -377,7 +329,7 @@ def small_linear_blocks(n: int, k: int, itemsize: int = 2, x_tiles: int = 1) -> 
         block_n, block_k = 32, 128
     block_k = max(16, min(block_k, triton.next_power_of_2(k)))
     while True:
-        stages = min(4, SMEM_BUDGET // ((block_n + x_tiles * SMALL_ROWS) * block_k * itemsize))
+        stages = min(4, SMEM_BUDGET // ((block_n + SMALL_ROWS) * block_k * itemsize))
         if stages >= 2 or block_k == 16:
             return SmallLinearBlocks(block_n, block_k, num_warps=4, num_stages=max(stages, 1))
         block_k //= 2
@@ -399,29 +351,18 @@ def _project(
     bias: torch.Tensor | None,
     out_shape: tuple[int, ...],
     blocks: SmallLinearBlocks | None,
-    *,
-    pre: int = PRE_NONE,
-    m: int | None = None,
+    m: int,
     idx: torch.Tensor | None = None,
-    delta: torch.Tensor | None = None,
-    norm_weight: torch.Tensor | None = None,
-    total: torch.Tensor | None = None,
-    eps: float = 0.0,
 ) -> torch.Tensor:
     n, k = weight.shape
     if not weight.is_contiguous():
         raise ValueError("the weight must be contiguous")
     out = torch.empty(*out_shape, n, dtype=rows.dtype, device=rows.device)
-    two = pre == PRE_SILU or delta is not None
-    b = blocks or small_linear_blocks(n, k, rows.element_size(), 2 if two else 1)
+    b = blocks or small_linear_blocks(n, k, rows.element_size())
     _small_linear_kernel[(triton.cdiv(n, b.block_n),)](
-        rows, rows if idx is None else idx, rows if delta is None else delta,
-        rows if norm_weight is None else norm_weight, rows if total is None else total,
-        weight, weight if bias is None else bias, out, rows.shape[0] if m is None else m, n, k, rows.stride(0),
-        0 if delta is None else delta.stride(0), eps,
-        PRE=pre, DELTA=delta is not None, GATHER=idx is not None, BIAS=bias is not None,
-        IEEE=rows.dtype == torch.float32, BLOCK_M=SMALL_ROWS, BLOCK_N=b.block_n, BLOCK_K=b.block_k,
-        num_warps=b.num_warps, num_stages=b.num_stages,
+        rows, rows if idx is None else idx, weight, weight if bias is None else bias, out, m, n, k, rows.stride(0),
+        GATHER=idx is not None, BIAS=bias is not None, IEEE=rows.dtype == torch.float32, BLOCK_M=SMALL_ROWS,
+        BLOCK_N=b.block_n, BLOCK_K=b.block_k, num_warps=b.num_warps, num_stages=b.num_stages,
     )  # fmt: skip
     return out
 
@@ -437,46 +378,8 @@ def linear(
     k = weight.shape[1]
     if x.shape[-1] != k:
         raise ValueError(f"input width {x.shape[-1]} does not fit a [{weight.shape[0]}, {k}] weight")
-    return _project(_rows(x, k), weight, bias, tuple(x.shape[:-1]), blocks)
-
-
-def norm_linear(
-    x: torch.Tensor,
-    delta: torch.Tensor | None,
-    norm_weight: torch.Tensor,
-    eps: float,
-    weight: torch.Tensor,
-    *,
-    blocks: SmallLinearBlocks | None = None,
-    one_pass: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(x + delta, rms_norm(x + delta) * norm_weight @ weight.T)`` in one launch (``delta`` None: ``x`` itself).
-
-    :func:`add_rms_norm` then :func:`linear`, rounded the same way; at most :data:`SMALL_ROWS` rows.
-    """
-    k = weight.shape[1]
-    if x.shape[-1] != k or norm_weight.shape != (k,):
-        raise ValueError(f"input width {x.shape[-1]} does not fit a [{weight.shape[0]}, {k}] weight and its norm")
     rows = _rows(x, k)
-    pre = PRE_NORM_AFTER if one_pass else PRE_NORM
-    if delta is None:
-        return x, _project(rows, weight, None, tuple(x.shape[:-1]), blocks, pre=pre, norm_weight=norm_weight,
-                           eps=eps)  # fmt: skip
-    drows = _rows(delta, k)
-    total = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
-    out = _project(rows, weight, None, tuple(x.shape[:-1]), blocks, pre=pre, delta=drows,
-                   norm_weight=norm_weight, total=total, eps=eps)  # fmt: skip
-    return total.view(x.shape), out
-
-
-def silu_linear(
-    gate_up: torch.Tensor, weight: torch.Tensor, *, blocks: SmallLinearBlocks | None = None
-) -> torch.Tensor:
-    """``linear(silu_mul(gate_up), weight)`` in one launch (``gate_up = [..., gate | up]``, at most 16 rows)."""
-    k = weight.shape[1]
-    if gate_up.shape[-1] != 2 * k:
-        raise ValueError(f"gate/up width {gate_up.shape[-1]} does not fit a [{weight.shape[0]}, {k}] weight")
-    return _project(_rows(gate_up, 2 * k), weight, None, tuple(gate_up.shape[:-1]), blocks, pre=PRE_SILU)
+    return _project(rows, weight, bias, tuple(x.shape[:-1]), blocks, rows.shape[0])
 
 
 def embed_linear(
@@ -494,7 +397,7 @@ def embed_linear(
     flat = ids.reshape(-1)
     if flat.shape[0] > SMALL_ROWS:
         raise ValueError(f"the small-batch projection takes at most {SMALL_ROWS} rows, got {flat.shape[0]}")
-    return _project(table, weight, bias, tuple(ids.shape), blocks, m=flat.shape[0], idx=flat.contiguous())
+    return _project(table, weight, bias, tuple(ids.shape), blocks, flat.shape[0], flat.contiguous())
 
 
 @triton.jit

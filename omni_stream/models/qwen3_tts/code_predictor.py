@@ -16,7 +16,7 @@ from torch import nn
 
 from omni_stream.models.qwen3_tts.config import NUM_CODE_GROUPS, Qwen3TTSConfig
 from omni_stream.models.qwen3_tts.fused import DecodeKernels, SmallRows
-from omni_stream.models.qwen3_tts.layers import DecoderLayer, RMSNorm, Rotary, run_stack, use_kernels
+from omni_stream.models.qwen3_tts.layers import DecoderLayer, RMSNorm, Rotary, run_layers, use_kernels
 from omni_stream.runtime.kv_cache import FrameKVCache, KVShape
 from omni_stream.runtime.sampling import SamplingTensors, sample
 
@@ -71,19 +71,11 @@ class CodePredictor(nn.Module):
             return module(x)
         return small.linear(x, module.weight, module.bias)
 
-    def _logits(self, j: int, x: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
-        """``lm_head[j]`` of the final norm of residual ``x`` (+ the stack's pending ``delta``) ``[B, H]``."""
-        norm, head, k = self.model.norm, self.lm_head[j], self.kernels
-        small = self._small(x.shape[0])
-        if small is not None:  # the norm folded into the head's projection
-            return small.norm_linear(x, delta, norm.weight, norm.eps, head.weight)[1]
-        return head(norm(x) if k is None else k.add_rms_norm(x, delta, norm.weight, norm.eps)[1])
-
     def _next_input(self, j: int, token: torch.Tensor) -> torch.Tensor:
         """The input ``[B, 1, H]`` after code ``j + 1``: its embedding, projected to the predictor's width."""
         table, proj = self.model.codec_embedding[j], self.small_to_mtp_projection
         small = self._small(token.shape[0])
-        if small is not None and isinstance(proj, nn.Linear):  # the lookup folded into the projection
+        if small is not None and isinstance(proj, nn.Linear):  # the lookup read by the projection itself
             return small.embed_linear(table.weight, token, proj.weight, proj.bias)[:, None]
         return self._linear(proj, table(token))[:, None]
 
@@ -125,9 +117,9 @@ class CodePredictor(nn.Module):
             n = x.shape[1]
             cos = cos_all[:, pos : pos + n].expand(b, -1, -1)
             sin = sin_all[:, pos : pos + n].expand(b, -1, -1)
-            res, delta = run_stack(self.model.layers, x, cos, sin, cache.at(pos, n))
+            out = run_layers(self.model.layers, self.model.norm, x, cos, sin, cache.at(pos, n))
             pos += n
-            logits = self._logits(j, res[:, -1], None if delta is None else delta[:, -1])
+            logits = self._linear(self.lm_head[j], out[:, -1])
             token = self.sample(logits, params, None if noise is None else noise[:, j])
             codes.append(token)
             if j + 1 < STEPS:

@@ -14,10 +14,10 @@ its own). The fused layer is
 
 so ~9 launches a layer, and the stack's final norm absorbs the last residual add. At 1-16 rows (decode at
 small batch) the projections go through :class:`SmallRows` instead: Triton's tiled weight read (cuBLAS's
-batch-1 kernels are up to 2.5x slower than they need to be) with what comes before each projection folded
-into it: the residual add and norm into the q/k/v and gate/up projections, the SwiGLU into the down
-projection, so 6 launches a layer; the code predictor's final norm goes into its head and its embedding
-lookup into its input projection the same way.
+batch-1 kernels are up to 2.5x slower than they need to be), which also reads the code predictor's
+embedding rows straight from their table. The norms and the SwiGLU stay kernels of their own: folded into
+the projection's reduction loop they cost more than the launch they save
+(``benchmarks/results/small_linear.md``, run 20).
 
 The samplers (code 0 and the 15 code-predictor steps) are the other hot chain: temperature, top-k, top-p
 and the exponential race are ~30 launches with two sorts in torch, one kernel per row in Triton.
@@ -112,19 +112,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def norm_linear(
-    x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(x + delta, rms_norm(x + delta) * norm_weight @ weight.T)``: :func:`add_rms_norm` into a projection."""
-    x, h = add_rms_norm(x, delta, norm_weight, eps)
-    return x, F.linear(h, weight)
-
-
-def silu_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``silu_mul(gate_up) @ weight.T``: the SwiGLU into the down projection."""
-    return F.linear(silu_mul(gate_up), weight)
-
-
 def embed_linear(
     table: torch.Tensor, ids: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
@@ -134,15 +121,13 @@ def embed_linear(
 
 @dataclass(slots=True, frozen=True)
 class SmallRows:
-    """The projections of a few rows, each with what comes before it folded in (one launch each on CUDA).
+    """The projections of a few rows (one launch each on CUDA).
 
-    ``linear`` has F.linear's signature; the others those of this module's :func:`norm_linear`,
-    :func:`silu_linear` and :func:`embed_linear`.
+    ``linear`` has F.linear's signature, ``embed_linear`` that of this module's :func:`embed_linear` (the
+    code predictor's embedding lookup read by its input projection where the table lies).
     """
 
     linear: Callable[..., torch.Tensor] = F.linear
-    norm_linear: Callable[..., tuple[torch.Tensor, torch.Tensor]] = norm_linear
-    silu_linear: Callable[..., torch.Tensor] = silu_linear
     embed_linear: Callable[..., torch.Tensor] = embed_linear
 
 
@@ -201,7 +186,7 @@ def triton_kernels(small_rows: int | None = None, predictor_rows: int | None = N
     assert rows is not None
     if predictor_rows is None:
         predictor_rows = small_rows_setting(None, ENV_PREDICTOR_ROWS)
-    small = SmallRows(tk.linear, tk.norm_linear, tk.silu_linear, tk.embed_linear)
+    small = SmallRows(tk.linear, tk.embed_linear)
     return DecodeKernels(
         tk.add_rms_norm, tk.qk_norm_rope, tk.silu_mul, tk.sample, name="triton", small=small, small_rows=rows,
         predictor_rows=predictor_rows, qk_norm_rope_kv=tk.qk_norm_rope_kv, decode_attention=tk.decode_attention,

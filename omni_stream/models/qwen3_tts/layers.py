@@ -153,19 +153,15 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer on residual ``x`` plus the previous layer's pending ``delta``; returns (residual, its delta).
 
-        At most ``kernels.small_rows`` rows the projections go through ``kernels.small``, each norm and the
-        SwiGLU folded into the projection after it (6 launches a decode layer instead of 9).
+        At most ``kernels.small_rows`` rows the projections go through ``kernels.small.linear``.
         """
         k = self.kernels
         assert k is not None and self.qkv_weight is not None and self.gate_up_weight is not None
         a, eps = self.self_attn, self.input_layernorm.eps
         b, t, _ = x.shape
-        small = k.small if b * t <= k.small_rows else None
-        if small is not None:
-            x, qkv = small.norm_linear(x, delta, self.input_layernorm.weight, eps, self.qkv_weight)
-        else:
-            x, h = k.add_rms_norm(x, delta, self.input_layernorm.weight, eps)
-            qkv = F.linear(h, self.qkv_weight)
+        proj = k.small.linear if b * t <= k.small_rows else F.linear
+        x, h = k.add_rms_norm(x, delta, self.input_layernorm.weight, eps)
+        qkv = proj(h, self.qkv_weight)
         nq, nkv = a.n_heads * a.head_dim, a.n_kv * a.head_dim
         v = qkv[..., nq + nkv :].view(b, t, a.n_kv, a.head_dim).transpose(1, 2)
         if self.qk_norm_weight is not None and k.qk_norm_rope_kv is not None and isinstance(attend, CacheAttend):
@@ -185,12 +181,8 @@ class DecoderLayer(nn.Module):
                 q = apply_rope(qkv[..., :nq].view(b, t, a.n_heads, a.head_dim).transpose(1, 2), cos, sin)
                 kk = apply_rope(qkv[..., nq : nq + nkv].view(b, t, a.n_kv, a.head_dim).transpose(1, 2), cos, sin)
             o = attend(layer, q, kk, v).transpose(1, 2).reshape(b, t, nq)
-        post = self.post_attention_layernorm.weight
-        if small is not None:
-            x, gate_up = small.norm_linear(x, small.linear(o, a.o_proj.weight), post, eps, self.gate_up_weight)
-            return x, small.silu_linear(gate_up, self.mlp.down_proj.weight)
-        x, h = k.add_rms_norm(x, F.linear(o, a.o_proj.weight), post, eps)
-        return x, F.linear(k.silu_mul(F.linear(h, self.gate_up_weight)), self.mlp.down_proj.weight)
+        x, h = k.add_rms_norm(x, proj(o, a.o_proj.weight), self.post_attention_layernorm.weight, eps)
+        return x, proj(k.silu_mul(proj(h, self.gate_up_weight)), self.mlp.down_proj.weight)
 
 
 def use_kernels(layers: nn.ModuleList, kernels: DecodeKernels | None) -> None:
@@ -212,32 +204,17 @@ def _concat_as_views(*modules: nn.Module, stack: bool = False) -> torch.Tensor:
     return fused
 
 
-def run_stack(
-    layers: nn.ModuleList, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The decoder stack without its final norm: the residual and the last layer's pending delta.
-
-    Fused layers (the first layer has kernels) leave the last residual add to whatever norm follows;
-    module layers return the finished residual and None.
-    """
+def run_layers(
+    layers: nn.ModuleList, norm: RMSNorm, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend
+) -> torch.Tensor:
+    """The decoder stack followed by its final norm (fused layers when the first layer has kernels)."""
     first = layers[0]
     if isinstance(first, DecoderLayer) and first.kernels is not None:
         delta = None
         for i, layer in enumerate(layers):
             assert isinstance(layer, DecoderLayer)
             x, delta = layer.fused_forward(x, delta, cos, sin, attend, i)
-        return x, delta
+        return first.kernels.add_rms_norm(x, delta, norm.weight, norm.eps)[1]
     for i, layer in enumerate(layers):
         x = layer(x, cos, sin, attend, i)
-    return x, None
-
-
-def run_layers(
-    layers: nn.ModuleList, norm: RMSNorm, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend
-) -> torch.Tensor:
-    """The decoder stack followed by its final norm (fused layers when the first layer has kernels)."""
-    x, delta = run_stack(layers, x, cos, sin, attend)
-    kernels = cast(DecoderLayer, layers[0]).kernels
-    if kernels is None:
-        return norm(x)
-    return kernels.add_rms_norm(x, delta, norm.weight, norm.eps)[1]
+    return norm(x)
