@@ -274,8 +274,11 @@ class Driver:
         out: dict[str, float] = {}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.labels.get("scheduler") == "talker" and sample.name.endswith(("_sum", "_count")):
-                    out[sample.name.removeprefix("omni_stream_")] = sample.value
+                if not sample.name.endswith(("_sum", "_count")):
+                    continue
+                name = sample.name.removeprefix("omni_stream_")
+                if sample.labels.get("scheduler") == "talker" or name.startswith("ttfa_seconds"):
+                    out[name] = sample.value
         return out
 
 
@@ -285,11 +288,19 @@ def server_stats(before: dict[str, float], after: dict[str, float]) -> dict:
     def delta(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
 
+    def mean_ms(name: str) -> float | None:
+        n = delta(f"{name}_count")
+        return 1000 * delta(f"{name}_sum") / n if n else None
+
     steps = delta("step_seconds_count")
+    # Where a request's first audio waits, as the server saw it: from its creation to its admission into
+    # the talker's batch, and to its first chunk (the client's TTFA minus these is the transport's share).
     return {
         "talker_steps": int(steps),
-        "server_step_ms_mean": 1000 * delta("step_seconds_sum") / steps if steps else None,
+        "server_step_ms_mean": mean_ms("step_seconds"),
         "server_batch_size_mean": delta("batch_size_sum") / steps if steps else None,
+        "server_queue_ms_mean": mean_ms("queue_seconds"),
+        "server_ttfa_ms_mean": mean_ms("ttfa_seconds"),
     }
 
 
@@ -329,7 +340,12 @@ def print_level(tag: str, transport: str, lv: dict) -> None:
         f" | xRT/stream {lv['xrt_per_stream_p50']:6.2f} agg {lv['aggregate_xrt']:7.1f}"
         f" | underrun p50 {lv['underrun_p50_ms']:7.1f} p99 {lv['underrun_p99_ms']:7.1f} ms"
         f" ok {lv['continuity_ok_rate']:.2f} | exact length {lv['exact_length_rate']:.2f} | step {_ms(step)} ms"
-        f" codec job {_ms(lv.get('codec_job_wall_ms_p50'))} ms",
+        f" codec job {_ms(lv.get('codec_job_wall_ms_p50'))} ms"
+        + (
+            f" | server: queue {_ms(lv.get('server_queue_ms_mean'))} TTFA {_ms(lv.get('server_ttfa_ms_mean'))} ms"
+            if "server_queue_ms_mean" in lv
+            else ""
+        ),
         flush=True,
     )
 

@@ -83,6 +83,11 @@ class SchedulerMetrics:
         self.paused = engine.requests_paused.labels(name)
         self.batch_size = engine.batch_size.labels(name)
         self.step_seconds = engine.step_seconds.labels(name)
+        self.queue_seconds = engine.queue_seconds.labels(name)
+
+    def observe_admission(self, waited: float) -> None:
+        """Record the seconds a sequence waited from its request's creation to its admission into a batch."""
+        self.queue_seconds.observe(waited)
 
     def observe_batch(self, batch_size: int, seconds: float) -> None:
         """Record one step's batch size and model time (worker thread; the collectors are thread-safe)."""
@@ -116,6 +121,14 @@ class EngineMetrics:
         )
         self.step_seconds = Histogram(
             "step_seconds", "Model step time (s)", ["scheduler"], buckets=_STEP_BUCKETS, namespace=ns, registry=r
+        )
+        self.queue_seconds = Histogram(
+            "queue_seconds",
+            "Request creation to admission into a batch (s)",
+            ["scheduler"],
+            buckets=_LATENCY_BUCKETS,
+            namespace=ns,
+            registry=r,
         )
         self.ttfa_seconds = Histogram(
             "ttfa_seconds",

@@ -217,7 +217,10 @@ class Scheduler:
             seq.state = RequestState.RUNNING
             self.running[seq.seq_id] = seq
             prefill.append(seq)
-            self._sessions[seq.seq_id].ctx.timings.admitted = time.perf_counter()
+            timings = self._sessions[seq.seq_id].ctx.timings
+            timings.admitted = time.perf_counter()
+            if self.metrics is not None:
+                self.metrics.observe_admission(timings.admitted - timings.created)
         decode, n_paused = [], 0
         for seq in self.running.values():
             if seq.state is RequestState.RUNNING and seq.num_steps > 0:

@@ -66,6 +66,7 @@ def test_collectors_live_in_their_own_registry():
     sched = a.scheduler("talker")
     sched.observe_batch(batch_size=3, seconds=0.004)
     sched.observe_queues(running=3, waiting=2, paused=1)
+    sched.observe_admission(0.3)
     a.observe_request(timings([0.1, 0.2], [0.08, 0.08]), "ok")
     a.observe_request(Timings(), "cancelled")
     text = generate_latest(a.registry).decode()
@@ -74,6 +75,7 @@ def test_collectors_live_in_their_own_registry():
     assert 'omni_stream_requests_paused{scheduler="talker"} 1.0' in text
     assert 'omni_stream_batch_size_sum{scheduler="talker"} 3.0' in text
     assert 'omni_stream_step_seconds_count{scheduler="talker"} 1.0' in text
+    assert 'omni_stream_queue_seconds_sum{scheduler="talker"} 0.3' in text
     assert "omni_stream_ttfa_seconds_count 1.0" in text
     assert "omni_stream_chunk_gap_seconds_count 1.0" in text
     assert 'omni_stream_requests_total{outcome="cancelled"} 1.0' in text
