@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import gc
 import json
 import os
@@ -75,8 +76,8 @@ CONFIGS = {
 TRANSPORTS = ("inproc", "http", "ws")
 TRANSPORT_DETAIL = {
     "inproc": "in-process engine.speech(); TTFA from the call to the first Audio chunk",
-    "http": "omni-stream serve over HTTP/1.1 loopback, raw PCM streaming (stream_format=audio), httpx client; "
-    "TTFA from sending the request to the first audio byte",
+    "http": "omni-stream serve over HTTP/1.1 loopback, raw PCM streaming (stream_format=audio), httpx client (a fresh "
+    "pool each level); TTFA from sending the request to the first audio byte",
     "ws": "omni-stream serve over WebSocket loopback (session.config stream_audio, input.text + input.done), "
     "websockets client; TTFA from sending input.text to the first binary frame",
 }
@@ -253,14 +254,21 @@ async def ws_request(ws_url: str, i: int, frames: int, start: asyncio.Barrier) -
 class Driver:
     """Runs ``c`` concurrent requests over one transport; ``stats()`` adds what the engine measured meanwhile."""
 
-    def __init__(self, transport: str, *, engine=None, url: str = "", client=None) -> None:
+    def __init__(self, transport: str, *, engine=None, url: str = "", client=None, new_client=None) -> None:
+        """``client``: the server's metrics and health; ``new_client()``: a fresh HTTP client for each level."""
         self.transport, self.engine, self.url, self.client = transport, engine, url, client
+        self.new_client = new_client
 
     async def level(self, c: int, frames: int) -> list[dict]:
         if self.transport == "inproc":
             return await asyncio.gather(*(inproc_request(self.engine, i, frames) for i in range(c)))
         if self.transport == "http":
-            return await asyncio.gather(*(http_request(self.client, self.url, i, frames) for i in range(c)))
+            # A fresh pool each level, as fresh listeners would come: httpx's pool walks every pooled connection
+            # (and polls each idle socket) on each request and release, so the idle connections an earlier level
+            # left made the 128 sends of the next one reach the server up to 2.5 s late (a client artefact that
+            # halved the c=128 aggregate after the lower levels; results/tts_bench.md, run 20).
+            async with self.new_client() as client:
+                return await asyncio.gather(*(http_request(client, self.url, i, frames) for i in range(c)))
         # Every session connects and sends its config first; then all utterances start together.
         start = asyncio.Barrier(c)
         ws_url = "ws" + self.url.removeprefix("http")
@@ -488,7 +496,8 @@ async def run_server(ckpt: Path, args: argparse.Namespace, transports: list[str]
                 result["server_ready_s"] = ready_s
                 model = (await client.get(f"{url}/v1/models")).json()["data"][0]
                 result["samples_per_frame"] = round(model["sample_rate"] * FRAME_S)
-                await drive(Driver(transport, url=url, client=client), result, args)
+                fresh = functools.partial(httpx.AsyncClient, limits=limits, timeout=timeout)
+                await drive(Driver(transport, url=url, client=client, new_client=fresh), result, args)
 
 
 async def run_size(args: argparse.Namespace) -> None:
