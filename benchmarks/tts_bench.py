@@ -263,10 +263,11 @@ class Driver:
         if self.transport == "inproc":
             return await asyncio.gather(*(inproc_request(self.engine, i, frames) for i in range(c)))
         if self.transport == "http":
-            # A fresh pool each level, as fresh listeners would come: httpx's pool walks every pooled connection
-            # (and polls each idle socket) on each request and release, so the idle connections an earlier level
-            # left made the 128 sends of the next one reach the server up to 2.5 s late (a client artefact that
-            # halved the c=128 aggregate after the lower levels; results/tts_bench.md, run 20).
+            # A fresh pool each level, as fresh listeners would come. With one pool for all levels, a level's
+            # requests reached the server up to 2.5 s late while the pool held the previous level's idle
+            # connections (the server's own TTFA stayed ~0.2 s; httpx's pool scans every pooled connection on
+            # each request and release): a client artefact that cut c=128 by ~40 % after the lower levels
+            # (results/tts_bench.md, run 20).
             async with self.new_client() as client:
                 return await asyncio.gather(*(http_request(client, self.url, i, frames) for i in range(c)))
         # Every session connects and sends its config first; then all utterances start together.

@@ -275,3 +275,33 @@ def test_watermarks_are_validated():
     with pytest.raises(ValueError):
         Scheduler(model, DeviceWorker(), high_watermark=4, low_watermark=4)
     assert Scheduler(model, DeviceWorker(), high_watermark=16).low == 4
+
+
+async def test_each_admission_records_its_wait_since_the_request_was_created():
+    from prometheus_client import generate_latest
+
+    from omni_stream.metrics import EngineMetrics
+
+    engine_metrics = EngineMetrics()
+    model = SyntheticTalker(CONFIG, 2, record=True)
+    sched = Scheduler(model, DeviceWorker(), metrics=engine_metrics.scheduler("talker"))
+    outs: list[list] = [[] for _ in range(3)]
+    async with AsyncExitStack() as stack, anyio.create_task_group() as tg:
+        for out in outs:
+            ctx = RequestContext()
+            ctx.timings.created -= 5.0  # created 5 s before it reached the scheduler
+            tg.start_soon(read_all, await stack.enter_async_context(sched.session(TalkerInput(3, 1), ctx)), out)
+        await settle()
+        await step(sched)  # two slots: the third request waits
+        text = generate_latest(engine_metrics.registry).decode()
+        assert 'omni_stream_queue_seconds_count{scheduler="talker"} 2.0' in text
+        while sched.has_work():
+            await step(sched)
+    text = generate_latest(engine_metrics.registry).decode()
+    assert 'omni_stream_queue_seconds_count{scheduler="talker"} 3.0' in text
+    total = next(float(line.split()[-1]) for line in text.splitlines()
+                 if line.startswith('omni_stream_queue_seconds_sum{scheduler="talker"}'))  # fmt: skip
+    assert 15.0 <= total < 16.0  # each waited its 5 s plus the steps before its admission
+    # le="3.2" is a bucket below the 5 s wait, "6.4" the one above: all three there
+    assert 'omni_stream_queue_seconds_bucket{le="3.2",scheduler="talker"} 0.0' in text
+    assert 'omni_stream_queue_seconds_bucket{le="6.4",scheduler="talker"} 3.0' in text

@@ -5,7 +5,9 @@ cuBLAS. A one-token decode reads each row's valid cache positions in :func:`deco
 the rows' keys gathered, a mask over the whole span and transposes around it). At 1-16 rows (decode at small
 batch) :func:`linear` reads the weight in one launch: cuBLAS's
 heuristic picks a 12.7 us kernel for the code predictor's 1024 x 2048 output projection at one row, where a
-plain tiled read takes 5.1 us (``benchmarks/results/small_linear.md``).
+plain tiled read takes 5.1 us (``benchmarks/results/small_linear.md``); :func:`embed_linear` is the same read with
+its input rows taken from an embedding table by index (the code predictor's next input, one launch instead of a
+lookup and a projection).
 Rounding follows the eager bf16 path where it is cheap to (the residual sum, the normalized activations
 before the weight, the SiLU output are rounded to the activation dtype as eager rounds them); the rotary
 combination is computed in fp32 and rounded once. :mod:`omni_stream.models.qwen3_tts.fused` holds the
