@@ -64,6 +64,8 @@ def test_the_server_transports_report_the_engine_step_time(results):
     for transport in ("http", "ws"):
         for lv in results[transport]["levels"]:
             assert lv["server_step_ms_mean"] > 0 and 1 <= lv["server_batch_size_mean"] <= lv["concurrency"]
+            # the server's own view of the first chunk: queued part of it, both inside the client's TTFA
+            assert 0 <= lv["server_queue_ms_mean"] < lv["server_ttfa_ms_mean"] < lv["ttfa_max_ms"]
         assert results[transport]["server_ready_s"] > 0
     assert "--load-format dummy --enable-benchmark-fields --device cpu" in results["_log"]
 
