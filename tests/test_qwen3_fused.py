@@ -330,12 +330,14 @@ _TRITON_CHECK = textwrap.dedent(
         alone = tk.decode_attention(q[1:2], KVRead(kc, vc, slots[1:2], last[1:2], span))
         assert torch.equal(alone[0], got[1])  # a row's result does not depend on its batch
     assert tk.SMALL_ROWS == fused.SMALL_ROWS  # the layer routes at most the kernel's row tile to it
-    try:
-        tk.linear(r(17, 8), r(4, 8))
-    except ValueError as e:
-        assert "at most 16 rows" in str(e)
-    else:
-        raise AssertionError("17 rows accepted")
+    for too_many in (lambda: tk.linear(r(17, 8), r(4, 8)),
+                     lambda: tk.embed_linear(r(20, 8), torch.zeros(17, dtype=torch.long), r(4, 8), None)):  # fmt: skip
+        try:
+            too_many()
+        except ValueError as e:
+            assert "at most 16 rows" in str(e)
+        else:
+            raise AssertionError("17 rows accepted")
     print("triton kernels ok")
     """
 )

@@ -337,16 +337,6 @@ def small_linear_blocks(n: int, k: int, itemsize: int = 2) -> SmallLinearBlocks:
         block_k //= 2
 
 
-def _rows(x: torch.Tensor, k: int) -> torch.Tensor:
-    """``x`` as ``[M, k]`` rows with unit stride in ``k`` (a view where it can be), at most SMALL_ROWS of them."""
-    rows = x.reshape(-1, k)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
-    if rows.shape[0] > SMALL_ROWS:
-        raise ValueError(f"the small-batch projection takes at most {SMALL_ROWS} rows, got {rows.shape[0]}")
-    return rows
-
-
 def _project(
     rows: torch.Tensor,
     weight: torch.Tensor,
@@ -356,7 +346,10 @@ def _project(
     m: int,
     idx: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """``m`` input rows (``rows[idx[i]]`` with ``idx``, else ``rows[i]``) times ``weight``, bias added."""
     n, k = weight.shape
+    if m > SMALL_ROWS:
+        raise ValueError(f"the small-batch projection takes at most {SMALL_ROWS} rows, got {m}")
     if not weight.is_contiguous():
         raise ValueError("the weight must be contiguous")
     out = torch.empty(*out_shape, n, dtype=rows.dtype, device=rows.device)
@@ -380,7 +373,9 @@ def linear(
     k = weight.shape[1]
     if x.shape[-1] != k:
         raise ValueError(f"input width {x.shape[-1]} does not fit a [{weight.shape[0]}, {k}] weight")
-    rows = _rows(x, k)
+    rows = x.reshape(-1, k)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
     return _project(rows, weight, bias, tuple(x.shape[:-1]), blocks, rows.shape[0])
 
 
@@ -397,8 +392,6 @@ def embed_linear(
     if table.shape[-1] != k or table.stride(-1) != 1 or table.dim() != 2:
         raise ValueError(f"a [V, {k}] table with unit stride in its width fits a [{weight.shape[0]}, {k}] weight")
     flat = ids.reshape(-1)
-    if flat.shape[0] > SMALL_ROWS:
-        raise ValueError(f"the small-batch projection takes at most {SMALL_ROWS} rows, got {flat.shape[0]}")
     return _project(table, weight, bias, tuple(ids.shape), blocks, flat.shape[0], flat.contiguous())
 
 
