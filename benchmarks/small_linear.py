@@ -8,7 +8,8 @@ Run on a CUDA machine: ``python benchmarks/small_linear.py [--size 1.7b] [--swee
    ``--sweep`` also times a grid of tile shapes at 1 row and reports the best.
 2. The code-predictor loop (15 steps with sampling) and the whole decode step as CUDA graphs at batch 1-16,
    with ``small_rows`` 0 (every projection on cuBLAS), 16 (the Triton projections up to 16 rows) and 16 with
-   the code predictor's limit at 1 (``16p1``), plus a CUPTI kernel profile of each at batch 1.
+   each kernel launched only after the previous one has finished (``16serial``: ``OMNI_STREAM_PDL=0``), plus
+   a CUPTI kernel profile of each at batch 1.
 
 Prints a table last; writes ``small_linear.json`` to ``$OUT`` (or ``benchmarks/results``).
 """
@@ -33,9 +34,9 @@ from omni_stream.models.qwen3_tts.fused import ENV_PREDICTOR_ROWS, ENV_SMALL_ROW
 from omni_stream.runtime import triton_kernels as tk
 
 ROOT = Path(__file__).resolve().parent
-# (name, small_rows, the code predictor's limit: None as small_rows): all cuBLAS, the default, and the
-# predictor's small path at one row only
-LIMITS = (("0", 0, None), ("16", 16, None), ("16p1", 16, 1))
+# (name, small_rows, the code predictor's limit: None as small_rows, dependent launches): all cuBLAS, the
+# default, and the default with every kernel launched after the previous one has finished
+LIMITS = (("0", 0, None, True), ("16", 16, None, True), ("16serial", 16, None, False))
 CALLS = 200
 RING_BYTES = 512 << 20
 
@@ -137,20 +138,22 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = write_dummy_checkpoint(CONFIGS[args.size], tmp, dtype=torch.bfloat16, weights=False)
         lm = load_lm(ckpt, load_format="dummy", dtype=torch.bfloat16, device="cuda")
-        for name, small, predictor in LIMITS:
-            print(f"== small_rows {small}, code predictor {small if predictor is None else predictor}", flush=True)
+        for name, small, predictor, pdl in LIMITS:
+            print(f"== small_rows {small}, code predictor {small if predictor is None else predictor},"
+                  f" dependent launches {pdl}", flush=True)  # fmt: skip
             os.environ[ENV_SMALL_ROWS] = str(small)  # what the runner's default kernels read
             os.environ[ENV_PREDICTOR_ROWS] = "" if predictor is None else str(predictor)
+            os.environ[tk.ENV_PDL] = "1" if pdl else "0"  # read as each kernel is launched (captured)
             kernels = triton_kernels(small, predictor)
             cp = bench_code_predictor(lm, batches, 3, args.graph_reps, kernels, f"_small{name}")
             step, _, _ = bench_step(lm, batches, args.graph_reps, 512)
             result["loops"][name] = {"code_predictor": cp, "step": step}
-        os.environ[ENV_PREDICTOR_ROWS] = ""
+        os.environ[ENV_PREDICTOR_ROWS] = os.environ[tk.ENV_PDL] = ""
     out_dir = Path(os.environ.get("OUT") or ROOT / "results")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "small_linear.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"\n{result['gpu']}, torch {result['torch']}, commit {result['git_commit']}")
-    names = [name for name, _, _ in LIMITS]
+    names = [name for name, *_ in LIMITS]
     print("B     CP graph: " + "".join(f"{n:>8s}" for n in names) + "   step graph: "
           + "".join(f"{n:>8s}" for n in names) + "   xRT/stream at the step (16)")  # fmt: skip
     for i, b in enumerate(batches):

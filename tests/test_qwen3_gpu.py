@@ -131,6 +131,27 @@ def test_graph_replay_equals_eager_at_bucket_shapes(tmp_path, name) -> None:
         assert torch.equal(x, y)
 
 
+def test_dependent_launches_give_the_codes_of_serial_launches_under_graphs(tmp_path, monkeypatch) -> None:
+    """On Hopper the Triton kernels launch while their predecessor runs (programmatic dependent launch); every
+    code is the one serial launches give, at 1 row (the small projections, their weight prefetch) and 3."""
+    from omni_stream.runtime import triton_kernels as tk
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs compute capability 9.0")
+    cfg, tok, lm = _from_config(tmp_path, "qwen3-tts-12hz-1.7b-customvoice", torch.bfloat16)
+    reqs = _requests(cfg, tok, sampled=True)
+    got = {}
+    for pdl in ("1", "0"):
+        monkeypatch.setenv(tk.ENV_PDL, pdl)
+        assert tk._pdl(torch.empty(1, device="cuda")) == (pdl == "1")
+        runner = Qwen3TTSRunner(lm, max_batch_size=4, max_len=512)
+        runner.capture_graphs()  # the launch mode is fixed at capture
+        got[pdl] = ([runner.generate_codes([reqs[0]])[0]], runner.generate_codes(reqs, join_steps=[0, 1, 2]))
+        assert runner.graph_steps > 0 and runner.eager_steps == 0
+    for a, b in zip(got["1"], got["0"], strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
 def test_batched_rows_get_their_solo_codes_under_graphs(tmp_path) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     cfg, tok, lm = _from_config(tmp_path, "qwen3-tts-12hz-0.6b-customvoice", torch.float32)

@@ -16,6 +16,8 @@ torch versions these are tested against (``TRITON_INTERPRET=1`` runs them on the
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -26,12 +28,39 @@ from omni_stream.runtime.kv_cache import KVRead, KVWrite
 from omni_stream.runtime.sampling import SamplingTensors
 from omni_stream.runtime.sampling import sample as torch_sample
 
+ENV_PDL = "OMNI_STREAM_PDL"  # 0: launch every kernel after the previous one has finished (comparisons)
+
+
+@functools.cache
+def _hopper(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def _pdl(t: torch.Tensor) -> bool:
+    """Launch with programmatic dependent launch: on Hopper and later a kernel may start while the one before it
+    runs (each waits for its predecessor before it reads activations or writes anything, and lets its own
+    successor start once it is past that wait), so the launch and the first weight reads of one kernel overlap
+    the work of the previous one. A decode step is ~1,200 dependent kernels of a few microseconds each."""
+    if not t.is_cuda or os.environ.get(ENV_PDL, "").strip() == "0":
+        return False
+    return _hopper(t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
+@triton.jit
+def _after_previous(PDL: tl.constexpr):
+    # wait for the previous kernel (and its writes), then let the next one launch: at most one kernel waits
+    # ahead of the running one
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
 
 @triton.jit
 def _add_rms_norm_kernel(
     x_ptr, d_ptr, w_ptr, sum_ptr, out_ptr, n_cols, eps,
-    HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    _after_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     m = offs < n_cols
@@ -62,8 +91,8 @@ def add_rms_norm(
         total = torch.empty_like(xs)
     block = triton.next_power_of_2(h)
     _add_rms_norm_kernel[(xs.shape[0],)](
-        xs, ds, weight, total, out, h, eps, HAS_DELTA=delta is not None, BLOCK=block,
-        num_warps=max(1, min(8, block // 256)),
+        xs, ds, weight, total, out, h, eps, HAS_DELTA=delta is not None, BLOCK=block, PDL=(pdl := _pdl(xs)),
+        num_warps=max(1, min(8, block // 256)), launch_pdl=pdl,
     )  # fmt: skip
     return total.view(x.shape), out.view(x.shape)
 
@@ -72,8 +101,9 @@ def add_rms_norm(
 def _qk_norm_rope_kernel(
     qkv_ptr, w_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, kc_ptr, vc_ptr, slots_ptr, start_ptr,
     row_stride, t_len, cos_sb, cos_st, sin_sb, sin_st, c_slot, c_head, c_pos, slots_stride, start_stride, eps,
-    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, KV: tl.constexpr,
+    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, KV: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    _after_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     half: tl.constexpr = D // 2
@@ -136,7 +166,7 @@ def _qk_norm_rope(qkv, norm_weights, cos, sin, eps, heads, kv_heads, dst):  # ty
     _qk_norm_rope_kernel[(b * t, programs)](
         rows, norm_weights, cos, sin, q, k if k is not None else q, kc, vc, slots, start,
         rows.stride(0), t, cs[0], cs[1], ss[0], ss[1], *cache_strides, eps,
-        HQ=heads, HKV=kv_heads, D=d, KV=dst is not None, num_warps=1,
+        HQ=heads, HKV=kv_heads, D=d, KV=dst is not None, PDL=(pdl := _pdl(rows)), num_warps=1, launch_pdl=pdl,
     )  # fmt: skip
     return q, k
 
@@ -177,9 +207,10 @@ def qk_norm_rope_kv(
 def _decode_attention_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, slots_ptr, last_ptr,
     q_sb, q_sh, o_sb, c_slot, c_head, c_pos, slots_stride, last_stride, span, scale,
-    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr,
+    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # one program per (row, kv head): the G query heads sharing that kv head, online softmax over blocks of keys
+    _after_previous(PDL)
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     offs_g = tl.arange(0, GP)
@@ -232,13 +263,15 @@ def decode_attention(q: torch.Tensor, src: KVRead) -> torch.Tensor:
         q, src.k, src.v, o, src.slots, src.last,
         q.stride(0), q.stride(2), o.stride(0), ks[0], ks[1], ks[2], src.slots.stride(0), src.last.stride(0),
         src.span, d**-0.5,
-        G=g, GP=max(2, triton.next_power_of_2(g)), D=d, BLOCK_S=32, num_warps=4,
+        G=g, GP=max(2, triton.next_power_of_2(g)), D=d, BLOCK_S=32, PDL=(pdl := _pdl(q)), num_warps=4,
+        launch_pdl=pdl,
     )  # fmt: skip
     return o
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, n: tl.constexpr, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, n: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    _after_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
@@ -256,7 +289,10 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     rows = gate_up.reshape(-1, width).contiguous()
     out = torch.empty(rows.shape[0], n, dtype=gate_up.dtype, device=gate_up.device)
     block = min(1024, triton.next_power_of_2(n))
-    _silu_mul_kernel[(rows.shape[0], triton.cdiv(n, block))](rows, out, n, BLOCK=block, num_warps=4)
+    pdl = _pdl(rows)
+    _silu_mul_kernel[(rows.shape[0], triton.cdiv(n, block))](
+        rows, out, n, BLOCK=block, PDL=pdl, num_warps=4, launch_pdl=pdl
+    )
     return out.view(*gate_up.shape[:-1], n)
 
 
@@ -270,12 +306,21 @@ def _small_linear_kernel(
     x_ptr, idx_ptr, w_ptr, bias_ptr, out_ptr, M, N, K, x_stride,
     GATHER: tl.constexpr, BIAS: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH_K: tl.constexpr, LINE: tl.constexpr,
 ):  # fmt: skip
     rm = tl.arange(0, BLOCK_M)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     mm = rm < M
     nm = rn < N
+    if PDL:
+        # No earlier kernel writes the weights: while the previous kernel still runs, ask L2 for the first
+        # PREFETCH_K columns of this program's rows (one address per LINE elements, clamped inside the weight)
+        pn = tl.minimum(rn, N - 1).to(tl.int64)
+        pk = tl.minimum(tl.arange(0, PREFETCH_K // LINE) * LINE, K - 1)
+        at = w_ptr + pn[:, None] * K + pk[None, :]
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [at], dtype=tl.int32, is_pure=False, pack=1)
+    _after_previous(PDL)
     if GATHER:  # input row i is row idx[i] of a table: an embedding lookup folded into the projection
         src = tl.load(idx_ptr + rm, mask=mm, other=0).to(tl.int64)
     else:
@@ -354,10 +399,14 @@ def _project(
         raise ValueError("the weight must be contiguous")
     out = torch.empty(*out_shape, n, dtype=rows.dtype, device=rows.device)
     b = blocks or small_linear_blocks(n, k, rows.element_size())
+    pdl = _pdl(rows)
+    line = max(1, 128 // weight.element_size())  # elements a 128-byte L2 line holds
+    prefetch = max(line, min(2 * b.block_k, triton.next_power_of_2(k)))  # the first two slices of the loop
     _small_linear_kernel[(triton.cdiv(n, b.block_n),)](
         rows, rows if idx is None else idx, weight, weight if bias is None else bias, out, m, n, k, rows.stride(0),
         GATHER=idx is not None, BIAS=bias is not None, IEEE=rows.dtype == torch.float32, BLOCK_M=SMALL_ROWS,
-        BLOCK_N=b.block_n, BLOCK_K=b.block_k, num_warps=b.num_warps, num_stages=b.num_stages,
+        BLOCK_N=b.block_n, BLOCK_K=b.block_k, PDL=pdl, PREFETCH_K=prefetch, LINE=line,
+        num_warps=b.num_warps, num_stages=b.num_stages, launch_pdl=pdl,
     )  # fmt: skip
     return out
 
@@ -399,8 +448,9 @@ def embed_linear(
 def _sample_kernel(
     logits_ptr, noise_ptr, do_sample_ptr, temp_ptr, top_k_ptr, top_p_ptr, out_ptr,
     n_cols, logits_stride, noise_stride,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    _after_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     m = offs < n_cols
@@ -457,6 +507,7 @@ def sample(logits: torch.Tensor, params: SamplingTensors, noise: torch.Tensor | 
     block = triton.next_power_of_2(v)
     _sample_kernel[(b,)](
         logits, noise, params.do_sample.view(torch.uint8), params.temperature, params.top_k, params.top_p, out,
-        v, logits.stride(0), noise.stride(0), BLOCK=block, num_warps=max(1, min(8, block // 512)),
+        v, logits.stride(0), noise.stride(0), BLOCK=block, PDL=(pdl := _pdl(logits)),
+        num_warps=max(1, min(8, block // 512)), launch_pdl=pdl,
     )  # fmt: skip
     return out
