@@ -8,8 +8,8 @@ Run on a CUDA machine: ``python benchmarks/small_linear.py [--size 1.7b] [--swee
    ``--sweep`` also times a grid of tile shapes at 1 row and reports the best.
 2. The code-predictor loop (15 steps with sampling) and the whole decode step as CUDA graphs at batch 1-16,
    with ``small_rows`` 0 (every projection on cuBLAS), 16 (the Triton projections up to 16 rows) and 16 with
-   each kernel launched only after the previous one has finished (``16serial``: ``OMNI_STREAM_PDL=0``), plus
-   a CUPTI kernel profile of each at batch 1.
+   16 with each ``--pdl`` setting of ``OMNI_STREAM_PDL`` (default ``0``, ``16/0``: each kernel launched only
+   after the previous one has finished), plus a CUPTI kernel profile of each at batch 1.
 
 Prints a table last; writes ``small_linear.json`` to ``$OUT`` (or ``benchmarks/results``).
 """
@@ -34,9 +34,9 @@ from omni_stream.models.qwen3_tts.fused import ENV_PREDICTOR_ROWS, ENV_SMALL_ROW
 from omni_stream.runtime import triton_kernels as tk
 
 ROOT = Path(__file__).resolve().parent
-# (name, small_rows, the code predictor's limit: None as small_rows, dependent launches): all cuBLAS, the
-# default, and the default with every kernel launched after the previous one has finished
-LIMITS = (("0", 0, None, True), ("16", 16, None, True), ("16serial", 16, None, False))
+# (name, small_rows, the code predictor's limit: None as small_rows, OMNI_STREAM_PDL): all cuBLAS and the default;
+# main() adds the default at each --pdl setting
+LIMITS = (("0", 0, None, "1"), ("16", 16, None, "1"))
 CALLS = 200
 RING_BYTES = 512 << 20
 
@@ -116,6 +116,7 @@ def main() -> int:
     ap.add_argument("--batches", default="1,2,4,8,16")
     ap.add_argument("--graph-reps", type=int, default=30)
     ap.add_argument("--no-projections", action="store_true", help="only the loops (part 2)")
+    ap.add_argument("--pdl", nargs="*", default=["0"], help="OMNI_STREAM_PDL settings to compare with the default")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA device")
@@ -135,15 +136,19 @@ def main() -> int:
             print(f"  {name:14s} best tile at 1 row {best['blocks']}: {best['triton_us']:.2f} us", flush=True)
         result["projections"][name] = entry
     batches = [int(b) for b in args.batches.split(",")]
+    for pdl in args.pdl:
+        tk.pdl_kernels(pdl)  # a bad setting fails here, before the model loads
+    limits = [*LIMITS, *((f"16/{pdl}", 16, None, pdl) for pdl in args.pdl)]
+    result["pdl"] = {name: pdl for name, _, _, pdl in limits}
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = write_dummy_checkpoint(CONFIGS[args.size], tmp, dtype=torch.bfloat16, weights=False)
         lm = load_lm(ckpt, load_format="dummy", dtype=torch.bfloat16, device="cuda")
-        for name, small, predictor, pdl in LIMITS:
+        for name, small, predictor, pdl in limits:
             print(f"== small_rows {small}, code predictor {small if predictor is None else predictor},"
-                  f" dependent launches {pdl}", flush=True)  # fmt: skip
+                  f" {tk.ENV_PDL}={pdl}", flush=True)  # fmt: skip
             os.environ[ENV_SMALL_ROWS] = str(small)  # what the runner's default kernels read
             os.environ[ENV_PREDICTOR_ROWS] = "" if predictor is None else str(predictor)
-            os.environ[tk.ENV_PDL] = "1" if pdl else "0"  # read as each kernel is launched (captured)
+            os.environ[tk.ENV_PDL] = pdl  # read as each kernel is launched (captured)
             kernels = triton_kernels(small, predictor)
             cp = bench_code_predictor(lm, batches, 3, args.graph_reps, kernels, f"_small{name}")
             step, _, _ = bench_step(lm, batches, args.graph_reps, 512)
@@ -153,7 +158,7 @@ def main() -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "small_linear.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"\n{result['gpu']}, torch {result['torch']}, commit {result['git_commit']}")
-    names = [name for name, *_ in LIMITS]
+    names = [name for name, *_ in limits]
     print("B     CP graph: " + "".join(f"{n:>8s}" for n in names) + "   step graph: "
           + "".join(f"{n:>8s}" for n in names) + "   xRT/stream at the step (16)")  # fmt: skip
     for i, b in enumerate(batches):

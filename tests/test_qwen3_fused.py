@@ -367,3 +367,15 @@ def test_row_limits_come_from_the_environment(monkeypatch) -> None:
     kernels = dataclasses.replace(fused.TORCH, small_rows=16, predictor_rows=4)
     assert kernels.for_predictor().small_rows == 4 and kernels.for_predictor().small is kernels.small
     assert fused.TORCH.for_predictor() is fused.TORCH
+
+
+def test_dependent_launch_setting_names_kernels() -> None:
+    pytest.importorskip("triton")
+    from omni_stream.runtime import triton_kernels as tk
+
+    assert tk.pdl_kernels("") == tk.pdl_kernels(" 1 ") == tk.PDL_KERNELS
+    assert tk.pdl_kernels("0") == frozenset()
+    assert tk.pdl_kernels("linear, norm") == {"linear", "norm"}
+    with pytest.raises(ValueError, match=r"OMNI_STREAM_PDL: unknown kernels \['gemm'\]"):
+        tk.pdl_kernels("linear,gemm")
+    assert not tk._pdl(torch.empty(1), "linear")  # never off CUDA

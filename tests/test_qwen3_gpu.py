@@ -141,15 +141,17 @@ def test_dependent_launches_give_the_codes_of_serial_launches_under_graphs(tmp_p
     cfg, tok, lm = _from_config(tmp_path, "qwen3-tts-12hz-1.7b-customvoice", torch.bfloat16)
     reqs = _requests(cfg, tok, sampled=True)
     got = {}
-    for pdl in ("1", "0"):
+    for pdl in ("1", "0", "linear"):  # all, none, the projections without their prefetch
         monkeypatch.setenv(tk.ENV_PDL, pdl)
-        assert tk._pdl(torch.empty(1, device="cuda")) == (pdl == "1")
+        assert tk._pdl(torch.empty(1, device="cuda"), "norm") == (pdl == "1")
+        assert tk._pdl(torch.empty(1, device="cuda"), "linear") == (pdl != "0")
         runner = Qwen3TTSRunner(lm, max_batch_size=4, max_len=512)
         runner.capture_graphs()  # the launch mode is fixed at capture
         got[pdl] = ([runner.generate_codes([reqs[0]])[0]], runner.generate_codes(reqs, join_steps=[0, 1, 2]))
         assert runner.graph_steps > 0 and runner.eager_steps == 0
-    for a, b in zip(got["1"], got["0"], strict=True):
-        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    for mode in ("1", "linear"):
+        for a, b in zip(got[mode], got["0"], strict=True):
+            assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 def test_batched_rows_get_their_solo_codes_under_graphs(tmp_path) -> None:

@@ -28,7 +28,10 @@ from omni_stream.runtime.kv_cache import KVRead, KVWrite
 from omni_stream.runtime.sampling import SamplingTensors
 from omni_stream.runtime.sampling import sample as torch_sample
 
-ENV_PDL = "OMNI_STREAM_PDL"  # 0: launch every kernel after the previous one has finished (comparisons)
+ENV_PDL = "OMNI_STREAM_PDL"  # which kernels launch dependently (below); 0: none, every launch serial
+# the kernels of this module by the names OMNI_STREAM_PDL lists; "prefetch": the small-batch projection asks L2
+# for its first weight slices before it waits
+PDL_KERNELS = frozenset({"norm", "rope", "attention", "silu", "linear", "sample", "prefetch"})
 
 
 @functools.cache
@@ -36,12 +39,27 @@ def _hopper(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
-def _pdl(t: torch.Tensor) -> bool:
+@functools.cache
+def pdl_kernels(setting: str) -> frozenset[str]:
+    """The kernels an ``OMNI_STREAM_PDL`` value launches dependently: unset or 1 all, 0 none, else the names
+    (comma-separated) of ``PDL_KERNELS``."""
+    setting = setting.strip()
+    if setting in ("", "1"):
+        return PDL_KERNELS
+    if setting == "0":
+        return frozenset()
+    names = frozenset(n.strip() for n in setting.split(",") if n.strip())
+    if unknown := names - PDL_KERNELS:
+        raise ValueError(f"{ENV_PDL}: unknown kernels {sorted(unknown)} (known: {sorted(PDL_KERNELS)}, 0 or 1)")
+    return names
+
+
+def _pdl(t: torch.Tensor, kernel: str) -> bool:
     """Launch with programmatic dependent launch: on Hopper and later a kernel may start while the one before it
     runs (each waits for its predecessor before it reads activations or writes anything, and lets its own
     successor start once it is past that wait), so the launch and the first weight reads of one kernel overlap
     the work of the previous one. A decode step is ~1,200 dependent kernels of a few microseconds each."""
-    if not t.is_cuda or os.environ.get(ENV_PDL, "").strip() == "0":
+    if not t.is_cuda or kernel not in pdl_kernels(os.environ.get(ENV_PDL, "")):
         return False
     return _hopper(t.device.index if t.device.index is not None else torch.cuda.current_device())
 
@@ -91,7 +109,7 @@ def add_rms_norm(
         total = torch.empty_like(xs)
     block = triton.next_power_of_2(h)
     _add_rms_norm_kernel[(xs.shape[0],)](
-        xs, ds, weight, total, out, h, eps, HAS_DELTA=delta is not None, BLOCK=block, PDL=(pdl := _pdl(xs)),
+        xs, ds, weight, total, out, h, eps, HAS_DELTA=delta is not None, BLOCK=block, PDL=(pdl := _pdl(xs, "norm")),
         num_warps=max(1, min(8, block // 256)), launch_pdl=pdl,
     )  # fmt: skip
     return total.view(x.shape), out.view(x.shape)
@@ -166,7 +184,7 @@ def _qk_norm_rope(qkv, norm_weights, cos, sin, eps, heads, kv_heads, dst):  # ty
     _qk_norm_rope_kernel[(b * t, programs)](
         rows, norm_weights, cos, sin, q, k if k is not None else q, kc, vc, slots, start,
         rows.stride(0), t, cs[0], cs[1], ss[0], ss[1], *cache_strides, eps,
-        HQ=heads, HKV=kv_heads, D=d, KV=dst is not None, PDL=(pdl := _pdl(rows)), num_warps=1, launch_pdl=pdl,
+        HQ=heads, HKV=kv_heads, D=d, KV=dst is not None, PDL=(pdl := _pdl(rows, "rope")), num_warps=1, launch_pdl=pdl,
     )  # fmt: skip
     return q, k
 
@@ -263,7 +281,7 @@ def decode_attention(q: torch.Tensor, src: KVRead) -> torch.Tensor:
         q, src.k, src.v, o, src.slots, src.last,
         q.stride(0), q.stride(2), o.stride(0), ks[0], ks[1], ks[2], src.slots.stride(0), src.last.stride(0),
         src.span, d**-0.5,
-        G=g, GP=max(2, triton.next_power_of_2(g)), D=d, BLOCK_S=32, PDL=(pdl := _pdl(q)), num_warps=4,
+        G=g, GP=max(2, triton.next_power_of_2(g)), D=d, BLOCK_S=32, PDL=(pdl := _pdl(q, "attention")), num_warps=4,
         launch_pdl=pdl,
     )  # fmt: skip
     return o
@@ -289,7 +307,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     rows = gate_up.reshape(-1, width).contiguous()
     out = torch.empty(rows.shape[0], n, dtype=gate_up.dtype, device=gate_up.device)
     block = min(1024, triton.next_power_of_2(n))
-    pdl = _pdl(rows)
+    pdl = _pdl(rows, "silu")
     _silu_mul_kernel[(rows.shape[0], triton.cdiv(n, block))](
         rows, out, n, BLOCK=block, PDL=pdl, num_warps=4, launch_pdl=pdl
     )
@@ -313,7 +331,7 @@ def _small_linear_kernel(
     rk = tl.arange(0, BLOCK_K)
     mm = rm < M
     nm = rn < N
-    if PDL:
+    if PREFETCH_K > 0:  # only with PDL
         # No earlier kernel writes the weights: while the previous kernel still runs, ask L2 for the first
         # PREFETCH_K columns of this program's rows (one address per LINE elements, clamped inside the weight)
         pn = tl.minimum(rn, N - 1).to(tl.int64)
@@ -399,9 +417,10 @@ def _project(
         raise ValueError("the weight must be contiguous")
     out = torch.empty(*out_shape, n, dtype=rows.dtype, device=rows.device)
     b = blocks or small_linear_blocks(n, k, rows.element_size())
-    pdl = _pdl(rows)
+    pdl = _pdl(rows, "linear")
     line = max(1, 128 // weight.element_size())  # elements a 128-byte L2 line holds
-    prefetch = max(line, min(2 * b.block_k, triton.next_power_of_2(k)))  # the first two slices of the loop
+    # the first two slices of the loop; 0: none
+    prefetch = max(line, min(2 * b.block_k, triton.next_power_of_2(k))) if pdl and _pdl(rows, "prefetch") else 0
     _small_linear_kernel[(triton.cdiv(n, b.block_n),)](
         rows, rows if idx is None else idx, weight, weight if bias is None else bias, out, m, n, k, rows.stride(0),
         GATHER=idx is not None, BIAS=bias is not None, IEEE=rows.dtype == torch.float32, BLOCK_M=SMALL_ROWS,
@@ -507,7 +526,7 @@ def sample(logits: torch.Tensor, params: SamplingTensors, noise: torch.Tensor | 
     block = triton.next_power_of_2(v)
     _sample_kernel[(b,)](
         logits, noise, params.do_sample.view(torch.uint8), params.temperature, params.top_k, params.top_p, out,
-        v, logits.stride(0), noise.stride(0), BLOCK=block, PDL=(pdl := _pdl(logits)),
+        v, logits.stride(0), noise.stride(0), BLOCK=block, PDL=(pdl := _pdl(logits, "sample")),
         num_warps=max(1, min(8, block // 512)), launch_pdl=pdl,
     )  # fmt: skip
     return out
