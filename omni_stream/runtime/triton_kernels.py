@@ -322,24 +322,15 @@ SMALL_ROWS = 16  # the row tile of the small-batch projection; a call may pass a
 @triton.jit
 def _small_linear_kernel(
     x_ptr, idx_ptr, w_ptr, bias_ptr, out_ptr, M, N, K, x_stride,
-    GATHER: tl.constexpr, BIAS: tl.constexpr, IEEE: tl.constexpr, SWIGLU: tl.constexpr,
+    GATHER: tl.constexpr, BIAS: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PDL: tl.constexpr, PREFETCH_K: tl.constexpr, LINE: tl.constexpr,
 ):  # fmt: skip
     rm = tl.arange(0, BLOCK_M)
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     mm = rm < M
-    if SWIGLU:
-        # a [gate | up] weight: tile row j is the gate (even j) or up (odd j) row of output column c = j // 2 of
-        # this program's BLOCK_N // 2, so the epilogue holds both factors of each column it writes
-        half = N // 2
-        j = tl.arange(0, BLOCK_N)
-        rc = tl.program_id(0) * (BLOCK_N // 2) + j // 2
-        rn = rc + (j % 2) * half
-        nm = rc < half
-    else:
-        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        nm = rn < N
+    nm = rn < N
     if PREFETCH_K > 0:  # only with PDL
         # No earlier kernel writes the weights: while the previous kernel still runs, ask L2 for the first
         # PREFETCH_K columns of this program's rows (one address per LINE elements, clamped inside the weight)
@@ -364,18 +355,10 @@ def _small_linear_kernel(
             acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
         else:
             acc = tl.dot(a, tl.trans(w), acc)
-    dt = out_ptr.dtype.element_ty
-    if SWIGLU:  # silu(gate) * up with silu_mul's roundings: the bits of the projection then silu_mul
-        g, u = tl.split(tl.reshape(acc.to(dt).to(tl.float32), [BLOCK_M, BLOCK_N // 2, 2]))
-        s = (g * tl.sigmoid(g)).to(dt).to(tl.float32)
-        oc = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-        om = mm[:, None] & (oc < half)[None, :]
-        tl.store(out_ptr + rm.to(tl.int64)[:, None] * half + oc[None, :], (s * u).to(dt), mask=om)
-    else:
-        if BIAS:
-            acc += tl.load(bias_ptr + rn, mask=nm, other=0.0).to(tl.float32)[None, :]
-        om = mm[:, None] & nm[None, :]
-        tl.store(out_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], acc.to(dt), mask=om)
+    if BIAS:
+        acc += tl.load(bias_ptr + rn, mask=nm, other=0.0).to(tl.float32)[None, :]
+    om = mm[:, None] & nm[None, :]
+    tl.store(out_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=om)
 
 
 @dataclass(slots=True, frozen=True)
@@ -425,18 +408,14 @@ def _project(
     blocks: SmallLinearBlocks | None,
     m: int,
     idx: torch.Tensor | None = None,
-    swiglu: bool = False,
 ) -> torch.Tensor:
-    """``m`` input rows (``rows[idx[i]]`` with ``idx``, else ``rows[i]``) times ``weight``, bias added; with
-    ``swiglu`` a ``[gate | up]`` weight and ``silu(gate) * up`` out."""
+    """``m`` input rows (``rows[idx[i]]`` with ``idx``, else ``rows[i]``) times ``weight``, bias added."""
     n, k = weight.shape
     if m > SMALL_ROWS:
         raise ValueError(f"the small-batch projection takes at most {SMALL_ROWS} rows, got {m}")
     if not weight.is_contiguous():
         raise ValueError("the weight must be contiguous")
-    if swiglu and (n % 2 or bias is not None):
-        raise ValueError(f"a [gate | up] weight has an even row count and no bias, got {n} rows")
-    out = torch.empty(*out_shape, n // 2 if swiglu else n, dtype=rows.dtype, device=rows.device)
+    out = torch.empty(*out_shape, n, dtype=rows.dtype, device=rows.device)
     b = blocks or small_linear_blocks(n, k, rows.element_size())
     pdl = _pdl(rows, "linear")
     line = max(1, 128 // weight.element_size())  # elements a 128-byte L2 line holds
@@ -444,8 +423,7 @@ def _project(
     prefetch = max(line, min(2 * b.block_k, triton.next_power_of_2(k))) if pdl and _pdl(rows, "prefetch") else 0
     _small_linear_kernel[(triton.cdiv(n, b.block_n),)](
         rows, rows if idx is None else idx, weight, weight if bias is None else bias, out, m, n, k, rows.stride(0),
-        GATHER=idx is not None, BIAS=bias is not None, IEEE=rows.dtype == torch.float32, SWIGLU=swiglu,
-        BLOCK_M=SMALL_ROWS,
+        GATHER=idx is not None, BIAS=bias is not None, IEEE=rows.dtype == torch.float32, BLOCK_M=SMALL_ROWS,
         BLOCK_N=b.block_n, BLOCK_K=b.block_k, PDL=pdl, PREFETCH_K=prefetch, LINE=line,
         num_warps=b.num_warps, num_stages=b.num_stages, launch_pdl=pdl,
     )  # fmt: skip
@@ -467,17 +445,6 @@ def linear(
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     return _project(rows, weight, bias, tuple(x.shape[:-1]), blocks, rows.shape[0])
-
-
-def linear_silu(x: torch.Tensor, weight: torch.Tensor, *, blocks: SmallLinearBlocks | None = None) -> torch.Tensor:
-    """``silu_mul(linear(x, weight))`` for a ``[gate | up]`` weight in one launch (the same bits)."""
-    k = weight.shape[1]
-    if x.shape[-1] != k:
-        raise ValueError(f"input width {x.shape[-1]} does not fit a [{weight.shape[0]}, {k}] weight")
-    rows = x.reshape(-1, k)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
-    return _project(rows, weight, None, tuple(x.shape[:-1]), blocks, rows.shape[0], swiglu=True)
 
 
 def embed_linear(

@@ -15,10 +15,8 @@ its own). The fused layer is
 so ~9 launches a layer, and the stack's final norm absorbs the last residual add. At 1-16 rows (decode at
 small batch) the projections go through :class:`SmallRows` instead: Triton's tiled weight read (cuBLAS's
 batch-1 kernels are up to 2.5x slower than they need to be), which also reads the code predictor's
-embedding rows straight from their table and applies the SwiGLU in the gate/up projection's epilogue (each
-program reads the gate and up rows of the same columns, so the product is computed from its own
-accumulators: 8 launches a layer). The norms stay kernels of their own, and the SwiGLU stays out of the
-down projection: folded into a projection's reduction loop they cost more than the launch they save
+embedding rows straight from their table. The norms and the SwiGLU stay kernels of their own: folded into
+the projection's reduction loop they cost more than the launch they save
 (``benchmarks/results/small_linear.md``, run 20).
 
 The samplers (code 0 and the 15 code-predictor steps) are the other hot chain: temperature, top-k, top-p
@@ -114,11 +112,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def linear_silu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``silu_mul(F.linear(x, weight))``: the SwiGLU of a ``[gate | up]`` projection."""
-    return silu_mul(F.linear(x, weight))
-
-
 def embed_linear(
     table: torch.Tensor, ids: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
@@ -130,14 +123,12 @@ def embed_linear(
 class SmallRows:
     """The projections of a few rows (one launch each on CUDA).
 
-    ``linear`` has F.linear's signature, ``linear_silu`` and ``embed_linear`` those of this module's functions
-    (the gate/up projection with the SwiGLU in its epilogue; the code predictor's embedding lookup read by its
-    input projection where the table lies).
+    ``linear`` has F.linear's signature, ``embed_linear`` that of this module's :func:`embed_linear` (the
+    code predictor's embedding lookup read by its input projection where the table lies).
     """
 
     linear: Callable[..., torch.Tensor] = F.linear
     embed_linear: Callable[..., torch.Tensor] = embed_linear
-    linear_silu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = linear_silu
 
 
 @dataclass(slots=True, frozen=True)
@@ -195,7 +186,7 @@ def triton_kernels(small_rows: int | None = None, predictor_rows: int | None = N
     assert rows is not None
     if predictor_rows is None:
         predictor_rows = small_rows_setting(None, ENV_PREDICTOR_ROWS)
-    small = SmallRows(tk.linear, tk.embed_linear, tk.linear_silu)
+    small = SmallRows(tk.linear, tk.embed_linear)
     return DecodeKernels(
         tk.add_rms_norm, tk.qk_norm_rope, tk.silu_mul, tk.sample, name="triton", small=small, small_rows=rows,
         predictor_rows=predictor_rows, qk_norm_rope_kv=tk.qk_norm_rope_kv, decode_attention=tk.decode_attention,

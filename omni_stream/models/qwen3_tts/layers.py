@@ -153,8 +153,7 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer on residual ``x`` plus the previous layer's pending ``delta``; returns (residual, its delta).
 
-        At most ``kernels.small_rows`` rows the projections go through ``kernels.small`` (``linear``, the gate/up
-        projection and its SwiGLU through ``linear_silu``).
+        At most ``kernels.small_rows`` rows the projections go through ``kernels.small.linear``.
         """
         k = self.kernels
         assert k is not None and self.qkv_weight is not None and self.gate_up_weight is not None
@@ -183,11 +182,7 @@ class DecoderLayer(nn.Module):
                 kk = apply_rope(qkv[..., nq : nq + nkv].view(b, t, a.n_kv, a.head_dim).transpose(1, 2), cos, sin)
             o = attend(layer, q, kk, v).transpose(1, 2).reshape(b, t, nq)
         x, h = k.add_rms_norm(x, proj(o, a.o_proj.weight), self.post_attention_layernorm.weight, eps)
-        if b * t <= k.small_rows:  # the SwiGLU in the gate/up projection's epilogue
-            act = k.small.linear_silu(h, self.gate_up_weight)
-        else:
-            act = k.silu_mul(F.linear(h, self.gate_up_weight))
-        return x, proj(act, self.mlp.down_proj.weight)
+        return x, proj(k.silu_mul(proj(h, self.gate_up_weight)), self.mlp.down_proj.weight)
 
 
 def use_kernels(layers: nn.ModuleList, kernels: DecodeKernels | None) -> None:
