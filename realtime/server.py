@@ -8,12 +8,15 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omni_stream.cli import add_threads_argument, apply_threads, torch_threads
 from omni_stream.pacing import DEFAULT_AHEAD
 from omni_stream.realtime import llm_flags, ray_serve
 from omni_stream.realtime.settings import Settings, default_voices_dir
+
+if TYPE_CHECKING:
+    import uvicorn
 
 log = logging.getLogger("omni_stream.realtime.server")
 
@@ -78,6 +81,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--rtc-concurrency-limit", type=int, default=8, help="WebRTC sessions at once (default: %(default)s)"
     )
     parser.add_argument("--log-level", default="info", help="uvicorn log level (default: %(default)s)")
+    parser.add_argument(
+        "--ws-deflate",
+        action="store_true",
+        help="let WebSocket clients negotiate per-message deflate (default: off; audio and video frames hardly "
+        "compress and each message would be compressed on the server's event loop)",
+    )
     parser.add_argument(
         "--pace-streams",
         type=_seconds_or_off,
@@ -177,8 +186,6 @@ def banner_notes(settings: Settings) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Load the model (with a progress bar), then serve until SIGINT/SIGTERM (graceful shutdown)."""
-    import uvicorn
-
     from omni_stream.engine import AsyncEngine
     from omni_stream.realtime.app import create_app
     from omni_stream.realtime.graceful import GracefulServer
@@ -230,15 +237,7 @@ def run(args: argparse.Namespace) -> int:
         return engine
 
     app = create_app(load, settings)
-    # ws_max_size: a 15 MiB realtime audio append is 20 MiB of base64 in one message
-    config = uvicorn.Config(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        timeout_graceful_shutdown=10,
-        ws_max_size=32 * 1024 * 1024,
-    )
+    config = uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level, ws_deflate=args.ws_deflate)
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal: end with status 0 instead.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -246,6 +245,35 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def uvicorn_config(
+    app: Any,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "info",
+    ws_deflate: bool = False,
+    timeout_graceful_shutdown: int = 10,
+) -> uvicorn.Config:
+    """uvicorn's settings for an app of :func:`omni_stream.realtime.app.create_app` (``serve`` and the tests).
+
+    Per-message deflate (uvicorn's default, and what browsers and ``websockets`` clients offer) stays off unless
+    ``ws_deflate``: PCM, Opus, fMP4 and base64 audio hardly compress, and every message would be compressed on
+    the event loop thread that also serves every other stream (``benchmarks/ws_deflate.py``).
+    """
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="on",  # the app loads its models at startup: a failure there stops the server
+        timeout_graceful_shutdown=timeout_graceful_shutdown,
+        ws_max_size=32 * 1024 * 1024,  # a 15 MiB realtime audio append is 20 MiB of base64 in one message
+        ws_per_message_deflate=ws_deflate,
+    )
 
 
 def _interrupt(signum: int, frame: Any) -> None:

@@ -29,6 +29,7 @@ from omni_stream.family import ModelKind
 from omni_stream.models.synthetic import SyntheticConfig, tone_samples, write_checkpoint
 from omni_stream.realtime.app import create_app
 from omni_stream.realtime.graceful import GracefulServer
+from omni_stream.realtime.server import uvicorn_config
 from omni_stream.realtime.settings import Settings
 
 MODEL = "synthetic-tts"
@@ -81,10 +82,12 @@ def running_server(
     *,
     llm: Path | None = None,
     load: Any = None,
+    ws_deflate: bool = False,
     **engine_options: Any,
 ) -> Iterator[LiveServer]:
     """Serve ``checkpoint`` (and the text model ``llm``, if given; or the engine the async factory ``load``
-    builds) until the block ends (``engine_options`` go to ``AsyncEngine.from_pretrained``)."""
+    builds) until the block ends (``engine_options`` go to ``AsyncEngine.from_pretrained``), with the settings
+    ``omni-stream serve`` gives uvicorn."""
 
     async def load_checkpoint() -> Any:
         return await AsyncEngine.from_pretrained(checkpoint, llm=llm, progress=False, **engine_options)
@@ -94,9 +97,7 @@ def running_server(
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5, ws_max_size=32 * 1024 * 1024
-    )
+    config = uvicorn_config(app, log_level="warning", timeout_graceful_shutdown=5, ws_deflate=ws_deflate)
     server = GracefulServer(config, app.state.omni)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="test-uvicorn")
     thread.start()

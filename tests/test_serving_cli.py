@@ -107,6 +107,7 @@ def test_serve_help_lists_options():
         "--max-concurrency",
         "--threads",
         "--legacy-stream-raw",
+        "--ws-deflate",
     ):
         assert option in out.stdout
 
@@ -164,6 +165,7 @@ def test_sigterm_with_an_http_stream_and_an_open_websocket(tmp_path):
             http.stream("POST", "/v1/audio/speech", json=body) as stream,
             connect(f"ws://127.0.0.1:{port}/v1/audio/speech/stream", open_timeout=10) as ws,
         ):
+            assert ws.protocol.extensions == []  # the offered deflate declined: serve's default
             chunks = stream.iter_bytes()
             received = len(next(chunks))  # the stream is in flight
             config = {"type": "session.config", "voice": "bob", "response_format": "pcm", "stream_audio": True}

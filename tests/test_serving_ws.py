@@ -94,6 +94,24 @@ def test_pcm_chunk_streaming(live_server):
     assert b"".join(unit["frames"]) == pcm16(expected_tone("bob", text))
 
 
+def test_per_message_deflate_is_declined_unless_the_server_enables_it(live_server, synthetic_checkpoint):
+    """The client offers deflate (websockets' default, as browsers do): the default server declines it, so audio
+    frames are sent as they are; ``--ws-deflate`` servers accept it, and the audio is the same either way."""
+    text = "A longer sentence that streams in several chunks of audio."
+
+    def stream(url: str) -> tuple[list[str], bytes]:
+        s = raw_session(url)  # compression="deflate": the offer
+        s.send(type="session.config", voice="bob", response_format="pcm", stream_audio=True)
+        s.send(type="input.text", text=text)
+        s.send(type="input.done")
+        (unit,) = units_of(s.until("session.done"))
+        return [e.name for e in s.ws.protocol.extensions], b"".join(unit["frames"])
+
+    assert stream(live_server.ws_url) == ([], pcm16(expected_tone("bob", text)))
+    with running_server(synthetic_checkpoint, ws_deflate=True) as live:
+        assert stream(live.ws_url) == (["permessage-deflate"], pcm16(expected_tone("bob", text)))
+
+
 def test_sentence_splitting_with_decimals_and_cjk(live_server):
     s = open_session(live_server.ws_url, voice="carol", response_format="pcm", split_granularity="sentence")
     for piece in ["It costs 3", ".50 dollars. 你好", "。Next"]:
