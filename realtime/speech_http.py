@@ -81,14 +81,17 @@ async def _create_speech(request: Request, state: ServerState) -> Response:
     chunks = aiter(stream)
     if opts.stream_mode is StreamMode.NONE:
         return await _whole(request, state, opts, stream)
+    rate = state.ready_engine.speech_info.sample_rate
     try:
         # The first chunk is awaited before the status line: errors up to here are plain HTTP errors.
-        arrived, first = await until_disconnect(request.receive, lambda: anext(chunks, False))
-        if not arrived:
+        arrived, opened = await until_disconnect(
+            request.receive, lambda: _first_chunk_and_output(chunks, opts.response_format, rate, opts.sample_rate)
+        )
+        if not arrived or opened is None:
             await close_stream(stream)
             state.metrics.disconnects.labels("http").inc()
             return Response(status_code=499)
-        out = await AudioOut.open(opts.response_format, state.ready_engine.speech_info.sample_rate, opts.sample_rate)
+        first, out = opened
     except BaseException:
         await close_stream(stream)
         raise
@@ -106,6 +109,38 @@ async def _create_speech(request: Request, state: ServerState) -> Response:
     gen = _sse_body(state, stream, audio, out)
     headers = {**SSE_HEADERS, **audio_headers(out.sample_rate)}
     return ClosingStreamingResponse(gen, on_close=release, media_type=SSE_MEDIA_TYPE, headers=headers)
+
+
+async def _first_chunk_and_output(
+    chunks: AsyncIterator[Audio], fmt: str, src_rate: int, dst_rate: int | None
+) -> tuple[Audio | bool, AudioOut]:
+    """The stream's first chunk (False: none), and the encoder, opened while the model makes that chunk: the open
+    is a thread hop that would otherwise stand between the first chunk and the first byte. An error of the stream
+    wins over one of the open; the encoder is closed unless it is returned."""
+    outs: list[AudioOut] = []
+    errors: list[Exception] = []
+
+    async def open_output() -> None:
+        try:
+            outs.append(await AudioOut.open(fmt, src_rate, dst_rate))
+        except Exception as exc:
+            errors.append(exc)
+
+    first: Audio | bool = False
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(open_output)
+            try:
+                first = await anext(chunks, False)
+            except Exception as exc:
+                errors.insert(0, exc)
+        if errors:
+            raise errors[0]
+    except BaseException:  # an error, or the client left (cancelled)
+        for out in outs:
+            out.close()
+        raise
+    return first, outs[0]
 
 
 async def _collect(stream: SpeechStream) -> list[np.ndarray]:

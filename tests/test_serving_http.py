@@ -6,6 +6,7 @@ import base64
 import io
 import json
 import re
+import threading
 
 import httpx
 import numpy as np
@@ -146,6 +147,69 @@ def test_raw_wav_stream_header(http):
     channels, rate = int.from_bytes(head[22:24], "little"), int.from_bytes(head[24:28], "little")
     assert (channels, rate, int.from_bytes(head[34:36], "little")) == (1, RATE, 16)
     assert data[44:] == pcm16(expected_tone("alice", TEXT))
+
+
+def test_the_encoder_opens_while_the_model_makes_the_first_chunk(live_server, http, monkeypatch):
+    """A stream's encoder is opened (a thread hop) while its first chunk is made, not after it: the first model
+    step waits until the open has begun, which it would do for the whole 10 s if the open came after the chunk."""
+    from omni_stream.realtime.audio_out import AudioOut
+
+    opened = threading.Event()
+    original = AudioOut.open.__func__
+
+    async def recording_open(cls, *args, **kwargs):
+        opened.set()
+        return await original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(AudioOut, "open", classmethod(recording_open))
+    waited: list[bool] = []
+
+    def hold_first_step(batch):
+        if not waited:
+            waited.append(opened.wait(timeout=10))
+
+    talker = live_server.family.talker
+    talker.before_step = hold_first_step
+    try:
+        body = {"input": TEXT, "voice": "alice", "response_format": "pcm", "stream_format": "audio"}
+        with http.stream("POST", "/v1/audio/speech", json=body) as r:
+            data = r.read()
+    finally:
+        talker.before_step = None
+    assert waited == [True]
+    assert data == pcm16(expected_tone("alice", TEXT))
+
+
+def test_the_early_encoder_is_closed_when_the_stream_fails_or_the_client_leaves(monkeypatch):
+    """The first chunk's error reaches the route as itself, and a client leaving (cancellation) before the first
+    chunk leaves no encoder open: every AudioOut opened for the stream is closed."""
+    import anyio
+
+    from omni_stream.realtime import speech_http
+    from omni_stream.realtime.audio_out import AudioOut
+    from omni_stream.realtime.errors import ApiError
+
+    closed: list[AudioOut] = []
+    close = AudioOut.close
+    monkeypatch.setattr(AudioOut, "close", lambda self: (closed.append(self), close(self))[1])
+
+    async def failing():
+        raise ApiError(400, "bad voice")
+        yield  # an async generator
+
+    async def silent():
+        await anyio.sleep_forever()
+        yield
+
+    async def main() -> None:
+        with pytest.raises(ApiError, match="bad voice"):
+            await speech_http._first_chunk_and_output(failing(), "mp3", RATE, None)
+        assert len(closed) == 1
+        with anyio.move_on_after(0.5):
+            await speech_http._first_chunk_and_output(silent(), "pcm", RATE, None)
+        assert len(closed) == 2
+
+    anyio.run(main)
 
 
 def test_sdk_sse_stream(client):
