@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
+import anyio
 import anyio.to_thread
 import numpy as np
 
 from omni_stream import codecs
+from omni_stream.chunks import Audio
 from omni_stream.codecs.formats import coding_rate
 from omni_stream.realtime.stretch import time_stretch
 
@@ -103,3 +106,44 @@ def encode_whole(
         # valid file, one codec frame of silence, never a body of 0 bytes or of headers alone.
         samples = np.zeros(1, np.float32)
     return codecs.encode_whole(fmt, samples, rate), output_rate(fmt, rate)
+
+
+async def first_chunk_and_output(
+    chunks: AsyncIterator[Audio], fmt: str, src_rate: int, dst_rate: int | None
+) -> tuple[Audio | bool, AudioOut]:
+    """A stream's first chunk (False: none), and its encoder, opened while the model makes that chunk: the open is
+    a thread hop that would otherwise stand between the request and its first byte. An error of the stream wins
+    over one of the open; the encoder is closed unless it is returned (an error, or the caller cancelled)."""
+    outs: list[AudioOut] = []
+    errors: list[Exception] = []
+
+    async def open_output() -> None:
+        try:
+            outs.append(await AudioOut.open(fmt, src_rate, dst_rate))
+        except Exception as exc:
+            errors.append(exc)
+
+    first: Audio | bool = False
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(open_output)
+            try:
+                first = await anext(chunks, False)
+            except Exception as exc:
+                errors.insert(0, exc)
+        if errors:
+            raise errors[0]
+    except BaseException:  # an error, or the client left (cancelled)
+        for out in outs:
+            out.close()
+        raise
+    return first, outs[0]
+
+
+async def with_first(first: Audio | bool, chunks: AsyncIterator[Audio]) -> AsyncGenerator[Audio]:
+    """``first`` (a chunk :func:`first_chunk_and_output` took; False: the stream had none), then the rest."""
+    if isinstance(first, bool):
+        return
+    yield first
+    async for audio in chunks:
+        yield audio

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import anyio
@@ -16,7 +16,7 @@ from starlette.responses import Response
 from omni_stream import codecs
 from omni_stream.chunks import Audio
 from omni_stream.engine import SpeechStream
-from omni_stream.realtime.audio_out import AudioOut, audio_headers, encode_whole
+from omni_stream.realtime.audio_out import AudioOut, audio_headers, encode_whole, first_chunk_and_output, with_first
 from omni_stream.realtime.body_limit import drain, read_json
 from omni_stream.realtime.errors import ApiError, from_exception
 from omni_stream.realtime.speech_build import build_request
@@ -85,7 +85,7 @@ async def _create_speech(request: Request, state: ServerState) -> Response:
     try:
         # The first chunk is awaited before the status line: errors up to here are plain HTTP errors.
         arrived, opened = await until_disconnect(
-            request.receive, lambda: _first_chunk_and_output(chunks, opts.response_format, rate, opts.sample_rate)
+            request.receive, lambda: first_chunk_and_output(chunks, opts.response_format, rate, opts.sample_rate)
         )
         if not arrived or opened is None:
             await close_stream(stream)
@@ -101,46 +101,14 @@ async def _create_speech(request: Request, state: ServerState) -> Response:
         await close_stream(stream)
 
     if opts.stream_mode is StreamMode.AUDIO:
-        gen = _raw_body(state, stream, paced_audio(state, _audio_chunks(chunks, first), "http"), out)
+        gen = _raw_body(state, stream, paced_audio(state, with_first(first, chunks), "http"), out)
         return ClosingStreamingResponse(
             gen, on_close=release, media_type=out.mime_type, headers=audio_headers(out.sample_rate)
         )
-    audio = paced_audio(state, _audio_chunks(chunks, first), "sse")
+    audio = paced_audio(state, with_first(first, chunks), "sse")
     gen = _sse_body(state, stream, audio, out)
     headers = {**SSE_HEADERS, **audio_headers(out.sample_rate)}
     return ClosingStreamingResponse(gen, on_close=release, media_type=SSE_MEDIA_TYPE, headers=headers)
-
-
-async def _first_chunk_and_output(
-    chunks: AsyncIterator[Audio], fmt: str, src_rate: int, dst_rate: int | None
-) -> tuple[Audio | bool, AudioOut]:
-    """The stream's first chunk (False: none), and the encoder, opened while the model makes that chunk: the open
-    is a thread hop that would otherwise stand between the first chunk and the first byte. An error of the stream
-    wins over one of the open; the encoder is closed unless it is returned."""
-    outs: list[AudioOut] = []
-    errors: list[Exception] = []
-
-    async def open_output() -> None:
-        try:
-            outs.append(await AudioOut.open(fmt, src_rate, dst_rate))
-        except Exception as exc:
-            errors.append(exc)
-
-    first: Audio | bool = False
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(open_output)
-            try:
-                first = await anext(chunks, False)
-            except Exception as exc:
-                errors.insert(0, exc)
-        if errors:
-            raise errors[0]
-    except BaseException:  # an error, or the client left (cancelled)
-        for out in outs:
-            out.close()
-        raise
-    return first, outs[0]
 
 
 async def _collect(stream: SpeechStream) -> list[np.ndarray]:
@@ -162,15 +130,6 @@ async def _whole(request: Request, state: ServerState, opts: SpeechOptions, stre
     )
     headers = {**audio_headers(rate, opts.sample_rate), **usage_headers(stream)}
     return Response(data, media_type=codecs.mime_type(opts.response_format), headers=headers)
-
-
-async def _audio_chunks(chunks: AsyncIterator[Audio], first: Audio | bool | None) -> AsyncGenerator[Audio]:
-    if first is False or first is None:
-        return
-    assert isinstance(first, Audio)
-    yield first
-    async for audio in chunks:
-        yield audio
 
 
 async def _raw_body(

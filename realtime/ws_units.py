@@ -17,7 +17,7 @@ import numpy as np
 from anyio.abc import TaskGroup
 
 from omni_stream.engine import AsyncEngine, SpeechStream
-from omni_stream.realtime.audio_out import AudioOut, encode_whole
+from omni_stream.realtime.audio_out import encode_whole, first_chunk_and_output, with_first
 from omni_stream.realtime.speech_params import SpeechOptions
 from omni_stream.realtime.streams import close_stream
 from omni_stream.requests import SpeechRequest, next_request_id
@@ -98,9 +98,10 @@ class UnitJob:
                     await close_stream(stream)
 
     async def _stream_pcm(self, stream: SpeechStream) -> None:
-        out = await AudioOut.open("pcm", self.sample_rate, self.spec.opts.sample_rate)
+        chunks = aiter(stream)
+        first, out = await first_chunk_and_output(chunks, "pcm", self.sample_rate, self.spec.opts.sample_rate)
         try:
-            async for audio in stream:
+            async for audio in with_first(first, chunks):
                 data = await out.encode(audio.samples)
                 if data:
                     await self._send.send(data)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 import soundfile as sf
@@ -125,6 +126,36 @@ def text_server(checkpoint: Path, settings: Settings | None = None, **engine_opt
 
     with running_server(None, settings or Settings(enable_benchmark_fields=True), load=load) as live:
         yield live
+
+
+@contextlib.contextmanager
+def encoder_meets_first_step(live: LiveServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, bool]]]:
+    """A stream's encoder open and its first model step each wait (10 s at most) until the other has begun; the
+    list gets ``("open", True)`` and ``("step", True)`` only if the open runs while the first chunk is being made,
+    neither before the request reaches the model nor after its first chunk."""
+    from omni_stream.realtime.audio_out import AudioOut
+
+    open_began, step_began = threading.Event(), threading.Event()
+    met: list[tuple[str, bool]] = []
+    original = AudioOut.open.__func__  # type: ignore[attr-defined]
+
+    async def meeting_open(cls: type[AudioOut], *args: Any, **kwargs: Any) -> AudioOut:
+        open_began.set()
+        met.append(("open", await anyio.to_thread.run_sync(step_began.wait, 10.0)))
+        return await original(cls, *args, **kwargs)
+
+    def meeting_step(batch: Any) -> None:
+        if not step_began.is_set():
+            step_began.set()
+            met.append(("step", open_began.wait(10.0)))
+
+    monkeypatch.setattr(AudioOut, "open", classmethod(meeting_open))
+    talker = live.family.talker
+    talker.before_step = meeting_step
+    try:
+        yield met
+    finally:
+        talker.before_step = None
 
 
 def make_checkpoint(directory: Path, **options: Any) -> Path:

@@ -6,14 +6,13 @@ import base64
 import io
 import json
 import re
-import threading
 
 import httpx
 import numpy as np
 import openai
 import pytest
 import soundfile as sf
-from serving_helpers import MODEL, RATE, expected_tone, pcm16
+from serving_helpers import MODEL, RATE, encoder_meets_first_step, expected_tone, pcm16
 
 from omni_stream import codecs
 from omni_stream.speech_limits import MAX_INPUT_CHARS
@@ -150,33 +149,13 @@ def test_raw_wav_stream_header(http):
 
 
 def test_the_encoder_opens_while_the_model_makes_the_first_chunk(live_server, http, monkeypatch):
-    """A stream's encoder is opened (a thread hop) while its first chunk is made, not after it: the first model
-    step waits until the open has begun, which it would do for the whole 10 s if the open came after the chunk."""
-    from omni_stream.realtime.audio_out import AudioOut
-
-    opened = threading.Event()
-    original = AudioOut.open.__func__
-
-    async def recording_open(cls, *args, **kwargs):
-        opened.set()
-        return await original(cls, *args, **kwargs)
-
-    monkeypatch.setattr(AudioOut, "open", classmethod(recording_open))
-    waited: list[bool] = []
-
-    def hold_first_step(batch):
-        if not waited:
-            waited.append(opened.wait(timeout=10))
-
-    talker = live_server.family.talker
-    talker.before_step = hold_first_step
-    try:
+    """A stream's encoder is opened (a thread hop) while its first chunk is made: not after the chunk, where it
+    would stand between the chunk and the first byte, nor before the request reaches the model."""
+    with encoder_meets_first_step(live_server, monkeypatch) as met:
         body = {"input": TEXT, "voice": "alice", "response_format": "pcm", "stream_format": "audio"}
         with http.stream("POST", "/v1/audio/speech", json=body) as r:
             data = r.read()
-    finally:
-        talker.before_step = None
-    assert waited == [True]
+    assert sorted(met) == [("open", True), ("step", True)]
     assert data == pcm16(expected_tone("alice", TEXT))
 
 
@@ -185,8 +164,7 @@ def test_the_early_encoder_is_closed_when_the_stream_fails_or_the_client_leaves(
     chunk leaves no encoder open: every AudioOut opened for the stream is closed."""
     import anyio
 
-    from omni_stream.realtime import speech_http
-    from omni_stream.realtime.audio_out import AudioOut
+    from omni_stream.realtime.audio_out import AudioOut, first_chunk_and_output
     from omni_stream.realtime.errors import ApiError
 
     closed: list[AudioOut] = []
@@ -203,10 +181,10 @@ def test_the_early_encoder_is_closed_when_the_stream_fails_or_the_client_leaves(
 
     async def main() -> None:
         with pytest.raises(ApiError, match="bad voice"):
-            await speech_http._first_chunk_and_output(failing(), "mp3", RATE, None)
+            await first_chunk_and_output(failing(), "mp3", RATE, None)
         assert len(closed) == 1
         with anyio.move_on_after(0.5):
-            await speech_http._first_chunk_and_output(silent(), "pcm", RATE, None)
+            await first_chunk_and_output(silent(), "pcm", RATE, None)
         assert len(closed) == 2
 
     anyio.run(main)

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 import soundfile as sf
-from serving_helpers import RATE, Session, expected_tone, pcm16, running_server, units_of
+from serving_helpers import RATE, Session, encoder_meets_first_step, expected_tone, pcm16, running_server, units_of
 from websockets.sync.client import connect
 
 from omni_stream.realtime.settings import Settings
@@ -110,6 +110,18 @@ def test_per_message_deflate_is_declined_unless_the_server_enables_it(live_serve
     assert stream(live_server.ws_url) == ([], pcm16(expected_tone("bob", text)))
     with running_server(synthetic_checkpoint, ws_deflate=True) as live:
         assert stream(live.ws_url) == (["permessage-deflate"], pcm16(expected_tone("bob", text)))
+
+
+def test_the_encoder_opens_while_the_model_makes_the_first_chunk(live_server, monkeypatch):
+    """As over HTTP: a streamed unit's encoder is opened while its first chunk is made, not before the unit's
+    request reaches the model."""
+    with encoder_meets_first_step(live_server, monkeypatch) as met:
+        s = open_session(live_server.ws_url, voice="bob", response_format="pcm", stream_audio=True)
+        s.send(type="input.text", text="Hello there.")
+        s.send(type="input.done")
+        (unit,) = units_of(s.until("session.done"))
+    assert sorted(met) == [("open", True), ("step", True)]
+    assert b"".join(unit["frames"]) == pcm16(expected_tone("bob", "Hello there."))
 
 
 def test_sentence_splitting_with_decimals_and_cjk(live_server):
