@@ -379,3 +379,100 @@ def test_dependent_launch_setting_names_kernels() -> None:
     with pytest.raises(ValueError, match=r"OMNI_STREAM_PDL: unknown kernels \['gemm'\]"):
         tk.pdl_kernels("linear,gemm")
     assert not tk._pdl(torch.empty(1), "linear")  # never off CUDA
+
+
+_SPECIALIZATION_CHECK = textwrap.dedent(
+    """
+    import inspect, sys
+    import torch
+    from omni_stream.models.qwen3_tts import fused
+    from omni_stream.models.qwen3_tts.checkpoint import load_lm
+    from omni_stream.models.qwen3_tts.config import load_config
+    from omni_stream.models.qwen3_tts.prompt import prepare_request
+    from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
+    from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
+    from omni_stream.requests import SamplingParams, SpeechRequest
+    from omni_stream.runtime import triton_kernels as tk
+
+    # What a launch compiles for, by Triton's rules: each tensor's dtype and 16-byte alignment, each integer's
+    # class (1, a multiple of 16, other) unless the kernel leaves it unspecialized, and the constexprs.
+    def kind(v, free):
+        if free:
+            return "free"
+        if isinstance(v, torch.Tensor):
+            return (str(v.dtype), v.data_ptr() % 16 == 0)
+        if isinstance(v, bool) or not isinstance(v, int):
+            return type(v).__name__
+        return "1" if v == 1 else "16n" if v % 16 == 0 else "int"
+
+    seen, phase = {}, ["start-up"]
+
+    class Recording:
+        def __init__(self, name):
+            self.name, self.kernel = name, getattr(tk, name)
+            self.params = list(inspect.signature(self.kernel.fn).parameters)
+            self.free = set(tk.UNSPECIALIZED.get(name, ()))
+        def __getitem__(self, grid):
+            launch = self.kernel[grid]
+            def run(*args, **kwargs):
+                key = (self.name, tuple(kind(a, p in self.free) for p, a in zip(self.params, args)),
+                       tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
+                seen.setdefault(key, phase[0])
+                return launch(*args, **kwargs)
+            return run
+
+    names = [n for n in dir(tk) if n.startswith("_") and n.endswith("_kernel") and hasattr(getattr(tk, n), "fn")]
+    assert len(names) >= 6, names
+    for name in names:
+        setattr(tk, name, Recording(name))
+    path = sys.argv[1]
+    cfg, tok, lm = load_config(path), TextTokenizer(path), load_lm(path, dtype=torch.float32)
+    greedy = SamplingParams(do_sample=False)
+
+    def requests(n):
+        return [prepare_request(SpeechRequest(text="Hello there.", voice="ryan", max_new_tokens=2, ignore_eos=True,
+                                              sampling=greedy, subtalker_sampling=greedy), cfg, tok)
+                for _ in range(n)]
+
+    # the code predictor on torch keeps the interpreter's time down: its projections take at most 16 rows
+    runner = Qwen3TTSRunner(lm, max_batch_size=2, max_len=128, graphs=False, fused=fused.triton_kernels(16, 0))
+    runner.pad_eager = True  # eager steps at the shapes CUDA graphs capture at start-up
+    runner.prefill_batch_buckets = (1,)  # prefill graphs of one newcomer: two at once prefill eagerly
+    length = requests(1)[0].prompt.prefill_len
+    assert length % 16 and length < min(runner.prefill_buckets), length
+    runner.generate_codes(requests(2), join_steps=[0, 1])  # bucketed prefills, decode at 1 and 2 rows
+    phase[0] = "burst"
+    runner.generate_codes(requests(2))  # two newcomers at once: one eager prefill at the prompt's own length
+    assert runner.prefill_graph_calls == 0 and len(seen) > 10
+    new = [key for key, first in seen.items() if first == "burst"]
+    assert not new, new
+    print("no new specialization")
+    """
+)
+
+
+def test_the_compiled_kernels_leave_the_declared_arguments_unspecialized() -> None:
+    """The jit decorators carry ``UNSPECIALIZED`` (which the interpreter run below cannot see)."""
+    pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("interpreted kernels keep no specialization settings")
+    from omni_stream.runtime import triton_kernels as tk
+
+    assert tk.UNSPECIALIZED
+    for name, args in tk.UNSPECIALIZED.items():
+        assert {p.name for p in getattr(tk, name).params if p.do_not_specialize} == set(args), name
+
+
+def test_a_burst_of_newcomers_compiles_no_kernel_start_up_did_not(tmp_path: Path, cv) -> None:
+    """Newcomers beyond the prefill graphs prefill eagerly at their longest prompt; every Triton launch of that
+    prefill has the argument classes of a launch the start-up shapes already made, so no request waits for a
+    compile (the prompt-length argument of the rotary kernel is left unspecialized)."""
+    pytest.importorskip("triton")
+    script = tmp_path / "check.py"
+    script.write_text(_SPECIALIZATION_CHECK)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, str(script), str(cv[2])], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "no new specialization" in done.stdout

@@ -115,7 +115,15 @@ def add_rms_norm(
     return total.view(x.shape), out.view(x.shape)
 
 
-@triton.jit
+# Integer arguments whose values follow the prompts of a batch, left unspecialized. Triton compiles a kernel again
+# for each new class of an integer argument (1, a multiple of 16, any other), and CUDA graphs capture every
+# decode and bucketed-prefill shape at start-up, but a burst of newcomers beyond the prefill graphs prefills
+# eagerly at its longest prompt: a length that is no multiple of 16 would compile the rotary kernel anew while
+# the whole batch waits (a compile is ~0.2 s; tests/test_qwen3_fused.py records every launch's classes).
+UNSPECIALIZED = {"_qk_norm_rope_kernel": ("t_len",)}
+
+
+@triton.jit(do_not_specialize=UNSPECIALIZED["_qk_norm_rope_kernel"])
 def _qk_norm_rope_kernel(
     qkv_ptr, w_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, kc_ptr, vc_ptr, slots_ptr, start_ptr,
     row_stride, t_len, cos_sb, cos_st, sin_sb, sin_st, c_slot, c_head, c_pos, slots_stride, start_stride, eps,
