@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 from provenance import git_commit
+from tts_bench import free_port, wait_healthy
 from websockets.asyncio.client import connect
 from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
 from websockets.frames import Frame, Opcode
@@ -46,7 +46,7 @@ BYTES_PER_RT_SECOND = RATE * 2  # 16-bit mono
 
 
 def speech_like(seconds: float, seed: int = 0) -> np.ndarray:
-    """Voiced stretches (a pitch glide 100-220 Hz, harmonics under three moving formants), breath noise, pauses."""
+    """Voiced stretches (a pitch glide 80-220 Hz, harmonics under three moving formants), breath noise, pauses."""
     rng = np.random.default_rng(seed)
     t = np.arange(int(seconds * RATE)) / RATE
     f0 = 150 + 60 * np.sin(2 * np.pi * 0.7 * t) + 10 * np.sin(2 * np.pi * 5.3 * t)
@@ -88,12 +88,6 @@ def compressor(pcm: np.ndarray, message_samples: int) -> dict:
             **{f"core_share_at_{x}x": x * BYTES_PER_RT_SECOND / (mb_s * 1e6) for x in (100, 250, 400)}}  # fmt: skip
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def cpu_seconds(stat: str) -> float:
     """utime + stime of a /proc ``stat`` file (a process, or one of its threads under task/)."""
     fields = Path(stat).read_text().rsplit(")", 1)[1].split()
@@ -116,46 +110,40 @@ async def session(url: str, text: str) -> tuple[int, list[str]]:
     raise RuntimeError("the session ended before session.done")
 
 
+async def measure(proc: subprocess.Popen, port: int, sessions: int, text: str) -> dict:
+    """``sessions`` streams at once against the running server; CPU and wall time while they run."""
+    async with httpx.AsyncClient() as client:
+        await wait_healthy(client, f"http://127.0.0.1:{port}", proc, 120.0)
+    loop_stat, process_stat = f"/proc/{proc.pid}/task/{proc.pid}/stat", f"/proc/{proc.pid}/stat"
+    url = f"ws://127.0.0.1:{port}/v1/audio/speech/stream"
+    loop0, server0 = cpu_seconds(loop_stat), cpu_seconds(process_stat)
+    client0, wall0 = time.process_time(), time.perf_counter()
+    done = await asyncio.gather(*(session(url, text) for _ in range(sessions)))
+    loop, server = cpu_seconds(loop_stat) - loop0, cpu_seconds(process_stat) - server0
+    client, wall = time.process_time() - client0, time.perf_counter() - wall0
+    audio_s = sum(n for n, _ in done) / BYTES_PER_RT_SECOND
+    negotiated = sorted({name for _, names in done for name in names})
+    return {"negotiated": negotiated, "sessions": sessions, "audio_s": audio_s, "wall_s": wall,
+            "loop_cpu_ms_per_audio_s": 1e3 * loop / audio_s, "server_cpu_ms_per_audio_s": 1e3 * server / audio_s,
+            "client_cpu_ms_per_audio_s": 1e3 * client / audio_s, "x_real_time": audio_s / wall}  # fmt: skip
+
+
 def end_to_end(checkpoint: Path, deflate: bool, sessions: int, chars: int) -> dict:
+    """``omni-stream serve`` on ``checkpoint`` (with ``--ws-deflate`` when ``deflate``) for one measurement."""
     port = free_port()
     cmd = [sys.executable, "-m", "omni_stream.cli", "serve", "--model", str(checkpoint), "--port", str(port),
            "--log-level", "warning", "--max-concurrency", str(sessions)]  # fmt: skip
     cmd += ["--ws-deflate"] if deflate else []
+    text = ("Streaming speech keeps every listener's audio flowing. " * 40)[:chars]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the server did not start")
-            time.sleep(0.1)
-        text = ("Streaming speech keeps every listener's audio flowing. " * 40)[:chars]
-        loop_stat, process_stat = f"/proc/{proc.pid}/task/{proc.pid}/stat", f"/proc/{proc.pid}/stat"
-        url = f"ws://127.0.0.1:{port}/v1/audio/speech/stream"
-
-        async def all_sessions() -> list[tuple[int, list[str]]]:
-            return list(await asyncio.gather(*(session(url, text) for _ in range(sessions))))
-
-        loop0, server0 = cpu_seconds(loop_stat), cpu_seconds(process_stat)
-        client0, wall0 = time.process_time(), time.perf_counter()
-        done = asyncio.run(all_sessions())
-        loop, server = cpu_seconds(loop_stat) - loop0, cpu_seconds(process_stat) - server0
-        client, wall = time.process_time() - client0, time.perf_counter() - wall0
+        return {"deflate": deflate, **asyncio.run(measure(proc, port, sessions, text))}
     finally:
         proc.send_signal(signal.SIGINT)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
-    audio_s = sum(n for n, _ in done) / BYTES_PER_RT_SECOND
-    negotiated = sorted({name for _, names in done for name in names})
-    return {"deflate": deflate, "negotiated": negotiated, "sessions": sessions, "audio_s": audio_s, "wall_s": wall,
-            "loop_cpu_ms_per_audio_s": 1e3 * loop / audio_s, "server_cpu_ms_per_audio_s": 1e3 * server / audio_s,
-            "client_cpu_ms_per_audio_s": 1e3 * client / audio_s, "x_real_time": audio_s / wall}  # fmt: skip
 
 
 def main() -> int:
