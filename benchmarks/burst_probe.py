@@ -1,0 +1,193 @@
+"""Where a burst's first audio waits: a timeline of ``c`` requests sent together, in process.
+
+    python benchmarks/burst_probe.py --size 1.7b --bursts 32,128      # on a GPU (real-size config, dummy weights)
+    python benchmarks/burst_probe.py --tiny --device cpu --bursts 4   # CPU smoke run
+
+One engine; each burst sends ``c`` speech requests at once (``asyncio.gather``), ``--rounds`` times per size,
+the first round on the engine's first burst of that size ("cold"). Per request: its creation, its admission
+into the talker's batch and its first audio chunk on the engine's clock (``SpeechStream.timings``), and when
+the caller got that chunk. On the device worker: every talker step (newcomers prefilled, rows decoded) and
+codec window job with its start and end, so the burst's time to its last first chunk splits into steps, codec
+jobs and the worker's idle time; and the event loop's lag (a task that asks to wake every millisecond), so
+time the loop could not run shows apart from time the worker spent. Prints a line per round and the worker's
+jobs up to the last first chunk; writes ``burst_probe_<size>.json`` (under ``$OUT`` if set, else
+``benchmarks/results/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from provenance import git_commit
+from tts_bench import CONFIGS, TEXT, VOICES, out_dir
+
+from omni_stream.metrics import percentile
+
+
+class WorkerTimeline:
+    """Start/end of every talker step (newcomers, decoded rows) and codec job (jobs, frames) on the worker."""
+
+    def __init__(self, family) -> None:
+        from omni_stream.models.qwen3_tts import stages
+
+        self.events: list[tuple[str, float, float, int, int]] = []
+        step = family.runner.step
+
+        def timed_step(batch):
+            t0 = time.perf_counter()
+            out = step(batch)
+            self.events.append(("step", t0, time.perf_counter(), len(batch.prefill), len(batch.decode)))
+            return out
+
+        family.runner.step = timed_step
+        for name in ("decode_slot_windows", "decode_codec_windows"):
+            original = getattr(stages, name)
+
+            def timed(first, jobs, _original=original):
+                t0 = time.perf_counter()
+                out = _original(first, jobs)
+                self.events.append(("codec", t0, time.perf_counter(), len(jobs), int(jobs[0].codes.shape[0])))
+                return out
+
+            setattr(stages, name, timed)
+
+
+class LoopLag:
+    """How late the event loop wakes a task that asks for 1 ms sleeps (seconds late, at perf_counter times)."""
+
+    def __init__(self) -> None:
+        self.lags: list[tuple[float, float]] = []
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            t = time.perf_counter()
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            self.lags.append((now, now - t - 0.001))
+
+
+async def one_request(engine, i: int, frames: int) -> dict:
+    fields = {"voice": VOICES[i % len(VOICES)], "language": "English", "max_new_tokens": frames, "ignore_eos": True,
+              "seed": i}  # fmt: skip
+    t0 = time.perf_counter()
+    first = None
+    async with engine.speech(TEXT, **fields) as stream:
+        async for _ in stream:
+            if first is None:
+                first = time.perf_counter()
+        t = stream.timings
+    return {"sent": t0, "created": t.created, "admitted": t.admitted, "first_chunk": t.first_chunk, "got": first,
+            "end": time.perf_counter(), "audio_s": t.audio_seconds}  # fmt: skip
+
+
+def ms(x: float) -> float:
+    return round(1000 * x, 2)
+
+
+async def burst(engine, timeline: WorkerTimeline, c: int, frames: int, seed: int) -> dict:
+    timeline.events.clear()
+    lag, stop = LoopLag(), asyncio.Event()
+    ticker = asyncio.create_task(lag.run(stop))
+    await asyncio.sleep(0.01)
+    t0 = time.perf_counter()
+    reqs = await asyncio.gather(*(one_request(engine, seed + i, frames) for i in range(c)))
+    stop.set()
+    await ticker
+    last_first = max(r["got"] for r in reqs)
+    upto = [e for e in timeline.events if e[1] < last_first]
+    busy = sorted((s, min(e, last_first)) for _, s, e, *_ in upto)
+    idle, cursor = 0.0, t0
+    for s, e in busy:
+        idle += max(0.0, s - cursor)
+        cursor = max(cursor, e)
+    idle += max(0.0, last_first - cursor)
+    ttfa = [r["got"] - r["sent"] for r in reqs]
+    early = [lg for at, lg in lag.lags if at <= last_first]
+    wall = max(r["end"] for r in reqs) - t0
+    return {
+        "c": c,
+        "ttfa_ms_p50": ms(percentile(ttfa, 50)),
+        "ttfa_ms_p95": ms(percentile(ttfa, 95)),
+        "ttfa_ms_max": ms(max(ttfa)),
+        "created_ms_max": ms(max(r["created"] for r in reqs) - t0),  # the last request's creation after the send
+        "queue_ms_p50": ms(statistics.median(r["admitted"] - r["created"] for r in reqs)),
+        "queue_ms_max": ms(max(r["admitted"] - r["created"] for r in reqs)),
+        "admitted_to_first_ms_p50": ms(statistics.median(r["first_chunk"] - r["admitted"] for r in reqs)),
+        "first_chunk_to_caller_ms_max": ms(max(r["got"] - r["first_chunk"] for r in reqs)),
+        "to_last_first_ms": ms(last_first - t0),
+        "steps_ms": ms(sum(min(e, last_first) - s for k, s, e, *_ in upto if k == "step")),
+        "codec_ms": ms(sum(min(e, last_first) - s for k, s, e, *_ in upto if k == "codec")),
+        "idle_ms": ms(idle),
+        "loop_lag_ms_max": ms(max(early, default=0.0)),
+        "loop_lag_ms_sum": ms(sum(early)),
+        "aggregate_xrt": round(sum(r["audio_s"] for r in reqs) / wall, 1),
+        "jobs": [(k, ms(s - t0), ms(e - s), a, b) for k, s, e, a, b in upto],
+        "admitted_ms": sorted(ms(r["admitted"] - t0) for r in reqs),
+        "first_chunk_ms": sorted(ms(r["first_chunk"] - t0) for r in reqs),
+    }
+
+
+async def main(args: argparse.Namespace) -> None:
+    from omni_stream.engine import AsyncEngine
+    from omni_stream.models.qwen3_tts.checkpoint import write_dummy_checkpoint, write_tiny_checkpoint
+
+    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    torch_dtype = getattr(torch, dtype)
+    tmp = tempfile.mkdtemp()
+    if args.tiny:
+        ckpt = write_tiny_checkpoint(Path(tmp) / "ckpt", "custom_voice", args.size, dtype=torch_dtype)
+    else:
+        ckpt = write_dummy_checkpoint(CONFIGS[args.size], Path(tmp) / "ckpt", dtype=torch_dtype, weights=False)
+    engine = await AsyncEngine.from_pretrained(
+        ckpt, device=args.device, dtype=dtype, load_format="dummy", max_batch_size=args.max_batch, progress=True
+    )
+    timeline = WorkerTimeline(engine.models.speech())
+    rounds: list[dict] = []
+    async with engine:
+        await one_request(engine, 0, args.short_frames)  # what a server's warm-up request does
+        for c in args.bursts:
+            for r in range(args.rounds):
+                row = await burst(engine, timeline, c, args.frames, 1000 * r)
+                row["round"] = r
+                rounds.append(row)
+                print(f"c={c:4d} round {r}: TTFA p50 {row['ttfa_ms_p50']:.1f} p95 {row['ttfa_ms_p95']:.1f} "
+                      f"max {row['ttfa_ms_max']:.1f} ms | last created {row['created_ms_max']:.1f}, queue p50 "
+                      f"{row['queue_ms_p50']:.1f} max {row['queue_ms_max']:.1f}, admitted->first p50 "
+                      f"{row['admitted_to_first_ms_p50']:.1f}, first->caller max {row['first_chunk_to_caller_ms_max']:.1f}"
+                      f" | to last first {row['to_last_first_ms']:.1f} = steps {row['steps_ms']:.1f} + codec "
+                      f"{row['codec_ms']:.1f} + idle {row['idle_ms']:.1f} ms | loop lag max {row['loop_lag_ms_max']:.1f}"
+                      f" sum {row['loop_lag_ms_sum']:.1f} ms | {row['aggregate_xrt']:.1f}x", flush=True)  # fmt: skip
+                print(f"    worker jobs (kind, at ms, ms, newcomers|jobs, rows|frames): {row['jobs'][:40]}", flush=True)
+    result = {
+        "size": "tiny" if args.tiny else args.size,
+        "git_commit": git_commit(),
+        "device": args.device,
+        "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "torch": torch.__version__,
+        "frames": args.frames,
+        "rounds": rounds,
+    }
+    path = out_dir() / f"burst_probe_{result['size']}.json"
+    path.write_text(json.dumps(result, indent=1))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", choices=sorted(CONFIGS), default="1.7b")
+    ap.add_argument("--tiny", action="store_true", help="a tiny random checkpoint (CPU smoke run)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default=None)
+    ap.add_argument("--frames", type=int, default=150)
+    ap.add_argument("--max-batch", type=int, default=128)
+    ap.add_argument("--bursts", type=lambda s: [int(x) for x in s.split(",")], default=[32])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--short-frames", type=int, default=12, help="the warm-up request before the bursts")
+    asyncio.run(main(ap.parse_args()))
