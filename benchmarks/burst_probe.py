@@ -134,6 +134,19 @@ async def burst(engine, timeline: WorkerTimeline, c: int, frames: int, seed: int
     }
 
 
+def print_round(row: dict) -> None:
+    r = row
+    print(
+        f"c={r['c']:4d} round {r['round']}: TTFA p50 {r['ttfa_ms_p50']:.1f} p95 {r['ttfa_ms_p95']:.1f} "
+        f"max {r['ttfa_ms_max']:.1f} ms | last created {r['created_ms_max']:.1f}, queue p50 {r['queue_ms_p50']:.1f} "
+        f"max {r['queue_ms_max']:.1f}, admitted->first p50 {r['admitted_to_first_ms_p50']:.1f}, first->caller max "
+        f"{r['first_chunk_to_caller_ms_max']:.1f} | to last first {r['to_last_first_ms']:.1f} = steps "
+        f"{r['steps_ms']:.1f} + codec {r['codec_ms']:.1f} + idle {r['idle_ms']:.1f} ms | loop lag max "
+        f"{r['loop_lag_ms_max']:.1f} sum {r['loop_lag_ms_sum']:.1f} ms | {r['aggregate_xrt']:.1f}x",
+        flush=True,
+    )
+
+
 async def main(args: argparse.Namespace) -> None:
     from omni_stream.engine import AsyncEngine
     from omni_stream.models.qwen3_tts.checkpoint import write_dummy_checkpoint, write_tiny_checkpoint
@@ -157,13 +170,7 @@ async def main(args: argparse.Namespace) -> None:
                 row = await burst(engine, timeline, c, args.frames, 1000 * r)
                 row["round"] = r
                 rounds.append(row)
-                print(f"c={c:4d} round {r}: TTFA p50 {row['ttfa_ms_p50']:.1f} p95 {row['ttfa_ms_p95']:.1f} "
-                      f"max {row['ttfa_ms_max']:.1f} ms | last created {row['created_ms_max']:.1f}, queue p50 "
-                      f"{row['queue_ms_p50']:.1f} max {row['queue_ms_max']:.1f}, admitted->first p50 "
-                      f"{row['admitted_to_first_ms_p50']:.1f}, first->caller max {row['first_chunk_to_caller_ms_max']:.1f}"
-                      f" | to last first {row['to_last_first_ms']:.1f} = steps {row['steps_ms']:.1f} + codec "
-                      f"{row['codec_ms']:.1f} + idle {row['idle_ms']:.1f} ms | loop lag max {row['loop_lag_ms_max']:.1f}"
-                      f" sum {row['loop_lag_ms_sum']:.1f} ms | {row['aggregate_xrt']:.1f}x", flush=True)  # fmt: skip
+                print_round(row)
                 print(f"    worker jobs (kind, at ms, ms, newcomers|jobs, rows|frames): {row['jobs'][:40]}", flush=True)
     result = {
         "size": "tiny" if args.tiny else args.size,
