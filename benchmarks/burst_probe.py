@@ -9,8 +9,10 @@ into the talker's batch and its first audio chunk on the engine's clock (``Speec
 the caller got that chunk. On the device worker: every talker step (newcomers prefilled, rows decoded) and
 codec window job with its start and end, so the burst's time to its last first chunk splits into steps, codec
 jobs and the worker's idle time; and the event loop's lag (a task that asks to wake every millisecond), so
-time the loop could not run shows apart from time the worker spent. Prints a line per round and the worker's
-jobs up to the last first chunk; writes ``burst_probe_<size>.json`` (under ``$OUT`` if set, else
+time the loop could not run shows apart from time the worker spent. With ``--sample-ms``, a thread samples
+the stacks of the event loop's thread and the worker's up to the last first chunk and counts the innermost
+frames of this project's code (where each thread's time goes, GIL waits included). Prints a line per round
+and the worker's jobs up to the last first chunk; writes ``burst_probe_<size>.json`` (under ``$OUT`` if set, else
 ``benchmarks/results/``).
 """
 
@@ -18,10 +20,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
+import sys
 import tempfile
+import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -73,7 +79,49 @@ class LoopLag:
             self.lags.append((now, now - t - 0.001))
 
 
-async def one_request(engine, i: int, frames: int) -> dict:
+class StackSampler:
+    """Counts, per named thread, the innermost frames of this project's code every ``interval`` seconds."""
+
+    def __init__(self, threads: dict[str, int], interval: float) -> None:
+        self.threads, self.interval = threads, interval
+        self.counts: dict[str, Counter[str]] = {name: Counter() for name in threads}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stack-sampler", daemon=True)
+
+    def __enter__(self) -> StackSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            frames = sys._current_frames()
+            for name, ident in self.threads.items():
+                frame = frames.get(ident)
+                self.counts[name][self._where(frame)] += 1
+
+    @staticmethod
+    def _where(frame) -> str:
+        """The innermost frame (the call now running) and the two innermost of this project's, or ``idle``."""
+        inner = None
+        ours: list[str] = []
+        while frame is not None and len(ours) < 2:
+            code = frame.f_code
+            label = f"{Path(code.co_filename).name}:{frame.f_lineno} {code.co_name}"
+            inner = inner or label
+            if "omni_stream" in code.co_filename:
+                ours.append(label)
+            frame = frame.f_back
+        return " < ".join([inner or "idle", *[o for o in ours if o != inner]])
+
+    def top(self, n: int = 12) -> dict[str, list[tuple[str, int]]]:
+        return {name: c.most_common(n) for name, c in self.counts.items()}
+
+
+async def one_request(engine, i: int, frames: int, got_first: asyncio.Future | None = None) -> dict:
     fields = {"voice": VOICES[i % len(VOICES)], "language": "English", "max_new_tokens": frames, "ignore_eos": True,
               "seed": i}  # fmt: skip
     t0 = time.perf_counter()
@@ -82,6 +130,8 @@ async def one_request(engine, i: int, frames: int) -> dict:
         async for _ in stream:
             if first is None:
                 first = time.perf_counter()
+                if got_first is not None:
+                    got_first.set_result(None)
         t = stream.timings
     return {"sent": t0, "created": t.created, "admitted": t.admitted, "first_chunk": t.first_chunk, "got": first,
             "end": time.perf_counter(), "audio_s": t.audio_seconds}  # fmt: skip
@@ -91,13 +141,19 @@ def ms(x: float) -> float:
     return round(1000 * x, 2)
 
 
-async def burst(engine, timeline: WorkerTimeline, c: int, frames: int, seed: int) -> dict:
+async def burst(engine, timeline: WorkerTimeline, c: int, frames: int, seed: int, sample_s: float) -> dict:
     timeline.events.clear()
     lag, stop = LoopLag(), asyncio.Event()
     ticker = asyncio.create_task(lag.run(stop))
     await asyncio.sleep(0.01)
+    worker = next(t for t in threading.enumerate() if t.name == engine.worker.name)
+    sampler = StackSampler({"loop": threading.get_ident(), "worker": worker.ident}, sample_s) if sample_s else None
     t0 = time.perf_counter()
-    reqs = await asyncio.gather(*(one_request(engine, seed + i, frames) for i in range(c)))
+    firsts = [asyncio.get_running_loop().create_future() for _ in range(c)]
+    with sampler or contextlib.nullcontext():  # sampled up to the last first chunk
+        pending = asyncio.gather(*(one_request(engine, seed + i, frames, firsts[i]) for i in range(c)))
+        await asyncio.gather(*firsts)
+    reqs = await pending
     stop.set()
     await ticker
     last_first = max(r["got"] for r in reqs)
@@ -131,6 +187,7 @@ async def burst(engine, timeline: WorkerTimeline, c: int, frames: int, seed: int
         "jobs": [(k, ms(s - t0), ms(e - s), a, b) for k, s, e, a, b in upto],
         "admitted_ms": sorted(ms(r["admitted"] - t0) for r in reqs),
         "first_chunk_ms": sorted(ms(r["first_chunk"] - t0) for r in reqs),
+        "stack_samples": sampler.top() if sampler is not None else None,
     }
 
 
@@ -167,10 +224,12 @@ async def main(args: argparse.Namespace) -> None:
         await one_request(engine, 0, args.short_frames)  # what a server's warm-up request does
         for c in args.bursts:
             for r in range(args.rounds):
-                row = await burst(engine, timeline, c, args.frames, 1000 * r)
+                row = await burst(engine, timeline, c, args.frames, 1000 * r, args.sample_ms / 1000)
                 row["round"] = r
                 rounds.append(row)
                 print_round(row)
+                for thread, top in (row["stack_samples"] or {}).items():
+                    print(f"    {thread} stack samples (up to the last first chunk): {top}", flush=True)
                 print(f"    worker jobs (kind, at ms, ms, newcomers|jobs, rows|frames): {row['jobs'][:40]}", flush=True)
     result = {
         "size": "tiny" if args.tiny else args.size,
@@ -196,5 +255,6 @@ if __name__ == "__main__":
     ap.add_argument("--max-batch", type=int, default=128)
     ap.add_argument("--bursts", type=lambda s: [int(x) for x in s.split(",")], default=[32])
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--sample-ms", type=float, default=0.0, help="sample both threads' stacks this often (0: off)")
     ap.add_argument("--short-frames", type=int, default=12, help="the warm-up request before the bursts")
     asyncio.run(main(ap.parse_args()))
