@@ -7,7 +7,7 @@ One engine; each burst sends ``c`` speech requests at once (``asyncio.gather``),
 the first round on the engine's first burst of that size ("cold"). Per request: its creation, its admission
 into the talker's batch and its first audio chunk on the engine's clock (``SpeechStream.timings``), and when
 the caller got that chunk. On the device worker: every talker step (newcomers prefilled, rows decoded) and
-codec window job with its start and end, so the burst's time to its last first chunk splits into steps, codec
+codec window job with its start and end, and each prompt's preparation on its thread, so the burst's time to its last first chunk splits into steps, codec
 jobs and the worker's idle time; and the event loop's lag (a task that asks to wake every millisecond), so
 time the loop could not run shows apart from time the worker spent. With ``--sample-ms``, a thread samples
 the stacks of the event loop's thread and the worker's up to the last first chunk and counts the innermost
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import statistics
 import sys
@@ -44,6 +45,7 @@ class WorkerTimeline:
         from omni_stream.models.qwen3_tts import stages
 
         self.events: list[tuple[str, float, float, int, int]] = []
+        self.prepares: list[tuple[float, float]] = []  # start and end of each prompt's preparation (its thread)
         step = family.runner.step
 
         def timed_step(batch):
@@ -63,6 +65,38 @@ class WorkerTimeline:
                 return out
 
             setattr(stages, name, timed)
+        from omni_stream.models.qwen3_tts import family as family_module
+
+        prepare = family_module.prepare_request
+
+        def timed_prepare(*args, **kwargs):
+            t0 = time.perf_counter()
+            out = prepare(*args, **kwargs)
+            self.prepares.append((t0, time.perf_counter()))
+            return out
+
+        family_module.prepare_request = timed_prepare
+
+
+class GcPauses:
+    """The interpreter's garbage collections while in scope: (generation, seconds) each; every thread waits."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[int, float, float]] = []  # (generation, start, seconds)
+        self._start = 0.0
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.pauses.append((info["generation"], self._start, time.perf_counter() - self._start))
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
 
 
 class LoopLag:
@@ -84,7 +118,7 @@ class StackSampler:
 
     def __init__(self, threads: dict[str, int], interval: float) -> None:
         self.threads, self.interval = threads, interval
-        self.counts: dict[str, Counter[str]] = {name: Counter() for name in threads}
+        self.samples: list[tuple[float, str, str]] = []  # (perf_counter, thread, where)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stack-sampler", daemon=True)
 
@@ -98,10 +132,9 @@ class StackSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            frames = sys._current_frames()
+            frames, now = sys._current_frames(), time.perf_counter()
             for name, ident in self.threads.items():
-                frame = frames.get(ident)
-                self.counts[name][self._where(frame)] += 1
+                self.samples.append((now, name, self._where(frames.get(ident))))
 
     @staticmethod
     def _where(frame) -> str:
@@ -117,8 +150,13 @@ class StackSampler:
             frame = frame.f_back
         return " < ".join([inner or "idle", *[o for o in ours if o != inner]])
 
-    def top(self, n: int = 12) -> dict[str, list[tuple[str, int]]]:
-        return {name: c.most_common(n) for name, c in self.counts.items()}
+    def top(self, start: float, end: float, n: int = 10) -> dict[str, list[tuple[str, int]]]:
+        """The ``n`` commonest places of each thread among the samples taken in ``[start, end)``."""
+        counts: dict[str, Counter[str]] = {name: Counter() for name in self.threads}
+        for at, name, where in self.samples:
+            if start <= at < end:
+                counts[name][where] += 1
+        return {name: c.most_common(n) for name, c in counts.items()}
 
 
 async def one_request(engine, i: int, frames: int, got_first: asyncio.Future | None = None) -> dict:
@@ -143,6 +181,7 @@ def ms(x: float) -> float:
 
 async def burst(engine, timeline: WorkerTimeline, c: int, frames: int, seed: int, sample_s: float) -> dict:
     timeline.events.clear()
+    timeline.prepares.clear()
     lag, stop = LoopLag(), asyncio.Event()
     ticker = asyncio.create_task(lag.run(stop))
     await asyncio.sleep(0.01)
@@ -150,13 +189,15 @@ async def burst(engine, timeline: WorkerTimeline, c: int, frames: int, seed: int
     sampler = StackSampler({"loop": threading.get_ident(), "worker": worker.ident}, sample_s) if sample_s else None
     t0 = time.perf_counter()
     firsts = [asyncio.get_running_loop().create_future() for _ in range(c)]
-    with sampler or contextlib.nullcontext():  # sampled up to the last first chunk
+    with GcPauses() as gcs, sampler or contextlib.nullcontext():  # up to the last first chunk
         pending = asyncio.gather(*(one_request(engine, seed + i, frames, firsts[i]) for i in range(c)))
         await asyncio.gather(*firsts)
     reqs = await pending
     stop.set()
     await ticker
     last_first = max(r["got"] for r in reqs)
+    first_step = min((e[1] for e in timeline.events if e[0] == "step"), default=last_first)
+    prepares = [p for p in timeline.prepares if p[0] >= t0]
     upto = [e for e in timeline.events if e[1] < last_first]
     busy = sorted((s, min(e, last_first)) for _, s, e, *_ in upto)
     idle, cursor = 0.0, t0
@@ -182,12 +223,19 @@ async def burst(engine, timeline: WorkerTimeline, c: int, frames: int, seed: int
         "codec_ms": ms(sum(min(e, last_first) - s for k, s, e, *_ in upto if k == "codec")),
         "idle_ms": ms(idle),
         "loop_lag_ms_max": ms(max(early, default=0.0)),
+        "gc_ms": ms(sum(d for *_, d in gcs.pauses)),
+        "gc_pauses_ms": [(g, ms(at - t0), ms(d)) for g, at, d in gcs.pauses if d > 0.001],  # (generation, at, ms)
         "loop_lag_ms_sum": ms(sum(early)),
         "aggregate_xrt": round(sum(r["audio_s"] for r in reqs) / wall, 1),
         "jobs": [(k, ms(s - t0), ms(e - s), a, b) for k, s, e, a, b in upto],
         "admitted_ms": sorted(ms(r["admitted"] - t0) for r in reqs),
         "first_chunk_ms": sorted(ms(r["first_chunk"] - t0) for r in reqs),
-        "stack_samples": sampler.top() if sampler is not None else None,
+        "prepare_ms": [ms(min(s for s, _ in prepares) - t0), ms(max(e for _, e in prepares) - t0)]
+        if prepares
+        else None,
+        "stack_samples": None
+        if sampler is None
+        else {"before the first step": sampler.top(t0, first_step), "after": sampler.top(first_step, last_first)},
     }
 
 
@@ -228,8 +276,11 @@ async def main(args: argparse.Namespace) -> None:
                 row["round"] = r
                 rounds.append(row)
                 print_round(row)
-                for thread, top in (row["stack_samples"] or {}).items():
-                    print(f"    {thread} stack samples (up to the last first chunk): {top}", flush=True)
+                print(f"    prompts prepared from {row['prepare_ms']} ms; garbage collection {row['gc_ms']} ms, "
+                      f"pauses over 1 ms (generation, at ms, ms): {row['gc_pauses_ms']}", flush=True)  # fmt: skip
+                for span, threads in (row["stack_samples"] or {}).items():
+                    for thread, top in threads.items():
+                        print(f"    {thread} stack samples {span}: {top}", flush=True)
                 print(f"    worker jobs (kind, at ms, ms, newcomers|jobs, rows|frames): {row['jobs'][:40]}", flush=True)
     result = {
         "size": "tiny" if args.tiny else args.size,

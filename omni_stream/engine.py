@@ -61,6 +61,7 @@ from omni_stream.metrics import EngineMetrics
 from omni_stream.pipeline import PipelineStream
 from omni_stream.pipelines import ModelSet, find_pipeline
 from omni_stream.requests import ChatRequest, SpeechRequest, TextRequest, Timings, VoicePrompt
+from omni_stream.runtime.gc_heap import freeze_loaded_heap, release_loaded_heap
 from omni_stream.worker import DeviceWorker
 
 T = TypeVar("T")
@@ -146,6 +147,7 @@ class AsyncEngine:
         self.metrics = metrics
         self.wait_timeout = wait_timeout
         self._closed = False
+        self._holds_heap = False  # froze the loaded heap (gc_heap); released on close
         self._streams: weakref.WeakValueDictionary[str, EngineStream[Any]] = weakref.WeakValueDictionary()
 
     @classmethod
@@ -194,7 +196,11 @@ class AsyncEngine:
                 await family.aclose()
             await worker.aclose()
             raise
-        return cls(models, worker, metrics, wait_timeout=wait_timeout)
+        engine = cls(models, worker, metrics, wait_timeout=wait_timeout)
+        # Before the first request: a full collection over the loaded heap stalls every thread (gc_heap).
+        await anyio.to_thread.run_sync(freeze_loaded_heap)
+        engine._holds_heap = True
+        return engine
 
     @classmethod
     async def from_pretrained(
@@ -340,6 +346,9 @@ class AsyncEngine:
                 await family.aclose()
         finally:
             await self.worker.aclose()
+            if self._holds_heap:
+                self._holds_heap = False
+                release_loaded_heap()
 
     async def __aenter__(self) -> AsyncEngine:
         return self

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from dataclasses import replace
 
 import anyio
@@ -209,3 +211,44 @@ def test_embedded_default_checkpoint_is_built_once_and_says_it_speaks_noise(tmp_
         assert "speaks noise" in caplog.text
 
     anyio.run(load)
+
+
+async def test_a_burst_prepares_its_prompts_on_a_few_threads_and_its_decoder_states_on_the_worker(
+    custom_voice_dir, monkeypatch
+):
+    from omni_stream.models.qwen3_tts.codec_stream import CodecStreamState
+    from omni_stream.runtime.offload import PREPARE_THREADS
+
+    lock, running, most = threading.Lock(), [0], [0]
+    real_prepare = family_mod.prepare_request
+
+    def prepare(*args, **kwargs):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        try:
+            time.sleep(0.02)  # room for the burst's other preparations to start beside this one, were they allowed
+            return real_prepare(*args, **kwargs)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    made_on: list[str] = []
+    real_zeros = CodecStreamState.zeros.__func__
+
+    def zeros(cls, decoder, batch):
+        made_on.append(threading.current_thread().name)
+        return real_zeros(cls, decoder, batch)
+
+    monkeypatch.setattr(family_mod, "prepare_request", prepare)
+    monkeypatch.setattr(CodecStreamState, "zeros", classmethod(zeros))
+    async with await AsyncEngine.from_pretrained(custom_voice_dir, progress=False, max_batch_size=8) as engine:
+        requests = [_greedy(f"Request number {i}.", voice="ryan", max_new_tokens=3) for i in range(8)]
+        async with anyio.create_task_group() as tg:
+            for r in requests:
+                tg.start_soon(_collect, engine, r)
+        # anyio's default pool would have run all eight at once (each one a thread taking turns at the GIL)
+        assert 1 <= most[0] <= PREPARE_THREADS
+        # each request's private decoder state is made by the worker, never on the event loop's thread
+        assert len(made_on) == len(requests) and set(made_on) == {engine.worker.name}
+        await _idle(engine)

@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import anyio
-
 from omni_stream.chunks import TextDelta
 from omni_stream.context import RequestContext
 from omni_stream.errors import ConfigError, InvalidRequestError
@@ -33,6 +31,7 @@ from omni_stream.models.causal_lm.tokenizer import ChatTokenizer
 from omni_stream.pipeline import Stage
 from omni_stream.requests import TextRequest
 from omni_stream.runtime.cache import EMBEDDED_MARKER, embedded_checkpoint_dir
+from omni_stream.runtime.offload import run_prepare
 from omni_stream.runtime.weights import parse_dtype
 from omni_stream.scheduler import Scheduler
 from omni_stream.stages import text_generation_stage
@@ -129,7 +128,7 @@ class CausalLMFamily:
         field = "prompt" if request.prompt is not None else "messages"
 
         async def prepare(ctx: RequestContext) -> LMRequest:
-            ids = await anyio.to_thread.run_sync(self.tokenizer.encode, request)
+            ids = await run_prepare(self.tokenizer.encode, request)
             room = self.max_context - len(ids)
             if room < 1:
                 raise InvalidRequestError(

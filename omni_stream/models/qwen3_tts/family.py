@@ -46,6 +46,7 @@ from omni_stream.requests import SamplingParams, SpeechRequest, TaskType, VoiceP
 from omni_stream.runtime.cache import EMBEDDED_MARKER, embedded_checkpoint_dir
 from omni_stream.runtime.gil import shorten_switch_interval
 from omni_stream.runtime.gpu_completions import Completions
+from omni_stream.runtime.offload import run_prepare
 from omni_stream.runtime.weights import parse_dtype
 from omni_stream.scheduler import Scheduler
 from omni_stream.speech_limits import (
@@ -267,7 +268,7 @@ class Qwen3TTSFamily:
                 ref_text = None if request.x_vector_only_mode else request.ref_text
                 with ctx.fail_after("voice prompt extraction"):
                     voice_prompt = await self.create_voice_prompt(request.ref_audio, request.ref_sample_rate, ref_text)
-            talker_request = await anyio.to_thread.run_sync(
+            talker_request = await run_prepare(
                 lambda: prepare_request(
                     request,
                     self.config,

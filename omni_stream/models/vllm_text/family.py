@@ -45,6 +45,7 @@ from omni_stream.family import LoadContext, ModelKind, TextInfo
 from omni_stream.models.vllm_text.params import check_prompt_fits, engine_args, sampling_args
 from omni_stream.pipeline import Stage
 from omni_stream.requests import TextRequest
+from omni_stream.runtime.offload import run_prepare
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +168,7 @@ class VllmTextFamily:
         engine, aborts = self.engine, self._aborts
 
         async def text(ctx: RequestContext, upstream: AsyncIterator[Any]) -> AsyncIterator[TextDelta]:
-            ids, prompt = await anyio.to_thread.run_sync(self._prompt, request)
+            ids, prompt = await run_prepare(self._prompt, request)
             check_prompt_fits(len(ids), request.max_tokens, max_context)
             usage = ctx.tokens(ModelKind.TEXT)
             usage.input_tokens = len(ids)

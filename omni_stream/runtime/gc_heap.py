@@ -1,0 +1,43 @@
+"""The objects a model load leaves, kept out of the garbage collector's full passes while an engine is open.
+
+A full (generation 2) collection walks every tracked object, and after loading a model that is millions of
+them (torch, transformers, the model's modules). The first burst of requests allocates enough to start one:
+it held the GIL for 222 ms on CPU (128 requests at once on the tiny model, ``benchmarks/burst_probe.py``),
+and every thread waits meanwhile: the event loop, the device worker between its steps, every stream.
+Freezing moves the objects alive after loading into the permanent generation, which collections skip (vLLM
+and SGLang freeze after start-up for the same reason); objects made later are collected as before. When the
+last open engine closes the heap is unfrozen, so a process that loads and closes engines (a test suite)
+does not keep their cyclic garbage for good.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+
+log = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_holders = 0  # open engines that froze the heap
+
+
+def freeze_loaded_heap() -> None:
+    """Collect once, then freeze everything alive (blocking: the collection walks the whole heap once)."""
+    global _holders
+    with _lock:
+        gc.collect()
+        gc.freeze()
+        _holders += 1
+        log.debug("froze %d objects out of garbage collection", gc.get_freeze_count())
+
+
+def release_loaded_heap() -> None:
+    """One holder is done; the last one unfreezes the heap."""
+    global _holders
+    with _lock:
+        if _holders == 0:
+            return
+        _holders -= 1
+        if _holders == 0:
+            gc.unfreeze()
