@@ -7,13 +7,14 @@ One engine; each burst sends ``c`` speech requests at once (``asyncio.gather``),
 the first round on the engine's first burst of that size ("cold"). Per request: its creation, its admission
 into the talker's batch and its first audio chunk on the engine's clock (``SpeechStream.timings``), and when
 the caller got that chunk. On the device worker: every talker step (newcomers prefilled, rows decoded) and
-codec window job with its start and end, and each prompt's preparation on its thread, so the burst's time to its last first chunk splits into steps, codec
-jobs and the worker's idle time; and the event loop's lag (a task that asks to wake every millisecond), so
-time the loop could not run shows apart from time the worker spent. With ``--sample-ms``, a thread samples
-the stacks of the event loop's thread and the worker's up to the last first chunk and counts the innermost
-frames of this project's code (where each thread's time goes, GIL waits included). Prints a line per round
-and the worker's jobs up to the last first chunk; writes ``burst_probe_<size>.json`` (under ``$OUT`` if set, else
-``benchmarks/results/``).
+codec window job with its start and end, and each prompt's preparation on its thread, so the burst's time
+to its last first chunk splits into steps, codec jobs and the worker's idle time. Also the event loop's lag
+(a task that asks to wake every millisecond), so time the loop could not run shows apart from time the
+worker spent, and the garbage collector's pauses (every thread waits in them). With ``--sample-ms``, a
+thread samples the stacks of the event loop's thread and the worker's and counts the innermost frames of
+this project's code, before the first step and after (where each thread's time goes, GIL waits included).
+Prints a line per round and the worker's jobs up to the last first chunk; writes ``burst_probe_<size>.json``
+(under ``$OUT`` if set, else ``benchmarks/results/``).
 """
 
 from __future__ import annotations
