@@ -144,3 +144,41 @@ def test_unset_sampling_takes_the_checkpoint_defaults(cv) -> None:
     assert r.subtalker_sampling == SamplingParams(do_sample=True, temperature=0.9, top_k=50, top_p=1.0)
     mine = SamplingParams(do_sample=False, top_k=0)
     assert prepare_request(SpeechRequest(text="Hello.", voice="ryan", sampling=mine), cfg, tok).sampling == mine
+
+
+def _prompts_of_every_layout(cv, base) -> list[tuple[tuple, list]]:
+    """CustomVoice prompts (speaker ids, a dialect, instructions) and Base ones (x-vector alone, in-context with
+    short and long references), each streaming and not."""
+    cfg, tok, _ = cv
+    spoken = [
+        SpeechRequest(text="Hello world, this is a test.", voice="ryan", language="English"),
+        SpeechRequest(text="Short.", voice="dylan"),
+        SpeechRequest(text="Calm now.", voice="ryan", instructions="calm"),
+    ]
+    out = [(cv, [build_prompt(r, cfg, tok, non_streaming=ns) for r in spoken for ns in (False, True)])]
+    cfg, tok, _ = base
+    xv = np.linspace(-1, 1, cfg.talker.decoder.hidden_size, dtype=np.float32)
+    voices = [VoicePrompt(x_vector=xv)] + [
+        VoicePrompt(x_vector=xv, ref_codes=np.arange(n * 16).reshape(n, 16) % 50, ref_text="Good.") for n in (2, 40)
+    ]
+    cloned = [SpeechRequest(text="A cloned voice.", voice_prompt=vp) for vp in voices]
+    out.append((base, [build_prompt(r, cfg, tok, non_streaming=ns) for r in cloned for ns in (False, True)]))
+    return out
+
+
+def test_prompts_embedded_together_equal_each_embedded_alone(cv, base) -> None:
+    from omni_stream.models.qwen3_tts.prompt import embed_prompts, prompt_rows
+
+    for (cfg, _, path), prompts in _prompts_of_every_layout(cv, base):
+        lm = load_lm(path, dtype=torch.float32)
+        hidden = cfg.talker.decoder.hidden_size
+        together = embed_prompts(lm.talker, cfg, prompts)
+        for p, (x, t) in zip(prompts, together, strict=True):
+            alone_x, alone_t = embed_prompt(lm.talker, cfg, p)
+            rows = prompt_rows(cfg, p)
+            assert x.shape == alone_x.shape == (p.prefill_len, hidden) == (len(rows.text), hidden)
+            assert t.shape == alone_t.shape == (p.trailing_len, hidden) == (len(rows.trailing), hidden)
+            # the text projection over more rows at once may round differently, never by more than that
+            assert torch.allclose(x, alone_x, rtol=0, atol=1e-5) and torch.allclose(t, alone_t, rtol=0, atol=1e-5)
+            # every position sums at most two embeddings (x + 0 == x keeps those sums exact)
+            assert all(sum(v >= 0 for v in col) <= 2 for col in zip(rows.text, rows.codec, rows.extra, strict=True))

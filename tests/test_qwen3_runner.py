@@ -186,18 +186,18 @@ def test_a_failing_newcomer_ends_alone_and_running_rows_keep_their_codes(cv, mon
     r = runner(cv, slots=4)
     solo_running = r.generate_codes([running_req])[0]
     solo_good = r.generate_codes([good_req])[0]
-    real_embed = runner_mod.embed_prompt
+    real_embed = runner_mod.embed_prompts
+    calls: list[int] = []
 
-    def embed(talker, cfg, prompt):
-        if prompt is raises_req.prompt:
+    def embed(talker, cfg, prompts):
+        calls.append(len(prompts))
+        if any(p is raises_req.prompt for p in prompts):
             raise RuntimeError("embedding failed")
-        prefill, trailing = real_embed(talker, cfg, prompt)
-        if prompt is misshapen_req.prompt:
-            # Admitted, but fails the batched prefill (and its own solo prefill) on its hidden width.
-            return prefill[:, :-1], trailing
-        return prefill, trailing
+        out = real_embed(talker, cfg, prompts)
+        # Admitted, but fails the batched prefill (and its own solo prefill) on its hidden width.
+        return [(x[:, :-1], t) if p is misshapen_req.prompt else (x, t) for p, (x, t) in zip(prompts, out, strict=True)]
 
-    monkeypatch.setattr(runner_mod, "embed_prompt", embed)
+    monkeypatch.setattr(runner_mod, "embed_prompts", embed)
     seqs = [Sequence(seq_id=i, payload=q, slot=i) for i, q in enumerate([running_req, raises_req, misshapen_req])]
     seqs.append(Sequence(seq_id=3, payload=good_req, slot=3))
     codes, errors = _drive(r, {0: [seqs[0]], 3: seqs[1:]})
@@ -208,6 +208,8 @@ def test_a_failing_newcomer_ends_alone_and_running_rows_keep_their_codes(cv, mon
     assert torch.equal(codes[3], solo_good)
     assert 1 not in codes and 2 not in codes
     assert r.num_active == 0 and all(s.model_state is None for s in seqs)
+    # the running row's prompt alone, then the three newcomers together, which failed, so each alone
+    assert calls == [1, 3, 1, 1, 1]
 
 
 def test_a_failing_lone_newcomer_does_not_touch_the_running_row(cv, monkeypatch) -> None:
@@ -217,13 +219,13 @@ def test_a_failing_lone_newcomer_does_not_touch_the_running_row(cv, monkeypatch)
     bad_req = make(cv, text="Hello.", voice="serena", max_new_tokens=6)
     r = runner(cv, slots=2)
     solo = r.generate_codes([running_req])[0]
-    real_embed = runner_mod.embed_prompt
+    real_embed = runner_mod.embed_prompts
 
-    def embed(talker, cfg, prompt):
-        prefill, trailing = real_embed(talker, cfg, prompt)
-        return (prefill[:, :-1], trailing) if prompt is bad_req.prompt else (prefill, trailing)
+    def embed(talker, cfg, prompts):
+        out = real_embed(talker, cfg, prompts)
+        return [(x[:, :-1], t) if p is bad_req.prompt else (x, t) for p, (x, t) in zip(prompts, out, strict=True)]
 
-    monkeypatch.setattr(runner_mod, "embed_prompt", embed)
+    monkeypatch.setattr(runner_mod, "embed_prompts", embed)
     ok, bad = Sequence(seq_id=0, payload=running_req, slot=0), Sequence(seq_id=1, payload=bad_req, slot=1)
     codes, errors = _drive(r, {0: [ok], 2: [bad]})
     assert set(errors) == {1} and torch.equal(codes[0], solo)

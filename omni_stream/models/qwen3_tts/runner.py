@@ -45,7 +45,7 @@ from omni_stream.chunks import CodecFrames
 from omni_stream.errors import InvalidRequestError
 from omni_stream.models.qwen3_tts.config import CODEBOOK_SIZE, CONTROL_ID_SPAN, NUM_CODE_GROUPS
 from omni_stream.models.qwen3_tts.fused import DecodeKernels, default_kernels
-from omni_stream.models.qwen3_tts.prompt import TalkerRequest, embed_prompt, embed_tts_pad
+from omni_stream.models.qwen3_tts.prompt import TalkerRequest, embed_prompts, embed_tts_pad
 from omni_stream.models.qwen3_tts.talker import Qwen3TTSLM
 from omni_stream.runtime import rng
 from omni_stream.runtime.cuda_graphs import GraphSet, batch_buckets, idle_rows, length_buckets, pick
@@ -220,15 +220,15 @@ class Qwen3TTSRunner:
         """Prefill ``batch.prefill``, then advance every row by one frame."""
         outputs: dict[int, SeqOutput] = {}
         rows: list[Sequence] = []
-        admitted: list[tuple[int, torch.Tensor]] = []
-        newcomers: list[Sequence] = []
+        claimed: list[Sequence] = []
         for seq in batch.prefill:
             try:
-                admitted.append(self._admit(seq))
+                self._admit(seq)
             except Exception as exc:  # one newcomer's failure must not end the running rows
                 self._reject(seq, exc, outputs)
                 continue
-            newcomers.append(seq)
+            claimed.append(seq)
+        newcomers, admitted = self._embed_all(claimed, outputs)
         rows.extend(self._prefill_all(newcomers, admitted, outputs))
         rows.extend(batch.decode)
         active: list[Sequence] = []
@@ -271,8 +271,8 @@ class Qwen3TTSRunner:
             raise RuntimeError(f"sequence {seq.seq_id} was not prefilled by this runner")
         return st
 
-    def _admit(self, seq: Sequence) -> tuple[int, torch.Tensor]:
-        """Check the request, embed its prompt and take its slot; returns (slot, prefill embeddings ``[n, H]``)."""
+    def _admit(self, seq: Sequence) -> None:
+        """Check the request and take its slot (its prompt is embedded with the step's other newcomers)."""
         req = seq.payload
         if not isinstance(req, TalkerRequest):
             raise TypeError(f"payload must be a TalkerRequest, got {type(req).__name__}")
@@ -290,8 +290,6 @@ class Qwen3TTSRunner:
                 f"of {self.max_len} positions",
                 "max_new_tokens",
             )
-        prefill, trailing = embed_prompt(self.talker, self.cfg, prompt)
-        self._write_trailing(slot, trailing)
         self.seen[slot] = False
         self.steps[slot] = 0
         self.no_eos[slot] = req.ignore_eos
@@ -303,7 +301,38 @@ class Qwen3TTSRunner:
         st = _SlotState(slot, n, 0, max_frames, 0, req.ignore_eos, samples)
         self._states[slot] = st
         seq.model_state = st
-        return slot, prefill
+
+    def _embed_all(
+        self, seqs: list[Sequence], outputs: dict[int, SeqOutput]
+    ) -> tuple[list[Sequence], list[tuple[int, torch.Tensor]]]:
+        """Embed the admitted newcomers' prompts together and store their trailing text; returns the newcomers
+        that remain with (slot, prefill embeddings ``[n, H]``) each. When the joint embedding fails, each prompt
+        is embedded alone, so only the failing ones end."""
+        if not seqs:
+            return [], []
+        try:
+            embedded = embed_prompts(self.talker, self.cfg, [seq.payload.prompt for seq in seqs])
+        except Exception as exc:
+            if len(seqs) == 1:
+                self._reject(seqs[0], exc, outputs)
+                return [], []
+            embedded = None
+        kept: list[Sequence] = []
+        admitted: list[tuple[int, torch.Tensor]] = []
+        for i, seq in enumerate(seqs):
+            try:
+                prefill, trailing = (
+                    embedded[i]
+                    if embedded is not None
+                    else embed_prompts(self.talker, self.cfg, [seq.payload.prompt])[0]
+                )
+                self._write_trailing(seq.slot, trailing)
+            except Exception as exc:
+                self._reject(seq, exc, outputs)
+                continue
+            kept.append(seq)
+            admitted.append((seq.slot, prefill))
+        return kept, admitted
 
     def _reject(self, seq: Sequence, exc: Exception, outputs: dict[int, SeqOutput]) -> None:
         """End a newcomer with ``exc`` and free its slot state; other rows are untouched."""
