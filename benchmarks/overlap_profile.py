@@ -15,8 +15,9 @@ question is one experiment; figures are medians of wall time (``perf_counter``) 
    design); per arrangement the talker's step wall, the job's latency from hand-over to audio on the host,
    and the job's GPU time on its stream. ``thread`` and ``side-high`` are run again beside the busy thread
    (5 ms and 0.5 ms switch intervals).
-4. ``prefill``: newcomers prefilled together: prompt embedding per newcomer, then the prefill as one eager
-   padded forward vs the (count, length) prefill graph (graphs hold up to 8 newcomers).
+4. ``prefill``: a step of newcomers in parts: admission, their prompts embedded one at a time and together,
+   the prefill as one eager padded forward vs the (count, length) prefill graph (graphs hold up to 8
+   newcomers), the whole step; then the profiler's top operators of a step of 56 newcomers.
 5. ``kernels``: CUPTI kernel counts and GPU time by category of the step graph at B = 1 and 128.
 
 Writes ``overlap_profile.json`` to ``$OUT`` (or ``benchmarks/results``) after every experiment; prints a table.
@@ -45,7 +46,7 @@ from omni_stream.models.qwen3_tts.checkpoint import load_lm, write_dummy_checkpo
 from omni_stream.models.qwen3_tts.codec import load_speech_tokenizer
 from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
 from omni_stream.models.qwen3_tts.config import load_config, load_generation_defaults
-from omni_stream.models.qwen3_tts.prompt import prepare_request
+from omni_stream.models.qwen3_tts.prompt import embed_prompt, prepare_request
 from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
 from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
 from omni_stream.requests import SpeechRequest
@@ -300,34 +301,66 @@ def exp_codec(runner: Qwen3TTSRunner, requests: list, pool: CodecWindows, cases:
     return out
 
 
-def exp_prefill(runner: Qwen3TTSRunner, requests: list, counts: tuple[int, ...] = (4, 8, 32, 128)) -> dict:
+def exp_prefill(runner: Qwen3TTSRunner, requests: list, counts: tuple[int, ...] = (4, 8, 32, 56, 128)) -> dict:
+    """A step of ``k`` newcomers in parts (synchronized between them): admission, the joint prompt embedding,
+    the prefill (eager padded forward, or the prefill graph where one fits), then the whole ``runner.step``
+    of the same newcomers (prefill and their first frame), all wall ms."""
     out: dict = {}
     graphs = runner.prefill_graphs
     for k in counts:
         entry: dict = {}
         for label in ("eager", "graph"):
             runner.prefill_graphs = graphs if label == "graph" else None
-            embed, total = [], []
-            for rep in range(3):
+            admit, alone, embed, prefill, step = [], [], [], [], []
+            for rep in range(4):
                 seqs = [Sequence(seq_id=i, payload=requests[i], slot=i) for i in range(k)]
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                admitted = [runner._admit(s) for s in seqs]
+                for s in seqs:
+                    runner._admit(s)
                 torch.cuda.synchronize()
                 t1 = time.perf_counter()
-                runner._prefill(admitted)
+                for s in seqs:
+                    embed_prompt(runner.talker, runner.cfg, s.payload.prompt)
+                torch.cuda.synchronize()
+                t_alone = time.perf_counter()
+                _, admitted = runner._embed_all(seqs, {})
                 torch.cuda.synchronize()
                 t2 = time.perf_counter()
+                runner._prefill(admitted)
+                torch.cuda.synchronize()
+                t3 = time.perf_counter()
+                for s in seqs:
+                    runner.release(s)
+                seqs = [Sequence(seq_id=i, payload=requests[i], slot=i) for i in range(k)]
+                torch.cuda.synchronize()
+                t4 = time.perf_counter()
+                runner.step(Batch(prefill=tuple(seqs)))
+                t5 = time.perf_counter()
                 for s in seqs:
                     runner.release(s)
                 if rep:
-                    embed.append(1000 * (t1 - t0) / k)
-                    total.append(1000 * (t2 - t1))
-            entry[f"{label}_prefill_ms"] = med(total)
-            entry["embed_ms_per_newcomer"] = med(embed)
+                    admit.append(1000 * (t1 - t0))
+                    embed.append(1000 * (t2 - t_alone))
+                    alone.append(1000 * (t_alone - t1))
+                    prefill.append(1000 * (t3 - t2))
+                    step.append(1000 * (t5 - t4))
+            entry[label] = {"admit_ms": med(admit), "embed_each_alone_ms": med(alone), "embed_ms": med(embed),
+                            "prefill_ms": med(prefill), "step_ms": med(step)}  # fmt: skip
         runner.prefill_graphs = graphs
         out[k] = entry
         print(f"prefill k={k}: {json.dumps(entry)}", flush=True)
+    k = 56  # where the host's share of a step shows: the profiler's top operators by host and by device time
+    seqs = [Sequence(seq_id=i, payload=requests[i], slot=i) for i in range(k)]
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    ) as prof:
+        runner.step(Batch(prefill=tuple(seqs)))
+        torch.cuda.synchronize()
+    for s in seqs:
+        runner.release(s)
+    for key in ("self_cpu_time_total", "self_cuda_time_total"):
+        print(prof.key_averages().table(sort_by=key, row_limit=14), flush=True)
     return out
 
 
