@@ -239,17 +239,26 @@ def test_codec_jobs_larger_than_the_largest_graph_batch_replay_in_pieces(codec) 
         assert g.shape == want.shape and float(abs(g - want).max()) < 1e-5
 
 
+def _admitted(runner: Qwen3TTSRunner, seqs: list[Sequence]) -> list[tuple[int, torch.Tensor]]:
+    """Admit newcomers as a step does (checks and slots, then their prompts embedded together)."""
+    for seq in seqs:
+        runner._admit(seq)
+    kept, admitted = runner._embed_all(seqs, {})
+    assert kept == seqs
+    return admitted
+
+
 def test_newcomers_prefill_together_as_they_would_alone(cv) -> None:
     reqs = [_req(cv, "Hello world, this is a longer prompt.", "ryan", 4), _req(cv, "Hi.", "vivian", 4)]
     together = Qwen3TTSRunner(cv[2], max_batch_size=2, max_len=96)
     seqs = [Sequence(seq_id=i, payload=r, slot=i) for i, r in enumerate(reqs)]
-    together._prefill([together._admit(s) for s in seqs])
+    together._prefill(_admitted(together, seqs))
     lengths = [s.model_state.length for s in seqs]
     assert lengths[0] > lengths[1]
     for i, req in enumerate(reqs):
         alone = Qwen3TTSRunner(cv[2], max_batch_size=2, max_len=96)
         seq = Sequence(seq_id=0, payload=req, slot=i)
-        alone._prefill([alone._admit(seq)])
+        alone._prefill(_admitted(alone, [seq]))
         n = lengths[i]
         torch.testing.assert_close(together.hidden[i], alone.hidden[i], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(together.kv.k[:, i, :, :n], alone.kv.k[:, i, :, :n], rtol=1e-5, atol=1e-5)
@@ -292,12 +301,12 @@ def test_padding_rows_of_a_prefill_bucket_write_only_the_scratch_slot(cv) -> Non
     r.hidden[2].fill_(3.0)
     texts = [("Hello world.", "ryan", 0), ("Good.", "vivian", 1), ("The voice is warm.", "aiden", 3)]
     seqs = [Sequence(seq_id=i, payload=_req(cv, t, v, 4), slot=s) for i, (t, v, s) in enumerate(texts)]
-    r._prefill([r._admit(s) for s in seqs])  # three newcomers: bucket 4, one padding row
+    r._prefill(_admitted(r, seqs))  # three newcomers: bucket 4, one padding row
     assert bool((r.kv.k[:, 2] == 3.0).all()) and bool((r.hidden[2] == 3.0).all())
     assert not bool((r.kv.k[:, 4, :, :1] == 3.0).any())  # the padding row's 1-position prompt went to the scratch slot
     for s in seqs:
         n = s.model_state.length
         alone = Qwen3TTSRunner(cv[2], max_batch_size=4, max_len=96)
-        alone._prefill([alone._admit(Sequence(seq_id=0, payload=s.payload, slot=s.slot))])
+        alone._prefill(_admitted(alone, [Sequence(seq_id=0, payload=s.payload, slot=s.slot)]))
         torch.testing.assert_close(r.hidden[s.slot], alone.hidden[s.slot], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(r.kv.k[:, s.slot, :, :n], alone.kv.k[:, s.slot, :, :n], rtol=1e-5, atol=1e-5)

@@ -230,3 +230,31 @@ def test_a_failing_lone_newcomer_does_not_touch_the_running_row(cv, monkeypatch)
     codes, errors = _drive(r, {0: [ok], 2: [bad]})
     assert set(errors) == {1} and torch.equal(codes[0], solo)
     assert r.num_active == 0 and bad.model_state is None
+
+
+def test_newcomers_of_one_step_get_their_own_slot_state(cv) -> None:
+    from omni_stream.requests import SamplingParams
+
+    hot = SamplingParams(do_sample=True, temperature=0.7, top_k=30, top_p=0.8, repetition_penalty=1.2)
+    reqs = [
+        make(cv, text="Hello world, this is a test.", voice="ryan", max_new_tokens=6, seed=(1 << 63) + 5),
+        make(cv, text="Good.", voice="dylan", max_new_tokens=6, ignore_eos=True, sampling=hot, seed=7),
+        make(cv, text="A third one, unseeded.", voice="sohee", max_new_tokens=6, non_streaming=False),
+    ]
+    r = runner(cv, slots=4)
+    seqs = [Sequence(seq_id=i, payload=q, slot=slot) for i, (q, slot) in enumerate(zip(reqs, (2, 0, 3), strict=True))]
+    r.step(Batch(prefill=tuple(seqs)))
+    slots = [s.slot for s in seqs]
+    assert r.steps[slots].tolist() == [1, 1, 1]  # reset at admission, then the step's frame
+    assert r.lengths[slots].tolist() == [q.prompt.prefill_len + 1 for q in reqs]
+    assert r.trailing_len[slots].tolist() == [q.prompt.trailing_len for q in reqs] and reqs[2].prompt.trailing_len > 0
+    assert r.no_eos[slots].tolist() == [False, True, False]
+    assert r.seeds[slots].tolist()[:2] == [5, 7]
+    assert r.talker_params.do_sample[slots].tolist() == [False, True, False]
+    assert r.talker_params.top_k[slots].tolist() == [GREEDY.top_k, 30, GREEDY.top_k]
+    temperatures = torch.tensor([GREEDY.temperature, 0.7, GREEDY.temperature])
+    assert torch.allclose(r.talker_params.temperature[slots], temperatures)
+    assert torch.allclose(r.talker_params.repetition_penalty[slots][1], torch.tensor(1.2))
+    assert r.cp_params.top_p[slots].tolist() == [SUB_GREEDY.top_p] * 3
+    for s in seqs:
+        r.release(s)

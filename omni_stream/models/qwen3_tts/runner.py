@@ -290,13 +290,6 @@ class Qwen3TTSRunner:
                 f"of {self.max_len} positions",
                 "max_new_tokens",
             )
-        self.seen[slot] = False
-        self.steps[slot] = 0
-        self.no_eos[slot] = req.ignore_eos
-        self.lengths[slot] = n
-        self.seeds[slot] = req.seed % (1 << 63) if req.seed is not None else secrets.randbits(63)
-        self.talker_params.write(slot, req.sampling)
-        self.cp_params.write(slot, req.subtalker_sampling)
         samples = req.sampling.do_sample or req.subtalker_sampling.do_sample
         st = _SlotState(slot, n, 0, max_frames, 0, req.ignore_eos, samples)
         self._states[slot] = st
@@ -319,6 +312,7 @@ class Qwen3TTSRunner:
             embedded = None
         kept: list[Sequence] = []
         admitted: list[tuple[int, torch.Tensor]] = []
+        trailing_lens: list[int] = []
         for i, seq in enumerate(seqs):
             try:
                 prefill, trailing = (
@@ -332,7 +326,29 @@ class Qwen3TTSRunner:
                 continue
             kept.append(seq)
             admitted.append((seq.slot, prefill))
+            trailing_lens.append(trailing.shape[0])
+        self._write_rows(kept, trailing_lens)
         return kept, admitted
+
+    def _write_rows(self, seqs: list[Sequence], trailing_lens: list[int]) -> None:
+        """The newcomers' per-slot state, for all of them at once: a value written into a CUDA tensor from Python
+        is a blocking copy, and the 16 of each newcomer cost 12 ms for 56 newcomers on the H200 (run 22)."""
+        if not seqs:
+            return
+        reqs: list[TalkerRequest] = [seq.payload for seq in seqs]
+        seeds = [r.seed % (1 << 63) if r.seed is not None else secrets.randbits(63) for r in reqs]
+        lengths = [r.prompt.prefill_len for r in reqs]
+        no_eos = [int(r.ignore_eos) for r in reqs]
+        host = self._host_long([seq.slot for seq in seqs] + lengths + seeds + trailing_lens + no_eos)
+        rows, lens, seed, trail, keep_going = host.to(self.device, non_blocking=True).split(len(seqs))
+        self.seen.index_fill_(0, rows, False)
+        self.steps.index_fill_(0, rows, 0)
+        self.lengths.index_copy_(0, rows, lens)
+        self.seeds.index_copy_(0, rows, seed)
+        self.trailing_len.index_copy_(0, rows, trail)
+        self.no_eos.index_copy_(0, rows, keep_going.bool())
+        self.talker_params.write_rows(rows, [r.sampling for r in reqs])
+        self.cp_params.write_rows(rows, [r.subtalker_sampling for r in reqs])
 
     def _reject(self, seq: Sequence, exc: Exception, outputs: dict[int, SeqOutput]) -> None:
         """End a newcomer with ``exc`` and free its slot state; other rows are untouched."""
@@ -445,7 +461,6 @@ class Qwen3TTSRunner:
                 log.warning("trailing text of %d positions: re-capturing CUDA graphs", n)
                 self.graphs.clear()
         self.trailing[slot, :n] = trailing
-        self.trailing_len[slot] = n
 
     def _decode(self, states: list[_SlotState]) -> np.ndarray:
         """One frame for each row; returns the rows' codes ``[B, 16]`` as a fresh host array (one copy)."""
