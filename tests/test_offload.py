@@ -6,8 +6,10 @@ import asyncio
 import threading
 
 import anyio
+import pytest
 
-from omni_stream.runtime.offload import PREPARE_THREADS, prepare_limiter, run_prepare
+from omni_stream.errors import ConfigError
+from omni_stream.runtime.offload import PREPARE_THREADS, prepare_limiter, prepare_threads, run_prepare
 
 
 async def test_a_burst_of_preparations_borrows_no_more_than_the_limit_of_threads() -> None:
@@ -29,6 +31,20 @@ async def test_a_burst_of_preparations_borrows_no_more_than_the_limit_of_threads
     release.set()
     assert await asyncio.gather(*tasks) == list(range(n))
     assert len(threads) <= PREPARE_THREADS
+
+
+def test_the_number_of_preparation_threads_is_set_by_the_environment(monkeypatch) -> None:
+    assert prepare_threads({}) == PREPARE_THREADS == 2
+    assert prepare_threads({"OMNI_STREAM_PREPARE_THREADS": " 40 "}) == 40
+    for bad in ("0", "65", "two", "-1", "1.5"):
+        with pytest.raises(ConfigError, match="OMNI_STREAM_PREPARE_THREADS"):
+            prepare_threads({"OMNI_STREAM_PREPARE_THREADS": bad})
+    monkeypatch.setenv("OMNI_STREAM_PREPARE_THREADS", "5")
+
+    async def limit() -> float:
+        return prepare_limiter().total_tokens
+
+    assert asyncio.run(limit()) == 5  # a new event loop's limiter takes it
 
 
 def test_every_event_loop_has_its_own_limiter() -> None:
