@@ -26,46 +26,25 @@ import gc
 import json
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 import torch
+from first_window_probe import Timeline, add_engine_args, probe_engine
 from provenance import git_commit
-from tts_bench import CONFIGS, TEXT, VOICES, out_dir
+from tts_bench import TEXT, VOICES, out_dir
 
 from omni_stream.metrics import percentile
 
 
-class WorkerTimeline:
-    """Start/end of every talker step (newcomers, decoded rows) and codec job (jobs, frames) on the worker."""
+class WorkerTimeline(Timeline):
+    """The worker's steps and codec jobs (:class:`first_window_probe.Timeline`), and each prompt's preparation."""
 
     def __init__(self, family) -> None:
-        from omni_stream.models.qwen3_tts import stages
-
-        self.events: list[tuple[str, float, float, int, int]] = []
+        super().__init__(family)
         self.prepares: list[tuple[float, float]] = []  # start and end of each prompt's preparation (its thread)
-        step = family.runner.step
-
-        def timed_step(batch):
-            t0 = time.perf_counter()
-            out = step(batch)
-            self.events.append(("step", t0, time.perf_counter(), len(batch.prefill), len(batch.decode)))
-            return out
-
-        family.runner.step = timed_step
-        for name in ("decode_slot_windows", "decode_codec_windows"):
-            original = getattr(stages, name)
-
-            def timed(first, jobs, _original=original):
-                t0 = time.perf_counter()
-                out = _original(first, jobs)
-                self.events.append(("codec", t0, time.perf_counter(), len(jobs), int(jobs[0].codes.shape[0])))
-                return out
-
-            setattr(stages, name, timed)
         from omni_stream.models.qwen3_tts import family as family_module
 
         prepare = family_module.prepare_request
@@ -254,19 +233,7 @@ def print_round(row: dict) -> None:
 
 
 async def main(args: argparse.Namespace) -> None:
-    from omni_stream.engine import AsyncEngine
-    from omni_stream.models.qwen3_tts.checkpoint import write_dummy_checkpoint, write_tiny_checkpoint
-
-    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
-    torch_dtype = getattr(torch, dtype)
-    tmp = tempfile.mkdtemp()
-    if args.tiny:
-        ckpt = write_tiny_checkpoint(Path(tmp) / "ckpt", "custom_voice", args.size, dtype=torch_dtype)
-    else:
-        ckpt = write_dummy_checkpoint(CONFIGS[args.size], Path(tmp) / "ckpt", dtype=torch_dtype, weights=False)
-    engine = await AsyncEngine.from_pretrained(
-        ckpt, device=args.device, dtype=dtype, load_format="dummy", max_batch_size=args.max_batch, progress=True
-    )
+    engine = await probe_engine(args)
     timeline = WorkerTimeline(engine.models.speech())
     rounds: list[dict] = []
     async with engine:
@@ -299,12 +266,7 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", choices=sorted(CONFIGS), default="1.7b")
-    ap.add_argument("--tiny", action="store_true", help="a tiny random checkpoint (CPU smoke run)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default=None)
-    ap.add_argument("--frames", type=int, default=150)
-    ap.add_argument("--max-batch", type=int, default=128)
+    add_engine_args(ap)
     ap.add_argument("--bursts", type=lambda s: [int(x) for x in s.split(",")], default=[32])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--sample-ms", type=float, default=0.0, help="sample both threads' stacks this often (0: off)")

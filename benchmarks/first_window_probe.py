@@ -35,14 +35,15 @@ class Timeline:
     def __init__(self, family) -> None:
         from omni_stream.models.qwen3_tts import stages
 
-        self.events: list[tuple[str, float, float, int]] = []  # (kind, start, end, frames or batch)
+        # (kind, start, end, a, b): a step's newcomers and decoded rows; a codec job's windows and frames
+        self.events: list[tuple[str, float, float, int, int]] = []
         self.t0 = 0.0  # the current request's send time
         step = family.runner.step
 
         def timed_step(batch):
             t0 = time.perf_counter()
             out = step(batch)
-            self.events.append(("step", t0, time.perf_counter(), len(batch.prefill) + len(batch.decode)))
+            self.events.append(("step", t0, time.perf_counter(), len(batch.prefill), len(batch.decode)))
             return out
 
         family.runner.step = timed_step
@@ -52,12 +53,12 @@ class Timeline:
             def timed(first, jobs, _original=original):
                 t0 = time.perf_counter()
                 out = _original(first, jobs)
-                self.events.append(("codec", t0, time.perf_counter(), int(jobs[0].codes.shape[0])))
+                self.events.append(("codec", t0, time.perf_counter(), len(jobs), int(jobs[0].codes.shape[0])))
                 return out
 
             setattr(stages, name, timed)
 
-    def between(self, t0: float, t1: float) -> list[tuple[str, float, float, int]]:
+    def between(self, t0: float, t1: float) -> list[tuple[str, float, float, int, int]]:
         return [e for e in self.events if e[1] >= t0 and e[2] <= t1]
 
 
@@ -75,7 +76,7 @@ async def one_request(engine, timeline: Timeline, i: int, frames: int, first: in
     events = timeline.between(t0, t1)
     steps = [e for e in events if e[0] == "step"]
     codec = [e for e in events if e[0] == "codec"]
-    busy = sorted((s, e) for _, s, e, _ in events)
+    busy = sorted((s, e) for _, s, e, *_ in events)
     gaps, cursor = [], t0
     for s, e in busy:
         if s > cursor:
@@ -90,9 +91,9 @@ async def one_request(engine, timeline: Timeline, i: int, frames: int, first: in
         "xrt": audio_s / (arrivals[-1][0] - t0),
         "chunks": len(arrivals),
         "steps": len(steps),
-        "step_s": sum(e - s for _, s, e, _ in steps),
-        "codec_jobs": [(n, round(1000 * (e - s), 3)) for _, s, e, n in codec],
-        "codec_s": sum(e - s for _, s, e, _ in codec),
+        "step_s": sum(e - s for _, s, e, *_ in steps),
+        "codec_jobs": [(n, round(1000 * (e - s), 3)) for _, s, e, _, n in codec],
+        "codec_s": sum(e - s for _, s, e, *_ in codec),
         "idle_s": sum(gaps),
         "idle_gaps_ms_top": sorted((round(1000 * g, 2) for g in gaps), reverse=True)[:12],
         "idle_gap_ms_p50": 1000 * percentile(gaps, 50),
@@ -105,7 +106,18 @@ def summary(rows: list[dict]) -> dict:
     return {k: statistics.median(r[k] for r in rows) for k in keys} | {"n": len(rows)}
 
 
-async def main(args: argparse.Namespace) -> None:
+def add_engine_args(ap: argparse.ArgumentParser) -> None:
+    """The arguments :func:`probe_engine` reads, and the frames a request makes."""
+    ap.add_argument("--size", choices=sorted(CONFIGS), default="1.7b")
+    ap.add_argument("--tiny", action="store_true", help="a tiny random checkpoint (CPU smoke run)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default=None)
+    ap.add_argument("--frames", type=int, default=150)
+    ap.add_argument("--max-batch", type=int, default=128)
+
+
+async def probe_engine(args: argparse.Namespace):
+    """An engine on a tiny random checkpoint (``--tiny``) or a real-size one with dummy weights (``--size``)."""
     from omni_stream.engine import AsyncEngine
     from omni_stream.models.qwen3_tts.checkpoint import write_dummy_checkpoint, write_tiny_checkpoint
 
@@ -116,9 +128,13 @@ async def main(args: argparse.Namespace) -> None:
         ckpt = write_tiny_checkpoint(Path(tmp) / "ckpt", "custom_voice", args.size, dtype=torch_dtype)
     else:
         ckpt = write_dummy_checkpoint(CONFIGS[args.size], Path(tmp) / "ckpt", dtype=torch_dtype, weights=False)
-    engine = await AsyncEngine.from_pretrained(
+    return await AsyncEngine.from_pretrained(
         ckpt, device=args.device, dtype=dtype, load_format="dummy", max_batch_size=args.max_batch, progress=True
     )
+
+
+async def main(args: argparse.Namespace) -> None:
+    engine = await probe_engine(args)
     timeline = Timeline(engine.models.speech())
     arms: list[int | None] = [None, *args.windows]
     rows: dict[str, list[dict]] = {str(a): [] for a in arms}
@@ -128,8 +144,8 @@ async def main(args: argparse.Namespace) -> None:
         await one_request(engine, timeline, 0, args.short_frames, arms[0])
         timeline.events.clear()
         cold = await one_request(engine, timeline, 0, args.frames, arms[0])
-        cold["events"] = [(k, round(1000 * (s - timeline.t0), 3), round(1000 * (e - s), 3), n)
-                          for k, s, e, n in timeline.events]  # fmt: skip
+        cold["events"] = [(k, round(1000 * (s - timeline.t0), 3), round(1000 * (e - s), 3), a, b)
+                          for k, s, e, a, b in timeline.events]  # fmt: skip
         timeline.events.clear()
         for a in arms:  # warm-up, not measured: every window size and graph once
             await one_request(engine, timeline, 0, args.frames, a)
@@ -150,7 +166,7 @@ async def main(args: argparse.Namespace) -> None:
     }
     slow = sorted(cold["events"], key=lambda e: -e[2])[:10]
     print(f"cold first long request: wall {cold['wall_s']:.3f} s  xRT {cold['xrt']:.2f}  steps {cold['step_s']:.3f} s"
-          f"  codec {cold['codec_s']:.3f} s  idle {cold['idle_s']:.3f} s; slowest jobs (kind, at ms, ms, n): {slow}",
+          f"  codec {cold['codec_s']:.3f} s  idle {cold['idle_s']:.3f} s; slowest jobs (kind, at ms, ms, newcomers|windows, rows|frames): {slow}",
           flush=True)  # fmt: skip
     for a, v in result["arms"].items():
         s = v["summary"]
@@ -165,12 +181,7 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", choices=sorted(CONFIGS), default="1.7b")
-    ap.add_argument("--tiny", action="store_true", help="a tiny random checkpoint (CPU smoke run)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default=None)
-    ap.add_argument("--frames", type=int, default=150)
-    ap.add_argument("--max-batch", type=int, default=128)
+    add_engine_args(ap)
     ap.add_argument("--windows", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--short-frames", type=int, default=12, help="the short request before the cold one")
