@@ -166,8 +166,8 @@ async def main(args: argparse.Namespace) -> None:
     }
     slow = sorted(cold["events"], key=lambda e: -e[2])[:10]
     print(f"cold first long request: wall {cold['wall_s']:.3f} s  xRT {cold['xrt']:.2f}  steps {cold['step_s']:.3f} s"
-          f"  codec {cold['codec_s']:.3f} s  idle {cold['idle_s']:.3f} s; slowest jobs (kind, at ms, ms, newcomers|windows, rows|frames): {slow}",
-          flush=True)  # fmt: skip
+          f"  codec {cold['codec_s']:.3f} s  idle {cold['idle_s']:.3f} s; slowest jobs (kind, at ms, ms, "
+          f"newcomers|windows, rows|frames): {slow}", flush=True)  # fmt: skip
     for a, v in result["arms"].items():
         s = v["summary"]
         print(f"first window {a:>4}: wall {s['wall_s']:.3f} s  TTFA {s['ttfa_ms']:.1f} ms  xRT {s['xrt']:.2f}  "
