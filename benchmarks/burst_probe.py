@@ -188,6 +188,8 @@ async def burst(engine, timeline: WorkerTimeline, c: int, frames: int, seed: int
     ttfa = [r["got"] - r["sent"] for r in reqs]
     early = [lg for at, lg in lag.lags if at <= last_first]
     wall = max(r["end"] for r in reqs) - t0
+    whole = [e for e in timeline.events if e[1] >= t0]  # the round to its last request's end
+    steps, codec = [e for e in whole if e[0] == "step"], [e for e in whole if e[0] == "codec"]
     return {
         "c": c,
         "ttfa_ms_p50": ms(percentile(ttfa, 50)),
@@ -207,6 +209,11 @@ async def burst(engine, timeline: WorkerTimeline, c: int, frames: int, seed: int
         "gc_pauses_ms": [(g, ms(at - t0), ms(d)) for g, at, d in gcs.pauses if d > 0.001],  # (generation, at, ms)
         "loop_lag_ms_sum": ms(sum(early)),
         "aggregate_xrt": round(sum(r["audio_s"] for r in reqs) / wall, 1),
+        "round_ms": ms(wall),
+        "round_steps": len(steps),
+        "round_step_ms": ms(sum(e - s for _, s, e, *_ in steps)),
+        "round_codec_jobs": len(codec),
+        "round_codec_ms": ms(sum(e - s for _, s, e, *_ in codec)),
         "jobs": [(k, ms(s - t0), ms(e - s), a, b) for k, s, e, a, b in upto],
         "admitted_ms": sorted(ms(r["admitted"] - t0) for r in reqs),
         "first_chunk_ms": sorted(ms(r["first_chunk"] - t0) for r in reqs),
@@ -244,6 +251,9 @@ async def main(args: argparse.Namespace) -> None:
                 row["round"] = r
                 rounds.append(row)
                 print_round(row)
+                print(f"    whole round {row['round_ms']:.0f} ms: {row['round_steps']} steps "
+                      f"{row['round_step_ms']:.0f} ms, "
+                      f"{row['round_codec_jobs']} codec jobs {row['round_codec_ms']:.0f} ms", flush=True)  # fmt: skip
                 print(f"    prompts prepared from {row['prepare_ms']} ms; garbage collection {row['gc_ms']} ms, "
                       f"pauses over 1 ms (generation, at ms, ms): {row['gc_pauses_ms']}", flush=True)  # fmt: skip
                 for span, threads in (row["stack_samples"] or {}).items():

@@ -9,7 +9,8 @@ windows (see ``codec_stream``). One code path serves both, so a streamed decode 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, cast
 
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from omni_stream.errors import ConfigError
+from omni_stream.models.qwen3_tts.fused import ENV_DISABLE
 
 from .codec_config import CodecDecoderConfig, SpeechTokenizerConfig
 from .codec_quantizer import DerivedTensor, SplitResidualVQ
@@ -38,13 +40,19 @@ class CausalConv1d(StatefulBlock):
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
         return {self.state_key: (self.conv.in_channels, self.context)} if self.context else {}
 
-    def forward(self, x: Tensor, state: State | None = None) -> Tensor:
-        if self.context:
-            if state is None:
-                x = F.pad(x, (self.context, 0))
-            else:
-                x = torch.cat([state[self.state_key], x], dim=-1)
-                state[self.state_key] = x[..., -self.context :]
+    def forward(self, x: Tensor, state: State | None = None, act: SnakeBeta | None = None) -> Tensor:
+        """``act``: the activation before this convolution, applied to the new input only (the history holds
+        activated inputs already) and, with its fused kernel, in the same pass as the concatenation."""
+        history = state[self.state_key] if self.context and state is not None else None
+        if act is not None:
+            x = act.cat(x, history, self.context if history is None else 0)
+        elif history is not None:
+            x = torch.cat([history, x], dim=-1)
+        elif self.context:
+            x = F.pad(x, (self.context, 0))
+        if history is not None:
+            assert state is not None
+            state[self.state_key] = x[..., -self.context :]
         return self.conv(x)
 
 
@@ -60,12 +68,18 @@ class CausalConvTranspose1d(StatefulBlock):
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
         return {self.state_key: (self.conv.in_channels, self.history)} if self.history else {}
 
-    def forward(self, x: Tensor, state: State | None = None) -> Tensor:
+    def forward(self, x: Tensor, state: State | None = None, act: SnakeBeta | None = None) -> Tensor:
+        """``act`` as for :class:`CausalConv1d`."""
         n = x.shape[-1]
         h = 0
-        if self.history and state is not None:
+        history = state[self.state_key] if self.history and state is not None else None
+        if act is not None:
+            x = act.cat(x, history)
+        elif history is not None:
+            x = torch.cat([history, x], dim=-1)
+        if history is not None:
+            assert state is not None
             h = self.history
-            x = torch.cat([state[self.state_key], x], dim=-1)
             state[self.state_key] = x[..., -h:]
         # Output step j only sums inputs i with i*s <= j, so [h*s, (h+n)*s) is exact given h inputs of history;
         # a zero history adds nothing but the bias, which every output step gets once either way.
@@ -73,14 +87,32 @@ class CausalConvTranspose1d(StatefulBlock):
         return y[..., h * self.stride : (h + n) * self.stride]
 
 
+# ``kernel(x, params, history, pad)``: ``[history or pad zeros | snake(x)]`` (see :func:`snake_cat`)
+SnakeKernel = Callable[[Tensor, Tensor, "Tensor | None", int], Tensor]
+
+
+def snake_cat(x: Tensor, params: Tensor, history: Tensor | None, pad: int = 0) -> Tensor:
+    """``[history | snake(x)]`` along time (``history`` None: ``pad`` zero columns); ``params [2, C, 1]`` holds
+    ``exp(alpha)`` and ``1 / (exp(beta) + 1e-9)``. The module path, operation by operation as the reference
+    rounds; :mod:`omni_stream.runtime.triton_snake` is the one-pass kernel of the same."""
+    alpha, inv_beta = params
+    y = x + inv_beta * torch.pow(torch.sin(x * alpha), 2)
+    if history is not None:
+        return torch.cat([history, y], dim=-1)
+    return F.pad(y, (pad, 0)) if pad else y
+
+
 class SnakeBeta(nn.Module):
-    """``x + 1/(exp(beta)+1e-9) * sin(exp(alpha) * x)^2``; alpha, beta stored in log space."""
+    """``x + 1/(exp(beta)+1e-9) * sin(exp(alpha) * x)^2``; alpha, beta stored in log space.
+
+    ``kernel``: how :meth:`cat` computes (None: :func:`snake_cat`; :meth:`CodecDecoder.use_kernel` sets it).
+    """
 
     def __init__(self, channels: int):
         super().__init__()
         self.alpha = nn.Parameter(torch.zeros(channels))
         self.beta = nn.Parameter(torch.zeros(channels))
-
+        self.kernel: SnakeKernel | None = None
         self._derived = DerivedTensor()
 
     @staticmethod
@@ -88,9 +120,15 @@ class SnakeBeta(nn.Module):
         # [2, C, 1]: exp(alpha) and 1 / (exp(beta) + 1e-9), rounded in the weight dtype as the reference does
         return torch.stack([torch.exp(alpha), 1.0 / (torch.exp(beta) + 1e-9)])[..., None]
 
+    def params(self) -> Tensor:
+        return self._derived.get(self._fold, self.alpha, self.beta)
+
+    def cat(self, x: Tensor, history: Tensor | None, pad: int = 0) -> Tensor:
+        """``[history or pad zeros | self(x)]``: the input of the convolution that follows (one pass when fused)."""
+        return (self.kernel or snake_cat)(x, self.params(), history, pad)
+
     def forward(self, x: Tensor, state: State | None = None) -> Tensor:
-        alpha, inv_beta = self._derived.get(self._fold, self.alpha, self.beta)
-        return x + inv_beta * torch.pow(torch.sin(x * alpha), 2)
+        return self.cat(x, None)
 
 
 class ConvNeXtBlock(nn.Module):
@@ -117,7 +155,7 @@ class ResidualUnit(nn.Module):
         self.conv2 = CausalConv1d(dim, dim, 1)
 
     def forward(self, x: Tensor, state: State | None = None) -> Tensor:
-        h = self.conv2(self.act2(self.conv1(self.act1(x), state)), state)
+        h = self.conv2(self.conv1(x, state, self.act1), state, self.act2)
         return h + x
 
 
@@ -131,7 +169,9 @@ class DecoderBlock(nn.Module):
         self.block = nn.ModuleList(units)
 
     def forward(self, x: Tensor, state: State | None = None) -> Tensor:
-        for unit in self.block:
+        act, tconv, *units = self.block
+        x = tconv(x, state, act)
+        for unit in units:
             x = unit(x, state)
         return x
 
@@ -158,6 +198,13 @@ class CodecDecoder(nn.Module):
         for name, module in self.named_modules():
             if isinstance(module, StatefulBlock):
                 module.state_key = name
+
+    def use_kernel(self, kernel: SnakeKernel | None) -> None:
+        """Compute every Snake activation (with its convolution's left context) by ``kernel`` (None: operation
+        by operation); the loader sets :func:`snake_kernel`'s choice for the device."""
+        for module in self.modules():
+            if isinstance(module, SnakeBeta):
+                module.kernel = kernel
 
     def stateful_blocks(self) -> Iterator[StatefulBlock]:
         for module in self.modules():
@@ -193,11 +240,28 @@ class CodecDecoder(nn.Module):
         for stage in self.upsample:
             tconv, block = cast(nn.ModuleList, stage)
             h = block(tconv(h, state), state)
-        for module in self.decoder:
+        *blocks, act, conv = self.decoder
+        for module in blocks:
             h = module(h, state)
+        h = conv(h, state, act)
         if state is not None:
             state[POSITION_KEY] = state[POSITION_KEY] + codes.shape[-1]
         return h.clamp(min=-1.0, max=1.0)
+
+
+def snake_kernel(device: torch.device | str) -> SnakeKernel | None:
+    """The one-pass Triton kernel on CUDA when Triton is installed and ``OMNI_STREAM_NO_FUSED`` is unset, else None.
+
+    Measured on the H200 (``benchmarks/results/codec_decoder.md``): the activations and concatenations were most
+    of a streaming window's time at the audio-rate stages, where the convolutions are narrow (96-384 channels).
+    """
+    if torch.device(device).type != "cuda" or os.environ.get(ENV_DISABLE, "") not in ("", "0"):
+        return None
+    try:
+        from omni_stream.runtime.triton_snake import snake_cat as fused
+    except ImportError:
+        return None
+    return fused
 
 
 class SpeechTokenizer(nn.Module):
@@ -305,4 +369,6 @@ def load_speech_tokenizer(
         load_state_strict(model, tensors, str(path))
     else:
         raise ConfigError(f"load_format must be 'auto' or 'dummy', got {load_format!r}")
-    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    model.decoder.use_kernel(snake_kernel(device))
+    return model
