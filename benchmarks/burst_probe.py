@@ -229,7 +229,8 @@ async def burst(engine, timeline: WorkerTimeline, c: int, frames: int, seed: int
 def print_round(row: dict) -> None:
     r = row
     print(
-        f"c={r['c']:4d} round {r['round']}: TTFA p50 {r['ttfa_ms_p50']:.1f} p95 {r['ttfa_ms_p95']:.1f} "
+        f"c={r['c']:4d} hold {r['hold_ms']:.0f} ms round {r['round']}: TTFA p50 {r['ttfa_ms_p50']:.1f} "
+        f"p95 {r['ttfa_ms_p95']:.1f} "
         f"max {r['ttfa_ms_max']:.1f} ms | last created {r['created_ms_max']:.1f}, queue p50 {r['queue_ms_p50']:.1f} "
         f"max {r['queue_ms_max']:.1f}, admitted->first p50 {r['admitted_to_first_ms_p50']:.1f}, first->caller max "
         f"{r['first_chunk_to_caller_ms_max']:.1f} | to last first {r['to_last_first_ms']:.1f} = steps "
@@ -237,6 +238,14 @@ def print_round(row: dict) -> None:
         f"{r['loop_lag_ms_max']:.1f} sum {r['loop_lag_ms_sum']:.1f} ms | {r['aggregate_xrt']:.1f}x",
         flush=True,
     )
+    print(f"    whole round {r['round_ms']:.0f} ms: {r['round_steps']} steps {r['round_step_ms']:.0f} ms, "
+          f"{r['round_codec_jobs']} codec jobs {r['round_codec_ms']:.0f} ms", flush=True)  # fmt: skip
+    print(f"    prompts prepared from {r['prepare_ms']} ms; garbage collection {r['gc_ms']} ms, "
+          f"pauses over 1 ms (generation, at ms, ms): {r['gc_pauses_ms']}", flush=True)  # fmt: skip
+    for span, threads in (r["stack_samples"] or {}).items():
+        for thread, top in threads.items():
+            print(f"    {thread} stack samples {span}: {top}", flush=True)
+    print(f"    worker jobs (kind, at ms, ms, newcomers|jobs, rows|frames): {r['jobs'][:40]}", flush=True)
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -245,21 +254,15 @@ async def main(args: argparse.Namespace) -> None:
     rounds: list[dict] = []
     async with engine:
         await one_request(engine, 0, args.short_frames)  # what a server's warm-up request does
-        for c in args.bursts:
-            for r in range(args.rounds):
-                row = await burst(engine, timeline, c, args.frames, 1000 * r, args.sample_ms / 1000)
-                row["round"] = r
-                rounds.append(row)
-                print_round(row)
-                print(f"    whole round {row['round_ms']:.0f} ms: {row['round_steps']} steps "
-                      f"{row['round_step_ms']:.0f} ms, "
-                      f"{row['round_codec_jobs']} codec jobs {row['round_codec_ms']:.0f} ms", flush=True)  # fmt: skip
-                print(f"    prompts prepared from {row['prepare_ms']} ms; garbage collection {row['gc_ms']} ms, "
-                      f"pauses over 1 ms (generation, at ms, ms): {row['gc_pauses_ms']}", flush=True)  # fmt: skip
-                for span, threads in (row["stack_samples"] or {}).items():
-                    for thread, top in threads.items():
-                        print(f"    {thread} stack samples {span}: {top}", flush=True)
-                print(f"    worker jobs (kind, at ms, ms, newcomers|jobs, rows|frames): {row['jobs'][:40]}", flush=True)
+        scheduler = engine.models.speech().scheduler
+        for hold_ms in args.holds or [1000 * scheduler.hold]:
+            scheduler.hold = hold_ms / 1000
+            for c in args.bursts:
+                for r in range(args.rounds):
+                    row = await burst(engine, timeline, c, args.frames, 1000 * r, args.sample_ms / 1000)
+                    row["round"], row["hold_ms"] = r, hold_ms
+                    rounds.append(row)
+                    print_round(row)
     result = {
         "size": "tiny" if args.tiny else args.size,
         "git_commit": git_commit(),
@@ -279,6 +282,8 @@ if __name__ == "__main__":
     add_engine_args(ap)
     ap.add_argument("--bursts", type=lambda s: [int(x) for x in s.split(",")], default=[32])
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--holds", type=lambda s: [float(x) for x in s.split(",")], default=None,
+                    help="the talker's burst holds in ms, the bursts once each (default: the engine's)")  # fmt: skip
     ap.add_argument("--sample-ms", type=float, default=0.0, help="sample both threads' stacks this often (0: off)")
     ap.add_argument("--short-frames", type=int, default=12, help="the warm-up request before the bursts")
     asyncio.run(main(ap.parse_args()))

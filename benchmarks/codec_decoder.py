@@ -3,8 +3,8 @@
 Run on a CUDA machine: ``python benchmarks/codec_decoder.py [--size 1.7b]``. The speech tokenizer's decoder at
 its real size (bf16, random weights, ``benchmarks/configs``), in the slot-indexed pool the engine decodes with
 (:class:`~omni_stream.models.qwen3_tts.codec_graphs.CodecWindows`), one CUDA graph per (batch, window). For each
-arm (the Snake activations operation by operation or fused with their convolution's context, cuDNN's algorithm
-search off or on while the graphs are captured) it prints every graph's GPU time (CUDA events, median), the
+arm (the audio-rate stages module by module, or through the Triton kernels of
+:mod:`omni_stream.runtime.triton_vocoder`) it prints every graph's GPU time (CUDA events, median), the
 cost per frame of one stream and the audio it makes per second of GPU time, and the profiler's top kernels of
 one eager window of 128 x 25 frames. Writes ``codec_decoder_<size>.json`` to ``$OUT`` (or
 ``benchmarks/results``).
@@ -25,16 +25,16 @@ from provenance import git_commit
 from tts_bench import out_dir
 
 from omni_stream.models.qwen3_tts.checkpoint import write_dummy_checkpoint
-from omni_stream.models.qwen3_tts.codec import load_speech_tokenizer, snake_kernel
-from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows, cudnn_autotune
+from omni_stream.models.qwen3_tts.codec import load_speech_tokenizer, vocoder_kernels
+from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
 
 KEYS = ((1, 1), (1, 4), (1, 25), (32, 4), (32, 25), (128, 4), (128, 25))
 FRAME_S = 0.08
 
 
-def arm(decoder, fused: bool, autotune: bool, reps: int) -> dict:
-    decoder.use_kernel(snake_kernel("cuda") if fused else None)
-    pool = CodecWindows(decoder, 256, windows=sorted({n for _, n in KEYS}), max_batch=128, autotune=autotune)
+def arm(decoder, fused: bool, reps: int) -> dict:
+    decoder.use_kernels(vocoder_kernels("cuda") if fused else None)
+    pool = CodecWindows(decoder, 256, windows=sorted({n for _, n in KEYS}), max_batch=128)
     pool.batch_buckets = tuple(sorted({b for b, _ in KEYS}))
     assert pool.graphs is not None
     t0 = time.perf_counter()
@@ -52,7 +52,7 @@ def arm(decoder, fused: bool, autotune: bool, reps: int) -> dict:
               f"{b * n * FRAME_S / (ms / 1000):8.0f}x real time", flush=True)  # fmt: skip
     codes = torch.zeros(128, pool.q, 25, dtype=torch.long, device="cuda")
     slots = torch.arange(128, device="cuda")
-    with torch.inference_mode(), cudnn_autotune(autotune):
+    with torch.inference_mode():
         prof = kernel_profile(lambda: pool.pool.decode(codes, slots), reps=2)
     out["eager_128x25_profile"] = prof
     total = prof["total"]
@@ -75,10 +75,10 @@ def main() -> int:
         decoder = load_speech_tokenizer(ckpt, "cuda", torch.bfloat16, "dummy", with_encoder=False).decoder
     result: dict = {"git_commit": git_commit(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                     "cudnn": torch.backends.cudnn.version(), "size": args.size, "arms": {}}  # fmt: skip
-    for fused, autotune in ((False, False), (True, False), (False, True), (True, True)):
-        name = f"{'fused' if fused else 'module'} snake, cudnn search {'on' if autotune else 'off'}"
+    for fused in (False, True):
+        name = "triton" if fused else "module"
         print(name, flush=True)
-        result["arms"][name] = arm(decoder, fused, autotune, args.reps)
+        result["arms"][name] = arm(decoder, fused, args.reps)
         torch.cuda.empty_cache()
         path = out_dir() / f"codec_decoder_{args.size}.json"
         path.write_text(json.dumps(result, indent=1))

@@ -9,6 +9,13 @@ the underrun metric). While every slack is above ``guard`` all newcomers are adm
 together); below it only those that have waited ``max_defer`` already are, so a stream that cannot keep its
 slack never holds newcomers back for long. Pure: the scheduler supplies the numbers. The Qwen3-TTS family
 uses it only when ``OMNI_STREAM_ADMISSION=on`` (see its measured effect in ``benchmarks/results/tts_bench.md``).
+
+Apart from the rule, a burst is held together (:func:`hold_newcomers`): requests sent at once reach the
+scheduler one by one as their prompts are prepared (a burst of 128 over ~50 ms), and a worker that admits
+whatever is waiting would prefill it as several groups (1, then 57, then 70 newcomers on the H200). Each group
+then reaches every window length at its own step, so the codec's windows, batched by length, run as more and
+smaller jobs for the whole of the streams' lives. So while requests are still being prepared, newcomers wait
+for them, for at most ``hold`` seconds after the first of them queued.
 """
 
 from __future__ import annotations
@@ -20,6 +27,15 @@ from typing import Protocol
 # About one prefill stall plus a step: a stream with more audio ahead than this survives admitting newcomers.
 DEFAULT_GUARD_S = 0.06
 DEFAULT_MAX_DEFER_S = 0.3
+# A burst of 128 prompts is prepared in ~50 ms (two preparation threads); a lone request never waits (nothing
+# else is being prepared when it queues).
+DEFAULT_HOLD_S = 0.05
+
+
+def hold_newcomers(arriving: int, waiting: int, free: int, waited: float, hold: float) -> bool:
+    """Whether the ``waiting`` newcomers wait for the ``arriving`` requests still being prepared: only while
+    some are, a free slot is left for them, and the oldest newcomer has waited (``waited`` s) under ``hold``."""
+    return arriving > 0 and waiting < free and waited < hold
 
 
 class AdmissionRule(Protocol):

@@ -25,13 +25,13 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from collections.abc import Sequence as PySequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from omni_stream.admission import AdmissionRule
+from omni_stream.admission import DEFAULT_HOLD_S, AdmissionRule, hold_newcomers
 from omni_stream.batch import Batch, BatchModel, SeqOutput, Sequence
 from omni_stream.context import RequestContext
 from omni_stream.errors import EngineClosed
@@ -58,12 +58,13 @@ class SchedulerStats:
 class _Session:
     """Delivery state of one sequence; fields change under the scheduler's lock."""
 
-    __slots__ = ("buffer", "ctx", "done", "error", "loop", "seq", "waiter")
+    __slots__ = ("buffer", "ctx", "done", "error", "loop", "queued", "seq", "waiter")
 
     def __init__(self, seq: Sequence, ctx: RequestContext, loop: asyncio.AbstractEventLoop | None) -> None:
         self.seq = seq
         self.ctx = ctx
         self.loop = loop
+        self.queued = time.perf_counter()
         self.buffer: deque[Any] = deque()
         self.done = False
         self.error: BaseException | None = None
@@ -74,6 +75,28 @@ def _wake(sessions: list[_Session]) -> None:
     for sess in sessions:
         if sess.waiter is not None and not sess.waiter.done():
             sess.waiter.set_result(None)
+
+
+class Arrival:
+    """A request being prepared for a scheduler (:meth:`Scheduler.arriving`): newcomers already waiting may wait
+    for it (:func:`~omni_stream.admission.hold_newcomers`). It stops counting once its session opens or its
+    preparation ends any other way."""
+
+    __slots__ = ("_live", "_sched")
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._sched = scheduler
+        self._live = True
+
+    def _end_locked(self) -> None:
+        if self._live:
+            self._live = False
+            self._sched._arriving -= 1
+            self._sched.lock.notify()
+
+    def end(self) -> None:
+        with self._sched.lock:
+            self._end_locked()
 
 
 class Scheduler:
@@ -89,9 +112,13 @@ class Scheduler:
         metrics: SchedulerMetrics | None = None,
         name: str = "model",
         admission: AdmissionRule | None = None,
+        hold: float = DEFAULT_HOLD_S,
     ) -> None:
         """``admission``: how many waiting sequences each step admits (:mod:`omni_stream.admission`; None: all
-        that fit in the free slots)."""
+        that fit in the free slots). ``hold``: the longest newcomers wait for requests still being prepared
+        (:meth:`arriving`; 0: never)."""
+        if hold < 0:
+            raise ValueError(f"hold must be >= 0 s, got {hold}")
         low = high_watermark // 4 if low_watermark is None else low_watermark
         if high_watermark < 1 or not 0 <= low < high_watermark:
             raise ValueError(f"need 0 <= low_watermark < high_watermark, got {low}, {high_watermark}")
@@ -103,6 +130,8 @@ class Scheduler:
         self.metrics = metrics
         self.name = name
         self.admission = admission
+        self.hold = hold
+        self._arriving = 0  # requests being prepared (Arrival), under the lock
         self.stats = SchedulerStats()
         self.waiting: deque[Sequence] = deque()
         self.running: dict[int, Sequence] = {}
@@ -117,10 +146,27 @@ class Scheduler:
 
     # --- event loop side ---
 
+    @contextmanager
+    def arriving(self) -> Iterator[Arrival]:
+        """Count a request as being prepared for this scheduler until its session opens (pass the arrival to
+        :meth:`session`) or the block ends, whichever comes first."""
+        with self.lock:
+            self._arriving += 1
+        arrival = Arrival(self)
+        try:
+            yield arrival
+        finally:
+            arrival.end()
+
     @asynccontextmanager
-    async def session(self, payload: Any, ctx: RequestContext | None = None) -> AsyncIterator[SeqStream]:
-        """Queue a sequence for ``payload``; yield the stream of its items; release it on exit, any exit."""
-        sess = self.open(payload, ctx)
+    async def session(
+        self, payload: Any, ctx: RequestContext | None = None, arrival: Arrival | None = None
+    ) -> AsyncIterator[SeqStream]:
+        """Queue a sequence for ``payload``; yield the stream of its items; release it on exit, any exit.
+
+        ``arrival``: this request's :meth:`arriving` count, ended as the sequence queues (in one step, so a
+        burst's last newcomer is never between the two)."""
+        sess = self.open(payload, ctx, arrival=arrival)
         unregister = sess.ctx.add_release(lambda: self.release(sess))  # lets the consumer release it at once
         try:
             yield SeqStream(self, sess)
@@ -128,7 +174,9 @@ class Scheduler:
             unregister()
             self.release(sess)
 
-    def open(self, payload: Any, ctx: RequestContext | None = None, *, offline: bool = False) -> _Session:
+    def open(
+        self, payload: Any, ctx: RequestContext | None = None, *, offline: bool = False, arrival: Arrival | None = None
+    ) -> _Session:
         """Queue a sequence (pair with :meth:`release`; prefer :meth:`session`).
 
         ``offline``: no event loop waits for it (:func:`run_offline` steps the scheduler and reads the buffers).
@@ -141,6 +189,8 @@ class Scheduler:
             sess = _Session(seq, ctx, None if offline else asyncio.get_running_loop())
             self._sessions[seq.seq_id] = sess
             self.waiting.append(seq)
+            if arrival is not None:
+                arrival._end_locked()
             self._observe_queues()
             self.lock.notify()
         return sess
@@ -180,9 +230,22 @@ class Scheduler:
     def has_work(self) -> bool:
         if self._closed:
             return False
-        if self._released or (self.waiting and self.free_slots):
+        if self._released or (self.waiting and self.free_slots and not self._holding(time.perf_counter())):
             return True
         return any(seq.state is RequestState.RUNNING for seq in self.running.values())
+
+    def _holding(self, now: float) -> bool:
+        """Newcomers wait for requests still being prepared (lock held; see ``admission.hold_newcomers``)."""
+        if not self.waiting or not self._arriving:
+            return False
+        waited = now - self._sessions[self.waiting[0].seq_id].queued
+        return hold_newcomers(self._arriving, len(self.waiting), len(self.free_slots), waited, self.hold)
+
+    def next_deadline(self) -> float | None:
+        """When held newcomers stop waiting (``perf_counter`` time; lock held), else None."""
+        if not self._holding(time.perf_counter()):
+            return None
+        return self._sessions[self.waiting[0].seq_id].queued + self.hold
 
     def run_step(self) -> None:
         t0 = time.perf_counter()
@@ -210,7 +273,7 @@ class Scheduler:
     def schedule(self) -> tuple[Batch, int]:
         """Admit waiting sequences into free slots (prefill) and decode the running ones that are not paused."""
         prefill: list[Sequence] = []
-        budget = self._admission_budget()
+        budget = 0 if self._holding(time.perf_counter()) else self._admission_budget()
         while self.waiting and self.free_slots and len(prefill) < budget:
             seq = self.waiting.popleft()
             seq.slot = heapq.heappop(self.free_slots)

@@ -27,19 +27,21 @@ def talker_stage(
 ) -> Stage[Any, CodecFrames]:
     """Admit the request to ``scheduler`` and yield its items (codec frames) as steps produce them.
 
-    ``await prepare(ctx)`` runs first and returns the scheduler payload (prompt building, voice prompts).
-    Each item counts its ``n_frames`` into ``ctx.tokens(kind).output_tokens`` and one step into
-    ``ctx.timings.steps``.
+    ``await prepare(ctx)`` runs first and returns the scheduler payload (prompt building, voice prompts); while
+    it runs the request counts as arriving (:meth:`Scheduler.arriving`). Each item counts its ``n_frames`` into
+    ``ctx.tokens(kind).output_tokens`` and one step into ``ctx.timings.steps``.
     """
 
     async def talker(ctx: RequestContext, upstream: AsyncIterator[Any]) -> AsyncIterator[CodecFrames]:
-        payload = await prepare(ctx)
-        usage = ctx.tokens(kind)
-        async with scheduler.session(payload, ctx) as frames:
-            async for item in frames:
-                usage.output_tokens += item.n_frames
-                ctx.timings.steps += 1
-                yield item
+        # counted as arriving while prepared: newcomers of the same burst wait for it, so they prefill together
+        with scheduler.arriving() as arrival:
+            payload = await prepare(ctx)
+            usage = ctx.tokens(kind)
+            async with scheduler.session(payload, ctx, arrival) as frames:
+                async for item in frames:
+                    usage.output_tokens += item.n_frames
+                    ctx.timings.steps += 1
+                    yield item
 
     talker.__name__ = name
     return talker

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -66,6 +67,10 @@ class StepSource(Protocol):
     """Something the worker steps (a scheduler). ``has_work`` runs under the worker's lock."""
 
     def has_work(self) -> bool: ...
+
+    def next_deadline(self) -> float | None:
+        """A ``time.perf_counter`` time at which ``has_work`` turns true with nothing notifying (None: never)."""
+        ...
 
     def run_step(self) -> None:
         """One step on the worker thread, lock not held; must not raise (failures go to its requests)."""
@@ -209,6 +214,11 @@ class DeviceWorker:
 
     # --- worker thread ---
 
+    def _until_deadline(self) -> float | None:
+        """Seconds to the nearest step source's deadline (None: none): a timed wait, woken earlier by notify."""
+        deadlines = [d for d in (s.next_deadline() for s in self._sources) if d is not None]
+        return max(0.0, min(deadlines) - time.perf_counter()) if deadlines else None
+
     def _idle(self) -> bool:
         return not self._jobs and not self._groups and not any(s.has_work() for s in self._sources)
 
@@ -228,7 +238,7 @@ class DeviceWorker:
         while True:
             with self.cond:
                 while not self._closed and self._idle():
-                    self.cond.wait()
+                    self.cond.wait(self._until_deadline())
                 if self._closed:
                     break
                 jobs = list(self._jobs)

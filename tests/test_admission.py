@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import anyio
 import pytest
 from test_scheduler import make, read_all, settle, step, steps_in
 
-from omni_stream.admission import PlaybackAdmission
+from omni_stream.admission import PlaybackAdmission, hold_newcomers
 from omni_stream.context import RequestContext
-from omni_stream.models.synthetic import TalkerInput
+from omni_stream.models.synthetic import SyntheticConfig, SyntheticTalker, TalkerInput
+from omni_stream.scheduler import Scheduler
+from omni_stream.worker import DeviceWorker
 
 
 def test_all_newcomers_go_in_while_every_playing_stream_has_audio_ahead() -> None:
@@ -71,3 +74,51 @@ async def test_the_scheduler_steps_running_streams_first_while_their_listeners_r
                             while stream.buffered:
                                 await stream.__anext__()
             tg.cancel_scope.cancel()
+
+
+def test_newcomers_wait_for_their_burst_only_while_it_is_prepared_and_briefly() -> None:
+    assert hold_newcomers(arriving=3, waiting=2, free=8, waited=0.01, hold=0.05)
+    assert not hold_newcomers(arriving=0, waiting=2, free=8, waited=0.01, hold=0.05)  # nothing else coming
+    assert not hold_newcomers(arriving=3, waiting=8, free=8, waited=0.01, hold=0.05)  # no slot left for them
+    assert not hold_newcomers(arriving=3, waiting=2, free=8, waited=0.05, hold=0.05)  # waited long enough
+    assert not hold_newcomers(arriving=3, waiting=2, free=8, waited=0.0, hold=0.0)  # holding off
+
+
+async def test_a_burst_prefills_together_once_its_last_request_is_prepared() -> None:
+    sched, model = make(max_batch=4)
+    sched.hold = 60.0  # never runs out here: only the arrivals end the wait
+    with sched.arriving() as first, sched.arriving() as second, sched.arriving():
+        pass  # the third's preparation failed: it counts no more
+    assert sched._arriving == 0
+    with sched.arriving() as first, sched.arriving() as second:
+        async with sched.session(TalkerInput(3, 1), arrival=first) as a:
+            assert not sched.has_work()  # the second is still being prepared
+            deadline = sched.next_deadline()
+            assert deadline is not None and 59.0 < deadline - time.perf_counter() <= 60.0
+            async with sched.session(TalkerInput(3, 2), arrival=second) as b:
+                assert sched.has_work() and sched.next_deadline() is None
+                await step(sched)
+                assert steps_in(model)[0] == ("step", (a.seq.seq_id, b.seq.seq_id), ())
+                with sched.arriving() as third:
+                    await step(sched)  # running streams step while a newcomer is prepared
+                    assert steps_in(model)[-1] == ("step", (), (a.seq.seq_id, b.seq.seq_id))
+                    async with sched.session(TalkerInput(3, 3), arrival=third) as c:
+                        await step(sched)
+                        assert steps_in(model)[-1][1] == (c.seq.seq_id,)
+
+
+async def test_a_held_newcomer_goes_in_when_the_hold_runs_out() -> None:
+    """On a running worker, with a request that never finishes its preparation: the worker wakes at the hold's
+    end by itself (nothing notifies it then) and admits the newcomer."""
+    model = SyntheticTalker(SyntheticConfig(), 2)
+    worker = DeviceWorker().start()
+    try:
+        sched = Scheduler(model, worker, hold=0.02)
+        with sched.arriving(), sched.arriving() as mine:
+            async with sched.session(TalkerInput(2, 1), arrival=mine) as stream:
+                first = await asyncio.wait_for(stream.__anext__(), 10)
+                assert first.start_frame == 0 and sched._arriving == 1
+    finally:
+        await worker.aclose()
+    with pytest.raises(ValueError, match="hold"):
+        Scheduler(model, DeviceWorker(), hold=-1)

@@ -1,4 +1,5 @@
-"""Process-level knobs of the GPU path, checked without a GPU: the switch interval, codec stream, admission."""
+"""Process-level knobs of the GPU path, checked without a GPU: the switch interval, codec stream, admission, the
+burst hold."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import sys
 
 import pytest
 
-from omni_stream.admission import PlaybackAdmission
+from omni_stream.admission import DEFAULT_HOLD_S, PlaybackAdmission
 from omni_stream.errors import ConfigError
-from omni_stream.models.qwen3_tts.family import admission_rule, codec_stream_mode
+from omni_stream.models.qwen3_tts.family import admission_rule, burst_hold, codec_stream_mode
 from omni_stream.runtime.gil import ENV_SWITCH_INTERVAL, requested_interval_ms, shorten_switch_interval
 
 
@@ -46,3 +47,12 @@ def test_codec_stream_and_admission_settings() -> None:
     assert admission_rule({"OMNI_STREAM_ADMISSION": "off"}) is None
     with pytest.raises(ConfigError):
         admission_rule({"OMNI_STREAM_ADMISSION": "maybe"})
+
+
+def test_the_burst_hold_setting() -> None:
+    assert burst_hold({}) == DEFAULT_HOLD_S
+    assert burst_hold({"OMNI_STREAM_BURST_HOLD_MS": " 20 "}) == pytest.approx(0.02)
+    assert burst_hold({"OMNI_STREAM_BURST_HOLD_MS": "0"}) == 0.0  # never hold
+    for raw in ("soon", "-5", "2000"):
+        with pytest.raises(ConfigError, match="OMNI_STREAM_BURST_HOLD_MS must be 0-1000 milliseconds"):
+            burst_hold({"OMNI_STREAM_BURST_HOLD_MS": raw})

@@ -92,6 +92,9 @@ class Completions:
     def has_work(self) -> bool:
         return bool(self._pending)
 
+    def next_deadline(self) -> float | None:
+        return None  # pending events make it runnable at once
+
     def run_step(self) -> None:
         """Collect what is done; with nothing done and nothing else to step, wait for the oldest event."""
         if self.deliver_ready():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, cast
 
@@ -40,9 +41,12 @@ class CausalConv1d(StatefulBlock):
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
         return {self.state_key: (self.conv.in_channels, self.context)} if self.context else {}
 
-    def forward(self, x: Tensor, state: State | None = None, act: SnakeBeta | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, state: State | None = None, act: SnakeBeta | None = None, *, bias: bool = True
+    ) -> Tensor:
         """``act``: the activation before this convolution, applied to the new input only (the history holds
-        activated inputs already) and, with its fused kernel, in the same pass as the concatenation."""
+        activated inputs already), fused with the concatenation when its ``kernels`` are set; ``bias=False``:
+        leave this convolution's bias to whatever reads its output (a fused path adds it there)."""
         history = state[self.state_key] if self.context and state is not None else None
         if act is not None:
             x = act.cat(x, history, self.context if history is None else 0)
@@ -53,7 +57,13 @@ class CausalConv1d(StatefulBlock):
         if history is not None:
             assert state is not None
             state[self.state_key] = x[..., -self.context :]
-        return self.conv(x)
+        conv = self.conv
+        kernels = act.kernels if act is not None else None
+        if kernels is not None and conv.out_channels == 1 and conv.groups == 1 and conv.bias is not None:
+            return kernels.conv_to_one(x, conv.weight, conv.bias, conv.dilation[0])
+        if bias:
+            return conv(x)
+        return F.conv1d(x, conv.weight, None, dilation=conv.dilation, groups=conv.groups)
 
 
 class CausalConvTranspose1d(StatefulBlock):
@@ -87,14 +97,12 @@ class CausalConvTranspose1d(StatefulBlock):
         return y[..., h * self.stride : (h + n) * self.stride]
 
 
-# ``kernel(x, params, history, pad)``: ``[history or pad zeros | snake(x)]`` (see :func:`snake_cat`)
-SnakeKernel = Callable[[Tensor, Tensor, "Tensor | None", int], Tensor]
-
-
-def snake_cat(x: Tensor, params: Tensor, history: Tensor | None, pad: int = 0) -> Tensor:
-    """``[history | snake(x)]`` along time (``history`` None: ``pad`` zero columns); ``params [2, C, 1]`` holds
-    ``exp(alpha)`` and ``1 / (exp(beta) + 1e-9)``. The module path, operation by operation as the reference
-    rounds; :mod:`omni_stream.runtime.triton_snake` is the one-pass kernel of the same."""
+def snake_cat(x: Tensor, params: Tensor, history: Tensor | None, pad: int = 0, bias: Tensor | None = None) -> Tensor:
+    """``[history | snake(x + bias)]`` along time (``history`` None: ``pad`` zero columns; ``bias [C]`` None:
+    none); ``params [2, C, 1]`` holds ``exp(alpha)`` and ``1 / (exp(beta) + 1e-9)``. Operation by operation,
+    as the reference rounds."""
+    if bias is not None:
+        x = x + bias[:, None]
     alpha, inv_beta = params
     y = x + inv_beta * torch.pow(torch.sin(x * alpha), 2)
     if history is not None:
@@ -102,17 +110,41 @@ def snake_cat(x: Tensor, params: Tensor, history: Tensor | None, pad: int = 0) -
     return F.pad(y, (pad, 0)) if pad else y
 
 
+def _residual_add(h: Tensor, bias: Tensor, x: Tensor) -> Tensor:
+    return h + bias[:, None] + x
+
+
+def _conv_to_one(x: Tensor, weight: Tensor, bias: Tensor, dilation: int = 1) -> Tensor:
+    return F.conv1d(x, weight, bias, dilation=dilation)
+
+
+@dataclass(frozen=True, slots=True)
+class VocoderKernels:
+    """How the decoder's audio-rate stages compute when fused (:meth:`CodecDecoder.use_kernels`): each Snake
+    activation in one pass with its convolution's left context and the bias of the convolution before it, a
+    residual unit's bias and residual sum in one pass, the one-channel output convolution as its own kernel
+    (:mod:`omni_stream.runtime.triton_vocoder` says why). :data:`TORCH_VOCODER` is the torch version of each."""
+
+    name: str
+    snake_cat: Callable[[Tensor, Tensor, Tensor | None, int, Tensor | None], Tensor]
+    residual_add: Callable[[Tensor, Tensor, Tensor], Tensor]
+    conv_to_one: Callable[[Tensor, Tensor, Tensor, int], Tensor]
+
+
+TORCH_VOCODER = VocoderKernels("torch", snake_cat, _residual_add, _conv_to_one)
+
+
 class SnakeBeta(nn.Module):
     """``x + 1/(exp(beta)+1e-9) * sin(exp(alpha) * x)^2``; alpha, beta stored in log space.
 
-    ``kernel``: how :meth:`cat` computes (None: :func:`snake_cat`; :meth:`CodecDecoder.use_kernel` sets it).
+    ``kernels``: set by :meth:`CodecDecoder.use_kernels` (None: the module path, the reference's rounding).
     """
 
     def __init__(self, channels: int):
         super().__init__()
         self.alpha = nn.Parameter(torch.zeros(channels))
         self.beta = nn.Parameter(torch.zeros(channels))
-        self.kernel: SnakeKernel | None = None
+        self.kernels: VocoderKernels | None = None
         self._derived = DerivedTensor()
 
     @staticmethod
@@ -123,9 +155,10 @@ class SnakeBeta(nn.Module):
     def params(self) -> Tensor:
         return self._derived.get(self._fold, self.alpha, self.beta)
 
-    def cat(self, x: Tensor, history: Tensor | None, pad: int = 0) -> Tensor:
-        """``[history or pad zeros | self(x)]``: the input of the convolution that follows (one pass when fused)."""
-        return (self.kernel or snake_cat)(x, self.params(), history, pad)
+    def cat(self, x: Tensor, history: Tensor | None, pad: int = 0, bias: Tensor | None = None) -> Tensor:
+        """``[history or pad zeros | self(x + bias)]``: the input of the convolution that follows."""
+        fn = self.kernels.snake_cat if self.kernels is not None else snake_cat
+        return fn(x, self.params(), history, pad, bias)
 
     def forward(self, x: Tensor, state: State | None = None) -> Tensor:
         return self.cat(x, None)
@@ -155,8 +188,14 @@ class ResidualUnit(nn.Module):
         self.conv2 = CausalConv1d(dim, dim, 1)
 
     def forward(self, x: Tensor, state: State | None = None) -> Tensor:
-        h = self.conv2(self.conv1(x, state, self.act1), state, self.act2)
-        return h + x
+        kernels = self.act1.kernels
+        if kernels is None:
+            return self.conv2(self.conv1(x, state, self.act1), state, self.act2) + x
+        # fused: conv1's bias goes into act2's pass, conv2's into the residual sum's
+        h = self.conv1(x, state, self.act1, bias=False)
+        assert self.conv1.conv.bias is not None and self.conv2.conv.bias is not None
+        h = F.conv1d(self.act2.cat(h, None, 0, self.conv1.conv.bias), self.conv2.conv.weight)
+        return kernels.residual_add(h, self.conv2.conv.bias, x)
 
 
 class DecoderBlock(nn.Module):
@@ -199,12 +238,12 @@ class CodecDecoder(nn.Module):
             if isinstance(module, StatefulBlock):
                 module.state_key = name
 
-    def use_kernel(self, kernel: SnakeKernel | None) -> None:
-        """Compute every Snake activation (with its convolution's left context) by ``kernel`` (None: operation
-        by operation); the loader sets :func:`snake_kernel`'s choice for the device."""
+    def use_kernels(self, kernels: VocoderKernels | None) -> None:
+        """Compute the audio-rate stages by ``kernels`` (None: module by module, the reference's rounding); the
+        loader sets :func:`vocoder_kernels`'s choice for the device."""
         for module in self.modules():
             if isinstance(module, SnakeBeta):
-                module.kernel = kernel
+                module.kernels = kernels
 
     def stateful_blocks(self) -> Iterator[StatefulBlock]:
         for module in self.modules():
@@ -249,19 +288,20 @@ class CodecDecoder(nn.Module):
         return h.clamp(min=-1.0, max=1.0)
 
 
-def snake_kernel(device: torch.device | str) -> SnakeKernel | None:
-    """The one-pass Triton kernel on CUDA when Triton is installed and ``OMNI_STREAM_NO_FUSED`` is unset, else None.
+def vocoder_kernels(device: torch.device | str) -> VocoderKernels | None:
+    """The Triton kernels on CUDA when Triton is installed and ``OMNI_STREAM_NO_FUSED`` is unset, else None.
 
-    Measured on the H200 (``benchmarks/results/codec_decoder.md``): the activations and concatenations were most
-    of a streaming window's time at the audio-rate stages, where the convolutions are narrow (96-384 channels).
+    Measured on the H200 (``benchmarks/results/codec_decoder.md``): the eager activations, concatenations,
+    bias and residual passes were most of a streaming window's time at the audio-rate stages, where the
+    convolutions are narrow (96-384 channels).
     """
     if torch.device(device).type != "cuda" or os.environ.get(ENV_DISABLE, "") not in ("", "0"):
         return None
     try:
-        from omni_stream.runtime.triton_snake import snake_cat as fused
+        from omni_stream.runtime import triton_vocoder as tv
     except ImportError:
         return None
-    return fused
+    return VocoderKernels("triton", tv.snake_cat, tv.residual_add, tv.conv_to_one)
 
 
 class SpeechTokenizer(nn.Module):
@@ -370,5 +410,5 @@ def load_speech_tokenizer(
     else:
         raise ConfigError(f"load_format must be 'auto' or 'dummy', got {load_format!r}")
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    model.decoder.use_kernel(snake_kernel(device))
+    model.decoder.use_kernels(vocoder_kernels(device))
     return model

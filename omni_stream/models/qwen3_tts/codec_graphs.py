@@ -38,19 +38,6 @@ from omni_stream.runtime.cuda_graphs import GraphSet, batch_buckets, pick
 DEFAULT_WINDOWS = (1, 2, 4, 8, 16, 25)
 
 
-@contextlib.contextmanager
-def cudnn_autotune(on: bool) -> Iterator[None]:
-    """cuDNN's algorithm search (``torch.backends.cudnn.benchmark``) on for the block, then as it was. A graph's
-    warm-up run searches each convolution shape once and its capture records the algorithm found; the flag is
-    process-wide, so it is set only around the codec's own graph steps."""
-    saved = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = on or saved
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.benchmark = saved
-
-
 def window_plan(n: int, windows: Sequence[int], final: bool) -> list[int] | None:
     """Graph window sizes that decode ``n`` frames in order: the largest that fit, one after another; with
     ``final`` (nothing is decoded after these frames) a remainder that no window equals is padded up to the
@@ -112,13 +99,10 @@ class CodecWindows:
         windows: Sequence[int] = DEFAULT_WINDOWS,
         max_batch: int | None = None,
         stream: torch.cuda.Stream | None = None,
-        autotune: bool = True,
     ) -> None:
         """``graphs``: None = on CUDA; ``max_batch``: largest graph batch (default ``capacity``); ``stream``: the
-        CUDA stream jobs run on (None: the issuing thread's current stream); ``autotune``: graphs record the
-        convolution algorithms cuDNN's search finds (:func:`cudnn_autotune`). Windows are split or padded to
-        the graph windows (:func:`window_plan`) whenever :attr:`graphs` is set."""
-        self.autotune = autotune
+        CUDA stream jobs run on (None: the issuing thread's current stream). Windows are split or padded to the
+        graph windows (:func:`window_plan`) whenever :attr:`graphs` is set."""
         self.decoder = decoder
         self.capacity = capacity
         self.scratch = capacity  # the pool's last row: padding rows of a graph batch read and write it
@@ -171,8 +155,7 @@ class CodecWindows:
     @torch.inference_mode()
     def _graph_step(self, b: int, n: int) -> None:
         codes, slots = self._static(b, n)
-        with cudnn_autotune(self.autotune):
-            self._out[(b, n)] = self.pool.decode(codes, slots)
+        self._out[(b, n)] = self.pool.decode(codes, slots)
 
     def capture_graphs(self, progress: Callable[..., Any] | None = None) -> float:
         """Capture every (batch bucket, window) graph, largest first; returns seconds (0 without graphs)."""

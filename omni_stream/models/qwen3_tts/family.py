@@ -22,7 +22,7 @@ import anyio
 import numpy as np
 import torch
 
-from omni_stream.admission import PlaybackAdmission
+from omni_stream.admission import DEFAULT_HOLD_S, PlaybackAdmission
 from omni_stream.context import RequestContext
 from omni_stream.errors import (
     AudioDecodeError,
@@ -71,6 +71,8 @@ CODEC_STREAM_MODES = ("off", "high", "normal")
 # default: measured (runs 15-16, one server per arm) it keeps continuity at 100 % at c=64 and c=128 (88 % without
 # at c=128, underrun p99 64 ms instead of 310 ms) but at c=64 costs 40 % more TTFA p50 and 13 % of throughput.
 ENV_ADMISSION = "OMNI_STREAM_ADMISSION"
+# Milliseconds newcomers wait for requests of their burst still being prepared (omni_stream.admission; 0: never).
+ENV_HOLD_MS = "OMNI_STREAM_BURST_HOLD_MS"
 
 SAMPLE_RATE = 24000
 # Streaming windows: the first audio chunk after a load-dependent number of frames (80 ms each; 1 when the
@@ -158,6 +160,7 @@ class Qwen3TTSFamily:
                 metrics=load.metrics.scheduler("talker"),
                 name="talker",
                 admission=admission_rule(),
+                hold=burst_hold(),
             )
             if self.codec_windows is not None and self.codec_windows.stream is not None:
                 # Codec jobs launched on their stream are collected by the worker itself: after every talker
@@ -346,6 +349,20 @@ def admission_rule(env: dict[str, str] | None = None) -> PlaybackAdmission | Non
     if value not in ("", "on", "off"):
         raise ConfigError(f"{ENV_ADMISSION} must be on or off, got {value!r}")
     return PlaybackAdmission() if value == "on" else None
+
+
+def burst_hold(env: dict[str, str] | None = None) -> float:
+    """Seconds from ``$OMNI_STREAM_BURST_HOLD_MS`` (0-1000; default ``admission.DEFAULT_HOLD_S``), checked."""
+    value = (os.environ if env is None else env).get(ENV_HOLD_MS, "").strip()
+    if not value:
+        return DEFAULT_HOLD_S
+    try:
+        ms = float(value)
+    except ValueError:
+        ms = -1.0
+    if not 0 <= ms <= 1000:
+        raise ConfigError(f"{ENV_HOLD_MS} must be 0-1000 milliseconds, got {value!r}")
+    return ms / 1000
 
 
 def codec_stream_mode(env: dict[str, str] | None = None) -> str:

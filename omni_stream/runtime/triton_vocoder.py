@@ -1,0 +1,145 @@
+"""A vocoder's audio-rate elementwise work as Triton kernels: Snake activations, biases, residual sums, the
+one-channel output convolution.
+
+A vocoder's residual unit is ``x + conv2(snake(conv1(snake(x))))`` at the audio rate, and a streaming causal
+convolution first concatenates its history with its new input. Eagerly every step is its own pass over the
+activation: the Snake's multiply, sine, square, multiply and add, the concatenation, each convolution's bias
+(added by a broadcasting kernel after cuDNN's), the residual sum. Here
+
+    [history | snake(x + bias)]     one pass (:func:`snake_cat`): the buffer the next convolution reads
+    h + bias + x                    one pass (:func:`residual_add`): a residual unit's output
+    conv(x) to one channel          one kernel (:func:`conv_to_one`): cuDNN falls back to a slow general
+                                    kernel for a single output channel (35 ms of a 143 ms window of
+                                    128 x 25 frames on the H200, ``benchmarks/results/codec_decoder.md``)
+
+and the convolutions around them run without their bias. The arithmetic is fp32, rounded once to the
+activation dtype (eager bf16 rounds after every operation, so the two differ by about one bf16 unit).
+:data:`omni_stream.models.qwen3_tts.codec.TORCH_VOCODER` holds the torch versions these are tested against
+(``TRITON_INTERPRET=1`` runs them on the CPU in the suite).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 1024
+CONV_BLOCK = 512
+
+
+@triton.jit
+def _snake_cat_kernel(
+    x_ptr, h_ptr, p_ptr, bias_ptr, out_ptr, channels, n, hist, x_sb, x_sc, h_sb, h_sc,
+    HAS_HIST: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)  # b * channels + c
+    t = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    b = (row // channels).to(tl.int64)
+    c = row % channels
+    width = hist + n
+    alpha = tl.load(p_ptr + c).to(tl.float32)
+    inv_beta = tl.load(p_ptr + channels + c).to(tl.float32)
+    new = (t >= hist) & (t < width)
+    x = tl.load(x_ptr + b * x_sb + c * x_sc + (t - hist), mask=new, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        x += tl.load(bias_ptr + c).to(tl.float32)
+    s = tl.sin(x * alpha)
+    y = x + inv_beta * (s * s)
+    old = t < hist
+    if HAS_HIST:
+        h = tl.load(h_ptr + b * h_sb + c * h_sc + t, mask=old, other=0.0).to(tl.float32)
+        y = tl.where(old, h, y)
+    else:
+        y = tl.where(old, 0.0, y)
+    tl.store(out_ptr + row.to(tl.int64) * width + t, y.to(out_ptr.dtype.element_ty), mask=t < width)
+
+
+def _unit_time_stride(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(2) == 1 else t.contiguous()
+
+
+def snake_cat(
+    x: torch.Tensor, params: torch.Tensor, history: torch.Tensor | None, pad: int = 0, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``[history | snake(x + bias)]`` along the last axis (``history`` None: ``pad`` zero columns instead).
+
+    ``x [B, C, n]`` and ``history [B, C, h]`` may be strided views; ``params [2, C, 1]`` holds ``exp(alpha)``
+    and ``1 / (exp(beta) + 1e-9)``; ``bias [C]`` (None: none). Returns a new contiguous ``[B, C, h + n]``.
+    """
+    x = _unit_time_stride(x)
+    b, c, n = x.shape
+    h = pad
+    if history is not None:
+        history = _unit_time_stride(history)
+        h = history.shape[2]
+    out = torch.empty((b, c, h + n), dtype=x.dtype, device=x.device)
+    hist = history if history is not None else x  # any pointer: never read without a history
+    grid = (b * c, triton.cdiv(h + n, BLOCK))
+    _snake_cat_kernel[grid](
+        x, hist, params.contiguous(), bias if bias is not None else params, out, c, n, h,
+        x.stride(0), x.stride(1), hist.stride(0), hist.stride(1),
+        HAS_HIST=history is not None, HAS_BIAS=bias is not None, BLOCK=BLOCK,
+    )  # fmt: skip
+    return out
+
+
+@triton.jit
+def _residual_add_kernel(
+    h_ptr, bias_ptr, x_ptr, out_ptr, channels, n, h_sb, h_sc, x_sb, x_sc, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    t = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    b = (row // channels).to(tl.int64)
+    c = row % channels
+    live = t < n
+    h = tl.load(h_ptr + b * h_sb + c * h_sc + t, mask=live, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + b * x_sb + c * x_sc + t, mask=live, other=0.0).to(tl.float32)
+    y = h + tl.load(bias_ptr + c).to(tl.float32) + x
+    tl.store(out_ptr + row.to(tl.int64) * n + t, y.to(out_ptr.dtype.element_ty), mask=live)
+
+
+def residual_add(h: torch.Tensor, bias: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``h + bias[:, None] + x`` for ``[B, C, n]`` (strided views allowed); a new contiguous tensor."""
+    h, x = _unit_time_stride(h), _unit_time_stride(x)
+    b, c, n = h.shape
+    out = torch.empty((b, c, n), dtype=h.dtype, device=h.device)
+    grid = (b * c, triton.cdiv(n, BLOCK))
+    _residual_add_kernel[grid](
+        h, bias, x, out, c, n, h.stride(0), h.stride(1), x.stride(0), x.stride(1), BLOCK=BLOCK
+    )  # fmt: skip
+    return out
+
+
+@triton.jit
+def _conv_to_one_kernel(
+    x_ptr, w_ptr, bias_ptr, out_ptr, channels, n_in, n_out, x_sb, x_sc,
+    KERNEL: tl.constexpr, DILATION: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0).to(tl.int64)
+    t = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    live = t < n_out
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for c in range(channels):
+        row = x_ptr + b * x_sb + c * x_sc
+        for k in tl.static_range(KERNEL):
+            w = tl.load(w_ptr + c * KERNEL + k).to(tl.float32)
+            acc += w * tl.load(row + t + k * DILATION, mask=live, other=0.0).to(tl.float32)
+    acc += tl.load(bias_ptr).to(tl.float32)
+    tl.store(out_ptr + b * n_out + t, acc.to(out_ptr.dtype.element_ty), mask=live)
+
+
+def conv_to_one(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, dilation: int = 1) -> torch.Tensor:
+    """``conv1d(x, weight, bias, dilation=dilation)`` with one output channel: ``x [B, C, n]``, ``weight [1, C, k]``;
+    no padding (the input holds its left context). Returns ``[B, 1, n - (k - 1) * dilation]``."""
+    x = _unit_time_stride(x)
+    b, c, n = x.shape
+    k = weight.shape[2]
+    n_out = n - (k - 1) * dilation
+    out = torch.empty((b, 1, n_out), dtype=x.dtype, device=x.device)
+    grid = (b, triton.cdiv(n_out, CONV_BLOCK))
+    _conv_to_one_kernel[grid](
+        x, weight.contiguous(), bias, out, c, n, n_out, x.stride(0), x.stride(1),
+        KERNEL=k, DILATION=dilation, BLOCK=CONV_BLOCK,
+    )  # fmt: skip
+    return out
