@@ -21,7 +21,6 @@ from omni_stream.models.qwen3_tts.codec import (
     TORCH_VOCODER,
     CodecDecoder,
     SnakeBeta,
-    conv_as_gemm,
     load_speech_tokenizer,
     snake_cat,
     vocoder_kernels,
@@ -165,24 +164,3 @@ def test_the_triton_kernels_stream_as_the_module_path_on_cuda(tmp_path_factory: 
     gpu.use_kernels(fused)
     # fp32 arithmetic rounded once against bf16 rounding after every operation: the same signal
     assert (out[0] - out[1]).abs().max().item() < 0.05 * out[1].abs().max().item()
-
-
-@pytest.mark.parametrize("k, dilation", [(7, 1), (3, 2), (1, 1)])
-def test_a_convolution_as_a_matrix_product_equals_conv1d(k: int, dilation: int) -> None:
-    x = torch.randn(3, 8, 22 + (k - 1) * dilation)[..., 2:]  # a strided view, as after a concatenation's slice
-    weight, bias = torch.randn(5, 8, k), torch.randn(5)
-    want = F.conv1d(x, weight, bias, dilation=dilation)
-    assert torch.allclose(conv_as_gemm(x, weight, bias, dilation), want, atol=1e-5)
-    assert torch.allclose(
-        conv_as_gemm(x, weight, None, dilation), F.conv1d(x, weight, None, dilation=dilation), atol=1e-5
-    )
-    assert conv_as_gemm(x, weight, bias, dilation).shape == want.shape == (3, 5, 20)
-
-
-def test_fused_kernels_take_the_first_convolution_as_a_matrix_product(decoder: CodecDecoder) -> None:
-    first = decoder.decoder[0]
-    assert not first.as_gemm
-    decoder.use_kernels(TORCH_VOCODER)
-    assert first.as_gemm
-    decoder.use_kernels(None)
-    assert not first.as_gemm

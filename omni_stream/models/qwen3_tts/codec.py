@@ -37,7 +37,6 @@ class CausalConv1d(StatefulBlock):
         super().__init__()
         self.conv = nn.Conv1d(cin, cout, kernel, dilation=dilation, groups=groups, bias=bias)
         self.context = (kernel - 1) * dilation
-        self.as_gemm = False  # compute as one matrix product over the unfolded input (see conv_as_gemm)
 
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
         return {self.state_key: (self.conv.in_channels, self.context)} if self.context else {}
@@ -62,8 +61,6 @@ class CausalConv1d(StatefulBlock):
         kernels = act.kernels if act is not None else None
         if kernels is not None and conv.out_channels == 1 and conv.groups == 1 and conv.bias is not None:
             return kernels.conv_to_one(x, conv.weight, conv.bias, conv.dilation[0])
-        if self.as_gemm and conv.groups == 1:
-            return conv_as_gemm(x, conv.weight, conv.bias if bias else None, conv.dilation[0])
         if bias:
             return conv(x)
         return F.conv1d(x, conv.weight, None, dilation=conv.dilation, groups=conv.groups)
@@ -98,21 +95,6 @@ class CausalConvTranspose1d(StatefulBlock):
         # a zero history adds nothing but the bias, which every output step gets once either way.
         y = self.conv(x)
         return y[..., h * self.stride : (h + n) * self.stride]
-
-
-def conv_as_gemm(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int = 1) -> Tensor:
-    """``conv1d(x, weight, bias, dilation=dilation)`` without padding, as one batched matrix product over the
-    unfolded input ``[B, C_in * k, n_out]``. For the vocoder's first convolution (1024 -> 1536 channels, k = 7,
-    at 4 positions a frame) cuDNN picks a kernel without tensor cores: 35 ms of a 118 ms window of 128 x 25
-    frames on the H200, where the product reads the unfolded input once (``benchmarks/results/codec_decoder.md``).
-    """
-    cout, cin, k = weight.shape
-    span = (k - 1) * dilation + 1
-    cols = x.unfold(2, span, 1)[..., ::dilation]  # [B, C_in, n_out, k] (a view)
-    b, _, n_out, _ = cols.shape
-    cols = cols.permute(0, 1, 3, 2).reshape(b, cin * k, n_out)
-    out = torch.matmul(weight.reshape(cout, cin * k), cols)
-    return out if bias is None else out.add_(bias[:, None])
 
 
 def snake_cat(x: Tensor, params: Tensor, history: Tensor | None, pad: int = 0, bias: Tensor | None = None) -> Tensor:
@@ -257,15 +239,11 @@ class CodecDecoder(nn.Module):
                 module.state_key = name
 
     def use_kernels(self, kernels: VocoderKernels | None) -> None:
-        """Compute the audio-rate stages by ``kernels`` (None: module by module, the reference's rounding), and
-        with them the vocoder's first convolution as a matrix product (:func:`conv_as_gemm`); the loader sets
-        :func:`vocoder_kernels`'s choice for the device."""
+        """Compute the audio-rate stages by ``kernels`` (None: module by module, the reference's rounding); the
+        loader sets :func:`vocoder_kernels`'s choice for the device."""
         for module in self.modules():
             if isinstance(module, SnakeBeta):
                 module.kernels = kernels
-        first = self.decoder[0]
-        assert isinstance(first, CausalConv1d)
-        first.as_gemm = kernels is not None
 
     def stateful_blocks(self) -> Iterator[StatefulBlock]:
         for module in self.modules():
