@@ -62,10 +62,28 @@ def arm(decoder, fused: bool, reps: int) -> dict:
     return out
 
 
+def print_shapes(decoder) -> None:
+    """The profiler's operators of one eager fused window of 128 x 25 frames, by input shape (which convolution
+    a slow kernel belongs to)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    codes = torch.zeros(128, decoder.cfg.num_quantizers, 25, dtype=torch.long, device="cuda")
+    with torch.inference_mode():
+        decoder(codes)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+            decoder(codes)
+            torch.cuda.synchronize()
+    table = prof.key_averages(group_by_input_shape=True).table(sort_by="cuda_time_total", row_limit=14)
+    print(table, flush=True)
+    (out_dir() / "codec_decoder_shapes.txt").write_text(table)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", choices=sorted(CONFIGS), default="1.7b")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--shapes", action="store_true", help="only the operators of one fused window, by input shape")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA device")
@@ -73,6 +91,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = write_dummy_checkpoint(CONFIGS[args.size], Path(tmp) / "ckpt", dtype=torch.bfloat16, weights=False)
         decoder = load_speech_tokenizer(ckpt, "cuda", torch.bfloat16, "dummy", with_encoder=False).decoder
+    if args.shapes:
+        print_shapes(decoder)
+        return 0
     result: dict = {"git_commit": git_commit(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                     "cudnn": torch.backends.cudnn.version(), "size": args.size, "arms": {}}  # fmt: skip
     for fused in (False, True):
