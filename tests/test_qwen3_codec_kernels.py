@@ -89,6 +89,17 @@ def test_the_triton_kernels_equal_the_torch_versions(tmp_path: Path, tmp_path_fa
     assert "vocoder kernels ok" in done.stdout
 
 
+def _streamed(decoder: CodecDecoder, codes: torch.Tensor, kernels) -> tuple[torch.Tensor, dict]:
+    """``codes [B, 16, T]`` decoded window by window (the 1-frame ramp to 25) with ``kernels``: audio, state."""
+    decoder.use_kernels(kernels)
+    state, parts, start = CodecStreamState.zeros(decoder, codes.shape[0]), [], 0
+    with torch.inference_mode():
+        for n in ramp_schedule(codes.shape[-1], 1, 25):
+            parts.append(decode_window(decoder, codes[..., start : start + n], state))
+            start += n
+    return torch.cat(parts, dim=-1), state.tensors
+
+
 @pytest.fixture(scope="module")
 def decoder(tmp_path_factory: pytest.TempPathFactory) -> CodecDecoder:
     return load_speech_tokenizer(tiny_checkpoint_dir(tmp_path_factory), with_encoder=False).decoder
@@ -97,17 +108,8 @@ def decoder(tmp_path_factory: pytest.TempPathFactory) -> CodecDecoder:
 def test_the_fused_structure_streams_as_the_module_path(decoder: CodecDecoder) -> None:
     """Biases moved into the next pass, the output convolution apart: the same audio and states (fp32)."""
     codes = torch.randint(0, 2048, (2, 16, 60), generator=torch.Generator().manual_seed(4))
-    out = []
-    for kernels in (None, TORCH_VOCODER):
-        decoder.use_kernels(kernels)
-        state, parts, start = CodecStreamState.zeros(decoder, 2), [], 0
-        with torch.inference_mode():
-            for n in ramp_schedule(60, 1, 25):
-                parts.append(decode_window(decoder, codes[..., start : start + n], state))
-                start += n
-        out.append((torch.cat(parts, dim=-1), state.tensors))
+    (audio, state), (f_audio, f_state) = (_streamed(decoder, codes, k) for k in (None, TORCH_VOCODER))
     decoder.use_kernels(None)
-    (audio, state), (f_audio, f_state) = out
     assert (f_audio - audio).abs().max() < 1e-5
     assert all(torch.allclose(state[k].float(), f_state[k].float(), atol=1e-5) for k in state)
 
@@ -152,15 +154,7 @@ def test_the_triton_kernels_stream_as_the_module_path_on_cuda(tmp_path_factory: 
     assert acts and all(k is not None and k.name == "triton" for k in acts)
     fused = acts[0]
     codes = torch.randint(0, 2048, (3, 16, 96), device="cuda", generator=torch.Generator("cuda").manual_seed(5))
-    out = []
-    for kernels in (fused, None):
-        gpu.use_kernels(kernels)
-        state, parts, start = CodecStreamState.zeros(gpu, 3), [], 0
-        with torch.inference_mode():
-            for n in ramp_schedule(96, 1, 25):
-                parts.append(decode_window(gpu, codes[..., start : start + n], state))
-                start += n
-        out.append(torch.cat(parts, dim=-1))
+    out = [_streamed(gpu, codes, kernels)[0] for kernels in (fused, None)]
     gpu.use_kernels(fused)
     # fp32 arithmetic rounded once against bf16 rounding after every operation: the same signal
     assert (out[0] - out[1]).abs().max().item() < 0.05 * out[1].abs().max().item()

@@ -12,10 +12,9 @@ families that run hot loops on a GPU, and never raises an interval someone set l
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
-from omni_stream.errors import ConfigError
+from omni_stream.runtime.settings import milliseconds
 
 log = logging.getLogger(__name__)
 
@@ -25,16 +24,7 @@ DEFAULT_SWITCH_INTERVAL_MS = 0.5
 
 def requested_interval_ms(env: dict[str, str] | None = None) -> float:
     """The interval to use (ms): ``$OMNI_STREAM_SWITCH_INTERVAL_MS`` if set, else 0.5; 0 means leave it alone."""
-    raw = (os.environ if env is None else env).get(ENV_SWITCH_INTERVAL, "").strip()
-    if not raw:
-        return DEFAULT_SWITCH_INTERVAL_MS
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{ENV_SWITCH_INTERVAL} must be a number of milliseconds, got {raw!r}") from None
-    if not 0 <= value <= 1000:
-        raise ConfigError(f"{ENV_SWITCH_INTERVAL} must be within 0..1000 ms, got {raw!r}")
-    return value
+    return milliseconds(ENV_SWITCH_INTERVAL, DEFAULT_SWITCH_INTERVAL_MS, env)
 
 
 def shorten_switch_interval(env: dict[str, str] | None = None) -> float:

@@ -47,6 +47,7 @@ from omni_stream.runtime.cache import EMBEDDED_MARKER, embedded_checkpoint_dir
 from omni_stream.runtime.gil import shorten_switch_interval
 from omni_stream.runtime.gpu_completions import Completions
 from omni_stream.runtime.offload import run_prepare
+from omni_stream.runtime.settings import milliseconds
 from omni_stream.runtime.weights import parse_dtype
 from omni_stream.scheduler import Scheduler
 from omni_stream.speech_limits import (
@@ -353,16 +354,7 @@ def admission_rule(env: dict[str, str] | None = None) -> PlaybackAdmission | Non
 
 def burst_hold(env: dict[str, str] | None = None) -> float:
     """Seconds from ``$OMNI_STREAM_BURST_HOLD_MS`` (0-1000; default ``admission.DEFAULT_HOLD_S``), checked."""
-    value = (os.environ if env is None else env).get(ENV_HOLD_MS, "").strip()
-    if not value:
-        return DEFAULT_HOLD_S
-    try:
-        ms = float(value)
-    except ValueError:
-        ms = -1.0
-    if not 0 <= ms <= 1000:
-        raise ConfigError(f"{ENV_HOLD_MS} must be 0-1000 milliseconds, got {value!r}")
-    return ms / 1000
+    return milliseconds(ENV_HOLD_MS, 1000 * DEFAULT_HOLD_S, env) / 1000
 
 
 def codec_stream_mode(env: dict[str, str] | None = None) -> str:

@@ -1,0 +1,22 @@
+"""Reading a process setting from the environment, checked: one copy of the parse and its error messages."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from omni_stream.errors import ConfigError
+
+
+def milliseconds(name: str, default: float, env: Mapping[str, str] | None = None, *, most: float = 1000) -> float:
+    """``$name`` as milliseconds within ``0..most`` (unset or blank: ``default``); a ConfigError naming it else."""
+    raw = (os.environ if env is None else env).get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number of milliseconds, got {raw!r}") from None
+    if not 0 <= value <= most:
+        raise ConfigError(f"{name} must be within 0..{most:g} ms, got {raw!r}")
+    return value
