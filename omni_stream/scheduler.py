@@ -219,6 +219,7 @@ class Scheduler:
         with self.lock:
             return {
                 "waiting": len(self.waiting),
+                "arriving": self._arriving,
                 "running": len(self.running),
                 "sessions": len(self._sessions),
                 "release_pending": len(self._released),

@@ -8,12 +8,12 @@ activation: the Snake's multiply, sine, square, multiply and add, the concatenat
 
     [history | snake(x + bias)]     one pass (:func:`snake_cat`): the buffer the next convolution reads
     h + bias + x                    one pass (:func:`residual_add`): a residual unit's output
-    conv(x) to one channel          one kernel (:func:`conv_to_one`): cuDNN falls back to a slow general
-                                    kernel for a single output channel (35 ms of a 143 ms window of
-                                    128 x 25 frames on the H200, ``benchmarks/results/codec_decoder.md``)
+    conv(x) to one channel          one kernel (:func:`conv_to_one`), its bias included: the waveform out
 
-and the convolutions around them run without their bias. The arithmetic is fp32, rounded once to the
-activation dtype (eager bf16 rounds after every operation, so the two differ by about one bf16 unit).
+and the convolutions around them run without their bias. A window of 128 streams x 25 frames took 212 ms of
+H200 time module by module and 118 ms so (``benchmarks/results/tts_bench.md``, run 23; ``codec_decoder.py``).
+The arithmetic is fp32, rounded once to the activation dtype (eager bf16 rounds after every operation, so the
+two differ by about one bf16 unit).
 :data:`omni_stream.models.qwen3_tts.codec.TORCH_VOCODER` holds the torch versions these are tested against
 (``TRITON_INTERPRET=1`` runs them on the CPU in the suite).
 """
