@@ -123,8 +123,8 @@ async def test_a_newcomer_joining_a_running_batch_gets_its_solo_transcript(tiny_
         queued, opened = asyncio.Event(), []
         plain_open = sched.open
 
-        def open_and_count(payload, ctx=None):
-            session = plain_open(payload, ctx)
+        def open_and_count(payload, ctx=None, **options):
+            session = plain_open(payload, ctx, **options)
             opened.append(session)
             if len(opened) == len(clips):
                 queued.set()
