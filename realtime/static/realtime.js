@@ -23,6 +23,7 @@ const agent = (window.agent = {
   transport: "ws",
   logs: [], // WebRTC data-channel logs
   rtcState: null,
+  rtcAvailable: null, // what /rtc/config said (null until it has answered)
   loudFrames: 0, // WebRTC: analyser frames of the agent's track with sound in them
 });
 
@@ -83,6 +84,7 @@ async function loadInfo() {
     const rtcConfig = await fetch("rtc/config");
     const rtcAvailable = rtcConfig.ok && (await rtcConfig.json()).available;
     $("transport").querySelector("option[value=rtc]").disabled = !rtcAvailable; // no fastrtc on this server
+    agent.rtcAvailable = Boolean(rtcAvailable);
     const voices = await fetch("v1/audio/voices", { headers: headers() });
     if (voices.ok) {
       const names = (await voices.json()).voices ?? [];
