@@ -7,8 +7,9 @@ worker: on the H200 a burst of 128 waited 200-270 ms for its first prefill and t
 250 ms behind, and a burst of 32 was split over two prefills because only part of it had been prepared
 (``benchmarks/burst_probe.py``; ``benchmarks/results/tts_bench.md``, run 22). A job that holds the GIL gains
 nothing from a second thread, so these jobs share :data:`PREPARE_THREADS` threads per event loop
-(``$OMNI_STREAM_PREPARE_THREADS`` sets another number; measured in ``tts_bench.md``, run 22: a burst's prompts
-are then ready one after another, so its first prefill starts with fewer newcomers).
+(``$OMNI_STREAM_PREPARE_THREADS`` sets another number; measured in ``tts_bench.md``, run 22). A burst's prompts
+are then ready one after another; the talker's scheduler holds the first of them until the rest are prepared
+(:func:`omni_stream.admission.hold_newcomers`, run 23), so the burst still prefills in one step.
 """
 
 from __future__ import annotations
