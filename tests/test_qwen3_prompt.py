@@ -182,3 +182,32 @@ def test_prompts_embedded_together_equal_each_embedded_alone(cv, base) -> None:
             assert torch.allclose(x, alone_x, rtol=0, atol=1e-5) and torch.allclose(t, alone_t, rtol=0, atol=1e-5)
             # every position sums at most two embeddings (x + 0 == x keeps those sums exact)
             assert all(sum(v >= 0 for v in col) <= 2 for col in zip(rows.text, rows.codec, rows.extra, strict=True))
+
+
+def test_prompts_embedded_together_cost_the_same_operations_however_many(cv) -> None:
+    """One gather per table for every prompt's rows: the device operations of a step's embedding do not grow
+    with its newcomers (speaker prompts: no per-prompt extra block)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from omni_stream.models.qwen3_tts.prompt import embed_prompts
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    cfg, tok, path = cv
+    lm = load_lm(path, dtype=torch.float32)
+    texts = ["Hello world, this is a test.", "Short.", "Another one.", "And more text here.", "Five.", "Six."]
+    prompts = [build_prompt(SpeechRequest(text=t, voice="ryan"), cfg, tok) for t in texts]
+    counts = []
+    for k in (1, 2, len(prompts)):
+        with Count() as mode:
+            embed_prompts(lm.talker, cfg, prompts[:k])
+        counts.append(sorted(op for op in mode.ops if "split" not in op))
+    assert counts[0] == counts[1] == counts[2]
+    assert sum("index.Tensor" in op for op in counts[0]) == 3  # text, codec and extra rows

@@ -335,8 +335,10 @@ def embed_prompts(talker, cfg: Qwen3TTSConfig, prompts: list[TalkerPrompt]) -> l
     """(prefill ``[T, H]``, trailing text ``[N, H]``) of each prompt, for ``talker`` (a :class:`Talker`).
 
     The prompts of a step are embedded together: one copy of every prompt's ids to the device, one text
-    projection and one codec lookup over the distinct ids, then gathers; alone, each prompt cost about eight
-    blocking copies and thirty launches (~1 ms a newcomer when a burst is admitted on the H200, run 22).
+    projection and one codec lookup over the distinct ids, then one gather per table for every prompt's rows at
+    once (the prompts' results are views of those rows); alone, each prompt cost about eight blocking copies and
+    thirty launches (~1 ms a newcomer when a burst is admitted on the H200, run 22), and gathers per prompt five
+    launches more a newcomer.
     """
     w = talker.codec_head.weight
     device, dtype = w.device, w.dtype
@@ -344,35 +346,31 @@ def embed_prompts(talker, cfg: Qwen3TTSConfig, prompts: list[TalkerPrompt]) -> l
     texts: dict[int, int] = {}
     codecs: dict[int, int] = {}
     blocks: list[torch.Tensor] = []
-    index: list[int] = []  # text, codec and extra rows of every prefill, then every trailing text row
+    text_rows: list[int] = []  # every prefill's rows of each table, prompt after prompt, then the trailing text
+    codec_rows: list[int] = []
+    extra_rows: list[int] = []
     base = 1  # row 0 of each table is zeros
     for prompt, rows in zip(prompts, layouts, strict=True):
         extras = _extra_block(talker, prompt, device, dtype)
-        index += _table_index(rows.text, texts) + _table_index(rows.codec, codecs)
-        index += [0 if e < 0 else base + e for e in rows.extra]
+        text_rows += _table_index(rows.text, texts)
+        codec_rows += _table_index(rows.codec, codecs)
+        extra_rows += [0 if e < 0 else base + e for e in rows.extra]
         base += sum(x.shape[0] for x in extras)
         blocks += extras
     for rows in layouts:
-        index += _table_index(rows.trailing, texts)
-    host = torch.tensor([*texts, *codecs, *index], dtype=torch.long)
+        text_rows += _table_index(rows.trailing, texts)
+    host = torch.tensor([*texts, *codecs, *text_rows, *codec_rows, *extra_rows], dtype=torch.long)
     ids = (host.pin_memory() if device.type == "cuda" else host).to(device, non_blocking=True)
-    n_text, n_codec = len(texts), len(codecs)
+    n_text, n_codec, m = len(texts), len(codecs), len(codec_rows)
     zero = w.new_zeros(1, w.shape[1])
     text_table = torch.cat([zero, talker.embed_text(ids[:n_text])])
     codec_table = torch.cat([zero, talker.embed_codec(ids[n_text : n_text + n_codec])])
     extra_table = torch.cat([zero, *blocks])
-    rest = ids[n_text + n_codec :]
-    out = []
-    at = 0
-    for rows in layouts:
-        m = len(rows.text)
-        ti, ci, ei = rest[at : at + m], rest[at + m : at + 2 * m], rest[at + 2 * m : at + 3 * m]
-        out.append((text_table[ti] + codec_table[ci]) + extra_table[ei])  # x + 0 == x: the sums of one prompt
-        at += 3 * m
-    trailing = []
-    for rows in layouts:
-        trailing.append(text_table[rest[at : at + len(rows.trailing)]])
-        at += len(rows.trailing)
+    text_ids, codec_ids, extra_ids = ids[n_text + n_codec :].split([len(text_rows), m, m])
+    texts_out = text_table[text_ids]
+    prefill = (texts_out[:m] + codec_table[codec_ids]) + extra_table[extra_ids]  # x + 0 == x: a prompt's own sums
+    out = prefill.split([len(rows.text) for rows in layouts])
+    trailing = texts_out[m:].split([len(rows.trailing) for rows in layouts])
     return list(zip(out, trailing, strict=True))
 
 
