@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,10 +18,16 @@ import torch
 import torch.nn.functional as F
 from reference_codec import tiny_checkpoint_dir
 
+from omni_stream.errors import ConfigError
+from omni_stream.models.qwen3_tts import codec as codec_module
 from omni_stream.models.qwen3_tts.codec import (
+    ENV_CONV_PHASES,
     TORCH_VOCODER,
+    CausalConv1d,
     CodecDecoder,
     SnakeBeta,
+    conv_phases,
+    conv_phases_setting,
     load_speech_tokenizer,
     snake_cat,
     vocoder_kernels,
@@ -61,22 +68,26 @@ decoder = load_speech_tokenizer(sys.argv[1], with_encoder=False).decoder
 codes = torch.randint(0, 2048, (2, 16, 20), generator=torch.Generator().manual_seed(3))
 out = {}
 triton = VocoderKernels("triton", tv.snake_cat, tv.residual_add, tv.conv_to_one)
-for name, kernels in (("module", None), ("triton", triton)):
+phased = VocoderKernels("triton", tv.snake_cat, tv.residual_add, tv.conv_to_one, frozenset({3, 9}))
+for name, kernels in (("module", None), ("triton", triton), ("phases", phased)):
     decoder.use_kernels(kernels)
     state = CodecStreamState.zeros(decoder, 2)
     with torch.inference_mode():
         parts = [decode_window(decoder, codes[..., s : s + n], state) for s, n in ((0, 1), (1, 4), (5, 15))]
         out[name] = (torch.cat(parts, dim=-1), decoder(codes).squeeze(1).float(), state.tensors)
-(streamed, whole, state), (f_streamed, f_whole, f_state) = out["module"], out["triton"]
-assert (f_streamed - streamed).abs().max() < 1e-5 and (f_whole - whole).abs().max() < 1e-5
-assert state.keys() == f_state.keys()
-assert all(torch.allclose(state[k].float(), f_state[k].float(), atol=1e-5) for k in state)
+(streamed, whole, state) = out["module"]
+for name in ("triton", "phases"):  # the kernels read the phase path's strided outputs too
+    f_streamed, f_whole, f_state = out[name]
+    assert (f_streamed - streamed).abs().max() < 1e-5 and (f_whole - whole).abs().max() < 1e-5, name
+    assert state.keys() == f_state.keys()
+    assert all(torch.allclose(state[k].float(), f_state[k].float(), atol=1e-5) for k in state), name
 print("vocoder kernels ok")
 """
 
 
 def test_the_triton_kernels_equal_the_torch_versions(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Alone (history, zero padding, bias, strided inputs, dilations) and in a decoder streamed and whole."""
+    """Alone (history, zero padding, bias, strided inputs, dilations) and in a decoder streamed and whole, also
+    with the dilated convolutions over their input's phases."""
     pytest.importorskip("triton")
     script = tmp_path / "check.py"
     script.write_text(_CHECK)
@@ -112,6 +123,66 @@ def test_the_fused_structure_streams_as_the_module_path(decoder: CodecDecoder) -
     decoder.use_kernels(None)
     assert (f_audio - audio).abs().max() < 1e-5
     assert all(torch.allclose(state[k].float(), f_state[k].float(), atol=1e-5) for k in state)
+
+
+@pytest.mark.parametrize(
+    "k, dilation, n, groups", [(7, 9, 40, 1), (7, 3, 1, 1), (7, 9, 2000, 1), (3, 2, 13, 1), (7, 3, 25, 4), (1, 5, 8, 1)]
+)
+def test_a_convolution_over_its_phases_equals_the_dilated_convolution(k: int, dilation: int, n: int, groups: int):
+    """Every output length against the input's phase count (a multiple of the dilation or not), a strided
+    input (a concatenation's slice), with and without bias, grouped; float64, so only the order of sums differs."""
+    g = torch.Generator().manual_seed(k * 100 + dilation * 10 + n)
+    x = torch.randn(3, 8, n + (k - 1) * dilation + 2, dtype=torch.float64, generator=g)[..., 2:]
+    weight = torch.randn(4, 8 // groups, k, dtype=torch.float64, generator=g)
+    bias = torch.randn(4, dtype=torch.float64, generator=g)
+    for b in (bias, None):
+        want = F.conv1d(x, weight, b, dilation=dilation, groups=groups)
+        got = conv_phases(x, weight, b, dilation, groups)
+        assert got.shape == want.shape == (3, 4, n) and (got.stride(2) == 1 or n == 1)
+        assert torch.allclose(got, want, rtol=0, atol=1e-12), (got - want).abs().max()
+
+
+def test_the_dilated_convolutions_stream_over_their_phases_as_the_module_path(decoder: CodecDecoder, monkeypatch):
+    """Phases for dilations 3 and 9: the same audio and states as the module path, each of those convolutions
+    (and only those) computed over its phases in every window."""
+    calls: list[int] = []
+
+    def counted(x, weight, bias, dilation, groups=1):
+        calls.append(dilation)
+        return conv_phases(x, weight, bias, dilation, groups)
+
+    monkeypatch.setattr(codec_module, "conv_phases", counted)
+    codes = torch.randint(0, 2048, (2, 16, 60), generator=torch.Generator().manual_seed(6))
+    audio, state = _streamed(decoder, codes, None)
+    assert not calls
+    phased = replace(TORCH_VOCODER, phases=frozenset({3, 9}))
+    p_audio, p_state = _streamed(decoder, codes, phased)
+    windows = len(ramp_schedule(60, 1, 25))
+    blocks = len(decoder.cfg.upsample_rates)
+    assert sorted(set(calls)) == [3, 9] and len(calls) == 2 * blocks * windows
+    convs = [m for m in decoder.modules() if isinstance(m, CausalConv1d)]
+    assert {m.conv.dilation[0] for m in convs if m.phases} == {3, 9}
+    decoder.use_kernels(None)
+    assert not any(m.phases for m in convs)
+    assert (p_audio - audio).abs().max() < 1e-5
+    assert all(torch.allclose(state[k].float(), p_state[k].float(), atol=1e-5) for k in state)
+
+
+def test_the_phase_setting_is_checked(monkeypatch) -> None:
+    assert conv_phases_setting({}) == frozenset()
+    assert conv_phases_setting({ENV_CONV_PHASES: "9"}) == {9}
+    assert conv_phases_setting({ENV_CONV_PHASES: " 3, 9 "}) == {3, 9}
+    assert conv_phases_setting({ENV_CONV_PHASES: "none"}) == frozenset()
+    for bad in ("1", "9,x", "2", "-3", "3;9"):
+        with pytest.raises(ConfigError, match=ENV_CONV_PHASES):
+            conv_phases_setting({ENV_CONV_PHASES: bad})
+    pytest.importorskip("triton")
+    monkeypatch.setenv(ENV_CONV_PHASES, "9")
+    kernels = vocoder_kernels("cuda")
+    assert kernels is not None and kernels.phases == {9}
+    monkeypatch.setenv(ENV_CONV_PHASES, "7")
+    with pytest.raises(ConfigError, match=ENV_CONV_PHASES):
+        vocoder_kernels("cuda")
 
 
 def test_the_torch_versions_are_the_operations_they_replace() -> None:
@@ -157,4 +228,19 @@ def test_the_triton_kernels_stream_as_the_module_path_on_cuda(tmp_path_factory: 
     out = [_streamed(gpu, codes, kernels)[0] for kernels in (fused, None)]
     gpu.use_kernels(fused)
     # fp32 arithmetic rounded once against bf16 rounding after every operation: the same signal
+    assert (out[0] - out[1]).abs().max().item() < 0.05 * out[1].abs().max().item()
+
+
+@pytest.mark.gpu
+def test_the_dilated_convolutions_over_their_phases_on_cuda(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """bf16 on the device: the phase path (cuDNN's kernels for a convolution without dilation) against the
+    fused path's dilated convolutions, in a streamed decode."""
+    gpu = load_speech_tokenizer(
+        tiny_checkpoint_dir(tmp_path_factory), device="cuda", dtype=torch.bfloat16, with_encoder=False
+    ).decoder
+    fused = vocoder_kernels("cuda")
+    assert fused is not None
+    codes = torch.randint(0, 2048, (3, 16, 96), device="cuda", generator=torch.Generator("cuda").manual_seed(7))
+    out = [_streamed(gpu, codes, replace(fused, phases=p))[0] for p in (frozenset({3, 9}), frozenset())]
+    gpu.use_kernels(fused)
     assert (out[0] - out[1]).abs().max().item() < 0.05 * out[1].abs().max().item()

@@ -20,3 +20,20 @@ def milliseconds(name: str, default: float, env: Mapping[str, str] | None = None
     if not 0 <= value <= most:
         raise ConfigError(f"{name} must be within 0..{most:g} ms, got {raw!r}")
     return value
+
+
+def whole_numbers(
+    name: str, allowed: frozenset[int], env: Mapping[str, str] | None = None, *, default: frozenset[int] = frozenset()
+) -> frozenset[int]:
+    """``$name`` as a comma-separated set of whole numbers from ``allowed`` (unset or blank: ``default``; ``none``:
+    the empty set); a ConfigError naming it else."""
+    raw = (os.environ if env is None else env).get(name, "").strip()
+    if not raw:
+        return default
+    if raw.lower() == "none":
+        return frozenset()
+    parts = [p.strip() for p in raw.split(",")]
+    if not all(p.isdigit() and int(p) in allowed for p in parts):
+        choices = ", ".join(str(a) for a in sorted(allowed))
+        raise ConfigError(f"{name} must be 'none' or a comma-separated list of {choices}, got {raw!r}")
+    return frozenset(int(p) for p in parts)

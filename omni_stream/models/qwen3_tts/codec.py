@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, cast
@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from omni_stream.errors import ConfigError
 from omni_stream.models.qwen3_tts.fused import ENV_DISABLE
+from omni_stream.runtime.settings import whole_numbers
 
 from .codec_config import CodecDecoderConfig, SpeechTokenizerConfig
 from .codec_quantizer import DerivedTensor, SplitResidualVQ
@@ -37,6 +38,7 @@ class CausalConv1d(StatefulBlock):
         super().__init__()
         self.conv = nn.Conv1d(cin, cout, kernel, dilation=dilation, groups=groups, bias=bias)
         self.context = (kernel - 1) * dilation
+        self.phases = False  # compute as a convolution without dilation over the input's phases (conv_phases)
 
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
         return {self.state_key: (self.conv.in_channels, self.context)} if self.context else {}
@@ -61,6 +63,8 @@ class CausalConv1d(StatefulBlock):
         kernels = act.kernels if act is not None else None
         if kernels is not None and conv.out_channels == 1 and conv.groups == 1 and conv.bias is not None:
             return kernels.conv_to_one(x, conv.weight, conv.bias, conv.dilation[0])
+        if self.phases:
+            return conv_phases(x, conv.weight, conv.bias if bias else None, conv.dilation[0], conv.groups)
         if bias:
             return conv(x)
         return F.conv1d(x, conv.weight, None, dilation=conv.dilation, groups=conv.groups)
@@ -97,6 +101,32 @@ class CausalConvTranspose1d(StatefulBlock):
         return y[..., h * self.stride : (h + n) * self.stride]
 
 
+def conv_phases(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int, groups: int = 1) -> Tensor:
+    """``conv1d(x, weight, bias, dilation=dilation)`` without padding, as one convolution without dilation over
+    the input's ``dilation`` phases stacked along the batch: output ``t = q * d + r`` sums ``x[t + j * d]``, which
+    is row ``r`` of ``x`` taken every ``d``-th sample, convolved densely at ``q``. The same products and sums
+    (cuDNN may order the sums differently); two more passes over the activation (the phases out and back).
+
+    Why: for the vocoder's dilation-9 convolution of its 384-channel stage (input ``[128, 384, 4054]`` in a
+    window of 128 x 25 frames) cuDNN runs ``implicit_convolve_sgemm``, without tensor cores: 35.4 ms of a 119 ms
+    window on the H200 (``benchmarks/results/codec_decoder_shapes.txt``, run 23), where the convolutions without
+    dilation run on tensor cores. Returns ``[B, C_out, n - (k - 1) * dilation]`` (a view with unit time stride).
+    """
+    b, c, n = x.shape
+    k = weight.shape[2]
+    n_out = n - (k - 1) * dilation
+    if dilation == 1:
+        return F.conv1d(x, weight, bias, groups=groups)
+    q = -(-n // dilation)  # samples per phase; the right padding only reaches outputs past n_out
+    if q * dilation != n:
+        x = F.pad(x, (0, q * dilation - n))
+    phases = x.reshape(b, c, q, dilation).permute(0, 3, 1, 2).reshape(b * dilation, c, q)
+    y = F.conv1d(phases, weight, bias, groups=groups)  # [B * d, C_out, q - k + 1]
+    m = y.shape[2]
+    out = y.reshape(b, dilation, -1, m).permute(0, 2, 3, 1).reshape(b, -1, m * dilation)
+    return out[..., :n_out]
+
+
 def snake_cat(x: Tensor, params: Tensor, history: Tensor | None, pad: int = 0, bias: Tensor | None = None) -> Tensor:
     """``[history | snake(x + bias)]`` along time (``history`` None: ``pad`` zero columns; ``bias [C]`` None:
     none); ``params [2, C, 1]`` holds ``exp(alpha)`` and ``1 / (exp(beta) + 1e-9)``. Operation by operation,
@@ -123,15 +153,19 @@ class VocoderKernels:
     """How the decoder's audio-rate stages compute when fused (:meth:`CodecDecoder.use_kernels`): each Snake
     activation in one pass with its convolution's left context and the bias of the convolution before it, a
     residual unit's bias and residual sum in one pass, the one-channel output convolution as its own kernel
-    (:mod:`omni_stream.runtime.triton_vocoder` says why). :data:`TORCH_VOCODER` is the torch version of each."""
+    (:mod:`omni_stream.runtime.triton_vocoder` says why). :data:`TORCH_VOCODER` is the torch version of each.
+    ``phases``: the dilations whose convolutions run over their input's phases (:func:`conv_phases`)."""
 
     name: str
     snake_cat: Callable[[Tensor, Tensor, Tensor | None, int, Tensor | None], Tensor]
     residual_add: Callable[[Tensor, Tensor, Tensor], Tensor]
     conv_to_one: Callable[[Tensor, Tensor, Tensor, int], Tensor]
+    phases: frozenset[int] = frozenset()
 
 
 TORCH_VOCODER = VocoderKernels("torch", snake_cat, _residual_add, _conv_to_one)
+RESIDUAL_DILATIONS = (1, 3, 9)  # a decoder block's residual units
+ENV_CONV_PHASES = "OMNI_STREAM_CODEC_PHASES"
 
 
 class SnakeBeta(nn.Module):
@@ -204,7 +238,7 @@ class DecoderBlock(nn.Module):
     def __init__(self, cin: int, cout: int, rate: int):
         super().__init__()
         units: list[nn.Module] = [SnakeBeta(cin), CausalConvTranspose1d(cin, cout, 2 * rate, rate)]
-        units += [ResidualUnit(cout, d) for d in (1, 3, 9)]
+        units += [ResidualUnit(cout, d) for d in RESIDUAL_DILATIONS]
         self.block = nn.ModuleList(units)
 
     def forward(self, x: Tensor, state: State | None = None) -> Tensor:
@@ -241,9 +275,12 @@ class CodecDecoder(nn.Module):
     def use_kernels(self, kernels: VocoderKernels | None) -> None:
         """Compute the audio-rate stages by ``kernels`` (None: module by module, the reference's rounding); the
         loader sets :func:`vocoder_kernels`'s choice for the device."""
+        phases = kernels.phases if kernels is not None else frozenset()
         for module in self.modules():
             if isinstance(module, SnakeBeta):
                 module.kernels = kernels
+            elif isinstance(module, CausalConv1d):
+                module.phases = module.conv.dilation[0] > 1 and module.conv.dilation[0] in phases
 
     def stateful_blocks(self) -> Iterator[StatefulBlock]:
         for module in self.modules():
@@ -288,8 +325,16 @@ class CodecDecoder(nn.Module):
         return h.clamp(min=-1.0, max=1.0)
 
 
+def conv_phases_setting(env: Mapping[str, str] | None = None) -> frozenset[int]:
+    """``$OMNI_STREAM_CODEC_PHASES``: the residual units' dilations (3, 9; a comma-separated list, or ``none``)
+    whose convolutions run over their input's phases on the fused path (:func:`conv_phases`); default none.
+    Not yet measured on the GPU: ``benchmarks/codec_decoder.py`` times a window with each setting."""
+    return whole_numbers(ENV_CONV_PHASES, frozenset(d for d in RESIDUAL_DILATIONS if d > 1), env)
+
+
 def vocoder_kernels(device: torch.device | str) -> VocoderKernels | None:
-    """The Triton kernels on CUDA when Triton is installed and ``OMNI_STREAM_NO_FUSED`` is unset, else None.
+    """The Triton kernels on CUDA when Triton is installed and ``OMNI_STREAM_NO_FUSED`` is unset, else None;
+    with them the dilations of :func:`conv_phases_setting` (checked here, so a bad setting fails the load).
 
     Measured on the H200 (``benchmarks/results/tts_bench.md``, run 23): the eager activations, concatenations,
     bias and residual passes were ~45 % of a streaming window's GPU time, at the audio-rate stages where the
@@ -297,11 +342,12 @@ def vocoder_kernels(device: torch.device | str) -> VocoderKernels | None:
     """
     if torch.device(device).type != "cuda" or os.environ.get(ENV_DISABLE, "") not in ("", "0"):
         return None
+    phases = conv_phases_setting()
     try:
         from omni_stream.runtime import triton_vocoder as tv
     except ImportError:
         return None
-    return VocoderKernels("triton", tv.snake_cat, tv.residual_add, tv.conv_to_one)
+    return VocoderKernels("triton", tv.snake_cat, tv.residual_add, tv.conv_to_one, phases)
 
 
 class SpeechTokenizer(nn.Module):
