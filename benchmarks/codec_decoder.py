@@ -3,10 +3,10 @@
 Run on a CUDA machine: ``python benchmarks/codec_decoder.py [--size 1.7b]``. The speech tokenizer's decoder at
 its real size (bf16, random weights, ``benchmarks/configs``), in the slot-indexed pool the engine decodes with
 (:class:`~omni_stream.models.qwen3_tts.codec_graphs.CodecWindows`), one CUDA graph per (batch, window). For each
-arm (the audio-rate stages module by module; through the Triton kernels of
-:mod:`omni_stream.runtime.triton_vocoder`; and with them the dilation-9, then the dilation-3 and -9 convolutions
-over their input's phases, :func:`~omni_stream.models.qwen3_tts.codec.conv_phases`) it prints every graph's GPU
-time (CUDA events, median), the
+arm (:data:`ARMS`: the audio-rate stages module by module; through the Triton kernels of
+:mod:`omni_stream.runtime.triton_vocoder`; and with them the dilated convolutions over their input's phases,
+:func:`~omni_stream.models.qwen3_tts.codec.conv_phases`, or the activations channel-major,
+:mod:`omni_stream.runtime.layout`) it prints every graph's GPU time (CUDA events, median), the
 cost per frame of one stream and the audio it makes per second of GPU time, and the profiler's top kernels of
 one eager window of 128 x 25 frames. Writes ``codec_decoder_<size>.json`` to ``$OUT`` (or
 ``benchmarks/results``).
@@ -20,6 +20,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from code_predictor import cuda_ms, kernel_profile
@@ -35,19 +36,30 @@ KEYS = ((1, 1), (1, 4), (1, 25), (32, 4), (32, 25), (128, 4), (128, 25))
 FRAME_S = 0.08
 
 
-# (name, fused, dilations over phases): the module path, the fused path, then the fused path with conv_phases
+class Arm(NamedTuple):
+    name: str
+    fused: bool  # the Triton kernels of the audio-rate stages (else the module path)
+    phases: tuple[int, ...] = ()  # dilations computed over their input's phases (codec.conv_phases)
+    channels_last: bool = False  # channel-major activations (runtime/layout.py)
+
+
 ARMS = (
-    ("module", False, ()),
-    ("triton", True, ()),
-    ("triton_phases_9", True, (9,)),
-    ("triton_phases_3_9", True, (3, 9)),
+    Arm("module", False),
+    Arm("triton", True),
+    Arm("triton_phases_9", True, (9,)),
+    Arm("triton_phases_3_9", True, (3, 9)),
+    Arm("triton_channels_last", True, (), True),
+    Arm("triton_channels_last_phases_9", True, (9,), True),
 )
 
 
-def arm(decoder, fused: bool, phases: tuple[int, ...], reps: int) -> dict:
+def arm(decoder, spec: Arm, reps: int) -> dict:
     kernels = vocoder_kernels("cuda")
-    assert kernels is not None or not fused, "the fused arms need Triton"
-    decoder.use_kernels(replace(kernels, phases=frozenset(phases)) if fused and kernels is not None else None)
+    assert kernels is not None or not spec.fused, "the fused arms need Triton"
+    if spec.fused and kernels is not None:
+        decoder.use_kernels(replace(kernels, phases=frozenset(spec.phases), channels_last=spec.channels_last))
+    else:
+        decoder.use_kernels(None)
     pool = CodecWindows(decoder, 256, windows=sorted({n for _, n in KEYS}), max_batch=128)
     pool.batch_buckets = tuple(sorted({b for b, _ in KEYS}))
     assert pool.graphs is not None
@@ -110,15 +122,15 @@ def main() -> int:
         return 0
     result: dict = {"git_commit": git_commit(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                     "cudnn": torch.backends.cudnn.version(), "size": args.size, "arms": {}}  # fmt: skip
-    for name, fused, phases in ARMS:
-        print(name, flush=True)
-        result["arms"][name] = arm(decoder, fused, phases, args.reps)
+    for spec in ARMS:
+        print(spec.name, flush=True)
+        result["arms"][spec.name] = arm(decoder, spec, args.reps)
         torch.cuda.empty_cache()
         path = out_dir() / f"codec_decoder_{args.size}.json"
         path.write_text(json.dumps(result, indent=1))
-    print("window graphs, GPU ms: " + "  ".join(name for name, _, _ in ARMS))
+    print("window graphs, GPU ms: " + "  ".join(spec.name for spec in ARMS))
     for b, n in KEYS:
-        cells = "  ".join(f"{result['arms'][name]['graphs'][f'{b}x{n}']['ms']:8.3f}" for name, _, _ in ARMS)
+        cells = "  ".join(f"{result['arms'][spec.name]['graphs'][f'{b}x{n}']['ms']:8.3f}" for spec in ARMS)
         print(f"  {b:4d} x {n:2d}  {cells}")
     print(f"wrote {path}")
     return 0

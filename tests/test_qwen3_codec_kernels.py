@@ -21,11 +21,16 @@ from reference_codec import tiny_checkpoint_dir
 from omni_stream.errors import ConfigError
 from omni_stream.models.qwen3_tts import codec as codec_module
 from omni_stream.models.qwen3_tts.codec import (
+    ENV_CHANNELS_LAST,
     ENV_CONV_PHASES,
     TORCH_VOCODER,
     CausalConv1d,
+    CausalConvTranspose1d,
     CodecDecoder,
     SnakeBeta,
+    _join_phases,
+    _split_phases,
+    channels_last_setting,
     conv_phases,
     conv_phases_setting,
     load_speech_tokenizer,
@@ -33,50 +38,77 @@ from omni_stream.models.qwen3_tts.codec import (
     vocoder_kernels,
 )
 from omni_stream.models.qwen3_tts.codec_stream import CodecStreamState, decode_window, ramp_schedule
+from omni_stream.runtime.layout import channels_last, to_channels_last
 
 _CHECK = """
+import itertools
 import sys
+from dataclasses import replace
+
 import torch
 from omni_stream.models.qwen3_tts.codec import TORCH_VOCODER, VocoderKernels, load_speech_tokenizer
 from omni_stream.models.qwen3_tts.codec_stream import CodecStreamState, decode_window
 from omni_stream.runtime import triton_vocoder as tv
+from omni_stream.runtime.layout import channels_last, to_channels_last
 
 torch.manual_seed(0)
 ref = TORCH_VOCODER
-for b, c, n, h, with_history, with_bias in [
-    (2, 3, 5, 4, True, False), (1, 4, 1500, 0, False, True), (3, 2, 7, 6, False, False), (2, 5, 9, 1, True, True)
-]:
-    x = torch.randn(b, c, n + 3)[..., 1 : n + 1]  # a strided view, as a transposed conv's trimmed output is
+
+
+def made(shape, last):
+    # a random tensor, time-major (contiguous) or channel-major per time step
+    t = torch.randn(shape)
+    return to_channels_last(t) if last else t
+
+
+for (b, c, n, h, with_history, with_bias), last in itertools.product(
+    [(2, 3, 5, 4, True, False), (1, 4, 1500, 0, False, True), (3, 2, 7, 6, False, False), (2, 5, 9, 1, True, True),
+     (2, 70, 40, 6, True, True)],
+    (False, True),
+):
+    x = made((b, c, n + 3), last)[..., 1 : n + 1]  # a strided view, as a transposed conv's trimmed output is
     params = torch.stack([torch.rand(c) + 0.5, torch.rand(c) + 0.2])[..., None]
-    history = torch.randn(b, c, h + 2)[..., 2:] if with_history else None
+    history = torch.randn(b, c, h + 2)[..., 2:] if with_history else None  # the state pool's layout
     bias = torch.randn(c) if with_bias else None
     pad = 0 if with_history else h
     want, got = ref.snake_cat(x, params, history, pad, bias), tv.snake_cat(x, params, history, pad, bias)
-    assert got.shape == want.shape == (b, c, h + n) and got.is_contiguous()
-    assert torch.allclose(got, want, atol=1e-6), (b, c, n, h, (got - want).abs().max())
+    assert got.shape == want.shape == (b, c, h + n) and (channels_last(got) if last else got.is_contiguous())
+    assert torch.allclose(got, want, atol=1e-6), (b, c, n, h, last, (got - want).abs().max())
     if not with_history:
         assert not got[..., :h].any()
-    res, bias = torch.randn(b, c, n + 1)[..., 1:], torch.randn(c)
-    assert torch.allclose(tv.residual_add(x, bias, res), ref.residual_add(x, bias, res), atol=1e-6)
+    res, bias = made((b, c, n + 1), last)[..., 1:], torch.randn(c)
+    got = tv.residual_add(x, bias, res)
+    assert torch.allclose(got, ref.residual_add(x, bias, res), atol=1e-6) and channels_last(got) == last
     for k, dilation in ((7, 1), (3, 2), (1, 1)):
-        xs = torch.randn(b, c, n + (k - 1) * dilation + 2)[..., 2:]
+        xs = made((b, c, n + (k - 1) * dilation + 2), last)[..., 2:]
         w, bw = torch.randn(1, c, k), torch.randn(1)
         got, want = tv.conv_to_one(xs, w, bw, dilation), ref.conv_to_one(xs, w, bw, dilation)
-        assert got.shape == want.shape == (b, 1, n) and torch.allclose(got, want, atol=1e-5), (k, dilation)
+        assert got.shape == want.shape == (b, 1, n) and torch.allclose(got, want, atol=1e-5), (k, dilation, last)
 
 decoder = load_speech_tokenizer(sys.argv[1], with_encoder=False).decoder
-codes = torch.randint(0, 2048, (2, 16, 20), generator=torch.Generator().manual_seed(3))
+codes = torch.randint(0, 2048, (2, 16, 8), generator=torch.Generator().manual_seed(3))
 out = {}
 triton = VocoderKernels("triton", tv.snake_cat, tv.residual_add, tv.conv_to_one)
-phased = VocoderKernels("triton", tv.snake_cat, tv.residual_add, tv.conv_to_one, frozenset({3, 9}))
-for name, kernels in (("module", None), ("triton", triton), ("phases", phased)):
+arms = {  # channel-major with phases: every kernel's channel-major twin, and the phases in that layout
+    "triton": triton,
+    "phases": replace(triton, phases=frozenset({3, 9})),
+    "channels_last_phases": replace(triton, phases=frozenset({3, 9}), channels_last=True),
+}
+twins = {}  # calls of each channel-major twin, by arm
+for fn in ("_snake_cat_channels_last", "_residual_add_channels_last", "_conv_to_one_channels_last"):
+    def counted(*args, _fn=getattr(tv, fn), _name=fn):
+        twins[current] = twins.get(current, set()) | {_name}
+        return _fn(*args)
+    setattr(tv, fn, counted)
+for current, kernels in (("module", None), *arms.items()):
     decoder.use_kernels(kernels)
     state = CodecStreamState.zeros(decoder, 2)
     with torch.inference_mode():
-        parts = [decode_window(decoder, codes[..., s : s + n], state) for s, n in ((0, 1), (1, 4), (5, 15))]
-        out[name] = (torch.cat(parts, dim=-1), decoder(codes).squeeze(1).float(), state.tensors)
+        parts = [decode_window(decoder, codes[..., s : s + n], state) for s, n in ((0, 1), (1, 2), (3, 5))]
+        out[current] = (torch.cat(parts, dim=-1), decoder(codes).squeeze(1).float(), state.tensors)
+assert twins.keys() == {"channels_last_phases"} and len(twins["channels_last_phases"]) == 3, twins
 (streamed, whole, state) = out["module"]
-for name in ("triton", "phases"):  # the kernels read the phase path's strided outputs too
+for name in arms:  # the kernels read the phase path's strided outputs, and channel-major ones, too
     f_streamed, f_whole, f_state = out[name]
     assert (f_streamed - streamed).abs().max() < 1e-5 and (f_whole - whole).abs().max() < 1e-5, name
     assert state.keys() == f_state.keys()
@@ -86,8 +118,8 @@ print("vocoder kernels ok")
 
 
 def test_the_triton_kernels_equal_the_torch_versions(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Alone (history, zero padding, bias, strided inputs, dilations) and in a decoder streamed and whole, also
-    with the dilated convolutions over their input's phases."""
+    """Alone (history, zero padding, bias, strided inputs, dilations, both layouts) and in a decoder streamed and
+    whole, also with the dilated convolutions over their input's phases and with channel-major activations."""
     pytest.importorskip("triton")
     script = tmp_path / "check.py"
     script.write_text(_CHECK)
@@ -125,21 +157,31 @@ def test_the_fused_structure_streams_as_the_module_path(decoder: CodecDecoder) -
     assert all(torch.allclose(state[k].float(), f_state[k].float(), atol=1e-5) for k in state)
 
 
+@pytest.mark.parametrize("last", [False, True], ids=["time-major", "channel-major"])
 @pytest.mark.parametrize(
     "k, dilation, n, groups", [(7, 9, 40, 1), (7, 3, 1, 1), (7, 9, 2000, 1), (3, 2, 13, 1), (7, 3, 25, 4), (1, 5, 8, 1)]
 )
-def test_a_convolution_over_its_phases_equals_the_dilated_convolution(k: int, dilation: int, n: int, groups: int):
+def test_a_convolution_over_its_phases_equals_the_dilated_convolution(
+    k: int, dilation: int, n: int, groups: int, last: bool
+) -> None:
     """Every output length against the input's phase count (a multiple of the dilation or not), a strided
-    input (a concatenation's slice), with and without bias, grouped; float64, so only the order of sums differs."""
+    input (a concatenation's slice) in either layout, with and without bias, grouped; float64, so only the order
+    of sums differs. The phases keep the input's layout, and the output the convolution's."""
     g = torch.Generator().manual_seed(k * 100 + dilation * 10 + n)
-    x = torch.randn(3, 8, n + (k - 1) * dilation + 2, dtype=torch.float64, generator=g)[..., 2:]
+    x = torch.randn(3, 8, n + (k - 1) * dilation + 2, dtype=torch.float64, generator=g)
+    x = (to_channels_last(x) if last else x)[..., 2:]
     weight = torch.randn(4, 8 // groups, k, dtype=torch.float64, generator=g)
     bias = torch.randn(4, dtype=torch.float64, generator=g)
     for b in (bias, None):
         want = F.conv1d(x, weight, b, dilation=dilation, groups=groups)
         got = conv_phases(x, weight, b, dilation, groups)
-        assert got.shape == want.shape == (3, 4, n) and (got.stride(2) == 1 or n == 1)
+        assert got.shape == want.shape == (3, 4, n)
         assert torch.allclose(got, want, rtol=0, atol=1e-12), (got - want).abs().max()
+    whole = x[..., : (x.shape[2] // dilation) * dilation]
+    split = _split_phases(whole, dilation)
+    assert channels_last(split) == last and torch.equal(_join_phases(split, dilation), whole)
+    assert torch.equal(split[1], whole[0, :, 1::dilation]) if dilation > 1 else True
+    assert channels_last(_join_phases(to_channels_last(split), dilation))
 
 
 def test_the_dilated_convolutions_stream_over_their_phases_as_the_module_path(decoder: CodecDecoder, monkeypatch):
@@ -168,6 +210,22 @@ def test_the_dilated_convolutions_stream_over_their_phases_as_the_module_path(de
     assert all(torch.allclose(state[k].float(), p_state[k].float(), atol=1e-5) for k in state)
 
 
+def test_channel_major_weights_stream_as_the_module_path(decoder: CodecDecoder) -> None:
+    """The vocoder's convolution weights channel-major (so are the activations they make; the output convolution
+    to one channel stays as it is) with phases for 9: the same audio and states as the module path (fp32); the
+    module path puts the weights back."""
+    codes = torch.randint(0, 2048, (2, 16, 40), generator=torch.Generator().manual_seed(8))
+    audio, state = _streamed(decoder, codes, None)
+    vocoder = [m.conv for m in decoder.decoder.modules() if isinstance(m, (CausalConv1d, CausalConvTranspose1d))]
+    assert vocoder and not any(channels_last(c.weight) for c in vocoder)
+    l_audio, l_state = _streamed(decoder, codes, replace(TORCH_VOCODER, phases=frozenset({9}), channels_last=True))
+    assert [channels_last(c.weight) for c in vocoder] == [c.out_channels > 1 for c in vocoder]
+    decoder.use_kernels(None)
+    assert all(c.weight.is_contiguous() and not channels_last(c.weight) for c in vocoder)
+    assert (l_audio - audio).abs().max() < 1e-5
+    assert all(torch.allclose(state[k].float(), l_state[k].float(), atol=1e-5) for k in state)
+
+
 def test_the_phase_setting_is_checked(monkeypatch) -> None:
     assert conv_phases_setting({}) == frozenset()
     assert conv_phases_setting({ENV_CONV_PHASES: "9"}) == {9}
@@ -182,6 +240,21 @@ def test_the_phase_setting_is_checked(monkeypatch) -> None:
     assert kernels is not None and kernels.phases == {9}
     monkeypatch.setenv(ENV_CONV_PHASES, "7")
     with pytest.raises(ConfigError, match=ENV_CONV_PHASES):
+        vocoder_kernels("cuda")
+
+
+def test_the_layout_setting_is_checked(monkeypatch) -> None:
+    assert not channels_last_setting({}) and not channels_last_setting({ENV_CHANNELS_LAST: "0"})
+    assert channels_last_setting({ENV_CHANNELS_LAST: "1"})
+    for bad in ("yes", "2", "on"):
+        with pytest.raises(ConfigError, match=ENV_CHANNELS_LAST):
+            channels_last_setting({ENV_CHANNELS_LAST: bad})
+    pytest.importorskip("triton")
+    monkeypatch.setenv(ENV_CHANNELS_LAST, "1")
+    kernels = vocoder_kernels("cuda")
+    assert kernels is not None and kernels.channels_last
+    monkeypatch.setenv(ENV_CHANNELS_LAST, "true")
+    with pytest.raises(ConfigError, match=ENV_CHANNELS_LAST):
         vocoder_kernels("cuda")
 
 
@@ -233,14 +306,18 @@ def test_the_triton_kernels_stream_as_the_module_path_on_cuda(tmp_path_factory: 
 
 @pytest.mark.gpu
 def test_the_dilated_convolutions_over_their_phases_on_cuda(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """bf16 on the device: the phase path (cuDNN's kernels for a convolution without dilation) against the
-    fused path's dilated convolutions, in a streamed decode."""
+    """bf16 on the device: the phase path (cuDNN's kernels for a convolution without dilation) and channel-major
+    activations (cuDNN's NHWC kernels, the kernels' channel-major twins) against the fused path, streamed."""
     gpu = load_speech_tokenizer(
         tiny_checkpoint_dir(tmp_path_factory), device="cuda", dtype=torch.bfloat16, with_encoder=False
     ).decoder
     fused = vocoder_kernels("cuda")
     assert fused is not None
     codes = torch.randint(0, 2048, (3, 16, 96), device="cuda", generator=torch.Generator("cuda").manual_seed(7))
-    out = [_streamed(gpu, codes, replace(fused, phases=p))[0] for p in (frozenset({3, 9}), frozenset())]
+    arms = [replace(fused, phases=frozenset({3, 9})), replace(fused, channels_last=True)]
+    arms.append(replace(fused, phases=frozenset({9}), channels_last=True))
+    want = _streamed(gpu, codes, fused)[0]
+    for kernels in arms:
+        got = _streamed(gpu, codes, kernels)[0]
+        assert (got - want).abs().max().item() < 0.05 * want.abs().max().item(), kernels
     gpu.use_kernels(fused)
-    assert (out[0] - out[1]).abs().max().item() < 0.05 * out[1].abs().max().item()

@@ -37,3 +37,11 @@ def whole_numbers(
         choices = ", ".join(str(a) for a in sorted(allowed))
         raise ConfigError(f"{name} must be 'none' or a comma-separated list of {choices}, got {raw!r}")
     return frozenset(int(p) for p in parts)
+
+
+def flag(name: str, env: Mapping[str, str] | None = None) -> bool:
+    """``$name`` as on (``1``) or off (unset, blank or ``0``); a ConfigError naming it else."""
+    raw = (os.environ if env is None else env).get(name, "").strip()
+    if raw not in ("", "0", "1"):
+        raise ConfigError(f"{name} must be 1 (on) or 0 (off), got {raw!r}")
+    return raw == "1"

@@ -16,6 +16,12 @@ The arithmetic is fp32, rounded once to the activation dtype (eager bf16 rounds 
 two differ by about one bf16 unit).
 :data:`omni_stream.models.qwen3_tts.codec.TORCH_VOCODER` holds the torch versions these are tested against
 (``TRITON_INTERPRET=1`` runs them on the CPU in the suite).
+
+Activations lie time-major per channel (``[B, C, n]`` contiguous, the module path's layout) or, with
+``OMNI_STREAM_CODEC_CHANNELS_LAST``, channel-major per time step (``[B, n, C]`` in memory, the layout cuDNN's
+tensor-core kernels read and write; :mod:`omni_stream.runtime.layout`). Each function serves both: a
+channel-major input goes to a twin kernel whose tiles hold up to 64 channels (the contiguous axis) at each of
+their samples, and the output keeps the input's layout.
 """
 
 from __future__ import annotations
@@ -24,8 +30,11 @@ import torch
 import triton
 import triton.language as tl
 
+from omni_stream.runtime.layout import channels_last, empty_like_layout
+
 BLOCK = 1024
 CONV_BLOCK = 512
+WIDE = 64  # channels of a channel-major tile, at most
 
 
 @triton.jit
@@ -65,8 +74,11 @@ def snake_cat(
     """``[history | snake(x + bias)]`` along the last axis (``history`` None: ``pad`` zero columns instead).
 
     ``x [B, C, n]`` and ``history [B, C, h]`` may be strided views; ``params [2, C, 1]`` holds ``exp(alpha)``
-    and ``1 / (exp(beta) + 1e-9)``; ``bias [C]`` (None: none). Returns a new contiguous ``[B, C, h + n]``.
+    and ``1 / (exp(beta) + 1e-9)``; ``bias [C]`` (None: none). Returns a new ``[B, C, h + n]``, contiguous, or
+    channel-major when ``x`` is.
     """
+    if channels_last(x):
+        return _snake_cat_channels_last(x, params, history, pad, bias)
     x = _unit_time_stride(x)
     b, c, n = x.shape
     h = pad
@@ -100,7 +112,10 @@ def _residual_add_kernel(
 
 
 def residual_add(h: torch.Tensor, bias: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``h + bias[:, None] + x`` for ``[B, C, n]`` (strided views allowed); a new contiguous tensor."""
+    """``h + bias[:, None] + x`` for ``[B, C, n]`` (strided views allowed); a new tensor, contiguous, or
+    channel-major when ``h`` is."""
+    if channels_last(h):
+        return _residual_add_channels_last(h, bias, x)
     h, x = _unit_time_stride(h), _unit_time_stride(x)
     b, c, n = h.shape
     out = torch.empty((b, c, n), dtype=h.dtype, device=h.device)
@@ -132,6 +147,8 @@ def _conv_to_one_kernel(
 def conv_to_one(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, dilation: int = 1) -> torch.Tensor:
     """``conv1d(x, weight, bias, dilation=dilation)`` with one output channel: ``x [B, C, n]``, ``weight [1, C, k]``;
     no padding (the input holds its left context). Returns ``[B, 1, n - (k - 1) * dilation]``."""
+    if channels_last(x):
+        return _conv_to_one_channels_last(x, weight, bias, dilation)
     x = _unit_time_stride(x)
     b, c, n = x.shape
     k = weight.shape[2]
@@ -141,5 +158,123 @@ def conv_to_one(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, dilat
     _conv_to_one_kernel[grid](
         x, weight.contiguous(), bias, out, c, n, n_out, x.stride(0), x.stride(1),
         KERNEL=k, DILATION=dilation, BLOCK=CONV_BLOCK,
+    )  # fmt: skip
+    return out
+
+
+# ---------------------------------------------------------------- channel-major twins
+
+
+def _channel_tile(c: int, block: int) -> tuple[int, int]:
+    """(BLOCK_C, BLOCK_T) of a channel-major tile of ``block`` elements: up to ``WIDE`` channels (no more than
+    ``c``, to a power of two) at each of ``block // BLOCK_C`` samples. Tiles, not a flat index: recovering each
+    element's channel and sample by division would cost more than its load."""
+    wide = min(WIDE, triton.next_power_of_2(c))
+    return wide, block // wide
+
+
+@triton.jit
+def _snake_cat_cl_kernel(
+    x_ptr, h_ptr, p_ptr, bias_ptr, out_ptr, channels, n, hist, x_sb, x_sc, x_st, h_sb, h_sc, h_st,
+    HAS_HIST: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0).to(tl.int64)
+    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]
+    c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
+    width = hist + n
+    live_c = c < channels
+    live = live_c & (t < width)
+    alpha = tl.load(p_ptr + c, mask=live_c, other=0.0).to(tl.float32)
+    inv_beta = tl.load(p_ptr + channels + c, mask=live_c, other=0.0).to(tl.float32)
+    new = live & (t >= hist)
+    x = tl.load(x_ptr + b * x_sb + c * x_sc + (t - hist) * x_st, mask=new, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        x += tl.load(bias_ptr + c, mask=live_c, other=0.0).to(tl.float32)
+    s = tl.sin(x * alpha)
+    y = x + inv_beta * (s * s)
+    old = t < hist
+    if HAS_HIST:
+        h = tl.load(h_ptr + b * h_sb + c * h_sc + t * h_st, mask=live & old, other=0.0).to(tl.float32)
+        y = tl.where(old, h, y)
+    else:
+        y = tl.where(old, 0.0, y)
+    # the output is [B, width, C] in memory
+    tl.store(out_ptr + b * width * channels + t * channels + c, y.to(out_ptr.dtype.element_ty), mask=live)
+
+
+def _snake_cat_channels_last(
+    x: torch.Tensor, params: torch.Tensor, history: torch.Tensor | None, pad: int, bias: torch.Tensor | None
+) -> torch.Tensor:
+    b, c, n = x.shape
+    h = history.shape[2] if history is not None else pad
+    out = empty_like_layout(x, (b, c, h + n))
+    hist = history if history is not None else x  # any pointer: never read without a history
+    block_c, block_t = _channel_tile(c, BLOCK)
+    _snake_cat_cl_kernel[(b, triton.cdiv(h + n, block_t), triton.cdiv(c, block_c))](
+        x, hist, params.contiguous(), bias if bias is not None else params, out, c, n, h,
+        *x.stride(), *hist.stride(),
+        HAS_HIST=history is not None, HAS_BIAS=bias is not None, BLOCK_C=block_c, BLOCK_T=block_t,
+    )  # fmt: skip
+    return out
+
+
+@triton.jit
+def _residual_add_cl_kernel(
+    h_ptr, bias_ptr, x_ptr, out_ptr, channels, n, h_sb, h_sc, h_st, x_sb, x_sc, x_st,
+    BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0).to(tl.int64)
+    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]
+    c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
+    live_c = c < channels
+    live = live_c & (t < n)
+    h = tl.load(h_ptr + b * h_sb + c * h_sc + t * h_st, mask=live, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + b * x_sb + c * x_sc + t * x_st, mask=live, other=0.0).to(tl.float32)
+    y = h + tl.load(bias_ptr + c, mask=live_c, other=0.0).to(tl.float32) + x
+    tl.store(out_ptr + b * n * channels + t * channels + c, y.to(out_ptr.dtype.element_ty), mask=live)
+
+
+def _residual_add_channels_last(h: torch.Tensor, bias: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    b, c, n = h.shape
+    out = empty_like_layout(h, (b, c, n))
+    block_c, block_t = _channel_tile(c, BLOCK)
+    _residual_add_cl_kernel[(b, triton.cdiv(n, block_t), triton.cdiv(c, block_c))](
+        h, bias, x, out, c, n, *h.stride(), *x.stride(), BLOCK_C=block_c, BLOCK_T=block_t
+    )  # fmt: skip
+    return out
+
+
+@triton.jit
+def _conv_to_one_cl_kernel(
+    x_ptr, w_ptr, bias_ptr, out_ptr, channels, n_out, x_sb, x_sc, x_st,
+    KERNEL: tl.constexpr, DILATION: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0).to(tl.int64)
+    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    live_t = t < n_out
+    acc = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)  # a tile of samples x channels, channels contiguous
+    for c0 in range(0, channels, BLOCK_C):
+        c = c0 + tl.arange(0, BLOCK_C)
+        live_c = c < channels
+        for k in tl.static_range(KERNEL):
+            w = tl.load(w_ptr + c * KERNEL + k, mask=live_c, other=0.0).to(tl.float32)
+            at = x_ptr + b * x_sb + (t[:, None] + k * DILATION) * x_st + c[None, :] * x_sc
+            x = tl.load(at, mask=live_t[:, None] & live_c[None, :], other=0.0).to(tl.float32)
+            acc += x * w[None, :]
+    y = tl.sum(acc, axis=1) + tl.load(bias_ptr).to(tl.float32)
+    tl.store(out_ptr + b * n_out + t, y.to(out_ptr.dtype.element_ty), mask=live_t)
+
+
+def _conv_to_one_channels_last(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, dilation: int
+) -> torch.Tensor:
+    b, c, n = x.shape
+    k = weight.shape[2]
+    n_out = n - (k - 1) * dilation
+    out = torch.empty((b, 1, n_out), dtype=x.dtype, device=x.device)
+    block_c, block_t = _channel_tile(c, CONV_BLOCK)
+    _conv_to_one_cl_kernel[(b, triton.cdiv(n_out, block_t))](
+        x, weight.contiguous(), bias, out, c, n_out, *x.stride(),
+        KERNEL=k, DILATION=dilation, BLOCK_C=block_c, BLOCK_T=block_t,
     )  # fmt: skip
     return out

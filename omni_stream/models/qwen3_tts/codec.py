@@ -21,7 +21,8 @@ from torch import Tensor, nn
 
 from omni_stream.errors import ConfigError
 from omni_stream.models.qwen3_tts.fused import ENV_DISABLE
-from omni_stream.runtime.settings import whole_numbers
+from omni_stream.runtime.layout import channels_last, to_channels_last
+from omni_stream.runtime.settings import flag, whole_numbers
 
 from .codec_config import CodecDecoderConfig, SpeechTokenizerConfig
 from .codec_quantizer import DerivedTensor, SplitResidualVQ
@@ -105,26 +106,42 @@ def conv_phases(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int, g
     """``conv1d(x, weight, bias, dilation=dilation)`` without padding, as one convolution without dilation over
     the input's ``dilation`` phases stacked along the batch: output ``t = q * d + r`` sums ``x[t + j * d]``, which
     is row ``r`` of ``x`` taken every ``d``-th sample, convolved densely at ``q``. The same products and sums
-    (cuDNN may order the sums differently); two more passes over the activation (the phases out and back).
+    (cuDNN may order the sums differently); two more passes over the activation (the phases out and back), each
+    in the layout it came in (:func:`channels_last` or not).
 
     Why: for the vocoder's dilation-9 convolution of its 384-channel stage (input ``[128, 384, 4054]`` in a
     window of 128 x 25 frames) cuDNN runs ``implicit_convolve_sgemm``, without tensor cores: 35.4 ms of a 119 ms
     window on the H200 (``benchmarks/results/codec_decoder_shapes.txt``, run 23), where the convolutions without
-    dilation run on tensor cores. Returns ``[B, C_out, n - (k - 1) * dilation]`` (a view with unit time stride).
+    dilation run on tensor cores. Returns ``[B, C_out, n - (k - 1) * dilation]`` (a view).
     """
-    b, c, n = x.shape
+    n = x.shape[2]
     k = weight.shape[2]
     n_out = n - (k - 1) * dilation
     if dilation == 1:
         return F.conv1d(x, weight, bias, groups=groups)
     q = -(-n // dilation)  # samples per phase; the right padding only reaches outputs past n_out
     if q * dilation != n:
-        x = F.pad(x, (0, q * dilation - n))
-    phases = x.reshape(b, c, q, dilation).permute(0, 3, 1, 2).reshape(b * dilation, c, q)
-    y = F.conv1d(phases, weight, bias, groups=groups)  # [B * d, C_out, q - k + 1]
-    m = y.shape[2]
-    out = y.reshape(b, dilation, -1, m).permute(0, 2, 3, 1).reshape(b, -1, m * dilation)
-    return out[..., :n_out]
+        pad = q * dilation - n
+        x = F.pad(x.transpose(1, 2), (0, 0, 0, pad)).transpose(1, 2) if channels_last(x) else F.pad(x, (0, pad))
+    y = F.conv1d(_split_phases(x, dilation), weight, bias, groups=groups)  # [B * d, C_out, q - k + 1]
+    return _join_phases(y, dilation)[..., :n_out]
+
+
+def _split_phases(x: Tensor, d: int) -> Tensor:
+    """``[B, C, q * d] -> [B * d, C, q]``: row ``b * d + r`` holds samples ``r, r + d, ...``; in ``x``'s layout."""
+    b, c, n = x.shape
+    if channels_last(x):
+        return x.transpose(1, 2).reshape(b, n // d, d, c).transpose(1, 2).reshape(b * d, n // d, c).transpose(1, 2)
+    return x.reshape(b, c, n // d, d).permute(0, 3, 1, 2).reshape(b * d, c, n // d)
+
+
+def _join_phases(y: Tensor, d: int) -> Tensor:
+    """The inverse of :func:`_split_phases`: ``[B * d, C, m] -> [B, C, m * d]``, in ``y``'s layout."""
+    bd, c, m = y.shape
+    b = bd // d
+    if channels_last(y):
+        return y.transpose(1, 2).reshape(b, d, m, c).transpose(1, 2).reshape(b, m * d, c).transpose(1, 2)
+    return y.reshape(b, d, c, m).permute(0, 2, 3, 1).reshape(b, c, m * d)
 
 
 def snake_cat(x: Tensor, params: Tensor, history: Tensor | None, pad: int = 0, bias: Tensor | None = None) -> Tensor:
@@ -154,18 +171,22 @@ class VocoderKernels:
     activation in one pass with its convolution's left context and the bias of the convolution before it, a
     residual unit's bias and residual sum in one pass, the one-channel output convolution as its own kernel
     (:mod:`omni_stream.runtime.triton_vocoder` says why). :data:`TORCH_VOCODER` is the torch version of each.
-    ``phases``: the dilations whose convolutions run over their input's phases (:func:`conv_phases`)."""
+    ``phases``: the dilations whose convolutions run over their input's phases (:func:`conv_phases`);
+    ``channels_last``: the vocoder's convolution weights, and so its activations, channel-major
+    (:mod:`omni_stream.runtime.layout`: no layout conversion around cuDNN's tensor-core kernels)."""
 
     name: str
     snake_cat: Callable[[Tensor, Tensor, Tensor | None, int, Tensor | None], Tensor]
     residual_add: Callable[[Tensor, Tensor, Tensor], Tensor]
     conv_to_one: Callable[[Tensor, Tensor, Tensor, int], Tensor]
     phases: frozenset[int] = frozenset()
+    channels_last: bool = False
 
 
 TORCH_VOCODER = VocoderKernels("torch", snake_cat, _residual_add, _conv_to_one)
 RESIDUAL_DILATIONS = (1, 3, 9)  # a decoder block's residual units
 ENV_CONV_PHASES = "OMNI_STREAM_CODEC_PHASES"
+ENV_CHANNELS_LAST = "OMNI_STREAM_CODEC_CHANNELS_LAST"
 
 
 class SnakeBeta(nn.Module):
@@ -273,14 +294,21 @@ class CodecDecoder(nn.Module):
                 module.state_key = name
 
     def use_kernels(self, kernels: VocoderKernels | None) -> None:
-        """Compute the audio-rate stages by ``kernels`` (None: module by module, the reference's rounding); the
-        loader sets :func:`vocoder_kernels`'s choice for the device."""
+        """Compute the audio-rate stages by ``kernels`` (None: module by module, the reference's rounding), with
+        their dilated convolutions over phases and their weights' layout; the loader sets
+        :func:`vocoder_kernels`'s choice for the device."""
         phases = kernels.phases if kernels is not None else frozenset()
         for module in self.modules():
             if isinstance(module, SnakeBeta):
                 module.kernels = kernels
             elif isinstance(module, CausalConv1d):
                 module.phases = module.conv.dilation[0] > 1 and module.conv.dilation[0] in phases
+        last = kernels is not None and kernels.channels_last
+        for module in self.decoder.modules():  # cuDNN writes a convolution's output in its weight's layout
+            if isinstance(module, (CausalConv1d, CausalConvTranspose1d)) and module.conv.out_channels > 1:
+                w = module.conv.weight
+                if channels_last(w.data) != last:
+                    w.data = to_channels_last(w.data) if last else w.data.clone(memory_format=torch.contiguous_format)
 
     def stateful_blocks(self) -> Iterator[StatefulBlock]:
         for module in self.modules():
@@ -332,9 +360,16 @@ def conv_phases_setting(env: Mapping[str, str] | None = None) -> frozenset[int]:
     return whole_numbers(ENV_CONV_PHASES, frozenset(d for d in RESIDUAL_DILATIONS if d > 1), env)
 
 
+def channels_last_setting(env: Mapping[str, str] | None = None) -> bool:
+    """``$OMNI_STREAM_CODEC_CHANNELS_LAST=1``: the fused vocoder's activations channel-major per time step; default
+    off. Not yet measured on the GPU: ``benchmarks/codec_decoder.py`` times a window each way."""
+    return flag(ENV_CHANNELS_LAST, env)
+
+
 def vocoder_kernels(device: torch.device | str) -> VocoderKernels | None:
     """The Triton kernels on CUDA when Triton is installed and ``OMNI_STREAM_NO_FUSED`` is unset, else None;
-    with them the dilations of :func:`conv_phases_setting` (checked here, so a bad setting fails the load).
+    with them :func:`conv_phases_setting` and :func:`channels_last_setting` (checked here, so a bad setting
+    fails the load).
 
     Measured on the H200 (``benchmarks/results/tts_bench.md``, run 23): the eager activations, concatenations,
     bias and residual passes were ~45 % of a streaming window's GPU time, at the audio-rate stages where the
@@ -342,12 +377,12 @@ def vocoder_kernels(device: torch.device | str) -> VocoderKernels | None:
     """
     if torch.device(device).type != "cuda" or os.environ.get(ENV_DISABLE, "") not in ("", "0"):
         return None
-    phases = conv_phases_setting()
+    phases, last = conv_phases_setting(), channels_last_setting()
     try:
         from omni_stream.runtime import triton_vocoder as tv
     except ImportError:
         return None
-    return VocoderKernels("triton", tv.snake_cat, tv.residual_add, tv.conv_to_one, phases)
+    return VocoderKernels("triton", tv.snake_cat, tv.residual_add, tv.conv_to_one, phases, last)
 
 
 class SpeechTokenizer(nn.Module):

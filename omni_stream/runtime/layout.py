@@ -1,0 +1,31 @@
+"""Which memory layout a ``[B, C, n]`` activation has, and new tensors in the same one.
+
+A 1-D convolution's activation lies time-major per channel (``[B, C, n]`` contiguous, PyTorch's default) or
+channel-major per time step (``[B, n, C]`` in memory, viewed as ``[B, C, n]``): the layout cuDNN's tensor-core
+kernels read and write (NHWC), into which it otherwise converts every input and out of which every output.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def channels_last(t: torch.Tensor) -> bool:
+    """Whether ``[B, C, n]`` lies channel-major per time step (``[B, n, C]`` in memory)."""
+    return t.shape[1] > 1 and t.stride(1) == 1 and t.stride(2) != 1
+
+
+def to_channels_last(t: torch.Tensor) -> torch.Tensor:
+    """``t [B, C, n]`` (or a convolution's weight ``[C_out, C_in, k]``) with the same values, channel-major; also
+    for ``n = 1``, where both layouts hold the same bytes and only the strides tell cuDNN which one is meant."""
+    b, c, n = t.shape
+    out = torch.empty_strided((b, c, n), (n * c, 1, c), dtype=t.dtype, device=t.device)
+    return out.copy_(t)
+
+
+def empty_like_layout(like: torch.Tensor, shape: tuple[int, int, int]) -> torch.Tensor:
+    """A new ``[B, C, n]`` tensor of ``like``'s dtype and device, in ``like``'s layout."""
+    b, c, n = shape
+    if channels_last(like):
+        return torch.empty((b, n, c), dtype=like.dtype, device=like.device).transpose(1, 2)
+    return torch.empty(shape, dtype=like.dtype, device=like.device)
