@@ -9,13 +9,15 @@ arm (:data:`ARMS`: the audio-rate stages module by module; through the Triton ke
 :mod:`omni_stream.runtime.layout`) it prints every graph's GPU time (CUDA events, median), the
 cost per frame of one stream and the audio it makes per second of GPU time, and the profiler's top kernels of
 one eager window of 128 x 25 frames. Writes ``codec_decoder_<size>.json`` to ``$OUT`` (or
-``benchmarks/results``).
+``benchmarks/results``). ``--tiny --device cpu`` is a smoke run of every arm's set-up on the tiny random codec
+(the kernels' torch twins, eager windows timed by the host clock; the suite runs it).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 from dataclasses import replace
@@ -29,10 +31,19 @@ from provenance import git_commit
 from tts_bench import out_dir
 
 from omni_stream.models.qwen3_tts.checkpoint import write_dummy_checkpoint
-from omni_stream.models.qwen3_tts.codec import load_speech_tokenizer, vocoder_kernels
+from omni_stream.models.qwen3_tts.codec import (
+    TORCH_VOCODER,
+    CausalConv1d,
+    CausalConvTranspose1d,
+    load_speech_tokenizer,
+    vocoder_kernels,
+)
+from omni_stream.models.qwen3_tts.codec_checkpoint import write_tiny_speech_tokenizer
 from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
+from omni_stream.runtime.layout import channels_last
 
 KEYS = ((1, 1), (1, 4), (1, 25), (32, 4), (32, 25), (128, 4), (128, 25))
+SMOKE_KEYS = ((1, 1), (2, 4))
 FRAME_S = 0.08
 
 
@@ -53,22 +64,48 @@ ARMS = (
 )
 
 
-def arm(decoder, spec: Arm, reps: int) -> dict:
-    kernels = vocoder_kernels("cuda")
+def host_ms(fn, reps: int) -> float:
+    """Median milliseconds of ``fn`` by the host clock (CPU smoke runs), after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(1000 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def arm(decoder, spec: Arm, reps: int, keys: tuple[tuple[int, int], ...]) -> dict:
+    device = next(decoder.parameters()).device
+    # on the CPU (smoke runs: the arms' set-up end to end) the torch twins of the kernels, eagerly
+    kernels = vocoder_kernels(device) if device.type == "cuda" else TORCH_VOCODER
     assert kernels is not None or not spec.fused, "the fused arms need Triton"
     if spec.fused and kernels is not None:
         decoder.use_kernels(replace(kernels, phases=frozenset(spec.phases), channels_last=spec.channels_last))
     else:
         decoder.use_kernels(None)
-    pool = CodecWindows(decoder, 256, windows=sorted({n for _, n in KEYS}), max_batch=128)
-    pool.batch_buckets = tuple(sorted({b for b, _ in KEYS}))
-    assert pool.graphs is not None
-    t0 = time.perf_counter()
-    for key in sorted(KEYS, reverse=True):
-        pool.graphs.capture(key)
-    out: dict = {"capture_s": round(time.perf_counter() - t0, 2), "graphs": {}}
-    for b, n in KEYS:
-        ms = cuda_ms(lambda b=b, n=n: pool.graphs.replay((b, n)), reps)
+    convs = [m for m in decoder.modules() if isinstance(m, CausalConv1d | CausalConvTranspose1d)]
+    out: dict = {
+        "phase_convs": sum(isinstance(m, CausalConv1d) and m.phases for m in convs),
+        "channels_last_weights": sum(channels_last(m.conv.weight) for m in convs),
+        "graphs": {},
+    }
+    most = max(b for b, _ in keys)
+    pool = CodecWindows(decoder, 256, windows=sorted({n for _, n in keys}), max_batch=most)
+    codes = torch.zeros(most, pool.q, max(n for _, n in keys), dtype=torch.long, device=device)
+    slots = torch.arange(most, device=device)
+    if pool.graphs is not None:
+        pool.batch_buckets = tuple(sorted({b for b, _ in keys}))
+        t0 = time.perf_counter()
+        for key in sorted(keys, reverse=True):
+            pool.graphs.capture(key)
+        out["capture_s"] = round(time.perf_counter() - t0, 2)
+    for b, n in keys:
+        if pool.graphs is not None:
+            ms = cuda_ms(lambda b=b, n=n: pool.graphs.replay((b, n)), reps)
+        else:
+            with torch.inference_mode():
+                ms = host_ms(lambda b=b, n=n: pool.pool.decode(codes[:b, :, :n], slots[:b]), reps)
         out["graphs"][f"{b}x{n}"] = {
             "ms": round(ms, 3),
             "us_per_stream_frame": round(1000 * ms / (b * n), 2),
@@ -76,10 +113,10 @@ def arm(decoder, spec: Arm, reps: int) -> dict:
         }
         print(f"  {b:4d} x {n:2d} frames: {ms:8.3f} ms  {1000 * ms / (b * n):7.2f} us a stream's frame  "
               f"{b * n * FRAME_S / (ms / 1000):8.0f}x real time", flush=True)  # fmt: skip
-    codes = torch.zeros(128, pool.q, 25, dtype=torch.long, device="cuda")
-    slots = torch.arange(128, device="cuda")
+    if device.type != "cuda":
+        return out
     with torch.inference_mode():
-        prof = kernel_profile(lambda: pool.pool.decode(codes, slots), reps=2)
+        prof = kernel_profile(lambda: pool.pool.decode(codes[:128, :, :25], slots[:128]), reps=2)
     out["eager_128x25_profile"] = prof
     total = prof["total"]
     print(f"  eager 128 x 25: {total['kernels']:.0f} kernels, {total['busy_ms']:.1f} ms busy", flush=True)
@@ -110,26 +147,39 @@ def main() -> int:
     ap.add_argument("--size", choices=sorted(CONFIGS), default="1.7b")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--shapes", action="store_true", help="only the operators of one fused window, by input shape")
+    ap.add_argument("--tiny", action="store_true", help="the tiny random codec and two small windows (smoke runs)")
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run with --tiny")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("needs a CUDA device")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("needs a CUDA device (or --tiny --device cpu for a smoke run)")
         return 2
+    size = "tiny" if args.tiny else args.size
+    keys = SMOKE_KEYS if args.tiny else KEYS
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     with tempfile.TemporaryDirectory() as tmp:
-        ckpt = write_dummy_checkpoint(CONFIGS[args.size], Path(tmp) / "ckpt", dtype=torch.bfloat16, weights=False)
-        decoder = load_speech_tokenizer(ckpt, "cuda", torch.bfloat16, "dummy", with_encoder=False).decoder
+        if args.tiny:
+            ckpt = Path(tmp) / "ckpt"
+            write_tiny_speech_tokenizer(ckpt, seed=0)
+            decoder = load_speech_tokenizer(ckpt, args.device, dtype, with_encoder=False).decoder
+        else:
+            ckpt = write_dummy_checkpoint(CONFIGS[args.size], Path(tmp) / "ckpt", dtype=dtype, weights=False)
+            decoder = load_speech_tokenizer(ckpt, args.device, dtype, "dummy", with_encoder=False).decoder
     if args.shapes:
         print_shapes(decoder)
         return 0
-    result: dict = {"git_commit": git_commit(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                    "cudnn": torch.backends.cudnn.version(), "size": args.size, "arms": {}}  # fmt: skip
+    cuda = args.device == "cuda"
+    result: dict = {"git_commit": git_commit(), "gpu": torch.cuda.get_device_name() if cuda else "cpu",
+                    "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "size": size,
+                    "arms": {}}  # fmt: skip
+    path = out_dir() / f"codec_decoder_{size}.json"
     for spec in ARMS:
         print(spec.name, flush=True)
-        result["arms"][spec.name] = arm(decoder, spec, args.reps)
-        torch.cuda.empty_cache()
-        path = out_dir() / f"codec_decoder_{args.size}.json"
+        result["arms"][spec.name] = arm(decoder, spec, args.reps, keys)
+        if cuda:
+            torch.cuda.empty_cache()
         path.write_text(json.dumps(result, indent=1))
-    print("window graphs, GPU ms: " + "  ".join(spec.name for spec in ARMS))
-    for b, n in KEYS:
+    print("window " + ("graphs, GPU" if cuda else "eager, host") + " ms: " + "  ".join(s.name for s in ARMS))
+    for b, n in keys:
         cells = "  ".join(f"{result['arms'][spec.name]['graphs'][f'{b}x{n}']['ms']:8.3f}" for spec in ARMS)
         print(f"  {b:4d} x {n:2d}  {cells}")
     print(f"wrote {path}")
