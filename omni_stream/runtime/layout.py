@@ -8,6 +8,7 @@ kernels read and write (NHWC), into which it otherwise converts every input and 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def channels_last(t: torch.Tensor) -> bool:
@@ -29,3 +30,22 @@ def empty_like_layout(like: torch.Tensor, shape: tuple[int, int, int]) -> torch.
     if channels_last(like):
         return torch.empty((b, n, c), dtype=like.dtype, device=like.device).transpose(1, 2)
     return torch.empty(shape, dtype=like.dtype, device=like.device)
+
+
+def conv1d(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, dilation: int = 1, groups: int = 1
+) -> torch.Tensor:
+    """``F.conv1d`` (no padding, stride 1), keeping a channel-major input channel-major without copies: for a 3-D
+    input aten's convolution first makes it contiguous (time-major), and cuDNN then converts it back to NHWC
+    for a channel-major weight, two copies a convolution; as a 2-D convolution over a height of one, neither."""
+    if channels_last(x):
+        y = F.conv2d(x.unsqueeze(2), weight.unsqueeze(2), bias, dilation=(1, dilation), groups=groups)
+        return y.squeeze(2)
+    return F.conv1d(x, weight, bias, dilation=dilation, groups=groups)
+
+
+def conv_transpose1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: int) -> torch.Tensor:
+    """``F.conv_transpose1d`` (no padding), a channel-major input kept so as :func:`conv1d` keeps it."""
+    if channels_last(x):
+        return F.conv_transpose2d(x.unsqueeze(2), weight.unsqueeze(2), bias, stride=(1, stride)).squeeze(2)
+    return F.conv_transpose1d(x, weight, bias, stride=stride)

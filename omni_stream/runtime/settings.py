@@ -33,7 +33,7 @@ def whole_numbers(
     if raw.lower() == "none":
         return frozenset()
     parts = [p.strip() for p in raw.split(",")]
-    if not all(p.isdigit() and int(p) in allowed for p in parts):
+    if not all(p.isascii() and p.isdigit() and int(p) in allowed for p in parts):
         choices = ", ".join(str(a) for a in sorted(allowed))
         raise ConfigError(f"{name} must be 'none' or a comma-separated list of {choices}, got {raw!r}")
     return frozenset(int(p) for p in parts)

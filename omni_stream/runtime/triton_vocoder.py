@@ -21,7 +21,8 @@ Activations lie time-major per channel (``[B, C, n]`` contiguous, the module pat
 ``OMNI_STREAM_CODEC_CHANNELS_LAST``, channel-major per time step (``[B, n, C]`` in memory, the layout cuDNN's
 tensor-core kernels read and write; :mod:`omni_stream.runtime.layout`). Each function serves both: a
 channel-major input goes to a twin kernel whose tiles hold up to 64 channels (the contiguous axis) at each of
-their samples, and the output keeps the input's layout.
+their samples, and the output keeps the input's layout. The vocoder's convolutions keep a channel-major input so
+(:func:`omni_stream.runtime.layout.conv1d`).
 """
 
 from __future__ import annotations
@@ -166,10 +167,12 @@ def conv_to_one(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, dilat
 
 
 def _channel_tile(c: int, block: int) -> tuple[int, int]:
-    """(BLOCK_C, BLOCK_T) of a channel-major tile of ``block`` elements: up to ``WIDE`` channels (no more than
-    ``c``, to a power of two) at each of ``block // BLOCK_C`` samples. Tiles, not a flat index: recovering each
-    element's channel and sample by division would cost more than its load."""
-    wide = min(WIDE, triton.next_power_of_2(c))
+    """(BLOCK_C, BLOCK_T) of a channel-major tile of ``block`` elements: at most ``WIDE`` channels, the largest
+    power of two that divides ``c`` when that is 8 or more (96 channels: 32, so no lane idles), else ``c`` to a
+    power of two (the lanes past ``c`` masked), at each of ``block // BLOCK_C`` samples. Tiles, not a flat index:
+    recovering each element's channel and sample by division would cost more than its load. The grid puts the
+    tiles along time on its first axis, the only one not limited to 65535."""
+    wide = min(WIDE, c & -c if c % 8 == 0 else triton.next_power_of_2(c))
     return wide, block // wide
 
 
@@ -178,8 +181,8 @@ def _snake_cat_cl_kernel(
     x_ptr, h_ptr, p_ptr, bias_ptr, out_ptr, channels, n, hist, x_sb, x_sc, x_st, h_sb, h_sc, h_st,
     HAS_HIST: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
 ):  # fmt: skip
-    b = tl.program_id(0).to(tl.int64)
-    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]
+    b = tl.program_id(1).to(tl.int64)
     c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
     width = hist + n
     live_c = c < channels
@@ -210,7 +213,7 @@ def _snake_cat_channels_last(
     out = empty_like_layout(x, (b, c, h + n))
     hist = history if history is not None else x  # any pointer: never read without a history
     block_c, block_t = _channel_tile(c, BLOCK)
-    _snake_cat_cl_kernel[(b, triton.cdiv(h + n, block_t), triton.cdiv(c, block_c))](
+    _snake_cat_cl_kernel[(triton.cdiv(h + n, block_t), b, triton.cdiv(c, block_c))](
         x, hist, params.contiguous(), bias if bias is not None else params, out, c, n, h,
         *x.stride(), *hist.stride(),
         HAS_HIST=history is not None, HAS_BIAS=bias is not None, BLOCK_C=block_c, BLOCK_T=block_t,
@@ -223,8 +226,8 @@ def _residual_add_cl_kernel(
     h_ptr, bias_ptr, x_ptr, out_ptr, channels, n, h_sb, h_sc, h_st, x_sb, x_sc, x_st,
     BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
 ):  # fmt: skip
-    b = tl.program_id(0).to(tl.int64)
-    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]
+    b = tl.program_id(1).to(tl.int64)
     c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
     live_c = c < channels
     live = live_c & (t < n)
@@ -238,7 +241,7 @@ def _residual_add_channels_last(h: torch.Tensor, bias: torch.Tensor, x: torch.Te
     b, c, n = h.shape
     out = empty_like_layout(h, (b, c, n))
     block_c, block_t = _channel_tile(c, BLOCK)
-    _residual_add_cl_kernel[(b, triton.cdiv(n, block_t), triton.cdiv(c, block_c))](
+    _residual_add_cl_kernel[(triton.cdiv(n, block_t), b, triton.cdiv(c, block_c))](
         h, bias, x, out, c, n, *h.stride(), *x.stride(), BLOCK_C=block_c, BLOCK_T=block_t
     )  # fmt: skip
     return out
@@ -249,8 +252,8 @@ def _conv_to_one_cl_kernel(
     x_ptr, w_ptr, bias_ptr, out_ptr, channels, n_out, x_sb, x_sc, x_st,
     KERNEL: tl.constexpr, DILATION: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
 ):  # fmt: skip
-    b = tl.program_id(0).to(tl.int64)
-    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    b = tl.program_id(1).to(tl.int64)
     live_t = t < n_out
     acc = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)  # a tile of samples x channels, channels contiguous
     for c0 in range(0, channels, BLOCK_C):
@@ -273,7 +276,7 @@ def _conv_to_one_channels_last(
     n_out = n - (k - 1) * dilation
     out = torch.empty((b, 1, n_out), dtype=x.dtype, device=x.device)
     block_c, block_t = _channel_tile(c, CONV_BLOCK)
-    _conv_to_one_cl_kernel[(b, triton.cdiv(n_out, block_t))](
+    _conv_to_one_cl_kernel[(triton.cdiv(n_out, block_t), b)](
         x, weight.contiguous(), bias, out, c, n_out, *x.stride(),
         KERNEL=k, DILATION=dilation, BLOCK_C=block_c, BLOCK_T=block_t,
     )  # fmt: skip

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from omni_stream.errors import ConfigError
 from omni_stream.models.qwen3_tts.fused import ENV_DISABLE
-from omni_stream.runtime.layout import channels_last, to_channels_last
+from omni_stream.runtime.layout import channels_last, conv1d, conv_transpose1d, to_channels_last
 from omni_stream.runtime.settings import flag, whole_numbers
 
 from .codec_config import CodecDecoderConfig, SpeechTokenizerConfig
@@ -66,9 +66,7 @@ class CausalConv1d(StatefulBlock):
             return kernels.conv_to_one(x, conv.weight, conv.bias, conv.dilation[0])
         if self.phases:
             return conv_phases(x, conv.weight, conv.bias if bias else None, conv.dilation[0], conv.groups)
-        if bias:
-            return conv(x)
-        return F.conv1d(x, conv.weight, None, dilation=conv.dilation, groups=conv.groups)
+        return conv1d(x, conv.weight, conv.bias if bias else None, conv.dilation[0], conv.groups)
 
 
 class CausalConvTranspose1d(StatefulBlock):
@@ -98,7 +96,7 @@ class CausalConvTranspose1d(StatefulBlock):
             state[self.state_key] = x[..., -h:]
         # Output step j only sums inputs i with i*s <= j, so [h*s, (h+n)*s) is exact given h inputs of history;
         # a zero history adds nothing but the bias, which every output step gets once either way.
-        y = self.conv(x)
+        y = conv_transpose1d(x, self.conv.weight, self.conv.bias, self.stride)
         return y[..., h * self.stride : (h + n) * self.stride]
 
 
@@ -118,12 +116,12 @@ def conv_phases(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int, g
     k = weight.shape[2]
     n_out = n - (k - 1) * dilation
     if dilation == 1:
-        return F.conv1d(x, weight, bias, groups=groups)
+        return conv1d(x, weight, bias, groups=groups)
     q = -(-n // dilation)  # samples per phase; the right padding only reaches outputs past n_out
     if q * dilation != n:
         pad = q * dilation - n
         x = F.pad(x.transpose(1, 2), (0, 0, 0, pad)).transpose(1, 2) if channels_last(x) else F.pad(x, (0, pad))
-    y = F.conv1d(_split_phases(x, dilation), weight, bias, groups=groups)  # [B * d, C_out, q - k + 1]
+    y = conv1d(_split_phases(x, dilation), weight, bias, groups=groups)  # [B * d, C_out, q - k + 1]
     return _join_phases(y, dilation)[..., :n_out]
 
 
@@ -249,7 +247,7 @@ class ResidualUnit(nn.Module):
         # fused: conv1's bias goes into act2's pass, conv2's into the residual sum's
         h = self.conv1(x, state, self.act1, bias=False)
         assert self.conv1.conv.bias is not None and self.conv2.conv.bias is not None
-        h = F.conv1d(self.act2.cat(h, None, 0, self.conv1.conv.bias), self.conv2.conv.weight)
+        h = conv1d(self.act2.cat(h, None, 0, self.conv1.conv.bias), self.conv2.conv.weight)
         return kernels.residual_add(h, self.conv2.conv.bias, x)
 
 
