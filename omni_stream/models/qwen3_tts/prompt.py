@@ -336,9 +336,9 @@ def embed_prompts(talker, cfg: Qwen3TTSConfig, prompts: list[TalkerPrompt]) -> l
 
     The prompts of a step are embedded together: one copy of every prompt's ids to the device, one text
     projection and one codec lookup over the distinct ids, then one gather per table for every prompt's rows at
-    once (the prompts' results are views of those rows); alone, each prompt cost about eight blocking copies and
-    thirty launches (~1 ms a newcomer when a burst is admitted on the H200, run 22), and gathers per prompt five
-    launches more a newcomer.
+    once (the prompts' results are views of those rows). Embedded alone, each prompt cost about eight blocking
+    copies and thirty launches (~1 ms a newcomer when a burst is admitted on the H200, run 22); gathered prompt
+    by prompt, five launches a newcomer.
     """
     w = talker.codec_head.weight
     device, dtype = w.device, w.dtype
