@@ -60,3 +60,14 @@ def test_a_channel_major_transposed_convolution_stays_channel_major_without_copi
     assert copies == 0 and channels_last(got)
     assert torch.allclose(got, want, atol=1e-5)
     assert torch.allclose(conv_transpose1d(x.contiguous(), w.contiguous(), b, 5), want, atol=1e-5)
+
+
+def test_with_a_time_major_weight_the_convolutions_are_the_plain_ones() -> None:
+    """The served default (time-major weights): a channel-major input (as the codec transformer's transposed
+    output is) goes through ``F.conv1d`` / ``F.conv_transpose1d`` unchanged, so it comes out time-major."""
+    x = to_channels_last(torch.randn(2, 8, 30))
+    w, wt = torch.randn(6, 8, 3), torch.randn(8, 4, 10)
+    y = conv1d(x, w, None, 2)
+    assert y.is_contiguous() and torch.equal(y, F.conv1d(x, w, None, dilation=2))
+    t = conv_transpose1d(x, wt, None, 5)
+    assert t.is_contiguous() and torch.equal(t, F.conv_transpose1d(x, wt, None, stride=5))

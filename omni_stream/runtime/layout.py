@@ -35,17 +35,20 @@ def empty_like_layout(like: torch.Tensor, shape: tuple[int, int, int]) -> torch.
 def conv1d(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, dilation: int = 1, groups: int = 1
 ) -> torch.Tensor:
-    """``F.conv1d`` (no padding, stride 1), keeping a channel-major input channel-major without copies: for a 3-D
-    input aten's convolution first makes it contiguous (time-major), and cuDNN then converts it back to NHWC
-    for a channel-major weight, two copies a convolution; as a 2-D convolution over a height of one, neither."""
-    if channels_last(x):
+    """``F.conv1d`` (no padding, stride 1), keeping a channel-major input channel-major without copies when the
+    weight is channel-major too: for a 3-D input aten's convolution first makes it contiguous (time-major), and
+    cuDNN then converts it back to NHWC for a channel-major weight, two copies a convolution; as a 2-D
+    convolution over a height of one, neither. With a time-major weight this is ``F.conv1d`` whatever the input
+    (a channel-major input, such as a transformer's transposed output, is made time-major as before)."""
+    if channels_last(x) and channels_last(weight):
         y = F.conv2d(x.unsqueeze(2), weight.unsqueeze(2), bias, dilation=(1, dilation), groups=groups)
         return y.squeeze(2)
     return F.conv1d(x, weight, bias, dilation=dilation, groups=groups)
 
 
 def conv_transpose1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: int) -> torch.Tensor:
-    """``F.conv_transpose1d`` (no padding), a channel-major input kept so as :func:`conv1d` keeps it."""
-    if channels_last(x):
+    """``F.conv_transpose1d`` (no padding), a channel-major input with a channel-major weight kept so as
+    :func:`conv1d` keeps it."""
+    if channels_last(x) and channels_last(weight):
         return F.conv_transpose2d(x.unsqueeze(2), weight.unsqueeze(2), bias, stride=(1, stride)).squeeze(2)
     return F.conv_transpose1d(x, weight, bias, stride=stride)
