@@ -9,8 +9,10 @@ arm (:data:`ARMS`: the audio-rate stages module by module; through the Triton ke
 :mod:`omni_stream.runtime.layout`) it prints every graph's GPU time (CUDA events, median), the
 cost per frame of one stream and the audio it makes per second of GPU time, and the profiler's top kernels of
 one eager window of 128 x 25 frames. Writes ``codec_decoder_<size>.json`` to ``$OUT`` (or
-``benchmarks/results``). ``--tiny --device cpu`` is a smoke run of every arm's set-up on the tiny random codec
-(the kernels' torch twins, eager windows timed by the host clock; the suite runs it).
+``benchmarks/results``). ``--fastest JSON`` prints the served settings of a saved result's fastest fused arm as
+shell assignments (``CODEC_ARM=... OMNI_STREAM_CODEC_PHASES=... OMNI_STREAM_CODEC_CHANNELS_LAST=...``), so one
+device call can serve the winner next. ``--tiny --device cpu`` is a smoke run of every arm's set-up on the tiny
+random codec (the kernels' torch twins, eager windows timed by the host clock; the suite runs it).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import statistics
 import tempfile
 import time
+import traceback
 from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
@@ -32,6 +35,8 @@ from tts_bench import out_dir
 
 from omni_stream.models.qwen3_tts.checkpoint import write_dummy_checkpoint
 from omni_stream.models.qwen3_tts.codec import (
+    ENV_CHANNELS_LAST,
+    ENV_CONV_PHASES,
     TORCH_VOCODER,
     CausalConv1d,
     CausalConvTranspose1d,
@@ -62,6 +67,30 @@ ARMS = (
     Arm("triton_channels_last", True, (), True),
     Arm("triton_channels_last_phases_9", True, (9,), True),
 )
+
+
+def settings_of(spec: Arm) -> dict[str, str]:
+    """The served settings (environment) that make the engine decode as the fused arm ``spec`` does."""
+    assert spec.fused, "the module path is OMNI_STREAM_NO_FUSED=1, not a codec setting"
+    return {
+        ENV_CONV_PHASES: ",".join(str(d) for d in spec.phases) or "none",
+        ENV_CHANNELS_LAST: "1" if spec.channels_last else "0",
+    }
+
+
+def fastest(result: dict, window: str = "128x25", *, slack: float = 0.05) -> Arm:
+    """The fused arm with the shortest ``window`` graph among those that ran and whose one-frame window (c=1's
+    first audio) is within ``slack`` of the plain fused arm's: a setting that wins the large windows must not cost
+    TTFA."""
+    arms = result["arms"]
+    one = arms["triton"]["graphs"]["1x1"]["ms"]
+    ran = [s for s in ARMS if s.fused and "graphs" in arms.get(s.name, {})]
+    fair = [s for s in ran if arms[s.name]["graphs"]["1x1"]["ms"] <= one * (1 + slack)]
+    return min(fair, key=lambda s: arms[s.name]["graphs"][window]["ms"])
+
+
+def _cell(result: dict, key: str) -> str:
+    return f"{result['graphs'][key]['ms']:8.3f}" if "graphs" in result else "  failed"
 
 
 def host_ms(fn, reps: int) -> float:
@@ -149,7 +178,13 @@ def main() -> int:
     ap.add_argument("--shapes", action="store_true", help="only the operators of one fused window, by input shape")
     ap.add_argument("--tiny", action="store_true", help="the tiny random codec and two small windows (smoke runs)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run with --tiny")
+    ap.add_argument("--fastest", type=Path, metavar="JSON",
+                    help="print, as shell assignments, the settings of the fastest arm in a saved result")  # fmt: skip
     args = ap.parse_args()
+    if args.fastest:
+        spec = fastest(json.loads(args.fastest.read_text()))
+        print(" ".join(f"{k}={v}" for k, v in {"CODEC_ARM": spec.name, **settings_of(spec)}.items()))
+        return 0
     if args.device == "cuda" and not torch.cuda.is_available():
         print("needs a CUDA device (or --tiny --device cpu for a smoke run)")
         return 2
@@ -174,13 +209,17 @@ def main() -> int:
     path = out_dir() / f"codec_decoder_{size}.json"
     for spec in ARMS:
         print(spec.name, flush=True)
-        result["arms"][spec.name] = arm(decoder, spec, args.reps, keys)
+        try:
+            result["arms"][spec.name] = arm(decoder, spec, args.reps, keys)
+        except Exception as exc:  # one arm's failure (a kernel that does not compile) must not hide the others
+            traceback.print_exc()
+            result["arms"][spec.name] = {"error": f"{type(exc).__name__}: {exc}"}
         if cuda:
             torch.cuda.empty_cache()
         path.write_text(json.dumps(result, indent=1))
     print("window " + ("graphs, GPU" if cuda else "eager, host") + " ms: " + "  ".join(s.name for s in ARMS))
     for b, n in keys:
-        cells = "  ".join(f"{result['arms'][spec.name]['graphs'][f'{b}x{n}']['ms']:8.3f}" for spec in ARMS)
+        cells = "  ".join(_cell(result["arms"][spec.name], f"{b}x{n}") for spec in ARMS)
         print(f"  {b:4d} x {n:2d}  {cells}")
     print(f"wrote {path}")
     return 0

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The codec's settings measured and served in one device call: the window graphs of every arm, then the server at
+# every level with the fastest arm's settings, then an A/B at c = 32 and 128 against the plain fused codec and with
+# the codec's windows on a side stream.
+#
+# Device command (nvidia-h200; carry [".whl"]; timeout_s 600), after `bash benchmarks/gpu_wheels.sh` here:
+#
+#   bash benchmarks/gpu_codec_settings.sh
+#
+# Steps (expected seconds on one H200; cap):
+#   codec    ~150 / 200  codec_decoder.py: six arms, seven window graphs each, the profile of one 128 x 25 window
+#   served   ~130 / 170  tts_bench.py --transport http,ws at c = 1 ... 128 with `codec_decoder.py --fastest`'s
+#                        settings (a fused arm: the fastest 128 x 25 window of those not slower at 1 x 1)
+#   plain     ~80 / 100  the same at c = 32, 128 with the plain fused codec (phases none, time-major)
+#   side      ~80 / 100  the fastest arm's settings with OMNI_STREAM_CODEC_STREAM=high at c = 32, 128
+# What comes back ($OUT, 8 files): codec_decoder_1.7b.json, the six tts_bench JSON files (tags
+# 1.7b_run24_<arm>, 1.7b_run24_plain, 1.7b_run24_<arm>_side; http and ws each) and call.log (this output).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+OUT=${OUT:-/tmp/omni-stream-codec-settings}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/call.log") 2>&1
+stamp() { printf '[%4ds] %s\n' "$SECONDS" "$*"; }
+
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || { stamp "install failed"; exit 1; }
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export GIT_COMMIT=${GIT_COMMIT:-$(cat .whl/COMMIT 2>/dev/null || echo unknown)}
+stamp "commit $GIT_COMMIT"
+
+stamp "codec window graphs, six arms"
+timeout -s INT 200 python3 benchmarks/codec_decoder.py --size 1.7b || stamp "codec_decoder.py: exit $?"
+settings=$(python3 benchmarks/codec_decoder.py --fastest "$OUT/codec_decoder_1.7b.json") \
+  || { stamp "no codec result to choose from"; exit 1; }
+stamp "fastest: $settings"
+eval "export $settings"
+bench() {  # bench CAP TAG LEVELS [ENV=VALUE...]
+  local cap=$1 tag=$2 levels=$3; shift 3
+  stamp "tts_bench $tag at c = $levels ($*)"
+  env "$@" timeout -s INT "$cap" python3 benchmarks/tts_bench.py --size 1.7b --transport http,ws --levels "$levels" \
+    --tag-suffix "_run24_$tag" || stamp "tts_bench.py $tag: exit $?"
+}
+bench 170 "$CODEC_ARM" 1,4,16,32,64,128
+bench 100 plain 32,128 OMNI_STREAM_CODEC_PHASES=none OMNI_STREAM_CODEC_CHANNELS_LAST=0
+bench 100 "${CODEC_ARM}_side" 32,128 OMNI_STREAM_CODEC_STREAM=high
+stamp "done"
