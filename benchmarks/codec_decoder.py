@@ -66,6 +66,7 @@ ARMS = (
     Arm("triton_phases_3_9", True, (3, 9)),
     Arm("triton_channels_last", True, (), True),
     Arm("triton_channels_last_phases_9", True, (9,), True),
+    Arm("triton_channels_last_phases_3_9", True, (3, 9), True),
 )
 
 
@@ -79,13 +80,13 @@ def settings_of(spec: Arm) -> dict[str, str]:
 
 
 def fastest(result: dict, window: str = "128x25", *, slack: float = 0.05) -> Arm:
-    """The fused arm with the shortest ``window`` graph among those that ran and whose one-frame window (c=1's
-    first audio) is within ``slack`` of the plain fused arm's: a setting that wins the large windows must not cost
-    TTFA."""
+    """The fused arm with the shortest ``window`` graph among those that ran and are within ``slack`` of the plain
+    fused arm in every other window: a setting that wins the large windows must not cost the first audio (1 x 1)
+    nor the windows between (measured: channel-major dilation-3 convolutions made 32 x 4 nine times slower)."""
     arms = result["arms"]
-    one = arms["triton"]["graphs"]["1x1"]["ms"]
+    base = arms["triton"]["graphs"]
     ran = [s for s in ARMS if s.fused and "graphs" in arms.get(s.name, {})]
-    fair = [s for s in ran if arms[s.name]["graphs"]["1x1"]["ms"] <= one * (1 + slack)]
+    fair = [s for s in ran if all(arms[s.name]["graphs"][k]["ms"] <= g["ms"] * (1 + slack) for k, g in base.items())]
     return min(fair, key=lambda s: arms[s.name]["graphs"][window]["ms"])
 
 
@@ -178,6 +179,7 @@ def main() -> int:
     ap.add_argument("--shapes", action="store_true", help="only the operators of one fused window, by input shape")
     ap.add_argument("--tiny", action="store_true", help="the tiny random codec and two small windows (smoke runs)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run with --tiny")
+    ap.add_argument("--arms", default=",".join(s.name for s in ARMS), help="comma-separated arms (default: all)")
     ap.add_argument("--fastest", type=Path, metavar="JSON",
                     help="print, as shell assignments, the settings of the fastest arm in a saved result")  # fmt: skip
     args = ap.parse_args()
@@ -207,7 +209,12 @@ def main() -> int:
                     "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "size": size,
                     "arms": {}}  # fmt: skip
     path = out_dir() / f"codec_decoder_{size}.json"
-    for spec in ARMS:
+    names = args.arms.split(",")
+    unknown = set(names) - {s.name for s in ARMS}
+    if unknown:
+        ap.error(f"unknown arms: {', '.join(sorted(unknown))}")
+    specs = [s for s in ARMS if s.name in names]
+    for spec in specs:
         print(spec.name, flush=True)
         try:
             result["arms"][spec.name] = arm(decoder, spec, args.reps, keys)
@@ -217,9 +224,9 @@ def main() -> int:
         if cuda:
             torch.cuda.empty_cache()
         path.write_text(json.dumps(result, indent=1))
-    print("window " + ("graphs, GPU" if cuda else "eager, host") + " ms: " + "  ".join(s.name for s in ARMS))
+    print("window " + ("graphs, GPU" if cuda else "eager, host") + " ms: " + "  ".join(s.name for s in specs))
     for b, n in keys:
-        cells = "  ".join(_cell(result["arms"][spec.name], f"{b}x{n}") for spec in ARMS)
+        cells = "  ".join(_cell(result["arms"][spec.name], f"{b}x{n}") for spec in specs)
         print(f"  {b:4d} x {n:2d}  {cells}")
     print(f"wrote {path}")
     return 0
