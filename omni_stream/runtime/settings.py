@@ -39,9 +39,9 @@ def whole_numbers(
     return frozenset(int(p) for p in parts)
 
 
-def flag(name: str, env: Mapping[str, str] | None = None) -> bool:
-    """``$name`` as on (``1``) or off (unset, blank or ``0``); a ConfigError naming it else."""
+def flag(name: str, env: Mapping[str, str] | None = None, *, default: bool = False) -> bool:
+    """``$name`` as on (``1``) or off (``0``; unset or blank: ``default``); a ConfigError naming it else."""
     raw = (os.environ if env is None else env).get(name, "").strip()
     if raw not in ("", "0", "1"):
         raise ConfigError(f"{name} must be 1 (on) or 0 (off), got {raw!r}")
-    return raw == "1"
+    return default if not raw else raw == "1"

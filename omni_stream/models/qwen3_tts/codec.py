@@ -353,15 +353,28 @@ class CodecDecoder(nn.Module):
 
 def conv_phases_setting(env: Mapping[str, str] | None = None) -> frozenset[int]:
     """``$OMNI_STREAM_CODEC_PHASES``: the residual units' dilations (3, 9; a comma-separated list, or ``none``)
-    whose convolutions run over their input's phases on the fused path (:func:`conv_phases`); default none.
-    Not yet measured on the GPU: ``benchmarks/codec_decoder.py`` times a window with each setting."""
-    return whole_numbers(ENV_CONV_PHASES, frozenset(d for d in RESIDUAL_DILATIONS if d > 1), env)
+    whose convolutions run over their input's phases on the fused path (:func:`conv_phases`); default both.
+
+    Measured on the H200 (``benchmarks/results/tts_bench.md``, run 24; ``benchmarks/codec_decoder.py``): cuDNN
+    runs the 384-channel dilation-9 convolution of a 128 x 25 window without tensor cores (35.7 of its 118 ms);
+    over its phases the window takes 92 ms, and with the dilation-3 ones too and channel-major activations 82 ms.
+    """
+    dilated = frozenset(d for d in RESIDUAL_DILATIONS if d > 1)
+    return whole_numbers(ENV_CONV_PHASES, dilated, env, default=dilated)
 
 
 def channels_last_setting(env: Mapping[str, str] | None = None) -> bool:
-    """``$OMNI_STREAM_CODEC_CHANNELS_LAST=1``: the fused vocoder's activations channel-major per time step; default
-    off. Not yet measured on the GPU: ``benchmarks/codec_decoder.py`` times a window each way."""
-    return flag(ENV_CHANNELS_LAST, env)
+    """``$OMNI_STREAM_CODEC_CHANNELS_LAST``: the fused vocoder's activations channel-major per time step (``1``)
+    or time-major (``0``); by default channel-major exactly when every dilated convolution runs over its phases
+    (:func:`conv_phases_setting`).
+
+    Measured on the H200 (run 24): with every dilated convolution over its phases, channel-major activations
+    spare cuDNN's layout conversions around each convolution (16 ms of a 128 x 25 window), 96 -> 82 ms, and every
+    smaller window is faster too (1 x 25: 3.10 -> 2.57 ms). Not with a dilated convolution left: cuDNN's NHWC
+    kernels for those are slow at some shapes (a 32 x 4 window 8.7 -> 76 ms with phases for 9 only).
+    """
+    every = frozenset(d for d in RESIDUAL_DILATIONS if d > 1)
+    return flag(ENV_CHANNELS_LAST, env, default=conv_phases_setting(env) == every)
 
 
 def vocoder_kernels(device: torch.device | str) -> VocoderKernels | None:
@@ -369,9 +382,10 @@ def vocoder_kernels(device: torch.device | str) -> VocoderKernels | None:
     with them :func:`conv_phases_setting` and :func:`channels_last_setting` (checked here, so a bad setting
     fails the load).
 
-    Measured on the H200 (``benchmarks/results/tts_bench.md``, run 23): the eager activations, concatenations,
-    bias and residual passes were ~45 % of a streaming window's GPU time, at the audio-rate stages where the
-    convolutions are narrow (96-384 channels); a window of 128 x 25 frames fell from 212 to 118 ms.
+    Measured on the H200 (``benchmarks/results/tts_bench.md``, runs 23-24): the eager activations,
+    concatenations, bias and residual passes were ~45 % of a streaming window's GPU time, at the audio-rate stages
+    where the convolutions are narrow (96-384 channels); a window of 128 x 25 frames fell from 212 to 118 ms, and
+    with the default settings (phases, channel-major) to 82 ms.
     """
     if torch.device(device).type != "cuda" or os.environ.get(ENV_DISABLE, "") not in ("", "0"):
         return None
