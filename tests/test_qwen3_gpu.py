@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +11,7 @@ import torch
 
 from omni_stream.models.qwen3_tts.checkpoint import hub_config, load_lm
 from omni_stream.models.qwen3_tts.config import load_config
+from omni_stream.models.qwen3_tts.family import codec_stream_mode
 from omni_stream.models.qwen3_tts.prompt import prepare_request
 from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
 from omni_stream.requests import SamplingParams, SpeechRequest
@@ -181,8 +181,8 @@ def test_dummy_checkpoint_serves_speech_end_to_end_on_cuda(tmp_path) -> None:
                                                    progress=False)  # fmt: skip
         async with engine:
             family = engine.models.speech()
-            # codec windows on the talker's stream unless OMNI_STREAM_CODEC_STREAM names a side stream (high, normal)
-            overlap = os.environ.get("OMNI_STREAM_CODEC_STREAM", "off") != "off"
+            # codec windows on a side stream (high, the default, or normal) unless OMNI_STREAM_CODEC_STREAM=off
+            overlap = codec_stream_mode() != "off"
             assert (family.completions is not None) == overlap
             assert (family.codec_windows.stream is not None) == overlap
             assert family.runner.prefill_graphs is not None and len(family.runner.prefill_graphs) > 0

@@ -37,7 +37,8 @@ def test_a_bad_switch_interval_is_a_config_error(raw: str) -> None:
 
 
 def test_codec_stream_and_admission_settings() -> None:
-    assert codec_stream_mode({}) == "off"
+    assert codec_stream_mode({}) == "high"  # measured the faster (run 24)
+    assert codec_stream_mode({"OMNI_STREAM_CODEC_STREAM": "off"}) == "off"
     assert codec_stream_mode({"OMNI_STREAM_CODEC_STREAM": " Normal "}) == "normal"
     assert codec_stream_mode({"OMNI_STREAM_CODEC_STREAM": "high"}) == "high"
     with pytest.raises(ConfigError):

@@ -8,7 +8,7 @@ So the worker that issued the work also collects it: :meth:`Completions.deliver_
 talker step (the family hooks it there) and hands over every job whose event has completed, and as a step
 source the worker calls it when nothing else is runnable, blocking on the oldest event then (GIL released).
 Events are collected in the order they were handed over, the order of their stream. (The Qwen3-TTS family
-uses this only when ``OMNI_STREAM_CODEC_STREAM`` names a side stream; measured, it did not pay: see there.)
+uses this unless ``OMNI_STREAM_CODEC_STREAM=off``: measured, it pays since its codec windows got cheaper, run 24.)
 """
 
 from __future__ import annotations

@@ -137,7 +137,7 @@ class Qwen3TTSFamily:
             # On CUDA the decode step replays per-bucket graphs; capturing them here keeps it out of requests.
             self.capture_seconds = self.runner.capture_graphs(progress=opts.progress_bar)
             # Streaming codec states in one slot-indexed pool, decoded by per-window-bucket graphs (CUDA only),
-            # on the talker's stream unless OMNI_STREAM_CODEC_STREAM names a side stream.
+            # on a side stream of high priority unless OMNI_STREAM_CODEC_STREAM says otherwise (off: the talker's).
             self.codec_windows: CodecWindows | None = None
             self.completions: Completions | None = None
             if torch.device(device).type == "cuda":
@@ -358,8 +358,13 @@ def burst_hold(env: dict[str, str] | None = None) -> float:
 
 
 def codec_stream_mode(env: dict[str, str] | None = None) -> str:
-    """``$OMNI_STREAM_CODEC_STREAM`` (off, high or normal; default off), checked."""
-    mode = (os.environ if env is None else env).get(ENV_CODEC_STREAM, "").strip().lower() or "off"
+    """``$OMNI_STREAM_CODEC_STREAM`` (off, high or normal; default high), checked.
+
+    Measured on the H200 over the server (``benchmarks/results/tts_bench.md``, run 24, with the codec's run-24
+    kernels): at c = 128 490-539x against 452-479x on the talker's stream, at c = 64 416x against 386-389x, at c =
+    1 the same (15.6-16.2x, TTFA 19.7-24.3 ms). Runs 10-16 measured a loss when a window cost 1.5x as much.
+    """
+    mode = (os.environ if env is None else env).get(ENV_CODEC_STREAM, "").strip().lower() or "high"
     if mode not in CODEC_STREAM_MODES:
         raise ConfigError(f"{ENV_CODEC_STREAM} must be one of {', '.join(CODEC_STREAM_MODES)}, got {mode!r}")
     return mode
