@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The codec's settings measured and served in one device call: the window graphs of every arm, then the server at
 # every level with the fastest arm's settings, then an A/B at c = 32 and 128 against the plain fused codec and with
-# the codec's windows on a side stream.
+# the codec's windows on the talker's stream instead of their own (OMNI_STREAM_CODEC_STREAM's default, high).
 #
 # Device command (nvidia-h200; carry [".whl"]; timeout_s 600), after `bash benchmarks/gpu_wheels.sh` here:
 #
@@ -13,9 +13,10 @@
 #   served   ~130 / 170  tts_bench.py --transport http,ws at c = 1 ... 128 with `codec_decoder.py --fastest`'s
 #                        settings (a fused arm: the fastest 128 x 25 window of those not slower in any window)
 #   plain     ~80 / 100  the same at c = 32, 128 with the plain fused codec (phases none, time-major)
-#   side      ~80 / 100  the fastest arm's settings with OMNI_STREAM_CODEC_STREAM=high at c = 32, 128
+#   talker    ~80 / 100  the fastest arm's settings with OMNI_STREAM_CODEC_STREAM=off at c = 32, 128
 # What comes back ($OUT, 8 files): codec_decoder_1.7b.json, the six tts_bench JSON files (tags
-# 1.7b_run24_<arm>, 1.7b_run24_plain, 1.7b_run24_<arm>_side; http and ws each) and call.log (this output).
+# 1.7b_<RUN_TAG>_<arm>, 1.7b_<RUN_TAG>_plain, 1.7b_<RUN_TAG>_<arm>_talker; http and ws each; RUN_TAG defaults to
+# the commit) and call.log (this output).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 OUT=${OUT:-/tmp/omni-stream-codec-settings}
@@ -28,6 +29,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 [[ -d .whl/site ]] && cp -a .whl/site/. /tmp/site/  # silero-vad's files: the server loads its VAD at start
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export GIT_COMMIT=${GIT_COMMIT:-$(cat .whl/COMMIT 2>/dev/null || echo unknown)}
+RUN_TAG=${RUN_TAG:-${GIT_COMMIT:0:7}}
 stamp "commit $GIT_COMMIT"
 
 # the plain fused arm (the baseline of --fastest) and every arm that may win; the module arm and channel-major
@@ -44,9 +46,9 @@ bench() {  # bench CAP TAG LEVELS [ENV=VALUE...]
   local cap=$1 tag=$2 levels=$3; shift 3
   stamp "tts_bench $tag at c = $levels ($*)"
   env "$@" timeout -s INT "$cap" python3 benchmarks/tts_bench.py --size 1.7b --transport http,ws --levels "$levels" \
-    --tag-suffix "_run24_$tag" || stamp "tts_bench.py $tag: exit $?"
+    --tag-suffix "_${RUN_TAG}_$tag" || stamp "tts_bench.py $tag: exit $?"
 }
 bench 170 "$CODEC_ARM" 1,4,16,32,64,128
 bench 100 plain 32,128 OMNI_STREAM_CODEC_PHASES=none OMNI_STREAM_CODEC_CHANNELS_LAST=0
-bench 100 "${CODEC_ARM}_side" 32,128 OMNI_STREAM_CODEC_STREAM=high
+bench 100 "${CODEC_ARM}_talker" 32,128 OMNI_STREAM_CODEC_STREAM=off
 stamp "done"

@@ -361,8 +361,10 @@ def codec_stream_mode(env: dict[str, str] | None = None) -> str:
     """``$OMNI_STREAM_CODEC_STREAM`` (off, high or normal; default high), checked.
 
     Measured on the H200 over the server (``benchmarks/results/tts_bench.md``, run 24, with the codec's run-24
-    kernels): at c = 128 490-539x against 452-479x on the talker's stream, at c = 64 416x against 386-389x, at c =
-    1 the same (15.6-16.2x, TTFA 19.7-24.3 ms). Runs 10-16 measured a loss when a window cost 1.5x as much.
+    settings): in one call, c = 128 508 / 524x (HTTP / WebSocket) against 479 / 452x on the talker's stream and c =
+    32 263 / 297x against 259 / 276x; c = 1 the same in every call (15.5-16.2x). Across machines the same setting
+    spans 435-539x at c = 128, so the gain is the same-call comparison's. Runs 10-16 measured a loss when a window
+    cost 1.5x as much.
     """
     mode = (os.environ if env is None else env).get(ENV_CODEC_STREAM, "").strip().lower() or "high"
     if mode not in CODEC_STREAM_MODES:
