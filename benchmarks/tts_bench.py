@@ -16,7 +16,9 @@ from ``benchmarks/configs`` (``--tiny``: the tiny test checkpoint, for a CPU smo
 Per request: TTFA, x real time (audio seconds / seconds from the send to the last chunk), underrun
 (PERFORMANCE.md, ``omni_stream.metrics.underrun_of``; continuity OK = under 100 ms) and whether exactly
 ``--frames`` frames of audio came back. Per level: aggregate x real time (all audio / wall from the first send
-to the last chunk); over the server, the engine's own step time and batch size from ``/metrics``.
+to the last chunk); over the server, the engine's own step time, batch size and TTFA from ``/metrics``, and over
+HTTP how much of the time to first audio passed on the client's side (``HTTP_PHASES``: connected, request sent;
+p50 and p95).
 Writes ``tts_bench_<size>[_<transport>].json`` (inproc keeps the bare name) to ``$OUT`` or ``benchmarks/results``.
 
 GPU machine (H200 image: no starlette, uvicorn, websockets, python-multipart, platformdirs, soundfile, av,
@@ -208,11 +210,29 @@ async def inproc_request(engine, i: int, frames: int) -> dict:
     return request_record(t0, arrivals, durations, samples)
 
 
+# Where an HTTP request's time to first audio goes on the client's side, from httpcore's trace events (ms after
+# the send): its connection ready (a fresh pool per level: every request connects) and the request written. The
+# rest is the server's (it reads and checks the body, creates the engine request, and sends its status line with
+# the first audio, so an early error is a plain HTTP error): in run 24 HTTP's c=32 TTFA was ~280 ms against the
+# engine's own ~95 ms, and these say which side the difference lies on.
+HTTP_PHASES = {
+    "http11.send_request_headers.started": "connected",
+    "http11.send_request_body.complete": "sent",
+}
+
+
 async def http_request(client, url: str, i: int, frames: int) -> dict:
     body = {"input": TEXT, "response_format": "pcm", "stream_format": "audio", **request_fields(i, frames)}
     arrivals, durations, size = [], [], 0
+    marks: dict[str, float] = {}
+
+    async def trace(event: str, info: dict) -> None:
+        if event in HTTP_PHASES:
+            marks[HTTP_PHASES[event]] = time.perf_counter()
+
     t0 = time.perf_counter()
-    async with client.stream("POST", f"{url}/v1/audio/speech", json=body) as response:
+    request = client.stream("POST", f"{url}/v1/audio/speech", json=body, extensions={"trace": trace})
+    async with request as response:
         if response.status_code != 200:
             raise RuntimeError(f"HTTP {response.status_code}: {(await response.aread()).decode(errors='replace')}")
         rate = int(response.headers["x-sample-rate"])
@@ -221,7 +241,7 @@ async def http_request(client, url: str, i: int, frames: int) -> dict:
                 arrivals.append(time.perf_counter())
                 durations.append(len(data) / 2 / rate)  # int16 mono
                 size += len(data)
-    return request_record(t0, arrivals, durations, size // 2)
+    return request_record(t0, arrivals, durations, size // 2) | {f"{k}_s": v - t0 for k, v in marks.items()}
 
 
 async def ws_request(ws_url: str, i: int, frames: int, start: asyncio.Barrier) -> dict:
@@ -334,6 +354,11 @@ def summarize_level(c: int, reqs: list[dict], frames: int, samples_per_frame: in
         "underrun_p99_ms": 1000 * percentile(und, 99),
         "continuity_ok_rate": sum(u < CONTINUITY_S for u in und) / len(und),
         "chunks_per_request_p50": statistics.median(r["chunks"] for r in reqs),
+    } | {
+        f"http_{phase}_ms_p{q}": 1000 * percentile([r[f"{phase}_s"] for r in reqs], q)
+        for phase in HTTP_PHASES.values()
+        if all(f"{phase}_s" in r for r in reqs)
+        for q in (50, 95)
     }
 
 
@@ -353,6 +378,15 @@ def print_level(tag: str, transport: str, lv: dict) -> None:
         + (
             f" | server: queue {_ms(lv.get('server_queue_ms_mean'))} TTFA {_ms(lv.get('server_ttfa_ms_mean'))} ms"
             if "server_queue_ms_mean" in lv
+            else ""
+        )
+        + (
+            " | client p50 / p95: "
+            + ", ".join(
+                f"{p} {lv[f'http_{p}_ms_p50']:.1f} / {lv[f'http_{p}_ms_p95']:.1f}" for p in HTTP_PHASES.values()
+            )
+            + " ms"
+            if "http_sent_ms_p50" in lv
             else ""
         ),
         flush=True,

@@ -70,6 +70,17 @@ def test_the_server_transports_report_the_engine_step_time(results):
     assert "--load-format dummy --enable-benchmark-fields --device cpu" in results["_log"]
 
 
+def test_http_levels_report_the_client_side_of_the_time_to_first_audio(results):
+    for lv in results["http"]["levels"]:
+        for q in (50, 95):
+            # each request: connected <= request sent <= first audio; so are their percentiles
+            phases = [lv[f"http_{p}_ms_p{q}"] for p in ("connected", "sent")]
+            assert 0 < phases[0] <= phases[1] <= lv[f"ttfa_p{q}_ms"], phases
+    assert "client p50 / p95: connected" in results["_log"]
+    for transport in ("inproc", "ws"):
+        assert not any(k.startswith("http_") for lv in results[transport]["levels"] for k in lv)
+
+
 def test_summarize_prints_one_markdown_row_per_transport_and_level(results):
     rows = [line for line in results["_table"].splitlines() if line.startswith("| tiny-0.6b |")]
     assert [row.split(" | ")[1:3] for row in rows] == [[t, str(c)] for t in ("inproc", "http", "ws") for c in LEVELS]
