@@ -27,6 +27,7 @@ def test_every_arm_runs_with_the_settings_it_names(tmp_path: Path) -> None:
         "triton_phases_3_9": (8, 0),
         "triton_channels_last": (0, 29),
         "triton_channels_last_phases_9": (4, 29),
+        "triton_channels_last_phases_3_9_copied": (8, 29),
         "triton_channels_last_phases_3_9": (8, 29),
     }
     for a in arms.values():
@@ -66,6 +67,7 @@ def test_the_fastest_arm_is_served_by_its_settings_unless_it_costs_another_windo
     assert settings == {"CODEC_ARM": "triton_phases_9", "OMNI_STREAM_CODEC_PHASES": "9",
                         "OMNI_STREAM_CODEC_CHANNELS_LAST": "0"}  # fmt: skip
     ms["triton_channels_last_phases_3_9"] = (2.0, 6.0, 60.0)
+    ms["triton_channels_last_phases_3_9_copied"] = (1.9, 5.0, 50.0)  # not a setting: the previous code's path
     settings = _fastest(tmp_path, ms)
     assert settings["CODEC_ARM"] == "triton_channels_last_phases_3_9"
     assert conv_phases_setting(settings) == frozenset({3, 9}) and channels_last_setting(settings)

@@ -28,17 +28,16 @@ from omni_stream.models.qwen3_tts.codec import (
     CausalConvTranspose1d,
     CodecDecoder,
     SnakeBeta,
-    _join_phases,
-    _split_phases,
     channels_last_setting,
     conv_phases,
     conv_phases_setting,
     load_speech_tokenizer,
     snake_cat,
+    snake_split,
     vocoder_kernels,
 )
 from omni_stream.models.qwen3_tts.codec_stream import CodecStreamState, decode_window, ramp_schedule
-from omni_stream.runtime.layout import channels_last, to_channels_last
+from omni_stream.runtime.layout import Phases, channels_last, join_phases, split_phases, to_channels_last, to_phases
 
 _CHECK = """
 import itertools
@@ -49,7 +48,7 @@ import torch
 from omni_stream.models.qwen3_tts.codec import TORCH_VOCODER, VocoderKernels, load_speech_tokenizer
 from omni_stream.models.qwen3_tts.codec_stream import CodecStreamState, decode_window
 from omni_stream.runtime import triton_vocoder as tv
-from omni_stream.runtime.layout import channels_last, to_channels_last
+from omni_stream.runtime.layout import Phases, channels_last, to_channels_last
 
 torch.manual_seed(0)
 ref = TORCH_VOCODER
@@ -86,29 +85,32 @@ for (b, c, n, h, with_history, with_bias), last in itertools.product(
         assert got.shape == want.shape == (b, 1, n) and torch.allclose(got, want, atol=1e-5), (k, dilation, last)
 
 decoder = load_speech_tokenizer(sys.argv[1], with_encoder=False).decoder
-codes = torch.randint(0, 2048, (2, 16, 8), generator=torch.Generator().manual_seed(3))
+# one stream (the kernels' batch offsets are checked above): the interpreter's time grows with the samples
+codes = torch.randint(0, 2048, (1, 16, 6), generator=torch.Generator().manual_seed(3))
 out = {}
-triton = VocoderKernels("triton", tv.snake_cat, tv.residual_add, tv.conv_to_one)
-arms = {  # channel-major with phases: every kernel's channel-major twin, and the phases in that layout
-    "triton": triton,
-    "phases": replace(triton, phases=frozenset({3, 9})),
-    "channels_last_phases": replace(triton, phases=frozenset({3, 9}), channels_last=True),
-}
+triton = VocoderKernels("triton", tv.snake_cat, tv.residual_add, tv.conv_to_one, tv.snake_split)
+# time-major, and the served defaults: channel-major with the phases written and read by the Snakes, so every
+# kernel's channel-major twin (the phase structure's other forms are the torch versions' tests below, and the
+# GPU's; each arm costs the interpreter ~30 s)
+arms = {"triton": triton, "channels_last_phases": replace(triton, phases=frozenset({3, 9}), channels_last=True)}
 twins = {}  # calls of each channel-major twin, by arm
 for fn in ("_snake_cat_channels_last", "_residual_add_channels_last", "_conv_to_one_channels_last"):
-    def counted(*args, _fn=getattr(tv, fn), _name=fn):
-        twins[current] = twins.get(current, set()) | {_name}
-        return _fn(*args)
+    def counted(*args, _fn=getattr(tv, fn), _name=fn, **kwargs):
+        # and whether the Snake wrote a convolution's input phases, or read its output's
+        forms = {f"{_name} split" for _ in [1] if kwargs.get("dilation", 1) > 1}
+        forms |= {f"{_name} read" for _ in [1] if isinstance(args[0], Phases)}
+        twins[current] = twins.get(current, set()) | {_name} | forms
+        return _fn(*args, **kwargs)
     setattr(tv, fn, counted)
 for current, kernels in (("module", None), *arms.items()):
     decoder.use_kernels(kernels)
-    state = CodecStreamState.zeros(decoder, 2)
+    state = CodecStreamState.zeros(decoder, 1)
     with torch.inference_mode():
-        parts = [decode_window(decoder, codes[..., s : s + n], state) for s, n in ((0, 1), (1, 2), (3, 5))]
+        parts = [decode_window(decoder, codes[..., s : s + n], state) for s, n in ((0, 1), (1, 2), (3, 3))]
         out[current] = (torch.cat(parts, dim=-1), decoder(codes).squeeze(1).float(), state.tensors)
-assert twins.keys() == {"channels_last_phases"} and len(twins["channels_last_phases"]) == 3, twins
+assert twins.keys() == {"channels_last_phases"} and len(twins["channels_last_phases"]) == 5, twins
 (streamed, whole, state) = out["module"]
-for name in arms:  # the kernels read the phase path's strided outputs, and channel-major ones, too
+for name in arms:
     f_streamed, f_whole, f_state = out[name]
     assert (f_streamed - streamed).abs().max() < 1e-5 and (f_whole - whole).abs().max() < 1e-5, name
     assert state.keys() == f_state.keys()
@@ -178,26 +180,39 @@ def test_a_convolution_over_its_phases_equals_the_dilated_convolution(
         assert got.shape == want.shape == (3, 4, n)
         assert torch.allclose(got, want, rtol=0, atol=1e-12), (got - want).abs().max()
     whole = x[..., : (x.shape[2] // dilation) * dilation]
-    split = _split_phases(whole, dilation)
-    assert channels_last(split) == last and torch.equal(_join_phases(split, dilation), whole)
+    split = split_phases(whole, dilation)
+    assert channels_last(split) == last and torch.equal(join_phases(split, dilation), whole)
     assert torch.equal(split[1], whole[0, :, 1::dilation]) if dilation > 1 else True
-    assert channels_last(_join_phases(to_channels_last(split), dilation))
+    assert channels_last(join_phases(to_channels_last(split), dilation))
+    padded = to_phases(x, dilation)  # any length: zeros past it
+    q = -(-x.shape[2] // dilation)
+    assert padded.shape == (3 * dilation, 8, q) and channels_last(padded) == last
+    assert torch.equal(Phases(padded, dilation, x.shape[2]).joined(), x)
+    assert not join_phases(padded, dilation)[..., x.shape[2] :].any()
 
 
-def test_the_dilated_convolutions_stream_over_their_phases_as_the_module_path(decoder: CodecDecoder, monkeypatch):
+@pytest.mark.parametrize("in_place", [True, False], ids=["split-by-the-snake", "copied"])
+def test_the_dilated_convolutions_stream_over_their_phases_as_the_module_path(
+    decoder: CodecDecoder, monkeypatch, in_place: bool
+):
     """Phases for dilations 3 and 9: the same audio and states as the module path, each of those convolutions
-    (and only those) computed over its phases in every window."""
+    (and only those) computed over its phases in every window: the Snake before it writing the phases and the one
+    after reading them (``snake_split``), or the phases copied out and back (:func:`conv_phases`)."""
     calls: list[int] = []
 
     def counted(x, weight, bias, dilation, groups=1):
         calls.append(dilation)
         return conv_phases(x, weight, bias, dilation, groups)
 
+    def counted_split(x, params, history, pad, keep, dilation):
+        calls.append(dilation)
+        return snake_split(x, params, history, pad, keep, dilation)
+
     monkeypatch.setattr(codec_module, "conv_phases", counted)
     codes = torch.randint(0, 2048, (2, 16, 60), generator=torch.Generator().manual_seed(6))
     audio, state = _streamed(decoder, codes, None)
     assert not calls
-    phased = replace(TORCH_VOCODER, phases=frozenset({3, 9}))
+    phased = replace(TORCH_VOCODER, phases=frozenset({3, 9}), snake_split=counted_split if in_place else None)
     p_audio, p_state = _streamed(decoder, codes, phased)
     windows = len(ramp_schedule(60, 1, 25))
     blocks = len(decoder.cfg.upsample_rates)
@@ -208,6 +223,12 @@ def test_the_dilated_convolutions_stream_over_their_phases_as_the_module_path(de
     assert not any(m.phases for m in convs)
     assert (p_audio - audio).abs().max() < 1e-5
     assert all(torch.allclose(state[k].float(), p_state[k].float(), atol=1e-5) for k in state)
+    # a whole decode (no state: zero left padding) too
+    with torch.inference_mode():
+        whole = decoder(codes)
+        decoder.use_kernels(phased)
+        assert (decoder(codes) - whole).abs().max() < 1e-5
+    decoder.use_kernels(None)
 
 
 def test_channel_major_weights_stream_as_the_module_path(decoder: CodecDecoder) -> None:

@@ -3,9 +3,13 @@
 A 1-D convolution's activation lies time-major per channel (``[B, C, n]`` contiguous, PyTorch's default) or
 channel-major per time step (``[B, n, C]`` in memory, viewed as ``[B, C, n]``): the layout cuDNN's tensor-core
 kernels read and write (NHWC), into which it otherwise converts every input and out of which every output.
+An activation may also be held as its phases (:class:`Phases`): what a dilated convolution computed as a
+convolution without dilation reads and writes.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -52,3 +56,52 @@ def conv_transpose1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     if channels_last(x) and channels_last(weight):
         return F.conv_transpose2d(x.unsqueeze(2), weight.unsqueeze(2), bias, stride=(1, stride)).squeeze(2)
     return F.conv_transpose1d(x, weight, bias, stride=stride)
+
+
+def split_phases(x: torch.Tensor, d: int) -> torch.Tensor:
+    """``[B, C, q * d] -> [B * d, C, q]``: row ``b * d + r`` holds samples ``r, r + d, ...``; in ``x``'s layout."""
+    b, c, n = x.shape
+    if channels_last(x):
+        return x.transpose(1, 2).reshape(b, n // d, d, c).transpose(1, 2).reshape(b * d, n // d, c).transpose(1, 2)
+    return x.reshape(b, c, n // d, d).permute(0, 3, 1, 2).reshape(b * d, c, n // d)
+
+
+def to_phases(x: torch.Tensor, d: int) -> torch.Tensor:
+    """``x [B, C, n]`` as its ``d`` phases ``[B * d, C, ceil(n / d)]`` (zero samples past ``n``), in ``x``'s
+    layout: a copy, or two when ``n`` is not a multiple of ``d``."""
+    n = x.shape[2]
+    pad = -n % d
+    if pad:
+        x = F.pad(x.transpose(1, 2), (0, 0, 0, pad)).transpose(1, 2) if channels_last(x) else F.pad(x, (0, pad))
+    return split_phases(x, d)
+
+
+def join_phases(y: torch.Tensor, d: int) -> torch.Tensor:
+    """The inverse of :func:`split_phases`: ``[B * d, C, m] -> [B, C, m * d]``, in ``y``'s layout."""
+    bd, c, m = y.shape
+    b = bd // d
+    if channels_last(y):
+        return y.transpose(1, 2).reshape(b, d, m, c).transpose(1, 2).reshape(b, m * d, c).transpose(1, 2)
+    return y.reshape(b, d, c, m).permute(0, 2, 3, 1).reshape(b, c, m * d)
+
+
+@dataclass(frozen=True, slots=True)
+class Phases:
+    """A ``[B, C, width]`` activation held as its ``dilation`` phases: ``data [B * d, C, q]`` (``q * d >= width``),
+    row ``b * d + r`` holding samples ``r, r + d, ...`` of row ``b`` (:func:`split_phases`; samples past ``width``
+    are padding). A dilated convolution over its phases reads and writes this; a kernel that knows the order
+    reads or writes it in place of the split's and the join's copies."""
+
+    data: torch.Tensor
+    dilation: int
+    width: int
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """The joined activation's ``(B, C, width)``."""
+        bd, c, _ = self.data.shape
+        return bd // self.dilation, c, self.width
+
+    def joined(self) -> torch.Tensor:
+        """The ``[B, C, width]`` activation (a copy), in ``data``'s layout."""
+        return join_phases(self.data, self.dilation)[..., : self.width]

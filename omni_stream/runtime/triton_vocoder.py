@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from omni_stream.runtime.layout import channels_last, empty_like_layout
+from omni_stream.runtime.layout import Phases, channels_last, empty_like_layout, to_phases
 
 BLOCK = 1024
 CONV_BLOCK = 512
@@ -70,16 +70,23 @@ def _unit_time_stride(t: torch.Tensor) -> torch.Tensor:
 
 
 def snake_cat(
-    x: torch.Tensor, params: torch.Tensor, history: torch.Tensor | None, pad: int = 0, bias: torch.Tensor | None = None
+    x: torch.Tensor | Phases,
+    params: torch.Tensor,
+    history: torch.Tensor | None,
+    pad: int = 0,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``[history | snake(x + bias)]`` along the last axis (``history`` None: ``pad`` zero columns instead).
 
-    ``x [B, C, n]`` and ``history [B, C, h]`` may be strided views; ``params [2, C, 1]`` holds ``exp(alpha)``
-    and ``1 / (exp(beta) + 1e-9)``; ``bias [C]`` (None: none). Returns a new ``[B, C, h + n]``, contiguous, or
-    channel-major when ``x`` is.
+    ``x [B, C, n]`` and ``history [B, C, h]`` may be strided views; ``x`` held as its phases (a dilated
+    convolution's output, :class:`~omni_stream.runtime.layout.Phases`) is read in place when channel-major;
+    ``params [2, C, 1]`` holds ``exp(alpha)`` and ``1 / (exp(beta) + 1e-9)``; ``bias [C]`` (None: none). Returns
+    a new ``[B, C, h + n]``, contiguous, or channel-major when ``x`` is.
     """
-    if channels_last(x):
-        return _snake_cat_channels_last(x, params, history, pad, bias)
+    if isinstance(x, Phases) and not channels_last(x.data):
+        x = x.joined()
+    if isinstance(x, Phases) or channels_last(x):
+        return _snake_cat_channels_last(x, params, history, pad, bias)[0]
     x = _unit_time_stride(x)
     b, c, n = x.shape
     h = pad
@@ -95,6 +102,18 @@ def snake_cat(
         HAS_HIST=history is not None, HAS_BIAS=bias is not None, BLOCK=BLOCK,
     )  # fmt: skip
     return out
+
+
+def snake_split(
+    x: torch.Tensor, params: torch.Tensor, history: torch.Tensor | None, pad: int, keep: int, dilation: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`snake_cat`'s ``[history | snake(x)]`` as its ``dilation`` phases ``[B * d, C, q]`` (zeros past its
+    width: :func:`~omni_stream.runtime.layout.to_phases`), and its last ``keep`` samples (``keep`` 0: None): in
+    one pass when channel-major, the input of a dilated convolution over its phases and its next history."""
+    if channels_last(x):
+        return _snake_cat_channels_last(x, params, history, pad, None, dilation=dilation, keep=keep)
+    y = snake_cat(x, params, history, pad)
+    return to_phases(y, dilation), (y[..., y.shape[2] - keep :] if keep else None)
 
 
 @triton.jit
@@ -178,47 +197,77 @@ def _channel_tile(c: int, block: int) -> tuple[int, int]:
 
 @triton.jit
 def _snake_cat_cl_kernel(
-    x_ptr, h_ptr, p_ptr, bias_ptr, out_ptr, channels, n, hist, x_sb, x_sc, x_st, h_sb, h_sc, h_st,
-    HAS_HIST: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
+    x_ptr, h_ptr, p_ptr, bias_ptr, out_ptr, tail_ptr, channels, n, hist, span, q, keep,
+    x_sb, x_sc, x_st, h_sb, h_sc, h_st,
+    HAS_HIST: tl.constexpr, HAS_BIAS: tl.constexpr, X_PHASES: tl.constexpr, OUT_PHASES: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
 ):  # fmt: skip
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]
+    # s: the position along the output's time axis; with OUT_PHASES > 1 the output holds the phases of
+    # [history | snake(x)] (row b * d + r: samples r, r + d, ...), so s = r * q + i is sample t = i * d + r
+    s = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]
     b = tl.program_id(1).to(tl.int64)
     c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
+    if OUT_PHASES == 1:
+        t = s
+    else:
+        t = (s % q) * OUT_PHASES + s // q
     width = hist + n
     live_c = c < channels
-    live = live_c & (t < width)
+    live = live_c & (s < span)
     alpha = tl.load(p_ptr + c, mask=live_c, other=0.0).to(tl.float32)
     inv_beta = tl.load(p_ptr + channels + c, mask=live_c, other=0.0).to(tl.float32)
-    new = live & (t >= hist)
-    x = tl.load(x_ptr + b * x_sb + c * x_sc + (t - hist) * x_st, mask=new, other=0.0).to(tl.float32)
+    new = live & (t >= hist) & (t < width)
+    u = tl.maximum(t - hist, 0)  # x's sample; with X_PHASES > 1 x holds its phases: row b * d + u % d, at u // d
+    x_at = x_ptr + (b * X_PHASES + u % X_PHASES) * x_sb + c * x_sc + (u // X_PHASES) * x_st
+    x = tl.load(x_at, mask=new, other=0.0).to(tl.float32)
     if HAS_BIAS:
         x += tl.load(bias_ptr + c, mask=live_c, other=0.0).to(tl.float32)
-    s = tl.sin(x * alpha)
-    y = x + inv_beta * (s * s)
+    sn = tl.sin(x * alpha)
+    y = x + inv_beta * (sn * sn)
     old = t < hist
     if HAS_HIST:
         h = tl.load(h_ptr + b * h_sb + c * h_sc + t * h_st, mask=live & old, other=0.0).to(tl.float32)
         y = tl.where(old, h, y)
     else:
         y = tl.where(old, 0.0, y)
-    # the output is [B, width, C] in memory
-    tl.store(out_ptr + b * width * channels + t * channels + c, y.to(out_ptr.dtype.element_ty), mask=live)
+    y = tl.where(t < width, y, 0.0).to(out_ptr.dtype.element_ty)  # the phases' padding past the width
+    # the output is [B, span, C] in memory ([B * d, q, C] with phases)
+    tl.store(out_ptr + b * span * channels + s * channels + c, y, mask=live)
+    if keep > 0:  # the last `keep` samples, in time order ([B, keep, C] in memory): the next history
+        kept = live & (t >= width - keep) & (t < width)
+        tl.store(tail_ptr + b * keep * channels + (t - (width - keep)) * channels + c, y, mask=kept)
 
 
 def _snake_cat_channels_last(
-    x: torch.Tensor, params: torch.Tensor, history: torch.Tensor | None, pad: int, bias: torch.Tensor | None
-) -> torch.Tensor:
+    x: torch.Tensor | Phases,
+    params: torch.Tensor,
+    history: torch.Tensor | None,
+    pad: int,
+    bias: torch.Tensor | None,
+    *,
+    dilation: int = 1,
+    keep: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``[history | snake(x + bias)]``, channel-major, as it is (``dilation`` 1) or as its ``dilation`` phases
+    (``[B * d, C, q]``, zeros past the width), and its last ``keep`` samples (``keep`` 0: None). ``x`` held as
+    phases is read in place."""
     b, c, n = x.shape
+    data, x_phases = (x.data, x.dilation) if isinstance(x, Phases) else (x, 1)
     h = history.shape[2] if history is not None else pad
-    out = empty_like_layout(x, (b, c, h + n))
-    hist = history if history is not None else x  # any pointer: never read without a history
+    q = -(-(h + n) // dilation)
+    span = q * dilation
+    dtype, device = data.dtype, data.device
+    out = torch.empty((b * dilation, q, c), dtype=dtype, device=device).transpose(1, 2)
+    tail = torch.empty((b, keep, c), dtype=dtype, device=device).transpose(1, 2) if keep else None
+    hist = history if history is not None else data  # any pointer: never read without a history
     block_c, block_t = _channel_tile(c, BLOCK)
-    _snake_cat_cl_kernel[(triton.cdiv(h + n, block_t), b, triton.cdiv(c, block_c))](
-        x, hist, params.contiguous(), bias if bias is not None else params, out, c, n, h,
-        *x.stride(), *hist.stride(),
-        HAS_HIST=history is not None, HAS_BIAS=bias is not None, BLOCK_C=block_c, BLOCK_T=block_t,
+    _snake_cat_cl_kernel[(triton.cdiv(span, block_t), b, triton.cdiv(c, block_c))](
+        data, hist, params.contiguous(), bias if bias is not None else params, out,
+        tail if tail is not None else out, c, n, h, span, q, keep, *data.stride(), *hist.stride(),
+        HAS_HIST=history is not None, HAS_BIAS=bias is not None, X_PHASES=x_phases, OUT_PHASES=dilation,
+        BLOCK_C=block_c, BLOCK_T=block_t,
     )  # fmt: skip
-    return out
+    return out, tail
 
 
 @triton.jit

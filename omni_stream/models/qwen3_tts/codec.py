@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from omni_stream.errors import ConfigError
 from omni_stream.models.qwen3_tts.fused import ENV_DISABLE
-from omni_stream.runtime.layout import channels_last, conv1d, conv_transpose1d, to_channels_last
+from omni_stream.runtime.layout import Phases, channels_last, conv1d, conv_transpose1d, to_channels_last, to_phases
 from omni_stream.runtime.settings import flag, whole_numbers
 
 from .codec_config import CodecDecoderConfig, SpeechTokenizerConfig
@@ -68,6 +68,21 @@ class CausalConv1d(StatefulBlock):
             return conv_phases(x, conv.weight, conv.bias if bias else None, conv.dilation[0], conv.groups)
         return conv1d(x, conv.weight, conv.bias if bias else None, conv.dilation[0], conv.groups)
 
+    def over_phases(self, x: Tensor, state: State | None, act: SnakeBeta) -> Phases:
+        """The fused path of a dilated convolution over its phases (``self.phases``), ``act`` before it, its bias
+        left to the next pass: ``act``'s pass writes the input as its phases and the new history at once
+        (``snake_split``), and the output stays as phases for the next pass to read. The same sums as
+        :func:`conv_phases` without its two copies (18.8 of a 128 x 25 window's 82 ms on the H200, run 24)."""
+        history = state[self.state_key] if state is not None else None
+        d = self.conv.dilation[0]
+        keep = self.context if history is not None else 0
+        data, tail = act.split(x, history, self.context - keep, keep, d)
+        if tail is not None:
+            assert state is not None
+            state[self.state_key] = tail
+        y = conv1d(data, self.conv.weight, None, groups=self.conv.groups)  # [B * d, C_out, q - k + 1]
+        return Phases(y, d, x.shape[2])
+
 
 class CausalConvTranspose1d(StatefulBlock):
     """ConvTranspose1d trimmed by ``k - s`` on the right; streaming keeps the ``ceil(k/s) - 1`` previous inputs."""
@@ -105,47 +120,29 @@ def conv_phases(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int, g
     the input's ``dilation`` phases stacked along the batch: output ``t = q * d + r`` sums ``x[t + j * d]``, which
     is row ``r`` of ``x`` taken every ``d``-th sample, convolved densely at ``q``. The same products and sums
     (cuDNN may order the sums differently); two more passes over the activation (the phases out and back), each
-    in the layout it came in (:func:`channels_last` or not).
+    in the layout it came in (:func:`channels_last` or not). The fused path spares both
+    (:meth:`CausalConv1d.over_phases`).
 
     Why: for the vocoder's dilation-9 convolution of its 384-channel stage (input ``[128, 384, 4054]`` in a
     window of 128 x 25 frames) cuDNN runs ``implicit_convolve_sgemm``, without tensor cores: 35.4 ms of a 119 ms
     window on the H200 (``benchmarks/results/codec_decoder_shapes.txt``, run 23), where the convolutions without
     dilation run on tensor cores. Returns ``[B, C_out, n - (k - 1) * dilation]`` (a view).
     """
-    n = x.shape[2]
-    k = weight.shape[2]
-    n_out = n - (k - 1) * dilation
     if dilation == 1:
         return conv1d(x, weight, bias, groups=groups)
-    q = -(-n // dilation)  # samples per phase; the right padding only reaches outputs past n_out
-    if q * dilation != n:
-        pad = q * dilation - n
-        x = F.pad(x.transpose(1, 2), (0, 0, 0, pad)).transpose(1, 2) if channels_last(x) else F.pad(x, (0, pad))
-    y = conv1d(_split_phases(x, dilation), weight, bias, groups=groups)  # [B * d, C_out, q - k + 1]
-    return _join_phases(y, dilation)[..., :n_out]
+    n_out = x.shape[2] - (weight.shape[2] - 1) * dilation
+    y = conv1d(to_phases(x, dilation), weight, bias, groups=groups)  # [B * d, C_out, q - k + 1]
+    return Phases(y, dilation, n_out).joined()
 
 
-def _split_phases(x: Tensor, d: int) -> Tensor:
-    """``[B, C, q * d] -> [B * d, C, q]``: row ``b * d + r`` holds samples ``r, r + d, ...``; in ``x``'s layout."""
-    b, c, n = x.shape
-    if channels_last(x):
-        return x.transpose(1, 2).reshape(b, n // d, d, c).transpose(1, 2).reshape(b * d, n // d, c).transpose(1, 2)
-    return x.reshape(b, c, n // d, d).permute(0, 3, 1, 2).reshape(b * d, c, n // d)
-
-
-def _join_phases(y: Tensor, d: int) -> Tensor:
-    """The inverse of :func:`_split_phases`: ``[B * d, C, m] -> [B, C, m * d]``, in ``y``'s layout."""
-    bd, c, m = y.shape
-    b = bd // d
-    if channels_last(y):
-        return y.transpose(1, 2).reshape(b, d, m, c).transpose(1, 2).reshape(b, m * d, c).transpose(1, 2)
-    return y.reshape(b, d, c, m).permute(0, 2, 3, 1).reshape(b, c, m * d)
-
-
-def snake_cat(x: Tensor, params: Tensor, history: Tensor | None, pad: int = 0, bias: Tensor | None = None) -> Tensor:
+def snake_cat(
+    x: Tensor | Phases, params: Tensor, history: Tensor | None, pad: int = 0, bias: Tensor | None = None
+) -> Tensor:
     """``[history | snake(x + bias)]`` along time (``history`` None: ``pad`` zero columns; ``bias [C]`` None:
-    none); ``params [2, C, 1]`` holds ``exp(alpha)`` and ``1 / (exp(beta) + 1e-9)``. Operation by operation,
-    as the reference rounds."""
+    none; ``x`` held as phases: joined first); ``params [2, C, 1]`` holds ``exp(alpha)`` and
+    ``1 / (exp(beta) + 1e-9)``. Operation by operation, as the reference rounds."""
+    if isinstance(x, Phases):
+        x = x.joined()
     if bias is not None:
         x = x + bias[:, None]
     alpha, inv_beta = params
@@ -153,6 +150,15 @@ def snake_cat(x: Tensor, params: Tensor, history: Tensor | None, pad: int = 0, b
     if history is not None:
         return torch.cat([history, y], dim=-1)
     return F.pad(y, (pad, 0)) if pad else y
+
+
+def snake_split(
+    x: Tensor, params: Tensor, history: Tensor | None, pad: int, keep: int, dilation: int
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`snake_cat`'s ``[history | snake(x)]`` as its ``dilation`` phases (:func:`to_phases`: zeros past its
+    width), and its last ``keep`` samples (a streaming convolution's next history; ``keep`` 0: None)."""
+    y = snake_cat(x, params, history, pad)
+    return to_phases(y, dilation), (y[..., y.shape[2] - keep :] if keep else None)
 
 
 def _residual_add(h: Tensor, bias: Tensor, x: Tensor) -> Tensor:
@@ -169,20 +175,24 @@ class VocoderKernels:
     activation in one pass with its convolution's left context and the bias of the convolution before it, a
     residual unit's bias and residual sum in one pass, the one-channel output convolution as its own kernel
     (:mod:`omni_stream.runtime.triton_vocoder` says why). :data:`TORCH_VOCODER` is the torch version of each.
-    ``phases``: the dilations whose convolutions run over their input's phases (:func:`conv_phases`);
+    ``phases``: the dilations whose convolutions run over their input's phases; with ``snake_split`` the Snake
+    before such a convolution writes its phases and the Snake after it reads them (:meth:`CausalConv1d.over_phases`),
+    without it they are copied out and back (:func:`conv_phases`);
     ``channels_last``: the vocoder's convolution weights, and so its activations, channel-major
     (:mod:`omni_stream.runtime.layout`: no layout conversion around cuDNN's tensor-core kernels)."""
 
     name: str
-    snake_cat: Callable[[Tensor, Tensor, Tensor | None, int, Tensor | None], Tensor]
+    snake_cat: Callable[[Tensor | Phases, Tensor, Tensor | None, int, Tensor | None], Tensor]
     residual_add: Callable[[Tensor, Tensor, Tensor], Tensor]
     conv_to_one: Callable[[Tensor, Tensor, Tensor, int], Tensor]
+    snake_split: Callable[[Tensor, Tensor, Tensor | None, int, int, int], tuple[Tensor, Tensor | None]] | None = None
     phases: frozenset[int] = frozenset()
     channels_last: bool = False
 
 
-TORCH_VOCODER = VocoderKernels("torch", snake_cat, _residual_add, _conv_to_one)
+TORCH_VOCODER = VocoderKernels("torch", snake_cat, _residual_add, _conv_to_one, snake_split)
 RESIDUAL_DILATIONS = (1, 3, 9)  # a decoder block's residual units
+DILATED = frozenset(d for d in RESIDUAL_DILATIONS if d > 1)
 ENV_CONV_PHASES = "OMNI_STREAM_CODEC_PHASES"
 ENV_CHANNELS_LAST = "OMNI_STREAM_CODEC_CHANNELS_LAST"
 
@@ -208,10 +218,17 @@ class SnakeBeta(nn.Module):
     def params(self) -> Tensor:
         return self._derived.get(self._fold, self.alpha, self.beta)
 
-    def cat(self, x: Tensor, history: Tensor | None, pad: int = 0, bias: Tensor | None = None) -> Tensor:
+    def cat(self, x: Tensor | Phases, history: Tensor | None, pad: int = 0, bias: Tensor | None = None) -> Tensor:
         """``[history or pad zeros | self(x + bias)]``: the input of the convolution that follows."""
         fn = self.kernels.snake_cat if self.kernels is not None else snake_cat
         return fn(x, self.params(), history, pad, bias)
+
+    def split(
+        self, x: Tensor, history: Tensor | None, pad: int, keep: int, dilation: int
+    ) -> tuple[Tensor, Tensor | None]:
+        """:meth:`cat` as its ``dilation`` phases and its last ``keep`` samples (:func:`snake_split`)."""
+        fn = self.kernels.snake_split if self.kernels is not None else None
+        return (fn or snake_split)(x, self.params(), history, pad, keep, dilation)
 
     def forward(self, x: Tensor, state: State | None = None) -> Tensor:
         return self.cat(x, None)
@@ -245,7 +262,11 @@ class ResidualUnit(nn.Module):
         if kernels is None:
             return self.conv2(self.conv1(x, state, self.act1), state, self.act2) + x
         # fused: conv1's bias goes into act2's pass, conv2's into the residual sum's
-        h = self.conv1(x, state, self.act1, bias=False)
+        h: Tensor | Phases
+        if self.conv1.phases and kernels.snake_split is not None:
+            h = self.conv1.over_phases(x, state, self.act1)
+        else:
+            h = self.conv1(x, state, self.act1, bias=False)
         assert self.conv1.conv.bias is not None and self.conv2.conv.bias is not None
         h = conv1d(self.act2.cat(h, None, 0, self.conv1.conv.bias), self.conv2.conv.weight)
         return kernels.residual_add(h, self.conv2.conv.bias, x)
@@ -359,8 +380,7 @@ def conv_phases_setting(env: Mapping[str, str] | None = None) -> frozenset[int]:
     runs the 384-channel dilation-9 convolution of a 128 x 25 window without tensor cores (35.7 of its 118 ms);
     over its phases the window takes 92 ms, and with the dilation-3 ones too and channel-major activations 82 ms.
     """
-    dilated = frozenset(d for d in RESIDUAL_DILATIONS if d > 1)
-    return whole_numbers(ENV_CONV_PHASES, dilated, env, default=dilated)
+    return whole_numbers(ENV_CONV_PHASES, DILATED, env, default=DILATED)
 
 
 def channels_last_setting(env: Mapping[str, str] | None = None) -> bool:
@@ -373,8 +393,7 @@ def channels_last_setting(env: Mapping[str, str] | None = None) -> bool:
     smaller window is faster too (1 x 25: 3.10 -> 2.57 ms). Not with a dilated convolution left: cuDNN's NHWC
     kernels for those are slow at some shapes (a 32 x 4 window 8.7 -> 76 ms with phases for 9 only).
     """
-    every = frozenset(d for d in RESIDUAL_DILATIONS if d > 1)
-    return flag(ENV_CHANNELS_LAST, env, default=conv_phases_setting(env) == every)
+    return flag(ENV_CHANNELS_LAST, env, default=conv_phases_setting(env) == DILATED)
 
 
 def vocoder_kernels(device: torch.device | str) -> VocoderKernels | None:
@@ -394,7 +413,7 @@ def vocoder_kernels(device: torch.device | str) -> VocoderKernels | None:
         from omni_stream.runtime import triton_vocoder as tv
     except ImportError:
         return None
-    return VocoderKernels("triton", tv.snake_cat, tv.residual_add, tv.conv_to_one, phases, last)
+    return VocoderKernels("triton", tv.snake_cat, tv.residual_add, tv.conv_to_one, tv.snake_split, phases, last)
 
 
 class SpeechTokenizer(nn.Module):
