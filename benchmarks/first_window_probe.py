@@ -57,6 +57,16 @@ class Timeline:
                 return out
 
             setattr(stages, name, timed)
+        issue = stages.issue_slot_windows
+
+        def timed_issue(pool, jobs, completions):
+            # the codec on its own stream: the worker's part of a job is its launch (the audio comes back later)
+            t0 = time.perf_counter()
+            out = issue(pool, jobs, completions)
+            self.events.append(("codec", t0, time.perf_counter(), len(jobs), int(jobs[0].codes.shape[0])))
+            return out
+
+        stages.issue_slot_windows = timed_issue
 
     def between(self, t0: float, t1: float) -> list[tuple[str, float, float, int, int]]:
         return [e for e in self.events if e[1] >= t0 and e[2] <= t1]

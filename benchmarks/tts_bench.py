@@ -213,8 +213,9 @@ async def inproc_request(engine, i: int, frames: int) -> dict:
 # Where an HTTP request's time to first audio goes on the client's side, from httpcore's trace events (ms after
 # the send): its connection ready (a fresh pool per level: every request connects) and the request written. The
 # rest is the server's (it reads and checks the body, creates the engine request, and sends its status line with
-# the first audio, so an early error is a plain HTTP error): in run 24 HTTP's c=32 TTFA was ~280 ms against the
-# engine's own ~95 ms, and these say which side the difference lies on.
+# the first audio, so an early error is a plain HTTP error). Run 25, c=32: TTFA 125 ms, of which the connection
+# 13.5 ms and the request written 16.4 ms (p50), the engine's own TTFA 79 ms (a mean): the WebSocket benchmark
+# connects before its clock, so HTTP's figure holds ~16 ms more of the client's work.
 HTTP_PHASES = {
     "http11.send_request_headers.started": "connected",
     "http11.send_request_body.complete": "sent",

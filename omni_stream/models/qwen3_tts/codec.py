@@ -72,7 +72,8 @@ class CausalConv1d(StatefulBlock):
         """The fused path of a dilated convolution over its phases (``self.phases``), ``act`` before it, its bias
         left to the next pass: ``act``'s pass writes the input as its phases and the new history at once
         (``snake_split``), and the output stays as phases for the next pass to read. The same sums as
-        :func:`conv_phases` without its two copies (18.8 of a 128 x 25 window's 82 ms on the H200, run 24)."""
+        :func:`conv_phases` without its two copies: a 128 x 25 window on the H200 83.5 -> 67.1 ms (run 25;
+        the copies were 18.5 ms of it, the Snakes' phase-ordered passes cost 1.6 ms more)."""
         history = state[self.state_key] if state is not None else None
         d = self.conv.dilation[0]
         keep = self.context if history is not None else 0
@@ -378,7 +379,8 @@ def conv_phases_setting(env: Mapping[str, str] | None = None) -> frozenset[int]:
 
     Measured on the H200 (``benchmarks/results/tts_bench.md``, run 24; ``benchmarks/codec_decoder.py``): cuDNN
     runs the 384-channel dilation-9 convolution of a 128 x 25 window without tensor cores (35.7 of its 118 ms);
-    over its phases the window takes 92 ms, and with the dilation-3 ones too and channel-major activations 82 ms.
+    over its phases the window takes 92 ms, and with the dilation-3 ones too and channel-major activations 82 ms
+    (67 ms since the Snakes write and read the phases, run 25).
     """
     return whole_numbers(ENV_CONV_PHASES, DILATED, env, default=DILATED)
 
@@ -404,7 +406,8 @@ def vocoder_kernels(device: torch.device | str) -> VocoderKernels | None:
     Measured on the H200 (``benchmarks/results/tts_bench.md``, runs 23-24): the eager activations,
     concatenations, bias and residual passes were ~45 % of a streaming window's GPU time, at the audio-rate stages
     where the convolutions are narrow (96-384 channels); a window of 128 x 25 frames fell from 212 to 118 ms, and
-    with the default settings (phases, channel-major) to 82 ms.
+    with the default settings (phases, channel-major) to 82 ms, and with the phases in the Snakes' passes to 67 ms
+    (run 25).
     """
     if torch.device(device).type != "cuda" or os.environ.get(ENV_DISABLE, "") not in ("", "0"):
         return None
