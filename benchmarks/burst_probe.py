@@ -169,10 +169,11 @@ async def burst(engine, timeline: WorkerTimeline, c: int, frames: int, seed: int
     sampler = StackSampler({"loop": threading.get_ident(), "worker": worker.ident}, sample_s) if sample_s else None
     t0 = time.perf_counter()
     firsts = [asyncio.get_running_loop().create_future() for _ in range(c)]
-    with GcPauses() as gcs, sampler or contextlib.nullcontext():  # up to the last first chunk
-        pending = asyncio.gather(*(one_request(engine, seed + i, frames, firsts[i]) for i in range(c)))
-        await asyncio.gather(*firsts)
-    reqs = await pending
+    with sampler or contextlib.nullcontext():  # the whole round: the steady steps after the burst's start too
+        with GcPauses() as gcs:  # up to the last first chunk
+            pending = asyncio.gather(*(one_request(engine, seed + i, frames, firsts[i]) for i in range(c)))
+            await asyncio.gather(*firsts)
+        reqs = await pending
     stop.set()
     await ticker
     last_first = max(r["got"] for r in reqs)
@@ -222,7 +223,11 @@ async def burst(engine, timeline: WorkerTimeline, c: int, frames: int, seed: int
         else None,
         "stack_samples": None
         if sampler is None
-        else {"before the first step": sampler.top(t0, first_step), "after": sampler.top(first_step, last_first)},
+        else {
+            "before the first step": sampler.top(t0, first_step),
+            "after": sampler.top(first_step, last_first),
+            "steady, after the last first chunk": sampler.top(last_first, t0 + wall),
+        },
     }
 
 

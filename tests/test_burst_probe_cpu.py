@@ -28,5 +28,5 @@ def test_small_burst_reports_requests_worker_jobs_preparations_and_pauses(tmp_pa
         start, end = r["prepare_ms"]
         assert 0 <= start <= end <= r["to_last_first_ms"]  # each prompt prepared on a thread, timed
         assert r["gc_ms"] >= 0 and r["loop_lag_ms_max"] >= 0
-        assert set(r["stack_samples"]) == {"before the first step", "after"}
+        assert set(r["stack_samples"]) == {"before the first step", "after", "steady, after the last first chunk"}
         assert {"loop", "worker"} == set(r["stack_samples"]["after"])
