@@ -22,7 +22,10 @@ Activations lie time-major per channel (``[B, C, n]`` contiguous, the module pat
 tensor-core kernels read and write; :mod:`omni_stream.runtime.layout`). Each function serves both: a
 channel-major input goes to a twin kernel whose tiles hold up to 64 channels (the contiguous axis) at each of
 their samples, and the output keeps the input's layout. The vocoder's convolutions keep a channel-major input so
-(:func:`omni_stream.runtime.layout.conv1d`).
+(:func:`omni_stream.runtime.layout.conv1d`). Around a dilated convolution computed over its input's phases, the
+channel-major Snake pass writes those phases (:func:`snake_split`) and the next one reads the convolution's output
+in phase order (:class:`~omni_stream.runtime.layout.Phases`), so no pass copies them out and back (a 128 x 25
+window 83.5 -> 67.1 ms on the H200, run 25).
 """
 
 from __future__ import annotations
