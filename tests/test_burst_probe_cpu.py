@@ -30,3 +30,5 @@ def test_small_burst_reports_requests_worker_jobs_preparations_and_pauses(tmp_pa
         assert r["gc_ms"] >= 0 and r["loop_lag_ms_max"] >= 0
         assert set(r["stack_samples"]) == {"before the first step", "after", "steady, after the last first chunk"}
         assert {"loop", "worker"} == set(r["stack_samples"]["after"])
+        steady = r["stack_samples"]["steady, after the last first chunk"]  # the round's later steps, sampled too
+        assert sum(n for _, n in steady["worker"]) > 0 and r["round_ms"] > r["to_last_first_ms"]
