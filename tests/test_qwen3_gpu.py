@@ -61,6 +61,47 @@ def test_code_predictor_loop_is_sync_free_and_graph_capturable(tmp_path) -> None
     assert eager.shape == (b, 15) and int(eager.max()) < 2048
 
 
+def test_frame_kernel_equals_the_loop_at_real_size_in_fp32(tmp_path) -> None:
+    """The code predictor's one-row frame as one persistent kernel over the full grid gives the fused loop's
+    codes at the 1.7B sizes in fp32 (greedy, top-k, top-p), launched eagerly and replayed from a graph."""
+    from omni_stream.models.qwen3_tts import fused
+
+    (tmp_path / "config.json").write_text(json.dumps(hub_config("custom_voice", "1.7b", tiny=False)))
+    lm = load_lm(tmp_path, load_format="dummy", dtype=torch.float32, device="cuda")
+    cp = lm.talker.code_predictor
+    cp.use_kernels(fused.triton_kernels(predictor_frame=True))
+    frame = cp.frame
+    assert frame is not None and frame.programs > 1
+    h = lm.config.talker.decoder.hidden_size
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    kinds = [SamplingParams(do_sample=False), SamplingParams(top_k=50, temperature=0.9), SamplingParams(top_p=0.8)]
+    with torch.no_grad():
+        for p in kinds:
+            params = SamplingTensors.from_params([p], "cuda")
+            for _ in range(3):
+                hidden = torch.randn(1, h, device="cuda", generator=gen)
+                c0 = torch.randn(1, h, device="cuda", generator=gen)
+                noise = torch.empty(1, 15, 2048, device="cuda").exponential_(generator=gen) if p.do_sample else None
+                got = cp.generate(hidden, c0, params, noise)
+                cp.frame = None
+                want = cp.generate(hidden, c0, params, noise)
+                cp.frame = frame
+                assert torch.equal(got, want), (p, got.tolist(), want.tolist())
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            cp.generate(hidden, c0, params, noise)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = cp.generate(hidden, c0, params, noise)
+        for _ in range(3):
+            hidden.copy_(torch.randn(1, h, device="cuda", generator=gen))
+            noise.exponential_(generator=gen)
+            graph.replay()
+            assert torch.equal(static_out, cp.generate(hidden, c0, params, noise))
+
+
 def test_runner_on_gpu_real_size(tmp_path) -> None:
     from omni_stream.models.qwen3_tts.checkpoint import write_tokenizer
     from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer

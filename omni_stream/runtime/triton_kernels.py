@@ -472,23 +472,19 @@ def embed_linear(
 
 
 @triton.jit
-def _sample_kernel(
-    logits_ptr, noise_ptr, do_sample_ptr, temp_ptr, top_k_ptr, top_p_ptr, out_ptr,
-    n_cols, logits_stride, noise_stride,
-    BLOCK: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
-    _after_previous(PDL)
-    row = tl.program_id(0).to(tl.int64)
+def sample_row(lg_ptr, noise_ptr, ds_ptr, temp_ptr, top_k_ptr, top_p_ptr, n_cols, BLOCK: tl.constexpr):
+    """The next token of one row (pointers at the row): greedy where ``do_sample`` is 0, else the exponential
+    race over the temperature / top-k / top-p filtered distribution (:func:`sample`'s per-row body)."""
     offs = tl.arange(0, BLOCK)
     m = offs < n_cols
     neg = float("-inf")
-    lg = tl.load(logits_ptr + row * logits_stride + offs, mask=m, other=neg).to(tl.float32)
+    lg = tl.load(lg_ptr + offs, mask=m, other=neg).to(tl.float32)
     greedy = tl.argmax(lg, axis=0, tie_break_left=True)
-    x = lg / tl.load(temp_ptr + row)
+    x = lg / tl.load(temp_ptr)
     # top-k: keep values >= the k-th largest (k == 0 keeps all). The k-th largest by bisection over the values'
     # order-preserving integer keys: 32 counting passes instead of a sort of the vocabulary (34 us a row on an
     # H200 at 2048 entries, a tenth of a batch-1 frame)
-    k = tl.load(top_k_ptr + row)
+    k = tl.load(top_k_ptr)
     kk = tl.minimum(tl.maximum(k, 1), n_cols)
     bits = x.to(tl.int32, bitcast=True)
     key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
@@ -502,7 +498,7 @@ def _sample_kernel(
     kth = tl.max(tl.where(key == lo, x, neg), axis=0)
     kth = tl.where(k > 0, kth, neg)
     threshold = kth
-    tp = tl.load(top_p_ptr + row)
+    tp = tl.load(top_p_ptr)
     if tp < 1.0:  # top-p: in descending order keep a token while the mass strictly before it is < p (the best stays)
         s = tl.sort(x, dim=0, descending=True)
         s = tl.where(s < kth, neg, s)
@@ -515,10 +511,24 @@ def _sample_kernel(
     # exponential race over the filtered distribution
     e = tl.exp(x - tl.max(x, axis=0))
     probs = e / tl.sum(e, axis=0)
-    nz = tl.load(noise_ptr + row * noise_stride + offs, mask=m, other=1.0)
+    nz = tl.load(noise_ptr + offs, mask=m, other=1.0)
     raced = tl.argmax(tl.where(m, probs / tl.maximum(nz, 1e-20), neg), axis=0, tie_break_left=True)
-    ds = tl.load(do_sample_ptr + row)
-    tl.store(out_ptr + row, tl.where(ds != 0, raced, greedy).to(tl.int64))
+    return tl.where(tl.load(ds_ptr) != 0, raced, greedy)
+
+
+@triton.jit
+def _sample_kernel(
+    logits_ptr, noise_ptr, do_sample_ptr, temp_ptr, top_k_ptr, top_p_ptr, out_ptr,
+    n_cols, logits_stride, noise_stride,
+    BLOCK: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    _after_previous(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    token = sample_row(
+        logits_ptr + row * logits_stride, noise_ptr + row * noise_stride, do_sample_ptr + row, temp_ptr + row,
+        top_k_ptr + row, top_p_ptr + row, n_cols, BLOCK,
+    )  # fmt: skip
+    tl.store(out_ptr + row, token.to(tl.int64))
 
 
 def sample(logits: torch.Tensor, params: SamplingTensors, noise: torch.Tensor | None) -> torch.Tensor:

@@ -4,7 +4,9 @@ Per frame it runs 15 dependent micro-steps on a fresh 16-position cache: a 2-tok
 ``[proj(h), proj(C_talker(c0))]`` -> ``lm_head[0]``, then for j = 1..14 the input
 ``proj(codec_embedding[j-1](c_j))`` -> ``lm_head[j]``. :meth:`CodePredictor.generate` is written to be
 captured whole as one CUDA graph per batch size: static scratch buffers, shapes fixed by the batch size,
-the loop unrolled over Python constants, sampling inside, and no host synchronisation.
+the loop unrolled over Python constants, sampling inside, and no host synchronisation. On CUDA with the
+Triton kernels a one-row frame is instead one persistent kernel (:mod:`.predictor_kernel`): at batch 1 the
+~850 launches of the loop, not its weight reads, bound the frame.
 """
 
 from __future__ import annotations
@@ -52,13 +54,23 @@ class CodePredictor(nn.Module):
         self._rope: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
         self.sample: Callable[[torch.Tensor, SamplingTensors, torch.Tensor | None], torch.Tensor] = sample
         self.kernels: DecodeKernels | None = None
+        # the one-row frame as one persistent kernel (predictor_kernel.PredictorKernel), where the kernels ask
+        self.frame: Callable[[torch.Tensor, torch.Tensor, SamplingTensors, torch.Tensor | None], torch.Tensor] | None
+        self.frame = None
 
     def use_kernels(self, kernels: DecodeKernels | None) -> None:
-        """Run the decoder layers fused through ``kernels`` (None: the modules), at the predictor's row limit."""
+        """Run the decoder layers fused through ``kernels`` (None: the modules), at the predictor's row limit;
+        a one-row frame through the persistent kernel where ``kernels.predictor_frame`` says so (CUDA)."""
         kernels = None if kernels is None else kernels.for_predictor()
         self.sample = sample if kernels is None else kernels.sample
         self.kernels = kernels
         use_kernels(self.model.layers, kernels)
+        self.frame = None
+        weight = self.model.norm.weight
+        if kernels is not None and kernels.predictor_frame and weight.is_cuda:
+            from omni_stream.models.qwen3_tts.predictor_kernel import PredictorKernel
+
+            self.frame = PredictorKernel(self)
 
     def _small(self, rows: int) -> SmallRows | None:
         k = self.kernels
@@ -107,6 +119,8 @@ class CodePredictor(nn.Module):
         ``noise``: ``[B, 15, 2048]`` Exponential(1) draws for the sampled rows, or None when all rows are greedy.
         """
         b = hidden.shape[0]
+        if b == 1 and self.frame is not None:
+            return self.frame(hidden, c0_embed, params, noise)
         cache = self._cache(b, hidden.dtype, hidden.device)
         cos_all, sin_all = self._tables(hidden.dtype, hidden.device)
         proj = self.small_to_mtp_projection

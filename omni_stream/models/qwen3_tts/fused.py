@@ -149,6 +149,8 @@ class DecodeKernels:
     qk_norm_rope_kv: Callable[..., torch.Tensor] | None = None
     # one-token attention over a :class:`KVRead` (``kv_cache.read_one``'s signature; None: the attend's read)
     decode_attention: Callable[..., torch.Tensor] | None = None
+    # the code predictor's one-row frame as one persistent kernel (:mod:`.predictor_kernel`; CUDA only)
+    predictor_frame: bool = False
 
     def for_predictor(self) -> DecodeKernels:
         """These kernels with the code predictor's row limit (``predictor_rows``) as ``small_rows``."""
@@ -160,6 +162,8 @@ class DecodeKernels:
 SMALL_ROWS = 16  # the Triton small-batch projection's row tile (``triton_kernels.SMALL_ROWS``)
 ENV_SMALL_ROWS = "OMNI_STREAM_SMALL_ROWS"  # at most this many rows take the small-batch path on CUDA (0: never)
 ENV_PREDICTOR_ROWS = "OMNI_STREAM_PREDICTOR_SMALL_ROWS"  # the same for the code predictor (unset: as the talker)
+# 0: the code predictor's one-row frame as its ~850 kernels, not the one persistent kernel (on by default with Triton)
+ENV_PREDICTOR_KERNEL = "OMNI_STREAM_PREDICTOR_KERNEL"
 
 TORCH = DecodeKernels(
     add_rms_norm, qk_norm_rope, silu_mul, sample, name="torch", qk_norm_rope_kv=qk_norm_rope_kv,
@@ -178,8 +182,19 @@ def small_rows_setting(default: int | None = SMALL_ROWS, name: str = ENV_SMALL_R
     return value
 
 
-def triton_kernels(small_rows: int | None = None, predictor_rows: int | None = None) -> DecodeKernels:
-    """The Triton versions (imports Triton); a row limit left None is read by :func:`small_rows_setting`."""
+def predictor_kernel_setting() -> bool:
+    """``$OMNI_STREAM_PREDICTOR_KERNEL``: 1 (default) or 0, checked."""
+    raw = os.environ.get(ENV_PREDICTOR_KERNEL, "").strip() or "1"
+    if raw not in ("0", "1"):
+        raise ValueError(f"{ENV_PREDICTOR_KERNEL} must be 0 or 1, got {raw}")
+    return raw == "1"
+
+
+def triton_kernels(
+    small_rows: int | None = None, predictor_rows: int | None = None, predictor_frame: bool | None = None
+) -> DecodeKernels:
+    """The Triton versions (imports Triton); a row limit left None is read by :func:`small_rows_setting`, the
+    frame kernel's use by :func:`predictor_kernel_setting`."""
     from omni_stream.runtime import triton_kernels as tk
 
     rows = small_rows_setting() if small_rows is None else small_rows
@@ -190,6 +205,7 @@ def triton_kernels(small_rows: int | None = None, predictor_rows: int | None = N
     return DecodeKernels(
         tk.add_rms_norm, tk.qk_norm_rope, tk.silu_mul, tk.sample, name="triton", small=small, small_rows=rows,
         predictor_rows=predictor_rows, qk_norm_rope_kv=tk.qk_norm_rope_kv, decode_attention=tk.decode_attention,
+        predictor_frame=predictor_kernel_setting() if predictor_frame is None else predictor_frame,
     )  # fmt: skip
 
 
