@@ -472,13 +472,16 @@ def embed_linear(
 
 
 @triton.jit
-def sample_row(lg_ptr, noise_ptr, ds_ptr, temp_ptr, top_k_ptr, top_p_ptr, n_cols, BLOCK: tl.constexpr):
+def sample_row(
+    lg_ptr, noise_ptr, ds_ptr, temp_ptr, top_k_ptr, top_p_ptr, n_cols, BLOCK: tl.constexpr, LOGITS_CACHE: tl.constexpr
+):  # fmt: skip
     """The next token of one row (pointers at the row): greedy where ``do_sample`` is 0, else the exponential
-    race over the temperature / top-k / top-p filtered distribution (:func:`sample`'s per-row body)."""
+    race over the temperature / top-k / top-p filtered distribution (:func:`sample`'s per-row body).
+    ``LOGITS_CACHE``: the logits' load cache modifier (".cg" where other programs of the launch wrote them)."""
     offs = tl.arange(0, BLOCK)
     m = offs < n_cols
     neg = float("-inf")
-    lg = tl.load(lg_ptr + offs, mask=m, other=neg).to(tl.float32)
+    lg = tl.load(lg_ptr + offs, mask=m, other=neg, cache_modifier=LOGITS_CACHE).to(tl.float32)
     greedy = tl.argmax(lg, axis=0, tie_break_left=True)
     x = lg / tl.load(temp_ptr)
     # top-k: keep values >= the k-th largest (k == 0 keeps all). The k-th largest by bisection over the values'
@@ -526,7 +529,7 @@ def _sample_kernel(
     row = tl.program_id(0).to(tl.int64)
     token = sample_row(
         logits_ptr + row * logits_stride, noise_ptr + row * noise_stride, do_sample_ptr + row, temp_ptr + row,
-        top_k_ptr + row, top_p_ptr + row, n_cols, BLOCK,
+        top_k_ptr + row, top_p_ptr + row, n_cols, BLOCK, "",
     )  # fmt: skip
     tl.store(out_ptr + row, token.to(tl.int64))
 

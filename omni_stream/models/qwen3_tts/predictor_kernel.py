@@ -38,12 +38,17 @@ BLOCK_K = 256  # reduction slice of the matrix-vector products
 
 
 @triton.jit
-def _grid_sync(bar_ptr, target):
-    # every thread's writes are done (bar.sync), one release arrival per program, then wait for all programs
+def _grid_sync(bar_ptr, target, SPIN_NS: tl.constexpr):
+    # every thread's writes are done (bar.sync), one release arrival per program, then wait for all programs,
+    # polling at most every SPIN_NS nanoseconds (0: back to back) so that the polls leave the counter's L2
+    # slice to the arrivals
     tl.debug_barrier()
     tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
     while tl.load(bar_ptr, volatile=True) < target:
-        pass
+        if SPIN_NS > 0:
+            ns = tl.full([1], SPIN_NS, tl.int32)
+            asm = "nanosleep.u32 $1; mov.u32 $0, $1;"
+            tl.inline_asm_elementwise(asm, "=r,r", [ns], dtype=tl.int32, is_pure=False, pack=1)
     tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
 
@@ -62,7 +67,7 @@ def _prefetch(w_ptr, n0, N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, KL:
 @triton.jit
 def _rms(x_ptr, eps, H: tl.constexpr, BH: tl.constexpr):
     offs = tl.arange(0, BH)
-    x = tl.load(x_ptr + offs, mask=offs < H, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + offs, mask=offs < H, other=0.0, cache_modifier=".cg").to(tl.float32)
     return tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
 
 
@@ -77,7 +82,7 @@ def _matvec(x_ptr, w_ptr, n0, r, nw_ptr, N: tl.constexpr, K: tl.constexpr, BN: t
     for k0 in tl.static_range(0, K, BK):
         rk = k0 + tl.arange(0, BK)
         km = rk < K
-        xk = tl.load(x_ptr + rk, mask=km, other=0.0).to(tl.float32)
+        xk = tl.load(x_ptr + rk, mask=km, other=0.0, cache_modifier=".cg").to(tl.float32)
         if NORM:
             dt = x_ptr.dtype.element_ty
             wn = tl.load(nw_ptr + rk, mask=km, other=0.0).to(tl.float32)
@@ -85,6 +90,13 @@ def _matvec(x_ptr, w_ptr, n0, r, nw_ptr, N: tl.constexpr, K: tl.constexpr, BN: t
         w = tl.load(w_ptr + rn.to(tl.int64)[:, None] * K + rk[None, :], mask=nm[:, None] & km[None, :], other=0.0)
         acc += tl.sum(w.to(tl.float32) * xk[None, :], axis=1)
     return acc
+
+
+@triton.jit
+def _add_to(x_ptr, rn, nm, d):
+    # the residual add of a projection's rounded columns, rounded as the fused layer's add
+    x = tl.load(x_ptr + rn, mask=nm, other=0.0, cache_modifier=".cg").to(tl.float32)
+    tl.store(x_ptr + rn, (x + d).to(x_ptr.dtype.element_ty), mask=nm)
 
 
 @triton.jit
@@ -100,21 +112,21 @@ def _attend(qkv_ptr, qkn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, o_ptr, kvh, pos,
     c = tl.load(cos_ptr + pos * D + offs).to(tl.float32)
     s = tl.load(sin_ptr + pos * D + offs).to(tl.float32)
     kb = qkv_ptr + (HQ + kvh) * D
-    x = tl.load(kb + offs).to(tl.float32)
-    xp = tl.load(kb + partner).to(tl.float32)
+    x = tl.load(kb + offs, cache_modifier=".cg").to(tl.float32)
+    xp = tl.load(kb + partner, cache_modifier=".cg").to(tl.float32)
     r = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
     y = ((x * r).to(dt).to(tl.float32) * tl.load(qkn_ptr + D + offs).to(tl.float32)).to(dt).to(tl.float32)
     yp = ((xp * r).to(dt).to(tl.float32) * tl.load(qkn_ptr + D + partner).to(tl.float32)).to(dt).to(tl.float32)
     k = (y * c + tl.where(offs < half, -yp, yp) * s).to(dt)
     cache = kvh * S * D
     tl.store(kc_ptr + cache + pos * D + offs, k)
-    tl.store(vc_ptr + cache + pos * D + offs, tl.load(qkv_ptr + (HQ + HKV + kvh) * D + offs))
+    tl.store(vc_ptr + cache + pos * D + offs, tl.load(qkv_ptr + (HQ + HKV + kvh) * D + offs, cache_modifier=".cg"))
     tl.debug_barrier()  # the stores above are read back below by other threads of this program
     g = tl.arange(0, GP)
     gm = g < G
     qa = qkv_ptr + (kvh * G + g)[:, None] * D
-    x2 = tl.load(qa + offs[None, :], mask=gm[:, None], other=0.0).to(tl.float32)
-    xp2 = tl.load(qa + partner[None, :], mask=gm[:, None], other=0.0).to(tl.float32)
+    x2 = tl.load(qa + offs[None, :], mask=gm[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
+    xp2 = tl.load(qa + partner[None, :], mask=gm[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
     r2 = tl.rsqrt(tl.sum(x2 * x2, axis=1) / D + eps)[:, None]
     w = tl.load(qkn_ptr + offs).to(tl.float32)[None, :]
     wp = tl.load(qkn_ptr + partner).to(tl.float32)[None, :]
@@ -124,11 +136,11 @@ def _attend(qkv_ptr, qkn_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, o_ptr, kvh, pos,
     so = tl.arange(0, S)
     sm = so <= pos
     at = cache + so[:, None] * D + offs[None, :]
-    kk = tl.load(kc_ptr + at, mask=sm[:, None], other=0.0).to(tl.float32)
+    kk = tl.load(kc_ptr + at, mask=sm[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
     sc = tl.sum(q[:, None, :] * kk[None, :, :], axis=2)
     sc = tl.where(sm[None, :], sc, float("-inf"))
     p = tl.exp(sc - tl.max(sc, axis=1)[:, None])
-    vv = tl.load(vc_ptr + at, mask=sm[:, None], other=0.0).to(tl.float32)
+    vv = tl.load(vc_ptr + at, mask=sm[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
     out = tl.sum(p[:, :, None] * vv[None, :, :], axis=1) / tl.sum(p, axis=1)[:, None]
     tl.store(o_ptr + (kvh * G + g)[:, None] * D + offs[None, :], out.to(dt), mask=gm[:, None])
 
@@ -145,7 +157,7 @@ def _frame_kernel(
     HAS_PROJ: tl.constexpr, HAS_NOISE: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr,
     BH: tl.constexpr, BN_H: tl.constexpr, BN_QKV: tl.constexpr, BN_I: tl.constexpr, BN_V: tl.constexpr,
     BK: tl.constexpr, KL_E: tl.constexpr, KL_H: tl.constexpr, KL_O: tl.constexpr, KL_I: tl.constexpr,
-    BV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
+    BV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, SPIN_NS: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     dt = x_ptr.dtype.element_ty
@@ -159,7 +171,7 @@ def _frame_kernel(
         elif p == 1:
             e_ptr = c0_ptr
         else:
-            tok = tl.load(codes_ptr + p - 2)
+            tok = tl.load(codes_ptr + p - 2, cache_modifier=".cg")
             e_ptr = tl.load(tables_ptr + p - 2).to(tl.pointer_type(dt)) + tok * E
         _prefetch(tl.load(qkv_ptrs).to(tl.pointer_type(dt)), pid * BN_QKV, NQKV, H, BN_QKV, KL_H, LINE, PREFETCH)
         for n0 in range(pid * BN_H, H, P * BN_H):
@@ -172,7 +184,7 @@ def _frame_kernel(
             else:
                 tl.store(x_ptr + rn, tl.load(e_ptr + rn, mask=nm, other=0.0), mask=nm)
         t += 1
-        _grid_sync(bar_ptr, t * P)
+        _grid_sync(bar_ptr, t * P, SPIN_NS)
         for layer in range(L):
             n1 = tl.load(n1_ptrs + layer).to(tl.pointer_type(dt))
             wqkv = tl.load(qkv_ptrs + layer).to(tl.pointer_type(dt))
@@ -189,7 +201,7 @@ def _frame_kernel(
                 acc = _matvec(x_ptr, wqkv, n0, r, n1, NQKV, H, BN_QKV, BK, True)
                 tl.store(qkv_ptr + rn, acc.to(dt), mask=rn < NQKV)
             t += 1
-            _grid_sync(bar_ptr, t * P)
+            _grid_sync(bar_ptr, t * P, SPIN_NS)
             # attention, one kv head a program
             _prefetch(wgu, pid * BN_I, I, H, BN_I, KL_H, LINE, PREFETCH)
             _prefetch(wgu + I * H, pid * BN_I, I, H, BN_I, KL_H, LINE, PREFETCH)
@@ -198,16 +210,16 @@ def _frame_kernel(
                 _attend(qkv_ptr, qkn, cos_ptr, sin_ptr, kc_ptr + lc, vc_ptr + lc, o_ptr, kvh, p, eps, scale,
                         HQ, HKV, D, S, G, GP)  # fmt: skip
             t += 1
-            _grid_sync(bar_ptr, t * P)
+            _grid_sync(bar_ptr, t * P, SPIN_NS)
             # x += W_o o
             _prefetch(wdn, pid * BN_H, H, I, BN_H, KL_I, LINE, PREFETCH)
             for n0 in range(pid * BN_H, H, P * BN_H):
                 rn = n0 + tl.arange(0, BN_H)
                 nm = rn < H
                 d = _matvec(o_ptr, wo, n0, 1.0, wo, H, NO, BN_H, BK, False).to(dt).to(tl.float32)
-                tl.store(x_ptr + rn, (tl.load(x_ptr + rn, mask=nm, other=0.0).to(tl.float32) + d).to(dt), mask=nm)
+                _add_to(x_ptr, rn, nm, d)
             t += 1
-            _grid_sync(bar_ptr, t * P)
+            _grid_sync(bar_ptr, t * P, SPIN_NS)
             # act = silu(gate) * up of W_gu rms_norm(x)
             r = _rms(x_ptr, eps, H, BH)
             for n0 in range(pid * BN_I, I, P * BN_I):
@@ -217,7 +229,7 @@ def _frame_kernel(
                 act = (gate * tl.sigmoid(gate)).to(dt).to(tl.float32) * up
                 tl.store(act_ptr + rn, act.to(dt), mask=rn < I)
             t += 1
-            _grid_sync(bar_ptr, t * P)
+            _grid_sync(bar_ptr, t * P, SPIN_NS)
             # x += W_down act
             if layer + 1 < L:
                 nxt = tl.load(qkv_ptrs + layer + 1).to(tl.pointer_type(dt))
@@ -229,9 +241,9 @@ def _frame_kernel(
                 rn = n0 + tl.arange(0, BN_H)
                 nm = rn < H
                 d = _matvec(act_ptr, wdn, n0, 1.0, wdn, H, I, BN_H, BK, False).to(dt).to(tl.float32)
-                tl.store(x_ptr + rn, (tl.load(x_ptr + rn, mask=nm, other=0.0).to(tl.float32) + d).to(dt), mask=nm)
+                _add_to(x_ptr, rn, nm, d)
             t += 1
-            _grid_sync(bar_ptr, t * P)
+            _grid_sync(bar_ptr, t * P, SPIN_NS)
         if p > 0:
             # logits of code p = head[p - 1] rms_norm(x), then the sampler in program 0
             if HAS_PROJ:
@@ -243,18 +255,18 @@ def _frame_kernel(
                 acc = _matvec(x_ptr, whead, n0, r, fn_ptr, V, H, BN_V, BK, True)
                 tl.store(logits_ptr + rn, acc.to(dt), mask=rn < V)
             t += 1
-            _grid_sync(bar_ptr, t * P)
+            _grid_sync(bar_ptr, t * P, SPIN_NS)
             if pid == 0:
                 if HAS_NOISE:
                     tok = sample_row(logits_ptr, noise_ptr + (p - 1) * noise_stride, ds_ptr, temp_ptr, topk_ptr,
-                                     topp_ptr, V, BV)  # fmt: skip
+                                     topp_ptr, V, BV, ".cg")  # fmt: skip
                 else:
                     offs = tl.arange(0, BV)
-                    lg = tl.load(logits_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-                    tok = tl.argmax(lg, axis=0, tie_break_left=True)
+                    lg = tl.load(logits_ptr + offs, mask=offs < V, other=float("-inf"), cache_modifier=".cg")
+                    tok = tl.argmax(lg.to(tl.float32), axis=0, tie_break_left=True)
                 tl.store(codes_ptr + p - 1, tok.to(tl.int64))
             t += 1
-            _grid_sync(bar_ptr, t * P)
+            _grid_sync(bar_ptr, t * P, SPIN_NS)
 
 
 def _addresses(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -300,7 +312,9 @@ class PredictorKernel:
     multiprocessor, at most :data:`MAX_PROGRAMS`; the interpreter: 1).
     """
 
-    def __init__(self, predictor: torch.nn.Module, programs: int | None = None, num_warps: int = 8) -> None:
+    def __init__(
+        self, predictor: torch.nn.Module, programs: int | None = None, num_warps: int = 8, spin_ns: int = 0
+    ) -> None:
         from omni_stream.models.qwen3_tts.code_predictor import CACHE_LEN, STEPS, CodePredictor
         from omni_stream.models.qwen3_tts.layers import DecoderLayer
 
@@ -342,6 +356,7 @@ class PredictorKernel:
             programs = 1 if interpreted else min(MAX_PROGRAMS, _multiprocessors(self.device.index or 0))
         self.programs = programs
         self.num_warps = num_warps
+        self.spin_ns = 0 if interpreted else spin_ns
         self.prefetch = not interpreted
         nqkv = (self.hq + 2 * self.hkv) * self.head_dim
 
@@ -397,7 +412,7 @@ class PredictorKernel:
             BN_QKV=_tile((self.hq + 2 * self.hkv) * d, n), BN_I=_tile(self.inter, n), BN_V=_tile(self.vocab, n),
             BK=min(BLOCK_K, triton.next_power_of_2(max(h, self.inter, self.width))), KL_E=_lines(self.width, line),
             KL_H=_lines(h, line), KL_O=_lines(self.hq * d, line), KL_I=_lines(self.inter, line),
-            BV=triton.next_power_of_2(self.vocab), G=g, GP=max(2, triton.next_power_of_2(g)),
+            BV=triton.next_power_of_2(self.vocab), G=g, GP=max(2, triton.next_power_of_2(g)), SPIN_NS=self.spin_ns,
             num_warps=self.num_warps,
         )  # fmt: skip
         return codes
