@@ -66,7 +66,7 @@ def agreement(size: str, trials: int, tmp: str) -> dict:
     return out
 
 
-def timing(size: str, warps: list[int], spins: list[int], reps: int, tmp: str) -> list[dict]:
+def timing(size: str, warps: list[int], spins: list[int], programs: list[int], reps: int, tmp: str) -> list[dict]:
     lm, cp = _load(size, torch.bfloat16, tmp)
     h = lm.config.talker.decoder.hidden_size
     hidden = torch.randn(1, h, device="cuda", dtype=torch.bfloat16)
@@ -96,6 +96,7 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--spin", default="0,200")
+    ap.add_argument("--programs", default="128", help="grid sizes (programs) of the kernel")
     ap.add_argument("--reps", type=int, default=50)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -103,10 +104,13 @@ def main() -> int:
         return 2
     result: dict = {"git_commit": git_commit(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     with tempfile.TemporaryDirectory() as tmp:
-        result["fp32_agreement"] = agreement(args.size, args.trials, tmp)
-        result["bf16_graph"] = timing(
-            args.size, [int(w) for w in args.warps.split(",")], [int(s) for s in args.spin.split(",")], args.reps, tmp
-        )
+        if args.trials:
+            result["fp32_agreement"] = agreement(args.size, args.trials, tmp)
+
+        def ints(text: str) -> list[int]:
+            return [int(x) for x in text.split(",")]
+
+        result["bf16_graph"] = timing(args.size, ints(args.warps), ints(args.spin), ints(args.programs), args.reps, tmp)
     out_dir = Path(os.environ.get("OUT") or ROOT / "results")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "frame_kernel.json").write_text(json.dumps(result, indent=2) + "\n")

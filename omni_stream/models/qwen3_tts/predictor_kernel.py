@@ -47,8 +47,8 @@ def _grid_sync(bar_ptr, target, SPIN_NS: tl.constexpr):
     while tl.load(bar_ptr, volatile=True) < target:
         if SPIN_NS > 0:
             ns = tl.full([1], SPIN_NS, tl.int32)
-            asm = "nanosleep.u32 $1; mov.u32 $0, $1;"
-            tl.inline_asm_elementwise(asm, "=r,r", [ns], dtype=tl.int32, is_pure=False, pack=1)
+            tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, $1;", "=r,r", [ns], dtype=tl.int32,
+                                      is_pure=False, pack=1)  # fmt: skip
     tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
 
