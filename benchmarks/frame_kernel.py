@@ -74,9 +74,12 @@ def timing(size: str, warps: list[int], spins: list[int], programs: list[int], r
     params = SamplingTensors.from_params([KINDS["top-k 50"]], "cuda")
     noise = torch.empty(1, 15, 2048, device="cuda").exponential_()
     arms: list[tuple[str, PredictorKernel | None]] = [("loop", None)]
-    arms += [
-        (f"kernel warps={w} spin={s}ns", PredictorKernel(cp, num_warps=w, spin_ns=s)) for w in warps for s in spins
-    ]
+    for n in programs:
+        for w in warps:
+            arms += [
+                (f"kernel programs={n} warps={w} spin={s}ns", PredictorKernel(cp, n, num_warps=w, spin_ns=s))
+                for s in spins
+            ]
     rows = []
     with torch.no_grad():
         for name, frame in arms:
