@@ -66,7 +66,9 @@ def agreement(size: str, trials: int, tmp: str) -> dict:
     return out
 
 
-def timing(size: str, warps: list[int], spins: list[int], programs: list[int], reps: int, tmp: str) -> list[dict]:
+def timing(
+    size: str, warps: list[int], spins: list[int], programs: list[int], slices: list[int], reps: int, tmp: str
+) -> list[dict]:
     lm, cp = _load(size, torch.bfloat16, tmp)
     h = lm.config.talker.decoder.hidden_size
     hidden = torch.randn(1, h, device="cuda", dtype=torch.bfloat16)
@@ -77,8 +79,9 @@ def timing(size: str, warps: list[int], spins: list[int], programs: list[int], r
     for n in programs:
         for w in warps:
             arms += [
-                (f"kernel programs={n} warps={w} spin={s}ns", PredictorKernel(cp, n, num_warps=w, spin_ns=s))
+                (f"kernel programs={n} warps={w} spin={s}ns k={k}", PredictorKernel(cp, n, w, s, k))
                 for s in spins
+                for k in slices
             ]
     rows = []
     with torch.no_grad():
@@ -100,6 +103,7 @@ def main() -> int:
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--spin", default="0,200")
     ap.add_argument("--programs", default="128", help="grid sizes (programs) of the kernel")
+    ap.add_argument("--slices", default="4096", help="reduction slices (elements of a weight row a load takes)")
     ap.add_argument("--reps", type=int, default=50)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -113,7 +117,8 @@ def main() -> int:
         def ints(text: str) -> list[int]:
             return [int(x) for x in text.split(",")]
 
-        result["bf16_graph"] = timing(args.size, ints(args.warps), ints(args.spin), ints(args.programs), args.reps, tmp)
+        arms = (ints(args.warps), ints(args.spin), ints(args.programs), ints(args.slices))
+        result["bf16_graph"] = timing(args.size, *arms, args.reps, tmp)
     out_dir = Path(os.environ.get("OUT") or ROOT / "results")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "frame_kernel.json").write_text(json.dumps(result, indent=2) + "\n")

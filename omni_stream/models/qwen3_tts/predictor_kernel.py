@@ -34,7 +34,10 @@ from omni_stream.runtime.triton_kernels import sample_row
 
 LINE_BYTES = 128  # an L2 line: one prefetch address each
 MAX_PROGRAMS = 128  # the widest phase (the q/k/v projection, 4096 columns) in tiles of 32 columns
-BLOCK_K = 256  # reduction slice of the matrix-vector products
+# Reduction slice of the matrix-vector products: a whole weight row (up to this many elements), so that a
+# program's whole tile is one load in flight. Slices of 256 (run 26) left the loads one slice at a time, each
+# waiting its memory latency: 6-8 ms a frame against the loop's 2.6.
+BLOCK_K = 4096
 
 
 @triton.jit
@@ -156,7 +159,8 @@ def _frame_kernel(
     V: tl.constexpr, L: tl.constexpr, STEPS: tl.constexpr, S: tl.constexpr, P: tl.constexpr,
     HAS_PROJ: tl.constexpr, HAS_NOISE: tl.constexpr, PREFETCH: tl.constexpr, LINE: tl.constexpr,
     BH: tl.constexpr, BN_H: tl.constexpr, BN_QKV: tl.constexpr, BN_I: tl.constexpr, BN_V: tl.constexpr,
-    BK: tl.constexpr, KL_E: tl.constexpr, KL_H: tl.constexpr, KL_O: tl.constexpr, KL_I: tl.constexpr,
+    BK_E: tl.constexpr, BK_H: tl.constexpr, BK_O: tl.constexpr, BK_I: tl.constexpr,
+    KL_E: tl.constexpr, KL_H: tl.constexpr, KL_O: tl.constexpr, KL_I: tl.constexpr,
     BV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, SPIN_NS: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
@@ -178,7 +182,7 @@ def _frame_kernel(
             rn = n0 + tl.arange(0, BN_H)
             nm = rn < H
             if HAS_PROJ:
-                acc = _matvec(e_ptr, win_ptr, n0, 1.0, win_ptr, H, E, BN_H, BK, False)
+                acc = _matvec(e_ptr, win_ptr, n0, 1.0, win_ptr, H, E, BN_H, BK_E, False)
                 acc += tl.load(bin_ptr + rn, mask=nm, other=0.0).to(tl.float32)
                 tl.store(x_ptr + rn, acc.to(dt), mask=nm)
             else:
@@ -198,7 +202,7 @@ def _frame_kernel(
             r = _rms(x_ptr, eps, H, BH)
             for n0 in range(pid * BN_QKV, NQKV, P * BN_QKV):
                 rn = n0 + tl.arange(0, BN_QKV)
-                acc = _matvec(x_ptr, wqkv, n0, r, n1, NQKV, H, BN_QKV, BK, True)
+                acc = _matvec(x_ptr, wqkv, n0, r, n1, NQKV, H, BN_QKV, BK_H, True)
                 tl.store(qkv_ptr + rn, acc.to(dt), mask=rn < NQKV)
             t += 1
             _grid_sync(bar_ptr, t * P, SPIN_NS)
@@ -216,7 +220,7 @@ def _frame_kernel(
             for n0 in range(pid * BN_H, H, P * BN_H):
                 rn = n0 + tl.arange(0, BN_H)
                 nm = rn < H
-                d = _matvec(o_ptr, wo, n0, 1.0, wo, H, NO, BN_H, BK, False).to(dt).to(tl.float32)
+                d = _matvec(o_ptr, wo, n0, 1.0, wo, H, NO, BN_H, BK_O, False).to(dt).to(tl.float32)
                 _add_to(x_ptr, rn, nm, d)
             t += 1
             _grid_sync(bar_ptr, t * P, SPIN_NS)
@@ -224,8 +228,8 @@ def _frame_kernel(
             r = _rms(x_ptr, eps, H, BH)
             for n0 in range(pid * BN_I, I, P * BN_I):
                 rn = n0 + tl.arange(0, BN_I)
-                gate = _matvec(x_ptr, wgu, n0, r, n2, I, H, BN_I, BK, True).to(dt).to(tl.float32)
-                up = _matvec(x_ptr, wgu + I * H, n0, r, n2, I, H, BN_I, BK, True).to(dt).to(tl.float32)
+                gate = _matvec(x_ptr, wgu, n0, r, n2, I, H, BN_I, BK_H, True).to(dt).to(tl.float32)
+                up = _matvec(x_ptr, wgu + I * H, n0, r, n2, I, H, BN_I, BK_H, True).to(dt).to(tl.float32)
                 act = (gate * tl.sigmoid(gate)).to(dt).to(tl.float32) * up
                 tl.store(act_ptr + rn, act.to(dt), mask=rn < I)
             t += 1
@@ -240,7 +244,7 @@ def _frame_kernel(
             for n0 in range(pid * BN_H, H, P * BN_H):
                 rn = n0 + tl.arange(0, BN_H)
                 nm = rn < H
-                d = _matvec(act_ptr, wdn, n0, 1.0, wdn, H, I, BN_H, BK, False).to(dt).to(tl.float32)
+                d = _matvec(act_ptr, wdn, n0, 1.0, wdn, H, I, BN_H, BK_I, False).to(dt).to(tl.float32)
                 _add_to(x_ptr, rn, nm, d)
             t += 1
             _grid_sync(bar_ptr, t * P, SPIN_NS)
@@ -252,7 +256,7 @@ def _frame_kernel(
             r = _rms(x_ptr, eps, H, BH)
             for n0 in range(pid * BN_V, V, P * BN_V):
                 rn = n0 + tl.arange(0, BN_V)
-                acc = _matvec(x_ptr, whead, n0, r, fn_ptr, V, H, BN_V, BK, True)
+                acc = _matvec(x_ptr, whead, n0, r, fn_ptr, V, H, BN_V, BK_H, True)
                 tl.store(logits_ptr + rn, acc.to(dt), mask=rn < V)
             t += 1
             _grid_sync(bar_ptr, t * P, SPIN_NS)
@@ -313,7 +317,12 @@ class PredictorKernel:
     """
 
     def __init__(
-        self, predictor: torch.nn.Module, programs: int | None = None, num_warps: int = 8, spin_ns: int = 0
+        self,
+        predictor: torch.nn.Module,
+        programs: int | None = None,
+        num_warps: int = 8,
+        spin_ns: int = 0,
+        block_k: int = BLOCK_K,
     ) -> None:
         from omni_stream.models.qwen3_tts.code_predictor import CACHE_LEN, STEPS, CodePredictor
         from omni_stream.models.qwen3_tts.layers import DecoderLayer
@@ -357,6 +366,7 @@ class PredictorKernel:
         self.programs = programs
         self.num_warps = num_warps
         self.spin_ns = 0 if interpreted else spin_ns
+        self.block_k = block_k
         self.prefetch = not interpreted
         nqkv = (self.hq + 2 * self.hkv) * self.head_dim
 
@@ -374,6 +384,9 @@ class PredictorKernel:
             v=zeros(*cache),
             barrier=torch.zeros(1, dtype=torch.int32, device=self.device),
         )
+
+    def _slice(self, k: int) -> int:
+        return min(self.block_k, triton.next_power_of_2(k))
 
     def __call__(
         self, hidden: torch.Tensor, c0_embed: torch.Tensor, params: SamplingTensors, noise: torch.Tensor | None
@@ -410,7 +423,8 @@ class PredictorKernel:
             STEPS=self.steps, S=self.cache_len, P=n, HAS_PROJ=proj is not None, HAS_NOISE=noise is not None,
             PREFETCH=self.prefetch, LINE=line, BH=triton.next_power_of_2(h), BN_H=_tile(h, n),
             BN_QKV=_tile((self.hq + 2 * self.hkv) * d, n), BN_I=_tile(self.inter, n), BN_V=_tile(self.vocab, n),
-            BK=min(BLOCK_K, triton.next_power_of_2(max(h, self.inter, self.width))), KL_E=_lines(self.width, line),
+            BK_E=self._slice(self.width), BK_H=self._slice(h), BK_O=self._slice(self.hq * d),
+            BK_I=self._slice(self.inter), KL_E=_lines(self.width, line),
             KL_H=_lines(h, line), KL_O=_lines(self.hq * d, line), KL_I=_lines(self.inter, line),
             BV=triton.next_power_of_2(self.vocab), G=g, GP=max(2, triton.next_power_of_2(g)), SPIN_NS=self.spin_ns,
             num_warps=self.num_warps,
