@@ -74,9 +74,9 @@ def test_the_frame_kernel_setting_is_checked(monkeypatch) -> None:
     from omni_stream.models.qwen3_tts import fused
 
     monkeypatch.delenv(fused.ENV_PREDICTOR_KERNEL, raising=False)
-    assert fused.predictor_kernel_setting() is True
-    monkeypatch.setenv(fused.ENV_PREDICTOR_KERNEL, "0")
     assert fused.predictor_kernel_setting() is False
+    monkeypatch.setenv(fused.ENV_PREDICTOR_KERNEL, "1")
+    assert fused.predictor_kernel_setting() is True
     monkeypatch.setenv(fused.ENV_PREDICTOR_KERNEL, "yes")
     with pytest.raises(ValueError, match="must be 0 or 1"):
         fused.predictor_kernel_setting()

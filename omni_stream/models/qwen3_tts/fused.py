@@ -162,7 +162,9 @@ class DecodeKernels:
 SMALL_ROWS = 16  # the Triton small-batch projection's row tile (``triton_kernels.SMALL_ROWS``)
 ENV_SMALL_ROWS = "OMNI_STREAM_SMALL_ROWS"  # at most this many rows take the small-batch path on CUDA (0: never)
 ENV_PREDICTOR_ROWS = "OMNI_STREAM_PREDICTOR_SMALL_ROWS"  # the same for the code predictor (unset: as the talker)
-# 0: the code predictor's one-row frame as its ~850 kernels, not the one persistent kernel (on by default with Triton)
+# 1: the code predictor's one-row frame as one persistent kernel instead of its ~850 kernels. Off by default:
+# measured on the H200 (benchmarks/results/tts_bench.md, run 26) the 1.7B frame takes 3.28 ms that way against
+# 2.59 ms for the loop's graph.
 ENV_PREDICTOR_KERNEL = "OMNI_STREAM_PREDICTOR_KERNEL"
 
 TORCH = DecodeKernels(
@@ -183,8 +185,8 @@ def small_rows_setting(default: int | None = SMALL_ROWS, name: str = ENV_SMALL_R
 
 
 def predictor_kernel_setting() -> bool:
-    """``$OMNI_STREAM_PREDICTOR_KERNEL``: 1 (default) or 0, checked."""
-    raw = os.environ.get(ENV_PREDICTOR_KERNEL, "").strip() or "1"
+    """``$OMNI_STREAM_PREDICTOR_KERNEL``: 0 (default) or 1, checked."""
+    raw = os.environ.get(ENV_PREDICTOR_KERNEL, "").strip() or "0"
     if raw not in ("0", "1"):
         raise ValueError(f"{ENV_PREDICTOR_KERNEL} must be 0 or 1, got {raw}")
     return raw == "1"

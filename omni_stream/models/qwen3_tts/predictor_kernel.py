@@ -15,8 +15,19 @@ Every program must be resident at once (they wait for each other): the grid is a
 multiprocessor count, one program each, and the launch is not dependent (no kernel before it holds a
 multiprocessor waiting on it). The rounding follows the fused layer (:mod:`.fused` and
 :mod:`omni_stream.runtime.triton_kernels`) step for step; only the products' summation order differs
-(``tl.sum`` over a column tile instead of the projections' ``tl.dot``). Triton's interpreter runs programs
-one after another, so on the CPU the kernel runs as one program, which does every phase itself.
+(``tl.sum`` over a column tile instead of the projections' ``tl.dot``): in fp32 the codes are the loop's
+(GPU test), in bf16 they may differ. Activations written during the launch are read with ``.cg`` (from L2):
+a program's L1 may still hold the previous phase's lines, and with plain loads the codes came out wrong.
+Triton's interpreter runs programs one after another, so on the CPU the kernel runs as one program, which
+does every phase itself.
+
+Measured on the H200 (``benchmarks/frame_kernel.py``, ``tts_bench.md`` run 26) at the 1.7B sizes, bf16 graph
+replays: the loop 2.59 ms; this kernel 7.1 ms with 256-wide reduction slices (each slice's load waited its
+latency), 3.28 ms with a program's whole tile as one load (8 warps; 16 warps 4.18 ms; 32 programs 3.4x
+slower than 128, so the per-program reads, not the barriers' polls, dominate; a 500 ns poll back-off did not
+help). So it stays off by default (``OMNI_STREAM_PREDICTOR_KERNEL``). 448 phases a frame at ~7 us each:
+fewer phases (attention recomputed in each program before the output projection, the sampler beside the
+next input) and more reads in flight per program are what is left to try.
 """
 
 from __future__ import annotations
