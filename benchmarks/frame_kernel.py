@@ -1,11 +1,11 @@
 """The code predictor's one-row frame: the persistent kernel against the loop of ~850 kernels, on one GPU.
 
-``python benchmarks/frame_kernel.py [--size 1.7b] [--warps 4,8] [--spin 0,100,500]``. Real-size dummy weights
-from ``benchmarks/configs``. First, in fp32, the kernel's codes against the fused loop's (greedy and sampled,
-``--trials`` frames each; the counts that differ are printed, the GPU suite asserts none). Then, in bf16, the
-frame's CUDA-graph replay time (CUDA events, median of ``--reps``) for the loop and for each kernel variant
-(warps a program, the barrier's poll interval). Writes ``frame_kernel.json`` to ``$OUT`` (or
-``benchmarks/results``).
+``python benchmarks/frame_kernel.py [--size 1.7b] [--programs 128] [--warps 4,8] [--spin 0,200] [--slices 4096]``.
+Real-size dummy weights from ``benchmarks/configs``. First, in fp32, the kernel's codes against the fused loop's
+(greedy and sampled, ``--trials`` frames each; the counts that differ are printed, the GPU suite asserts none).
+Then, in bf16, the frame's CUDA-graph replay time (CUDA events, median of ``--reps``) for the loop and for each
+kernel variant (grid size, warps a program, the barrier's poll back-off, the reduction slice). Writes
+``frame_kernel.json`` to ``$OUT`` (or ``benchmarks/results``).
 """
 
 from __future__ import annotations
