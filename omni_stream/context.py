@@ -3,15 +3,21 @@
 A request that runs sub-requests (a streamed-text speech stage runs one speech request per sentence) gives each a
 :meth:`RequestContext.child`: same deadline, wait budget and usage counters; its own id and timings; cancelling
 the parent releases the child's slots synchronously too.
+
+Releases run under the context's ``guard`` (the engine sets its device worker's lock, and children inherit it):
+a request that holds slots in several models (an LLM and two sentences' speech) gives them all back at once,
+so the worker can never schedule a step between two of them. Without it, the worker could run a burst of
+steps for the second sequence while the event loop waits to take the lock again after the first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -21,6 +27,8 @@ from omni_stream.errors import DeadlineExceeded
 from omni_stream.requests import Timings, next_request_id
 
 T = TypeVar("T")
+
+_release_keys = itertools.count()  # not id(): a stale unregister must never remove a later registration
 
 
 @dataclass(slots=True)
@@ -59,6 +67,9 @@ class RequestContext:
     # Set by the pipeline that runs the request: cancelling it stops every stage.
     cancel_scope: anyio.CancelScope | None = field(default=None, repr=False)
     cancelled: bool = False
+    # Held while the releases run (the device worker's lock, reentrant): all of them, children's included, take
+    # effect between two steps of the worker.
+    guard: AbstractContextManager[Any] | None = field(default=None, repr=False)
     _releases: dict[int, Callable[[], None]] = field(default_factory=dict, repr=False)
 
     def tokens(self, kind: str) -> TokenCount:
@@ -71,7 +82,11 @@ class RequestContext:
     def child(self, request_id: str) -> RequestContext:
         """A sub-request's context: shares deadline, wait budget and usage; the parent's release frees it too."""
         child = RequestContext(
-            request_id=request_id, deadline=self.deadline, wait_timeout=self.wait_timeout, usage=self.usage
+            request_id=request_id,
+            deadline=self.deadline,
+            wait_timeout=self.wait_timeout,
+            usage=self.usage,
+            guard=self.guard,
         )
         unregister = self.add_release(child.release_now)
         child.add_release(unregister)  # a child released on its own stops being the parent's concern
@@ -86,7 +101,7 @@ class RequestContext:
 
     def add_release(self, release: Callable[[], None]) -> Callable[[], None]:
         """Register a synchronous, idempotent release (a scheduler slot); returns its unregister function."""
-        key = id(release)
+        key = next(_release_keys)
         self._releases[key] = release
 
         def unregister() -> None:
@@ -96,9 +111,10 @@ class RequestContext:
 
     def release_now(self) -> None:
         """Run every registered release at once, without awaiting (stages notice at their next await)."""
-        releases, self._releases = list(self._releases.values()), {}
-        for release in releases:
-            release()
+        with self.guard if self.guard is not None else nullcontext():
+            releases, self._releases = list(self._releases.values()), {}
+            for release in releases:
+                release()
 
     @classmethod
     def with_timeout(cls, timeout: float | None, **kwargs: Any) -> RequestContext:

@@ -307,7 +307,9 @@ class AsyncEngine:
         request_id = getattr(request, "request_id", None)
         if not isinstance(request_id, str):
             raise InvalidRequestError(f"a {type(request).__name__} has no request_id")
-        return RequestContext.with_timeout(timeout, request_id=request_id, wait_timeout=self.wait_timeout)
+        return RequestContext.with_timeout(
+            timeout, request_id=request_id, wait_timeout=self.wait_timeout, guard=self.worker.cond
+        )
 
     def _track(self, stream: EngineStream[Any]) -> None:
         self._streams[stream.request_id] = stream

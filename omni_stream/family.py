@@ -19,7 +19,8 @@ Model work runs on ``LoadContext.worker`` (one thread per device, shared by ever
 attach to it, one-off and batchable jobs go through ``submit`` / ``submit_batched``; stages await those futures with
 ``ctx.wait(future, what)`` so that every wait has a deadline. A batched stage holds its sequence with
 ``async with scheduler.session(payload, ctx)``, which registers a synchronous release on ``ctx``: aborting a request
-hands the slot back before the worker's next step, without awaiting anything.
+hands the slot back before the worker's next step, without awaiting anything (all of a request's slots, in every
+model, under the worker's lock at once: :mod:`omni_stream.context`).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from omni_stream.models.synthetic import SyntheticConfig, tone_samples, write_ch
 from omni_stream.models.synthetic.lm_family import write_lm_checkpoint
 from omni_stream.pipelines import MissingModelError
 from omni_stream.requests import ChatMessage, ChatRequest, Role, SpeechRequest, SpokenReply, TextRequest
+from omni_stream.scheduler import Scheduler
 
 CONFIG = SyntheticConfig()
 SPF = CONFIG.samples_per_frame
@@ -142,6 +144,45 @@ async def test_abort_by_request_id_frees_both_models_before_their_next_step(engi
                     assert engine.abort(request.request_id)
     await worker_barrier(engine)
     for family in (engine.models.speech(), engine.models.text()):
+        assert all(v == 0 for v in family.scheduler.live().values()), family.scheduler.live()
+
+
+async def test_an_abort_releases_every_model_s_slots_while_holding_the_worker_s_lock(engine, monkeypatch):
+    """The LLM's sequence and both open sentences' speech sequences go back in one critical section: a thread that
+    tries the worker's lock during any of the releases (as the worker does to schedule a step) cannot take it."""
+    worker, speech = engine.worker, engine.models.speech()
+    probes: list[tuple[str, bool]] = []
+    original = Scheduler.release
+
+    def release(self, sess):
+        taken = []
+
+        def probe() -> None:
+            got = worker.cond.acquire(blocking=False)
+            if got:
+                worker.cond.release()
+            taken.append(got)
+
+        thread = threading.Thread(target=probe)
+        thread.start()
+        thread.join()
+        probes.append((self.name, taken[0]))
+        original(self, sess)
+
+    said = " ".join(f"Sentence number {i} is here." for i in range(30))
+    request = ChatRequest(chat(said, ignore_eos=True, max_tokens=400), speech=SpokenReply(voice="bob"))
+    stream = engine.generate(request)
+    with pytest.raises(RequestCancelled):
+        async with stream:
+            async for out in stream:
+                if isinstance(out.chunk, Audio) and speech.scheduler.live()["sessions"] >= 2:
+                    monkeypatch.setattr(Scheduler, "release", release)
+                    stream.abort(RequestCancelled("barge-in"))
+    aborted = probes[:3]  # the abort's own releases; the stages' exits release again (no-ops) later
+    assert sorted(name for name, _ in aborted) == ["lm", "talker", "talker"]
+    assert not any(taken for _, taken in aborted), probes
+    await worker_barrier(engine)
+    for family in (speech, engine.models.text()):
         assert all(v == 0 for v in family.scheduler.live().values()), family.scheduler.live()
 
 
