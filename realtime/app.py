@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -36,6 +35,7 @@ from omni_stream.realtime.replica import ReplicaHeaderMiddleware
 from omni_stream.realtime.settings import Settings, silero_vad
 from omni_stream.realtime.state import ServerState
 from omni_stream.realtime.voice_store import VoiceStore
+from omni_stream.runtime.gc_heap import freeze_loaded_heap, release_loaded_heap
 
 log = logging.getLogger("omni_stream.realtime")
 
@@ -105,14 +105,16 @@ def create_app(engine: AsyncEngine | EngineFactory, settings: Settings | None = 
         state.engine = loaded
         # The models' objects (millions once transformers or diffusers are imported) live as long as the server:
         # out of the collector's reach, a full collection no longer stalls the event loop (0.8 s measured with an
-        # image model loaded, benchmarks/image_bench.py). A server-process decision, so it is made here.
-        gc.freeze()
+        # image model loaded, benchmarks/image_bench.py). The engine froze its load already; this takes in what
+        # start-up made since (voices, the VAD). Counted with the engines' holds, so stopping the app leaves an
+        # engine that outlives it (one passed in) frozen, and the last holder unfreezes.
+        await anyio.to_thread.run_sync(freeze_loaded_heap)
         state.ready = True
         try:
             yield
         finally:
             state.ready = False
-            gc.unfreeze()
+            release_loaded_heap()
             if owned:
                 await loaded.aclose()
 

@@ -5,9 +5,9 @@ them (torch, transformers, the model's modules). The first burst of requests all
 it held the GIL for 222 ms on CPU (128 requests at once on the tiny model, ``benchmarks/burst_probe.py``),
 and every thread waits meanwhile: the event loop, the device worker between its steps, every stream.
 Freezing moves the objects alive after loading into the permanent generation, which collections skip (vLLM
-and SGLang freeze after start-up for the same reason); objects made later are collected as before. When the
-last open engine closes the heap is unfrozen, so a process that loads and closes engines (a test suite)
-does not keep their cyclic garbage for good.
+and SGLang freeze after start-up for the same reason); objects made later are collected as before. Holds are
+counted (each open engine, and the serving app while it runs); when the last is given back the heap is unfrozen,
+so a process that loads and closes engines (a test suite) does not keep their cyclic garbage for good.
 """
 
 from __future__ import annotations
