@@ -17,7 +17,7 @@ from omni_stream.errors import ConfigError, InvalidRequestError, UnknownVoiceErr
 from omni_stream.models.qwen3_tts import family as family_mod
 from omni_stream.models.qwen3_tts.checkpoint import write_tiny_checkpoint
 from omni_stream.models.qwen3_tts.prompt import prepare_request
-from omni_stream.requests import GREEDY, SpeechRequest, VoicePrompt
+from omni_stream.requests import GREEDY, RequestState, SpeechRequest, VoicePrompt
 
 # Streaming with full decoder state is exact up to float rounding (fp32); the codec tests prove the same
 # bound for the decoder alone.
@@ -251,4 +251,53 @@ async def test_a_burst_prepares_its_prompts_on_a_few_threads_and_its_decoder_sta
         assert 1 <= most[0] <= PREPARE_THREADS
         # each request's private decoder state is made by the worker, never on the event loop's thread
         assert len(made_on) == len(requests) and set(made_on) == {engine.worker.name}
+        await _idle(engine)
+
+
+async def test_stepping_ahead_streams_every_request_s_own_audio_through_pauses_and_aborts(custom_voice_dir, monkeypatch):
+    """The talker launching each step before handing out the last one's frames (the CUDA default, forced on
+    here): a reader that stops reading pauses its row at the buffer's limit while the others run on, a request
+    closed mid-stream leaves, and every finished stream equals its solo decode; nothing is held after."""
+    monkeypatch.setenv(family_mod.ENV_STEP_AHEAD, "on")
+    opts = {"progress": False, "max_batch_size": 4, "max_buffered_frames": 2}
+    async with await AsyncEngine.from_pretrained(custom_voice_dir, **opts) as engine:
+        assert engine.models.speech().runner.ahead
+        requests = [
+            _greedy("One two three.", voice="ryan"),
+            _greedy("A different sentence here.", voice="vivian", language="English"),
+            _greedy("The slow reader's sentence.", voice="aiden", initial_codec_chunk_frames=1, max_new_tokens=80),
+        ]
+        expected = [await _expected(engine, r) for r in requests]
+        others_done = anyio.Event()
+        got: list[np.ndarray | None] = [None] * len(requests)
+        paused_seen: list[bool] = []
+
+        async def fast(i: int) -> None:
+            got[i] = await _collect(engine, requests[i])
+
+        async def slow() -> None:
+            async with engine.speech(requests[2]) as stream:
+                parts = [(await stream.__anext__()).samples]
+                await others_done.wait()  # its row fills its buffer and pauses meanwhile
+                parts += [a.samples async for a in stream]
+            got[2] = np.concatenate(parts)
+
+        async def abandoned() -> None:
+            stream = engine.speech(_greedy("Left after one chunk.", voice="dylan", max_new_tokens=60))
+            await stream.__anext__()
+            await stream.aclose()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(slow)
+            tg.start_soon(abandoned)
+            async with anyio.create_task_group() as inner:
+                for i in (0, 1):
+                    inner.start_soon(fast, i)
+            states = [seq.state for seq in engine.models.speech().scheduler.running.values()]
+            paused_seen.append(RequestState.PAUSED in states)
+            others_done.set()
+        for want, have in zip(expected, got, strict=True):
+            assert have is not None and have.shape == want.shape
+            assert np.abs(have - want).max() < TOL
+        assert paused_seen == [True]
         await _idle(engine)

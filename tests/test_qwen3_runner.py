@@ -1,4 +1,5 @@
-"""The batched runner: mixed batches equal solo runs, newcomers join mid-run, length/EOS rules, seeds, cleanup."""
+"""The batched runner: mixed batches equal solo runs, newcomers join mid-run, length/EOS rules, seeds, cleanup;
+stepping ahead (each decode step launched before the last one's frames are handed out) gives the same codes."""
 
 from __future__ import annotations
 
@@ -42,11 +43,15 @@ def make(model, *, non_streaming=None, **kw):
     return prepare_request(SpeechRequest(**kw), cfg, tok, non_streaming=non_streaming)
 
 
-def runner(model, slots=4, max_len=256) -> Qwen3TTSRunner:
-    return Qwen3TTSRunner(model[2], max_batch_size=slots, max_len=max_len)
+def runner(model, slots=4, max_len=256, ahead=False) -> Qwen3TTSRunner:
+    return Qwen3TTSRunner(model[2], max_batch_size=slots, max_len=max_len, ahead=ahead)
 
 
-def test_mixed_batch_equals_solo_with_newcomers(cv) -> None:
+AHEAD = pytest.mark.parametrize("ahead", [False, True], ids=["synchronous", "ahead"])
+
+
+@AHEAD
+def test_mixed_batch_equals_solo_with_newcomers(cv, ahead) -> None:
     reqs = [
         make(cv, text="Hello world, this is a test.", voice="ryan", language="English", max_new_tokens=14),
         make(cv, text="Good.", voice="dylan", language="Auto", max_new_tokens=9, non_streaming=False),
@@ -54,7 +59,7 @@ def test_mixed_batch_equals_solo_with_newcomers(cv) -> None:
         make(cv, text="This is the speech test of a voice.", voice="eric", language="Chinese", max_new_tokens=11),
         make(cv, text="Hello.", voice="serena", language="Auto", max_new_tokens=6),
     ]
-    r = runner(cv, slots=3)
+    r = runner(cv, slots=3, ahead=ahead)
     solo = [r.generate_codes([q])[0] for q in reqs]
     # 3 slots for 5 requests: two join while others decode (at steps 2 and 5), the rest wait for free slots.
     batched = r.generate_codes(reqs, join_steps=[0, 2, 0, 5, 1])
@@ -64,7 +69,8 @@ def test_mixed_batch_equals_solo_with_newcomers(cv) -> None:
     assert r.num_active == 0
 
 
-def test_base_batch_mixes_icl_and_x_vector(base) -> None:
+@AHEAD
+def test_base_batch_mixes_icl_and_x_vector(base, ahead) -> None:
     cfg = base[0]
     rng = np.random.default_rng(1)
     xv = rng.standard_normal(cfg.talker.decoder.hidden_size).astype(np.float32)
@@ -74,7 +80,7 @@ def test_base_batch_mixes_icl_and_x_vector(base) -> None:
         make(base, text="Hello world.", voice_prompt=vp, x_vector_only_mode=True, max_new_tokens=8),
         make(base, text="Good.", voice_prompt=vp, language="English", max_new_tokens=9, non_streaming=True),
     ]
-    r = runner(base)
+    r = runner(base, ahead=ahead)
     solo = [r.generate_codes([q])[0] for q in reqs]
     batched = r.generate_codes(reqs, join_steps=[0, 3, 1])
     assert all(torch.equal(a, b) for a, b in zip(solo, batched, strict=True))
@@ -98,8 +104,9 @@ def test_frames_stream_one_per_step_with_final_flag(cv) -> None:
     assert r.num_active == 0 and seq.model_state is None
 
 
-def test_one_token_gives_no_frames_and_ignore_eos_gives_n(cv) -> None:
-    r = runner(cv)
+@AHEAD
+def test_one_token_gives_no_frames_and_ignore_eos_gives_n(cv, ahead) -> None:
+    r = runner(cv, ahead=ahead)
     out = r.generate_codes([make(cv, text="Hello.", voice="ryan", max_new_tokens=1)])[0]
     assert out.shape == (0, 16)
     out = r.generate_codes([make(cv, text="Hello.", voice="ryan", max_new_tokens=7, ignore_eos=True)])[0]
@@ -133,8 +140,9 @@ def _sampled(model, seed, **kw):
     )
 
 
-def test_seed_reproduces_and_batching_keeps_per_row_streams(cv) -> None:
-    r = runner(cv)
+@AHEAD
+def test_seed_reproduces_and_batching_keeps_per_row_streams(cv, ahead) -> None:
+    r = runner(cv, ahead=ahead)
     a1 = r.generate_codes([_sampled(cv, 1)])[0]
     a2 = r.generate_codes([_sampled(cv, 1)])[0]
     b = r.generate_codes([_sampled(cv, 2)])[0]
@@ -176,14 +184,15 @@ def _drive(r: Qwen3TTSRunner, joins: dict[int, list[Sequence]], steps: int = 64)
     return codes, errors
 
 
-def test_a_failing_newcomer_ends_alone_and_running_rows_keep_their_codes(cv, monkeypatch) -> None:
+@AHEAD
+def test_a_failing_newcomer_ends_alone_and_running_rows_keep_their_codes(cv, monkeypatch, ahead) -> None:
     from omni_stream.models.qwen3_tts import runner as runner_mod
 
     running_req = make(cv, text="Hello world, this is a test.", voice="ryan", max_new_tokens=10)
     good_req = make(cv, text="Good.", voice="dylan", max_new_tokens=6)
     raises_req = make(cv, text="Hello.", voice="serena", max_new_tokens=6)
     misshapen_req = make(cv, text="The voice is warm.", voice="sohee", max_new_tokens=6)
-    r = runner(cv, slots=4)
+    r = runner(cv, slots=4, ahead=ahead)
     solo_running = r.generate_codes([running_req])[0]
     solo_good = r.generate_codes([good_req])[0]
     real_embed = runner_mod.embed_prompts
@@ -212,12 +221,13 @@ def test_a_failing_newcomer_ends_alone_and_running_rows_keep_their_codes(cv, mon
     assert calls == [1, 3, 1, 1, 1]
 
 
-def test_a_failing_lone_newcomer_does_not_touch_the_running_row(cv, monkeypatch) -> None:
+@AHEAD
+def test_a_failing_lone_newcomer_does_not_touch_the_running_row(cv, monkeypatch, ahead) -> None:
     from omni_stream.models.qwen3_tts import runner as runner_mod
 
     running_req = make(cv, text="Hello world, this is a test.", voice="ryan", max_new_tokens=8)
     bad_req = make(cv, text="Hello.", voice="serena", max_new_tokens=6)
-    r = runner(cv, slots=2)
+    r = runner(cv, slots=2, ahead=ahead)
     solo = r.generate_codes([running_req])[0]
     real_embed = runner_mod.embed_prompts
 
@@ -258,3 +268,87 @@ def test_newcomers_of_one_step_get_their_own_slot_state(cv) -> None:
     assert r.cp_params.top_p[slots].tolist() == [SUB_GREEDY.top_p] * 3
     for s in seqs:
         r.release(s)
+
+
+def _codes_by_hand(
+    r: Qwen3TTSRunner, joins: dict[int, list[Sequence]], paused: dict[int, range] | None = None, calls: int = 40
+) -> dict[int, list]:
+    """Step ``r`` by hand: ``joins[k]`` are prefilled at call ``k``; a row whose ``paused`` range holds ``k`` is left
+    out of call ``k``; finished rows leave (not released). Every output of every call, by seq_id."""
+    outs: dict[int, list] = {}
+    running: list[Sequence] = []
+    for k in range(calls):
+        decode = [s for s in running if k not in (paused or {}).get(s.seq_id, ())]
+        newcomers = joins.get(k, [])
+        if not newcomers and not decode:
+            continue
+        for out in r.step(Batch(prefill=tuple(newcomers), decode=tuple(decode))):
+            outs.setdefault(out.seq_id, []).append(out)
+            if out.finished:
+                running = [s for s in running if s.seq_id != out.seq_id]
+        running += [s for s in newcomers if not outs[s.seq_id][-1].finished]
+    return outs
+
+
+def test_ahead_hands_each_frame_out_with_the_call_after_its_launch(cv) -> None:
+    req = make(cv, text="Hello.", voice="ryan", max_new_tokens=4)
+    expected = runner(cv).generate_codes([req])[0]
+    r = runner(cv, ahead=True)
+    seq = Sequence(seq_id=7, payload=req, slot=2)
+    outs = [r.step(Batch(prefill=(seq,)))[0]]
+    assert outs[0].item is None and not outs[0].finished and r._inflight is not None  # launched, not handed out
+    while not outs[-1].finished:
+        outs.append(r.step(Batch(decode=(seq,)))[0])
+    frames = [o.item for o in outs[1:]]
+    assert [f.start_frame for f in frames] == [0, 1, 2] and [f.final for f in frames] == [False, False, True]
+    assert torch.equal(torch.cat([f.codes for f in frames]), expected)
+    assert r._inflight is None  # the final frame's row was not launched again
+    r.release(seq)
+    assert r.num_active == 0
+
+
+def test_ahead_keeps_a_paused_row_s_frame_until_it_is_stepped_again(cv) -> None:
+    """A row the scheduler leaves out (paused on backpressure) after its step was launched gets that frame when
+    it comes back, and is not stepped meanwhile; its codes and its neighbour's equal their solo runs."""
+    a_req = make(cv, text="Hello world, this is a test.", voice="ryan", max_new_tokens=9)
+    b_req = make(cv, text="The voice is warm.", voice="sohee", max_new_tokens=7)
+    solo = runner(cv).generate_codes([a_req, b_req])
+    r = runner(cv, ahead=True)
+    a, b = Sequence(seq_id=0, payload=a_req, slot=0), Sequence(seq_id=1, payload=b_req, slot=1)
+    outs = _codes_by_hand(r, {0: [a, b]}, paused={1: range(3, 6)})
+    b_items = [o.item for o in outs[1]]
+    assert b_items[3] is not None and b_items[3].start_frame == 2  # the frame launched before the pause
+    assert r.lengths[1].item() == b_req.prompt.prefill_len + 6  # no step while paused, none after the last
+    for seq, expected in zip((a, b), solo, strict=True):
+        got = [o.item.codes for o in outs[seq.seq_id] if o.item is not None]
+        assert torch.equal(torch.cat(got), expected), seq.seq_id
+        assert sum(o.finished for o in outs[seq.seq_id]) == 1 and outs[seq.seq_id][-1].finished
+
+
+def test_ahead_drops_a_released_row_s_frame_and_its_slot_s_next_owner_decodes_as_alone(cv) -> None:
+    first = make(cv, text="Hello world, this is a test.", voice="ryan", max_new_tokens=9)
+    second = make(cv, text="Good.", voice="dylan", max_new_tokens=6, non_streaming=False)
+    expected = runner(cv).generate_codes([second])[0]
+    r = runner(cv, ahead=True)
+    gone = Sequence(seq_id=0, payload=first, slot=0)
+    _codes_by_hand(r, {0: [gone]}, calls=3)
+    assert r._inflight is not None and r._inflight.states[0] is gone.model_state
+    r.release(gone)  # while its third step is in flight
+    nxt = Sequence(seq_id=1, payload=second, slot=0)
+    outs = _codes_by_hand(r, {0: [nxt]})
+    assert 0 not in outs and outs[1][-1].finished
+    assert torch.equal(torch.cat([o.item.codes for o in outs[1] if o.item is not None]), expected)
+
+
+@AHEAD
+def test_an_eos_ends_the_row_without_another_step(cv, ahead) -> None:
+    """EOS is known when its frame is collected: the row ends there and no step is launched for it after."""
+    req = make(cv, text="Hello world, this is a test.", voice="ryan", max_new_tokens=12)
+    free = runner(cv).generate_codes([req])[0]
+    r = runner(cv, ahead=ahead)
+    r.eos = int(free[4, 0])  # a code 0 the greedy run draws at its fifth frame stands in for EOS
+    assert int(free[2, 0]) != r.eos and int(free[3, 0]) != r.eos
+    codes = r.generate_codes([req])[0]
+    cut = next(i for i in range(2, len(free)) if int(free[i, 0]) == r.eos)
+    assert torch.equal(codes, free[:cut])
+    assert r.graph_steps + r.eager_steps == cut + 1 and r._inflight is None

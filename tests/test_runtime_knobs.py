@@ -9,7 +9,7 @@ import pytest
 
 from omni_stream.admission import DEFAULT_HOLD_S, PlaybackAdmission
 from omni_stream.errors import ConfigError
-from omni_stream.models.qwen3_tts.family import admission_rule, burst_hold, codec_stream_mode
+from omni_stream.models.qwen3_tts.family import admission_rule, burst_hold, codec_stream_mode, step_ahead
 from omni_stream.runtime.gil import ENV_SWITCH_INTERVAL, requested_interval_ms, shorten_switch_interval
 
 
@@ -48,6 +48,14 @@ def test_codec_stream_and_admission_settings() -> None:
     assert admission_rule({"OMNI_STREAM_ADMISSION": "off"}) is None
     with pytest.raises(ConfigError):
         admission_rule({"OMNI_STREAM_ADMISSION": "maybe"})
+
+
+def test_the_step_ahead_setting() -> None:
+    assert step_ahead({}) is None  # the runner's default: on for CUDA devices
+    assert step_ahead({"OMNI_STREAM_STEP_AHEAD": " On "}) is True
+    assert step_ahead({"OMNI_STREAM_STEP_AHEAD": "off"}) is False
+    with pytest.raises(ConfigError, match="OMNI_STREAM_STEP_AHEAD"):
+        step_ahead({"OMNI_STREAM_STEP_AHEAD": "1"})
 
 
 def test_the_burst_hold_setting() -> None:

@@ -61,11 +61,9 @@ from omni_stream.stages import talker_stage
 
 log = logging.getLogger(__name__)
 
-# Codec windows on CUDA: "off" (default): on the talker's stream, each job run and waited for by the worker
-# between talker steps; "high" or "normal": on their own stream of that priority, launched by the worker and
-# collected by it after its next talker step. Measured on the H200 (benchmarks/results/tts_bench.md, run 15)
-# the side stream does not pay: its conv kernels fill the GPU, so the talker's step waits behind them (24 ms
-# instead of 15 ms at c=128, continuity 75 % instead of 88 %), for the same throughput.
+# Codec windows on CUDA: "off": on the talker's stream, each job run and waited for by the worker between talker
+# steps; "high" (default) or "normal": on their own stream of that priority, launched by the worker and collected
+# by it after its next talker step (codec_stream_mode has the measurements).
 ENV_CODEC_STREAM = "OMNI_STREAM_CODEC_STREAM"
 CODEC_STREAM_MODES = ("off", "high", "normal")
 # "on": newcomers wait while a playing stream's listener is about to run dry (omni_stream.admission). Off by
@@ -74,6 +72,9 @@ CODEC_STREAM_MODES = ("off", "high", "normal")
 ENV_ADMISSION = "OMNI_STREAM_ADMISSION"
 # Milliseconds newcomers wait for requests of their burst still being prepared (omni_stream.admission; 0: never).
 ENV_HOLD_MS = "OMNI_STREAM_BURST_HOLD_MS"
+# "on" / "off": the talker launches each decode step before handing out the last one's frames (Qwen3TTSRunner's
+# ``ahead``); unset: on for CUDA devices.
+ENV_STEP_AHEAD = "OMNI_STREAM_STEP_AHEAD"
 
 SAMPLE_RATE = 24000
 # Streaming windows: the first audio chunk after a load-dependent number of frames (80 ms each; 1 when the
@@ -133,7 +134,7 @@ class Qwen3TTSFamily:
                     ckpt, cfg.speaker_encoder, device, dtype, load_format
                 ).eval()
             bar.update(1)
-            self.runner = Qwen3TTSRunner(lm, max_batch_size=opts.max_batch_size)
+            self.runner = Qwen3TTSRunner(lm, max_batch_size=opts.max_batch_size, ahead=step_ahead())
             # On CUDA the decode step replays per-bucket graphs; capturing them here keeps it out of requests.
             self.capture_seconds = self.runner.capture_graphs(progress=opts.progress_bar)
             # Streaming codec states in one slot-indexed pool, decoded by per-window-bucket graphs (CUDA only),
@@ -350,6 +351,14 @@ def admission_rule(env: dict[str, str] | None = None) -> PlaybackAdmission | Non
     if value not in ("", "on", "off"):
         raise ConfigError(f"{ENV_ADMISSION} must be on or off, got {value!r}")
     return PlaybackAdmission() if value == "on" else None
+
+
+def step_ahead(env: dict[str, str] | None = None) -> bool | None:
+    """``$OMNI_STREAM_STEP_AHEAD``: True for ``on``, False for ``off``, None (the runner's default) when unset."""
+    value = (os.environ if env is None else env).get(ENV_STEP_AHEAD, "").strip().lower()
+    if value not in ("", "on", "off"):
+        raise ConfigError(f"{ENV_STEP_AHEAD} must be on or off, got {value!r}")
+    return None if not value else value == "on"
 
 
 def burst_hold(env: dict[str, str] | None = None) -> float:

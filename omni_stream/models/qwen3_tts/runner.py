@@ -22,6 +22,16 @@ Host work per step is kept to a few interpreter round trips (each torch call rel
 which the event loop may hold): the row mask is uploaded only when the step's rows change, and the codes
 come back in one copy and are split with numpy.
 
+Stepping ahead (on CUDA by default): a call waits for the decode step the previous call launched, prefills its
+newcomers, launches the next decode step for every row that may draw another frame, and only then hands out the
+frames it collected. So a row's frame arrives one call after its step was launched (a newcomer's first with the
+call after its prefill), and the host's work between steps (the outputs, the scheduler, the stages' codec jobs,
+the event loop's share of the GIL) overlaps the device's next step instead of leaving the device idle: at
+c = 128 that work was ~20 % of a step (``benchmarks/results/tts_bench.md``, run 25's sampled profile). Nothing
+is computed speculatively: a step is launched only for rows that will use its frame (an EOS or the length limit
+is known from the frame collected before), so a row released meanwhile is the only wasted work (its frame is
+dropped; its slot's state is rewritten by the next owner's prefill, queued behind the step on the same stream).
+
 Length rule (reference parity): ``max_new_tokens = N`` allows N code-0 samples, and the last one never gets
 residual codes, so at most N - 1 frames; an EOS code 0 ends the sequence and its frame is dropped.
 ``ignore_eos`` (benchmarks) bans EOS and yields exactly N frames.
@@ -70,12 +80,28 @@ class _SlotState:
     """Host-side mirror of one running sequence (worker thread only)."""
 
     slot: int
-    length: int  # talker positions written to the KV cache
-    steps: int  # code-0 samples drawn so far
+    length: int  # talker positions written to the KV cache (decode steps launched included)
+    steps: int  # code-0 samples launched so far
     max_frames: int
-    frames: int
+    frames: int  # frames handed out
     ignore_eos: bool
     samples: bool  # talker or sub-talker samples (needs random draws each step)
+    # The row's codes from a decode step collected but not yet handed out: (codes [B, 16], row, EOS drawn).
+    pending: tuple[np.ndarray, int, bool] | None = None
+
+    def launchable(self) -> bool:
+        """Another frame may be drawn: the length allows one and no EOS is waiting to be handed out."""
+        return self.steps < self.max_frames and not (self.pending is not None and self.pending[2])
+
+
+@dataclass(slots=True)
+class _InFlight:
+    """A decode step launched and not yet collected: its rows, and the event after its codes' copy to the host."""
+
+    seqs: list[Sequence]
+    states: list[_SlotState]
+    b: int  # rows computed (slots 0..b-1)
+    event: torch.cuda.Event | None  # None: the step ran synchronously (CPU)
 
 
 class Qwen3TTSRunner:
@@ -89,12 +115,15 @@ class Qwen3TTSRunner:
         max_len: int = 4096,
         graphs: bool | None = None,
         fused: DecodeKernels | bool | None = None,
+        ahead: bool | None = None,
     ) -> None:
         """``max_len``: talker positions per slot (prompt + frames; 12.5 frames per second of audio).
 
         ``graphs``: replay CUDA graphs of the decode step (None: on CUDA devices); see :meth:`capture_graphs`.
         ``fused``: decoder layers as fused kernels (:mod:`.fused`); None: the Triton kernels on CUDA when
         Triton is installed, else the modules; False: the modules; or a :class:`DecodeKernels` set.
+        ``ahead``: launch each decode step before handing out the previous one's frames (see :meth:`step`;
+        None: on CUDA devices, where the device then never waits for the host between steps).
         """
         self.lm = lm.eval()
         self.cfg = cfg = lm.config
@@ -133,6 +162,9 @@ class Qwen3TTSRunner:
         self.seeds = torch.zeros(s, dtype=torch.long, device=dev)
         self.active = torch.zeros(s, dtype=torch.bool, device=dev)
         self.codes_out = torch.zeros(s, NUM_CODE_GROUPS, dtype=torch.long, device=dev)
+        self._codes_host = torch.zeros(s, NUM_CODE_GROUPS, dtype=torch.long, pin_memory=dev.type == "cuda")
+        self.ahead = dev.type == "cuda" if ahead is None else ahead
+        self._inflight: _InFlight | None = None
         self._rows = torch.arange(s, device=dev)
         self._active_host = torch.zeros(s, dtype=torch.bool, pin_memory=dev.type == "cuda")
         self._active_slots: tuple[int, ...] | None = None  # rows the device mask holds (None: unknown)
@@ -217,9 +249,14 @@ class Qwen3TTSRunner:
 
     @torch.no_grad()
     def step(self, batch: Batch) -> list[SeqOutput]:
-        """Prefill ``batch.prefill``, then advance every row by one frame."""
+        """Prefill ``batch.prefill``, then advance every row by one frame.
+
+        With ``ahead``, a row's frame is the one the previous call launched (a newcomer's first comes with the
+        next call): the decode step is launched before this call hands out its outputs and returns, so the
+        host's work between steps (outputs, the scheduler, codec jobs) runs while the device computes.
+        """
         outputs: dict[int, SeqOutput] = {}
-        rows: list[Sequence] = []
+        self._collect()
         claimed: list[Sequence] = []
         for seq in batch.prefill:
             try:
@@ -229,32 +266,65 @@ class Qwen3TTSRunner:
                 continue
             claimed.append(seq)
         newcomers, admitted = self._embed_all(claimed, outputs)
-        rows.extend(self._prefill_all(newcomers, admitted, outputs))
+        rows = self._prefill_all(newcomers, admitted, outputs)
         rows.extend(batch.decode)
-        active: list[Sequence] = []
+        go = [seq for seq in rows if self._state(seq).launchable()]
+        if go:
+            self._launch(go)
+            if not self.ahead:
+                self._collect()
         for seq in rows:
-            st = self._state(seq)
-            if st.frames >= st.max_frames:
-                outputs[seq.seq_id] = SeqOutput(seq.seq_id, finished=True)
-            else:
-                active.append(seq)
-        if active:
-            states = [self._state(seq) for seq in active]
-            codes = self._decode(states)  # a fresh host array: each frame is a view of its row
-            first = codes[:, 0].tolist()
-            for i, (seq, st) in enumerate(zip(active, states, strict=True)):
-                st.steps += 1
-                st.length += 1
-                if first[i] == self.eos and not st.ignore_eos:
-                    outputs[seq.seq_id] = SeqOutput(seq.seq_id, finished=True)
-                    continue
-                final = st.frames + 1 >= st.max_frames
-                frame = CodecFrames(torch.from_numpy(codes[i : i + 1]), start_frame=st.frames, final=final)
-                st.frames += 1
-                outputs[seq.seq_id] = SeqOutput(seq.seq_id, item=frame, finished=final)
+            outputs[seq.seq_id] = self._hand_out(seq)
         if self.after_step is not None:
             self.after_step()
         return [outputs[seq.seq_id] for seq in (*batch.prefill, *batch.decode)]
+
+    def _hand_out(self, seq: Sequence) -> SeqOutput:
+        """The row's collected frame, if any; finished once it has no frame left to draw."""
+        st = self._state(seq)
+        pending, st.pending = st.pending, None
+        if pending is None:  # launched this call (ahead): its frame comes with the next one
+            return SeqOutput(seq.seq_id, finished=st.steps >= st.max_frames and st.frames >= st.max_frames)
+        codes, i, eos = pending
+        if eos:
+            return SeqOutput(seq.seq_id, finished=True)
+        final = st.frames + 1 >= st.max_frames
+        frame = CodecFrames(torch.from_numpy(codes[i : i + 1]), start_frame=st.frames, final=final)
+        st.frames += 1
+        return SeqOutput(seq.seq_id, item=frame, finished=final)
+
+    def _launch(self, seqs: list[Sequence]) -> None:
+        """Launch one decode step over ``seqs`` (not waited for on CUDA; :meth:`_collect` takes its codes)."""
+        states = [self._state(seq) for seq in seqs]
+        b = self._decode(states)
+        for st in states:
+            st.steps += 1
+            st.length += 1
+        event = None
+        if self.device.type == "cuda":
+            self._codes_host[:b].copy_(self.codes_out[:b], non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        self._inflight = _InFlight(seqs, states, b, event)
+
+    def _collect(self) -> None:
+        """Wait for the launched decode step and keep each of its rows' codes until the row is handed out.
+
+        Rows released since the launch are skipped (their slot may already belong to a newcomer)."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is None:
+            return
+        if inflight.event is not None:
+            inflight.event.synchronize()
+            host = self._codes_host
+        else:
+            host = self.codes_out
+        slots = [st.slot for st in inflight.states]
+        codes = host[: inflight.b].numpy()[slots]  # a fresh array: each frame is a view of its row
+        first = codes[:, 0].tolist()
+        for i, (seq, st) in enumerate(zip(inflight.seqs, inflight.states, strict=True)):
+            if seq.model_state is st and self._states.get(st.slot) is st:
+                st.pending = (codes, i, first[i] == self.eos and not st.ignore_eos)
 
     def release(self, seq: Sequence) -> None:
         """Free the sequence's slot state; the static rows are simply reused by the slot's next owner."""
@@ -462,8 +532,8 @@ class Qwen3TTSRunner:
                 self.graphs.clear()
         self.trailing[slot, :n] = trailing
 
-    def _decode(self, states: list[_SlotState]) -> np.ndarray:
-        """One frame for each row; returns the rows' codes ``[B, 16]`` as a fresh host array (one copy)."""
+    def _decode(self, states: list[_SlotState]) -> int:
+        """Launch one frame for each row into ``codes_out``; returns the rows computed (slots ``0..b-1``)."""
         slots = [st.slot for st in states]
         n = max(slots) + 1
         span = max(st.length for st in states) + 1
@@ -487,7 +557,7 @@ class Qwen3TTSRunner:
             self._run_rows(b, span, noisy=self.pad_eager or any(st.samples for st in states))
             self.eager_steps += 1
         self.decode_rows.append(b)
-        return self.codes_out[:b].cpu().numpy()[slots]
+        return b
 
     def _bucket(self, n: int, span: int) -> tuple[int, int] | None:
         b, s = pick(self.batch_buckets, n), pick(self.length_buckets, span)
