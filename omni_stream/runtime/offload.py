@@ -7,20 +7,27 @@ worker: on the H200 a burst of 128 waited 200-270 ms for its first prefill and t
 250 ms behind, and a burst of 32 was split over two prefills because only part of it had been prepared
 (``benchmarks/burst_probe.py``; ``benchmarks/results/tts_bench.md``, run 22). A job that holds the GIL gains
 nothing from a second thread, so these jobs share :data:`PREPARE_THREADS` threads per event loop
-(``$OMNI_STREAM_PREPARE_THREADS`` sets another number; measured in ``tts_bench.md``, run 22). A burst's prompts
-are then ready one after another; the talker's scheduler holds the first of them until the rest are prepared
-(:func:`omni_stream.admission.hold_newcomers`, run 23), so the burst still prefills in one step.
+(``$OMNI_STREAM_PREPARE_THREADS`` sets another number; measured in ``tts_bench.md``, run 22). The talker's
+scheduler holds a burst's first newcomers until the rest are prepared (:func:`omni_stream.admission.hold_newcomers`,
+run 23), so the burst still prefills in one step.
+
+The jobs queued during one pass of the event loop go to a thread as one job, and come back with one wake-up of
+the loop. Handed over one by one (anyio's ``to_thread``), each job cost the loop ~120 us of hand-off (a wake-up, a
+limiter's release, the next waiter's start) and left its thread idle between jobs for 0.3-0.5 ms: a burst's
+requests reach their preparation in the same pass, so on the H200 a burst of 32 spent ~17 ms from its first
+request to its last prompt and a burst of 128 ~80 ms, most of it hand-offs (``benchmarks/burst_probe.py``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
+import weakref
 from collections.abc import Callable, Mapping
-from typing import TypeVar, TypeVarTuple
-
-import anyio.to_thread
-from anyio import CapacityLimiter
-from anyio.lowlevel import RunVar
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar, TypeVarTuple, cast
 
 from omni_stream.errors import ConfigError
 
@@ -42,19 +49,85 @@ def prepare_threads(env: Mapping[str, str] | None = None) -> int:
     return int(raw)
 
 
-_LIMITER: RunVar[CapacityLimiter] = RunVar("omni_stream_prepare_limiter")
+@dataclass(slots=True, eq=False)
+class _Job:
+    call: Callable[[], Any]
+    future: asyncio.Future[Any]
 
 
-def prepare_limiter() -> CapacityLimiter:
-    """The event loop's limiter for preparation jobs (one per loop, as anyio's own default limiter)."""
+def _run_all(jobs: list[_Job]) -> list[tuple[bool, Any]]:
+    """A thread's share: every job in order, each one's result or exception (a cancelled one is skipped)."""
+    out: list[tuple[bool, Any]] = []
+    for job in jobs:
+        if job.future.done():  # its request gave up (a racy read: at worst the job runs and is dropped)
+            out.append((False, None))
+            continue
+        try:
+            out.append((True, job.call()))
+        except BaseException as exc:
+            out.append((False, exc))
+    return out
+
+
+def _settle_all(jobs: list[_Job], done: asyncio.Future[list[tuple[bool, Any]]]) -> None:
     try:
-        return _LIMITER.get()
-    except LookupError:
-        limiter = CapacityLimiter(prepare_threads())
-        _LIMITER.set(limiter)
-        return limiter
+        results = done.result()
+    except BaseException as exc:  # the pool is shut down (its loop is closing)
+        results = [(False, exc)] * len(jobs)
+    for job, (ok, value) in zip(jobs, results, strict=True):
+        if job.future.done():
+            continue
+        if ok:
+            job.future.set_result(value)
+        elif value is not None:
+            job.future.set_exception(value)
+
+
+class Preparer:
+    """One event loop's preparation threads and the jobs queued during its current pass."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="omni-stream-prepare")
+        self._queued: list[_Job] = []
+        self.batches = 0  # thread jobs so far (each one pass's queued jobs)
+
+    def submit(self, loop: asyncio.AbstractEventLoop, call: Callable[[], T]) -> asyncio.Future[T]:
+        future: asyncio.Future[T] = loop.create_future()
+        if not self._queued:
+            loop.call_soon(self._flush, loop)  # after the pass's other ready tasks have queued theirs
+        self._queued.append(_Job(call, future))
+        return future
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        jobs, self._queued = self._queued, []
+        self.batches += 1
+        try:
+            done = loop.run_in_executor(self._pool, _run_all, jobs)
+        except RuntimeError as exc:  # the pool or the loop is shutting down: nobody may wait forever
+            done = loop.create_future()
+            done.set_exception(exc)
+        done.add_done_callback(functools.partial(_settle_all, jobs))
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False)
+
+
+_PREPARERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Preparer] = weakref.WeakKeyDictionary()
+
+
+def preparer() -> Preparer:
+    """The running event loop's preparer (made on first use with :func:`prepare_threads` threads; its threads
+    end when the loop is gone)."""
+    loop = asyncio.get_running_loop()
+    found = _PREPARERS.get(loop)
+    if found is None:
+        found = _PREPARERS[loop] = Preparer(prepare_threads())
+        weakref.finalize(loop, found.shutdown)
+    return found
 
 
 async def run_prepare(fn: Callable[[*Ts], T], *args: *Ts) -> T:
-    """``fn(*args)`` on one of the loop's preparation threads (at most :func:`prepare_threads` at once)."""
-    return await anyio.to_thread.run_sync(fn, *args, limiter=prepare_limiter())
+    """``fn(*args)`` on one of the loop's preparation threads, with the other jobs queued in the same pass."""
+    future = preparer().submit(asyncio.get_running_loop(), functools.partial(fn, *args))
+    return cast(T, await future)
