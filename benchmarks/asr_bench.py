@@ -54,7 +54,7 @@ def utterance(seconds: float, seed: int) -> np.ndarray:
 
 
 async def one(engine, audio: np.ndarray, tokens: int) -> dict:
-    from omni_stream.transcription import TranscriptionRequest
+    from omni_stream.transcription.spec import TranscriptionRequest
 
     t0 = time.perf_counter()
     first, n, reason = None, 0, None
@@ -125,7 +125,7 @@ def encoder_ms(family, batch: int, n: int = 3) -> float:
 
 
 def feature_ms(family, seconds: float, n: int = 5) -> float:
-    from omni_stream.transcription import TranscriptionRequest
+    from omni_stream.transcription.spec import TranscriptionRequest
 
     audio = utterance(seconds, 7)
     request = TranscriptionRequest(audio, language="en")

@@ -33,7 +33,7 @@ class Timeline:
     """Start/end of every talker step and codec job on the worker (perf_counter seconds)."""
 
     def __init__(self, family) -> None:
-        from omni_stream.models.qwen3_tts import stages
+        from omni_stream.models.qwen3_tts import codec_stage as stages
 
         # (kind, start, end, a, b): a step's newcomers and decoded rows; a codec job's windows and frames
         self.events: list[tuple[str, float, float, int, int]] = []

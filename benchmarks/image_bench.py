@@ -35,7 +35,7 @@ from provenance import git_commit
 
 from omni_stream.engine import AsyncEngine, ModelSource
 from omni_stream.family import ModelKind
-from omni_stream.images import ImageRequest
+from omni_stream.images.spec import ImageRequest
 from omni_stream.metrics import percentile
 
 ROOT = Path(__file__).resolve().parent

@@ -41,7 +41,7 @@ import torch
 from code_predictor import cuda_ms, kernel_profile
 from provenance import git_commit
 
-from omni_stream.batch import Batch, Sequence
+from omni_stream.batch_model import Batch, Sequence
 from omni_stream.models.qwen3_tts.checkpoint import load_lm, write_dummy_checkpoint
 from omni_stream.models.qwen3_tts.codec import load_speech_tokenizer
 from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows

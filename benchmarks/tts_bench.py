@@ -133,7 +133,7 @@ class StepTimer:
     """Wraps the runner's step and the codec window job to record worker wall time per call (in process only)."""
 
     def __init__(self, family) -> None:
-        from omni_stream.models.qwen3_tts import stages
+        from omni_stream.models.qwen3_tts import codec_stage as stages
 
         self.steps: list[tuple[int, float]] = []
         self.codec: list[tuple[int, int, float]] = []

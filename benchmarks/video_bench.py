@@ -106,7 +106,7 @@ def level_summary(c: int, sessions: list[dict], wall: float) -> dict:
 
 async def inproc_session(engine: Any, args: argparse.Namespace, seed: int) -> dict:
     from omni_stream.codecs.video import VideoStreamEncoder
-    from omni_stream.video import VideoRequest
+    from omni_stream.video.spec import VideoRequest
 
     request = VideoRequest(PROMPT, width=args.width, height=args.height, fps=args.fps, num_frames=args.frames,
                            num_inference_steps=args.steps, guidance_scale=args.guidance, seed=seed)  # fmt: skip

@@ -10,7 +10,7 @@ async with await AsyncEngine.from_pretrained(tts_dir, llm=lm_dir) as engine:
 
 An engine holds at most one model per kind (speech, text, ...; :mod:`omni_stream.family`), every model on the one
 device worker, each with its own scheduler. :meth:`AsyncEngine.generate` runs any request through the first
-pipeline that serves it (:mod:`omni_stream.pipelines`) and streams typed :class:`StageOutput` items;
+pipeline that serves it (:mod:`omni_stream.pipeline_specs`) and streams typed :class:`StageOutput` items;
 :meth:`AsyncEngine.speech` is the typed wrapper that yields :class:`~omni_stream.chunks.Audio`. The engine names
 no model family: families come from the registry by ``config.json`` ``model_type``.
 
@@ -19,10 +19,10 @@ can be generated and not yet delivered is at most ``max_buffered_frames`` in the
 high watermark: the request pauses there, keeping its batch slot), one frame in the talker stage's hands (speech
 pipelines run with unbuffered edges: a sender waits for its receiver), and in the codec stage one window plus the
 frame after it (a window that ends on the frames received so far is handed on once the next frame says it is not
-the last, :func:`omni_stream.stages.codec_stage`): with the defaults 25 + 1 + 8 + 1 = 35 frames (2.8 s) for the
+the last, :func:`omni_stream.speech.stages.codec_stage`): with the defaults 25 + 1 + 8 + 1 = 35 frames (2.8 s) for the
 synthetic family, 25 + 1 + 25 + 1 = 52 (4.2 s) for Qwen3-TTS.
 Streamed text (an LLM feeding TTS) adds one more unit's speech request and one unit of text in hand
-(:mod:`omni_stream.speech_text`) before the text model's own watermark.
+(:mod:`omni_stream.speech.text_stream`) before the text model's own watermark.
 
 Deadlines. Every wait of a request on the device worker is bounded by the engine's ``wait_timeout`` and the
 request's ``timeout``; a wait for a stalled reader by the request's ``timeout`` alone (:mod:`omni_stream.pipeline`).
@@ -59,7 +59,7 @@ from omni_stream.family import (
 )
 from omni_stream.metrics import EngineMetrics
 from omni_stream.pipeline import PipelineStream
-from omni_stream.pipelines import ModelSet, find_pipeline
+from omni_stream.pipeline_specs import ModelSet, find_pipeline
 from omni_stream.requests import ChatRequest, SpeechRequest, TextRequest, Timings, VoicePrompt
 from omni_stream.runtime.gc_heap import freeze_loaded_heap, release_loaded_heap
 from omni_stream.worker import DeviceWorker

@@ -11,7 +11,7 @@ name is the model type, its value the ``module:attr`` of the loader. A loader ru
 ``loader(LoadContext) -> family``.
 
 Kinds. Every family has ``info: ModelInfo``; ``info.kind`` says which role protocol below it implements and so which
-pipelines it can serve (:mod:`omni_stream.pipelines`): :class:`SpeechFamily` (text -> audio), :class:`TextFamily`
+pipelines it can serve (:mod:`omni_stream.pipeline_specs`): :class:`SpeechFamily` (text -> audio), :class:`TextFamily`
 (messages -> text deltas). Speech-only vocabulary (task types, voices, languages, sample rate) lives in
 :class:`SpeechInfo`, which speech families provide.
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from omni_stream.chunks import TextDelta
 from omni_stream.errors import InvalidRequestError
-from omni_stream.speech_limits import check_instructions, check_max_new_tokens, check_text
+from omni_stream.speech.limits import check_instructions, check_max_new_tokens, check_text
 
 _ids = itertools.count(1)
 
@@ -72,11 +72,11 @@ class SpeechRequest:
     """One text-to-speech request, as the Python API, HTTP and WebSocket layers all build it.
 
     Units: ``max_new_tokens`` in codec frames (80 ms each for 12 Hz models; None: the frame budget of the
-    text, :func:`omni_stream.speech_limits.frame_budget`); ``ref_audio`` float32 mono at ``ref_sample_rate`` Hz;
+    text, :func:`omni_stream.speech.limits.frame_budget`); ``ref_audio`` float32 mono at ``ref_sample_rate`` Hz;
     ``initial_codec_chunk_frames`` frames in the first audio chunk (None = model default). ``voice`` None: the
     model's default voice. ``non_streaming_mode`` (None: the model's default) picks the prompt layout where
     the family has two (Qwen3-TTS: all text in the prefill, or one text token per step); families with one
-    refuse it. Bounds: :mod:`omni_stream.speech_limits`.
+    refuse it. Bounds: :mod:`omni_stream.speech.limits`.
 
     ``text`` may stream: an async iterator of :class:`TextDelta` (an LLM's output, a realtime session's text) is
     split into sentences, each synthesized as its own request while the previous one plays (``split``).

@@ -31,12 +31,12 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from omni_stream.admission import DEFAULT_HOLD_S, AdmissionRule, hold_newcomers
-from omni_stream.batch import Batch, BatchModel, SeqOutput, Sequence
+from omni_stream.batch_model import Batch, BatchModel, SeqOutput, Sequence
 from omni_stream.context import RequestContext
 from omni_stream.errors import EngineClosed
 from omni_stream.metrics import SchedulerMetrics
 from omni_stream.requests import RequestState
+from omni_stream.speech.admission import DEFAULT_HOLD_S, AdmissionRule, hold_newcomers
 from omni_stream.worker import DeviceWorker
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ def _wake(sessions: list[_Session]) -> None:
 
 class Arrival:
     """A request being prepared for a scheduler (:meth:`Scheduler.arriving`): newcomers already waiting may wait
-    for it (:func:`~omni_stream.admission.hold_newcomers`). It stops counting once its session opens or its
+    for it (:func:`~omni_stream.speech.admission.hold_newcomers`). It stops counting once its session opens or its
     preparation ends any other way."""
 
     __slots__ = ("_live", "_sched")
@@ -114,7 +114,7 @@ class Scheduler:
         admission: AdmissionRule | None = None,
         hold: float = DEFAULT_HOLD_S,
     ) -> None:
-        """``admission``: how many waiting sequences each step admits (:mod:`omni_stream.admission`; None: all
+        """``admission``: how many waiting sequences each step admits (:mod:`omni_stream.speech.admission`; None: all
         that fit in the free slots). ``hold``: the longest newcomers wait for requests still being prepared
         (:meth:`arriving`; 0: never)."""
         if hold < 0:

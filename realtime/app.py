@@ -17,24 +17,22 @@ from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from omni_stream.engine import AsyncEngine
-from omni_stream.realtime import (
-    chat,
-    health,
-    images,
-    realtime_rtc,
-    realtime_ws,
-    speech_batch,
-    speech_http,
-    speech_ws,
-    video_ws,
-    voices,
-)
-from omni_stream.realtime.auth import ApiKeyMiddleware
-from omni_stream.realtime.errors import http_exception_handler, internal_error_handler
+from omni_stream.realtime import health
+from omni_stream.realtime.agent import rtc as realtime_rtc
+from omni_stream.realtime.agent import ws as realtime_ws
+from omni_stream.realtime.chat import http as chat
+from omni_stream.realtime.common.auth import ApiKeyMiddleware
+from omni_stream.realtime.common.errors import http_exception_handler, internal_error_handler
+from omni_stream.realtime.images import http as images
 from omni_stream.realtime.replica import ReplicaHeaderMiddleware
 from omni_stream.realtime.settings import Settings, silero_vad
+from omni_stream.realtime.speech import batch as speech_batch
+from omni_stream.realtime.speech import http as speech_http
+from omni_stream.realtime.speech import stream as speech_ws
+from omni_stream.realtime.speech import voices
+from omni_stream.realtime.speech.voice_store import VoiceStore
 from omni_stream.realtime.state import ServerState
-from omni_stream.realtime.voice_store import VoiceStore
+from omni_stream.realtime.video import ws as video_ws
 from omni_stream.runtime.gc_heap import freeze_loaded_heap, release_loaded_heap
 
 log = logging.getLogger("omni_stream.realtime")

@@ -188,7 +188,7 @@ class OmniReplica:
 def build_application(engine: EngineSpec, settings: Settings, opts: RayOptions) -> Any:
     """The Serve application (``ray.serve.Application``) for ``serve.run``.
 
-    ``settings.pace_streams_seconds`` should be set (the command uses ``omni_stream.pacing.DEFAULT_AHEAD``):
+    ``settings.pace_streams_seconds`` should be set (the command uses ``omni_stream.speech.pacing.DEFAULT_AHEAD``):
     Ray's proxy buffers, so unpaced streams run ahead of their listeners by as much as the engine can make.
     """
     from ray import serve

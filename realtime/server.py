@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omni_stream.cli import add_threads_argument, apply_threads, torch_threads
-from omni_stream.pacing import DEFAULT_AHEAD
 from omni_stream.realtime import llm_flags, ray_serve
 from omni_stream.realtime.settings import Settings, default_voices_dir
+from omni_stream.speech.pacing import DEFAULT_AHEAD
 
 if TYPE_CHECKING:
     import uvicorn

@@ -37,7 +37,7 @@ class Settings:
     """Everything the serving layer needs besides the engine. Sizes in bytes, durations in seconds.
 
     Request bounds (text length, instructions, ``max_new_tokens``, reference audio seconds) are the engine's,
-    in :mod:`omni_stream.speech_limits`; the limits here are the wire's (bodies, messages, uploads, queues).
+    in :mod:`omni_stream.speech.limits`; the limits here are the wire's (bodies, messages, uploads, queues).
     """
 
     # Identity and access
@@ -62,7 +62,7 @@ class Settings:
     ws_config_timeout: float = 10.0
     ws_idle_timeout: float = 30.0
     # Streams behind a buffering proxy: seconds of audio a stream may run ahead of real-time playback
-    # (omni_stream.pacing); None: not paced, transport backpressure alone bounds it
+    # (omni_stream.speech.pacing); None: not paced, transport backpressure alone bounds it
     pace_streams_seconds: float | None = None
     # Set per replica when several serve one address: a ``replica`` label on /metrics, an x-omni-stream-replica header
     replica_id: str | None = None

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from omni_stream.engine import AsyncEngine
 from omni_stream.family import ModelKind
 from omni_stream.realtime.settings import Settings
-from omni_stream.realtime.voice_store import VoiceStore
+from omni_stream.realtime.speech.voice_store import VoiceStore
 
 
 @dataclass(slots=True)

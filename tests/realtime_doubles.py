@@ -25,8 +25,8 @@ import numpy as np
 from omni_stream.chunks import Audio, TextDelta
 from omni_stream.context import RequestContext
 from omni_stream.family import LoadContext, ModelKind, register_family
-from omni_stream.transcription import TranscriptionInfo, TranscriptionRequest
-from omni_stream.vad import VadEvent, VadEventKind, VadParams
+from omni_stream.transcription.spec import TranscriptionInfo, TranscriptionRequest
+from omni_stream.turns.vad import VadEvent, VadEventKind, VadParams
 
 WINDOW_MS = 20
 MIN_SPEECH_MS = 60

@@ -133,7 +133,7 @@ def encoder_meets_first_step(live: LiveServer, monkeypatch: pytest.MonkeyPatch) 
     """A stream's encoder open and its first model step each wait (10 s at most) until the other has begun; the
     list gets ``("open", True)`` and ``("step", True)`` only if the open runs while the first chunk is being made,
     neither before the request reaches the model nor after its first chunk."""
-    from omni_stream.realtime.audio_out import AudioOut
+    from omni_stream.realtime.common.audio_out import AudioOut
 
     open_began, step_began = threading.Event(), threading.Event()
     met: list[tuple[str, bool]] = []

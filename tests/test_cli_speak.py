@@ -11,7 +11,7 @@ import soundfile as sf
 
 from omni_stream.cli import main
 from omni_stream.models.qwen3_tts.config import load_config
-from omni_stream.speech_limits import frame_budget
+from omni_stream.speech.limits import frame_budget
 
 
 @pytest.fixture(scope="module")

@@ -18,13 +18,13 @@ from omni_stream.chunks import CodecFrames
 from omni_stream.context import RequestContext
 from omni_stream.models.qwen3_tts.codec import load_speech_tokenizer
 from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows, PendingAudio
+from omni_stream.models.qwen3_tts.codec_stage import LiveCount, SlotWindow, codec_stage, issue_slot_windows
 from omni_stream.models.qwen3_tts.codec_stream import (
     CodecStreamState,
     decode_window,
     first_window_frames,
     ramp_schedule,
 )
-from omni_stream.models.qwen3_tts.stages import LiveCount, SlotWindow, codec_stage, issue_slot_windows
 from omni_stream.runtime.gpu_completions import Completions
 from omni_stream.worker import DeviceWorker
 

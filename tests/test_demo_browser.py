@@ -23,7 +23,7 @@ from serving_helpers import LiveServer, make_checkpoint, running_server
 from omni_stream.models.synthetic import SyntheticConfig
 from omni_stream.realtime.app import STATIC_DIR
 from omni_stream.realtime.settings import Settings
-from omni_stream.text_split import Granularity, split_text
+from omni_stream.speech.text_split import Granularity, split_text
 
 pytestmark = pytest.mark.browser
 

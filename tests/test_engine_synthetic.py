@@ -349,7 +349,7 @@ async def test_create_voice_prompt_is_bounded_by_wait_timeout(checkpoint):
 async def test_the_synthetic_family_runs_the_shared_talker_stage(engine):
     from omni_stream.context import RequestContext
     from omni_stream.pipeline import stage_name
-    from omni_stream.stages import talker_stage
+    from omni_stream.speech.stages import talker_stage
 
     talker, codec = engine.models.speech().speech_stages(SpeechRequest(text="hi", voice="alice"), RequestContext())
     assert [stage_name(talker), stage_name(codec)] == ["talker", "codec"]

@@ -14,17 +14,17 @@ import pytest
 from serving_helpers import running_server
 
 from omni_stream import family as family_module
-from omni_stream.batch import Batch, SeqOutput, Sequence
+from omni_stream.batch_model import Batch, SeqOutput, Sequence
 from omni_stream.chunks import TextDelta
 from omni_stream.context import RequestContext
 from omni_stream.engine import AsyncEngine, ModelSource
 from omni_stream.errors import ConfigError
 from omni_stream.family import LoadContext, ModelInfo, ModelKind, TextInfo, register_family, register_kind
-from omni_stream.pipelines import ModelSet, PipelineSpec, Plan, StagePlan, register_pipeline
+from omni_stream.pipeline_specs import ModelSet, PipelineSpec, Plan, StagePlan, register_pipeline
 from omni_stream.realtime.settings import Settings
 from omni_stream.requests import ChatMessage, ChatRequest, Role, TextRequest, next_request_id
 from omni_stream.scheduler import Scheduler
-from omni_stream.stages import text_generation_stage
+from omni_stream.text.stage import text_generation_stage
 
 # --- a text family: replies with the user's words in reverse order, one word a step -----------------------
 

@@ -7,7 +7,7 @@ import torch
 from graph_standins import EagerGraphs
 from reference_qwen import tiny_checkpoint
 
-from omni_stream.batch import Batch, Sequence
+from omni_stream.batch_model import Batch, Sequence
 from omni_stream.models.qwen3_tts.checkpoint import load_lm
 from omni_stream.models.qwen3_tts.config import load_config
 from omni_stream.models.qwen3_tts.prompt import prepare_request
@@ -134,8 +134,8 @@ def codec(tmp_path_factory):
 @pytest.mark.parametrize("graph_path", [False, True])
 def test_codec_window_pool_streams_like_private_states(codec, graph_path) -> None:
     from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
+    from omni_stream.models.qwen3_tts.codec_stage import SlotWindow, decode_slot_windows
     from omni_stream.models.qwen3_tts.codec_stream import CodecStreamState, decode_window
-    from omni_stream.models.qwen3_tts.stages import SlotWindow, decode_slot_windows
 
     pool = CodecWindows(codec, capacity=4, graphs=False, windows=(2, 4))
     if graph_path:
@@ -192,8 +192,8 @@ def test_windows_of_no_graph_size_replay_split_or_padded_exactly(codec) -> None:
     """Odd windows (a fixed first window of 3, its ramp, a 3-frame tail) and ICL priming of 7 frames replay graph
     windows only, and stream exactly what private states give."""
     from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
+    from omni_stream.models.qwen3_tts.codec_stage import SlotWindow, decode_slot_windows
     from omni_stream.models.qwen3_tts.codec_stream import CodecStreamState, decode_window, prime
-    from omni_stream.models.qwen3_tts.stages import SlotWindow, decode_slot_windows
 
     pool = CodecWindows(codec, capacity=4, graphs=False, windows=(1, 2, 4))
     pool.graphs = EagerGraphs(pool._graph_step)

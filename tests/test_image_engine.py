@@ -20,8 +20,8 @@ from image_helpers import REWRITE_PREFIX, load_engine, picture, unet_calls
 
 from omni_stream.errors import InvalidRequestError, RequestCancelled
 from omni_stream.family import ModelKind
-from omni_stream.images import ImageInfo, ImageMode, ImageRequest, output_size, preview_steps
-from omni_stream.pipelines import MissingModelError
+from omni_stream.images.spec import ImageInfo, ImageMode, ImageRequest, output_size, preview_steps
+from omni_stream.pipeline_specs import MissingModelError
 
 pytest_plugins = ("image_fixtures",)
 

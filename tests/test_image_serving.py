@@ -18,8 +18,8 @@ from serving_helpers import running_server
 from starlette.requests import Request
 
 from omni_stream.family import ModelKind
-from omni_stream.realtime.body_limit import BodyTooLarge
-from omni_stream.realtime.form_stream import FormLimits, read_form
+from omni_stream.realtime.common.body_limit import BodyTooLarge
+from omni_stream.realtime.common.form_stream import FormLimits, read_form
 
 pytest_plugins = ("image_fixtures",)
 

@@ -15,7 +15,7 @@ from omni_stream.errors import InvalidRequestError, RequestCancelled
 from omni_stream.family import ModelKind
 from omni_stream.models.synthetic import SyntheticConfig, tone_samples, write_checkpoint
 from omni_stream.models.synthetic.lm_family import write_lm_checkpoint
-from omni_stream.pipelines import MissingModelError
+from omni_stream.pipeline_specs import MissingModelError
 from omni_stream.requests import ChatMessage, ChatRequest, Role, SpeechRequest, SpokenReply, TextRequest
 from omni_stream.scheduler import Scheduler
 

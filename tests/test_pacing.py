@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from omni_stream.chunks import Audio
-from omni_stream.pacing import Pacer, Playback, pace_delay, paced
+from omni_stream.speech.pacing import Pacer, Playback, pace_delay, paced
 
 
 class FakeClock:

@@ -175,7 +175,7 @@ async def test_only_the_last_chunk_is_final_on_and_off_window_boundaries(custom_
 
 async def test_the_talker_stage_is_the_shared_one(custom_voice_dir):
     from omni_stream.context import RequestContext
-    from omni_stream.stages import talker_stage
+    from omni_stream.speech.stages import talker_stage
 
     async with await AsyncEngine.from_pretrained(custom_voice_dir, progress=False) as engine:
         talker, _ = engine.models.speech().speech_stages(_greedy("hi", voice="ryan"), RequestContext())

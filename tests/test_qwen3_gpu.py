@@ -417,7 +417,7 @@ def test_codec_windows_on_their_own_stream_equal_the_synchronous_decode(tmp_path
     from omni_stream.models.qwen3_tts.checkpoint import write_dummy_checkpoint
     from omni_stream.models.qwen3_tts.codec import load_speech_tokenizer
     from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
-    from omni_stream.models.qwen3_tts.stages import SlotWindow, decode_slot_windows, issue_slot_windows
+    from omni_stream.models.qwen3_tts.codec_stage import SlotWindow, decode_slot_windows, issue_slot_windows
     from omni_stream.runtime.gpu_completions import Completions
     from omni_stream.worker import DeviceWorker
 
@@ -455,8 +455,8 @@ def test_codec_windows_of_no_graph_size_replay_graphs_exactly(tmp_path) -> None:
     from omni_stream.models.qwen3_tts.checkpoint import write_dummy_checkpoint
     from omni_stream.models.qwen3_tts.codec import load_speech_tokenizer
     from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
+    from omni_stream.models.qwen3_tts.codec_stage import SlotWindow, decode_slot_windows
     from omni_stream.models.qwen3_tts.codec_stream import CodecStreamState, decode_window, prime
-    from omni_stream.models.qwen3_tts.stages import SlotWindow, decode_slot_windows
 
     path = write_dummy_checkpoint(CONFIGS / "qwen3-tts-12hz-0.6b-customvoice", tmp_path / "ckpt",
                                   dtype=torch.float32, weights=False)  # fmt: skip

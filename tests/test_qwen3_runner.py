@@ -8,7 +8,7 @@ import pytest
 import torch
 from reference_qwen import tiny_checkpoint
 
-from omni_stream.batch import Batch, Sequence
+from omni_stream.batch_model import Batch, Sequence
 from omni_stream.chunks import CodecFrames
 from omni_stream.errors import InvalidRequestError
 from omni_stream.models.qwen3_tts.checkpoint import load_lm

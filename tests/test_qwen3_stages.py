@@ -13,7 +13,7 @@ from omni_stream.chunks import Audio, CodecFrames
 from omni_stream.context import RequestContext
 from omni_stream.models.qwen3_tts.codec import load_speech_tokenizer
 from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
-from omni_stream.models.qwen3_tts.stages import codec_stage
+from omni_stream.models.qwen3_tts.codec_stage import codec_stage
 from omni_stream.worker import DeviceWorker
 
 TOL = 1e-4

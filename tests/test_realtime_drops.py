@@ -16,8 +16,8 @@ from realtime_doubles import EnergyVad, spoken_words
 from realtime_fixtures import agent_checkpoints, agent_loader, vad_factory
 from serving_helpers import running_server
 
-from omni_stream.realtime import realtime_ws
-from omni_stream.realtime.realtime_session import RealtimeSession
+from omni_stream.realtime.agent import ws as realtime_ws
+from omni_stream.realtime.agent.session import RealtimeSession
 from omni_stream.realtime.settings import Settings
 
 PREFIX = " ".join(f"Part {i} of a long answer that keeps the models busy for a while." for i in range(12))

@@ -11,8 +11,8 @@ import pytest
 from realtime_doubles import EnergyVad, energy_vad, spoken_words
 
 from omni_stream.codecs.g711 import ulaw_encode
-from omni_stream.realtime.realtime_events import RealtimeError, SessionType, parse_client_event
-from omni_stream.realtime.realtime_outputs import (
+from omni_stream.realtime.agent.events import RealtimeError, SessionType, parse_client_event
+from omni_stream.realtime.agent.outputs import (
     CancelResponse,
     Capabilities,
     CloseSession,
@@ -22,7 +22,7 @@ from omni_stream.realtime.realtime_outputs import (
     StartResponse,
     Transcribe,
 )
-from omni_stream.realtime.realtime_protocol import RealtimeProtocol
+from omni_stream.realtime.agent.protocol import RealtimeProtocol
 from omni_stream.requests import Role
 
 CAPS = Capabilities(

@@ -323,7 +323,7 @@ async def test_an_expired_session_gets_session_expired_and_a_normal_close(short_
 def test_serve_flags_set_the_webrtc_ice_servers_and_limit():
     import argparse
 
-    from omni_stream.realtime.realtime_rtc import ice_servers
+    from omni_stream.realtime.agent.rtc import ice_servers
     from omni_stream.realtime.server import add_arguments, settings_from_args
 
     parser = argparse.ArgumentParser()

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from realtime_fixtures import agent_checkpoints, agent_loader
 
-from omni_stream.realtime.realtime_events import (
+from omni_stream.realtime.agent.events import (
     InputAudioAppend,
     InputAudioCommit,
     ItemCreate,
@@ -17,7 +17,7 @@ from omni_stream.realtime.realtime_events import (
     ResponseCancel,
     ResponseCreate,
 )
-from omni_stream.realtime.realtime_session import RealtimeSession, SessionClose
+from omni_stream.realtime.agent.session import RealtimeSession, SessionClose
 from omni_stream.realtime.settings import Settings
 
 LONG = " ".join(["Here is one more sentence of the answer, spoken slowly."] * 20)

@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from omni_stream.admission import DEFAULT_HOLD_S, PlaybackAdmission
 from omni_stream.errors import ConfigError
 from omni_stream.models.qwen3_tts.family import admission_rule, burst_hold, codec_stream_mode, step_ahead
 from omni_stream.runtime.gil import ENV_SWITCH_INTERVAL, requested_interval_ms, shorten_switch_interval
+from omni_stream.speech.admission import DEFAULT_HOLD_S, PlaybackAdmission
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ from websockets.sync.client import connect
 
 from omni_stream import codecs
 from omni_stream.codecs import EncoderState
-from omni_stream.realtime import audio_out
-from omni_stream.realtime.audio_out import AudioOut, encode_whole
+from omni_stream.realtime.common import audio_out
+from omni_stream.realtime.common.audio_out import AudioOut, encode_whole
 
 pytest_plugins = ("serving_fixtures",)
 

@@ -17,9 +17,9 @@ from serving_helpers import running_server
 from websockets.sync.client import connect
 
 from omni_stream.models.qwen3_tts.checkpoint import write_dummy_checkpoint, write_tiny_checkpoint
-from omni_stream.realtime.errors import ApiError
+from omni_stream.realtime.common.errors import ApiError
 from omni_stream.realtime.settings import Settings
-from omni_stream.realtime.speech_params import parse_options
+from omni_stream.realtime.speech.params import parse_options
 
 FRAMES = 6
 SAMPLES_PER_FRAME = 1920  # 80 ms at 24 kHz

@@ -21,9 +21,9 @@ from serving_helpers import MODEL, RATE, expected_tone, make_checkpoint, pcm16, 
 
 from omni_stream.models.synthetic.config import SyntheticConfig, tone_samples
 from omni_stream.models.synthetic.family import _prompt_tone
-from omni_stream.realtime.errors import ApiError
+from omni_stream.realtime.common.errors import ApiError
 from omni_stream.realtime.settings import Settings
-from omni_stream.realtime.speech_batch import merge_items
+from omni_stream.realtime.speech.batch import merge_items
 from omni_stream.requests import VoicePrompt
 
 TEXT = "Hello world, this is a test."
@@ -166,7 +166,7 @@ def test_stream_true_is_sse_by_default_and_raw_pcm_behind_the_legacy_setting(htt
 
 
 def test_ref_text_alone_means_base_and_a_task_the_checkpoint_lacks_names_it_first(tmp_path, monkeypatch):
-    from omni_stream.realtime import speech_build
+    from omni_stream.realtime.speech import build as speech_build
 
     looked_at: list[str] = []
     load = speech_build.load_ref_audio

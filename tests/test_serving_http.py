@@ -15,7 +15,7 @@ import soundfile as sf
 from serving_helpers import MODEL, RATE, encoder_meets_first_step, expected_tone, pcm16
 
 from omni_stream import codecs
-from omni_stream.speech_limits import MAX_INPUT_CHARS
+from omni_stream.speech.limits import MAX_INPUT_CHARS
 
 TEXT = "Hello world, this is a test."
 
@@ -164,8 +164,8 @@ def test_the_early_encoder_is_closed_when_the_stream_fails_or_the_client_leaves(
     chunk leaves no encoder open: every AudioOut opened for the stream is closed."""
     import anyio
 
-    from omni_stream.realtime.audio_out import AudioOut, first_chunk_and_output
-    from omni_stream.realtime.errors import ApiError
+    from omni_stream.realtime.common.audio_out import AudioOut, first_chunk_and_output
+    from omni_stream.realtime.common.errors import ApiError
 
     closed: list[AudioOut] = []
     close = AudioOut.close

@@ -7,9 +7,9 @@ import pytest
 from serving_helpers import running_server, wav_bytes
 from starlette.requests import Request
 
-from omni_stream.realtime.body_limit import BodyTooLarge, drain, read_body
+from omni_stream.realtime.common.body_limit import BodyTooLarge, drain, read_body
 from omni_stream.realtime.settings import Settings
-from omni_stream.realtime.voices import FORM_OVERHEAD
+from omni_stream.realtime.speech.voices import FORM_OVERHEAD
 
 pytest_plugins = ("serving_fixtures",)
 

@@ -16,11 +16,11 @@ import pytest
 from serving_helpers import expected_tone, pcm16, running_server
 from websockets.sync.client import connect
 
-from omni_stream.pacing import Pacer
-from omni_stream.realtime import stream_pacing
+from omni_stream.realtime.common import stream_pacing
 from omni_stream.realtime.settings import Settings
+from omni_stream.realtime.speech.voice_store import VoiceStore
 from omni_stream.realtime.state import ServerState
-from omni_stream.realtime.voice_store import VoiceStore
+from omni_stream.speech.pacing import Pacer
 
 AHEAD = 1.0
 TEXT = "x" * 100  # 50 frames: 4 s of audio in chunks of 1, 2, 4, 8, 8, 8, 8, 8 and 3 frames

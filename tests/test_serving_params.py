@@ -7,13 +7,13 @@ import json
 import pytest
 from starlette.datastructures import Headers
 
-from omni_stream.realtime.auth import key_matches, presented_keys, select_subprotocol
-from omni_stream.realtime.errors import ApiError, from_exception
+from omni_stream.realtime.common.auth import key_matches, presented_keys, select_subprotocol
+from omni_stream.realtime.common.errors import ApiError, from_exception
+from omni_stream.realtime.common.sse import sse_event
 from omni_stream.realtime.settings import Settings
-from omni_stream.realtime.speech_params import StreamMode, check_model, parse_input, parse_options
-from omni_stream.realtime.sse import sse_event
+from omni_stream.realtime.speech.params import StreamMode, check_model, parse_input, parse_options
 from omni_stream.requests import TaskType
-from omni_stream.text_split import Granularity
+from omni_stream.speech.text_split import Granularity
 
 S = Settings()
 

@@ -8,7 +8,7 @@ import numpy as np
 from serving_helpers import running_server, wav_bytes
 
 from omni_stream.realtime.settings import Settings
-from omni_stream.realtime.voice_store import StoredVoice, VoiceStore
+from omni_stream.realtime.speech.voice_store import StoredVoice, VoiceStore
 
 pytest_plugins = ("serving_fixtures",)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omni_stream.realtime.voice_store import StoredVoice, VoiceLimitError, VoiceStore, validate_name
+from omni_stream.realtime.speech.voice_store import StoredVoice, VoiceLimitError, VoiceStore, validate_name
 from omni_stream.requests import VoicePrompt
 
 
@@ -105,7 +105,7 @@ def test_process_killed_between_write_and_rename_leaves_no_half_voice(tmp_path):
         import os, signal, sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_serving_voice_store import voice
-        from omni_stream.realtime.voice_store import VoiceStore
+        from omni_stream.realtime.speech.voice_store import VoiceStore
         os.replace = lambda src, dst: os.kill(os.getpid(), signal.SIGKILL)
         VoiceStore(__import__("pathlib").Path({str(tmp_path)!r})).save(voice("crash"), b"abc")
         """

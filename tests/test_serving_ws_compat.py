@@ -8,7 +8,7 @@ import pytest
 from serving_helpers import Session, expected_tone, pcm16, units_of
 from websockets.sync.client import connect
 
-from omni_stream.realtime.text_commit import TextCommitter, commit_text, forced_cut
+from omni_stream.realtime.speech.text_commit import TextCommitter, commit_text, forced_cut
 
 PATH = "/v1/audio/speech/stream"
 

@@ -10,8 +10,8 @@ from serving_helpers import Session, make_checkpoint, running_server, units_of
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from omni_stream.realtime import speech_ws
 from omni_stream.realtime.settings import Settings
+from omni_stream.realtime.speech import stream as speech_ws
 
 pytest_plugins = ("serving_fixtures",)
 

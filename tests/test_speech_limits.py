@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from omni_stream import speech_limits as sl
 from omni_stream.engine import AsyncEngine
 from omni_stream.errors import InvalidRequestError, UnsupportedTaskError
 from omni_stream.models.qwen3_tts.family import embedded_default_checkpoint
 from omni_stream.requests import SpeechRequest, TaskType
+from omni_stream.speech import limits as sl
 from omni_stream.worker import ENV_THREADS, DeviceWorker, configured_threads, intra_op_threads
 
 

@@ -20,7 +20,7 @@ from omni_stream.models.synthetic.asr_family import (
     transcript_words,
     write_asr_checkpoint,
 )
-from omni_stream.transcription import TranscriptionRequest
+from omni_stream.transcription.spec import TranscriptionRequest
 
 
 def tone(hz: float, seconds: float, rate: int = 16000, amplitude: float = 0.25) -> np.ndarray:

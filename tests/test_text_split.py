@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from omni_stream.text_split import Granularity, TextSplitter, limit_length, split_text
+from omni_stream.speech.text_split import Granularity, TextSplitter, limit_length, split_text
 
 S, C, N = Granularity.SENTENCE, Granularity.CLAUSE, Granularity.NONE
 

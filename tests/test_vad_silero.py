@@ -22,7 +22,7 @@ from omni_stream.models.silero_vad import (
     load_silero_net,
 )
 from omni_stream.models.silero_vad.net import wheel_data_dir
-from omni_stream.vad import VadEventKind, VadParams, VoiceActivityDetector
+from omni_stream.turns.vad import VadEventKind, VadParams, VoiceActivityDetector
 
 pytestmark = needs_espeak
 

@@ -9,7 +9,7 @@ import pytest
 
 from omni_stream.errors import InvalidRequestError
 from omni_stream.models.silero_vad.turns import TurnRule, TurnState, advance, turns
-from omni_stream.vad import VadEvent, VadEventKind, VadParams
+from omni_stream.turns.vad import VadEvent, VadEventKind, VadParams
 
 STARTED, STOPPED = VadEventKind.SPEECH_STARTED, VadEventKind.SPEECH_STOPPED
 # 10 samples a chunk keeps the arithmetic readable: prefix 2 chunks, silence 3 chunks.

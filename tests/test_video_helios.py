@@ -25,7 +25,7 @@ from omni_stream.models.helios.checkpoint import (
 )
 from omni_stream.models.helios.runner import HeliosRunner
 from omni_stream.runtime.cache import EMBEDDED_MARKER
-from omni_stream.video import ChunkPrompt, PromptUpdate, VideoRequest
+from omni_stream.video.spec import ChunkPrompt, PromptUpdate, VideoRequest
 
 pytest_plugins = ("video_fixtures",)
 

@@ -7,7 +7,7 @@ import pytest
 
 from omni_stream.errors import InvalidRequestError
 from omni_stream.family import ModelKind
-from omni_stream.video import (
+from omni_stream.video.spec import (
     MAX_MIX_TERMS,
     PromptSchedule,
     PromptSteering,

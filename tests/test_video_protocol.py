@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from omni_stream.family import ModelKind
-from omni_stream.realtime.video_protocol import (
+from omni_stream.realtime.video.protocol import (
     CLOSE_INTERNAL,
     CLOSE_NORMAL,
     CLOSE_POLICY,
@@ -21,7 +21,7 @@ from omni_stream.realtime.video_protocol import (
     VideoLimits,
     VideoProtocol,
 )
-from omni_stream.video import ChunkPrompt, PromptSchedule, VideoChunk, VideoInfo, resolve_request
+from omni_stream.video.spec import ChunkPrompt, PromptSchedule, VideoChunk, VideoInfo, resolve_request
 
 INFO = VideoInfo(
     "tiny", "HeliosPipeline", ModelKind.VIDEO, default_width=32, default_height=32, max_width=128, max_height=128,

@@ -37,7 +37,7 @@ def test_the_recorded_utterances_are_one_turn_each_for_the_silero_vad():
     import numpy as np
 
     from omni_stream.models.silero_vad import SileroVad
-    from omni_stream.vad import VadEventKind, VadParams
+    from omni_stream.turns.vad import VadEventKind, VadParams
 
     sys.path.insert(0, str(BENCH.parent))
     from voice_bench import CHUNK, RATE, recorded

@@ -14,7 +14,7 @@ from omni_stream.engine import AsyncEngine
 from omni_stream.errors import ConfigError
 from omni_stream.family import ModelKind
 from omni_stream.models.whisper.checkpoint import build_model, write_dummy_checkpoint
-from omni_stream.transcription import TranscriptionRequest
+from omni_stream.transcription.spec import TranscriptionRequest
 
 pytest_plugins = ("asr_fixtures",)
 

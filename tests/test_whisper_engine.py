@@ -20,7 +20,7 @@ from omni_stream.engine import AsyncEngine
 from omni_stream.errors import DeadlineExceeded, InvalidRequestError
 from omni_stream.family import ModelKind, embedded_checkpoint
 from omni_stream.runtime.cache import EMBEDDED_MARKER
-from omni_stream.transcription import TranscriptionFamily, TranscriptionInfo, TranscriptionRequest
+from omni_stream.transcription.spec import TranscriptionFamily, TranscriptionInfo, TranscriptionRequest
 
 pytest_plugins = ("asr_fixtures",)
 

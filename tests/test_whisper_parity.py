@@ -12,7 +12,7 @@ import torch
 from asr_helpers import UTTERANCES, reference, utterance
 
 from omni_stream.engine import AsyncEngine
-from omni_stream.transcription import TranscriptionRequest
+from omni_stream.transcription.spec import TranscriptionRequest
 
 pytest_plugins = ("asr_fixtures",)
 

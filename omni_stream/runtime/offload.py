@@ -8,8 +8,8 @@ worker: on the H200 a burst of 128 waited 200-270 ms for its first prefill and t
 (``benchmarks/burst_probe.py``; ``benchmarks/results/tts_bench.md``, run 22). A job that holds the GIL gains
 nothing from a second thread, so these jobs share :data:`PREPARE_THREADS` threads per event loop
 (``$OMNI_STREAM_PREPARE_THREADS`` sets another number; measured in ``tts_bench.md``, run 22). The talker's
-scheduler holds a burst's first newcomers until the rest are prepared (:func:`omni_stream.admission.hold_newcomers`,
-run 23), so the burst still prefills in one step.
+scheduler holds a burst's first newcomers until the rest are prepared
+(:func:`omni_stream.speech.admission.hold_newcomers`, run 23), so the burst still prefills in one step.
 
 The jobs queued during one pass of the event loop go to a thread as one job, and come back with one wake-up of
 the loop. Handed over one by one (anyio's ``to_thread``), each job cost the loop ~120 us of hand-off (a wake-up, a

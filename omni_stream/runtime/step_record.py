@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from omni_stream.batch import Batch, Sequence
+from omni_stream.batch_model import Batch, Sequence
 
 
 class StepRecord:

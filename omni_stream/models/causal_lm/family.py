@@ -34,7 +34,7 @@ from omni_stream.runtime.cache import EMBEDDED_MARKER, embedded_checkpoint_dir
 from omni_stream.runtime.offload import run_prepare
 from omni_stream.runtime.weights import parse_dtype
 from omni_stream.scheduler import Scheduler
-from omni_stream.stages import text_generation_stage
+from omni_stream.text.stage import text_generation_stage
 
 log = logging.getLogger(__name__)
 

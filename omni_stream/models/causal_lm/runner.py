@@ -1,4 +1,4 @@
-"""CausalLMRunner: a decoder-only LM as a :class:`~omni_stream.batch.BatchModel` over a slot-indexed KV cache.
+"""CausalLMRunner: a decoder-only LM as a :class:`~omni_stream.batch_model.BatchModel` over a slot-indexed KV cache.
 
 One step: newcomers are prefilled together into their slots (prompts right-padded to the longest; other slots
 keep their rows), then every row of the step decodes one token: logits from the row's last hidden state,
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from omni_stream.batch import Batch, SeqOutput, Sequence
+from omni_stream.batch_model import Batch, SeqOutput, Sequence
 from omni_stream.chunks import TextDelta
 from omni_stream.errors import InvalidRequestError
 from omni_stream.models.causal_lm.detokenize import Decode, TextStream

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from omni_stream.errors import ConfigError
-from omni_stream.images import ImageMode
+from omni_stream.images.spec import ImageMode
 
 StepCallback = Callable[[Any, int, Any, dict[str, Any]], dict[str, Any]]
 

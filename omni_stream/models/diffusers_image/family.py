@@ -37,7 +37,7 @@ from omni_stream.chunks import Image, TextDelta
 from omni_stream.context import RequestContext
 from omni_stream.errors import ConfigError, StageError
 from omni_stream.family import LoadContext, ModelKind
-from omni_stream.images import (
+from omni_stream.images.spec import (
     USAGE_IMAGE,
     USAGE_IMAGE_INPUT,
     ImageInfo,

@@ -7,7 +7,7 @@ further calls). ``callback_on_step_end`` is the runner's step hook, on the devic
 - it drops the jobs cancelled since the last step (their consumer left; :meth:`Job.cancel` is a flag the loop sets
   synchronously), and when no job of the call is left it raises, which ends the pipeline call at once and frees
   its latents: a cancelled request is never stepped again after the step in progress;
-- it decodes previews for the jobs due one at this step (:func:`~omni_stream.images.preview_steps`) and hands
+- it decodes previews for the jobs due one at this step (:func:`~omni_stream.images.spec.preview_steps`) and hands
   them, and after the call the final images, to the loop with ``loop.call_soon_threadsafe`` into the job's
   channel, which holds every item a job can get (previews + images + one failure), so a hand-over never blocks.
 
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from omni_stream.chunks import Image
-from omni_stream.images import composite, preview_steps
+from omni_stream.images.spec import composite, preview_steps
 from omni_stream.models.diffusers_image.adapters import Adapter, Row, Shape
 from omni_stream.models.diffusers_image.preview import PreviewDecoder, float_to_uint8
 

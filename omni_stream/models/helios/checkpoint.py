@@ -10,7 +10,7 @@ engine reads ``model_index.json``'s ``_class_name`` (``HeliosPipeline``) as the 
 - :func:`write_tiny_checkpoint`: a tiny random Helios (the layout of diffusers' own Helios tests: a 2-layer
   transformer of width 24, a 3-channel Wan VAE, a 2-layer UMT5 encoder, a byte-level BPE tokenizer), about 1 MB.
 - ``video_defaults.json`` (optional, ours): the request defaults and limits the checkpoint serves with
-  (:class:`~omni_stream.video.VideoInfo` fields); without it, Helios' published defaults apply.
+  (:class:`~omni_stream.video.spec.VideoInfo` fields); without it, Helios' published defaults apply.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def read_defaults(path: Path) -> dict[str, Any]:
 
 
 def info_fields() -> frozenset[str]:
-    from omni_stream.video import VideoInfo
+    from omni_stream.video.spec import VideoInfo
 
     return frozenset(f.name for f in fields(VideoInfo))
 

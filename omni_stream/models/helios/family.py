@@ -3,7 +3,7 @@
 Loading (off the event loop): the diffusers-layout checkpoint (:mod:`.checkpoint`), random weights at its sizes
 with ``load_format="dummy"``, and ``video_defaults.json`` when the checkpoint has one. Each request runs one stage,
 which submits one chunk job at a time to the device worker (:mod:`.runner`) and yields each chunk's frames as a
-:class:`~omni_stream.video.VideoChunk` as soon as it is decoded.
+:class:`~omni_stream.video.spec.VideoChunk` as soon as it is decoded.
 
 Run-ahead bound. The stage submits chunk k + 1 only after its consumer took chunk k (the pipeline's edges hold no
 chunk: a sender waits for its receiver), so a request that is not read holds at most one generated chunk in the
@@ -32,7 +32,7 @@ from omni_stream.models.helios.runner import ChunkState, HeliosRunner, StepLog
 from omni_stream.pipeline import Stage
 from omni_stream.runtime.cache import EMBEDDED_MARKER
 from omni_stream.runtime.weights import parse_dtype
-from omni_stream.video import (
+from omni_stream.video.spec import (
     PromptSchedule,
     VideoChunk,
     VideoInfo,

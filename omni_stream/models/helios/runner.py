@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni_stream.video import ChunkPrompt
+from omni_stream.video.spec import ChunkPrompt
 
 HISTORY_FRAMES = sum((16, 2, 1))  # HeliosPipeline's default history_sizes: what one chunk reads of the past
 LATENT_FRAMES_PER_CHUNK = 9  # HeliosPipeline's default num_latent_frames_per_chunk

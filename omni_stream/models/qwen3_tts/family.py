@@ -22,7 +22,6 @@ import anyio
 import numpy as np
 import torch
 
-from omni_stream.admission import DEFAULT_HOLD_S, PlaybackAdmission
 from omni_stream.context import RequestContext
 from omni_stream.errors import (
     AudioDecodeError,
@@ -35,11 +34,11 @@ from omni_stream.family import LoadContext, ModelKind, SpeechInfo
 from omni_stream.models.qwen3_tts.checkpoint import load_lm, write_tiny_checkpoint
 from omni_stream.models.qwen3_tts.codec import load_speech_tokenizer
 from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
+from omni_stream.models.qwen3_tts.codec_stage import LiveCount, ReferenceCodes, codec_stage
 from omni_stream.models.qwen3_tts.config import GenerationDefaults, load_config, load_generation_defaults
 from omni_stream.models.qwen3_tts.prompt import TASK_OF_MODEL, TalkerRequest, prepare_request, resolve_task
 from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
 from omni_stream.models.qwen3_tts.speaker_encoder import load_speaker_encoder
-from omni_stream.models.qwen3_tts.stages import LiveCount, ReferenceCodes, codec_stage
 from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
 from omni_stream.pipeline import Stage
 from omni_stream.requests import SamplingParams, SpeechRequest, TaskType, VoicePrompt
@@ -50,14 +49,15 @@ from omni_stream.runtime.offload import run_prepare
 from omni_stream.runtime.settings import milliseconds
 from omni_stream.runtime.weights import parse_dtype
 from omni_stream.scheduler import Scheduler
-from omni_stream.speech_limits import (
+from omni_stream.speech.admission import DEFAULT_HOLD_S, PlaybackAdmission
+from omni_stream.speech.limits import (
     check_ref_seconds,
     check_text,
     fit_context,
     max_input_chars,
     unsupported_task_message,
 )
-from omni_stream.stages import talker_stage
+from omni_stream.speech.stages import talker_stage
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +66,11 @@ log = logging.getLogger(__name__)
 # by it after its next talker step (codec_stream_mode has the measurements).
 ENV_CODEC_STREAM = "OMNI_STREAM_CODEC_STREAM"
 CODEC_STREAM_MODES = ("off", "high", "normal")
-# "on": newcomers wait while a playing stream's listener is about to run dry (omni_stream.admission). Off by
+# "on": newcomers wait while a playing stream's listener is about to run dry (omni_stream.speech.admission). Off by
 # default: measured (runs 15-16, one server per arm) it keeps continuity at 100 % at c=64 and c=128 (88 % without
 # at c=128, underrun p99 64 ms instead of 310 ms) but at c=64 costs 40 % more TTFA p50 and 13 % of throughput.
 ENV_ADMISSION = "OMNI_STREAM_ADMISSION"
-# Milliseconds newcomers wait for requests of their burst still being prepared (omni_stream.admission; 0: never).
+# Milliseconds newcomers wait for requests of their burst still being prepared (omni_stream.speech.admission; 0: never).
 ENV_HOLD_MS = "OMNI_STREAM_BURST_HOLD_MS"
 # "on" / "off": the talker launches each decode step before handing out the last one's frames (Qwen3TTSRunner's
 # ``ahead``); unset: on for CUDA devices. Measured on the H200 (tts_bench.md, run 27, one build, two servers): +4 %,

@@ -18,7 +18,7 @@ from omni_stream.errors import InvalidRequestError, UnknownVoiceError, Unsupport
 from omni_stream.models.qwen3_tts.config import CODEBOOK_SIZE, NUM_CODE_GROUPS, GenerationDefaults, Qwen3TTSConfig
 from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
 from omni_stream.requests import SamplingParams, SpeechRequest, TaskType, VoicePrompt
-from omni_stream.speech_limits import resolved_max_new_tokens
+from omni_stream.speech.limits import resolved_max_new_tokens
 
 TASK_OF_MODEL = {"custom_voice": TaskType.CUSTOM_VOICE, "voice_design": TaskType.VOICE_DESIGN, "base": TaskType.BASE}
 # Text layout the reference wrapper uses per task: all text in the prefill (True) or one token per step.

@@ -1,4 +1,4 @@
-"""Qwen3TTSRunner: the talker + code predictor as a :class:`~omni_stream.batch.BatchModel`.
+"""Qwen3TTSRunner: the talker + code predictor as a :class:`~omni_stream.batch_model.BatchModel`.
 
 One step: newcomers are prefilled into their slots of the static KV cache (each at its own length, while
 other slots keep their rows), then every row in the step decodes together: sample code 0 from the last
@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni_stream.batch import Batch, SeqOutput, Sequence
+from omni_stream.batch_model import Batch, SeqOutput, Sequence
 from omni_stream.chunks import CodecFrames
 from omni_stream.errors import InvalidRequestError
 from omni_stream.models.qwen3_tts.config import CODEBOOK_SIZE, CONTROL_ID_SPAN, NUM_CODE_GROUPS

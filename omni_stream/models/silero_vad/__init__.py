@@ -1,7 +1,7 @@
 """Voice activity detection on Silero VAD, from the ``silero-vad`` wheel (it ships the model; nothing downloads).
 
 - :class:`SileroVad` (``SileroVad(VadParams(...), sample_rate=24000)``): a
-  :class:`~omni_stream.vad.VoiceActivityDetector` for one stream, with OpenAI ``server_vad`` turns.
+  :class:`~omni_stream.turns.vad.VoiceActivityDetector` for one stream, with OpenAI ``server_vad`` turns.
 - :class:`SileroPauseDetector`: the same network as fastrtc's ``PauseDetectionModel`` (``ReplyOnPause(model=...)``).
 - :func:`advance` / :func:`turns`: the turn rule, a pure function over per-chunk speech probabilities.
 """

@@ -1,4 +1,4 @@
-"""``SileroVad``: a :class:`~omni_stream.vad.VoiceActivityDetector` for one stream, on the wheel's Silero network.
+"""``SileroVad``: a :class:`~omni_stream.turns.vad.VoiceActivityDetector` for one stream, on the wheel's Silero network.
 
 Input at any rate is resampled to 16 kHz (the band-limited streaming resampler of ``omni_stream.codecs``,
 which places output sample ``k`` exactly at input time ``k * rate / 16000``), cut into 32 ms chunks, turned
@@ -18,7 +18,7 @@ from omni_stream.codecs.resample import Resampler
 from omni_stream.errors import InvalidRequestError
 from omni_stream.models.silero_vad.net import CHUNK, SAMPLE_RATE, SileroNet, SileroState, load_silero_net
 from omni_stream.models.silero_vad.turns import TurnRule, TurnState, advance
-from omni_stream.vad import VadEvent, VadParams, VoiceActivityDetector
+from omni_stream.turns.vad import VadEvent, VadParams, VoiceActivityDetector
 
 
 def as_mono_float(samples: np.ndarray) -> np.ndarray:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from omni_stream.vad import VadEvent, VadEventKind, VadParams
+from omni_stream.turns.vad import VadEvent, VadEventKind, VadParams
 
 
 @dataclass(slots=True, frozen=True)

@@ -21,8 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from omni_stream.asr_stage import batched_transcription_stage, check_samples
-from omni_stream.batch import Batch, SeqOutput
+from omni_stream.batch_model import Batch, SeqOutput
 from omni_stream.chunks import Audio, TextDelta
 from omni_stream.context import RequestContext
 from omni_stream.errors import ConfigError
@@ -32,7 +31,8 @@ from omni_stream.models.synthetic.config import check_keys, write_config
 from omni_stream.pipeline import Stage
 from omni_stream.runtime.step_record import StepRecord
 from omni_stream.scheduler import Scheduler
-from omni_stream.transcription import TranscriptionInfo, TranscriptionRequest
+from omni_stream.transcription.spec import TranscriptionInfo, TranscriptionRequest
+from omni_stream.transcription.stage import batched_transcription_stage, check_samples
 from omni_stream.worker import DeviceWorker
 
 MODEL_TYPE = "synthetic_asr"

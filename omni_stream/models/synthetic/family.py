@@ -33,14 +33,14 @@ from omni_stream.models.synthetic.model import (
 from omni_stream.pipeline import Stage
 from omni_stream.requests import SpeechRequest, TaskType, VoicePrompt
 from omni_stream.scheduler import Scheduler
-from omni_stream.speech_limits import (
+from omni_stream.speech.limits import (
     MAX_INPUT_CHARS,
     check_ref_seconds,
     check_text,
     resolved_max_new_tokens,
     unsupported_task_message,
 )
-from omni_stream.stages import CodecWindow, WindowDecode, codec_stage, talker_stage
+from omni_stream.speech.stages import CodecWindow, WindowDecode, codec_stage, talker_stage
 from omni_stream.worker import DeviceWorker
 
 _X_VECTOR_DIM = 8

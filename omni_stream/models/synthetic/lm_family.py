@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from omni_stream.batch import Batch, SeqOutput
+from omni_stream.batch_model import Batch, SeqOutput
 from omni_stream.chunks import TextDelta
 from omni_stream.context import RequestContext
 from omni_stream.errors import ConfigError, InvalidRequestError
@@ -27,7 +27,7 @@ from omni_stream.pipeline import Stage
 from omni_stream.requests import Role, TextRequest
 from omni_stream.runtime.step_record import StepRecord
 from omni_stream.scheduler import Scheduler
-from omni_stream.stages import text_generation_stage
+from omni_stream.text.stage import text_generation_stage
 from omni_stream.worker import DeviceWorker
 
 MODEL_TYPE = "synthetic_lm"

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from omni_stream.batch import Batch, SeqOutput
+from omni_stream.batch_model import Batch, SeqOutput
 from omni_stream.chunks import CodecFrames
 from omni_stream.models.synthetic.config import Faults, SyntheticConfig, tone_samples
 from omni_stream.runtime.step_record import StepRecord
-from omni_stream.stages import CodecWindow
+from omni_stream.speech.stages import CodecWindow
 
 
 class SyntheticFault(RuntimeError):

@@ -22,7 +22,6 @@ from typing import Any
 import anyio
 import numpy as np
 
-from omni_stream.asr_stage import batched_transcription_stage, check_samples
 from omni_stream.chunks import Audio, TextDelta
 from omni_stream.context import RequestContext
 from omni_stream.errors import ConfigError, InvalidRequestError
@@ -34,7 +33,8 @@ from omni_stream.pipeline import Stage
 from omni_stream.runtime.cache import EMBEDDED_MARKER
 from omni_stream.runtime.weights import parse_dtype
 from omni_stream.scheduler import Scheduler
-from omni_stream.transcription import TranscriptionInfo, TranscriptionRequest
+from omni_stream.transcription.spec import TranscriptionInfo, TranscriptionRequest
+from omni_stream.transcription.stage import batched_transcription_stage, check_samples
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""``WhisperRunner``: a :class:`~omni_stream.batch.BatchModel` that transcribes many utterances in one batch.
+"""``WhisperRunner``: a :class:`~omni_stream.batch_model.BatchModel` that transcribes many utterances in one batch.
 
 It runs the modules of a ``transformers`` ``WhisperForConditionalGeneration`` (the encoder as it is; the decoder
 layer by layer over slot-indexed static caches). One step:
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from omni_stream.batch import Batch, SeqOutput, Sequence
+from omni_stream.batch_model import Batch, SeqOutput, Sequence
 from omni_stream.chunks import TextDelta
 from omni_stream.models.whisper.detokenizer import Detokenizer
 from omni_stream.models.whisper.prompt import WhisperPrompt, WhisperTokens

@@ -1,0 +1,256 @@
+"""The Qwen3-TTS codec decode; the talker and the windowing loop are the shared ones (``omni_stream.speech.stages``).
+
+Windows of new frames are decoded with each request's full decoder state (conv histories, transposed-conv
+overlap, sliding-window K/V), so the streamed waveform equals the whole-utterance decode whatever the window
+sizes (``codec_stream``). Windows follow a ramp (``initial_codec_chunk_frames`` doubling up to
+``steady_frames``): a small first window for time to first audio, then longer ones that each arrive before the
+audio already sent runs out; the first window's size follows the load when the request does not fix it
+(:func:`~.codec_stream.first_window_frames`). Windows of equal length from different requests are decoded
+together in one batched worker job. With a :class:`CodecWindows` (slot-indexed states, CUDA graphs per window
+bucket on GPU) a request holds one state row for its lifetime instead of a private state; with
+:class:`~omni_stream.runtime.gpu_completions.Completions` as well, the worker only launches a job (on the
+codec stream) and collects its audio after the next talker step, so codec work overlaps the talker's steps;
+a job that holds a request's first window is waited for at once instead (time to first audio).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from omni_stream.context import RequestContext
+from omni_stream.models.qwen3_tts.codec import CodecDecoder
+from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
+from omni_stream.models.qwen3_tts.codec_stream import (
+    CodecStreamState,
+    decode_windows,
+    first_window_frames,
+    prime,
+    ramp_window,
+)
+from omni_stream.pipeline import Stage
+from omni_stream.runtime.gpu_completions import Completions
+from omni_stream.speech.stages import CodecWindow as SharedWindow
+from omni_stream.speech.stages import WindowDecode
+from omni_stream.speech.stages import codec_stage as shared_codec_stage
+from omni_stream.worker import DeviceWorker
+
+
+@dataclass(slots=True)
+class ReferenceCodes:
+    """One request's ICL reference codes (``[T, 16]`` int64), set by the talker stage's prompt before its first
+    frame and read by the codec stage to prime the decoder; None when the request clones no reference audio."""
+
+    codes: np.ndarray | None = None
+
+
+@dataclass(slots=True, eq=False)
+class PrivateState:
+    """A request's own decoder state, made by the worker's first job for it: zeroing the histories of every
+    block takes ~1 ms on CPU, which the event loop would pay per request when a burst arrives."""
+
+    state: CodecStreamState | None = None
+
+    def get(self, decoder: CodecDecoder) -> CodecStreamState:
+        if self.state is None:
+            self.state = CodecStreamState.zeros(decoder, 1)
+        return self.state
+
+
+@dataclass(slots=True, eq=False)
+class CodecWindow:
+    """One request's next window: ``codes [n, 16]``; ``context`` frames are fed first without output (ICL)."""
+
+    state: PrivateState
+    codes: torch.Tensor
+    context: torch.Tensor | None = None
+
+
+@dataclass(slots=True, eq=False)
+class SlotWindow:
+    """One request's next window on a :class:`CodecWindows` row; ``fresh`` marks its first window."""
+
+    slot: int
+    codes: torch.Tensor
+    fresh: bool
+    context: torch.Tensor | None = None
+    first: bool = False  # the request's first window: its job is waited for at once
+    final: bool = False  # the request's last window: the row is not decoded again (it may be padded)
+    audio: concurrent.futures.Future[np.ndarray] = field(default_factory=concurrent.futures.Future)
+
+
+class LiveCount:
+    """Requests of one family with an open codec stage (the load the first window follows); event loop only."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+
+def _prime_contexts(pool: CodecWindows, jobs: list[SlotWindow]) -> None:
+    for job in jobs:
+        if job.context is not None:
+            pool.prime(job.slot, job.context)
+            job.context, job.fresh = None, False
+
+
+def decode_slot_windows(pool: CodecWindows, jobs: list[SlotWindow]) -> list[np.ndarray]:
+    """Batched job (device worker): equal-length windows of several requests, each on its own state row."""
+    _prime_contexts(pool, jobs)
+    return pool.decode(
+        [j.slot for j in jobs], [j.codes for j in jobs], [j.fresh for j in jobs], [j.final for j in jobs]
+    )
+
+
+def _settle(future: concurrent.futures.Future[np.ndarray], audio: np.ndarray | None, error: BaseException | None):
+    if future.done():  # its request gave up waiting (wrap_future cancelled it)
+        return
+    try:
+        if error is not None or audio is None:
+            future.set_exception(error or RuntimeError("codec job returned no audio"))
+        else:
+            future.set_result(audio)
+    except concurrent.futures.InvalidStateError:  # cancelled meanwhile
+        pass
+
+
+def issue_slot_windows(
+    pool: CodecWindows, jobs: list[SlotWindow], completions: Completions
+) -> list[concurrent.futures.Future[np.ndarray]]:
+    """Batched job (device worker): launch the windows on the pool's stream; each job's ``audio`` future is
+    settled when ``completions`` collects the job (after a talker step), or before returning when a window of
+    the job is its request's first (the wait is then the first chunk's latency, which nothing should add to)."""
+    _prime_contexts(pool, jobs)
+    pending = pool.issue(
+        [j.slot for j in jobs], [j.codes for j in jobs], [j.fresh for j in jobs], [j.final for j in jobs]
+    )
+
+    def then(error: BaseException | None) -> None:
+        if error is not None:
+            for job in jobs:
+                _settle(job.audio, None, error)
+            return
+        try:
+            arrays = pending.arrays()
+        except BaseException as exc:
+            for job in jobs:
+                _settle(job.audio, None, exc)
+            return
+        for job, audio in zip(jobs, arrays, strict=True):
+            _settle(job.audio, audio, None)
+
+    if pending.event is None:
+        then(None)
+    elif any(j.first for j in jobs):
+        error: BaseException | None = None
+        try:
+            pending.event.synchronize()
+        except BaseException as exc:
+            error = exc
+        then(error)
+    else:
+        completions.watch(pending.event, then)
+    return [j.audio for j in jobs]
+
+
+def decode_codec_windows(decoder: CodecDecoder, windows: list[CodecWindow]) -> list[np.ndarray]:
+    """Batched job (device worker): decode equal-length windows of several requests, each with its own state."""
+    states = [w.state.get(decoder) for w in windows]
+    for w, state in zip(windows, states, strict=True):
+        if w.context is not None:
+            prime(decoder, w.context.T.unsqueeze(0), state)
+            w.context = None
+    device = next(decoder.parameters()).device
+    codes = [w.codes.T.unsqueeze(0).to(device) for w in windows]
+    audio = decode_windows(decoder, codes, states)
+    return [a[0].cpu().numpy().astype(np.float32, copy=False) for a in audio]
+
+
+def codec_stage(
+    decoder: CodecDecoder,
+    worker: DeviceWorker,
+    *,
+    sample_rate: int,
+    samples_per_frame: int,
+    initial_frames: int | None,
+    steady_frames: int,
+    pool: CodecWindows | None = None,
+    reference: ReferenceCodes | None = None,
+    completions: Completions | None = None,
+    live: LiveCount | None = None,
+    first_window: Callable[[int], int] = first_window_frames,
+) -> Stage:
+    """The shared windowed codec stage over this decoder, with exact streaming state and a doubling ramp.
+
+    ``initial_frames``: the first window (None: ``first_window(load)`` with ``load`` the requests counted in
+    ``live`` when the first frames arrive, this one included). ``pool``: shared slot-indexed states
+    (graph-replayed windows on CUDA); requests that find it full, or all requests without one, keep a private
+    state. ``completions``: with a pool, jobs are only launched by the worker and their audio collected by it
+    after its next talker step (codec work overlaps talker steps). ``reference``: ICL codes that prime the
+    first window.
+    """
+    key_prefix = f"qwen3-codec-{id(decoder)}"
+    chosen: list[int] = []  # the first window, once known
+
+    def windows(index: int) -> int:
+        if not chosen:
+            load = live.value if live is not None else 1
+            chosen.append(initial_frames if initial_frames is not None else first_window(load))
+        return ramp_window(index, chosen[0], max(steady_frames, chosen[0]))
+
+    def batch_fn(windows: list[CodecWindow]) -> list[np.ndarray]:
+        return decode_codec_windows(decoder, windows)
+
+    def slot_batch_fn(jobs: list[SlotWindow]) -> list[np.ndarray]:
+        assert pool is not None
+        return decode_slot_windows(pool, jobs)
+
+    def slot_issue_fn(jobs: list[SlotWindow]) -> list[concurrent.futures.Future[np.ndarray]]:
+        assert pool is not None and completions is not None
+        return issue_slot_windows(pool, jobs, completions)
+
+    @asynccontextmanager
+    async def open_decoder(ctx: RequestContext) -> AsyncIterator[WindowDecode]:
+        slot = pool.acquire() if pool is not None else None
+        # A private state lives with this request alone: a cancelled window job can only touch this object.
+        state = PrivateState() if slot is None else None
+
+        async def decode(ctx: RequestContext, window: SharedWindow) -> np.ndarray:
+            codes, n = window.codes(), window.n_frames
+            context = None
+            if window.index == 0 and reference is not None and reference.codes is not None:
+                context = torch.as_tensor(reference.codes, dtype=torch.long)  # set by the talker's prompt
+            with ctx.fail_after("codec decode"):
+                if slot is None:
+                    assert state is not None
+                    return await worker.submit_batched((key_prefix, n), CodecWindow(state, codes, context), batch_fn)
+                job = SlotWindow(slot, codes, window.index == 0, context, first=window.index == 0, final=window.final)
+                if completions is None:
+                    return await worker.submit_batched((key_prefix, "slots", n), job, slot_batch_fn)
+                issued = await worker.submit_batched((key_prefix, "issue", n), job, slot_issue_fn)
+            return await ctx.wait(asyncio.wrap_future(issued), "codec decode")
+
+        if live is not None:
+            live.value += 1
+        try:
+            yield decode
+        finally:
+            if live is not None:
+                live.value -= 1
+            if slot is not None:
+                assert pool is not None
+                pool.release(slot)
+
+    return shared_codec_stage(
+        open_decoder,
+        sample_rate=sample_rate,
+        samples_per_frame=samples_per_frame,
+        windows=windows,
+    )

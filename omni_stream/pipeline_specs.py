@@ -1,0 +1,231 @@
+"""Pipelines as declarations: which stages a request runs, and the models behind them.
+
+A :class:`PipelineSpec` names the request type it serves, the kinds of model it needs (one model per kind in an
+engine) and a builder that turns one request into a :class:`Plan`: the stages (each served by one model's family,
+or a model-free stage such as sentence splitting), which of them the consumer sees, and the pipeline's source.
+The engine picks the first registered spec that accepts a request and whose models are loaded.
+
+```python
+CHAT_SPEECH = PipelineSpec(
+    "chat+speech", ChatRequest, (ModelKind.TEXT, ModelKind.SPEECH), build_chat_speech, accepts=speaks
+)
+```
+
+Each model keeps its own scheduler on the device worker; stages of different models join by bounded channels
+(``Plan.channel_size``, 0 by default: a sender waits for its receiver), so backpressure crosses models: a stalled
+audio reader pauses the speech request, whose full input pauses the text request at its scheduler's watermark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, cast
+
+from omni_stream.context import RequestContext
+from omni_stream.errors import InvalidRequestError
+from omni_stream.family import Family, ModelKind, SpeechFamily, TextFamily
+from omni_stream.pipeline import AnyStage, Pipeline, stage_name
+from omni_stream.requests import ChatRequest, SpeechRequest, TextRequest
+from omni_stream.speech.text_stream import speak_units, text_units
+
+R = TypeVar("R")
+
+
+class MissingModelError(InvalidRequestError):
+    """The request needs a kind of model the engine has not loaded."""
+
+
+class ModelSet:
+    """The engine's loaded families by kind, with typed accessors for the built-in kinds."""
+
+    __slots__ = ("_by_kind",)
+
+    def __init__(self, families: Sequence[Family] = ()) -> None:
+        self._by_kind: dict[str, Family] = {}
+        for family in families:
+            self.add(family)
+
+    def add(self, family: Family) -> None:
+        kind = family.info.kind
+        if kind in self._by_kind:
+            raise ValueError(f"a {kind} model is loaded already ({self._by_kind[kind].info.model_name})")
+        self._by_kind[kind] = family
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(self._by_kind)
+
+    def __contains__(self, kind: object) -> bool:
+        return kind in self._by_kind
+
+    def __iter__(self) -> Any:
+        return iter(self._by_kind.values())
+
+    def __len__(self) -> int:
+        return len(self._by_kind)
+
+    def get(self, kind: str) -> Family:
+        family = self._by_kind.get(kind)
+        if family is None:
+            loaded = ", ".join(self._by_kind) or "none"
+            raise MissingModelError(f"this server has no {kind} model loaded (loaded: {loaded})", "model")
+        return family
+
+    def speech(self) -> SpeechFamily:
+        # Checked when it was loaded; a runtime Protocol check here cost ~30 us a request (a burst's loop time).
+        return cast(SpeechFamily, self.get(ModelKind.SPEECH))
+
+    def text(self) -> TextFamily:
+        return cast(TextFamily, self.get(ModelKind.TEXT))
+
+
+@dataclass(slots=True, frozen=True)
+class StagePlan:
+    """One stage of a plan; ``emit``: the consumer sees its chunks (the last stage's always)."""
+
+    name: str
+    stage: AnyStage
+    emit: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class Plan:
+    """What one request runs: its stages, the pipeline's source (streamed input), chunks per edge."""
+
+    stages: tuple[StagePlan, ...]
+    source: AsyncIterator[Any] | None = None
+    channel_size: int = 0
+
+    def pipeline(self, tagged: bool = True) -> Pipeline:
+        """The pipeline to run; ``tagged``: StageOutput items of the emitting stages, else the last stage's chunks."""
+        return Pipeline(
+            [s.stage for s in self.stages],
+            channel_size=self.channel_size,
+            names=[s.name for s in self.stages],
+            emit=[s.emit for s in self.stages] if tagged else None,
+        )
+
+
+def _always(request: Any) -> bool:
+    return True
+
+
+@dataclass(slots=True, frozen=True)
+class PipelineSpec(Generic[R]):
+    """A named pipeline: the request type it serves, the model kinds it needs, and how one request is built."""
+
+    name: str
+    request_type: type[R]
+    kinds: tuple[str, ...]
+    build: Callable[[ModelSet, R, RequestContext], Plan]
+    accepts: Callable[[R], bool] = _always
+    description: str = ""
+
+    def serves(self, request: object, models: ModelSet) -> bool:
+        return isinstance(request, self.request_type) and self.accepts(request)
+
+    def plan(self, models: ModelSet, request: R, ctx: RequestContext) -> Plan:
+        for kind in self.kinds:
+            models.get(kind)  # a clear error naming the missing model before anything is built
+        return self.build(models, request, ctx)
+
+
+# --- the built-in pipelines ---------------------------------------------------------------------------------
+
+
+def _speech_stages(family: SpeechFamily, request: SpeechRequest, ctx: RequestContext) -> tuple[StagePlan, ...]:
+    return tuple(StagePlan(stage_name(s), s) for s in family.speech_stages(request, ctx))
+
+
+def build_speech(models: ModelSet, request: SpeechRequest, ctx: RequestContext) -> Plan:
+    return Plan(_speech_stages(models.speech(), request, ctx))
+
+
+def build_speech_stream(models: ModelSet, request: SpeechRequest, ctx: RequestContext) -> Plan:
+    family = models.speech()
+    family.check_request(request.for_text("-", ctx.request_id))  # the fields are checked now, not per sentence
+    assert not isinstance(request.text, str)
+    return Plan(
+        (
+            StagePlan("units", text_units(request.split, family.info.max_input_chars)),
+            StagePlan("speech", speak_units(family, request.for_text)),
+        ),
+        source=aiter(request.text),
+    )
+
+
+def build_chat(models: ModelSet, request: ChatRequest, ctx: RequestContext) -> Plan:
+    return Plan((StagePlan("text", models.text().text_stage(request.text, ctx)),))
+
+
+def build_chat_speech(models: ModelSet, request: ChatRequest, ctx: RequestContext) -> Plan:
+    assert request.speech is not None
+    speech, text = models.speech(), models.text()
+    reply = request.speech
+    speech.check_request(reply.request("-", ctx.request_id))  # voice and language are checked now
+    return Plan(
+        (
+            StagePlan("text", text.text_stage(request.text, ctx), emit=reply.with_text),
+            StagePlan(
+                "units", text_units(reply.split, min(reply.max_unit_chars or 1 << 30, speech.info.max_input_chars))
+            ),
+            StagePlan("speech", speak_units(speech, reply.request)),
+        )
+    )
+
+
+def _text_only(request: ChatRequest) -> bool:
+    return request.speech is None
+
+
+def _speaks(request: ChatRequest) -> bool:
+    return request.speech is not None
+
+
+def _plain(request: SpeechRequest) -> bool:
+    return not request.streamed
+
+
+def _streamed(request: SpeechRequest) -> bool:
+    return request.streamed
+
+
+SPEECH = PipelineSpec("speech", SpeechRequest, (ModelKind.SPEECH,), build_speech, _plain, "text -> audio")
+SPEECH_STREAM = PipelineSpec(
+    "speech-stream", SpeechRequest, (ModelKind.SPEECH,), build_speech_stream, _streamed, "streamed text -> audio"
+)
+CHAT = PipelineSpec("chat", ChatRequest, (ModelKind.TEXT,), build_chat, _text_only, "messages -> text")
+CHAT_SPEECH = PipelineSpec(
+    "chat+speech",
+    ChatRequest,
+    (ModelKind.TEXT, ModelKind.SPEECH),
+    build_chat_speech,
+    _speaks,
+    "messages -> text + audio",
+)
+
+_PIPELINES: list[PipelineSpec[Any]] = [SPEECH, SPEECH_STREAM, CHAT, CHAT_SPEECH]
+
+
+def register_pipeline(spec: PipelineSpec[Any]) -> None:
+    """Add ``spec`` (it is tried before the built-in pipelines of the same request type; same name replaces)."""
+    _PIPELINES[:] = [p for p in _PIPELINES if p.name != spec.name]
+    _PIPELINES.insert(0, spec)
+
+
+def find_pipeline(request: object, models: ModelSet, name: str | None = None) -> PipelineSpec[Any]:
+    """The pipeline ``name``, or the first that serves ``request``; InvalidRequestError when none does."""
+    if name is not None:
+        for spec in _PIPELINES:
+            if spec.name == name:
+                if not spec.serves(request, models):
+                    raise InvalidRequestError(f"pipeline {name!r} does not serve a {type(request).__name__}")
+                return spec
+        raise InvalidRequestError(f"unknown pipeline {name!r} (known: {', '.join(p.name for p in _PIPELINES)})")
+    if isinstance(request, TextRequest):
+        raise InvalidRequestError("wrap a TextRequest in a ChatRequest (or use engine.chat())", "messages")
+    for spec in _PIPELINES:
+        if spec.serves(request, models):
+            return spec
+    raise InvalidRequestError(f"no pipeline serves a {type(request).__name__}")

@@ -1,0 +1,90 @@
+"""Transcription (ASR): the request type, the family protocol of ``kind == "transcription"``, and its pipeline.
+
+A transcription family turns speech into :class:`~omni_stream.chunks.TextDelta` chunks (the last one ``final``).
+``TranscriptionRequest.audio`` is either the whole utterance (float32 mono samples at ``sample_rate`` Hz, what a
+turn-based voice agent has at the end of a turn) or an async iterator of :class:`~omni_stream.chunks.Audio`
+chunks (a live stream); the pipeline feeds the iterator to the stage as its upstream.
+
+Importing this module registers the kind's protocol and the ``transcription`` pipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from omni_stream.chunks import Audio, TextDelta
+from omni_stream.context import RequestContext
+from omni_stream.errors import InvalidRequestError
+from omni_stream.family import ModelInfo, ModelKind, register_kind
+from omni_stream.pipeline import Stage
+from omni_stream.pipeline_specs import ModelSet, PipelineSpec, Plan, StagePlan, register_pipeline
+from omni_stream.requests import next_request_id
+
+
+@dataclass(slots=True, frozen=True)
+class TranscriptionInfo(ModelInfo):
+    """An ASR model: the ``sample_rate`` (Hz) it listens at and the languages it knows (empty: any)."""
+
+    sample_rate: int = 16000
+    languages: tuple[str, ...] = ()
+
+
+@dataclass(slots=True, frozen=True)
+class TranscriptionRequest:
+    """Speech to text. ``audio``: float32 mono at ``sample_rate`` Hz, or streamed Audio chunks (any rate)."""
+
+    audio: np.ndarray | AsyncIterator[Audio]
+    sample_rate: int = 16000
+    language: str | None = None  # None: detect (or the model's only language)
+    prompt: str | None = None  # text that came before (context for the decoder)
+    max_tokens: int | None = None
+    request_id: str = field(default_factory=lambda: next_request_id("asr"))
+
+    def __post_init__(self) -> None:
+        if isinstance(self.audio, np.ndarray):
+            if self.audio.ndim != 1 or self.audio.size == 0:
+                raise InvalidRequestError("audio must be non-empty mono samples", "audio")
+        elif not hasattr(self.audio, "__aiter__"):
+            raise InvalidRequestError("audio must be samples or an async iterator of Audio", "audio")
+        if self.sample_rate <= 0:
+            raise InvalidRequestError(f"sample_rate must be positive, got {self.sample_rate}", "sample_rate")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise InvalidRequestError(f"max_tokens must be >= 1, got {self.max_tokens}", "max_tokens")
+
+    @property
+    def streamed(self) -> bool:
+        return not isinstance(self.audio, np.ndarray)
+
+
+@runtime_checkable
+class TranscriptionFamily(Protocol):
+    """``kind == "transcription"``: ``transcription_stage`` validates now and returns one ``Stage[Audio, TextDelta]``.
+
+    The stage reads the request's samples (or, when streamed, its upstream Audio chunks), counts usage in
+    ``ctx.tokens("transcription")`` (audio tokens in, text tokens out) and marks its last delta ``final``.
+    """
+
+    info: TranscriptionInfo
+
+    def transcription_stage(self, request: TranscriptionRequest, ctx: RequestContext) -> Stage[Audio, TextDelta]: ...
+
+    async def aclose(self) -> None: ...
+
+
+def build_transcription(models: ModelSet, request: TranscriptionRequest, ctx: RequestContext) -> Plan:
+    family = models.get(ModelKind.TRANSCRIPTION)
+    assert isinstance(family, TranscriptionFamily)
+    source: Any = request.audio if request.streamed else None
+    return Plan((StagePlan("transcription", family.transcription_stage(request, ctx)),), source=source)
+
+
+TRANSCRIPTION = PipelineSpec(
+    "transcription", TranscriptionRequest, (ModelKind.TRANSCRIPTION,), build_transcription, description="audio -> text"
+)
+
+register_kind(ModelKind.TRANSCRIPTION, TranscriptionFamily)
+register_pipeline(TRANSCRIPTION)

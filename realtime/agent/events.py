@@ -1,0 +1,550 @@
+"""Client events of ``WS /v1/realtime`` (OpenAI Realtime GA subset): JSON text -> typed, validated events.
+
+Parsing is pure and checks each message on its own (shapes, types, ranges, base64); what depends on the session
+(known voices, loaded models, item ids) is checked by the state machine in
+:mod:`omni_stream.realtime.agent.protocol`. Every problem is a :class:`RealtimeError` with an OpenAI error
+``code`` and, for a bad field, its ``param`` path (``session.audio.input.format.rate``).
+
+``session.update`` merges: a field left out keeps its value, so patches hold :data:`UNSET` for absent fields
+(``turn_detection: null`` is a value: manual commit).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass, field
+from enum import Enum, StrEnum
+from typing import Any, TypeAlias
+
+from omni_stream.errors import InvalidRequestError
+from omni_stream.turns.vad import VadParams
+
+MAX_APPEND_BYTES = 15 * 1024 * 1024  # decoded audio per input_audio_buffer.append (OpenAI's limit)
+
+
+class RealtimeError(Exception):
+    """A client event the session refuses: sent as an ``error`` event; the connection stays open."""
+
+    def __init__(
+        self, code: str, message: str, param: str | None = None, *, event_id: str | None = None, kind: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+        self.event_id = event_id
+        self.type = kind or "invalid_request_error"
+
+
+class _Unset(Enum):
+    UNSET = "unset"
+
+
+UNSET = _Unset.UNSET
+"""A field the patch does not change."""
+
+
+class AudioFormat(StrEnum):
+    """Wire audio formats: PCM16 LE mono at 24 kHz, or 8 kHz G.711 mu-law / a-law (one byte a sample)."""
+
+    PCM = "audio/pcm"
+    PCMU = "audio/pcmu"
+    PCMA = "audio/pcma"
+
+    @property
+    def rate(self) -> int:
+        return 24000 if self is AudioFormat.PCM else 8000
+
+    @property
+    def bytes_per_sample(self) -> int:
+        return 2 if self is AudioFormat.PCM else 1
+
+    def wire(self) -> dict[str, Any]:
+        return {"type": self.value, "rate": 24000} if self is AudioFormat.PCM else {"type": self.value}
+
+
+_LEGACY_FORMATS = {"pcm16": AudioFormat.PCM, "g711_ulaw": AudioFormat.PCMU, "g711_alaw": AudioFormat.PCMA}
+
+
+class SessionType(StrEnum):
+    REALTIME = "realtime"  # a voice agent: turns get responses
+    TRANSCRIPTION = "transcription"  # speech in, transcripts out, no responses
+
+
+class Modality(StrEnum):
+    AUDIO = "audio"  # speech plus its transcript
+    TEXT = "text"
+
+
+@dataclass(slots=True, frozen=True)
+class TurnDetection:
+    """``server_vad``: the detector's parameters and what a detected turn does."""
+
+    vad: VadParams = field(default_factory=VadParams)
+    create_response: bool = True
+    interrupt_response: bool = True
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "type": "server_vad",
+            "threshold": self.vad.threshold,
+            "prefix_padding_ms": self.vad.prefix_padding_ms,
+            "silence_duration_ms": self.vad.silence_duration_ms,
+            "create_response": self.create_response,
+            "interrupt_response": self.interrupt_response,
+            "idle_timeout_ms": None,
+        }
+
+
+@dataclass(slots=True, frozen=True)
+class TranscriptionConfig:
+    """Input transcription settings; ``model`` is reported back, the loaded ASR model serves it."""
+
+    model: str | None = None
+    language: str | None = None
+    prompt: str | None = None
+
+    def wire(self) -> dict[str, Any]:
+        return {"model": self.model, "language": self.language, "prompt": self.prompt}
+
+
+@dataclass(slots=True, frozen=True)
+class SessionPatch:
+    """The fields one ``session.update`` sets (UNSET: unchanged). ``max_output_tokens`` None means "inf"."""
+
+    type: SessionType | _Unset = UNSET
+    instructions: str | _Unset = UNSET
+    output_modalities: Modality | _Unset = UNSET
+    voice: str | _Unset = UNSET
+    input_format: AudioFormat | _Unset = UNSET
+    output_format: AudioFormat | _Unset = UNSET
+    turn_detection: TurnDetection | _Unset | None = UNSET
+    transcription: TranscriptionConfig | _Unset | None = UNSET
+    max_output_tokens: int | _Unset | None = UNSET
+
+
+@dataclass(slots=True, frozen=True)
+class ResponseOptions:
+    """``response.create`` overrides for one response (UNSET: the session's value)."""
+
+    output_modalities: Modality | _Unset = UNSET
+    instructions: str | _Unset = UNSET
+    voice: str | _Unset = UNSET
+    output_format: AudioFormat | _Unset = UNSET
+    max_output_tokens: int | _Unset | None = UNSET
+    metadata: dict[str, str] | None = None
+
+
+class PartType(StrEnum):
+    INPUT_TEXT = "input_text"
+    INPUT_AUDIO = "input_audio"
+    OUTPUT_TEXT = "output_text"
+
+
+@dataclass(slots=True, frozen=True)
+class NewPart:
+    """One content part of a client-created item: text, or audio bytes in the session's input format."""
+
+    type: PartType
+    text: str = ""
+    audio: bytes = b""
+    transcript: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class NewItem:
+    """A ``message`` item from ``conversation.item.create``."""
+
+    role: str  # "user" | "system" | "assistant"
+    content: tuple[NewPart, ...]
+    id: str | None = None
+
+
+# --- the client events --------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class SessionUpdate:
+    event_id: str | None
+    patch: SessionPatch
+
+
+@dataclass(slots=True, frozen=True)
+class InputAudioAppend:
+    event_id: str | None
+    audio: bytes  # wire bytes in the session's input format
+
+
+@dataclass(slots=True, frozen=True)
+class InputAudioCommit:
+    event_id: str | None
+
+
+@dataclass(slots=True, frozen=True)
+class InputAudioClear:
+    event_id: str | None
+
+
+@dataclass(slots=True, frozen=True)
+class OutputAudioClear:
+    event_id: str | None
+
+
+@dataclass(slots=True, frozen=True)
+class ItemCreate:
+    event_id: str | None
+    item: NewItem
+    previous_item_id: str | None = None  # None: at the end; "root": at the start
+
+
+@dataclass(slots=True, frozen=True)
+class ItemDelete:
+    event_id: str | None
+    item_id: str
+
+
+@dataclass(slots=True, frozen=True)
+class ItemRetrieve:
+    event_id: str | None
+    item_id: str
+
+
+@dataclass(slots=True, frozen=True)
+class ItemTruncate:
+    event_id: str | None
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+
+
+@dataclass(slots=True, frozen=True)
+class ResponseCreate:
+    event_id: str | None
+    options: ResponseOptions = field(default_factory=ResponseOptions)
+
+
+@dataclass(slots=True, frozen=True)
+class ResponseCancel:
+    event_id: str | None
+    response_id: str | None = None
+
+
+ClientEvent: TypeAlias = (
+    SessionUpdate
+    | InputAudioAppend
+    | InputAudioCommit
+    | InputAudioClear
+    | OutputAudioClear
+    | ItemCreate
+    | ItemDelete
+    | ItemRetrieve
+    | ItemTruncate
+    | ResponseCreate
+    | ResponseCancel
+)
+
+
+# --- parsing ------------------------------------------------------------------------------------------------
+
+
+def _obj(value: Any, param: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise RealtimeError("invalid_value", f"{param} must be an object", param)
+    return value
+
+
+def _str(value: Any, param: str, *, limit: int = 1 << 20, allow_empty: bool = True) -> str:
+    if not isinstance(value, str) or (not allow_empty and not value):
+        raise RealtimeError("invalid_value", f"{param} must be a{'' if allow_empty else ' non-empty'} string", param)
+    if len(value) > limit:
+        raise RealtimeError("invalid_value", f"{param} is longer than {limit} characters", param)
+    return value
+
+
+def _opt_str(value: Any, param: str) -> str | None:
+    return None if value is None else _str(value, param, limit=4096)
+
+
+def _bool(value: Any, param: str) -> bool:
+    if not isinstance(value, bool):
+        raise RealtimeError("invalid_value", f"{param} must be true or false", param)
+    return value
+
+
+def _int(value: Any, param: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise RealtimeError("invalid_value", f"{param} must be an integer in {lo}..{hi}", param)
+    return value
+
+
+def _number(value: Any, param: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RealtimeError("invalid_value", f"{param} must be a number", param)
+    return float(value)
+
+
+def _max_tokens(value: Any, param: str) -> int | None:
+    if value == "inf":
+        return None
+    return _int(value, param, 1, 4096)
+
+
+def parse_format(value: Any, param: str) -> AudioFormat:
+    """``{"type": "audio/pcm", "rate": 24000}`` | ``{"type": "audio/pcmu"}`` | ``{"type": "audio/pcma"}``."""
+    if isinstance(value, str) and value in _LEGACY_FORMATS:  # the beta API's names
+        return _LEGACY_FORMATS[value]
+    body = _obj(value, param)
+    kind = body.get("type")
+    try:
+        fmt = AudioFormat(str(kind))
+    except ValueError:
+        allowed = ", ".join(f.value for f in AudioFormat)
+        raise RealtimeError(
+            "unsupported_audio_format", f"unsupported audio format {kind!r} (supported: {allowed})", f"{param}.type"
+        ) from None
+    rate = body.get("rate", fmt.rate)
+    if rate != fmt.rate:
+        raise RealtimeError(
+            "unsupported_audio_format",
+            f"{fmt.value} audio must be at {fmt.rate} Hz, got rate {rate!r}",
+            f"{param}.rate",
+        )
+    return fmt
+
+
+def _turn_detection(value: Any, param: str) -> TurnDetection | None:
+    if value is None:
+        return None
+    body = _obj(value, param)
+    kind = body.get("type", "server_vad")
+    if kind != "server_vad":
+        raise RealtimeError(
+            "invalid_value", f"turn detection {kind!r} is not supported (server_vad or null)", f"{param}.type"
+        )
+    defaults = VadParams()
+    try:
+        vad = VadParams(
+            threshold=_number(body.get("threshold", defaults.threshold), f"{param}.threshold"),
+            prefix_padding_ms=_int(
+                body.get("prefix_padding_ms", defaults.prefix_padding_ms), f"{param}.prefix_padding_ms", 0, 10_000
+            ),
+            silence_duration_ms=_int(
+                body.get("silence_duration_ms", defaults.silence_duration_ms), f"{param}.silence_duration_ms", 0, 10_000
+            ),
+        )
+    except InvalidRequestError as exc:
+        raise RealtimeError("invalid_value", exc.message, f"{param}.{exc.param}") from None
+    if body.get("idle_timeout_ms") is not None:
+        raise RealtimeError("invalid_value", "idle_timeout_ms is not supported", f"{param}.idle_timeout_ms")
+    return TurnDetection(
+        vad,
+        create_response=_bool(body.get("create_response", True), f"{param}.create_response"),
+        interrupt_response=_bool(body.get("interrupt_response", True), f"{param}.interrupt_response"),
+    )
+
+
+def _transcription(value: Any, param: str) -> TranscriptionConfig | None:
+    if value is None:
+        return None
+    body = _obj(value, param)
+    return TranscriptionConfig(
+        _opt_str(body.get("model"), f"{param}.model"),
+        _opt_str(body.get("language"), f"{param}.language"),
+        _opt_str(body.get("prompt"), f"{param}.prompt"),
+    )
+
+
+def _modalities(value: Any, param: str) -> Modality:
+    if not isinstance(value, list) or not value or any(m not in ("audio", "text") for m in value):
+        raise RealtimeError("invalid_value", f'{param} must be ["audio"] or ["text"]', param)
+    return Modality.AUDIO if "audio" in value else Modality.TEXT  # ["text", "audio"]: speech with its transcript
+
+
+def _voice(value: Any, param: str) -> str:
+    if isinstance(value, dict):  # {"id": "..."}
+        value = value.get("id")
+    return _str(value, param, limit=256, allow_empty=False)
+
+
+def parse_session(value: Any, *, max_instructions: int) -> SessionPatch:
+    """The patch of a ``session.update``'s ``session`` object."""
+    body = _obj(value, "session")
+    fields: dict[str, Any] = {}
+    if "type" in body:
+        try:
+            fields["type"] = SessionType(body["type"])
+        except ValueError:
+            message = "session.type must be 'realtime' or 'transcription'"
+            raise RealtimeError("invalid_value", message, "session.type") from None
+    if "instructions" in body:
+        fields["instructions"] = _str(body["instructions"], "session.instructions", limit=max_instructions)
+    if "output_modalities" in body:
+        fields["output_modalities"] = _modalities(body["output_modalities"], "session.output_modalities")
+    if body.get("max_output_tokens") is not None:
+        fields["max_output_tokens"] = _max_tokens(body["max_output_tokens"], "session.max_output_tokens")
+    if body.get("tools"):
+        raise RealtimeError("invalid_value", "tools are not supported", "session.tools")
+    audio = _obj(body.get("audio", {}), "session.audio")
+    audio_in = _obj(audio.get("input", {}), "session.audio.input")
+    audio_out = _obj(audio.get("output", {}), "session.audio.output")
+    if audio_in.get("format") is not None:
+        fields["input_format"] = parse_format(audio_in["format"], "session.audio.input.format")
+    if "turn_detection" in audio_in:
+        fields["turn_detection"] = _turn_detection(audio_in["turn_detection"], "session.audio.input.turn_detection")
+    if "transcription" in audio_in:
+        fields["transcription"] = _transcription(audio_in["transcription"], "session.audio.input.transcription")
+    if audio_out.get("format") is not None:
+        fields["output_format"] = parse_format(audio_out["format"], "session.audio.output.format")
+    if audio_out.get("voice") is not None:
+        fields["voice"] = _voice(audio_out["voice"], "session.audio.output.voice")
+    speed = audio_out.get("speed", 1.0)
+    if speed != 1.0:
+        raise RealtimeError("invalid_value", "only speed 1.0 is supported", "session.audio.output.speed")
+    return SessionPatch(**fields)
+
+
+def decode_audio_field(value: Any, param: str, max_bytes: int) -> bytes:
+    """Base64 audio of at most ``max_bytes`` decoded bytes."""
+    if not isinstance(value, str):
+        raise RealtimeError("invalid_value", f"{param} must be a base64 string", param)
+    if len(value) // 4 * 3 > max_bytes + 2:
+        mib = max_bytes / (1024 * 1024)
+        raise RealtimeError("invalid_value", f"{param} is larger than {mib:g} MiB of audio per append", param)
+    try:
+        data = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise RealtimeError("invalid_value", f"{param} is not valid base64", param) from None
+    if len(data) > max_bytes:
+        raise RealtimeError("invalid_value", f"{param} is larger than {max_bytes} bytes of audio per append", param)
+    return data
+
+
+def _part(value: Any, param: str, max_bytes: int) -> NewPart:
+    body = _obj(value, param)
+    kind = body.get("type")
+    if kind in ("input_text", "text", "output_text"):
+        part_type = PartType.OUTPUT_TEXT if kind == "output_text" else PartType.INPUT_TEXT
+        return NewPart(part_type, text=_str(body.get("text"), f"{param}.text"))
+    if kind == "input_audio":
+        audio = decode_audio_field(body.get("audio"), f"{param}.audio", max_bytes)
+        transcript = body.get("transcript")
+        return NewPart(PartType.INPUT_AUDIO, audio=audio, transcript=_opt_str(transcript, f"{param}.transcript"))
+    raise RealtimeError(
+        "invalid_value", f"content type {kind!r} is not supported (input_text, input_audio, output_text)", param
+    )
+
+
+def parse_item(value: Any, max_bytes: int) -> NewItem:
+    body = _obj(value, "item")
+    if body.get("type", "message") != "message":
+        raise RealtimeError("invalid_value", "only message items are supported", "item.type")
+    role = body.get("role")
+    if role not in ("user", "system", "assistant"):
+        raise RealtimeError("invalid_value", "item.role must be user, system or assistant", "item.role")
+    content = body.get("content")
+    if not isinstance(content, list) or not content:
+        raise RealtimeError("invalid_value", "item.content must be a non-empty list", "item.content")
+    parts = tuple(_part(p, f"item.content[{i}]", max_bytes) for i, p in enumerate(content))
+    for i, part in enumerate(parts):
+        allowed = (PartType.OUTPUT_TEXT,) if role == "assistant" else (PartType.INPUT_TEXT, PartType.INPUT_AUDIO)
+        if role == "system":
+            allowed = (PartType.INPUT_TEXT,)
+        if part.type not in allowed:
+            raise RealtimeError(
+                "invalid_value", f"a {role} item cannot hold {part.type.value} content", f"item.content[{i}].type"
+            )
+    item_id = body.get("id")
+    return NewItem(role, parts, None if item_id is None else _str(item_id, "item.id", limit=64, allow_empty=False))
+
+
+def _response_options(value: Any, max_instructions: int) -> ResponseOptions:
+    if value is None:
+        return ResponseOptions()
+    body = _obj(value, "response")
+    fields: dict[str, Any] = {}
+    if body.get("conversation", "auto") != "auto":
+        raise RealtimeError("invalid_value", "only conversation 'auto' is supported", "response.conversation")
+    if body.get("input") is not None:
+        raise RealtimeError("invalid_value", "response.input is not supported", "response.input")
+    if body.get("tools"):
+        raise RealtimeError("invalid_value", "tools are not supported", "response.tools")
+    if "output_modalities" in body:
+        fields["output_modalities"] = _modalities(body["output_modalities"], "response.output_modalities")
+    if "instructions" in body:
+        fields["instructions"] = _str(body["instructions"], "response.instructions", limit=max_instructions)
+    if body.get("max_output_tokens") is not None:
+        fields["max_output_tokens"] = _max_tokens(body["max_output_tokens"], "response.max_output_tokens")
+    audio_out = _obj(_obj(body.get("audio", {}), "response.audio").get("output", {}), "response.audio.output")
+    if audio_out.get("format") is not None:
+        fields["output_format"] = parse_format(audio_out["format"], "response.audio.output.format")
+    if audio_out.get("voice") is not None:
+        fields["voice"] = _voice(audio_out["voice"], "response.audio.output.voice")
+    metadata = body.get("metadata")
+    if metadata is not None:
+        meta = _obj(metadata, "response.metadata")
+        if len(meta) > 16 or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+            raise RealtimeError("invalid_value", "metadata holds at most 16 string pairs", "response.metadata")
+        fields["metadata"] = dict(meta)
+    return ResponseOptions(**fields)
+
+
+def parse_client_event(
+    text: str | bytes | None, *, max_append_bytes: int = MAX_APPEND_BYTES, max_instructions: int = 32_768
+) -> ClientEvent:
+    """One client message -> its typed event; RealtimeError (``invalid_json``, ``unknown_event``, ...) otherwise.
+
+    CPU cost grows with the message (JSON and base64 of audio): the shell runs large ones off the event loop.
+    """
+    if not isinstance(text, str):
+        raise RealtimeError("invalid_json", "binary messages are not supported: send JSON text messages")
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError):
+        raise RealtimeError("invalid_json", "the message is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise RealtimeError("invalid_json", "a client event must be a JSON object")
+    raw_id = body.get("event_id")
+    event_id = raw_id if isinstance(raw_id, str) and len(raw_id) <= 128 else None
+    try:
+        return _parse(body, event_id, max_append_bytes, max_instructions)
+    except RealtimeError as exc:
+        exc.event_id = event_id
+        raise
+
+
+def _parse(body: dict[str, Any], event_id: str | None, max_bytes: int, max_instructions: int) -> ClientEvent:
+    kind = body.get("type")
+    if kind == "input_audio_buffer.append":
+        return InputAudioAppend(event_id, decode_audio_field(body.get("audio"), "audio", max_bytes))
+    if kind == "session.update":
+        return SessionUpdate(event_id, parse_session(body.get("session"), max_instructions=max_instructions))
+    if kind == "input_audio_buffer.commit":
+        return InputAudioCommit(event_id)
+    if kind == "input_audio_buffer.clear":
+        return InputAudioClear(event_id)
+    if kind == "output_audio_buffer.clear":
+        return OutputAudioClear(event_id)
+    if kind == "conversation.item.create":
+        previous = body.get("previous_item_id")
+        previous = None if previous is None else _str(previous, "previous_item_id", limit=64)
+        return ItemCreate(event_id, parse_item(body.get("item"), max_bytes), previous)
+    if kind == "conversation.item.delete":
+        return ItemDelete(event_id, _str(body.get("item_id"), "item_id", limit=64))
+    if kind == "conversation.item.retrieve":
+        return ItemRetrieve(event_id, _str(body.get("item_id"), "item_id", limit=64))
+    if kind == "conversation.item.truncate":
+        return ItemTruncate(
+            event_id,
+            _str(body.get("item_id"), "item_id", limit=64),
+            _int(body.get("content_index", 0), "content_index", 0, 1024),
+            _int(body.get("audio_end_ms"), "audio_end_ms", 0, 1 << 40),
+        )
+    if kind == "response.create":
+        return ResponseCreate(event_id, _response_options(body.get("response"), max_instructions))
+    if kind == "response.cancel":
+        rid = body.get("response_id")
+        return ResponseCancel(event_id, None if rid is None else _str(rid, "response_id", limit=64))
+    shown = kind if isinstance(kind, str) and len(kind) <= 64 else type(kind).__name__
+    raise RealtimeError("unknown_event", f"unknown client event type {shown!r}", "type")

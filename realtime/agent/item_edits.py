@@ -1,0 +1,108 @@
+"""Conversation items in the realtime protocol: adding (client-created or from a turn), deleting, truncating, and
+what an item leaving the conversation cancels."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from omni_stream.realtime.agent.audio import InputDecoder, decode_whole
+from omni_stream.realtime.agent.events import ItemCreate, ItemTruncate, PartType, RealtimeError
+from omni_stream.realtime.agent.items import Content, ContentType, Item, ItemStatus
+from omni_stream.realtime.agent.outputs import CancelTranscription, Outputs
+from omni_stream.realtime.agent.protocol_state import ProtocolState, samples_ms
+from omni_stream.requests import Role
+
+
+class ItemEditing(ProtocolState):
+    """The conversation's items (see the module docstring)."""
+
+    def _item(self, item_id: str) -> Item:
+        item = self.conversation.get(item_id)
+        if item is None:
+            raise RealtimeError("invalid_value", f"no item with id {item_id!r} in the conversation", "item_id")
+        return item
+
+    def _add_item(self, item: Item, after: str | None) -> Outputs:
+        out = Outputs()
+        previous = self.conversation.last_id() if after is None else (None if after == "root" else after)
+        for dropped in self.conversation.insert(item, after):
+            out.extend(self._forget(dropped))
+        wire = item.wire()
+        out.events.append(self._event("conversation.item.added", previous_item_id=previous, item=wire))
+        if item.status is ItemStatus.COMPLETED:
+            out.events.append(self._event("conversation.item.done", previous_item_id=previous, item=wire))
+        return out
+
+    def _forget(self, item: Item) -> Outputs:
+        """Events and commands for an item that left the conversation."""
+        out = Outputs([self._event("conversation.item.deleted", item_id=item.id)])
+        for key in [k for k in self.pending if k[0] == item.id]:
+            del self.pending[key]
+            out.commands.append(CancelTranscription(item.id))
+        if self.response is not None:
+            self.response.waiting = {k for k in self.response.waiting if k[0] != item.id}
+        return out
+
+    def _create_item(self, event: ItemCreate) -> Outputs:
+        new = event.item
+        if new.id is not None and new.id in self.conversation:
+            raise RealtimeError("invalid_value", f"an item with id {new.id!r} exists already", "item.id")
+        after = event.previous_item_id
+        if after not in (None, "root") and after not in self.conversation:
+            raise RealtimeError("invalid_value", f"no item with id {after!r} in the conversation", "previous_item_id")
+        decoded: dict[int, np.ndarray] = {}
+        content = []
+        for i, part in enumerate(new.content):
+            if part.type is PartType.INPUT_AUDIO:
+                InputDecoder(self.config.input_format).check(part.audio, f"item.content[{i}].audio")
+                decoded[i] = decode_whole(part.audio, self.config.input_format)
+                transcript = part.transcript
+                content.append(
+                    Content(ContentType.INPUT_AUDIO, transcript=transcript, audio_ms=samples_ms(decoded[i].size))
+                )
+            elif part.type is PartType.OUTPUT_TEXT:
+                content.append(Content(ContentType.OUTPUT_TEXT, text=part.text))
+            else:
+                content.append(Content(ContentType.INPUT_TEXT, text=part.text))
+        item = Item(new.id or self._id("item"), Role(new.role), content)
+        out = self._add_item(item, after)
+        for i, samples in decoded.items():
+            if content[i].transcript is None and samples.size:
+                out.extend(self._transcribe(item, i, samples))
+        return out
+
+    def _delete_item(self, item_id: str) -> Outputs:
+        item = self._item(item_id)
+        if self.response is not None and self.response.item is item:
+            raise RealtimeError("invalid_value", "the item is being generated: cancel its response first", "item_id")
+        self.conversation.remove(item_id)
+        return self._forget(item)
+
+    def _truncate(self, event: ItemTruncate) -> Outputs:
+        item = self._item(event.item_id)
+        audio = [c for c in item.content if c.type is ContentType.OUTPUT_AUDIO]
+        if item.role is not Role.ASSISTANT or not audio:
+            raise RealtimeError("invalid_value", "only an assistant item with audio can be truncated", "item_id")
+        index = event.content_index
+        if index >= len(item.content) or item.content[index].type is not ContentType.OUTPUT_AUDIO:
+            raise RealtimeError("invalid_value", "content_index does not name an audio part", "content_index")
+        out = Outputs()
+        if self.response is not None and self.response.item is item:
+            out.extend(self._cancel("client_cancelled"))
+        content = item.content[event.content_index]
+        if event.audio_end_ms > content.audio_ms:
+            raise RealtimeError(
+                "invalid_value",
+                f"audio_end_ms ({event.audio_end_ms}) is past the item's audio ({content.audio_ms} ms)",
+                "audio_end_ms",
+            )
+        content.truncate(event.audio_end_ms)
+        out.events.append(
+            self._event(
+                "conversation.item.truncated",
+                item_id=item.id,
+                content_index=event.content_index,
+                audio_end_ms=event.audio_end_ms,
+            )
+        )
+        return out

@@ -1,0 +1,147 @@
+"""What the realtime state machine is configured with and what it returns: capabilities, limits, the session's
+settings, server events, the commands a driver carries out, and usage."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+import numpy as np
+
+from omni_stream.realtime.agent.audio import RATE
+from omni_stream.realtime.agent.events import AudioFormat, Modality, SessionType, TranscriptionConfig, TurnDetection
+from omni_stream.requests import ChatMessage
+from omni_stream.turns.vad import VadParams, VoiceActivityDetector
+
+VadFactory: TypeAlias = Callable[[VadParams], VoiceActivityDetector]
+
+
+@dataclass(slots=True, frozen=True)
+class Capabilities:
+    """What the server can do for a session: loaded models, voices, and whether server VAD is available."""
+
+    model: str = "omni-stream"
+    voices: tuple[str, ...] = ()
+    default_voice: str | None = None
+    speech: bool = False
+    text: bool = False
+    transcription: bool = False
+    vad: bool = False
+    output_rate: int = RATE  # the speech model's sample rate (Hz)
+
+
+@dataclass(slots=True, frozen=True)
+class Limits:
+    """Sizes in bytes, durations in seconds unless named ``_ms``."""
+
+    max_append_bytes: int = 15 * 1024 * 1024
+    max_buffer_seconds: float = 300.0
+    max_items: int = 256
+    max_instructions: int = 32_768
+    session_seconds: float = 3600.0
+    vad_lookback_ms: int = 2000  # kept before the detector's report of a start (it reports late)
+
+
+@dataclass(slots=True, frozen=True)
+class SessionConfig:
+    type: SessionType
+    instructions: str
+    modality: Modality
+    voice: str | None
+    input_format: AudioFormat = AudioFormat.PCM
+    output_format: AudioFormat = AudioFormat.PCM
+    turn_detection: TurnDetection | None = None
+    transcription: TranscriptionConfig | None = None
+    max_output_tokens: int | None = None  # None: "inf"
+
+
+# --- outputs ------------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class ServerEvent:
+    """One server event: ``type``, ``event_id`` and JSON fields; audio deltas carry raw wire ``audio`` bytes that
+    become the base64 ``delta`` when the event is serialized (so a transport may use the bytes directly)."""
+
+    type: str
+    event_id: str
+    body: dict[str, Any]
+    audio: bytes | None = None
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON object (without the base64 of ``audio``: see :func:`to_json_dict`)."""
+        return {"type": self.type, "event_id": self.event_id, **self.body}
+
+
+@dataclass(slots=True, frozen=True)
+class Transcribe:
+    """Transcribe ``samples`` (int16 at 24 kHz) of an item's content part."""
+
+    item_id: str
+    content_index: int
+    samples: np.ndarray
+    language: str | None = None
+    prompt: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class CancelTranscription:
+    item_id: str
+
+
+@dataclass(slots=True, frozen=True)
+class StartResponse:
+    """Generate a reply to ``messages``: spoken in ``voice`` (``speak``) or text only."""
+
+    response_id: str
+    messages: tuple[ChatMessage, ...]
+    speak: bool
+    voice: str | None
+    max_tokens: int | None
+
+
+@dataclass(slots=True, frozen=True)
+class CancelResponse:
+    """Stop the response's generation now (its model slots back before the next step) and drop its audio."""
+
+    response_id: str
+
+
+@dataclass(slots=True, frozen=True)
+class CloseSession:
+    code: int
+    reason: str
+
+
+Command: TypeAlias = Transcribe | CancelTranscription | StartResponse | CancelResponse | CloseSession
+
+
+@dataclass(slots=True)
+class Outputs:
+    events: list[ServerEvent] = field(default_factory=list)
+    commands: list[Command] = field(default_factory=list)
+
+    def extend(self, other: Outputs) -> Outputs:
+        self.events += other.events
+        self.commands += other.commands
+        return self
+
+
+@dataclass(slots=True, frozen=True)
+class ResponseUsage:
+    """Tokens of one response: text in (prompt), text out (LLM), audio out (codec frames)."""
+
+    input_text_tokens: int = 0
+    output_text_tokens: int = 0
+    output_audio_tokens: int = 0
+
+    def wire(self) -> dict[str, Any]:
+        out = self.output_text_tokens + self.output_audio_tokens
+        return {
+            "total_tokens": self.input_text_tokens + out,
+            "input_tokens": self.input_text_tokens,
+            "output_tokens": out,
+            "input_token_details": {"text_tokens": self.input_text_tokens, "audio_tokens": 0, "cached_tokens": 0},
+            "output_token_details": {"text_tokens": self.output_text_tokens, "audio_tokens": self.output_audio_tokens},
+        }

@@ -1,0 +1,223 @@
+"""The realtime session as a sans-I/O state machine: client events and engine results in, server events and
+commands out.
+
+``RealtimeProtocol.receive(event)`` applies one typed client event (:mod:`omni_stream.realtime.agent.events`)
+and returns :class:`Outputs`: the server events to send, in order, and the :class:`Command` objects the driver
+must carry out (start a transcription, start or cancel a response, close). The driver reports back through
+``transcription_*`` and ``response_*`` methods, which return outputs too. Nothing here awaits, sends or
+reads; the voice activity detector is the one stateful computation it calls, so the driver runs ``receive``
+of audio off the event loop and serializes every call (one at a time, outputs handled in order).
+
+Turns. With ``server_vad`` the buffer is fed to the detector as it arrives; ``speech_started`` cancels a
+response in progress (barge-in, when ``interrupt_response``) and ``speech_stopped`` commits the turn: a user
+item, its transcription, and (``create_response``) a response that starts once the transcripts it depends on
+are in. With ``turn_detection: null`` the client commits and asks for responses itself. A cancelled
+response's assistant item keeps the audio sent so far and the transcript of the units whose audio began.
+
+Limits: the input buffer holds at most ``Limits.max_buffer_seconds`` (more is refused with
+``input_audio_buffer_overflow``, never silently dropped); while nobody speaks under server VAD only the last
+``prefix_padding_ms + vad_lookback_ms`` are kept.
+
+Modules. This one holds the session: its configuration, the dispatch of client events and its end; the parts
+are mixins over :class:`~omni_stream.realtime.agent.protocol_state.ProtocolState`: input audio, turns and
+transcriptions (:mod:`.realtime_turns`), conversation items (:mod:`.realtime_item_edits`) and responses
+(:mod:`.realtime_responses`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from omni_stream.realtime.agent.audio import InputDecoder
+from omni_stream.realtime.agent.events import (
+    UNSET,
+    ClientEvent,
+    InputAudioAppend,
+    InputAudioClear,
+    InputAudioCommit,
+    ItemCreate,
+    ItemDelete,
+    ItemRetrieve,
+    ItemTruncate,
+    Modality,
+    OutputAudioClear,
+    RealtimeError,
+    ResponseCancel,
+    ResponseCreate,
+    SessionPatch,
+    SessionType,
+    SessionUpdate,
+)
+from omni_stream.realtime.agent.item_edits import ItemEditing
+from omni_stream.realtime.agent.outputs import CloseSession, Outputs, SessionConfig
+from omni_stream.realtime.agent.protocol_state import Phase
+from omni_stream.realtime.agent.responses import Responding
+from omni_stream.realtime.agent.turns import TurnTaking
+
+
+class RealtimeProtocol(TurnTaking, ItemEditing, Responding):
+    """One realtime session's state (see the module docstring)."""
+
+    def session_wire(self) -> dict[str, Any]:
+        c = self.config
+        audio_in: dict[str, Any] = {
+            "format": c.input_format.wire(),
+            "transcription": None if c.transcription is None else c.transcription.wire(),
+            "noise_reduction": None,
+            "turn_detection": None if c.turn_detection is None else c.turn_detection.wire(),
+        }
+        base = {"id": self.session_id, "object": "realtime.session", "expires_at": self.expires_at, "include": None}
+        if c.type is SessionType.TRANSCRIPTION:
+            return {**base, "type": "transcription", "audio": {"input": audio_in}}
+        return {
+            **base,
+            "type": "realtime",
+            "model": self.caps.model,
+            "output_modalities": [c.modality.value],
+            "instructions": c.instructions,
+            "audio": {
+                "input": audio_in,
+                "output": {"format": c.output_format.wire(), "voice": c.voice, "speed": 1.0},
+            },
+            "tools": [],
+            "tool_choice": "auto",
+            "max_output_tokens": "inf" if c.max_output_tokens is None else c.max_output_tokens,
+            "tracing": None,
+            "truncation": "auto",
+            "prompt": None,
+        }
+
+    def start(self) -> Outputs:
+        """Open the detector (loading it may take a while: run this off the event loop) and return the events a
+        new connection gets first."""
+        self._open_vad()
+        return Outputs(
+            [
+                self._event("session.created", session=self.session_wire()),
+                self._event(
+                    "conversation.created",
+                    conversation={"id": self.conversation_id, "object": "realtime.conversation"},
+                ),
+            ]
+        )
+
+    # --- client events ---
+
+    def receive(self, event: ClientEvent) -> Outputs:
+        """Apply one client event; a refused one gives a single ``error`` event and changes nothing."""
+        if self.phase is Phase.CLOSED:
+            return Outputs()
+        try:
+            return self._dispatch(event)
+        except RealtimeError as exc:
+            if exc.event_id is None:
+                exc.event_id = event.event_id
+            return Outputs([self._error(exc)])
+
+    def refuse(self, exc: RealtimeError) -> Outputs:
+        """The ``error`` event for a message that did not parse."""
+        return Outputs() if self.phase is Phase.CLOSED else Outputs([self._error(exc)])
+
+    def _dispatch(self, event: ClientEvent) -> Outputs:
+        if isinstance(event, InputAudioAppend):
+            return self._append(event.audio)
+        if isinstance(event, SessionUpdate):
+            return self._update(event.patch)
+        if isinstance(event, InputAudioCommit):
+            return self._commit()
+        if isinstance(event, InputAudioClear):
+            self._clear_input()
+            return Outputs([self._event("input_audio_buffer.cleared")])
+        if isinstance(event, OutputAudioClear):
+            out = Outputs()
+            rid = self.response.id if self.response is not None else None
+            if self.response is not None:
+                out.extend(self._cancel("client_cancelled"))
+            out.events.append(self._event("output_audio_buffer.cleared", response_id=rid))
+            return out
+        if isinstance(event, ItemCreate):
+            return self._create_item(event)
+        if isinstance(event, ItemDelete):
+            return self._delete_item(event.item_id)
+        if isinstance(event, ItemRetrieve):
+            item = self._item(event.item_id)
+            return Outputs([self._event("conversation.item.retrieved", item=item.wire())])
+        if isinstance(event, ItemTruncate):
+            return self._truncate(event)
+        if isinstance(event, ResponseCreate):
+            return self._create_response(event)
+        if isinstance(event, ResponseCancel):
+            if self.response is None or event.response_id not in (None, self.response.id):
+                raise RealtimeError("response_cancel_not_active", "there is no response in progress to cancel")
+            return self._cancel("client_cancelled")
+        raise AssertionError(f"unhandled event {event!r}")  # pragma: no cover - the parser knows every type
+
+    # --- session ---
+
+    def _update(self, patch: SessionPatch) -> Outputs:
+        c = self.config
+        fields: dict[str, Any] = {
+            name: value for name in SessionConfig.__slots__ if (value := getattr(patch, name, UNSET)) is not UNSET
+        }
+        if patch.output_modalities is not UNSET:
+            fields["modality"] = patch.output_modalities
+        new = replace(c, **fields)
+        if new.type is not c.type and self.response is not None:
+            raise RealtimeError(
+                "invalid_value", "session.type cannot change while a response is in progress", "session.type"
+            )
+        if new.voice is not None and patch.voice is not UNSET:
+            new = replace(new, voice=self._check_voice(new.voice, "session.audio.output.voice"))
+        if new.turn_detection is not None and not self.caps.vad:
+            raise RealtimeError(
+                "invalid_value",
+                "server_vad is not available on this server (no voice activity detector); set turn_detection to null "
+                "and commit turns with input_audio_buffer.commit",
+                "session.audio.input.turn_detection",
+            )
+        if new.modality is Modality.AUDIO and not self.caps.speech and new.type is SessionType.REALTIME:
+            raise RealtimeError(
+                "invalid_value", "audio output needs a speech model, and none is loaded", "session.output_modalities"
+            )
+        self.config = new
+        if new.input_format is not c.input_format:
+            self.decoder = InputDecoder(new.input_format)
+        if new.turn_detection != c.turn_detection:
+            self._open_vad()
+        return Outputs([self._event("session.updated", session=self.session_wire())])
+
+    def _check_voice(self, voice: str, param: str) -> str:
+        for known in self.caps.voices:
+            if known.lower() == voice.lower():
+                return known
+        if not self.caps.voices:
+            return voice
+        raise RealtimeError(
+            "invalid_value", f"unknown voice {voice!r} (available: {', '.join(self.caps.voices)})", param
+        )
+
+    # --- the session's end ---
+
+    def expire(self) -> Outputs:
+        """The session reached ``Limits.session_seconds``: an error, then close."""
+        if self.phase is Phase.CLOSED:
+            return Outputs()
+        out = self._cancel("client_cancelled") if self.response is not None else Outputs()
+        seconds = self.limits.session_seconds
+        exc = RealtimeError("session_expired", f"Your session hit the maximum duration of {seconds:g} seconds.")
+        out.events.append(self._error(exc))
+        out.commands.append(CloseSession(1000, "session expired"))
+        self.close()
+        return out
+
+    def close(self) -> None:
+        """Forget every per-session state (buffer, detector, pending work); later inputs are ignored."""
+        self.phase = Phase.CLOSED
+        self.buffer.clear()
+        if self.vad is not None:
+            self.vad.reset()
+        self.vad = None
+        self._vad_resampler = None
+        self.pending.clear()
+        self.response = None

@@ -1,0 +1,145 @@
+"""The realtime protocol's state and what every part of it shares: session ids, server events, the response in
+progress, and the steps one part of the protocol takes in another (see :mod:`omni_stream.realtime.agent.protocol`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+
+from omni_stream.codecs.resample import Resampler
+from omni_stream.realtime.agent.audio import RATE, InputDecoder, OutputEncoder
+from omni_stream.realtime.agent.buffer import InputBuffer
+from omni_stream.realtime.agent.events import (
+    AudioFormat,
+    Modality,
+    RealtimeError,
+    ResponseCreate,
+    SessionType,
+    TurnDetection,
+)
+from omni_stream.realtime.agent.items import Content, Conversation, Item
+from omni_stream.realtime.agent.outputs import Capabilities, Limits, Outputs, ServerEvent, SessionConfig, VadFactory
+from omni_stream.turns.vad import VoiceActivityDetector
+
+DEFAULT_INSTRUCTIONS = "You are a helpful voice assistant. Answer briefly."
+
+
+class Phase(StrEnum):
+    OPEN = "open"
+    CLOSED = "closed"  # expired or ended: every input is ignored
+
+
+class ResponseStatus(StrEnum):
+    WAITING = "waiting"  # for transcripts of the items it answers
+    RUNNING = "running"
+    DONE = "done"
+
+
+@dataclass(slots=True)
+class ResponseState:
+    id: str
+    item: Item
+    modality: Modality
+    voice: str | None
+    format: AudioFormat
+    max_tokens: int | None
+    instructions: str
+    metadata: dict[str, str] | None
+    encoder: OutputEncoder | None
+    waiting: set[tuple[str, int]]
+    status: ResponseStatus = ResponseStatus.WAITING
+    samples: int = 0  # model-rate samples sent
+
+    @property
+    def content(self) -> Content:
+        return self.item.content[0]
+
+
+def samples_ms(samples: int, rate: int = RATE) -> int:
+    """Whole milliseconds of ``samples`` at ``rate`` Hz (default: the wire rate, 24 kHz)."""
+    return samples * 1000 // rate
+
+
+def session_ids() -> Callable[[str], str]:
+    """Ids ``prefix_<session token><n>`` (unique per process run and session)."""
+    token = secrets.token_hex(6)
+    counter = itertools.count(1)
+    return lambda prefix: f"{prefix}_{token}{next(counter)}"
+
+
+class ProtocolState:
+    """One realtime session's state; the protocol's parts (turns, items, responses) are mixins over it."""
+
+    def __init__(
+        self,
+        caps: Capabilities,
+        limits: Limits | None = None,
+        vad_factory: VadFactory | None = None,
+        *,
+        created_at: float = 0.0,
+        ids: Callable[[str], str] | None = None,
+        session_type: SessionType = SessionType.REALTIME,
+    ) -> None:
+        self.caps = replace(caps, vad=caps.vad and vad_factory is not None)
+        self.limits = limits or Limits()
+        self.vad_factory = vad_factory
+        self._id = ids or session_ids()
+        self._event_ids = itertools.count(1)
+        self.session_id = self._id("sess")
+        self.conversation_id = self._id("conv")
+        self.expires_at = int(created_at + self.limits.session_seconds)
+        self.phase = Phase.OPEN
+        self.config = SessionConfig(
+            type=session_type,
+            instructions=DEFAULT_INSTRUCTIONS,
+            modality=Modality.AUDIO if caps.speech else Modality.TEXT,
+            voice=caps.default_voice,
+            turn_detection=TurnDetection() if self.caps.vad else None,
+        )
+        self.conversation = Conversation(self.limits.max_items)
+        self.buffer = InputBuffer()
+        self.decoder = InputDecoder(self.config.input_format)
+        self.vad: VoiceActivityDetector | None = None
+        self._vad_resampler: Resampler | None = None
+        self._vad_origin = 0  # stream position of the detector's sample 0
+        self._speech_start: int | None = None  # stream position where the current turn's audio begins
+        self._turn_item: str | None = None  # id the current turn's item will get
+        self.pending: dict[tuple[str, int], list[str]] = {}  # transcriptions in flight: partial texts
+        self.response: ResponseState | None = None
+
+    def _event(self, type: str, audio: bytes | None = None, **body: Any) -> ServerEvent:
+        return ServerEvent(type, f"event_{next(self._event_ids)}", body, audio)
+
+    def _error(self, exc: RealtimeError) -> ServerEvent:
+        error = {"type": exc.type, "code": exc.code, "message": exc.message, "param": exc.param}
+        return self._event("error", error={**error, "event_id": exc.event_id})
+
+    # --- steps one part takes in another (each defined once, by the part named) ---
+
+    def _add_item(self, item: Item, after: str | None) -> Outputs:  # realtime_item_edits
+        raise NotImplementedError
+
+    def _transcribe(self, item: Item, index: int, samples: np.ndarray) -> Outputs:  # realtime_turns
+        raise NotImplementedError
+
+    def _check_voice(self, voice: str, param: str) -> str:  # realtime_protocol
+        raise NotImplementedError
+
+    def _response_settings(self, event: ResponseCreate | None) -> dict[str, Any]:  # realtime_responses
+        raise NotImplementedError
+
+    def _start_response(self, rid: str, settings: dict[str, Any]) -> Outputs:  # realtime_responses
+        raise NotImplementedError
+
+    def _resolve(self, key: tuple[str, int]) -> Outputs:  # realtime_responses
+        raise NotImplementedError
+
+    def _cancel(self, reason: str) -> Outputs:  # realtime_responses
+        raise NotImplementedError

@@ -1,0 +1,216 @@
+"""Responses of the realtime protocol: creating one (from the client, or after a server-VAD turn), starting it once
+the transcripts it answers are in, its text and audio deltas, and its end (done, incomplete, failed, cancelled)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from omni_stream.realtime.agent.audio import OutputEncoder
+from omni_stream.realtime.agent.events import (
+    UNSET,
+    AudioFormat,
+    Modality,
+    RealtimeError,
+    ResponseCreate,
+    SessionType,
+)
+from omni_stream.realtime.agent.items import Content, ContentType, Item, ItemStatus, join_units
+from omni_stream.realtime.agent.outputs import CancelResponse, Outputs, ResponseUsage, StartResponse
+from omni_stream.realtime.agent.protocol_state import ProtocolState, ResponseState, ResponseStatus, samples_ms
+from omni_stream.requests import ChatMessage, Role
+
+
+class Responding(ProtocolState):
+    """The response in progress (see the module docstring)."""
+
+    def _resolve(self, key: tuple[str, int]) -> Outputs:
+        r = self.response
+        if r is None or key not in r.waiting:
+            return Outputs()
+        r.waiting.discard(key)
+        return self._maybe_run(r)
+
+    def _response_settings(self, event: ResponseCreate | None) -> dict[str, Any]:
+        c, o = self.config, event.options if event is not None else None
+        modality = c.modality if o is None or o.output_modalities is UNSET else o.output_modalities
+        voice = c.voice if o is None or o.voice is UNSET else self._check_voice(o.voice, "response.audio.output.voice")
+        return {
+            "modality": modality,
+            "voice": voice,
+            "format": c.output_format if o is None or o.output_format is UNSET else o.output_format,
+            "max_tokens": c.max_output_tokens if o is None or o.max_output_tokens is UNSET else o.max_output_tokens,
+            "instructions": c.instructions if o is None or o.instructions is UNSET else o.instructions,
+            "metadata": None if o is None else o.metadata,
+        }
+
+    def _create_response(self, event: ResponseCreate) -> Outputs:
+        if self.config.type is SessionType.TRANSCRIPTION:
+            raise RealtimeError("invalid_value", "a transcription session makes no responses", "session.type")
+        if self.response is not None:
+            raise RealtimeError(
+                "conversation_already_has_active_response",
+                f"Conversation already has an active response in progress: {self.response.id}. Wait until the "
+                "response is finished before creating a new one.",
+            )
+        if not self.caps.text:
+            raise RealtimeError("invalid_value", "responses need a text model, and none is loaded", "model")
+        settings = self._response_settings(event)
+        if settings["modality"] is Modality.AUDIO and not self.caps.speech:
+            raise RealtimeError(
+                "invalid_value", "audio output needs a speech model, and none is loaded", "response.output_modalities"
+            )
+        return self._start_response(self._id("resp"), settings)
+
+    def _start_response(self, rid: str, settings: dict[str, Any]) -> Outputs:
+        modality: Modality = settings["modality"]
+        part = ContentType.OUTPUT_AUDIO if modality is Modality.AUDIO else ContentType.OUTPUT_TEXT
+        content = Content(part, transcript="" if part is ContentType.OUTPUT_AUDIO else None)
+        item = Item(self._id("item"), Role.ASSISTANT, [content], ItemStatus.IN_PROGRESS)
+        fmt: AudioFormat = settings["format"]
+        encoder = OutputEncoder(fmt, self.caps.output_rate) if modality is Modality.AUDIO else None
+        r = ResponseState(
+            rid,
+            item,
+            modality,
+            settings["voice"],
+            fmt,
+            settings["max_tokens"],
+            settings["instructions"],
+            settings["metadata"],
+            encoder,
+            waiting=set(self.pending),
+        )
+        self.response = r
+        out = Outputs([self._event("response.created", response=self._response_wire(r, "in_progress"))])
+        out.events.append(self._event("response.output_item.added", response_id=rid, output_index=0, item=item.wire()))
+        out.extend(self._add_item(item, None))
+        part_wire = {"type": "audio", "transcript": ""} if encoder is not None else {"type": "text", "text": ""}
+        out.events.append(self._event("response.content_part.added", **self._where(r), part=part_wire))
+        return out.extend(self._maybe_run(r))
+
+    def _maybe_run(self, r: ResponseState) -> Outputs:
+        if r.waiting or r.status is not ResponseStatus.WAITING:
+            return Outputs()
+        r.status = ResponseStatus.RUNNING
+        messages = self.conversation.messages(before=r.item)
+        if r.instructions.strip():
+            messages.insert(0, ChatMessage(Role.SYSTEM, r.instructions))
+        if not messages:
+            return self._finish(r, "failed", error="the conversation is empty: nothing to respond to")
+        speak = r.modality is Modality.AUDIO
+        return Outputs(commands=[StartResponse(r.id, tuple(messages), speak, r.voice, r.max_tokens)])
+
+    def _where(self, r: ResponseState) -> dict[str, Any]:
+        return {"response_id": r.id, "item_id": r.item.id, "output_index": 0, "content_index": 0}
+
+    def _response_wire(self, r: ResponseState, status: str, details: Any = None, usage: Any = None) -> dict[str, Any]:
+        return {
+            "object": "realtime.response",
+            "id": r.id,
+            "status": status,
+            "status_details": details,
+            "output": [] if status == "in_progress" else [r.item.wire()],
+            "conversation_id": self.conversation_id,
+            "output_modalities": [r.modality.value],
+            "max_output_tokens": "inf" if r.max_tokens is None else r.max_tokens,
+            "audio": {"output": {"format": r.format.wire(), "voice": r.voice}},
+            "usage": usage,
+            "metadata": r.metadata,
+        }
+
+    def _active(self, rid: str) -> ResponseState | None:
+        r = self.response
+        return r if r is not None and r.id == rid and r.status is ResponseStatus.RUNNING else None
+
+    def response_transcript(self, rid: str, text: str) -> Outputs:
+        """A spoken unit's transcript, just before its audio."""
+        r = self._active(rid)
+        if r is None or not text.strip():
+            return Outputs()
+        content = r.content
+        delta = (" " if content.units else "") + text.strip()
+        content.units.append((samples_ms(r.samples, self.caps.output_rate), text))
+        content.transcript = join_units(t for _, t in content.units)
+        return Outputs([self._event("response.output_audio_transcript.delta", **self._where(r), delta=delta)])
+
+    def response_text(self, rid: str, text: str) -> Outputs:
+        r = self._active(rid)
+        if r is None or not text:
+            return Outputs()
+        r.content.text += text
+        return Outputs([self._event("response.output_text.delta", **self._where(r), delta=text)])
+
+    def response_audio(self, rid: str, samples: np.ndarray) -> Outputs:
+        """Float32 samples at the speech model's rate; encoded to the response's wire format."""
+        r = self._active(rid)
+        if r is None or r.encoder is None or not samples.size:
+            return Outputs()
+        data = r.encoder.encode(samples)
+        r.samples += samples.size
+        r.content.audio_ms = samples_ms(r.samples, self.caps.output_rate)
+        if not data:
+            return Outputs()
+        return Outputs([self._event("response.output_audio.delta", audio=data, **self._where(r))])
+
+    def response_done(self, rid: str, usage: ResponseUsage) -> Outputs:
+        r = self._active(rid)
+        if r is None:
+            return Outputs()
+        out = Outputs()
+        if r.encoder is not None and r.encoder.needs_resampling():
+            tail = r.encoder.encode(np.zeros(0, np.float32), last=True)
+            if tail:
+                out.events.append(self._event("response.output_audio.delta", audio=tail, **self._where(r)))
+        hit_limit = r.max_tokens is not None and usage.output_text_tokens >= r.max_tokens
+        status = "incomplete" if hit_limit else "completed"
+        return out.extend(self._finish(r, status, reason="max_output_tokens" if hit_limit else None, usage=usage))
+
+    def response_failed(self, rid: str, message: str) -> Outputs:
+        r = self._active(rid)
+        return Outputs() if r is None else self._finish(r, "failed", error=message)
+
+    def _cancel(self, reason: str) -> Outputs:
+        r = self.response
+        assert r is not None
+        out = Outputs(commands=[CancelResponse(r.id)] if r.status is ResponseStatus.RUNNING else [])
+        return out.extend(self._finish(r, "cancelled", reason=reason))
+
+    def _finish(
+        self,
+        r: ResponseState,
+        status: str,
+        *,
+        reason: str | None = None,
+        error: str | None = None,
+        usage: ResponseUsage | None = None,
+    ) -> Outputs:
+        """The closing events of a response, in order; the session is free for the next one afterwards."""
+        r.status = ResponseStatus.DONE
+        self.response = None
+        r.item.status = ItemStatus.COMPLETED if status == "completed" else ItemStatus.INCOMPLETE
+        where, content = self._where(r), r.content
+        out = Outputs()
+        if r.encoder is not None:
+            transcript = content.transcript or ""
+            out.events.append(self._event("response.output_audio.done", **where))
+            out.events.append(self._event("response.output_audio_transcript.done", **where, transcript=transcript))
+            part = {"type": "audio", "transcript": transcript}
+        else:
+            out.events.append(self._event("response.output_text.done", **where, text=content.text))
+            part = {"type": "text", "text": content.text}
+        out.events.append(self._event("response.content_part.done", **where, part=part))
+        wire = r.item.wire()
+        out.events.append(self._event("response.output_item.done", response_id=r.id, output_index=0, item=wire))
+        if r.item.id in self.conversation:
+            previous = self.conversation.previous_id(r.item)
+            out.events.append(self._event("conversation.item.done", previous_item_id=previous, item=wire))
+        details: dict[str, Any] | None = None
+        if status == "cancelled" or (status == "incomplete" and reason):
+            details = {"type": status, "reason": reason}
+        elif status == "failed":
+            details = {"type": "failed", "error": {"type": "server_error", "code": "server_error", "message": error}}
+        body = self._response_wire(r, status, details, (usage or ResponseUsage()).wire())
+        out.events.append(self._event("response.done", response=body))
+        return out

@@ -1,0 +1,96 @@
+"""WebRTC routes under ``/rtc``: a fastrtc ``Stream`` whose handler is the voice agent (``[webrtc]`` extra).
+
+``POST /rtc/webrtc/offer`` (SDP offer/answer and trickle ICE, fastrtc's body ``{sdp, type, webrtc_id}``) and
+``WS /rtc/websocket/offer`` (fastrtc's WebSocket signalling). Mounted on plain Starlette routes, so fastrtc's
+FastAPI app and Gradio UI are never started. No STUN/TURN server unless ``Settings.rtc_ice_servers`` names some
+(aiortc would otherwise fall back to a public STUN server); at most ``Settings.rtc_concurrency_limit``
+connections, past which fastrtc answers ``{"status": "failed", "meta": {"error": "concurrency_limit_reached"}}``.
+``GET /rtc/config`` tells pages whether WebRTC is available and which ICE servers to use; without fastrtc it is
+the only ``/rtc`` route (``available: false``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
+
+log = logging.getLogger("omni_stream.realtime.rtc")
+
+
+def ice_servers(urls: tuple[str, ...]) -> list[dict[str, Any]]:
+    """``--rtc-ice-servers`` URLs (``stun:host:port``, ``turn:user:pass@host:port``) as RTCIceServer dicts."""
+    servers: list[dict[str, Any]] = []
+    for url in urls:
+        scheme, _, rest = url.partition(":")
+        if scheme in ("turn", "turns") and "@" in rest:
+            credentials, _, host = rest.rpartition("@")
+            user, _, password = credentials.partition(":")
+            servers.append({"urls": f"{scheme}:{host}", "username": user, "credential": password})
+        else:
+            servers.append({"urls": url})
+    return servers
+
+
+def make_stream(state: Any) -> Any:
+    """The fastrtc Stream of the voice agent (ImportError without fastrtc)."""
+    from fastrtc import Stream
+
+    from omni_stream.realtime.agent.rtc_handler import VoiceAgentHandler
+
+    settings = state.settings
+    config = {"iceServers": ice_servers(settings.rtc_ice_servers)}
+    return Stream(
+        VoiceAgentHandler(state),
+        modality="audio",
+        mode="send-receive",
+        concurrency_limit=settings.rtc_concurrency_limit,
+        server_rtc_configuration=config,
+        rtc_configuration=config,
+        verbose=False,
+    )
+
+
+def routes(state: Any) -> list[BaseRoute]:
+    """The ``/rtc`` mount, or nothing when fastrtc is not installed."""
+    try:
+        stream = make_stream(state)
+        from fastrtc.stream import Body
+    except ImportError:
+
+        async def unavailable(request: Request) -> Response:
+            return JSONResponse({"available": False, "iceServers": []})
+
+        return [Route("/rtc/config", unavailable, methods=["GET"])]  # pages ask before they offer WebRTC
+    state.rtc = stream
+
+    async def offer(request: Request) -> Response:
+        try:
+            body = Body(**json.loads(await request.body()))
+        except Exception as exc:  # malformed JSON or fields: the OpenAI error shape, never a 500
+            errors = getattr(exc, "errors", None)  # pydantic: name each field
+            detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors()) if errors else exc
+            message = f"Invalid offer: {detail}".splitlines()[0]
+            return JSONResponse(
+                {"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}}, 400
+            )
+        answer = await stream.offer(body)
+        return answer if isinstance(answer, Response) else JSONResponse(answer)
+
+    async def config(request: Request) -> Response:
+        return JSONResponse({"available": True, "iceServers": ice_servers(state.settings.rtc_ice_servers)})
+
+    return [
+        Mount(
+            "/rtc",
+            routes=[
+                Route("/webrtc/offer", offer, methods=["POST"]),
+                Route("/config", config, methods=["GET"]),
+                WebSocketRoute("/websocket/offer", stream.websocket_offer),
+            ],
+        )
+    ]

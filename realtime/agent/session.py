@@ -1,0 +1,382 @@
+"""The voice agent: a realtime session's protocol state machine driven against the engine, for any transport.
+
+A :class:`RealtimeSession` owns one :class:`~omni_stream.realtime.agent.protocol.RealtimeProtocol` and the
+engine requests its commands start: a transcription per committed user audio part (the ``transcription``
+pipeline), a response per turn (``chat+speech``, or ``chat`` for text-only output). Transports feed client
+events in (:meth:`client_message` for JSON text, :meth:`client_event` for typed events) and read server events
+from :attr:`outgoing` in order, ending with a :class:`SessionClose` when the session closes itself.
+
+Every protocol call runs under one lock together with carrying out its commands and queueing its events, so
+transitions, aborts and sends keep one order: a response's audio can never follow its ``response.done``.
+Audio appends that reach the voice activity detector (or are large), large JSON messages and audio that needs
+resampling are handled in a worker thread, never on the event loop.
+
+Barge-in and run-ahead. A ``CancelResponse`` aborts the response's engine request synchronously, before any
+other task runs: the text and speech models' slots are released before their next step, and the chunks the
+engine still held are dropped with it. Each response's audio is paced by the client's playback clock
+(:func:`audio_pacer`, ``Settings.realtime_run_ahead_seconds``, default 2 s): while it waits the engine stream is
+read no further, so generation pauses at its watermarks instead of filling the socket with stale audio.
+
+Lifetime: ``async with RealtimeSession(...)``; leaving it (any way) aborts every engine request at once, then
+waits for its tasks; the protocol forgets its buffer, detector and pending work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import numpy as np
+from anyio.abc import TaskGroup
+
+from omni_stream.chunks import Audio, TextDelta
+from omni_stream.codecs.resample import resample
+from omni_stream.engine import AsyncEngine, RequestStream
+from omni_stream.family import ModelKind
+from omni_stream.realtime.agent.events import (
+    ClientEvent,
+    InputAudioAppend,
+    ItemCreate,
+    RealtimeError,
+    SessionType,
+    SessionUpdate,
+)
+from omni_stream.realtime.agent.events import parse_client_event as parse
+from omni_stream.realtime.agent.outputs import (
+    CancelResponse,
+    CancelTranscription,
+    Capabilities,
+    CloseSession,
+    Command,
+    Limits,
+    Outputs,
+    ResponseUsage,
+    ServerEvent,
+    StartResponse,
+    Transcribe,
+    VadFactory,
+)
+from omni_stream.realtime.agent.protocol import RealtimeProtocol
+from omni_stream.realtime.settings import Settings
+from omni_stream.requests import ChatRequest, SpokenReply, TextRequest
+from omni_stream.speech.pacing import AnyioClock, Clock, Pacer
+from omni_stream.transcription.spec import TranscriptionRequest
+
+log = logging.getLogger("omni_stream.realtime.session")
+
+PARSE_OFF_LOOP_CHARS = 64 * 1024  # JSON messages longer than this are parsed in a worker thread
+AUDIO_OFF_LOOP_BYTES = 64 * 1024  # appends larger than this are decoded in a worker thread
+OUTGOING_EVENTS = 64  # server events queued for the transport before the session waits for it
+
+
+# --- pacing by the playback clock (omni_stream.speech.pacing) -------------------------------------------------------
+
+
+def audio_pacer(ahead: float, clock: Clock) -> Pacer:
+    """The pacer of one response's audio: each chunk waits until the audio sent leads playback by <= ``ahead`` s."""
+    return Pacer(ahead, clock)
+
+
+# --- the session --------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True, frozen=True)
+class SessionClose:
+    """The last item of :attr:`RealtimeSession.outgoing`: close the transport with ``code``."""
+
+    code: int
+    reason: str
+
+
+def capabilities(engine: AsyncEngine, vad_factory: VadFactory | None, model: str | None = None) -> Capabilities:
+    """What ``engine`` offers a realtime session."""
+    models = engine.models
+    speech = models.speech().info if ModelKind.SPEECH in models else None
+    name = model or (speech.model_name if speech is not None else next(iter(models)).info.model_name)
+    return Capabilities(
+        model=name,
+        voices=speech.voices if speech is not None else (),
+        default_voice=(speech.default_voice or (speech.voices[0] if speech.voices else None)) if speech else None,
+        speech=speech is not None,
+        text=ModelKind.TEXT in models,
+        transcription=ModelKind.TRANSCRIPTION in models,
+        vad=vad_factory is not None,
+        output_rate=speech.sample_rate if speech is not None else 24000,
+    )
+
+
+def limits(settings: Settings) -> Limits:
+    return Limits(
+        max_append_bytes=settings.realtime_max_append_bytes,
+        max_buffer_seconds=settings.realtime_max_buffer_seconds,
+        max_items=settings.realtime_max_items,
+        session_seconds=settings.realtime_session_seconds,
+    )
+
+
+def _mono(samples: np.ndarray) -> np.ndarray:
+    return samples if samples.ndim == 1 else samples.mean(axis=1, dtype=np.float32)
+
+
+def _asr_input(samples: np.ndarray, rate: int) -> np.ndarray:
+    """Int16 at 24 kHz -> float32 at the ASR model's rate (a worker-thread job)."""
+    x = samples.astype(np.float32) / 32768.0
+    return x if rate == 24000 else resample(x, 24000, rate)
+
+
+def _message(exc: BaseException) -> str:
+    return getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+
+
+class RealtimeSession:
+    """One realtime session (see the module docstring); ``vad_factory`` None: ``settings.vad_factory``."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        settings: Settings,
+        *,
+        vad_factory: VadFactory | None = None,
+        clock: Clock | None = None,
+        session_type: SessionType = SessionType.REALTIME,
+        model: str | None = None,
+    ) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.clock: Clock = clock or AnyioClock()
+        factory = vad_factory or settings.vad_factory
+        self.protocol = RealtimeProtocol(
+            capabilities(engine, factory, model),
+            limits(settings),
+            factory,
+            created_at=time.time(),
+            session_type=session_type,
+        )
+        self._send, self.outgoing = anyio.create_memory_object_stream[ServerEvent | SessionClose](OUTGOING_EVENTS)
+        self._lock = anyio.Lock()
+        self._tg: TaskGroup | None = None
+        self._stack = contextlib.AsyncExitStack()
+        self._responses: dict[str, anyio.CancelScope] = {}
+        self._streams: dict[str, RequestStream] = {}  # response id -> its engine request
+        self._asr_streams: dict[tuple[str, int], RequestStream] = {}  # (item id, content index) -> its request
+        self._transcriptions: dict[str, list[anyio.CancelScope]] = {}
+        self.finished = anyio.Event()  # set once the session has ended (server shutdown waits on it)
+        self.closed = False
+
+    # --- lifetime ---
+
+    async def __aenter__(self) -> RealtimeSession:
+        self._tg = await self._stack.enter_async_context(anyio.create_task_group())
+        self._tg.start_soon(self._expire_later)
+        await self._apply(self.protocol.start, heavy=True)  # opens the detector (a model load)
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        self._abort_all()  # synchronous, first: every model slot is free before its next step
+        self.protocol.close()
+        self.outgoing.close()  # wakes a sender blocked on a transport that is gone
+        assert self._tg is not None
+        self._tg.cancel_scope.cancel()
+        try:
+            return await self._stack.__aexit__(*exc_info)
+        finally:
+            self._send.close()
+            self.finished.set()
+
+    def _abort_all(self) -> None:
+        for stream in [*self._streams.values(), *self._asr_streams.values()]:
+            stream.abort()
+        self._streams.clear()
+        self._asr_streams.clear()
+        for scope in self._responses.values():
+            scope.cancel()
+        for scopes in self._transcriptions.values():
+            for scope in scopes:
+                scope.cancel()
+
+    def live(self) -> dict[str, int]:
+        """Per-session state still held (all zero once the session has ended)."""
+        p = self.protocol
+        return {
+            "engine_requests": len(self._streams) + len(self._asr_streams),
+            "responses": len(self._responses),
+            "transcriptions": sum(len(s) for s in self._transcriptions.values()),
+            "buffered_samples": p.buffer.length,
+            "pending_transcripts": len(p.pending),
+            "detector": int(p.vad is not None),
+        }
+
+    # --- input ---
+
+    async def client_message(self, text: str | bytes | None) -> None:
+        """One WebSocket message (JSON text); a bad one gets an ``error`` event."""
+        try:
+            if isinstance(text, str) and len(text) > PARSE_OFF_LOOP_CHARS:
+                event = await anyio.to_thread.run_sync(self._parse, text)
+            else:
+                event = self._parse(text)
+        except RealtimeError as exc:
+            await self._apply(self.protocol.refuse, exc)
+            return
+        await self.client_event(event)
+
+    def _parse(self, text: str | bytes | None) -> ClientEvent:
+        return parse(
+            text,
+            max_append_bytes=self.settings.realtime_max_append_bytes,
+            max_instructions=self.protocol.limits.max_instructions,
+        )
+
+    async def client_event(self, event: ClientEvent) -> None:
+        # Off the loop: audio that reaches the detector or is large, and updates (they may load a new detector).
+        heavy = (
+            isinstance(event, SessionUpdate)
+            or (
+                isinstance(event, InputAudioAppend)
+                and (self.protocol.vad is not None or len(event.audio) > AUDIO_OFF_LOOP_BYTES)
+            )
+            or (isinstance(event, ItemCreate) and any(p.audio for p in event.item.content))
+        )
+        await self._apply(self.protocol.receive, event, heavy=heavy)
+
+    # --- the one path every transition takes ---
+
+    async def _apply(self, transition: Callable[..., Outputs], *args: Any, heavy: bool = False) -> None:
+        async with self._lock:
+            if heavy:
+                out = await anyio.to_thread.run_sync(transition, *args)
+            else:
+                out = transition(*args)
+            close = self._execute(out.commands)
+            # Shielded: a transition that cancels the calling task (its own response) still sends its events.
+            with anyio.CancelScope(shield=True):
+                try:
+                    for event in out.events:
+                        await self._send.send(event)
+                    if close is not None:
+                        await self._send.send(close)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    pass  # the transport is gone: the session is ending
+
+    def _execute(self, commands: list[Command]) -> SessionClose | None:
+        """Carry out commands; synchronous, so aborts happen before any other task runs."""
+        close = None
+        for cmd in commands:
+            if isinstance(cmd, CancelResponse):
+                stream = self._streams.pop(cmd.response_id, None)
+                if stream is not None:
+                    stream.abort()
+                scope = self._responses.pop(cmd.response_id, None)
+                if scope is not None:
+                    scope.cancel()
+            elif isinstance(cmd, StartResponse):
+                scope = self._responses[cmd.response_id] = anyio.CancelScope()
+                self._spawn(self._respond, cmd, scope)
+            elif isinstance(cmd, Transcribe):
+                scope = anyio.CancelScope()
+                self._transcriptions.setdefault(cmd.item_id, []).append(scope)
+                self._spawn(self._transcribe, cmd, scope)
+            elif isinstance(cmd, CancelTranscription):
+                for key in [k for k in self._asr_streams if k[0] == cmd.item_id]:
+                    self._asr_streams.pop(key).abort()
+                for scope in self._transcriptions.pop(cmd.item_id, []):
+                    scope.cancel()
+            elif isinstance(cmd, CloseSession):
+                self.closed = True
+                close = SessionClose(cmd.code, cmd.reason)
+        return close
+
+    def _spawn(self, fn: Callable[..., Any], *args: Any) -> None:
+        assert self._tg is not None
+        self._tg.start_soon(fn, *args)
+
+    # --- engine work ---
+
+    async def _respond(self, cmd: StartResponse, scope: anyio.CancelScope) -> None:
+        rid = cmd.response_id
+        with scope:
+            try:
+                speech = SpokenReply(voice=cmd.voice, with_text=False) if cmd.speak else None
+                # Benchmarks only: random-weight LMs must not stop early, so a bounded reply ignores EOS.
+                ignore_eos = self.settings.enable_benchmark_fields and cmd.max_tokens is not None
+                prompt = TextRequest(cmd.messages, max_tokens=cmd.max_tokens, ignore_eos=ignore_eos)
+                stream = self.engine.generate(ChatRequest(prompt, speech))
+            except Exception as exc:
+                await self._apply(self.protocol.response_failed, rid, _message(exc))
+                return
+            self._streams[rid] = stream
+            pacer = audio_pacer(self.settings.realtime_run_ahead_seconds, self.clock)
+            try:
+                async with stream:
+                    async for out in stream:
+                        chunk = out.chunk
+                        if isinstance(chunk, Audio):
+                            if chunk.n_samples:
+                                await pacer.wait()
+                                heavy = chunk.n_samples > 12000 or self._resamples_output()
+                                await self._apply(self.protocol.response_audio, rid, _mono(chunk.samples), heavy=heavy)
+                                pacer.sent(chunk.duration)
+                        elif isinstance(chunk, TextDelta):
+                            speech_stage = out.stage == "speech"
+                            to = self.protocol.response_transcript if speech_stage else self.protocol.response_text
+                            await self._apply(to, rid, chunk.text)
+            except Exception as exc:
+                if self._streams.pop(rid, None) is not None:  # not cancelled: it failed
+                    log.warning("realtime response %s failed: %s", rid, _message(exc))
+                    await self._apply(self.protocol.response_failed, rid, _message(exc))
+                return
+            finally:
+                self._responses.pop(rid, None)
+            if self._streams.pop(rid, None) is None:
+                return  # cancelled while the stream was ending
+            text, speech_usage = stream.usage.get(ModelKind.TEXT), stream.usage.get(ModelKind.SPEECH)
+            usage = ResponseUsage(
+                input_text_tokens=text.input_tokens if text else 0,
+                output_text_tokens=text.output_tokens if text else 0,
+                output_audio_tokens=speech_usage.output_tokens if speech_usage else 0,
+            )
+            await self._apply(self.protocol.response_done, rid, usage)
+
+    def _resamples_output(self) -> bool:
+        r = self.protocol.response
+        return r is not None and r.encoder is not None and r.encoder.needs_resampling()
+
+    async def _transcribe(self, cmd: Transcribe, scope: anyio.CancelScope) -> None:
+        item, index = cmd.item_id, cmd.content_index
+        with scope:
+            try:
+                if not cmd.samples.size:
+                    await self._apply(self.protocol.transcription_done, item, index, 0, 0)
+                    return
+                rate = self.engine.models.get(ModelKind.TRANSCRIPTION).info.sample_rate  # type: ignore[attr-defined]
+                audio = await anyio.to_thread.run_sync(_asr_input, cmd.samples, rate)
+                request = TranscriptionRequest(audio, rate, language=cmd.language, prompt=cmd.prompt,
+                                               max_tokens=self.settings.realtime_transcription_max_tokens)  # fmt: skip
+                stream = self.engine.generate(request)
+                self._asr_streams[(item, index)] = stream
+                async with stream:
+                    async for out in stream:
+                        if isinstance(out.chunk, TextDelta):
+                            await self._apply(self.protocol.transcription_delta, item, index, out.chunk.text)
+                usage = stream.usage.get(ModelKind.TRANSCRIPTION)
+                audio_tokens, text_tokens = (usage.input_tokens, usage.output_tokens) if usage else (0, 0)
+                await self._apply(self.protocol.transcription_done, item, index, audio_tokens, text_tokens)
+            except Exception as exc:
+                log.warning("transcription of %s failed: %s", item, _message(exc))
+                await self._apply(self.protocol.transcription_failed, item, index, _message(exc))
+            finally:
+                self._asr_streams.pop((item, index), None)
+                scopes = self._transcriptions.get(item, [])
+                if scope in scopes:
+                    scopes.remove(scope)
+                if not scopes:
+                    self._transcriptions.pop(item, None)
+
+    async def _expire_later(self) -> None:
+        await self.clock.sleep(self.protocol.limits.session_seconds)
+        await self._apply(self.protocol.expire)

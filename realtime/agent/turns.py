@@ -1,0 +1,193 @@
+"""Input audio and turns of the realtime protocol: the input buffer, server VAD (speech started/stopped, barge-in),
+commits, and the transcription of committed audio (commands out, results in)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from omni_stream.codecs.resample import Resampler
+from omni_stream.realtime.agent.audio import RATE
+from omni_stream.realtime.agent.events import RealtimeError, SessionType
+from omni_stream.realtime.agent.items import Content, ContentType, Item
+from omni_stream.realtime.agent.outputs import Outputs, Transcribe
+from omni_stream.realtime.agent.protocol_state import Phase, ProtocolState, samples_ms
+from omni_stream.requests import Role
+from omni_stream.turns.vad import VadEventKind
+
+MIN_COMMIT_MS = 100  # a commit needs this much audio (OpenAI's rule)
+
+
+class TurnTaking(ProtocolState):
+    """The input side of a session (see the module docstring)."""
+
+    def _open_vad(self) -> None:
+        td = self.config.turn_detection
+        self.vad = None if td is None or self.vad_factory is None else self.vad_factory(td.vad)
+        self._vad_resampler = None
+        if self.vad is not None and self.vad.sample_rate != RATE:
+            self._vad_resampler = Resampler(RATE, self.vad.sample_rate)
+        self._vad_origin = self.buffer.end
+        self._speech_start = None
+        self._turn_item = None
+
+    def _append(self, data: bytes) -> Outputs:
+        self.decoder.check(data)
+        limit = int(self.limits.max_buffer_seconds * RATE)
+        if self.buffer.length + self.decoder.samples_for(len(data)) > limit:
+            raise RealtimeError(
+                "input_audio_buffer_overflow",
+                f"the input audio buffer would pass {self.limits.max_buffer_seconds:g} s: commit or clear it first",
+            )
+        samples = self.decoder.decode(data)
+        self.buffer.append(samples)
+        if self.vad is None:
+            return Outputs()
+        out = Outputs()
+        x = samples.astype(np.float32) / 32768.0
+        if self._vad_resampler is not None:
+            x = self._vad_resampler.process(x)
+        rate = self.vad.sample_rate
+        for vad_event in self.vad.feed(x):
+            position = self._vad_origin + vad_event.sample * RATE // rate
+            if vad_event.kind is VadEventKind.SPEECH_STARTED:
+                out.extend(self._speech_started(position))
+            elif self._speech_start is not None:
+                out.extend(self._speech_stopped(position))
+        if self._speech_start is None:  # nobody speaks: keep only what a late start report may still need
+            assert self.config.turn_detection is not None
+            keep = self.config.turn_detection.vad.prefix_padding_ms + self.limits.vad_lookback_ms
+            self.buffer.drop_before(self.buffer.end - keep * RATE // 1000)
+        return out
+
+    def _speech_started(self, position: int) -> Outputs:
+        td = self.config.turn_detection
+        assert td is not None
+        self._speech_start = max(self.buffer.start, position - td.vad.prefix_padding_ms * RATE // 1000)
+        self.buffer.drop_before(self._speech_start)
+        self._turn_item = self._id("item")
+        out = Outputs(
+            [
+                self._event(
+                    "input_audio_buffer.speech_started", audio_start_ms=samples_ms(position), item_id=self._turn_item
+                )
+            ]
+        )
+        if self.response is not None and td.interrupt_response:
+            out.extend(self._cancel("turn_detected"))
+        return out
+
+    def _speech_stopped(self, position: int) -> Outputs:
+        td = self.config.turn_detection
+        assert td is not None and self._turn_item is not None
+        item_id = self._turn_item
+        out = Outputs(
+            [self._event("input_audio_buffer.speech_stopped", audio_end_ms=samples_ms(position), item_id=item_id)]
+        )
+        samples = self.buffer.take(max(0, position - self.buffer.start))
+        self._speech_start, self._turn_item = None, None
+        out.extend(self._commit_samples(samples, item_id))
+        if td.create_response and self.config.type is SessionType.REALTIME and self.response is None:
+            if self.caps.text:
+                out.extend(self._start_response(self._id("resp"), self._response_settings(None)))
+        return out
+
+    def _commit(self) -> Outputs:
+        if samples_ms(self.buffer.length) < MIN_COMMIT_MS:
+            raise RealtimeError(
+                "input_audio_buffer_commit_empty",
+                f"Error committing input audio buffer: buffer too small. Expected at least {MIN_COMMIT_MS}ms of "
+                f"audio, but buffer only has {self.buffer.length * 1000 / RATE:.2f}ms of audio.",
+            )
+        item_id = self._turn_item or self._id("item")
+        samples = self.buffer.take(self.buffer.length)
+        if self.vad is not None:
+            self.vad.reset()
+        self._vad_origin = self.buffer.end
+        self._speech_start, self._turn_item = None, None
+        return self._commit_samples(samples, item_id)
+
+    def _commit_samples(self, samples: np.ndarray, item_id: str) -> Outputs:
+        previous = self.conversation.last_id()
+        item = Item(item_id, Role.USER, [Content(ContentType.INPUT_AUDIO, audio_ms=samples_ms(samples.size))])
+        out = Outputs([self._event("input_audio_buffer.committed", item_id=item_id, previous_item_id=previous)])
+        out.extend(self._add_item(item, None))
+        out.extend(self._transcribe(item, 0, samples))
+        return out
+
+    def _clear_input(self) -> None:
+        self.buffer.clear()
+        if self.vad is not None:
+            self.vad.reset()
+        self._vad_origin = self.buffer.end
+        self._speech_start, self._turn_item = None, None
+
+    def _transcribe(self, item: Item, index: int, samples: np.ndarray) -> Outputs:
+        if not self.caps.transcription:
+            error = {
+                "type": "invalid_request_error",
+                "code": "transcription_unavailable",
+                "message": "this server has no transcription model loaded",
+                "param": None,
+            }
+            event = self._event(
+                "conversation.item.input_audio_transcription.failed", item_id=item.id, content_index=index, error=error
+            )
+            return Outputs([event])
+        self.pending[(item.id, index)] = []
+        t = self.config.transcription
+        lang, prompt = (t.language, t.prompt) if t is not None else (None, None)
+        return Outputs(commands=[Transcribe(item.id, index, samples, lang, prompt)])
+
+    # --- transcription results ---
+
+    def transcription_delta(self, item_id: str, content_index: int, text: str) -> Outputs:
+        parts = self.pending.get((item_id, content_index))
+        if parts is None or not text or self.phase is Phase.CLOSED:
+            return Outputs()
+        parts.append(text)
+        event = self._event(
+            "conversation.item.input_audio_transcription.delta",
+            item_id=item_id,
+            content_index=content_index,
+            delta=text,
+        )
+        return Outputs([event])
+
+    def transcription_done(self, item_id: str, content_index: int, audio_tokens: int, text_tokens: int) -> Outputs:
+        parts = self.pending.pop((item_id, content_index), None)
+        item = self.conversation.get(item_id)
+        if parts is None or item is None or self.phase is Phase.CLOSED:
+            return Outputs()
+        transcript = "".join(parts).strip()
+        item.content[content_index].transcript = transcript
+        usage = {
+            "type": "tokens",
+            "input_tokens": audio_tokens,
+            "output_tokens": text_tokens,
+            "total_tokens": audio_tokens + text_tokens,
+            "input_token_details": {"text_tokens": 0, "audio_tokens": audio_tokens},
+        }
+        out = Outputs(
+            [
+                self._event(
+                    "conversation.item.input_audio_transcription.completed",
+                    item_id=item_id,
+                    content_index=content_index,
+                    transcript=transcript,
+                    usage=usage,
+                )
+            ]
+        )
+        return out.extend(self._resolve((item_id, content_index)))
+
+    def transcription_failed(self, item_id: str, content_index: int, message: str) -> Outputs:
+        if self.pending.pop((item_id, content_index), None) is None or self.phase is Phase.CLOSED:
+            return Outputs()
+        error = {"type": "server_error", "code": "transcription_failed", "message": message, "param": None}
+        event = self._event(
+            "conversation.item.input_audio_transcription.failed",
+            item_id=item_id,
+            content_index=content_index,
+            error=error,
+        )
+        return Outputs([event]).extend(self._resolve((item_id, content_index)))

@@ -1,0 +1,86 @@
+"""WS /v1/realtime: the OpenAI Realtime GA subset over a WebSocket, a thin shell around the voice agent.
+
+The handshake accepts what the official SDK sends (``Authorization`` header, ``?model=``) and what browsers
+send (subprotocols ``realtime`` and ``openai-insecure-api-key.KEY``: the key-free one is echoed; the key is
+checked by the API-key middleware like on every ``/v1`` route). Then one task reads client messages into the
+session while another writes the session's events out; either side ending ends both, and leaving the session
+frees everything it held (:mod:`omni_stream.realtime.agent.session`). ``?intent=transcription`` starts a
+transcription session.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+
+import anyio
+from starlette.websockets import WebSocket
+
+from omni_stream.realtime.agent.events import SessionType
+from omni_stream.realtime.agent.outputs import ServerEvent
+from omni_stream.realtime.agent.session import RealtimeSession, SessionClose
+from omni_stream.realtime.common.ws_sessions import accept, close_quietly, is_gone, registered
+from omni_stream.realtime.state import ServerState
+
+log = logging.getLogger("omni_stream.realtime.ws")
+
+CLOSE_NORMAL, CLOSE_GOING_AWAY = 1000, 1001
+ENCODE_OFF_LOOP_BYTES = 64 * 1024  # audio deltas larger than this are base64-encoded in a worker thread
+
+
+def to_json(event: ServerEvent) -> str:
+    """The event's wire text (an audio delta's bytes as base64 ``delta``)."""
+    body = event.wire()
+    if event.audio is not None:
+        body["delta"] = base64.b64encode(event.audio).decode("ascii")
+    return json.dumps(body, ensure_ascii=False)
+
+
+async def realtime_endpoint(websocket: WebSocket) -> None:
+    state: ServerState = websocket.app.state.omni
+    await accept(websocket)
+    intent = websocket.query_params.get("intent")
+    kind = SessionType.TRANSCRIPTION if intent == "transcription" else SessionType.REALTIME
+    session = RealtimeSession(
+        state.ready_engine, state.settings, session_type=kind, model=websocket.query_params.get("model")
+    )
+    close_code: int | None = None
+    async with registered(state, session, "realtime"):
+        try:
+            async with session, anyio.create_task_group() as tg:
+
+                async def send_events() -> None:
+                    nonlocal close_code
+                    async for item in session.outgoing:
+                        if isinstance(item, SessionClose):
+                            close_code = item.code
+                            break
+                        big = item.audio is not None and len(item.audio) > ENCODE_OFF_LOOP_BYTES
+                        text = await anyio.to_thread.run_sync(to_json, item) if big else to_json(item)
+                        await websocket.send_text(text)
+                    tg.cancel_scope.cancel()
+
+                async def until_shutdown() -> None:
+                    nonlocal close_code
+                    if state.stopping is None:
+                        return
+                    await state.stopping.wait()
+                    close_code = CLOSE_GOING_AWAY
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(send_events)
+                tg.start_soon(until_shutdown)
+                while True:
+                    message = await websocket.receive()
+                    if message["type"] == "websocket.disconnect":
+                        break
+                    text = message.get("text")
+                    await session.client_message(text if text is not None else message.get("bytes"))
+                tg.cancel_scope.cancel()
+        except Exception as exc:
+            if not is_gone(exc):
+                log.exception("realtime session failed")
+                close_code = 1011
+    if close_code is not None:
+        await close_quietly(websocket, close_code)

@@ -1,0 +1,232 @@
+"""``POST /v1/chat/completions`` fields: wire validation of the JSON body into typed options (pure, no engine).
+
+Every problem is a 400 naming the field in OpenAI's error shape. What depends on the loaded model (``max_tokens``
+against its context, the voice) is checked by the engine when the request is built, and reaches the client the
+same way (InvalidRequestError -> 400).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from omni_stream.realtime.common.errors import bad_request
+from omni_stream.realtime.common.json_fields import int_field, type_name
+from omni_stream.realtime.settings import Settings
+from omni_stream.realtime.speech.params import check_utf8
+from omni_stream.requests import GREEDY, ChatMessage, Role, SamplingParams
+
+ROLES = {"system": Role.SYSTEM, "developer": Role.SYSTEM, "user": Role.USER, "assistant": Role.ASSISTANT}
+MODALITIES = ("text", "audio")
+AUDIO_FORMATS = ("pcm16", "wav", "mp3", "flac", "opus", "aac")
+STREAM_AUDIO_FORMATS = ("pcm16",)  # base64 PCM16 deltas; whole-file formats only fit a non-streamed reply
+MAX_STOP = 4
+MIN_SENTENCE_CHARS, MAX_SENTENCE_CHARS = 8, 4096
+MAX_TOKENS = 1 << 20  # a wire bound; the model's context is the real one
+# Fields OpenAI defines that this server does not implement: sent with a non-default value they are a 400,
+# never silently ignored.
+UNSUPPORTED = {
+    "tools": None,
+    "tool_choice": None,
+    "functions": None,
+    "function_call": None,
+    "logprobs": False,
+    "top_logprobs": None,
+    "logit_bias": None,
+    "presence_penalty": 0,
+    "frequency_penalty": 0,
+    "prediction": None,
+    "web_search_options": None,
+}
+
+
+@dataclass(slots=True, frozen=True)
+class ChatOptions:
+    """A validated chat request. ``sampling`` None: the model's defaults; ``audio_format`` None: text only."""
+
+    messages: tuple[ChatMessage, ...]
+    model: str | None = None
+    max_tokens: int | None = None
+    sampling: SamplingParams | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+    voice: str | None = None
+    audio_format: str | None = None
+    max_sentence_chars: int | None = None  # extension: spoken units are cut at this many characters
+    ignore_eos: bool = False
+
+    @property
+    def speaks(self) -> bool:
+        return self.audio_format is not None
+
+
+def _number(body: dict[str, Any], key: str, lo: float, hi: float) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise bad_request(f"'{key}' must be a number, got {type_name(value)}", key)
+    if not lo <= value <= hi:
+        raise bad_request(f"'{key}' must be between {lo:g} and {hi:g}, got {value}", key)
+    return float(value)
+
+
+def _bool(value: Any, key: str) -> bool:
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad_request(f"'{key}' must be a boolean, got {type_name(value)}", key)
+    return value
+
+
+def _content(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return check_utf8(value, where)
+    if isinstance(value, list):
+        parts = []
+        for i, part in enumerate(value):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad_request(f'\'{where}[{i}]\' must be a text part {{"type": "text", "text": ...}}', where)
+            parts.append(check_utf8(part["text"], where))
+        return "".join(parts)
+    if value is None:
+        raise bad_request(f"'{where}' is required", where)
+    raise bad_request(f"'{where}' must be a string or a list of text parts, got {type_name(value)}", where)
+
+
+def parse_messages(value: Any) -> tuple[ChatMessage, ...]:
+    """The conversation: system/developer/user/assistant turns with text content, at least one."""
+    if value is None:
+        raise bad_request("'messages' is required", "messages")
+    if not isinstance(value, list):
+        raise bad_request(f"'messages' must be an array, got {type_name(value)}", "messages")
+    if not value:
+        raise bad_request("'messages' must hold at least one message", "messages")
+    out = []
+    for i, message in enumerate(value):
+        if not isinstance(message, dict):
+            raise bad_request(f"'messages[{i}]' must be an object, got {type_name(message)}", "messages")
+        role = message.get("role")
+        if role not in ROLES:
+            allowed = ", ".join(f"'{r}'" for r in ROLES)
+            raise bad_request(f"'messages[{i}].role' must be one of {allowed}, got {role!r}", "messages")
+        out.append(ChatMessage(ROLES[role], _content(message.get("content"), f"messages[{i}].content")))
+    return tuple(out)
+
+
+def _sampling(body: dict[str, Any]) -> SamplingParams | None:
+    temperature = _number(body, "temperature", 0.0, 2.0)
+    top_p = _number(body, "top_p", 0.0, 1.0)
+    if temperature is None and top_p is None:
+        return None
+    if temperature == 0.0:
+        return GREEDY
+    if top_p == 0.0:
+        raise bad_request("'top_p' must be greater than 0", "top_p")
+    return SamplingParams(
+        do_sample=True,
+        temperature=1.0 if temperature is None else temperature,
+        top_k=0,
+        top_p=1.0 if top_p is None else top_p,
+    )
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items):
+        raise bad_request("'stop' must be a non-empty string or an array of them", "stop")
+    if len(items) > MAX_STOP:
+        raise bad_request(f"'stop' holds at most {MAX_STOP} strings, got {len(items)}", "stop")
+    return tuple(check_utf8(s, "stop") for s in items)
+
+
+def _audio(body: dict[str, Any], stream: bool) -> tuple[str | None, str | None, int | None]:
+    modalities = body.get("modalities")
+    if modalities is None:
+        modalities = ["text"]
+    if not isinstance(modalities, list) or not modalities or not all(isinstance(m, str) for m in modalities):
+        raise bad_request('\'modalities\' must be an array such as ["text"] or ["text", "audio"]', "modalities")
+    unknown = [m for m in modalities if m not in MODALITIES]
+    if unknown:
+        raise bad_request(f"Unknown modality {unknown[0]!r}: 'modalities' may hold 'text' and 'audio'", "modalities")
+    if "text" not in modalities:
+        raise bad_request("'modalities' must include 'text'", "modalities")
+    audio = body.get("audio")
+    if "audio" not in modalities:
+        if audio is not None:
+            raise bad_request("'audio' is set but 'modalities' does not include 'audio'", "audio")
+        return None, None, None
+    if not isinstance(audio, dict):
+        raise bad_request("'audio' ({\"voice\", \"format\"}) is required when 'modalities' includes 'audio'", "audio")
+    voice = audio.get("voice")
+    if voice is not None and not isinstance(voice, str):
+        raise bad_request(f"'audio.voice' must be a string, got {type_name(voice)}", "audio.voice")
+    fmt = audio.get("format", "pcm16")
+    allowed = STREAM_AUDIO_FORMATS if stream else AUDIO_FORMATS
+    if fmt not in allowed:
+        choices = ", ".join(f"'{f}'" for f in allowed)
+        mode = "a streamed" if stream else "a"
+        raise bad_request(f"'audio.format' must be one of {choices} for {mode} reply, got {fmt!r}", "audio.format")
+    # Extension: the longest unit spoken at once (characters); a long first sentence is cut so audio starts sooner.
+    key = "audio.max_sentence_chars"
+    max_chars = int_field({key: audio.get("max_sentence_chars")}, key, MIN_SENTENCE_CHARS, MAX_SENTENCE_CHARS)
+    return (voice.strip().lower() or None) if voice is not None else None, fmt, max_chars
+
+
+def parse_chat(body: Any, settings: Settings) -> ChatOptions:
+    """Validate a chat completions body (see the module docstring)."""
+    if not isinstance(body, dict):
+        raise bad_request("Request body must be a JSON object")
+    messages = parse_messages(body.get("messages"))
+    for key, default in UNSUPPORTED.items():
+        if body.get(key, default) not in (default, None, [], {}):
+            raise bad_request(f"'{key}' is not supported by this server", key)
+    n = int_field(body, "n", 1, 1 << 30)
+    if n not in (None, 1):
+        raise bad_request("'n' must be 1: this server returns one choice", "n")
+    response_format = body.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        raise bad_request('\'response_format\' must be {"type": "text"} on this server', "response_format")
+    max_tokens = int_field(body, "max_completion_tokens", 1, MAX_TOKENS)
+    if max_tokens is None:
+        max_tokens = int_field(body, "max_tokens", 1, MAX_TOKENS)
+    stream = _bool(body.get("stream"), "stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise bad_request(f"'stream_options' must be an object, got {type_name(options)}", "stream_options")
+    include_usage = _bool((options or {}).get("include_usage"), "stream_options.include_usage")
+    if options is not None and not stream:
+        raise bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_request(f"'model' must be a string, got {type_name(model)}", "model")
+    voice, audio_format, max_sentence_chars = _audio(body, stream)
+    ignore_eos = False
+    if "ignore_eos" in body:
+        if not settings.enable_benchmark_fields:
+            message = "'ignore_eos' is a benchmark-only field; this server does not accept it"
+            raise bad_request(f"{message} (see --enable-benchmark-fields)", "ignore_eos")
+        ignore_eos = _bool(body["ignore_eos"], "ignore_eos")
+        if ignore_eos and max_tokens is None:
+            raise bad_request(
+                "'ignore_eos' requires 'max_tokens' (the exact number of tokens to generate)", "ignore_eos"
+            )
+    return ChatOptions(
+        messages=messages,
+        model=model,
+        max_tokens=max_tokens,
+        sampling=_sampling(body),
+        seed=int_field(body, "seed", -(2**63), 2**63 - 1),
+        stop=_stop(body.get("stop")),
+        stream=stream,
+        include_usage=include_usage,
+        voice=voice,
+        audio_format=audio_format,
+        max_sentence_chars=max_sentence_chars,
+        ignore_eos=ignore_eos,
+    )

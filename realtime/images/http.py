@@ -1,0 +1,270 @@
+"""POST /v1/images/edits (multipart) and /v1/images/generations (JSON): one JSON body, or SSE in one of two
+dialects (:mod:`omni_stream.realtime.images.params` has the rule, :mod:`omni_stream.realtime.images.sse` the events).
+
+Every validation problem is a 400 before any work: the body is read within its limits (an oversized upload is
+refused as it arrives), images are decoded off the loop within a pixel limit, and the engine checks the request
+against the model before anything streams. With ``stream=true`` the first output is awaited before the status
+line, so a failure up to there is a plain HTTP error and a failure after it an in-band error event. A client that
+leaves cancels the request: its job is not stepped again after the step in progress.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from omni_stream.chunks import Image, StageOutput, TextDelta
+from omni_stream.engine import RequestStream
+from omni_stream.errors import StageError
+from omni_stream.family import ModelKind
+from omni_stream.images.spec import ImageRequest, image_family, output_size, uses_text
+from omni_stream.realtime.common.body_limit import drain, read_body
+from omni_stream.realtime.common.errors import ApiError, bad_request, from_exception
+from omni_stream.realtime.common.form_stream import FormLimits, read_form
+from omni_stream.realtime.common.sse import SSE_HEADERS, SSE_MEDIA_TYPE
+from omni_stream.realtime.common.streams import ClosingStreamingResponse, close_stream, until_disconnect
+from omni_stream.realtime.images.files import decode_image, decode_mask, encode_b64
+from omni_stream.realtime.images.params import (
+    EDIT_FIELDS,
+    EDIT_FILES,
+    GENERATION_FIELDS,
+    Dialect,
+    ImageParams,
+    choose_dialect,
+    form_values,
+    parse_params,
+)
+from omni_stream.realtime.images.sse import ImageEvents, usage_body
+from omni_stream.realtime.speech.params import check_model
+from omni_stream.realtime.state import ServerState
+
+log = logging.getLogger("omni_stream.realtime.images.http")
+EDITS_ROUTE = "/v1/images/edits"
+GENERATIONS_ROUTE = "/v1/images/generations"
+MAX_JSON_BYTES = 1024 * 1024  # a generation request is a prompt and a few fields
+
+
+async def create_edit(request: Request) -> Response:
+    return await _answer(request, EDITS_ROUTE)
+
+
+async def create_generation(request: Request) -> Response:
+    return await _answer(request, GENERATIONS_ROUTE)
+
+
+async def _answer(request: Request, route: str) -> Response:
+    state: ServerState = request.app.state.omni
+    try:
+        if route == EDITS_ROUTE:
+            response = await _edit(request, state)
+        else:
+            response = await _generation(request, state)
+    except Exception as exc:
+        await drain(request.receive, exc)
+        response = from_exception(exc).response()
+    state.metrics.requests.labels(route, str(response.status_code)).inc()
+    return response
+
+
+def _check_engine(state: ServerState, params: ImageParams) -> None:
+    if state.engine is None:
+        raise ApiError(503, "The model is still loading")
+    check_model(params.model, state.served_models(ModelKind.IMAGE))
+    state.engine.models.get(ModelKind.IMAGE)  # 400 naming "model" when no image model is loaded
+
+
+def _decode_uploads(images: list[bytes], mask: bytes | None, max_pixels: int) -> tuple[tuple[Any, ...], Any | None]:
+    """Uploads -> arrays (blocking: off the loop)."""
+    decoded = tuple(decode_image(data, "image", max_pixels) for data in images)
+    if mask is None:
+        return decoded, None
+    h, w = decoded[0].shape[:2]
+    return decoded, decode_mask(mask, (w, h), max_pixels)
+
+
+async def _edit(request: Request, state: ServerState) -> Response:
+    settings = state.settings
+    form = await read_form(
+        request, FormLimits(max_file_bytes=settings.max_image_bytes, max_files=settings.max_image_files)
+    )
+    for part in form.files:
+        if part.field not in EDIT_FILES:
+            raise bad_request(f"Unknown file field '{part.field}' (image, image[] or mask)", part.field)
+    params = parse_params(form_values(form.fields), EDIT_FIELDS)
+    uploads = form.files_of("image", "image[]")
+    if not uploads:
+        raise bad_request("'image' is required: the image (PNG, JPEG or WebP) to edit", "image")
+    masks = form.files_of("mask")
+    if len(masks) > 1:
+        raise bad_request("Only one 'mask' may be sent", "mask")
+    _check_engine(state, params)
+    images, mask = await anyio.to_thread.run_sync(
+        _decode_uploads, [u.data for u in uploads], masks[0].data if masks else None, settings.max_image_pixels
+    )
+    del form, uploads, masks  # the bytes are no longer needed while the request runs
+    return await _serve(request, state, params, images, mask, "edit")
+
+
+async def _generation(request: Request, state: ServerState) -> Response:
+    body = await read_body(request, MAX_JSON_BYTES)
+    try:
+        values = json.loads(body) if body else None
+    except (ValueError, RecursionError) as exc:
+        raise bad_request(f"Request body is not valid JSON: {exc}") from exc
+    if not isinstance(values, dict):
+        raise bad_request("Request body must be a JSON object")
+    params = parse_params(values, GENERATION_FIELDS)
+    _check_engine(state, params)
+    return await _serve(request, state, params, (), None, "generation")
+
+
+def _image_request(params: ImageParams, images: tuple[Any, ...], mask: Any | None) -> ImageRequest:
+    streamed = params.stream
+    return ImageRequest(
+        prompt=params.prompt,
+        images=images,
+        mask=mask,
+        size=params.size,
+        n=params.n,
+        steps=params.steps,
+        guidance_scale=params.guidance_scale,
+        seed=params.seed,
+        partial_images=(params.partial_images or 0) if streamed else 0,
+    )
+
+
+async def _serve(
+    request: Request,
+    state: ServerState,
+    params: ImageParams,
+    images: tuple[Any, ...],
+    mask: Any | None,
+    surface: str,
+) -> Response:
+    engine = state.ready_engine
+    image_request = _image_request(params, images, mask)
+    dialect = choose_dialect(params, uses_text(image_request, engine.models))
+    width, height = output_size(image_family(engine.models).info, image_request)
+    events = ImageEvents(
+        dialect or Dialect.OPENAI,
+        surface,
+        params.model or state.served_models(ModelKind.IMAGE)[0],
+        int(time.time()),
+        params.output_format,
+        f"{width}x{height}",
+        quality=params.quality,
+    )
+    stream = engine.generate(image_request)  # invalid for the model: a 400 here, before anything runs
+    if dialect is None:
+        return await _whole(request, state, stream, params, events)
+    outputs = aiter(stream)
+    try:
+        arrived, first = await until_disconnect(request.receive, lambda: anext(outputs, None))
+        if not arrived:
+            await close_stream(stream)
+            state.metrics.disconnects.labels("http").inc()
+            return Response(status_code=499)
+    except BaseException:
+        await close_stream(stream)
+        raise
+
+    async def release() -> None:
+        await close_stream(stream)
+
+    body = _events(state, stream, _chain(first, outputs), params, events)
+    return ClosingStreamingResponse(body, on_close=release, media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS)
+
+
+async def _chain(first: StageOutput[Any] | None, rest: AsyncIterator[StageOutput[Any]]) -> AsyncIterator[Any]:
+    if first is None:
+        return
+    yield first
+    async for out in rest:
+        yield out
+
+
+async def _events(
+    state: ServerState,
+    stream: RequestStream,
+    outputs: AsyncIterator[StageOutput[Any]],
+    params: ImageParams,
+    events: ImageEvents,
+) -> AsyncGenerator[bytes]:
+    gauge = state.metrics.streams.labels("sse")
+    gauge.inc()
+    terminal = False
+    try:
+        finals: list[str] = []
+        try:
+            previews = 0
+            async for out in outputs:
+                chunk = out.chunk
+                if isinstance(chunk, TextDelta):
+                    if chunk.text:
+                        yield events.text(chunk.text)
+                elif isinstance(chunk, Image):
+                    b64 = await anyio.to_thread.run_sync(
+                        encode_b64, chunk.pixels, params.output_format, params.output_compression
+                    )
+                    if chunk.partial:
+                        yield events.partial(b64, previews)
+                        previews += 1
+                    else:
+                        finals.append(b64)
+            if len(finals) != params.n:
+                raise StageError(f"the image stage ended with {len(finals)} of {params.n} images")
+        except Exception as exc:  # after the start: an in-band error, then the end
+            log.exception("image stream failed")
+            terminal = True
+            for event in events.error(f"{type(exc).__name__}: {exc}"):
+                yield event
+            return
+        terminal = True
+        for event in events.completed(finals, stream.usage):
+            yield event
+    finally:
+        gauge.dec()
+        if not terminal:
+            state.metrics.disconnects.labels("sse").inc()
+        await close_stream(stream)
+
+
+async def _collect(stream: RequestStream) -> list[StageOutput[Any]]:
+    return [out async for out in stream]
+
+
+def _encode_all(pictures: list[Image], params: ImageParams) -> list[str]:
+    return [encode_b64(p.pixels, params.output_format, params.output_compression) for p in pictures]
+
+
+async def _whole(
+    request: Request, state: ServerState, stream: RequestStream, params: ImageParams, events: ImageEvents
+) -> Response:
+    try:
+        finished, outputs = await until_disconnect(request.receive, lambda: _collect(stream))
+    finally:
+        await close_stream(stream)
+    if not finished or outputs is None:
+        state.metrics.disconnects.labels("http").inc()
+        return Response(status_code=499)
+    pictures = [o.chunk for o in outputs if isinstance(o.chunk, Image) and not o.chunk.partial]
+    revised = "".join(o.chunk.text for o in outputs if isinstance(o.chunk, TextDelta)).strip() or None
+    b64s = await anyio.to_thread.run_sync(_encode_all, pictures, params)
+    body = {
+        "created": events.created,
+        "data": [{"b64_json": b64, "revised_prompt": revised} for b64 in b64s],
+        "background": events.background,
+        "output_format": params.output_format,
+        "quality": events.quality,
+        "size": events.size,
+        "usage": usage_body(stream.usage),
+    }
+    return JSONResponse(body)

@@ -1,0 +1,43 @@
+"""Client messages of the speech WebSocket: parsing and the checks every message or ``input.text`` passes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from omni_stream.realtime.common.body_limit import parse_json
+from omni_stream.realtime.common.errors import ApiError
+from omni_stream.realtime.speech.params import check_utf8
+
+
+class ProtocolError(Exception):
+    """A client message the session refuses (non-fatal once configured)."""
+
+
+def parse_message(message: Mapping[str, Any], limit: int) -> dict[str, Any]:
+    """The JSON object in a text message of at most ``limit`` bytes."""
+    text = message.get("text")
+    if text is None:
+        raise ProtocolError("Binary messages are not supported: send JSON text messages")
+    if len(text) > limit or (len(text) * 4 > limit and len(text.encode()) > limit):
+        raise ProtocolError(f"Message too large (max {limit} bytes)")
+    try:
+        body = parse_json(text)
+    except (ValueError, RecursionError):  # RecursionError: nesting too deep to parse
+        raise ProtocolError("Invalid JSON message") from None
+    if not isinstance(body, dict):
+        raise ProtocolError("WebSocket messages must be JSON objects")
+    return body
+
+
+def input_text(body: dict[str, Any], raw: str, limit: int) -> str:
+    """The ``text`` of an ``input.text`` message whose raw form is at most ``limit`` bytes; valid Unicode only."""
+    if len(raw.encode()) > limit:
+        raise ProtocolError("input.text message too large")
+    text = body.get("text")
+    if not isinstance(text, str):
+        raise ProtocolError("input.text requires a string value")
+    try:
+        return check_utf8(text, "text")
+    except ApiError as exc:
+        raise ProtocolError(f"input.text: {exc.message}") from None
