@@ -26,8 +26,12 @@ def frames(n: int, seed: int) -> np.ndarray:
 
 
 def decode(data: bytes) -> list[np.ndarray]:
+    return [f.to_ndarray(format="rgb24") for f in _frames(data)]
+
+
+def _frames(data: bytes) -> list[av.VideoFrame]:
     with av.open(io.BytesIO(data)) as container:
-        return [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+        return list(container.decode(video=0))
 
 
 @pytest.mark.parametrize("fmt", ["m4s", "webm"])
@@ -45,17 +49,35 @@ def test_chunks_concatenate_into_a_playable_video_of_every_frame(fmt):
 
 
 @pytest.mark.parametrize("fmt", ["m4s", "webm"])
-def test_each_chunk_is_playable_as_it_arrives_but_for_its_last_frame(fmt):
+def test_each_chunk_carries_exactly_its_own_frames(fmt):
     encoder = VideoStreamEncoder(fmt, W, H, FPS)
     received = b""
     for k in range(3):
         part = encoder.encode(frames(CHUNK, k))
-        if k == 0:  # the init segment comes first
+        if k == 0:  # the init segment comes first, and only there
             assert part[4:8] == b"ftyp" if fmt == "m4s" else part[:4] == b"\x1a\x45\xdf\xa3"
+        else:
+            assert b"ftyp" not in part[:8] and part[:4] != b"\x1a\x45\xdf\xa3"
         received += part
-        assert len(decode(received)) == CHUNK * (k + 1) - 1  # the muxers write a frame when the next one comes
-    received += encoder.close()
-    assert len(decode(received)) == 3 * CHUNK
+        decoded = decode(received)
+        assert len(decoded) == CHUNK * (k + 1)  # nothing held back for the next chunk
+    assert encoder.close() == b""
+    pts = [f.pts for f in _frames(received)]
+    assert pts == sorted(pts) and len(set(pts)) == 3 * CHUNK  # one timeline across the chunks
+
+
+def test_fragment_sequence_numbers_rise_across_chunks():
+    encoder = VideoStreamEncoder("m4s", W, H, FPS)
+    data = b"".join(encoder.encode(frames(CHUNK, k), final=k == 1) for k in range(2))
+    numbers = []
+    i = 0
+    while i < len(data):
+        size = int.from_bytes(data[i : i + 4], "big")
+        if data[i + 4 : i + 8] == b"moof":  # moof > mfhd: size, type, version/flags, sequence_number
+            assert data[i + 12 : i + 16] == b"mfhd"
+            numbers.append(int.from_bytes(data[i + 20 : i + 24], "big"))
+        i += size
+    assert numbers == list(range(1, 2 * CHUNK + 1))
 
 
 def test_fragments_are_one_per_frame_after_an_empty_moov():

@@ -98,6 +98,19 @@ def test_a_session_streams_every_chunk_as_metadata_and_one_binary_frame(live):
     wait_until(lambda: family(live).live() == {"requests": 0}, what="the request to be released")
 
 
+def test_each_chunk_decodes_to_exactly_the_frames_its_metadata_counts(live):
+    # A browser appends each chunk as it comes: what it can show after chunk k must be every frame announced so far.
+    with connect(f"{live.ws_url}/v1/realtime/video") as ws:
+        start(ws, num_frames=3 * 33 - 7, seed=5)
+        _, pairs, done, _ = run_to_done(ws)
+    assert done["chunks"] == 3
+    received, announced = b"", 0
+    for meta, data in pairs:
+        received += data
+        announced += meta["num_frames"]
+        assert len(decoded_frames(received)) == announced, meta
+
+
 def test_the_first_chunk_is_sent_before_half_of_the_video_is_generated(live):
     with connect(f"{live.ws_url}/v1/realtime/video") as ws:
         start(ws, num_frames=5 * 33)
