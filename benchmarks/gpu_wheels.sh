@@ -7,7 +7,10 @@
 # click, zipp, ...: benchmarks/gpu_image_packages.txt) reaches no registry, so the missing packages travel as
 # wheels, fetched here with --no-deps for CPython 3.12 on x86-64 Linux; each dependency the image lacks is named.
 # silero-vad travels as its Python files and the one model file the server's VAD loads (silero_vad.jit), unpacked
-# into .whl/site/ (the whole wheel is 11 MB of models in five formats). .whl/COMMIT records the tree's commit.
+# into .whl/site/ (the whole wheel is 11 MB of models in five formats). Smart Turn (semantic_vad) travels as the one
+# file it needs from pipecat-ai's wheel, .whl/site/pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx, with
+# pipecat's licence (no pipecat code: the model file is found, never imported; the image has onnxruntime).
+# .whl/COMMIT records the tree's commit.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 mkdir -p .whl
@@ -24,6 +27,8 @@ wheels=(
   diffusers==0.42.1 ftfy==6.3.1 wcwidth==0.9.4 httpx-sse==0.4.3 pytest-asyncio==1.5.0
 )
 SILERO=silero-vad==6.2.3
+PIPECAT=pipecat-ai==1.14.0
+SMART_TURN=pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx
 
 download() {  # download DIR SPEC...
   local dir=$1; shift
@@ -58,6 +63,21 @@ with zipfile.ZipFile(wheel) as z:
     z.extractall(dest, keep)
     licence = next(n for n in z.namelist() if n.endswith("/licenses/LICENSE"))
     with open(f"{dest}/silero_vad/LICENSE", "wb") as f:  # MIT: the notice travels with the files
+        f.write(z.read(licence))
+PY
+  rm -rf "$tmp"
+fi
+
+if [[ ! -f .whl/site/$SMART_TURN ]]; then
+  tmp=$(mktemp -d)
+  python3 -m pip download -q --no-deps -d "$tmp" "$PIPECAT" 2>&1 | grep -v "is ignored" || true
+  python3 - "$tmp"/pipecat_ai-*.whl .whl/site "$SMART_TURN" <<'PY'
+import sys, zipfile
+wheel, dest, model = sys.argv[1], sys.argv[2], sys.argv[3]
+with zipfile.ZipFile(wheel) as z:
+    z.extract(model, dest)
+    licence = next(n for n in z.namelist() if n.endswith("licenses/LICENSE"))
+    with open(f"{dest}/pipecat/LICENSE", "wb") as f:  # BSD-2-Clause: the notice travels with the file
         f.write(z.read(licence))
 PY
   rm -rf "$tmp"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,20 @@ def silero_vad(params: Any) -> Any:
     from omni_stream.models.silero_vad import SileroVad
 
     return SileroVad(params)
+
+
+def smart_turn() -> Any:
+    """The default end-of-turn model of ``semantic_vad``: Smart Turn v3.2 from pipecat-ai's wheel, loaded once."""
+    from omni_stream.models.smart_turn import load_smart_turn
+
+    return load_smart_turn()
+
+
+def default_turn_model() -> Callable[[], Any] | None:
+    """:func:`smart_turn` where its model file and onnxruntime are installed, else None (no ``semantic_vad``)."""
+    from omni_stream.models.smart_turn import available
+
+    return smart_turn if available() else None
 
 
 def default_voices_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -82,6 +96,8 @@ class Settings:
     # Realtime sessions (WS /v1/realtime and WebRTC)
     # VadParams -> VoiceActivityDetector for server_vad turn detection; None: manual commits only
     vad_factory: Callable[[Any], Any] | None = silero_vad
+    # () -> EndOfTurnModel for semantic_vad (beside vad_factory's detector); None: semantic_vad is refused
+    turn_model_factory: Callable[[], Any] | None = field(default_factory=default_turn_model)
     realtime_max_append_bytes: int = 15 * 1024 * 1024  # decoded audio per input_audio_buffer.append
     realtime_max_buffer_seconds: float = 300.0  # input audio a session holds before a commit
     realtime_max_items: int = 256  # conversation items kept (the oldest go first)

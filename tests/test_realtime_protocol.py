@@ -5,17 +5,22 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from realtime_doubles import EnergyVad, energy_vad, spoken_words
+from turn_driver import SyncTurns
 
 from omni_stream.codecs.g711 import ulaw_encode
+from omni_stream.models.smart_turn import load_smart_turn
 from omni_stream.realtime.agent.events import RealtimeError, SessionType, parse_client_event
 from omni_stream.realtime.agent.outputs import (
     CancelResponse,
     Capabilities,
     CloseSession,
+    ConfigureTurns,
+    DetectTurns,
     Limits,
     Outputs,
     ResponseUsage,
@@ -24,26 +29,34 @@ from omni_stream.realtime.agent.outputs import (
 )
 from omni_stream.realtime.agent.protocol import RealtimeProtocol
 from omni_stream.requests import Role
+from omni_stream.turns.detector import TurnEvent, TurnEventKind
+from omni_stream.turns.rules import EAGERNESS, Eagerness
 
 CAPS = Capabilities(
     model="m", voices=("alice", "bob"), default_voice="alice", speech=True, text=True, transcription=True, vad=True
 )
 
 
+DRIVERS: dict[int, SyncTurns] = {}
+
+
 def make(caps: Capabilities = CAPS, limits: Limits | None = None, vad: bool = True, **kw) -> RealtimeProtocol:
     counter = itertools.count(1)
-    proto = RealtimeProtocol(caps, limits, energy_vad if vad else None, ids=lambda p: f"{p}_{next(counter)}", **kw)
-    proto.start()
+    caps = replace(caps, vad=caps.vad and vad)
+    proto = RealtimeProtocol(caps, limits, ids=lambda p: f"{p}_{next(counter)}", **kw)
+    DRIVERS[id(proto)] = SyncTurns(proto, energy_vad, load_smart_turn() if caps.semantic else None)
+    DRIVERS[id(proto)].run(proto.start())
     return proto
 
 
 def send(proto: RealtimeProtocol, **event) -> Outputs:
-    """Parse ``event`` as the wire would carry it and apply it (parse errors become error events)."""
+    """Parse ``event`` as the wire would carry it and apply it (parse errors become error events); the turn
+    detector's part runs as the session driver would run it."""
     try:
         parsed = parse_client_event(json.dumps(event))
     except RealtimeError as exc:
         return proto.refuse(exc)
-    return proto.receive(parsed)
+    return DRIVERS[id(proto)].run(proto.receive(parsed))
 
 
 def types(out: Outputs) -> list[str]:
@@ -69,7 +82,7 @@ def one_second(value: int = 1000) -> np.ndarray:
 
 
 def test_a_new_session_starts_with_session_and_conversation_created():
-    proto = RealtimeProtocol(CAPS, vad_factory=energy_vad)
+    proto = RealtimeProtocol(CAPS)
     out = proto.start()
     assert types(out) == ["session.created", "conversation.created"]
     session = out.events[0].body["session"]
@@ -426,13 +439,66 @@ def test_expiry_sends_session_expired_closes_and_ignores_later_events():
     assert error_of(Outputs(out.events))["code"] == "session_expired"
     assert out.commands == [CloseSession(1000, "session expired")]
     assert send(proto, type="input_audio_buffer.clear").events == []
-    assert proto.vad is None and proto.buffer.length == 0
+    assert proto.buffer.length == 0
 
 
-def test_close_forgets_the_detector_and_the_buffer():
+def test_close_forgets_the_buffer_and_later_turn_events():
     proto = make()
     feed(proto, spoken_words(["three"], tail_ms=0)[:12000])
-    vad = proto.vad
-    assert isinstance(vad, EnergyVad) and vad.held() and proto.buffer.length
+    detector = DRIVERS[id(proto)].detector
+    assert detector is not None and isinstance(detector.vad, EnergyVad) and detector.vad.held()
+    assert proto.buffer.length
     proto.close()
-    assert proto.vad is None and proto.buffer.length == 0 and not vad.held()
+    assert proto.buffer.length == 0
+    assert proto.turn_event(proto.turn_epoch, DRIVERS[id(proto)].events[0]) == Outputs()
+
+
+def test_semantic_vad_is_configured_reported_and_handed_to_the_driver():
+    proto = make(caps=replace(CAPS, semantic=True))
+    semantic = {"type": "semantic_vad", "eagerness": "high"}
+    out = proto.receive(
+        parse_client_event(
+            json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": semantic}}}})
+        )
+    )
+    assert types(out) == ["session.updated"]
+    td = out.events[0].body["session"]["audio"]["input"]["turn_detection"]
+    assert td == {"type": "semantic_vad", "eagerness": "high", "create_response": True, "interrupt_response": True}
+    [configure] = out.commands
+    assert isinstance(configure, ConfigureTurns) and configure.epoch == proto.turn_epoch
+    rule = configure.turn_detection.rule
+    assert rule.semantic and rule.threshold == EAGERNESS[Eagerness.HIGH].threshold
+    append = {"type": "input_audio_buffer.append", "audio": b64(one_second())}
+    appended = proto.receive(parse_client_event(json.dumps(append)))
+    [detect] = appended.commands
+    assert isinstance(detect, DetectTurns) and detect.samples.size == 24000 and detect.epoch == proto.turn_epoch
+    # a stale detector's events (before a clear restarted it) change nothing
+    old = proto.turn_epoch
+    cleared = send(proto, type="input_audio_buffer.clear")
+    assert types(cleared) == ["input_audio_buffer.cleared"] and proto.turn_epoch == old + 1
+    assert proto.turn_event(old, TurnEvent(TurnEventKind.STARTED, 0)) == Outputs()
+
+
+@pytest.mark.parametrize(
+    ("turn_detection", "param"),
+    [
+        ({"type": "semantic_vad", "eagerness": "eager"}, "session.audio.input.turn_detection.eagerness"),
+        ({"type": "semantic_vad", "eagerness": 3}, "session.audio.input.turn_detection.eagerness"),
+        ({"type": "semantic_vad", "silence_duration_ms": 3}, "session.audio.input.turn_detection.silence_duration_ms"),
+        ({"type": "smart_vad"}, "session.audio.input.turn_detection.type"),
+    ],
+)
+def test_bad_semantic_vad_values_are_errors_naming_the_field(turn_detection, param):
+    proto = make(caps=replace(CAPS, semantic=True))
+    before = proto.config
+    err = error_of(send(proto, type="session.update", session={"audio": {"input": {"turn_detection": turn_detection}}}))
+    assert err["code"] == "invalid_value" and err["param"] == param
+    assert "eagerness" not in param or "low, medium, high, auto" in err["message"]
+    assert proto.config == before
+
+
+def test_semantic_vad_without_an_end_of_turn_model_is_refused():
+    proto = make()  # a detector, no end-of-turn model
+    session = {"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}
+    err = error_of(send(proto, type="session.update", session=session))
+    assert err["param"] == "session.audio.input.turn_detection.type" and "semantic_vad" in err["message"]

@@ -19,6 +19,7 @@ from enum import Enum, StrEnum
 from typing import Any, TypeAlias
 
 from omni_stream.errors import InvalidRequestError
+from omni_stream.turns.rules import Eagerness, TurnRule, TurnType
 from omni_stream.turns.vad import VadParams
 
 MAX_APPEND_BYTES = 15 * 1024 * 1024  # decoded audio per input_audio_buffer.append (OpenAI's limit)
@@ -80,13 +81,28 @@ class Modality(StrEnum):
 
 @dataclass(slots=True, frozen=True)
 class TurnDetection:
-    """``server_vad``: the detector's parameters and what a detected turn does."""
+    """``server_vad`` (the detector's parameters) or ``semantic_vad`` (an eagerness), and what a turn does."""
 
     vad: VadParams = field(default_factory=VadParams)
     create_response: bool = True
     interrupt_response: bool = True
+    type: TurnType = TurnType.SERVER_VAD
+    eagerness: Eagerness = Eagerness.AUTO
+
+    @property
+    def rule(self) -> TurnRule:
+        if self.type is TurnType.SEMANTIC_VAD:
+            return TurnRule.semantic_vad(self.eagerness)
+        return TurnRule.server_vad(self.vad)
 
     def wire(self) -> dict[str, Any]:
+        if self.type is TurnType.SEMANTIC_VAD:
+            return {
+                "type": "semantic_vad",
+                "eagerness": self.eagerness.value,
+                "create_response": self.create_response,
+                "interrupt_response": self.interrupt_response,
+            }
         return {
             "type": "server_vad",
             "threshold": self.vad.threshold,
@@ -319,9 +335,13 @@ def _turn_detection(value: Any, param: str) -> TurnDetection | None:
         return None
     body = _obj(value, param)
     kind = body.get("type", "server_vad")
+    if kind == "semantic_vad":
+        return _semantic_vad(body, param)
     if kind != "server_vad":
         raise RealtimeError(
-            "invalid_value", f"turn detection {kind!r} is not supported (server_vad or null)", f"{param}.type"
+            "invalid_value",
+            f"turn detection {kind!r} is not supported (server_vad, semantic_vad or null)",
+            f"{param}.type",
         )
     defaults = VadParams()
     try:
@@ -342,6 +362,30 @@ def _turn_detection(value: Any, param: str) -> TurnDetection | None:
         vad,
         create_response=_bool(body.get("create_response", True), f"{param}.create_response"),
         interrupt_response=_bool(body.get("interrupt_response", True), f"{param}.interrupt_response"),
+    )
+
+
+def _semantic_vad(body: dict[str, Any], param: str) -> TurnDetection:
+    unknown = sorted(set(body) - {"type", "eagerness", "create_response", "interrupt_response"})
+    if unknown:
+        raise RealtimeError(
+            "invalid_value",
+            f"semantic_vad takes eagerness, create_response and interrupt_response, not {unknown[0]}",
+            f"{param}.{unknown[0]}",
+        )
+    raw = body.get("eagerness", "auto")
+    try:
+        eagerness = Eagerness(raw)
+    except (ValueError, TypeError):
+        allowed = ", ".join(e.value for e in Eagerness)
+        raise RealtimeError(
+            "invalid_value", f"{param}.eagerness must be one of {allowed}, got {raw!r}", f"{param}.eagerness"
+        ) from None
+    return TurnDetection(
+        create_response=_bool(body.get("create_response", True), f"{param}.create_response"),
+        interrupt_response=_bool(body.get("interrupt_response", True), f"{param}.interrupt_response"),
+        type=TurnType.SEMANTIC_VAD,
+        eagerness=eagerness,
     )
 
 

@@ -12,9 +12,11 @@ import numpy as np
 from omni_stream.realtime.agent.audio import RATE
 from omni_stream.realtime.agent.events import AudioFormat, Modality, SessionType, TranscriptionConfig, TurnDetection
 from omni_stream.requests import ChatMessage
+from omni_stream.turns.detector import EndOfTurnModel
 from omni_stream.turns.vad import VadParams, VoiceActivityDetector
 
 VadFactory: TypeAlias = Callable[[VadParams], VoiceActivityDetector]
+TurnModelFactory: TypeAlias = Callable[[], EndOfTurnModel]
 
 
 @dataclass(slots=True, frozen=True)
@@ -27,7 +29,8 @@ class Capabilities:
     speech: bool = False
     text: bool = False
     transcription: bool = False
-    vad: bool = False
+    vad: bool = False  # server_vad: a voice activity detector
+    semantic: bool = False  # semantic_vad: an end-of-turn model beside the detector
     output_rate: int = RATE  # the speech model's sample rate (Hz)
 
 
@@ -86,6 +89,25 @@ class Transcribe:
 
 
 @dataclass(slots=True, frozen=True)
+class ConfigureTurns:
+    """Turn detection from now on: a detector for ``turn_detection`` (None: none), its stream starting at
+    ``position``; its events carry ``epoch`` back (events of an older epoch are stale)."""
+
+    turn_detection: TurnDetection | None
+    epoch: int
+    position: int
+
+
+@dataclass(slots=True, frozen=True)
+class DetectTurns:
+    """Feed the turn detector ``samples`` (int16 at 24 kHz) that start at stream ``position``."""
+
+    samples: np.ndarray
+    position: int
+    epoch: int
+
+
+@dataclass(slots=True, frozen=True)
 class CancelTranscription:
     item_id: str
 
@@ -114,7 +136,9 @@ class CloseSession:
     reason: str
 
 
-Command: TypeAlias = Transcribe | CancelTranscription | StartResponse | CancelResponse | CloseSession
+Command: TypeAlias = (
+    Transcribe | CancelTranscription | StartResponse | CancelResponse | CloseSession | ConfigureTurns | DetectTurns
+)
 
 
 @dataclass(slots=True)

@@ -3,16 +3,17 @@ commands out.
 
 ``RealtimeProtocol.receive(event)`` applies one typed client event (:mod:`omni_stream.realtime.agent.events`)
 and returns :class:`Outputs`: the server events to send, in order, and the :class:`Command` objects the driver
-must carry out (start a transcription, start or cancel a response, close). The driver reports back through
-``transcription_*`` and ``response_*`` methods, which return outputs too. Nothing here awaits, sends or
-reads; the voice activity detector is the one stateful computation it calls, so the driver runs ``receive``
-of audio off the event loop and serializes every call (one at a time, outputs handled in order).
+must carry out (start a transcription, start or cancel a response, feed the turn detector, close). The driver
+reports back through ``turn_event``, ``transcription_*`` and ``response_*`` methods, which return outputs too.
+Nothing here awaits, sends, reads or runs a model: every call is cheap enough for the event loop (the driver
+decodes large appends off it), and the driver serializes the calls (one at a time, outputs handled in order).
 
-Turns. With ``server_vad`` the buffer is fed to the detector as it arrives; ``speech_started`` cancels a
-response in progress (barge-in, when ``interrupt_response``) and ``speech_stopped`` commits the turn: a user
-item, its transcription, and (``create_response``) a response that starts once the transcripts it depends on
-are in. With ``turn_detection: null`` the client commits and asks for responses itself. A cancelled
-response's assistant item keeps the audio sent so far and the transcript of the units whose audio began.
+Turns. With ``server_vad`` or ``semantic_vad`` the driver's turn detector hears the buffer as it arrives
+(:mod:`.turns`); ``speech_started`` cancels a response in progress (barge-in, when ``interrupt_response``) and
+the end of the turn commits it: a user item, its transcription, and (``create_response``) a response that
+starts once the transcripts it depends on are in. With ``turn_detection: null`` the client commits and asks for
+responses itself. A cancelled response's assistant item keeps the audio sent so far and the transcript of the
+units whose audio began.
 
 Limits: the input buffer holds at most ``Limits.max_buffer_seconds`` (more is refused with
 ``input_audio_buffer_overflow``, never silently dropped); while nobody speaks under server VAD only the last
@@ -54,6 +55,7 @@ from omni_stream.realtime.agent.outputs import CloseSession, Outputs, SessionCon
 from omni_stream.realtime.agent.protocol_state import Phase
 from omni_stream.realtime.agent.responses import Responding
 from omni_stream.realtime.agent.turns import TurnTaking
+from omni_stream.turns.rules import TurnType
 
 
 class RealtimeProtocol(TurnTaking, ItemEditing, Responding):
@@ -89,10 +91,9 @@ class RealtimeProtocol(TurnTaking, ItemEditing, Responding):
         }
 
     def start(self) -> Outputs:
-        """Open the detector (loading it may take a while: run this off the event loop) and return the events a
-        new connection gets first."""
-        self._open_vad()
-        return Outputs(
+        """The events a new connection gets first, and the driver's turn detector."""
+        out = self._restart_turns()
+        out.events.extend(
             [
                 self._event("session.created", session=self.session_wire()),
                 self._event(
@@ -101,6 +102,7 @@ class RealtimeProtocol(TurnTaking, ItemEditing, Responding):
                 ),
             ]
         )
+        return out
 
     # --- client events ---
 
@@ -127,8 +129,9 @@ class RealtimeProtocol(TurnTaking, ItemEditing, Responding):
         if isinstance(event, InputAudioCommit):
             return self._commit()
         if isinstance(event, InputAudioClear):
-            self._clear_input()
-            return Outputs([self._event("input_audio_buffer.cleared")])
+            out = self._clear_input()
+            out.events.append(self._event("input_audio_buffer.cleared"))
+            return out
         if isinstance(event, OutputAudioClear):
             out = Outputs()
             rid = self.response.id if self.response is not None else None
@@ -176,6 +179,14 @@ class RealtimeProtocol(TurnTaking, ItemEditing, Responding):
                 "and commit turns with input_audio_buffer.commit",
                 "session.audio.input.turn_detection",
             )
+        semantic = new.turn_detection is not None and new.turn_detection.type is TurnType.SEMANTIC_VAD
+        if semantic and not self.caps.semantic:
+            raise RealtimeError(
+                "invalid_value",
+                "semantic_vad is not available on this server (no end-of-turn model: install pipecat-ai and the "
+                "[turn] extra); use server_vad",
+                "session.audio.input.turn_detection.type",
+            )
         if new.modality is Modality.AUDIO and not self.caps.speech and new.type is SessionType.REALTIME:
             raise RealtimeError(
                 "invalid_value", "audio output needs a speech model, and none is loaded", "session.output_modalities"
@@ -183,9 +194,9 @@ class RealtimeProtocol(TurnTaking, ItemEditing, Responding):
         self.config = new
         if new.input_format is not c.input_format:
             self.decoder = InputDecoder(new.input_format)
-        if new.turn_detection != c.turn_detection:
-            self._open_vad()
-        return Outputs([self._event("session.updated", session=self.session_wire())])
+        out = self._restart_turns() if new.turn_detection != c.turn_detection else Outputs()
+        out.events.append(self._event("session.updated", session=self.session_wire()))
+        return out
 
     def _check_voice(self, voice: str, param: str) -> str:
         for known in self.caps.voices:
@@ -215,9 +226,5 @@ class RealtimeProtocol(TurnTaking, ItemEditing, Responding):
         """Forget every per-session state (buffer, detector, pending work); later inputs are ignored."""
         self.phase = Phase.CLOSED
         self.buffer.clear()
-        if self.vad is not None:
-            self.vad.reset()
-        self.vad = None
-        self._vad_resampler = None
         self.pending.clear()
         self.response = None

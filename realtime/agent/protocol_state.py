@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from omni_stream.codecs.resample import Resampler
 from omni_stream.realtime.agent.audio import RATE, InputDecoder, OutputEncoder
 from omni_stream.realtime.agent.buffer import InputBuffer
 from omni_stream.realtime.agent.events import (
@@ -25,8 +24,7 @@ from omni_stream.realtime.agent.events import (
     TurnDetection,
 )
 from omni_stream.realtime.agent.items import Content, Conversation, Item
-from omni_stream.realtime.agent.outputs import Capabilities, Limits, Outputs, ServerEvent, SessionConfig, VadFactory
-from omni_stream.turns.vad import VoiceActivityDetector
+from omni_stream.realtime.agent.outputs import Capabilities, Limits, Outputs, ServerEvent, SessionConfig
 
 DEFAULT_INSTRUCTIONS = "You are a helpful voice assistant. Answer briefly."
 
@@ -81,15 +79,13 @@ class ProtocolState:
         self,
         caps: Capabilities,
         limits: Limits | None = None,
-        vad_factory: VadFactory | None = None,
         *,
         created_at: float = 0.0,
         ids: Callable[[str], str] | None = None,
         session_type: SessionType = SessionType.REALTIME,
     ) -> None:
-        self.caps = replace(caps, vad=caps.vad and vad_factory is not None)
+        self.caps = replace(caps, semantic=caps.semantic and caps.vad)
         self.limits = limits or Limits()
-        self.vad_factory = vad_factory
         self._id = ids or session_ids()
         self._event_ids = itertools.count(1)
         self.session_id = self._id("sess")
@@ -106,9 +102,7 @@ class ProtocolState:
         self.conversation = Conversation(self.limits.max_items)
         self.buffer = InputBuffer()
         self.decoder = InputDecoder(self.config.input_format)
-        self.vad: VoiceActivityDetector | None = None
-        self._vad_resampler: Resampler | None = None
-        self._vad_origin = 0  # stream position of the detector's sample 0
+        self.turn_epoch = 0  # bumped whenever the driver's turn detector restarts; older turn events are stale
         self._speech_start: int | None = None  # stream position where the current turn's audio begins
         self._turn_item: str | None = None  # id the current turn's item will get
         self.pending: dict[tuple[str, int], list[str]] = {}  # transcriptions in flight: partial texts

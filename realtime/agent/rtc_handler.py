@@ -1,8 +1,9 @@
 """The voice agent over WebRTC: a fastrtc ``AsyncStreamHandler`` bridging one peer connection to a realtime session.
 
 Needs the ``[webrtc]`` extra (fastrtc). Each connection gets its own handler (``copy()``) and, in ``start_up``, its
-own :class:`~omni_stream.realtime.agent.session.RealtimeSession` with server VAD: the session's voice activity
-detector is the pause detector, so turn ends, barge-in and pacing are the same as on ``WS /v1/realtime``.
+own :class:`~omni_stream.realtime.agent.session.RealtimeSession` with ``semantic_vad`` where Smart Turn is installed
+(``server_vad`` otherwise): the session's turn detector is the pause detector, so turn ends, barge-in and pacing
+are the same as on ``WS /v1/realtime``.
 
 Audio in: fastrtc resamples the browser's 48 kHz Opus to 24 kHz mono PCM16 (``input_sample_rate``); frames go
 through a bounded queue into ``input_audio_buffer.append`` events (up to 100 ms at a time). Audio out: the
@@ -33,6 +34,7 @@ from omni_stream.realtime.agent.events import (
     TurnDetection,
 )
 from omni_stream.realtime.agent.session import RealtimeSession, SessionClose
+from omni_stream.turns.rules import TurnType
 
 log = logging.getLogger("omni_stream.realtime.rtc")
 
@@ -86,7 +88,8 @@ class VoiceAgentHandler(AsyncStreamHandler):
             self.ended.set()
 
     async def _serve(self, session: RealtimeSession) -> None:
-        vad = TurnDetection() if session.protocol.caps.vad else None
+        caps = session.protocol.caps  # semantic_vad where the end-of-turn model is installed, else server_vad
+        vad = TurnDetection(type=TurnType.SEMANTIC_VAD) if caps.semantic else TurnDetection() if caps.vad else None
         patch = SessionPatch(
             type=SessionType.REALTIME,
             input_format=AudioFormat.PCM,

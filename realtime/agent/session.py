@@ -8,8 +8,14 @@ from :attr:`outgoing` in order, ending with a :class:`SessionClose` when the ses
 
 Every protocol call runs under one lock together with carrying out its commands and queueing its events, so
 transitions, aborts and sends keep one order: a response's audio can never follow its ``response.done``.
-Audio appends that reach the voice activity detector (or are large), large JSON messages and audio that needs
-resampling are handled in a worker thread, never on the event loop.
+Protocol calls run on the event loop (they are pure and cheap); large appends, large JSON messages and audio
+that needs resampling are handled in a worker thread.
+
+Turn detection. The session's :class:`~omni_stream.turns.detector.TurnDetector` (voice activity from
+``vad_factory``, for ``semantic_vad`` also the end-of-turn model of ``turn_model_factory``) lives here, not in
+the protocol: one task takes the protocol's ``ConfigureTurns`` and ``DetectTurns`` commands in order, feeds the
+detector in a worker thread (the audio queued meanwhile as one piece) and hands its events to the protocol's
+``turn_event`` under the lock. The lock is not held while the detector runs.
 
 Barge-in and run-ahead. A ``CancelResponse`` aborts the response's engine request synchronously, before any
 other task runs: the text and speech models' slots are released before their next step, and the chunks the
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,7 +51,6 @@ from omni_stream.realtime.agent.events import (
     ItemCreate,
     RealtimeError,
     SessionType,
-    SessionUpdate,
 )
 from omni_stream.realtime.agent.events import parse_client_event as parse
 from omni_stream.realtime.agent.outputs import (
@@ -53,12 +59,15 @@ from omni_stream.realtime.agent.outputs import (
     Capabilities,
     CloseSession,
     Command,
+    ConfigureTurns,
+    DetectTurns,
     Limits,
     Outputs,
     ResponseUsage,
     ServerEvent,
     StartResponse,
     Transcribe,
+    TurnModelFactory,
     VadFactory,
 )
 from omni_stream.realtime.agent.protocol import RealtimeProtocol
@@ -66,6 +75,8 @@ from omni_stream.realtime.settings import Settings
 from omni_stream.requests import ChatRequest, SpokenReply, TextRequest
 from omni_stream.speech.pacing import AnyioClock, Clock, Pacer
 from omni_stream.transcription.spec import TranscriptionRequest
+from omni_stream.turns.detector import EndOfTurnModel, TurnDetector
+from omni_stream.turns.rules import TurnType
 
 log = logging.getLogger("omni_stream.realtime.session")
 
@@ -93,7 +104,12 @@ class SessionClose:
     reason: str
 
 
-def capabilities(engine: AsyncEngine, vad_factory: VadFactory | None, model: str | None = None) -> Capabilities:
+def capabilities(
+    engine: AsyncEngine,
+    vad_factory: VadFactory | None,
+    model: str | None = None,
+    turn_model_factory: TurnModelFactory | None = None,
+) -> Capabilities:
     """What ``engine`` offers a realtime session."""
     models = engine.models
     speech = models.speech().info if ModelKind.SPEECH in models else None
@@ -106,6 +122,7 @@ def capabilities(engine: AsyncEngine, vad_factory: VadFactory | None, model: str
         text=ModelKind.TEXT in models,
         transcription=ModelKind.TRANSCRIPTION in models,
         vad=vad_factory is not None,
+        semantic=vad_factory is not None and turn_model_factory is not None,
         output_rate=speech.sample_rate if speech is not None else 24000,
     )
 
@@ -134,7 +151,8 @@ def _message(exc: BaseException) -> str:
 
 
 class RealtimeSession:
-    """One realtime session (see the module docstring); ``vad_factory`` None: ``settings.vad_factory``."""
+    """One realtime session (see the module docstring); ``vad_factory`` and ``turn_model_factory`` None: the
+    settings' ones."""
 
     def __init__(
         self,
@@ -142,6 +160,7 @@ class RealtimeSession:
         settings: Settings,
         *,
         vad_factory: VadFactory | None = None,
+        turn_model_factory: TurnModelFactory | None = None,
         clock: Clock | None = None,
         session_type: SessionType = SessionType.REALTIME,
         model: str | None = None,
@@ -149,14 +168,17 @@ class RealtimeSession:
         self.engine = engine
         self.settings = settings
         self.clock: Clock = clock or AnyioClock()
-        factory = vad_factory or settings.vad_factory
+        self.vad_factory: VadFactory | None = vad_factory or settings.vad_factory
+        self.turn_model_factory: TurnModelFactory | None = turn_model_factory or settings.turn_model_factory
         self.protocol = RealtimeProtocol(
-            capabilities(engine, factory, model),
+            capabilities(engine, self.vad_factory, model, self.turn_model_factory),
             limits(settings),
-            factory,
             created_at=time.time(),
             session_type=session_type,
         )
+        self.detector: TurnDetector | None = None
+        # Turn detection commands, in order; unbounded: the protocol's input buffer limit bounds the audio in them
+        self._turn_send, self._turn_inbox = anyio.create_memory_object_stream[ConfigureTurns | DetectTurns](math.inf)
         self._send, self.outgoing = anyio.create_memory_object_stream[ServerEvent | SessionClose](OUTGOING_EVENTS)
         self._lock = anyio.Lock()
         self._tg: TaskGroup | None = None
@@ -173,12 +195,15 @@ class RealtimeSession:
     async def __aenter__(self) -> RealtimeSession:
         self._tg = await self._stack.enter_async_context(anyio.create_task_group())
         self._tg.start_soon(self._expire_later)
-        await self._apply(self.protocol.start, heavy=True)  # opens the detector (a model load)
+        self._tg.start_soon(self._detect_turns)
+        await self._apply(self.protocol.start)
         return self
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
         self._abort_all()  # synchronous, first: every model slot is free before its next step
         self.protocol.close()
+        self._turn_send.close()
+        self.detector = None
         self.outgoing.close()  # wakes a sender blocked on a transport that is gone
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
@@ -208,7 +233,7 @@ class RealtimeSession:
             "transcriptions": sum(len(s) for s in self._transcriptions.values()),
             "buffered_samples": p.buffer.length,
             "pending_transcripts": len(p.pending),
-            "detector": int(p.vad is not None),
+            "detector": int(self.detector is not None),
         }
 
     # --- input ---
@@ -233,14 +258,9 @@ class RealtimeSession:
         )
 
     async def client_event(self, event: ClientEvent) -> None:
-        # Off the loop: audio that reaches the detector or is large, and updates (they may load a new detector).
-        heavy = (
-            isinstance(event, SessionUpdate)
-            or (
-                isinstance(event, InputAudioAppend)
-                and (self.protocol.vad is not None or len(event.audio) > AUDIO_OFF_LOOP_BYTES)
-            )
-            or (isinstance(event, ItemCreate) and any(p.audio for p in event.item.content))
+        # Off the loop: large appends and items with audio (decoding grows with the audio).
+        heavy = (isinstance(event, InputAudioAppend) and len(event.audio) > AUDIO_OFF_LOOP_BYTES) or (
+            isinstance(event, ItemCreate) and any(p.audio for p in event.item.content)
         )
         await self._apply(self.protocol.receive, event, heavy=heavy)
 
@@ -286,6 +306,9 @@ class RealtimeSession:
                     self._asr_streams.pop(key).abort()
                 for scope in self._transcriptions.pop(cmd.item_id, []):
                     scope.cancel()
+            elif isinstance(cmd, ConfigureTurns | DetectTurns):
+                with contextlib.suppress(anyio.ClosedResourceError):
+                    self._turn_send.send_nowait(cmd)
             elif isinstance(cmd, CloseSession):
                 self.closed = True
                 close = SessionClose(cmd.code, cmd.reason)
@@ -376,6 +399,61 @@ class RealtimeSession:
                     scopes.remove(scope)
                 if not scopes:
                     self._transcriptions.pop(item, None)
+
+    # --- turn detection ---
+
+    async def _detect_turns(self) -> None:
+        """Carry out the protocol's turn-detection commands in order (see the module docstring)."""
+        async with self._turn_inbox:
+            async for cmd in self._turn_inbox:
+                if isinstance(cmd, ConfigureTurns):
+                    await self._configure_turns(cmd)
+                    continue
+                samples, position = cmd.samples, cmd.position
+                pieces = [samples]
+                while True:  # the audio queued meanwhile, contiguous and of this epoch, in one thread job
+                    try:
+                        nxt = self._turn_inbox.receive_nowait()
+                    except anyio.WouldBlock:
+                        nxt = None
+                    if not isinstance(nxt, DetectTurns) or nxt.epoch != cmd.epoch:
+                        break
+                    pieces.append(nxt.samples)
+                await self._feed_turns(cmd.epoch, position, np.concatenate(pieces) if len(pieces) > 1 else samples)
+                if nxt is not None:
+                    if isinstance(nxt, ConfigureTurns):
+                        await self._configure_turns(nxt)
+                    else:
+                        await self._feed_turns(nxt.epoch, nxt.position, nxt.samples)
+
+    async def _configure_turns(self, cmd: ConfigureTurns) -> None:
+        td = cmd.turn_detection
+        current = self.detector
+        if td is None or self.vad_factory is None:
+            self.detector = None
+        elif current is not None and current.rule == td.rule:
+            current.reset(cmd.position)
+        else:
+            self.detector = await anyio.to_thread.run_sync(self._new_detector, td.rule, td.type, cmd.position)
+
+    def _new_detector(self, rule: Any, kind: TurnType, position: int) -> TurnDetector:
+        """A detector for ``rule`` (blocking: the first one loads the models)."""
+        assert self.vad_factory is not None
+        model: EndOfTurnModel | None = None
+        if kind is TurnType.SEMANTIC_VAD and self.turn_model_factory is not None:
+            model = self.turn_model_factory()
+        detector = TurnDetector(rule, self.vad_factory(rule.vad), model)
+        detector.reset(position)
+        return detector
+
+    async def _feed_turns(self, epoch: int, position: int, samples: np.ndarray) -> None:
+        detector = self.detector
+        if detector is None or epoch != self.protocol.turn_epoch:
+            return
+        if position != detector.fed:  # a gap (never expected): the detector restarts where the audio is
+            detector.reset(position)
+        for event in await anyio.to_thread.run_sync(detector.feed, samples):
+            await self._apply(self.protocol.turn_event, epoch, event)
 
     async def _expire_later(self) -> None:
         await self.clock.sleep(self.protocol.limits.session_seconds)

@@ -1,18 +1,23 @@
-"""Input audio and turns of the realtime protocol: the input buffer, server VAD (speech started/stopped, barge-in),
-commits, and the transcription of committed audio (commands out, results in)."""
+"""Input audio and turns of the realtime protocol: the input buffer, turn detection (speech started, paused,
+resumed, stopped; barge-in), commits, and the transcription of committed audio (commands out, results in).
+
+Turn detection runs in the driver, never here: each append with turn detection on gives a ``DetectTurns`` command
+(the samples and their stream position), and the driver feeds the detector's events back through
+:meth:`TurnTaking.turn_event`. A detector restart (a commit, a clear, new settings) bumps :attr:`turn_epoch`
+and says so in a ``ConfigureTurns`` command; events of an older epoch are ignored.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-from omni_stream.codecs.resample import Resampler
 from omni_stream.realtime.agent.audio import RATE
 from omni_stream.realtime.agent.events import RealtimeError, SessionType
 from omni_stream.realtime.agent.items import Content, ContentType, Item
-from omni_stream.realtime.agent.outputs import Outputs, Transcribe
+from omni_stream.realtime.agent.outputs import ConfigureTurns, DetectTurns, Outputs, Transcribe
 from omni_stream.realtime.agent.protocol_state import Phase, ProtocolState, samples_ms
 from omni_stream.requests import Role
-from omni_stream.turns.vad import VadEventKind
+from omni_stream.turns.detector import TurnEvent, TurnEventKind
 
 MIN_COMMIT_MS = 100  # a commit needs this much audio (OpenAI's rule)
 
@@ -20,15 +25,11 @@ MIN_COMMIT_MS = 100  # a commit needs this much audio (OpenAI's rule)
 class TurnTaking(ProtocolState):
     """The input side of a session (see the module docstring)."""
 
-    def _open_vad(self) -> None:
-        td = self.config.turn_detection
-        self.vad = None if td is None or self.vad_factory is None else self.vad_factory(td.vad)
-        self._vad_resampler = None
-        if self.vad is not None and self.vad.sample_rate != RATE:
-            self._vad_resampler = Resampler(RATE, self.vad.sample_rate)
-        self._vad_origin = self.buffer.end
-        self._speech_start = None
-        self._turn_item = None
+    def _restart_turns(self) -> Outputs:
+        """A fresh detector from the buffer's end (the turn in progress, if any, is forgotten)."""
+        self.turn_epoch += 1
+        self._speech_start, self._turn_item = None, None
+        return Outputs(commands=[ConfigureTurns(self.config.turn_detection, self.turn_epoch, self.buffer.end)])
 
     def _append(self, data: bytes) -> Outputs:
         self.decoder.check(data)
@@ -38,31 +39,33 @@ class TurnTaking(ProtocolState):
                 "input_audio_buffer_overflow",
                 f"the input audio buffer would pass {self.limits.max_buffer_seconds:g} s: commit or clear it first",
             )
+        position = self.buffer.end
         samples = self.decoder.decode(data)
         self.buffer.append(samples)
-        if self.vad is None:
+        td = self.config.turn_detection
+        if td is None or not samples.size:
             return Outputs()
-        out = Outputs()
-        x = samples.astype(np.float32) / 32768.0
-        if self._vad_resampler is not None:
-            x = self._vad_resampler.process(x)
-        rate = self.vad.sample_rate
-        for vad_event in self.vad.feed(x):
-            position = self._vad_origin + vad_event.sample * RATE // rate
-            if vad_event.kind is VadEventKind.SPEECH_STARTED:
-                out.extend(self._speech_started(position))
-            elif self._speech_start is not None:
-                out.extend(self._speech_stopped(position))
         if self._speech_start is None:  # nobody speaks: keep only what a late start report may still need
-            assert self.config.turn_detection is not None
-            keep = self.config.turn_detection.vad.prefix_padding_ms + self.limits.vad_lookback_ms
+            keep = td.rule.vad.prefix_padding_ms + self.limits.vad_lookback_ms
             self.buffer.drop_before(self.buffer.end - keep * RATE // 1000)
-        return out
+        return Outputs(commands=[DetectTurns(samples, position, self.turn_epoch)])
+
+    def turn_event(self, epoch: int, event: TurnEvent) -> Outputs:
+        """An event of the driver's turn detector (see the module docstring)."""
+        if self.phase is Phase.CLOSED or epoch != self.turn_epoch or self.config.turn_detection is None:
+            return Outputs()
+        if event.kind is TurnEventKind.STARTED:
+            return self._speech_started(event.position)
+        if self._speech_start is None:
+            return Outputs()
+        if event.kind is TurnEventKind.STOPPED:
+            return self._speech_stopped(event.position)
+        return Outputs()
 
     def _speech_started(self, position: int) -> Outputs:
         td = self.config.turn_detection
         assert td is not None
-        self._speech_start = max(self.buffer.start, position - td.vad.prefix_padding_ms * RATE // 1000)
+        self._speech_start = max(self.buffer.start, position - td.rule.vad.prefix_padding_ms * RATE // 1000)
         self.buffer.drop_before(self._speech_start)
         self._turn_item = self._id("item")
         out = Outputs(
@@ -100,11 +103,9 @@ class TurnTaking(ProtocolState):
             )
         item_id = self._turn_item or self._id("item")
         samples = self.buffer.take(self.buffer.length)
-        if self.vad is not None:
-            self.vad.reset()
-        self._vad_origin = self.buffer.end
+        out = self._restart_turns() if self.config.turn_detection is not None else Outputs()
         self._speech_start, self._turn_item = None, None
-        return self._commit_samples(samples, item_id)
+        return out.extend(self._commit_samples(samples, item_id))
 
     def _commit_samples(self, samples: np.ndarray, item_id: str) -> Outputs:
         previous = self.conversation.last_id()
@@ -114,12 +115,11 @@ class TurnTaking(ProtocolState):
         out.extend(self._transcribe(item, 0, samples))
         return out
 
-    def _clear_input(self) -> None:
+    def _clear_input(self) -> Outputs:
         self.buffer.clear()
-        if self.vad is not None:
-            self.vad.reset()
-        self._vad_origin = self.buffer.end
+        out = self._restart_turns() if self.config.turn_detection is not None else Outputs()
         self._speech_start, self._turn_item = None, None
+        return out
 
     def _transcribe(self, item: Item, index: int, samples: np.ndarray) -> Outputs:
         if not self.caps.transcription:

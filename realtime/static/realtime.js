@@ -158,7 +158,8 @@ function onEvent(event) {
   agent.events.push(event.type);
   switch (event.type) {
     case "session.created": {
-      const session = { type: "realtime", audio: { input: { turn_detection: { type: "server_vad" } } } };
+      // semantic_vad (Smart Turn) where the server has it; its refusal below falls back to server_vad
+      const session = { type: "realtime", audio: { input: { turn_detection: { type: "semantic_vad" } } } };
       const voice = $("voice").value;
       if (voice) session.audio.output = { voice };
       send({ type: "session.update", session });
@@ -221,6 +222,10 @@ function onEvent(event) {
       if (agent.state === "speaking" || agent.state === "thinking") setState("listening");
       break;
     case "error":
+      if (event.error.param === "session.audio.input.turn_detection.type") {
+        send({ type: "session.update", session: { audio: { input: { turn_detection: { type: "server_vad" } } } } });
+        break;
+      }
       showError(`${event.error.code ?? event.error.type}: ${event.error.message}`);
       break;
   }

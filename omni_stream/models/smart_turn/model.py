@@ -1,0 +1,97 @@
+"""Smart Turn v3.2 (an end-of-turn classifier on a Whisper encoder) run by onnxruntime, from pipecat-ai's wheel.
+
+The ``pipecat-ai`` wheel ships the trained model as ``pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx``
+(BSD-2-Clause). It is found through the installed package's location and never imported (importing ``pipecat``
+pulls in its logging and runtime patches); nothing is downloaded. Install it with ``pip install --no-deps
+pipecat-ai==1.14.0`` and onnxruntime with the ``[turn]`` extra (pipecat-ai's own requirements are many and not
+needed for the model file).
+
+Input: the last 8 s of a turn's audio at 16 kHz (:mod:`.features`); output: the probability that the speaker has
+finished their turn. ``probabilities`` takes a batch (the model's batch dimension is free), so concurrent sessions
+may share one call. Blocking CPU work (about 10-65 ms a window on one core): call it off the event loop. The
+session is shared by every stream and thread (onnxruntime's ``run`` is thread-safe).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from omni_stream.errors import ConfigError
+from omni_stream.models.smart_turn.features import SAMPLE_RATE, last_window, log_mel
+
+MODEL_FILE = "smart-turn-v3.2-cpu.onnx"
+PACKAGE_DIR = ("audio", "turn", "smart_turn", "data")
+
+
+def model_path() -> Path:
+    """The wheel's model file, found without importing ``pipecat`` (ConfigError when it is not installed)."""
+    spec = importlib.util.find_spec("pipecat")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for root in locations:
+        path = Path(root).joinpath(*PACKAGE_DIR, MODEL_FILE)
+        if path.is_file():
+            return path
+    raise ConfigError(
+        f"Smart Turn needs {MODEL_FILE} from the pipecat-ai wheel: pip install --no-deps pipecat-ai==1.14.0"
+    )
+
+
+def available() -> bool:
+    """Whether the model file and onnxruntime are both installed."""
+    try:
+        model_path()
+    except ConfigError:
+        return False
+    return importlib.util.find_spec("onnxruntime") is not None
+
+
+class SmartTurn:
+    """The end-of-turn model (see the module docstring); ``threads``: onnxruntime intra-op threads (default 1)."""
+
+    sample_rate = SAMPLE_RATE
+
+    def __init__(self, path: Path | None = None, *, threads: int = 1) -> None:
+        try:
+            import onnxruntime as ort
+        except ImportError as exc:  # pragma: no cover - the [turn] extra brings it
+            raise ConfigError("Smart Turn needs onnxruntime: pip install 'omni-stream[turn]'") from exc
+        options = ort.SessionOptions()
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.inter_op_num_threads = 1
+        options.intra_op_num_threads = threads
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.path = path or model_path()
+        self._session: Any = ort.InferenceSession(
+            str(self.path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        self._input = self._session.get_inputs()[0].name
+
+    def probabilities(self, turns: list[np.ndarray]) -> np.ndarray:
+        """P(the turn is complete) for each turn's audio (float32 mono at 16 kHz; its last 8 s are read)."""
+        if not turns:
+            return np.zeros(0, np.float32)
+        features = log_mel(np.stack([last_window(t) for t in turns]))
+        (out,) = self._session.run(None, {self._input: features})
+        return np.asarray(out, np.float32).reshape(len(turns))
+
+    def probability(self, turn: np.ndarray) -> float:
+        """P(complete) for one turn's audio (float32 mono at 16 kHz)."""
+        return float(self.probabilities([turn])[0])
+
+
+_LOCK = threading.Lock()
+_MODEL: SmartTurn | None = None
+
+
+def load_smart_turn() -> SmartTurn:
+    """The model, loaded once per process (then shared: it holds no stream state)."""
+    global _MODEL
+    with _LOCK:
+        if _MODEL is None:
+            _MODEL = SmartTurn()
+        return _MODEL

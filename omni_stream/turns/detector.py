@@ -1,0 +1,153 @@
+"""One stream's turn detector: voice activity, pauses, and the end of each turn (blocking CPU work).
+
+``TurnDetector(rule, vad, model)`` takes the stream's audio (int16 mono at ``rate``, 24 kHz by default) in order
+and returns :class:`TurnEvent` s with stream positions (samples since the stream began, at ``rate``):
+
+- ``started``: a turn begins (the position includes the rule's prefix padding);
+- ``paused``: the speech paused for the rule's ``pause_ms``; the position is where the turn's audio would end
+  if the turn ended here;
+- ``resumed``: speech went on after a pause (the turn goes on; whatever was started at the pause is stale);
+- ``stopped``: the turn ended at its last pause's position (the model judged it complete, or the silence
+  reached ``max_pause_ms``).
+
+The voice activity detector (any :class:`~omni_stream.turns.vad.VoiceActivityDetector`, e.g. Silero) runs with
+the rule's short ``pause_ms`` silence and is fed 20 ms at a time, so the time a pause was detected is known to
+20 ms; ``max_pause_ms`` is counted from there in stream samples, never by a clock. The end-of-turn model (an
+:class:`EndOfTurnModel`, e.g. Smart Turn) is asked once per pause, on the turn's last 8 s up to the pause,
+resampled to its rate. Run ``feed`` off the event loop (a realtime session's driver does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+import numpy as np
+
+from omni_stream.codecs.resample import Resampler, resample
+from omni_stream.turns.rules import TurnRule
+from omni_stream.turns.vad import VadEventKind, VoiceActivityDetector
+
+RATE = 24000
+SLICE_MS = 20  # the detector is fed this much at a time: the resolution of pause timing
+MODEL_SECONDS = 8  # audio the end-of-turn model reads
+
+
+class TurnEventKind(StrEnum):
+    STARTED = "started"
+    PAUSED = "paused"
+    RESUMED = "resumed"
+    STOPPED = "stopped"
+
+
+@dataclass(slots=True, frozen=True)
+class TurnEvent:
+    kind: TurnEventKind
+    position: int  # stream samples at the detector's rate
+
+
+class EndOfTurnModel(Protocol):
+    """A trained end-of-turn classifier: P(the speaker has finished) for a turn's audio at ``sample_rate``."""
+
+    @property
+    def sample_rate(self) -> int: ...
+
+    def probability(self, turn: np.ndarray) -> float: ...
+
+
+class TurnDetector:
+    """See the module docstring. ``model`` is needed when the rule is semantic."""
+
+    def __init__(
+        self, rule: TurnRule, vad: VoiceActivityDetector, model: EndOfTurnModel | None = None, *, rate: int = RATE
+    ) -> None:
+        if rule.semantic and model is None:
+            raise ValueError("a semantic turn rule needs an end-of-turn model")
+        self.rule = rule
+        self.vad = vad
+        self.model = model
+        self.rate = rate
+        self._slice = rate * SLICE_MS // 1000
+        self._keep = rate * MODEL_SECONDS + rate  # recent audio kept for the model
+        self.probabilities: list[float] = []  # the model's answers, in order (tests, benchmarks)
+        self.reset(0)
+
+    def reset(self, position: int) -> None:
+        """Forget the stream; the next sample fed is at stream ``position``."""
+        self.vad.reset()
+        vad_rate = self.vad.sample_rate
+        self._to_vad = Resampler(self.rate, vad_rate) if vad_rate != self.rate else None
+        self.origin = self.fed = position
+        self._recent = np.zeros(0, np.int16)  # the last samples fed, ending at self.fed
+        self._turn_start: int | None = None
+        self._paused_at: int | None = None  # the open pause's position
+        self._deadline = 0  # stream position at which the open pause ends the turn
+
+    @property
+    def speaking(self) -> bool:
+        """Whether a turn is open (started, not stopped)."""
+        return self._turn_start is not None
+
+    def feed(self, samples: np.ndarray) -> list[TurnEvent]:
+        """The next samples (int16 mono at ``rate``); the turn events they complete, in order."""
+        samples = np.asarray(samples, np.int16).reshape(-1)
+        events: list[TurnEvent] = []
+        for i in range(0, samples.size, self._slice):
+            piece = samples[i : i + self._slice]
+            self._remember(piece)
+            x = piece.astype(np.float32) / 32768.0
+            if self._to_vad is not None:
+                x = self._to_vad.process(x)
+            self.fed += piece.size
+            for event in self.vad.feed(x):
+                position = self.origin + round(event.sample * self.rate / self.vad.sample_rate)
+                if event.kind is VadEventKind.SPEECH_STARTED:
+                    events.extend(self._started(position))
+                else:
+                    events.extend(self._paused(position))
+            if self._paused_at is not None and self.fed >= self._deadline:
+                events.append(self._stop())
+        return events
+
+    def _remember(self, piece: np.ndarray) -> None:
+        recent = np.concatenate((self._recent, piece))
+        self._recent = recent[-self._keep :] if recent.size > self._keep else recent
+
+    def _started(self, position: int) -> list[TurnEvent]:
+        if self._paused_at is not None:
+            self._paused_at = None
+            return [TurnEvent(TurnEventKind.RESUMED, position)]
+        if self._turn_start is not None:
+            return []
+        self._turn_start = position
+        return [TurnEvent(TurnEventKind.STARTED, position)]
+
+    def _paused(self, position: int) -> list[TurnEvent]:
+        if self._turn_start is None:
+            return []
+        position = max(position, self._turn_start)
+        self._paused_at = position
+        events = [TurnEvent(TurnEventKind.PAUSED, position)]
+        if self.model is not None and self.rule.threshold is not None:
+            p = self.model.probability(self._turn_audio(position))
+            self.probabilities.append(p)
+            if p >= self.rule.threshold:
+                events.append(self._stop())
+                return events
+        # Counted from when the pause was noticed (pause_ms after the speech), so the turn ends max_pause_ms after it.
+        self._deadline = self.fed + (self.rule.max_pause_ms - self.rule.pause_ms) * self.rate // 1000
+        return events
+
+    def _turn_audio(self, end: int) -> np.ndarray:
+        """The turn's last seconds up to ``end``, float32 at the model's rate."""
+        assert self.model is not None and self._turn_start is not None
+        first = self.fed - self._recent.size
+        lo = max(self._turn_start, end - self.rate * MODEL_SECONDS, first)
+        x = self._recent[lo - first : max(lo, end) - first].astype(np.float32) / 32768.0
+        return x if self.model.sample_rate == self.rate else resample(x, self.rate, self.model.sample_rate)
+
+    def _stop(self) -> TurnEvent:
+        assert self._paused_at is not None
+        position, self._paused_at, self._turn_start = self._paused_at, None, None
+        return TurnEvent(TurnEventKind.STOPPED, position)

@@ -1,0 +1,72 @@
+"""Smart Turn v3.2 (pipecat-ai's wheel): our log-mel features and onnxruntime inference against pipecat's own
+``LocalSmartTurnAnalyzerV3`` on the same audio (the reference is used by this test only)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pipecat.audio.turn.smart_turn._whisper_features import compute_whisper_log_mel_features
+from pipecat.audio.turn.smart_turn.local_smart_turn_v3 import LocalSmartTurnAnalyzerV3
+
+from omni_stream.codecs.resample import resample
+from omni_stream.models.smart_turn import SAMPLE_RATE, SmartTurn, available, log_mel, model_path
+from omni_stream.models.smart_turn.features import last_window
+
+pytestmark = pytest.mark.reference
+
+
+def clips() -> dict[str, np.ndarray]:
+    """Speech (espeak-ng where installed), a cut-off sentence, a tone, noise, a short clip, and more than 8 s."""
+    rng = np.random.default_rng(0)
+    t = np.arange(SAMPLE_RATE * 2) / SAMPLE_RATE
+    out = {
+        "tone": (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32),
+        "noise": (0.05 * rng.standard_normal(SAMPLE_RATE * 3)).astype(np.float32),
+        "short": (0.1 * rng.standard_normal(SAMPLE_RATE // 5)).astype(np.float32),
+        "long": (0.1 * rng.standard_normal(SAMPLE_RATE * 11)).astype(np.float32),
+    }
+    try:
+        from realtime_fixtures import espeak
+
+        speech = espeak("What is the weather like in Paris today?").astype(np.float32) / 32768.0
+        out["question"] = resample(speech, 24000, SAMPLE_RATE).astype(np.float32)
+        out["cut off"] = out["question"][: out["question"].size // 2]
+    except pytest.skip.Exception:
+        pass
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference():
+    analyzer = LocalSmartTurnAnalyzerV3(sample_rate=SAMPLE_RATE)
+    analyzer.set_sample_rate(SAMPLE_RATE)
+    return analyzer
+
+
+def test_the_model_file_is_the_one_pipecat_loads(reference):
+    assert available()
+    assert model_path().name == "smart-turn-v3.2-cpu.onnx" and model_path().stat().st_size > 8_000_000
+
+
+def test_features_equal_pipecats_on_every_clip():
+    for name, audio in clips().items():
+        window = last_window(audio)
+        ours = log_mel(window[None])[0]
+        theirs = compute_whisper_log_mel_features(window, do_normalize=True)
+        assert ours.shape == theirs.shape == (80, 800), name
+        np.testing.assert_allclose(ours, theirs, atol=1e-5, err_msg=name)
+
+
+def test_probabilities_equal_pipecats_analyzer_on_the_same_audio(reference):
+    model = SmartTurn()
+    audio = clips()
+    ours = model.probabilities(list(audio.values()))  # one batched call
+    for (name, clip), p in zip(audio.items(), ours, strict=True):
+        theirs = reference._predict_endpoint(clip)
+        assert abs(p - theirs["probability"]) < 1e-4, name
+        assert (p > 0.5) == (theirs["prediction"] == 1), name
+        assert abs(model.probability(clip) - p) < 1e-5, name  # alone or in a batch: the same answer
+    p = dict(zip(audio, ours, strict=True))
+    assert p["tone"] < 0.5 < p["short"]  # the clips are told apart
+    if "question" in p:  # a whole question is a finished turn, its first half is not
+        assert p["question"] > 0.5 > p["cut off"]

@@ -1,0 +1,103 @@
+"""The turn detector on the real models: Silero VAD (its wheel) with Smart Turn v3.2 (pipecat-ai's wheel) for
+``semantic_vad``, and ``server_vad``'s silence counted in stream samples. Speech is espeak-ng's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from realtime_doubles import energy_vad, spoken_words
+from realtime_fixtures import espeak
+
+from omni_stream.models.smart_turn import load_smart_turn
+from omni_stream.realtime.settings import silero_vad
+from omni_stream.turns.detector import TurnDetector
+from omni_stream.turns.rules import EAGERNESS, PAUSE_MS, Eagerness, TurnRule
+from omni_stream.turns.vad import VadParams
+
+RATE = 24000
+CHUNK = RATE // 10  # 100 ms feeds, as a client appends
+
+
+def run(detector: TurnDetector, audio: np.ndarray) -> list[tuple[str, int, int]]:
+    """(event kind, position, samples fed when it came) for ``audio`` fed 100 ms at a time."""
+    out = []
+    for i in range(0, audio.size, CHUNK):
+        for event in detector.feed(audio[i : i + CHUNK]):
+            out.append((event.kind.value, event.position, detector.fed))
+    return out
+
+
+def silence(ms: int) -> np.ndarray:
+    return np.zeros(RATE * ms // 1000, np.int16)
+
+
+@pytest.fixture(scope="module")
+def question() -> np.ndarray:
+    return espeak("What is the weather like in Paris today?")
+
+
+def semantic(eagerness: Eagerness = Eagerness.AUTO) -> TurnDetector:
+    rule = TurnRule.semantic_vad(eagerness)
+    return TurnDetector(rule, silero_vad(rule.vad), load_smart_turn())
+
+
+def test_a_finished_question_ends_at_its_pause_without_waiting(question):
+    detector = semantic()
+    events = run(detector, np.concatenate([silence(300), question, silence(3000)]))
+    kinds = [k for k, _, _ in events]
+    assert kinds == ["started", "paused", "stopped"], events
+    _, (_, pause, noticed), (_, stop, decided) = events
+    assert detector.probabilities[0] >= EAGERNESS[Eagerness.AUTO].threshold
+    assert stop == pause  # the turn's audio ends at the pause: what was computed there is what the turn needs
+    speech_end = (300 * RATE) // 1000 + question.size
+    assert 0 < pause - speech_end < 400 * RATE // 1000  # Silero's probability decays for a few chunks
+    assert decided == noticed  # the model decided at the pause, in the same feed: no waiting for more silence
+    assert not detector.speaking
+
+
+@pytest.fixture(scope="module")
+def unfinished() -> np.ndarray:
+    return espeak("What is the weather like in")
+
+
+def test_an_unfinished_sentence_waits_for_the_eagerness_maximum_pause(unfinished):
+    detector = semantic(Eagerness.HIGH)
+    events = run(detector, np.concatenate([silence(300), unfinished, silence(3000)]))
+    assert [k for k, _, _ in events] == ["started", "paused", "stopped"], events
+    assert detector.probabilities[0] < EAGERNESS[Eagerness.HIGH].threshold
+    (_, _, _), (_, pause, noticed), (_, stop, decided) = events
+    assert stop == pause
+    waited = decided - noticed
+    target = (EAGERNESS[Eagerness.HIGH].max_pause_ms - PAUSE_MS) * RATE // 1000
+    assert target <= waited < target + CHUNK  # counted in samples, decided at the first feed past it
+
+
+def test_speech_after_a_pause_resumes_the_same_turn(unfinished):
+    detector = semantic(Eagerness.MEDIUM)
+    audio = np.concatenate([silence(300), unfinished, silence(700), espeak("Paris today?"), silence(1500)])
+    events = run(detector, audio)
+    assert [k for k, _, _ in events] == ["started", "paused", "resumed", "paused", "stopped"], events
+    assert detector.probabilities[0] < 0.5 <= detector.probabilities[1]  # unfinished, then finished
+    assert events[-1][1] == events[-2][1]
+
+
+def test_server_vad_ends_the_turn_after_its_silence_counted_in_samples():
+    params = VadParams(silence_duration_ms=700)
+    rule = TurnRule.server_vad(params)
+    assert rule.pause_ms == PAUSE_MS and rule.max_pause_ms == 700 and rule.vad.silence_duration_ms == PAUSE_MS
+    detector = TurnDetector(rule, energy_vad(rule.vad))
+    events = run(detector, spoken_words(["three", "five"], tail_ms=1500))
+    # the 200 ms gap between the words is a pause (speculation may start there), not the end of the turn
+    assert [k for k, _, _ in events] == ["started", "paused", "resumed", "paused", "stopped"]
+    (_, pause, noticed), (_, stop, decided) = events[-2:]
+    assert stop == pause and decided - noticed >= (700 - PAUSE_MS) * RATE // 1000
+    # the same audio, reset: positions restart where the stream is said to be
+    detector.reset(10 * RATE)
+    again = run(detector, spoken_words(["three", "five"], tail_ms=1500))
+    assert [(k, p - 10 * RATE) for k, p, _ in again] == [(k, p) for k, p, _ in events]
+
+
+def test_a_semantic_rule_needs_a_model():
+    rule = TurnRule.semantic_vad(Eagerness.AUTO)
+    with pytest.raises(ValueError, match="end-of-turn model"):
+        TurnDetector(rule, energy_vad(rule.vad))
