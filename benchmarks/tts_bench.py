@@ -1,8 +1,12 @@
 """Streaming TTS: TTFA, x real time and underruns at several concurrencies, in process or over HTTP / WebSocket.
 
-Each run builds a real-size CustomVoice checkpoint with random weights (``load_format="dummy"``, bf16 on CUDA)
-from ``benchmarks/configs`` (``--tiny``: the tiny test checkpoint, for a CPU smoke run) and drives it with
-``--frames`` frames per request, EOS suppressed (``ignore_eos``), at each concurrency, over each ``--transport``:
+Each run builds a real-size checkpoint with random weights (``load_format="dummy"``, bf16 on CUDA) from
+``benchmarks/configs`` (``--tiny``: the tiny test checkpoint, for a CPU smoke run) and drives it with
+``--frames`` frames per request, EOS suppressed (``ignore_eos``), at each concurrency, over each ``--transport``,
+in each ``--voice-mode`` (``tts_clients.py``): ``custom`` (CustomVoice, the default) or, on a Base checkpoint,
+``clone`` (reference audio and its transcript with every request), ``clone-xvec`` (the reference's speaker
+embedding alone), ``voice`` / ``voice-xvec`` (voices uploaded once, then named). The modes of one run share one
+server (or one engine) and write one result each, tagged ``<size>-<mode>`` (CustomVoice keeps the bare size):
 
 - ``inproc``: ``engine.speech()`` in this process; TTFA from the call to the first ``Audio`` chunk in the
   consumer; adds the worker's wall time per talker step and per codec window job.
@@ -16,7 +20,9 @@ from ``benchmarks/configs`` (``--tiny``: the tiny test checkpoint, for a CPU smo
 Per request: TTFA, x real time (audio seconds / seconds from the send to the last chunk), underrun
 (PERFORMANCE.md, ``omni_stream.metrics.underrun_of``; continuity OK = under 100 ms) and whether exactly
 ``--frames`` frames of audio came back. Per level: aggregate x real time (all audio / wall from the first send
-to the last chunk); over the server, the engine's own step time, batch size and TTFA from ``/metrics``, and over
+to the last chunk); in process, what newcomers' prefills cost the batch (steps holding newcomers against steps of
+running rows alone, the prompts' positions) and each voice-prompt extraction on the worker; over the server, the
+engine's own step time, batch size and TTFA from ``/metrics``, and over
 HTTP how much of the time to first audio passed on the client's side (``HTTP_PHASES``: connected, request sent;
 p50 and p95).
 Writes ``tts_bench_<size>[_<transport>].json`` (inproc keeps the bare name) to ``$OUT`` or ``benchmarks/results``.
@@ -42,8 +48,13 @@ Then one command there (carry ``.whl``), per size, under the 10-minute limit::
       .whl/*.whl && export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 || exit; \
     python3 benchmarks/tts_bench.py --size 1.7b --transport http,ws && python3 benchmarks/tts_bench.py --summarize
 
+Voice cloning (1.7B Base, c = 1 and 64; the server's voices are uploaded before the levels)::
+
+    python3 benchmarks/tts_bench.py --size 1.7b --transport ws --levels 1,64 --voice-mode clone,voice,voice-xvec
+
 CPU smoke run (tests/test_tts_bench_cpu.py):
-``python benchmarks/tts_bench.py --device cpu --tiny --levels 1,2 --frames 6 --transport inproc,http,ws``.
+``python benchmarks/tts_bench.py --device cpu --tiny --levels 1,2 --frames 6 --transport inproc,http,ws``, and with
+``--voice-mode clone,clone-xvec,voice,voice-xvec``.
 """
 
 from __future__ import annotations
@@ -67,13 +78,30 @@ from pathlib import Path
 
 import torch
 from provenance import git_commit
+from tts_clients import (
+    FRAME_S,
+    HTTP_PHASES,
+    TEXT,
+    VOICE_MODES,
+    VOICES,
+    RequestFields,
+    Spoken,
+    http_request,
+    inproc_request,
+    mode_kind,
+    ws_request,
+)
 
-from omni_stream.metrics import percentile, underrun_of
+from omni_stream.metrics import percentile
 
 ROOT = Path(__file__).resolve().parent
-CONFIGS = {
+CONFIGS = {  # CustomVoice
     "0.6b": ROOT / "configs" / "qwen3-tts-12hz-0.6b-customvoice",
     "1.7b": ROOT / "configs" / "qwen3-tts-12hz-1.7b-customvoice",
+}
+BASE_CONFIGS = {  # Base (voice cloning): the same talker, no built-in voices, the speaker encoder
+    "0.6b": ROOT / "configs" / "qwen3-tts-12hz-0.6b-base",
+    "1.7b": ROOT / "configs" / "qwen3-tts-12hz-1.7b-base",
 }
 TRANSPORTS = ("inproc", "http", "ws")
 TRANSPORT_DETAIL = {
@@ -83,11 +111,9 @@ TRANSPORT_DETAIL = {
     "ws": "omni-stream serve over WebSocket loopback (session.config stream_audio, input.text + input.done), "
     "websockets client; TTFA from sending input.text to the first binary frame",
 }
-VOICES = ("vivian", "serena", "uncle_fu", "ryan", "aiden", "ono_anna", "sohee", "eric", "dylan")
-TEXT = "The quick brown fox jumps over the lazy dog while the evening sun sets slowly behind the quiet hills."
-FRAME_S = 0.08
 CONTINUITY_S = 0.1
 WARMUP_FRAMES = 12
+__all__ = ["CONFIGS", "TEXT", "VOICES", "free_port", "out_dir", "wait_healthy"]  # what the other benchmarks import
 
 
 def out_dir() -> Path:
@@ -100,53 +126,51 @@ def result_path(tag: str, transport: str) -> Path:
     return out_dir() / (f"tts_bench_{tag}.json" if transport == "inproc" else f"tts_bench_{tag}_{transport}.json")
 
 
-INITIAL_FRAMES: int | None = None  # --initial-frames: every request fixes its first window (None: the engine's)
+def write_checkpoint(size: str, kind: str, tiny: bool, out: Path, dtype: torch.dtype) -> Path:
+    """The benchmark's checkpoint: ``kind`` (custom_voice or base) at ``size``; real sizes without weight files
+    (the server loads them with ``load_format="dummy"``), or the tiny test checkpoint (CPU smoke runs)."""
+    from omni_stream.models.qwen3_tts.checkpoint import write_dummy_checkpoint, write_tiny_checkpoint
 
-
-def request_fields(i: int, frames: int) -> dict:
-    """The speech fields of request ``i``: a fixed length (EOS suppressed), voices in turn, seeded."""
-    fields = {"voice": VOICES[i % len(VOICES)], "language": "English", "max_new_tokens": frames, "ignore_eos": True,
-              "seed": i}  # fmt: skip
-    if INITIAL_FRAMES is not None:
-        fields["initial_codec_chunk_frames"] = INITIAL_FRAMES
-    return fields
-
-
-def request_record(t0: float, arrivals: list[float], durations: list[float], samples: int) -> dict:
-    """One request's figures from its send time and its chunks' arrival times and audio seconds."""
-    if not arrivals:
-        raise RuntimeError("a request returned no audio")
-    audio_s = sum(durations)
-    return {
-        "start": t0,
-        "ttfa": arrivals[0] - t0,
-        "end": arrivals[-1],
-        "audio_s": audio_s,
-        "xrt": audio_s / (arrivals[-1] - t0),
-        "underrun": underrun_of(arrivals, durations),
-        "chunks": len(arrivals),
-        "samples": samples,
-    }
+    if tiny:
+        return write_tiny_checkpoint(out, kind, size, dtype=dtype)
+    configs = BASE_CONFIGS if kind == "base" else CONFIGS
+    return write_dummy_checkpoint(configs[size], out, dtype=dtype, weights=False)
 
 
 class StepTimer:
-    """Wraps the runner's step and the codec window job to record worker wall time per call (in process only)."""
+    """Wraps the runner's step, the codec window job and the voice-prompt extraction to record the worker's wall time
+    per call (in process only). Per step: newcomers prefilled, their prompts' positions, rows decoded."""
 
     def __init__(self, family) -> None:
         from omni_stream.models.qwen3_tts import codec_stage as stages
 
         self.steps: list[tuple[int, float]] = []
+        self.step_detail: list[tuple[int, int, int, float]] = []  # (newcomers, their positions, decoded rows, wall)
         self.codec: list[tuple[int, int, float]] = []
+        self.extractions: list[float] = []
         runner = family.runner
         step = runner.step
 
         def timed_step(batch):
             t0 = time.perf_counter()
             out = step(batch)
-            self.steps.append((len(batch.prefill) + len(batch.decode), time.perf_counter() - t0))
+            wall = time.perf_counter() - t0
+            self.steps.append((len(batch.prefill) + len(batch.decode), wall))
+            positions = sum(seq.payload.prompt.prefill_len for seq in batch.prefill)
+            self.step_detail.append((len(batch.prefill), positions, len(batch.decode), wall))
             return out
 
         runner.step = timed_step
+        if hasattr(family, "_extract_voice"):
+            extract = family._extract_voice
+
+            def timed_extract(*args, **kwargs):
+                t0 = time.perf_counter()
+                out = extract(*args, **kwargs)
+                self.extractions.append(time.perf_counter() - t0)
+                return out
+
+            family._extract_voice = timed_extract
         decode = stages.decode_codec_windows
 
         def timed_decode(decoder, windows):
@@ -178,7 +202,27 @@ class StepTimer:
 
     def reset(self) -> None:
         self.steps.clear()
+        self.step_detail.clear()
         self.codec.clear()
+        self.extractions.clear()
+
+    def prefill_cost(self) -> dict:
+        """What newcomers' prefills cost the batch: steps holding newcomers against steps of running rows alone
+        (worker wall, p50), and the newcomers' prompt positions."""
+        with_new = [(k, n, w) for k, n, _, w in self.step_detail if k]
+        alone = [w for k, _, d, w in self.step_detail if not k and d]
+        return {
+            "prefill_steps": len(with_new),
+            "prefill_step_wall_ms_p50": 1000 * percentile([w for *_, w in with_new], 50) if with_new else None,
+            "decode_only_step_wall_ms_p50": 1000 * percentile(alone, 50) if alone else None,
+            "prefill_newcomers_mean": statistics.fmean(k for k, _, _ in with_new) if with_new else None,
+            "prefill_positions_per_newcomer_mean": (
+                sum(n for _, n, _ in with_new) / sum(k for k, _, _ in with_new) if with_new else None
+            ),
+            "voice_extractions": len(self.extractions),
+            "voice_extraction_wall_ms_p50": 1000 * percentile(self.extractions, 50) if self.extractions else None,
+            "voice_extraction_wall_s_total": sum(self.extractions),
+        }
 
     def summary(self, c: int) -> dict:
         steps = [s for _, s in self.steps]
@@ -193,96 +237,25 @@ class StepTimer:
             "codec_wall_s_total": sum(codec),
             "talker_wall_s_total": sum(steps),
             "codec_windows_per_job_mean": statistics.fmean(n for n, *_ in self.codec) if codec else None,
-        }
-
-
-# --- clients: one request each, from its send to its last chunk ---
-
-
-async def inproc_request(engine, i: int, frames: int) -> dict:
-    t0 = time.perf_counter()
-    arrivals, durations, samples = [], [], 0
-    async with engine.speech(TEXT, **request_fields(i, frames)) as stream:
-        async for audio in stream:
-            arrivals.append(time.perf_counter())
-            durations.append(audio.samples.shape[0] / audio.sample_rate)
-            samples += audio.samples.shape[0]
-    return request_record(t0, arrivals, durations, samples)
-
-
-# Where an HTTP request's time to first audio goes on the client's side, from httpcore's trace events (ms after
-# the send): its connection ready (a fresh pool per level: every request connects) and the request written. The
-# rest is the server's (it reads and checks the body, creates the engine request, and sends its status line with
-# the first audio, so an early error is a plain HTTP error). Run 25, c=32: TTFA 125 ms, of which the connection
-# 13.5 ms and the request written 16.4 ms (p50), the engine's own TTFA 79 ms (a mean): the WebSocket benchmark
-# connects before its clock, so HTTP's figure holds ~16 ms more of the client's work.
-HTTP_PHASES = {
-    "http11.send_request_headers.started": "connected",
-    "http11.send_request_body.complete": "sent",
-}
-
-
-async def http_request(client, url: str, i: int, frames: int) -> dict:
-    body = {"input": TEXT, "response_format": "pcm", "stream_format": "audio", **request_fields(i, frames)}
-    arrivals, durations, size = [], [], 0
-    marks: dict[str, float] = {}
-
-    async def trace(event: str, info: dict) -> None:
-        if event in HTTP_PHASES:
-            marks[HTTP_PHASES[event]] = time.perf_counter()
-
-    t0 = time.perf_counter()
-    request = client.stream("POST", f"{url}/v1/audio/speech", json=body, extensions={"trace": trace})
-    async with request as response:
-        if response.status_code != 200:
-            raise RuntimeError(f"HTTP {response.status_code}: {(await response.aread()).decode(errors='replace')}")
-        rate = int(response.headers["x-sample-rate"])
-        async for data in response.aiter_raw():
-            if data:
-                arrivals.append(time.perf_counter())
-                durations.append(len(data) / 2 / rate)  # int16 mono
-                size += len(data)
-    return request_record(t0, arrivals, durations, size // 2) | {f"{k}_s": v - t0 for k, v in marks.items()}
-
-
-async def ws_request(ws_url: str, i: int, frames: int, start: asyncio.Barrier) -> dict:
-    from websockets.asyncio.client import connect
-
-    config = {"type": "session.config", "response_format": "pcm", "stream_audio": True, **request_fields(i, frames)}
-    async with connect(f"{ws_url}/v1/audio/speech/stream", max_size=None, ping_interval=None) as ws:
-        await ws.send(json.dumps(config))
-        await start.wait()
-        arrivals, durations, size, rate = [], [], 0, None
-        t0 = time.perf_counter()
-        await ws.send(json.dumps({"type": "input.text", "text": TEXT}))
-        await ws.send(json.dumps({"type": "input.done"}))
-        async for message in ws:
-            if isinstance(message, bytes):
-                arrivals.append(time.perf_counter())
-                durations.append(len(message) / 2 / rate)
-                size += len(message)
-                continue
-            event = json.loads(message)
-            if event["type"] == "audio.start":
-                rate = event["sample_rate"]
-            elif event["type"] == "error" or event.get("error") is True:
-                raise RuntimeError(f"WebSocket error: {event}")
-            elif event["type"] == "session.done":
-                break
-    return request_record(t0, arrivals, durations, size // 2)
+        } | self.prefill_cost()
 
 
 class Driver:
     """Runs ``c`` concurrent requests over one transport; ``stats()`` adds what the engine measured meanwhile."""
 
-    def __init__(self, transport: str, *, engine=None, url: str = "", client=None, new_client=None) -> None:
-        """``client``: the server's metrics and health; ``new_client()``: a fresh HTTP client for each level."""
-        self.transport, self.engine, self.url, self.client = transport, engine, url, client
+    def __init__(
+        self, transport: str, fields: RequestFields, *, engine=None, url: str = "", client=None, new_client=None
+    ) -> None:
+        """``fields``: every request's voice and first window; ``client``: the server's metrics and health;
+        ``new_client()``: a fresh HTTP client for each level."""
+        self.transport, self.fields, self.engine, self.url, self.client = transport, fields, engine, url, client
         self.new_client = new_client
 
     async def level(self, c: int, frames: int) -> list[dict]:
+        spoken = [Spoken(i, TEXT, frames) for i in range(c)]
+        fields = self.fields
         if self.transport == "inproc":
-            return await asyncio.gather(*(inproc_request(self.engine, i, frames) for i in range(c)))
+            return await asyncio.gather(*(inproc_request(self.engine, s, fields) for s in spoken))
         if self.transport == "http":
             # A fresh pool each level, as fresh listeners would come. With one pool for all levels, a level's
             # requests reached the server up to 2.5 s late while the pool held the previous level's idle
@@ -290,11 +263,11 @@ class Driver:
             # each request and release): a client artefact that cut c=128 by ~40 % after the lower levels
             # (results/tts_bench.md, run 20).
             async with self.new_client() as client:
-                return await asyncio.gather(*(http_request(client, self.url, i, frames) for i in range(c)))
+                return await asyncio.gather(*(http_request(client, self.url, s, fields) for s in spoken))
         # Every session connects and sends its config first; then all utterances start together.
         start = asyncio.Barrier(c)
         ws_url = "ws" + self.url.removeprefix("http")
-        return await asyncio.gather(*(ws_request(ws_url, i, frames, start) for i in range(c)))
+        return await asyncio.gather(*(ws_request(ws_url, s, fields, start) for s in spoken))
 
     async def engine_counters(self) -> dict[str, float]:
         """The talker's step-time and batch-size histogram sums and counts, from the server's /metrics."""
@@ -424,10 +397,18 @@ async def drive(driver: Driver, result: dict, args: argparse.Namespace, timer: S
         path.write_text(json.dumps(result, indent=2) + "\n")
 
 
-def base_result(args: argparse.Namespace, transport: str) -> dict:
+def mode_tag(args: argparse.Namespace, mode: str) -> str:
+    """The result's tag: the size, the voice mode unless CustomVoice, then ``--tag-suffix``."""
+    size = f"tiny-{args.size}" if args.tiny else args.size
+    return size + ("" if mode == "custom" else f"-{mode}") + args.tag_suffix
+
+
+def base_result(args: argparse.Namespace, transport: str, fields: RequestFields) -> dict:
+    kind = mode_kind([fields.mode])
+    config = (BASE_CONFIGS if kind == "base" else CONFIGS)[args.size]
     result: dict = {
-        "size": args.tag,
-        "model": f"tiny-{args.size}" if args.tiny else CONFIGS[args.size].name,
+        "size": mode_tag(args, fields.mode),
+        "model": f"tiny-{args.size}-{kind}" if args.tiny else config.name,
         "transport": transport,
         "transport_detail": TRANSPORT_DETAIL[transport],
         "git_commit": git_commit(),
@@ -440,7 +421,7 @@ def base_result(args: argparse.Namespace, transport: str) -> dict:
         "initial_frames": args.initial_frames,
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("OMNI_STREAM_") and "KEY" not in k},
         "levels": [],
-    }
+    } | fields.describe()
     try:
         import transformers
 
@@ -450,23 +431,41 @@ def base_result(args: argparse.Namespace, transport: str) -> dict:
     return result
 
 
-async def run_inproc(ckpt: Path, args: argparse.Namespace) -> None:
+def request_fields(args: argparse.Namespace, mode: str) -> RequestFields:
+    return RequestFields(mode, args.ref_seconds, args.ref_pool, args.initial_frames)
+
+
+async def load_engine(ckpt: Path, args: argparse.Namespace, label: str):
+    """The in-process engine on ``ckpt`` (dummy weights), with its load and capture times."""
     from omni_stream.engine import AsyncEngine
 
-    result = base_result(args, "inproc")
     t0 = time.perf_counter()
     engine = await AsyncEngine.from_pretrained(
         ckpt, device=args.device, dtype=args.dtype, load_format="dummy", max_batch_size=args.max_batch, progress=True
     )
-    result["load_s"] = time.perf_counter() - t0
     family = engine.models.speech()
-    result["samples_per_frame"] = round(engine.speech_info.sample_rate * FRAME_S)
-    result["graph_capture_s"] = getattr(family, "capture_seconds", 0.0)
-    result["graphs"] = len(family.runner.graphs or ())
-    print(f"[{args.tag} inproc] loaded in {result['load_s']:.1f} s (graph capture {result['graph_capture_s']:.1f} s, "
-          f"{result['graphs']} graphs)", flush=True)  # fmt: skip
+    info = {
+        "load_s": time.perf_counter() - t0,
+        "samples_per_frame": round(engine.speech_info.sample_rate * FRAME_S),
+        "graph_capture_s": getattr(family, "capture_seconds", 0.0),
+        "graphs": len(family.runner.graphs or ()),
+        "step_ahead": family.runner.ahead,
+    }
+    print(f"[{label} inproc] loaded in {info['load_s']:.1f} s (graph capture {info['graph_capture_s']:.1f} s, "
+          f"{info['graphs']} graphs)", flush=True)  # fmt: skip
+    return engine, info
+
+
+async def run_inproc(ckpt: Path, args: argparse.Namespace) -> None:
+    engine, info = await load_engine(ckpt, args, args.tag)
+    family = engine.models.speech()
+    timer = StepTimer(family)
     async with engine:
-        await drive(Driver("inproc", engine=engine), result, args, StepTimer(family))
+        for mode in args.modes:
+            fields = request_fields(args, mode)
+            result = base_result(args, "inproc", fields) | info
+            result["voice_prompt_s"] = await fields.extract(engine)
+            await drive(Driver("inproc", fields, engine=engine), result, args, timer)
 
 
 def free_port() -> int:
@@ -476,14 +475,19 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def server_process(ckpt: Path, args: argparse.Namespace, port: int, voices: Path) -> Iterator[subprocess.Popen]:
-    """``omni-stream serve`` on ``ckpt`` with dummy weights and benchmark fields; SIGTERM (then kill) on exit."""
+def server_process(
+    ckpt: Path, args: argparse.Namespace, port: int, voices: Path, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen]:
+    """``omni-stream serve`` on ``ckpt`` with dummy weights and benchmark fields; SIGTERM (then kill) on exit.
+
+    ``env``: variables set for the server beside this process's (an arm of an A/B run)."""
     cmd = [sys.executable, "-m", "omni_stream.cli", "serve", "--model", str(ckpt), "--load-format", "dummy",
            "--enable-benchmark-fields", "--device", args.device, "--dtype", args.dtype,
            "--max-concurrency", str(args.max_batch), "--host", "127.0.0.1", "--port", str(port),
            "--voices-dir", str(voices), "--log-level", "warning"]  # fmt: skip
-    env = {**os.environ, "OMNI_STREAM_API_KEY": "", "PYTHONUNBUFFERED": "1"}
-    print("$ " + " ".join(cmd), flush=True)
+    extra = env or {}
+    env = {**os.environ, **extra, "OMNI_STREAM_API_KEY": "", "PYTHONUNBUFFERED": "1"}
+    print("$ " + " ".join(f"{k}={v}" for k, v in extra.items()) + (" " if extra else "") + " ".join(cmd), flush=True)
     # Start outside the repository: `python -m` puts the working directory first on sys.path, and the source tree's
     # omni_stream/ (without realtime/ and codecs/ mapped into it) would shadow an installed wheel.
     proc = subprocess.Popen(cmd, env=env, cwd=voices.parent)
@@ -527,24 +531,24 @@ async def run_server(ckpt: Path, args: argparse.Namespace, transports: list[str]
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
             ready_s = await wait_healthy(client, url, proc, args.server_timeout)
             print(f"[{args.tag}] server ready in {ready_s:.1f} s (start, load, graph capture)", flush=True)
-            for transport in transports:
-                result = base_result(args, transport)
-                result["server_ready_s"] = ready_s
-                model = (await client.get(f"{url}/v1/models")).json()["data"][0]
-                result["samples_per_frame"] = round(model["sample_rate"] * FRAME_S)
-                fresh = functools.partial(httpx.AsyncClient, limits=limits, timeout=timeout)
-                await drive(Driver(transport, url=url, client=client, new_client=fresh), result, args)
+            model = (await client.get(f"{url}/v1/models")).json()["data"][0]
+            for mode in args.modes:
+                fields = request_fields(args, mode)
+                upload_s = await fields.upload(client, url)
+                for transport in transports:
+                    result = base_result(args, transport, fields)
+                    result["server_ready_s"] = ready_s
+                    result["voice_upload_s"] = upload_s
+                    result["samples_per_frame"] = round(model["sample_rate"] * FRAME_S)
+                    fresh = functools.partial(httpx.AsyncClient, limits=limits, timeout=timeout)
+                    driver = Driver(transport, fields, url=url, client=client, new_client=fresh)
+                    await drive(driver, result, args)
 
 
 async def run_size(args: argparse.Namespace) -> None:
-    from omni_stream.models.qwen3_tts.checkpoint import write_dummy_checkpoint, write_tiny_checkpoint
-
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     with tempfile.TemporaryDirectory() as tmp:
-        if args.tiny:
-            ckpt = write_tiny_checkpoint(Path(tmp) / "ckpt", "custom_voice", args.size, dtype=dtype)
-        else:
-            ckpt = write_dummy_checkpoint(CONFIGS[args.size], Path(tmp) / "ckpt", dtype=dtype, weights=False)
+        ckpt = write_checkpoint(args.size, args.kind, args.tiny, Path(tmp) / "ckpt", dtype)
         if "inproc" in args.transports:
             await run_inproc(ckpt, args)
             gc.collect()
@@ -559,7 +563,7 @@ async def run_size(args: argparse.Namespace) -> None:
 
 
 def summarize(sizes: list[str]) -> int:
-    """Print every saved result as a Markdown table and plot them (``tts_bench.png``)."""
+    """Print every saved result of the tags ``sizes`` as a Markdown table and plot them (``tts_bench.png``)."""
     results = {}
     for size in sizes:
         for transport in TRANSPORTS:
@@ -637,6 +641,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="first audio window of every request (initial_codec_chunk_frames; default: the engine's)",
     )
+    ap.add_argument(
+        "--voice-mode",
+        default="custom",
+        help=f"comma-separated voice modes, all of one checkpoint kind: {', '.join(VOICE_MODES)} (tts_clients.py)",
+    )
+    ap.add_argument("--ref-seconds", type=float, default=6.0, help="reference audio per clip (clone and voice modes)")
+    ap.add_argument("--ref-pool", type=int, default=0, help="reference clips in turn (0: every request its own)")
     ap.add_argument("--tag-suffix", default="", help="appended to the result file's size tag (A/B runs)")
     ap.add_argument("--summarize", action="store_true", help="print the table of saved results and plot them")
     args = ap.parse_args(argv)
@@ -645,6 +656,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = sorted(set(args.transports) - set(TRANSPORTS))
     if unknown or not args.transports:
         ap.error(f"--transport: unknown {unknown} (choose from {', '.join(TRANSPORTS)})")
+    args.modes = [m.strip() for m in args.voice_mode.split(",") if m.strip()]
+    try:
+        args.kind = mode_kind(args.modes)
+    except ValueError as exc:
+        ap.error(f"--voice-mode: {exc}")
     if args.dtype is None:
         args.dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
     args.tag = (f"tiny-{args.size}" if args.tiny else args.size) + args.tag_suffix
@@ -652,11 +668,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    global INITIAL_FRAMES
     args = parse_args(argv)
-    INITIAL_FRAMES = args.initial_frames
     if args.summarize:
-        return summarize([f"tiny-{s}" for s in ("1.7b", "0.6b")] if args.tiny else ["1.7b", "0.6b"])
+        sizes = [f"tiny-{s}" for s in ("1.7b", "0.6b")] if args.tiny else ["1.7b", "0.6b"]
+        return summarize([s + ("" if m == "custom" else f"-{m}") for s in sizes for m in VOICE_MODES])
     asyncio.run(run_size(args))
     return 0
 

@@ -84,3 +84,48 @@ def test_http_levels_report_the_client_side_of_the_time_to_first_audio(results):
 def test_summarize_prints_one_markdown_row_per_transport_and_level(results):
     rows = [line for line in results["_table"].splitlines() if line.startswith("| tiny-0.6b |")]
     assert [row.split(" | ")[1:3] for row in rows] == [[t, str(c)] for t in ("inproc", "http", "ws") for c in LEVELS]
+
+
+@pytest.fixture(scope="module")
+def base_results(tmp_path_factory) -> dict:
+    """Every voice-cloning mode on the tiny Base checkpoint, in process and over HTTP (one server for all modes)."""
+    out = tmp_path_factory.mktemp("bench-base")
+    cmd = [sys.executable, str(BENCH), "--device", "cpu", "--tiny", "--size", "0.6b", "--levels", "2", "--frames", "4",
+           "--transport", "inproc,http", "--voice-mode", "clone,clone-xvec,voice,voice-xvec", "--ref-seconds", "1.5",
+           "--server-timeout", "120"]  # fmt: skip
+    env = {**os.environ, "OUT": str(out), "GIT_COMMIT": "test"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return {
+        (mode, t): json.loads((out / f"tts_bench_tiny-0.6b-{mode}{'' if t == 'inproc' else '_' + t}.json").read_text())
+        for mode in MODES
+        for t in ("inproc", "http")
+    }
+
+
+MODES = ("clone", "clone-xvec", "voice", "voice-xvec")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_voice_cloning_mode_streams_exact_lengths_on_a_base_checkpoint(base_results, mode):
+    for transport in ("inproc", "http"):
+        res = base_results[(mode, transport)]
+        assert res["voice_mode"] == mode and res["model"] == "tiny-0.6b-base" and res["size"] == f"tiny-0.6b-{mode}"
+        (lv,) = res["levels"]
+        assert lv["concurrency"] == 2 and lv["exact_length_rate"] == 1.0 and lv["ttfa_p50_ms"] > 0
+    uploaded = mode.startswith("voice")
+    # uploaded voices: the prompt is extracted once, before the levels (in process) or by the upload (server)
+    assert (base_results[(mode, "inproc")]["voice_prompt_s"] > 0) is uploaded
+    assert (base_results[(mode, "http")]["voice_upload_s"] > 0) is uploaded
+
+
+def test_reference_audio_is_extracted_per_request_and_in_context_prompts_prefill_its_codes(base_results):
+    """What the reference costs a batch, in process: each request that carries reference audio is extracted on the
+    worker (an uploaded voice's never is), and an in-context prompt prefills the reference codes (~12.5 a second)."""
+    level = {mode: base_results[(mode, "inproc")]["levels"][0] for mode in MODES}
+    assert [level[m]["voice_extractions"] for m in MODES] == [2, 2, 0, 0]
+    assert level["clone"]["voice_extraction_wall_ms_p50"] > 0
+    positions = {m: level[m]["prefill_positions_per_newcomer_mean"] for m in MODES}
+    assert positions["clone"] == positions["voice"] >= positions["clone-xvec"] + 18 == positions["voice-xvec"] + 18
+    for m in MODES:
+        assert level[m]["prefill_steps"] >= 1 and level[m]["prefill_step_wall_ms_p50"] > 0
