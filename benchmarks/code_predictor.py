@@ -24,12 +24,13 @@ import torch
 from provenance import git_commit
 
 from omni_stream.models.qwen3_tts.checkpoint import load_lm, write_dummy_checkpoint
-from omni_stream.models.qwen3_tts.fused import default_kernels
+from omni_stream.models.qwen3_tts.fused import DecodeKernels, default_kernels
 from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
 from omni_stream.requests import SamplingParams
 from omni_stream.runtime import rng
 from omni_stream.runtime.cuda_graphs import GraphSet
 from omni_stream.runtime.sampling import SamplingTensors
+from omni_stream.runtime.settings import Tuning
 
 ROOT = Path(__file__).resolve().parent
 CONFIGS = {
@@ -132,15 +133,18 @@ def kernel_profile(fn: Callable[[], object], reps: int = 5) -> dict:
             "top": [{"kernel": k, "count": n, "ms": ms} for ms, n, k in sorted(top, reverse=True)[:15]]}  # fmt: skip
 
 
-def bench_step(lm, batches: list[int], graph_reps: int, span: int) -> tuple[list[dict], float, float]:
-    """Whole decode step (rows idle: same kernels, state untouched) at the ``span`` bucket; fused layers, then
-    the module layers at batch 1 for comparison."""
+def bench_step(
+    lm, batches: list[int], graph_reps: int, span: int, kernels: DecodeKernels | None = None
+) -> tuple[list[dict], float, float]:
+    """Whole decode step (rows idle: same kernels, state untouched) at the ``span`` bucket; fused layers
+    (``kernels``, None: the environment's tuning's), then the module layers at batch 1 for comparison."""
+    kernels = kernels or default_kernels(torch.device("cuda"), Tuning.from_env())
     plain = Qwen3TTSRunner(lm, max_batch_size=1, max_len=span, fused=False)
     plain.capture_graphs()
     assert plain.graphs is not None
     modules_b1 = cuda_ms(lambda: plain.graphs.replay((1, span)), graph_reps)
     print(f"  step B=   1  graph, module layers {modules_b1:7.2f} ms", flush=True)
-    runner = Qwen3TTSRunner(lm, max_batch_size=max(batches), max_len=span)
+    runner = Qwen3TTSRunner(lm, max_batch_size=max(batches), max_len=span, fused=kernels or False)
     runner.batch_buckets = tuple(batches)
     capture_s = runner.capture_graphs()
     assert runner.graphs is not None
@@ -157,7 +161,7 @@ def bench_step(lm, batches: list[int], graph_reps: int, span: int) -> tuple[list
         print(f"  step B={batches[0]} profile: {json.dumps(prof)}", flush=True)
     except Exception as exc:  # the profiler is a diagnostic: never lose the timings over it
         print(f"  profile failed: {exc!r}", flush=True)
-    eager_runner = Qwen3TTSRunner(lm, max_batch_size=1, max_len=span, graphs=False)
+    eager_runner = Qwen3TTSRunner(lm, max_batch_size=1, max_len=span, graphs=False, fused=kernels or False)
     with torch.no_grad():
         eager1 = cuda_ms(lambda: eager_runner._run_rows(1, span, noisy=True), 5)
     print(f"  step B=   1  eager {eager1:7.2f} ms", flush=True)
@@ -217,9 +221,8 @@ def main() -> int:
             ckpt = write_dummy_checkpoint(CONFIGS[size], tmp, dtype=torch.bfloat16, weights=False)
             lm = load_lm(ckpt, load_format="dummy", dtype=torch.bfloat16, device="cuda")
             cp_rows = bench_code_predictor(lm, batches, args.eager_reps, args.graph_reps, None, "")
-            fused = bench_code_predictor(
-                lm, batches, args.eager_reps, args.graph_reps, default_kernels(torch.device("cuda")), "_fused"
-            )
+            kernels = default_kernels(torch.device("cuda"), Tuning.from_env())
+            fused = bench_code_predictor(lm, batches, args.eager_reps, args.graph_reps, kernels, "_fused")
             step_rows, step_capture_s, eager1 = bench_step(lm, batches, args.graph_reps, args.span)
             for r, f, s in zip(cp_rows, fused, step_rows, strict=True):
                 r.update(f)

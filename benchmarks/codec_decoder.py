@@ -36,8 +36,6 @@ from tts_bench import out_dir
 
 from omni_stream.models.qwen3_tts.checkpoint import write_dummy_checkpoint
 from omni_stream.models.qwen3_tts.codec import (
-    ENV_CHANNELS_LAST,
-    ENV_CONV_PHASES,
     TORCH_VOCODER,
     CausalConv1d,
     CausalConvTranspose1d,
@@ -47,6 +45,7 @@ from omni_stream.models.qwen3_tts.codec import (
 from omni_stream.models.qwen3_tts.codec_checkpoint import write_tiny_speech_tokenizer
 from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
 from omni_stream.runtime.layout import channels_last
+from omni_stream.runtime.settings import SWITCH_BY_NAME
 
 KEYS = ((1, 1), (1, 4), (1, 25), (32, 4), (32, 25), (128, 4), (128, 25))
 SMOKE_KEYS = ((1, 1), (2, 4))
@@ -75,10 +74,11 @@ ARMS = (
 
 def settings_of(spec: Arm) -> dict[str, str]:
     """The served settings (environment) that make the engine decode as the fused arm ``spec`` does."""
-    assert spec.fused, "the module path is OMNI_STREAM_NO_FUSED=1, not a codec setting"
+    assert spec.fused, "the module path is OMNI_STREAM_FUSED=off, not a codec setting"
+    phases, layout = SWITCH_BY_NAME["codec_phases"], SWITCH_BY_NAME["codec_channels_last"]
     return {
-        ENV_CONV_PHASES: ",".join(str(d) for d in spec.phases) or "none",
-        ENV_CHANNELS_LAST: "1" if spec.channels_last else "0",
+        phases.env: phases.kind.show(frozenset(spec.phases)),
+        layout.env: layout.kind.show(spec.channels_last),
     }
 
 

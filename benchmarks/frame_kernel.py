@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -26,6 +27,7 @@ from omni_stream.models.qwen3_tts.predictor_kernel import PredictorKernel
 from omni_stream.requests import SamplingParams
 from omni_stream.runtime.cuda_graphs import GraphSet
 from omni_stream.runtime.sampling import SamplingTensors
+from omni_stream.runtime.settings import Tuning
 
 ROOT = Path(__file__).resolve().parent
 KINDS = {
@@ -38,7 +40,7 @@ def _load(size: str, dtype: torch.dtype, tmp: str):
     ckpt = write_dummy_checkpoint(CONFIGS[size], Path(tmp) / str(dtype), dtype=dtype, weights=False)
     lm = load_lm(ckpt, load_format="dummy", dtype=dtype, device="cuda")
     cp = lm.talker.code_predictor
-    cp.use_kernels(triton_kernels(predictor_frame=False))
+    cp.use_kernels(triton_kernels(replace(Tuning.from_env(), predictor_kernel=False)))
     return lm, cp
 
 

@@ -59,7 +59,7 @@ bench() {  # bench CAP TAG LEVELS [ENV=VALUE...]
     --levels "$levels" --tag-suffix "_${RUN_TAG}_$tag" || { stamp "tts_bench.py $tag: exit $?"; failed=1; }
 }
 bench 170 "$CODEC_ARM" "$ALL"
-bench 100 plain "$AB" OMNI_STREAM_CODEC_PHASES=none OMNI_STREAM_CODEC_CHANNELS_LAST=0
+bench 100 plain "$AB" OMNI_STREAM_CODEC_PHASES=none OMNI_STREAM_CODEC_CHANNELS_LAST=off
 bench 100 "${CODEC_ARM}_talker" "$AB" OMNI_STREAM_CODEC_STREAM=off
 stamp "done"
 exit $failed

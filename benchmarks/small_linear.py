@@ -21,6 +21,7 @@ import itertools
 import json
 import os
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -30,8 +31,9 @@ from provenance import git_commit
 
 from omni_stream.models.qwen3_tts.checkpoint import load_lm, write_dummy_checkpoint
 from omni_stream.models.qwen3_tts.config import load_config
-from omni_stream.models.qwen3_tts.fused import ENV_PREDICTOR_ROWS, ENV_SMALL_ROWS, triton_kernels
+from omni_stream.models.qwen3_tts.fused import triton_kernels
 from omni_stream.runtime import triton_kernels as tk
+from omni_stream.runtime.settings import SWITCH_BY_NAME, Tuning
 
 ROOT = Path(__file__).resolve().parent
 # (name, small_rows, the code predictor's limit: None as small_rows, OMNI_STREAM_PDL): all cuBLAS and the default;
@@ -136,24 +138,23 @@ def main() -> int:
             print(f"  {name:14s} best tile at 1 row {best['blocks']}: {best['triton_us']:.2f} us", flush=True)
         result["projections"][name] = entry
     batches = [int(b) for b in args.batches.split(",")]
+    pdl_switch = SWITCH_BY_NAME["pdl"]
     for pdl in args.pdl:
-        tk.pdl_kernels(pdl)  # a bad setting fails here, before the model loads
+        pdl_switch.parse(pdl, "--pdl")  # a bad setting fails here, before the model loads
     limits = [*LIMITS, *((f"16/{pdl}", 16, None, pdl) for pdl in args.pdl)]
+    base = Tuning.from_env()
     result["pdl"] = {name: pdl for name, _, _, pdl in limits}
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = write_dummy_checkpoint(CONFIGS[args.size], tmp, dtype=torch.bfloat16, weights=False)
         lm = load_lm(ckpt, load_format="dummy", dtype=torch.bfloat16, device="cuda")
         for name, small, predictor, pdl in limits:
             print(f"== small_rows {small}, code predictor {small if predictor is None else predictor},"
-                  f" {tk.ENV_PDL}={pdl}", flush=True)  # fmt: skip
-            os.environ[ENV_SMALL_ROWS] = str(small)  # what the runner's default kernels read
-            os.environ[ENV_PREDICTOR_ROWS] = "" if predictor is None else str(predictor)
-            os.environ[tk.ENV_PDL] = pdl  # read as each kernel is launched (captured)
-            kernels = triton_kernels(small, predictor)
+                  f" {pdl_switch.env}={pdl}", flush=True)  # fmt: skip
+            tuning = replace(base, small_rows=small, predictor_small_rows=predictor, pdl=pdl_switch.parse(pdl))
+            kernels = triton_kernels(tuning)
             cp = bench_code_predictor(lm, batches, 3, args.graph_reps, kernels, f"_small{name}")
-            step, _, _ = bench_step(lm, batches, args.graph_reps, 512)
+            step, _, _ = bench_step(lm, batches, args.graph_reps, 512, kernels)
             result["loops"][name] = {"code_predictor": cp, "step": step}
-        os.environ[ENV_PREDICTOR_ROWS] = os.environ[tk.ENV_PDL] = ""
     out_dir = Path(os.environ.get("OUT") or ROOT / "results")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "small_linear.json").write_text(json.dumps(result, indent=2) + "\n")

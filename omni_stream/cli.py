@@ -11,6 +11,11 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from omni_stream.runtime.settings import Tuning
 
 
 def positive_int(value: str) -> int:
@@ -24,24 +29,36 @@ def positive_int(value: str) -> int:
     return n
 
 
-def add_threads_argument(parser: argparse.ArgumentParser) -> None:
-    """``--threads N``: torch intra-op threads of the device worker (shared by ``serve`` and ``speak``)."""
+def add_tuning_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--threads N`` and ``--tune NAME=VALUE``: the process switches (shared by ``serve`` and ``speak``), over the
+    environment's ``OMNI_STREAM_*`` variables."""
     parser.add_argument(
         "--threads",
         type=positive_int,
         default=None,
         help="torch intra-op threads for model work (default: $OMNI_STREAM_THREADS, else every core but one)",
     )
+    parser.add_argument(
+        "--tune",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set a tuning switch by its field name, e.g. step_ahead=off (may repeat; over its OMNI_STREAM_* "
+        "variable; the README's environment-variable table lists them)",
+    )
 
 
-def apply_threads(args: argparse.Namespace) -> None:
-    """Hand ``--threads`` to the device worker, which sets torch's thread count when it starts."""
-    import os
+def tuning_from_args(args: argparse.Namespace) -> Tuning:
+    """The process switches: the environment, then ``--tune``, then ``--threads``; SystemExit naming a bad one."""
+    from omni_stream.errors import ConfigError
+    from omni_stream.runtime.settings import Tuning
 
-    from omni_stream.worker import ENV_THREADS
-
-    if getattr(args, "threads", None) is not None:
-        os.environ[ENV_THREADS] = str(args.threads)
+    try:
+        tuning = Tuning.from_env().with_assignments(getattr(args, "tune", None) or ())
+    except ConfigError as exc:
+        raise SystemExit(f"omni-stream: {exc}") from None
+    threads = getattr(args, "threads", None)
+    return tuning if threads is None else replace(tuning, threads=threads)
 
 
 def torch_threads() -> int:

@@ -61,7 +61,10 @@ from omni_stream.metrics import EngineMetrics
 from omni_stream.pipeline import PipelineStream
 from omni_stream.pipeline_specs import ModelSet, find_pipeline
 from omni_stream.requests import ChatRequest, SpeechRequest, TextRequest, Timings, VoicePrompt
+from omni_stream.runtime.cache import user_cache_root
 from omni_stream.runtime.gc_heap import freeze_loaded_heap, release_loaded_heap
+from omni_stream.runtime.offload import preparer
+from omni_stream.runtime.settings import Tuning
 from omni_stream.worker import DeviceWorker
 
 T = TypeVar("T")
@@ -108,7 +111,8 @@ async def _load_one(source: ModelSource, options: LoadOptions, worker: DeviceWor
     if path is None and source.endpoint is None:
         if source.kind is None:
             raise ConfigError("a model source needs a path, an endpoint or a kind (for the embedded default)")
-        path = await anyio.to_thread.run_sync(embedded_checkpoint, source.kind)
+        cache = options.tuning.cache_dir or user_cache_root()
+        path = await anyio.to_thread.run_sync(embedded_checkpoint, source.kind, cache)
     config = await anyio.to_thread.run_sync(read_config, path) if path is not None else {}
     model_type = source.family or config.get("model_type")
     if not isinstance(model_type, str):
@@ -140,9 +144,16 @@ class AsyncEngine:
     """Loaded models (one per kind), their device worker and metrics. Build it with :meth:`from_pretrained`."""
 
     def __init__(
-        self, models: ModelSet, worker: DeviceWorker, metrics: EngineMetrics, *, wait_timeout: float | None
+        self,
+        models: ModelSet,
+        worker: DeviceWorker,
+        metrics: EngineMetrics,
+        *,
+        wait_timeout: float | None,
+        tuning: Tuning | None = None,
     ) -> None:
         self.models = models
+        self.tuning = Tuning() if tuning is None else tuning
         self.worker = worker
         self.metrics = metrics
         self.wait_timeout = wait_timeout
@@ -161,6 +172,7 @@ class AsyncEngine:
         max_batch_size: int = 32,
         progress: bool = True,
         backend_args: Mapping[str, Any] | None = None,
+        tuning: Tuning | None = None,
         # Limits
         max_buffered_frames: int = 25,
         wait_timeout: float | None = 120.0,
@@ -170,7 +182,10 @@ class AsyncEngine:
         ``max_buffered_frames``: items a request's scheduler buffers before it pauses (25 speech frames: 2 s).
         ``wait_timeout``: seconds any single wait inside a request may take (None: unbounded).
         ``backend_args``: passed unchanged to families that wrap another engine (vLLM engine args).
+        ``tuning``: the process switches every family reads (None: parsed once from the environment now).
         """
+        tuning = Tuning.from_env() if tuning is None else tuning
+        preparer(tuning.prepare_threads)  # this loop's prompt-preparation threads
         options = LoadOptions(
             device=device,
             dtype=dtype,
@@ -179,13 +194,14 @@ class AsyncEngine:
             max_buffered_frames=max_buffered_frames,
             progress=progress,
             backend_args=tuple((backend_args or {}).items()),
+            tuning=tuning,
         )
         if sources is None:
             from omni_stream.models import EMBEDDED_DEFAULTS
 
             # a default whose optional extra is not installed (diffusers for images) is left out, not an error
             sources = {kind: ModelSource(kind=kind) for kind in EMBEDDED_DEFAULTS if default_available(kind)}
-        worker = DeviceWorker(name=f"omni-stream-{device}").start()
+        worker = DeviceWorker(name=f"omni-stream-{device}", threads=tuning.threads).start()
         metrics = EngineMetrics()
         models = ModelSet()
         try:
@@ -196,7 +212,7 @@ class AsyncEngine:
                 await family.aclose()
             await worker.aclose()
             raise
-        engine = cls(models, worker, metrics, wait_timeout=wait_timeout)
+        engine = cls(models, worker, metrics, wait_timeout=wait_timeout, tuning=tuning)
         # Before the first request: a full collection over the loaded heap stalls every thread (gc_heap).
         await anyio.to_thread.run_sync(freeze_loaded_heap)
         engine._holds_heap = True

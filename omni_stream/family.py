@@ -41,6 +41,7 @@ from omni_stream.context import RequestContext
 from omni_stream.errors import ConfigError
 from omni_stream.metrics import EngineMetrics
 from omni_stream.requests import SpeechRequest, TaskType, TextRequest, VoicePrompt
+from omni_stream.runtime.settings import Tuning
 from omni_stream.worker import DeviceWorker
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,8 @@ class LoadOptions:
     """How to load. ``max_buffered_frames``: items a request's scheduler buffer holds before it pauses (backpressure).
 
     ``backend_args`` are passed through unchanged to a family that wraps another engine (e.g. vLLM engine args).
+    ``tuning``: the process switches (:class:`~omni_stream.runtime.settings.Tuning`); families read its fields,
+    never the environment.
     """
 
     device: str = "cpu"
@@ -102,6 +105,7 @@ class LoadOptions:
     max_buffered_frames: int = 25  # the scheduler's high watermark: 2 s of 80 ms speech frames
     progress: bool = True
     backend_args: tuple[tuple[str, Any], ...] = ()
+    tuning: Tuning = field(default_factory=Tuning)
 
     def progress_bar(self, total: int | None = None, desc: str = "loading", unit: str = "it") -> Any:
         """A tqdm bar (disabled when ``progress`` is False); use it as a context manager."""
@@ -256,8 +260,9 @@ def resolve_family(model_type: str) -> FamilyLoader:
     return loader
 
 
-def embedded_checkpoint(kind: str) -> Path:
-    """The tiny random-weight checkpoint served for ``kind`` when no model is given (built on first use)."""
+def embedded_checkpoint(kind: str, cache_dir: Path | None = None) -> Path:
+    """The tiny random-weight checkpoint served for ``kind`` when no model is given (built on first use, under
+    ``cache_dir``; None: ``$OMNI_STREAM_CACHE``, else the user cache directory)."""
     from omni_stream.models import EMBEDDED_DEFAULTS
 
     target = EMBEDDED_DEFAULTS.get(kind)
@@ -268,7 +273,7 @@ def embedded_checkpoint(kind: str) -> Path:
         build = getattr(importlib.import_module(module), attr or "embedded_default_checkpoint")
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"no default {kind} model is available in this build ({exc}): pass a checkpoint") from exc
-    return Path(build())
+    return Path(build(cache_dir))
 
 
 def default_available(kind: str) -> bool:

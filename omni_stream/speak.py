@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import numpy as np
 
-from omni_stream.cli import add_threads_argument, apply_threads, torch_threads
+from omni_stream.cli import add_tuning_arguments, torch_threads, tuning_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: float32 on CPU)")
-    add_threads_argument(parser)
+    add_tuning_arguments(parser)
 
 
 async def _speak(args: argparse.Namespace) -> int:
@@ -67,7 +67,8 @@ async def _speak(args: argparse.Namespace) -> int:
     )
     # Without --model only the embedded speech model: speaking needs no other default (a video model, ...).
     model = ModelSource(Path(args.model)) if args.model else ModelSource(kind=ModelKind.SPEECH)
-    async with await AsyncEngine.load({"model": model}, device=args.device, dtype=args.dtype) as engine:
+    tuning = tuning_from_args(args)
+    async with await AsyncEngine.load({"model": model}, device=args.device, dtype=args.dtype, tuning=tuning) as engine:
         pieces: list[np.ndarray] = []
         async with engine.speech(request) as stream:
             async for audio in stream:
@@ -94,7 +95,6 @@ async def _speak(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     from omni_stream.errors import OmniStreamError
 
-    apply_threads(args)
     try:
         return anyio.run(_speak, args)
     except OmniStreamError as exc:

@@ -33,7 +33,6 @@ from omni_stream.errors import EngineClosed
 log = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT = 60.0  # seconds aclose() waits for the step in progress (model steps take milliseconds)
-ENV_THREADS = "OMNI_STREAM_THREADS"  # intra-op threads of model work (``serve``/``speak --threads`` set it)
 
 
 def intra_op_threads(cpus: int) -> int:
@@ -51,16 +50,6 @@ def usable_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
         return os.cpu_count() or 1
-
-
-def configured_threads(env: dict[str, str] | None = None, cpus: int | None = None) -> int:
-    """Threads from ``$OMNI_STREAM_THREADS`` when set (a positive integer), else :func:`intra_op_threads`."""
-    value = (os.environ if env is None else env).get(ENV_THREADS, "").strip()
-    if value:
-        if not value.isdigit() or int(value) < 1:
-            raise ValueError(f"{ENV_THREADS} must be a positive integer, got {value!r}")
-        return int(value)
-    return intra_op_threads(usable_cpus() if cpus is None else cpus)
 
 
 class StepSource(Protocol):
@@ -118,11 +107,12 @@ class DeviceWorker:
     ) -> None:
         """``init`` runs first on the worker thread (thread-local device state, e.g. its own CUDA stream).
 
-        ``threads``: torch intra-op threads, set when the thread starts (None: :func:`configured_threads`).
+        ``threads``: torch intra-op threads, set when the thread starts (None: :func:`intra_op_threads` of the
+        usable cores; the engine passes ``Tuning.threads``).
         """
         self.name = name
         self._init = init
-        self.threads = configured_threads() if threads is None else threads
+        self.threads = intra_op_threads(usable_cpus()) if threads is None else threads
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         self.cond = threading.Condition()

@@ -23,10 +23,11 @@ import dataclasses
 import signal
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from omni_stream.realtime.settings import Settings
+from omni_stream.runtime.settings import Tuning
 
 APP_NAME = "omni-stream"
 DEPLOYMENT_NAME = "OmniStream"
@@ -46,6 +47,8 @@ class EngineSpec:
     dtype: str | None = None
     load_format: str = "auto"
     max_batch_size: int = 32
+    # The head's switches (its environment and flags), so every replica runs as the head was told to.
+    tuning: Tuning = field(default_factory=Tuning)
 
     async def load(self) -> Any:
         """Build the engine (inside a replica, from the app's lifespan)."""
@@ -60,6 +63,7 @@ class EngineSpec:
             load_format=self.load_format,
             max_batch_size=self.max_batch_size,
             progress=False,
+            tuning=self.tuning,
         )
 
 
@@ -248,7 +252,9 @@ def options_from_args(args: argparse.Namespace) -> RayOptions:
     )
 
 
-def engine_from_args(args: argparse.Namespace, models: list[str], llm: dict[str, Any]) -> EngineSpec:
+def engine_from_args(
+    args: argparse.Namespace, models: list[str], llm: dict[str, Any], tuning: Tuning | None = None
+) -> EngineSpec:
     return EngineSpec(
         models=tuple(models),
         llm=tuple(llm.items()),
@@ -256,6 +262,7 @@ def engine_from_args(args: argparse.Namespace, models: list[str], llm: dict[str,
         dtype=args.dtype,
         load_format=args.load_format,
         max_batch_size=args.max_concurrency,
+        tuning=Tuning() if tuning is None else tuning,
     )
 
 
@@ -284,7 +291,9 @@ def shortfall(opts: RayOptions, resources: dict[str, float]) -> str | None:
     return None
 
 
-def run(args: argparse.Namespace, settings: Settings, models: list[str], llm: dict[str, Any]) -> int:
+def run(
+    args: argparse.Namespace, settings: Settings, models: list[str], llm: dict[str, Any], tuning: Tuning | None = None
+) -> int:
     """Deploy, then serve until SIGINT/SIGTERM; the app is deleted (and a local cluster stopped) at the end."""
     try:
         from ray import serve
@@ -306,7 +315,7 @@ def run(args: argparse.Namespace, settings: Settings, models: list[str], llm: di
             print(f"omni-stream serve --ray: waiting for the cluster to grow: {problem}", flush=True)
         if opts.address is not None and settings.voices_dir is not None:
             print(f"omni-stream serve --ray: voices dir {settings.voices_dir} must be shared by every node")
-        app = build_application(engine_from_args(args, models, llm), settings, opts)
+        app = build_application(engine_from_args(args, models, llm, tuning), settings, opts)
         serve.run(app, name=APP_NAME, route_prefix="/")
         scale = f"{opts.autoscale[0]}-{opts.autoscale[1]}" if opts.autoscale else str(opts.replicas)
         print(f"omni-stream serve --ray: {scale} replica(s) listening on http://{opts.host}:{opts.port}", flush=True)

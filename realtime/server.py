@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omni_stream.cli import add_threads_argument, apply_threads, torch_threads
+from omni_stream.cli import add_tuning_arguments, torch_threads, tuning_from_args
 from omni_stream.realtime import llm_flags, ray_serve
 from omni_stream.realtime.settings import Settings, default_voices_dir
+from omni_stream.runtime.settings import Tuning
 from omni_stream.speech.pacing import DEFAULT_AHEAD
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s)")
     parser.add_argument(
         "--api-key",
-        default=os.environ.get("OMNI_STREAM_API_KEY"),
+        default=None,
         help="require this key on /v1 routes (default: $OMNI_STREAM_API_KEY; unset: no auth)",
     )
     parser.add_argument("--voices-dir", type=Path, default=None, help="where uploaded voices persist")
@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="stream=true without stream_format streams raw pcm/wav bytes, as vLLM-Omni did before SSE (its "
         "bench_tts_serve.py and fastrtc demo read those bytes as PCM); default: SSE",
     )
-    add_threads_argument(parser)
+    add_tuning_arguments(parser)
     parser.add_argument(
         "--rtc-ice-servers",
         default="",
@@ -148,11 +148,14 @@ def _dtype(name: str | None, device: str) -> Any:
         raise SystemExit(f"omni-stream serve: --{exc}") from None
 
 
-def settings_from_args(args: argparse.Namespace) -> Settings:
+def settings_from_args(args: argparse.Namespace, tuning: Tuning | None = None) -> Settings:
+    """The serving settings of ``serve``'s flags; ``tuning`` (None: the defaults) gives the API key and cache
+    directory the flags leave unset."""
+    tuning = Tuning() if tuning is None else tuning
     return Settings(
         model_name=args.served_model_name,
-        api_key=args.api_key or None,
-        voices_dir=args.voices_dir or default_voices_dir(),
+        api_key=args.api_key or tuning.api_key or None,
+        voices_dir=args.voices_dir or default_voices_dir(tuning.cache_dir),
         allowed_local_media_path=args.allowed_local_media_path,
         allow_remote_media=args.allow_remote_media,
         enable_benchmark_fields=args.enable_benchmark_fields,
@@ -191,8 +194,8 @@ def run(args: argparse.Namespace) -> int:
     from omni_stream.realtime.graceful import GracefulServer
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    apply_threads(args)
-    settings = settings_from_args(args)
+    tuning = tuning_from_args(args)
+    settings = settings_from_args(args, tuning)
     dtype = _dtype(args.dtype, args.device)
     try:
         models = [resolve_model(m) for m in args.model or ()]
@@ -208,8 +211,9 @@ def run(args: argparse.Namespace) -> int:
         print("omni-stream serve: benchmark fields enabled (ignore_eos): not for production", flush=True)
     for note in banner_notes(settings):
         print(f"omni-stream serve: {note}", flush=True)
+    print(f"omni-stream serve: tuning {tuning.describe()}", flush=True)
     if args.ray:
-        return ray_serve.run(args, settings, models, llm)
+        return ray_serve.run(args, settings, models, llm, tuning)
     if args.replicas is not None or args.autoscale is not None or args.ray_address is not None:
         print("omni-stream serve: --replicas, --autoscale and --ray-address need --ray", file=sys.stderr)
         return 2
@@ -224,6 +228,7 @@ def run(args: argparse.Namespace) -> int:
             load_format=args.load_format,
             max_batch_size=args.max_concurrency,
             progress=True,
+            tuning=tuning,
             **llm,
         )
         loaded = ", ".join(f"{f.info.model_name} ({f.info.kind}, {f.info.model_type})" for f in engine.models)

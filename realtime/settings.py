@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,6 @@ SPEECH_FORMATS = ("wav", "pcm", "flac", "mp3", "opus", "aac")
 STREAM_FORMATS = ("pcm", "wav")
 
 
-ENV_CACHE = "OMNI_STREAM_CACHE"  # moves the embedded checkpoint and the default voices dir together
 BATCH_MAX_ITEMS = 32  # items of one POST /v1/audio/speech/batch (vLLM-Omni's default)
 
 
@@ -39,11 +37,11 @@ def default_turn_model() -> Callable[[], Any] | None:
     return smart_turn if available() else None
 
 
-def default_voices_dir(env: Mapping[str, str] | None = None) -> Path:
-    """Where uploaded voices live unless ``--voices-dir`` says otherwise: ``$OMNI_STREAM_CACHE/voices``, else
-    ``voices`` in the user cache dir (the embedded tiny checkpoint lives beside it)."""
-    cache = (os.environ if env is None else env).get(ENV_CACHE)
-    return Path(cache or platformdirs.user_cache_dir("omni-stream")) / "voices"
+def default_voices_dir(cache_dir: Path | None = None) -> Path:
+    """Where uploaded voices live unless ``--voices-dir`` says otherwise: ``voices`` in ``cache_dir``
+    (``Tuning.cache_dir``, ``$OMNI_STREAM_CACHE``), else in the user cache dir (the embedded tiny checkpoints live
+    beside it)."""
+    return Path(cache_dir or platformdirs.user_cache_dir("omni-stream")) / "voices"
 
 
 @dataclass(slots=True, frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("OMNI_STREAM_THREADS", "1")  # the device worker sets torch threads from it
+os.environ.setdefault("OMNI_STREAM_THREADS", "1")  # engines' Tuning.threads: their device worker sets torch's
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

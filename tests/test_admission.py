@@ -111,7 +111,7 @@ async def test_a_held_newcomer_goes_in_when_the_hold_runs_out() -> None:
     """On a running worker, with a request that never finishes its preparation: the worker wakes at the hold's
     end by itself (nothing notifies it then) and admits the newcomer."""
     model = SyntheticTalker(SyntheticConfig(), 2)
-    worker = DeviceWorker().start()
+    worker = DeviceWorker(threads=1).start()
     try:
         sched = Scheduler(model, worker, hold=0.02)
         with sched.arriving(), sched.arriving() as mine:

@@ -60,7 +60,7 @@ def test_speak_without_a_voice_uses_the_models_default_voice(tiny, tmp_path, cap
 
 
 def test_speak_threads_flag_reaches_torch(tiny, tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("OMNI_STREAM_THREADS", "1")  # restored after the test: --threads overwrites it
+    monkeypatch.setenv("OMNI_STREAM_THREADS", "1")  # the flag wins over the environment
     out = tmp_path / "t.wav"
     args = ["speak", "--model", str(tiny), "--threads", "2", "--max-new-tokens", "3", "-o", str(out), "Hi."]
     assert main(args) == 0
@@ -68,6 +68,8 @@ def test_speak_threads_flag_reaches_torch(tiny, tmp_path, monkeypatch, capsys):
     assert ", 2 torch threads" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["speak", "--threads", "0", "Hi."])
+    with pytest.raises(SystemExit, match=r"--tune step_ahead must be on or off, got 'sideways'"):
+        main(["speak", "--model", str(tiny), "--tune", "step_ahead=sideways", "Hi."])
 
 
 def test_help_does_not_import_torch():

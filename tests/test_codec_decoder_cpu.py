@@ -55,7 +55,8 @@ def _fastest(tmp_path: Path, ms: dict[str, tuple[float, ...] | None]) -> dict[st
 
 
 def test_the_fastest_arm_is_served_by_its_settings_unless_it_costs_another_window(tmp_path: Path) -> None:
-    from omni_stream.models.qwen3_tts.codec import channels_last_setting, conv_phases_setting
+    from omni_stream.models.qwen3_tts.codec import channels_last_setting
+    from omni_stream.runtime.settings import Tuning
 
     ms: dict[str, tuple[float, ...] | None] = {
         "module": (2.4, 12.0, 212.0), "triton": (2.2, 8.7, 118.0), "triton_phases_9": (2.25, 7.9, 90.0),
@@ -65,15 +66,17 @@ def test_the_fastest_arm_is_served_by_its_settings_unless_it_costs_another_windo
     # the two fastest 128 x 25 windows cost the one-frame window 14 % and the 32 x 4 one 9x: the next is served
     settings = _fastest(tmp_path, ms)
     assert settings == {"CODEC_ARM": "triton_phases_9", "OMNI_STREAM_CODEC_PHASES": "9",
-                        "OMNI_STREAM_CODEC_CHANNELS_LAST": "0"}  # fmt: skip
+                        "OMNI_STREAM_CODEC_CHANNELS_LAST": "off"}  # fmt: skip
     ms["triton_channels_last_phases_3_9"] = (2.0, 6.0, 60.0)
     ms["triton_channels_last_phases_3_9_copied"] = (1.9, 5.0, 50.0)  # not a setting: the previous code's path
     settings = _fastest(tmp_path, ms)
     assert settings["CODEC_ARM"] == "triton_channels_last_phases_3_9"
-    assert conv_phases_setting(settings) == frozenset({3, 9}) and channels_last_setting(settings)
+    tuning = Tuning.from_env(settings)
+    assert tuning.codec_phases == frozenset({3, 9}) and channels_last_setting(tuning)
     ms["triton_channels_last_phases_3_9"] = None
     assert _fastest(tmp_path, ms)["CODEC_ARM"] == "triton_phases_9"
     ms = {name: (2.2, 8.7, 118.0 if name == "triton" else 130.0) for name in ms}
     settings = _fastest(tmp_path, ms)
-    assert settings["CODEC_ARM"] == "triton" and not conv_phases_setting(settings)
-    assert not channels_last_setting(settings)
+    tuning = Tuning.from_env(settings)
+    assert settings["CODEC_ARM"] == "triton" and not tuning.codec_phases
+    assert not channels_last_setting(tuning)

@@ -107,7 +107,7 @@ def test_device_faults_and_callback_bugs_fail_only_their_own_job() -> None:
 
 
 async def test_a_stopping_worker_fails_the_jobs_still_in_flight() -> None:
-    worker = DeviceWorker().start()
+    worker = DeviceWorker(threads=1).start()
     c = Completions(worker, busy=lambda: True)  # never blocks: the job stays in flight
     got: list[object] = []
     c.watch(Gate(), got.append)
@@ -157,7 +157,7 @@ def test_a_job_with_a_first_window_is_waited_for_before_the_worker_moves_on(deco
 
 async def test_the_worker_runs_talker_work_while_a_codec_window_is_on_the_device(decoder) -> None:
     """A later window is launched and the worker goes on; its audio is collected once its event is done."""
-    worker = DeviceWorker().start()
+    worker = DeviceWorker(threads=1).start()
     completions = Completions(worker, busy=lambda: True)  # as if the talker always had work: never block
     watched = threading.Event()
     watch = completions.watch
@@ -221,7 +221,7 @@ def test_first_window_is_one_frame_when_idle_and_grows_with_load() -> None:
 async def test_the_stage_sizes_its_first_window_by_the_load_when_the_first_frame_arrives(
     decoder, load: int, requested: int | None, first: int
 ) -> None:
-    worker = DeviceWorker().start()
+    worker = DeviceWorker(threads=1).start()
     live = LiveCount()
     stage = codec_stage(decoder, worker, sample_rate=24000, samples_per_frame=1920, initial_frames=requested,
                         steady_frames=25, live=live)  # fmt: skip

@@ -14,7 +14,7 @@ from omni_stream.worker import DeviceWorker
 
 @pytest.fixture
 async def worker():
-    w = DeviceWorker(name="test-device").start()
+    w = DeviceWorker(name="test-device", threads=1).start()
     yield w
     await w.aclose()
 
@@ -131,7 +131,7 @@ async def test_a_one_off_job_that_expired_before_pickup_is_skipped(worker):
 
 
 async def test_close_fails_pending_jobs_with_engine_closed():
-    w = DeviceWorker().start()
+    w = DeviceWorker(threads=1).start()
     started, release = threading.Event(), threading.Event()
     gate = w.submit(gate_job, started, release)
     await anyio.to_thread.run_sync(started.wait)
@@ -159,7 +159,7 @@ async def test_idle_worker_blocks_on_its_condition(worker):
 
 
 async def test_aclose_gives_up_on_a_step_that_never_returns(caplog):
-    w = DeviceWorker(name="stuck-device").start()
+    w = DeviceWorker(name="stuck-device", threads=1).start()
     started, release = threading.Event(), threading.Event()
     gate = w.submit(gate_job, started, release)
     await anyio.to_thread.run_sync(started.wait)
@@ -178,7 +178,7 @@ async def test_init_runs_on_the_worker_thread_before_any_job():
         local.tag = "ready"
         seen.append(("init", threading.get_ident()))
 
-    w = DeviceWorker(name="init-device", init=init).start()
+    w = DeviceWorker(name="init-device", init=init, threads=1).start()
     try:
         assert await w.submit(lambda: getattr(local, "tag", None)) == "ready"  # thread-local state set by init
         assert seen == [("init", w.thread_id)]
@@ -190,7 +190,7 @@ async def test_a_failing_init_is_logged_and_the_worker_still_runs(caplog):
     def init() -> None:
         raise RuntimeError("no stream today")
 
-    w = DeviceWorker(name="bad-init", init=init).start()
+    w = DeviceWorker(name="bad-init", init=init, threads=1).start()
     try:
         assert await w.submit(pow, 3, 2) == 9
     finally:

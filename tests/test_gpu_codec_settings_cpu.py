@@ -31,7 +31,7 @@ def test_the_fastest_arm_is_served_and_compared_in_one_run(tmp_path: Path) -> No
     arm = settings.pop("CODEC_ARM")
     runs = {
         arm: ([1, 2], settings),
-        "plain": ([2], {"OMNI_STREAM_CODEC_PHASES": "none", "OMNI_STREAM_CODEC_CHANNELS_LAST": "0"}),
+        "plain": ([2], {"OMNI_STREAM_CODEC_PHASES": "none", "OMNI_STREAM_CODEC_CHANNELS_LAST": "off"}),
         f"{arm}_talker": ([2], settings | {"OMNI_STREAM_CODEC_STREAM": "off"}),
     }
     for tag, (levels, want) in runs.items():

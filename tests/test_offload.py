@@ -9,8 +9,7 @@ import threading
 import anyio
 import pytest
 
-from omni_stream.errors import ConfigError
-from omni_stream.runtime.offload import PREPARE_THREADS, prepare_threads, preparer, run_prepare
+from omni_stream.runtime.offload import PREPARE_THREADS, preparer, run_prepare
 
 
 async def test_the_jobs_of_one_loop_pass_run_as_one_thread_job_in_order() -> None:
@@ -75,18 +74,13 @@ async def test_a_cancelled_job_is_dropped_and_the_others_of_its_pass_still_get_t
     assert ran == [0]  # the batch came back after its thread saw job 1 cancelled and skipped it
 
 
-def test_the_number_of_preparation_threads_is_set_by_the_environment(monkeypatch) -> None:
-    assert prepare_threads({}) == PREPARE_THREADS == 2
-    assert prepare_threads({"OMNI_STREAM_PREPARE_THREADS": " 40 "}) == 40
-    for bad in ("0", "65", "two", "-1", "1.5"):
-        with pytest.raises(ConfigError, match="OMNI_STREAM_PREPARE_THREADS"):
-            prepare_threads({"OMNI_STREAM_PREPARE_THREADS": bad})
-    monkeypatch.setenv("OMNI_STREAM_PREPARE_THREADS", "5")
+def test_the_loops_preparer_takes_the_number_of_threads_it_is_given() -> None:
+    async def threads() -> tuple[int, int, int]:
+        first = preparer().threads  # made on first use with the default
+        given = preparer(5).threads  # the engine's load hands it Tuning.prepare_threads: replaced
+        return first, given, preparer().threads
 
-    async def threads() -> int:
-        return preparer().threads
-
-    assert asyncio.run(threads()) == 5  # a new event loop's preparer takes it
+    assert asyncio.run(threads()) == (PREPARE_THREADS, 5, 5)
 
 
 def test_every_event_loop_has_its_own_preparer_and_its_threads_end_with_the_loop() -> None:

@@ -18,11 +18,8 @@ import torch
 import torch.nn.functional as F
 from reference_codec import tiny_checkpoint_dir
 
-from omni_stream.errors import ConfigError
 from omni_stream.models.qwen3_tts import codec as codec_module
 from omni_stream.models.qwen3_tts.codec import (
-    ENV_CHANNELS_LAST,
-    ENV_CONV_PHASES,
     TORCH_VOCODER,
     CausalConv1d,
     CausalConvTranspose1d,
@@ -30,7 +27,6 @@ from omni_stream.models.qwen3_tts.codec import (
     SnakeBeta,
     channels_last_setting,
     conv_phases,
-    conv_phases_setting,
     load_speech_tokenizer,
     snake_cat,
     snake_split,
@@ -38,6 +34,7 @@ from omni_stream.models.qwen3_tts.codec import (
 )
 from omni_stream.models.qwen3_tts.codec_stream import CodecStreamState, decode_window, ramp_schedule
 from omni_stream.runtime.layout import Phases, channels_last, join_phases, split_phases, to_channels_last, to_phases
+from omni_stream.runtime.settings import Tuning
 
 _CHECK = """
 import itertools
@@ -247,41 +244,18 @@ def test_channel_major_weights_stream_as_the_module_path(decoder: CodecDecoder) 
     assert all(torch.allclose(state[k].float(), l_state[k].float(), atol=1e-5) for k in state)
 
 
-def test_the_phase_setting_is_checked(monkeypatch) -> None:
-    assert conv_phases_setting({}) == {3, 9}  # measured the fastest (run 24)
-    assert conv_phases_setting({ENV_CONV_PHASES: "9"}) == {9}
-    assert conv_phases_setting({ENV_CONV_PHASES: " 3, 9 "}) == {3, 9}
-    assert conv_phases_setting({ENV_CONV_PHASES: "none"}) == frozenset()
-    for bad in ("1", "9,x", "2", "-3", "3;9"):
-        with pytest.raises(ConfigError, match=ENV_CONV_PHASES):
-            conv_phases_setting({ENV_CONV_PHASES: bad})
-    pytest.importorskip("triton")
-    monkeypatch.setenv(ENV_CONV_PHASES, "9")
-    kernels = vocoder_kernels("cuda")
-    assert kernels is not None and kernels.phases == {9}
-    monkeypatch.setenv(ENV_CONV_PHASES, "7")
-    with pytest.raises(ConfigError, match=ENV_CONV_PHASES):
-        vocoder_kernels("cuda")
-
-
-def test_the_layout_setting_is_checked(monkeypatch) -> None:
+def test_the_phase_and_layout_settings_reach_the_vocoder_kernels() -> None:
     # by default channel-major exactly when no dilated convolution is left (cuDNN's NHWC ones are slow)
-    assert channels_last_setting({}) and channels_last_setting({ENV_CONV_PHASES: "3,9"})
-    assert not channels_last_setting({ENV_CONV_PHASES: "9"}) and not channels_last_setting({ENV_CONV_PHASES: "none"})
-    assert not channels_last_setting({ENV_CHANNELS_LAST: "0"})
-    assert channels_last_setting({ENV_CHANNELS_LAST: "1"}) and channels_last_setting(
-        {ENV_CHANNELS_LAST: "1", ENV_CONV_PHASES: "none"}
-    )
-    for bad in ("yes", "2", "on"):
-        with pytest.raises(ConfigError, match=ENV_CHANNELS_LAST):
-            channels_last_setting({ENV_CHANNELS_LAST: bad})
+    assert channels_last_setting(Tuning()) and Tuning().codec_phases == {3, 9}  # measured the fastest (run 24)
+    assert not channels_last_setting(Tuning(codec_phases=frozenset({9})))
+    assert not channels_last_setting(Tuning(codec_phases=frozenset()))
+    assert not channels_last_setting(Tuning(codec_channels_last=False))
+    assert channels_last_setting(Tuning(codec_phases=frozenset(), codec_channels_last=True))
     pytest.importorskip("triton")
-    monkeypatch.setenv(ENV_CHANNELS_LAST, "1")
-    kernels = vocoder_kernels("cuda")
-    assert kernels is not None and kernels.channels_last
-    monkeypatch.setenv(ENV_CHANNELS_LAST, "true")
-    with pytest.raises(ConfigError, match=ENV_CHANNELS_LAST):
-        vocoder_kernels("cuda")
+    kernels = vocoder_kernels("cuda", Tuning.from_env({"OMNI_STREAM_CODEC_PHASES": "9"}))
+    assert kernels is not None and kernels.phases == {9} and not kernels.channels_last
+    kernels = vocoder_kernels("cuda", Tuning.from_env({"OMNI_STREAM_CODEC_CHANNELS_LAST": "on"}))
+    assert kernels is not None and kernels.phases == {3, 9} and kernels.channels_last
 
 
 def test_the_torch_versions_are_the_operations_they_replace() -> None:
@@ -303,14 +277,12 @@ def test_the_torch_versions_are_the_operations_they_replace() -> None:
     assert torch.equal(TORCH_VOCODER.residual_add(x, bias, history[..., :1]), x + bias[:, None] + history[..., :1])
 
 
-def test_the_loader_fuses_on_cuda_only(decoder: CodecDecoder, monkeypatch) -> None:
+def test_the_loader_fuses_on_cuda_only(decoder: CodecDecoder) -> None:
     acts = [m for m in decoder.modules() if isinstance(m, SnakeBeta)]
     assert acts and all(m.kernels is None for m in acts)  # CPU: the module path, the reference's rounding
     assert vocoder_kernels("cpu") is None
     pytest.importorskip("triton")
-    monkeypatch.setenv("OMNI_STREAM_NO_FUSED", "1")
-    assert vocoder_kernels("cuda") is None
-    monkeypatch.delenv("OMNI_STREAM_NO_FUSED")
+    assert vocoder_kernels("cuda", Tuning(fused=False)) is None
     kernels = vocoder_kernels("cuda")
     assert kernels is not None and kernels.name == "triton"
 

@@ -18,6 +18,7 @@ from omni_stream.models.qwen3_tts import family as family_mod
 from omni_stream.models.qwen3_tts.checkpoint import write_tiny_checkpoint
 from omni_stream.models.qwen3_tts.prompt import prepare_request
 from omni_stream.requests import GREEDY, RequestState, SpeechRequest, VoicePrompt
+from omni_stream.runtime.settings import Tuning
 
 # Streaming with full decoder state is exact up to float rounding (fp32); the codec tests prove the same
 # bound for the decoder alone.
@@ -254,12 +255,12 @@ async def test_a_burst_prepares_its_prompts_on_a_few_threads_and_its_decoder_sta
         await _idle(engine)
 
 
-async def test_stepping_ahead_streams_each_request_s_own_audio_through_pauses_and_aborts(custom_voice_dir, monkeypatch):
+async def test_stepping_ahead_streams_each_request_s_own_audio_through_pauses_and_aborts(custom_voice_dir):
     """The talker launching each step before handing out the last one's frames (the CUDA default, forced on
     here): a reader that stops reading pauses its row at the buffer's limit while the others run on, a request
     closed mid-stream leaves, and every finished stream equals its solo decode; nothing is held after."""
-    monkeypatch.setenv(family_mod.ENV_STEP_AHEAD, "on")
-    opts = {"progress": False, "max_batch_size": 4, "max_buffered_frames": 2}
+    ahead = Tuning.from_env(step_ahead=True)
+    opts = {"progress": False, "max_batch_size": 4, "max_buffered_frames": 2, "tuning": ahead}
     async with await AsyncEngine.from_pretrained(custom_voice_dir, **opts) as engine:
         assert engine.models.speech().runner.ahead
         requests = [

@@ -354,31 +354,10 @@ def test_triton_kernels_equal_the_torch_versions(tmp_path: Path) -> None:
     assert "triton kernels ok" in done.stdout
 
 
-def test_row_limits_come_from_the_environment(monkeypatch) -> None:
-    monkeypatch.delenv(fused.ENV_SMALL_ROWS, raising=False)
-    monkeypatch.delenv(fused.ENV_PREDICTOR_ROWS, raising=False)
-    assert fused.small_rows_setting() == fused.SMALL_ROWS
-    assert fused.small_rows_setting(None, fused.ENV_PREDICTOR_ROWS) is None  # unset: the talker's limit
-    monkeypatch.setenv(fused.ENV_PREDICTOR_ROWS, "4")
-    assert fused.small_rows_setting(None, fused.ENV_PREDICTOR_ROWS) == 4
-    monkeypatch.setenv(fused.ENV_SMALL_ROWS, "17")
-    with pytest.raises(ValueError, match=r"OMNI_STREAM_SMALL_ROWS must be 0\.\.16"):
-        fused.small_rows_setting()
+def test_the_code_predictor_takes_its_own_row_limit() -> None:
     kernels = dataclasses.replace(fused.TORCH, small_rows=16, predictor_rows=4)
     assert kernels.for_predictor().small_rows == 4 and kernels.for_predictor().small is kernels.small
     assert fused.TORCH.for_predictor() is fused.TORCH
-
-
-def test_dependent_launch_setting_names_kernels() -> None:
-    pytest.importorskip("triton")
-    from omni_stream.runtime import triton_kernels as tk
-
-    assert tk.pdl_kernels("") == tk.pdl_kernels(" 1 ") == tk.PDL_KERNELS
-    assert tk.pdl_kernels("0") == frozenset()
-    assert tk.pdl_kernels("linear, norm") == {"linear", "norm"}
-    with pytest.raises(ValueError, match=r"OMNI_STREAM_PDL: unknown kernels \['gemm'\]"):
-        tk.pdl_kernels("linear,gemm")
-    assert not tk._pdl(torch.empty(1), "linear")  # never off CUDA
 
 
 _SPECIALIZATION_CHECK = textwrap.dedent(
@@ -392,6 +371,7 @@ _SPECIALIZATION_CHECK = textwrap.dedent(
     from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
     from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
     from omni_stream.requests import SamplingParams, SpeechRequest
+    from omni_stream.runtime.settings import Tuning
     from omni_stream.runtime import triton_kernels as tk
 
     # What a launch compiles for, by Triton's rules: each tensor's dtype and 16-byte alignment, each integer's
@@ -435,7 +415,8 @@ _SPECIALIZATION_CHECK = textwrap.dedent(
                 for _ in range(n)]
 
     # the code predictor on torch keeps the interpreter's time down: its projections take at most 16 rows
-    runner = Qwen3TTSRunner(lm, max_batch_size=2, max_len=128, graphs=False, fused=fused.triton_kernels(16, 0))
+    rows = Tuning(small_rows=16, predictor_small_rows=0)
+    runner = Qwen3TTSRunner(lm, max_batch_size=2, max_len=128, graphs=False, fused=fused.triton_kernels(rows))
     runner.pad_eager = True  # eager steps at the shapes CUDA graphs capture at start-up
     runner.prefill_batch_buckets = (1,)  # prefill graphs of one newcomer: two at once prefill eagerly
     length = requests(1)[0].prompt.prefill_len

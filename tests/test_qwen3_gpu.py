@@ -11,11 +11,11 @@ import torch
 
 from omni_stream.models.qwen3_tts.checkpoint import hub_config, load_lm
 from omni_stream.models.qwen3_tts.config import load_config
-from omni_stream.models.qwen3_tts.family import codec_stream_mode
 from omni_stream.models.qwen3_tts.prompt import prepare_request
 from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
 from omni_stream.requests import SamplingParams, SpeechRequest
 from omni_stream.runtime.sampling import SamplingTensors
+from omni_stream.runtime.settings import Tuning
 
 pytestmark = pytest.mark.gpu
 
@@ -69,7 +69,7 @@ def test_frame_kernel_equals_the_loop_at_real_size_in_fp32(tmp_path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(hub_config("custom_voice", "1.7b", tiny=False)))
     lm = load_lm(tmp_path, load_format="dummy", dtype=torch.float32, device="cuda")
     cp = lm.talker.code_predictor
-    cp.use_kernels(fused.triton_kernels(predictor_frame=True))
+    cp.use_kernels(fused.triton_kernels(Tuning(predictor_kernel=True)))
     frame = cp.frame
     assert frame is not None and frame.programs > 1
     h = lm.config.talker.decoder.hidden_size
@@ -172,9 +172,10 @@ def test_graph_replay_equals_eager_at_bucket_shapes(tmp_path, name) -> None:
         assert torch.equal(x, y)
 
 
-def test_dependent_launches_give_the_codes_of_serial_launches_under_graphs(tmp_path, monkeypatch) -> None:
+def test_dependent_launches_give_the_codes_of_serial_launches_under_graphs(tmp_path) -> None:
     """On Hopper the Triton kernels launch while their predecessor runs (programmatic dependent launch); every
     code is the one serial launches give, at 1 row (the small projections, their weight prefetch) and 3."""
+    from omni_stream.models.qwen3_tts.fused import default_kernels
     from omni_stream.runtime import triton_kernels as tk
 
     if torch.cuda.get_device_capability()[0] < 9:
@@ -183,10 +184,11 @@ def test_dependent_launches_give_the_codes_of_serial_launches_under_graphs(tmp_p
     reqs = _requests(cfg, tok, sampled=True)
     got = {}
     for pdl in ("1", "0", "linear"):  # all, none, the projections without their prefetch
-        monkeypatch.setenv(tk.ENV_PDL, pdl)
-        assert tk._pdl(torch.empty(1, device="cuda"), "norm") == (pdl == "1")
-        assert tk._pdl(torch.empty(1, device="cuda"), "linear") == (pdl != "0")
-        runner = Qwen3TTSRunner(lm, max_batch_size=4, max_len=512)
+        tuning = Tuning.from_env({"OMNI_STREAM_PDL": pdl})
+        assert tk._pdl(torch.empty(1, device="cuda"), "norm", tuning.pdl) == (pdl == "1")
+        assert tk._pdl(torch.empty(1, device="cuda"), "linear", tuning.pdl) == (pdl != "0")
+        kernels = default_kernels(torch.device("cuda"), tuning)
+        runner = Qwen3TTSRunner(lm, max_batch_size=4, max_len=512, fused=kernels)
         runner.capture_graphs()  # the launch mode is fixed at capture
         got[pdl] = ([runner.generate_codes([reqs[0]])[0]], runner.generate_codes(reqs, join_steps=[0, 1, 2]))
         assert runner.graph_steps > 0 and runner.eager_steps == 0
@@ -222,8 +224,8 @@ def test_dummy_checkpoint_serves_speech_end_to_end_on_cuda(tmp_path) -> None:
                                                    progress=False)  # fmt: skip
         async with engine:
             family = engine.models.speech()
-            # codec windows on a side stream (high, the default, or normal) unless OMNI_STREAM_CODEC_STREAM=off
-            overlap = codec_stream_mode() != "off"
+            # codec windows on a side stream (high, the default, or normal) unless tuning.codec_stream is off
+            overlap = engine.tuning.codec_stream != "off"
             assert (family.completions is not None) == overlap
             assert (family.codec_windows.stream is not None) == overlap
             assert family.runner.prefill_graphs is not None and len(family.runner.prefill_graphs) > 0
@@ -372,7 +374,7 @@ def test_fused_talker_matches_module_talker_on_cuda(tmp_path, rows) -> None:
     with torch.no_grad():
         talker.use_kernels(None)
         want = talker(x, pos, attend)
-        kernels = triton_kernels(small_rows=16)
+        kernels = triton_kernels(Tuning(small_rows=16))
         talker.use_kernels(kernels)
         got = talker(x, pos, attend)
     assert (b * t <= kernels.small_rows) == (rows == (1, 12))

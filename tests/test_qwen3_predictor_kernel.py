@@ -68,16 +68,3 @@ def test_frame_kernel_gives_the_loops_codes(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "frame kernel ok" in done.stdout
-
-
-def test_the_frame_kernel_setting_is_checked(monkeypatch) -> None:
-    from omni_stream.models.qwen3_tts import fused
-
-    monkeypatch.delenv(fused.ENV_PREDICTOR_KERNEL, raising=False)
-    assert fused.predictor_kernel_setting() is False
-    monkeypatch.setenv(fused.ENV_PREDICTOR_KERNEL, "1")
-    assert fused.predictor_kernel_setting() is True
-    monkeypatch.setenv(fused.ENV_PREDICTOR_KERNEL, "yes")
-    with pytest.raises(ValueError, match="must be 0 or 1"):
-        fused.predictor_kernel_setting()
-    assert fused.TORCH.predictor_frame is False  # the CPU's torch functions never take the kernel

@@ -27,7 +27,7 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture
 async def worker():
-    w = DeviceWorker().start()
+    w = DeviceWorker(threads=1).start()
     yield w
     await w.aclose()
 

@@ -62,11 +62,16 @@ def serve(args: list[str], env: dict[str, str], sig: int = signal.SIGINT) -> tup
 
 def test_serve_subcommand_stops_cleanly_on_sigterm(synthetic_checkpoint, tmp_path):
     args = ["--model", str(synthetic_checkpoint), "--voices-dir", str(tmp_path / "voices"), "--threads", "2"]
-    out, models = serve(args, {"OMNI_STREAM_API_KEY": "k"}, signal.SIGTERM)
+    args += ["--tune", "step_ahead=off"]
+    out, models = serve(args, {"OMNI_STREAM_API_KEY": "k", "OMNI_STREAM_ADMISSION": "on"}, signal.SIGTERM)
     assert models == [MODEL] and "loaded synthetic-tts" in out
     assert (tmp_path / "voices").is_dir()
     assert "API key required on /v1 routes" in out and "; API key required;" in out  # the banner says auth is on
     assert "2 torch threads" in out  # --threads, as the device worker's thread reports it
+    # the banner prints the tuning it runs with: the environment's switches, the flags over them, never the key
+    tuning = next(line for line in out.splitlines() if line.startswith("omni-stream serve: tuning "))
+    assert " threads=2 " in tuning and " admission=on " in tuning and " step_ahead=off " in tuning
+    assert "api_key" not in tuning and "=k " not in tuning
 
 
 def test_serve_without_model_uses_the_embedded_checkpoint_and_stops_on_sigint(tmp_path):

@@ -12,7 +12,7 @@ from omni_stream.errors import InvalidRequestError, UnsupportedTaskError
 from omni_stream.models.qwen3_tts.family import embedded_default_checkpoint
 from omni_stream.requests import SpeechRequest, TaskType
 from omni_stream.speech import limits as sl
-from omni_stream.worker import ENV_THREADS, DeviceWorker, configured_threads, intra_op_threads
+from omni_stream.worker import DeviceWorker, intra_op_threads
 
 
 def test_frame_budget_is_proportional_to_the_text_with_a_floor_and_a_cap():
@@ -91,11 +91,6 @@ def test_unsupported_task_words():
 
 def test_threads_leave_the_event_loop_a_core():
     assert [intra_op_threads(n) for n in (1, 2, 4, 16, 128)] == [1, 1, 3, 15, 127]
-    assert configured_threads({}, cpus=8) == 7
-    assert configured_threads({ENV_THREADS: "3"}, cpus=8) == 3
-    for bad in ("0", "-1", "many"):
-        with pytest.raises(ValueError, match=ENV_THREADS):
-            configured_threads({ENV_THREADS: bad}, cpus=8)
 
 
 async def test_the_worker_sets_torch_threads_when_it_starts():

@@ -1,8 +1,8 @@
 """Embedded default checkpoints: built once into the user cache, atomically (temp directory + rename).
 
-The cache is ``$OMNI_STREAM_CACHE`` or the platform's user cache directory for ``omni-stream``; a finished build
-carries a marker file, so a crash mid-build leaves only a temp directory (removed) or an unmarked leftover
-(rebuilt), never a half checkpoint that loads.
+The cache is ``Tuning.cache_dir`` (``$OMNI_STREAM_CACHE``) or the platform's user cache directory for
+``omni-stream``; a finished build carries a marker file, so a crash mid-build leaves only a temp directory (removed)
+or an unmarked leftover (rebuilt), never a half checkpoint that loads.
 """
 
 from __future__ import annotations
@@ -19,13 +19,21 @@ log = logging.getLogger(__name__)
 EMBEDDED_MARKER = ".omni-stream-embedded"
 
 
-def cache_root(cache_dir: str | Path | None = None) -> Path:
-    """``cache_dir``, else ``$OMNI_STREAM_CACHE``, else the user cache directory."""
-    if cache_dir is not None:
-        return Path(cache_dir)
+def user_cache_root() -> Path:
+    """The platform's user cache directory for omni-stream."""
     from platformdirs import user_cache_dir
 
-    return Path(os.environ.get("OMNI_STREAM_CACHE") or user_cache_dir("omni-stream"))
+    return Path(user_cache_dir("omni-stream"))
+
+
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    """``cache_dir`` (an engine passes ``Tuning.cache_dir`` or :func:`user_cache_root`), else
+    ``$OMNI_STREAM_CACHE`` (a builder called outside an engine), else :func:`user_cache_root`."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    from omni_stream.runtime.settings import cache_dir_from_env
+
+    return cache_dir_from_env() or user_cache_root()
 
 
 def embedded_checkpoint_dir(

@@ -14,22 +14,12 @@ from __future__ import annotations
 import logging
 import sys
 
-from omni_stream.runtime.settings import milliseconds
-
 log = logging.getLogger(__name__)
 
-ENV_SWITCH_INTERVAL = "OMNI_STREAM_SWITCH_INTERVAL_MS"  # milliseconds; 0 leaves the interpreter's setting alone
-DEFAULT_SWITCH_INTERVAL_MS = 0.5
 
-
-def requested_interval_ms(env: dict[str, str] | None = None) -> float:
-    """The interval to use (ms): ``$OMNI_STREAM_SWITCH_INTERVAL_MS`` if set, else 0.5; 0 means leave it alone."""
-    return milliseconds(ENV_SWITCH_INTERVAL, DEFAULT_SWITCH_INTERVAL_MS, env)
-
-
-def shorten_switch_interval(env: dict[str, str] | None = None) -> float:
-    """Lower the switch interval to the requested one (never raise it); returns the interval in force (s)."""
-    ms = requested_interval_ms(env)
+def shorten_switch_interval(ms: float) -> float:
+    """Lower the switch interval to ``ms`` milliseconds (``Tuning.switch_interval_ms``; 0 leaves it alone, and it is
+    never raised); returns the interval in force (s)."""
     current = sys.getswitchinterval()
     if ms > 0 and ms / 1000 < current:
         sys.setswitchinterval(ms / 1000)

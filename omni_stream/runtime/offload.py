@@ -7,7 +7,8 @@ worker: on the H200 a burst of 128 waited 200-270 ms for its first prefill and t
 250 ms behind, and a burst of 32 was split over two prefills because only part of it had been prepared
 (``benchmarks/burst_probe.py``; ``benchmarks/results/tts_bench.md``, run 22). A job that holds the GIL gains
 nothing from a second thread, so these jobs share :data:`PREPARE_THREADS` threads per event loop
-(``$OMNI_STREAM_PREPARE_THREADS`` sets another number; measured in ``tts_bench.md``, run 22). The talker's
+(``Tuning.prepare_threads``, which the engine hands to :func:`preparer` when it loads, sets another number;
+measured in ``tts_bench.md``, run 22). The talker's
 scheduler holds a burst's first newcomers until the rest are prepared
 (:func:`omni_stream.speech.admission.hold_newcomers`, run 23), so the burst still prefills in one step.
 
@@ -22,31 +23,17 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar, TypeVarTuple, cast
-
-from omni_stream.errors import ConfigError
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
 
 # Two, not one: a prompt that is slow to build (a long text) does not hold up every other request's.
 PREPARE_THREADS = 2
-ENV_PREPARE_THREADS = "OMNI_STREAM_PREPARE_THREADS"
-
-
-def prepare_threads(env: Mapping[str, str] | None = None) -> int:
-    """Threads per event loop for preparation jobs: ``$OMNI_STREAM_PREPARE_THREADS`` (1-64), else 2."""
-    raw = (os.environ if env is None else env).get(ENV_PREPARE_THREADS, "").strip()
-    if not raw:
-        return PREPARE_THREADS
-    if not raw.isdigit() or not 1 <= int(raw) <= 64:
-        raise ConfigError(f"{ENV_PREPARE_THREADS} must be a whole number of threads within 1..64, got {raw!r}")
-    return int(raw)
 
 
 @dataclass(slots=True, eq=False)
@@ -116,13 +103,17 @@ class Preparer:
 _PREPARERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Preparer] = weakref.WeakKeyDictionary()
 
 
-def preparer() -> Preparer:
-    """The running event loop's preparer (made on first use with :func:`prepare_threads` threads; its threads
-    end when the loop is gone)."""
+def preparer(threads: int | None = None) -> Preparer:
+    """The running event loop's preparer, made on first use with ``threads`` threads (None: :data:`PREPARE_THREADS`;
+    its threads end when the loop is gone). Given another number than the one it has, it is replaced: jobs
+    already handed to the old one finish there."""
     loop = asyncio.get_running_loop()
     found = _PREPARERS.get(loop)
+    if found is not None and threads is not None and found.threads != threads:
+        found.shutdown()
+        found = None
     if found is None:
-        found = _PREPARERS[loop] = Preparer(prepare_threads())
+        found = _PREPARERS[loop] = Preparer(PREPARE_THREADS if threads is None else threads)
         weakref.finalize(loop, found.shutdown)
     return found
 

@@ -1,47 +1,265 @@
-"""Reading a process setting from the environment, checked: one copy of the parse and its error messages."""
+"""The one tuning object: every ``OMNI_STREAM_*`` switch, parsed once from the environment and the command line.
+
+:class:`Tuning` is a frozen dataclass. ``Tuning.from_env()`` reads every switch of :data:`SWITCHES` from the
+environment (flags given as ``overrides`` win over it); the engine parses it once when it loads (unless it is
+handed one), passes it to every family in ``LoadOptions.tuning``, and ``omni-stream serve`` prints it in its start
+banner. Families and runtime code read its fields; nothing else in the package reads ``os.environ`` for a switch.
+
+One vocabulary per kind of value, one parser each, one error message each, naming the variable (or the field, or
+the ``--tune`` flag) and the values it takes:
+
+- on/off switches take ``on`` or ``off`` (the older spellings ``1`` and ``0`` are still accepted);
+- counts, milliseconds and choices name their range or their choices;
+- sets take a comma-separated list (``none`` for the empty set).
+
+A field left None means "the code's own choice" (e.g. ``step_ahead`` None: on for CUDA devices); its docstring
+line says which.
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
 
 from omni_stream.errors import ConfigError
+from omni_stream.runtime.offload import PREPARE_THREADS
+from omni_stream.speech.admission import DEFAULT_HOLD_S
+
+# Bounds that are facts of the code a switch controls, kept here so that parsing a switch imports nothing heavy.
+SMALL_ROW_TILE = 16  # the Triton small-batch projection's row tile: at most this many rows take it
+PDL_KERNELS = frozenset({"norm", "rope", "attention", "silu", "linear", "sample", "prefetch"})
+CODEC_DILATIONS = frozenset({3, 9})  # the Qwen3-TTS codec's dilated residual units (its 1, 3, 9 less the 1)
+CODEC_STREAMS = ("high", "normal", "off")
 
 
-def milliseconds(name: str, default: float, env: Mapping[str, str] | None = None, *, most: float = 1000) -> float:
-    """``$name`` as milliseconds within ``0..most`` (unset or blank: ``default``); a ConfigError naming it else."""
-    raw = (os.environ if env is None else env).get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be a number of milliseconds, got {raw!r}") from None
-    if not 0 <= value <= most:
-        raise ConfigError(f"{name} must be within 0..{most:g} ms, got {raw!r}")
-    return value
+# --- value kinds: parse a raw string, check a typed value, print it back -------------------------------------
 
 
-def whole_numbers(
-    name: str, allowed: frozenset[int], env: Mapping[str, str] | None = None, *, default: frozenset[int] = frozenset()
-) -> frozenset[int]:
-    """``$name`` as a comma-separated set of whole numbers from ``allowed`` (unset or blank: ``default``; ``none``:
-    the empty set); a ConfigError naming it else."""
-    raw = (os.environ if env is None else env).get(name, "").strip()
-    if not raw:
-        return default
-    if raw.lower() == "none":
-        return frozenset()
-    parts = [p.strip() for p in raw.split(",")]
-    if not all(p.isascii() and p.isdigit() and int(p) in allowed for p in parts):
-        choices = ", ".join(str(a) for a in sorted(allowed))
-        raise ConfigError(f"{name} must be 'none' or a comma-separated list of {choices}, got {raw!r}")
-    return frozenset(int(p) for p in parts)
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    """How one kind of value is spelled. ``expected`` completes "X must be ..." in every error message."""
+
+    expected: str
+    parse: Callable[[str], Any]  # raw (stripped, non-empty) -> value; ValueError when malformed
+    valid: Callable[[Any], bool]
+    show: Callable[[Any], str] = str
 
 
-def flag(name: str, env: Mapping[str, str] | None = None, *, default: bool = False) -> bool:
-    """``$name`` as on (``1``) or off (``0``; unset or blank: ``default``); a ConfigError naming it else."""
-    raw = (os.environ if env is None else env).get(name, "").strip()
-    if raw not in ("", "0", "1"):
-        raise ConfigError(f"{name} must be 1 (on) or 0 (off), got {raw!r}")
-    return default if not raw else raw == "1"
+def _on_off(raw: str) -> bool:
+    value = raw.lower()
+    if value in ("on", "1"):
+        return True
+    if value in ("off", "0"):
+        return False
+    raise ValueError(raw)
+
+
+ON_OFF = _Kind("on or off", _on_off, lambda v: isinstance(v, bool), lambda v: "on" if v else "off")
+
+
+def _whole(lo: int, hi: int) -> _Kind:
+    def parse(raw: str) -> int:
+        if not (raw.isascii() and raw.isdigit()):
+            raise ValueError(raw)
+        return int(raw)
+
+    def valid(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+    return _Kind(f"a whole number within {lo}..{hi}", parse, valid)
+
+
+def _milliseconds(most: float) -> _Kind:
+    def valid(v: Any) -> bool:
+        return isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= most
+
+    return _Kind(f"a number of milliseconds within 0..{most:g}", float, valid, lambda v: f"{v:g}")
+
+
+def _choice(choices: tuple[str, ...]) -> _Kind:
+    return _Kind(f"one of {', '.join(choices)}", str.lower, lambda v: v in choices)
+
+
+def _subset(allowed: frozenset[Any], item: Callable[[str], Any], *, all_words: tuple[str, ...] = ()) -> _Kind:
+    """A comma-separated subset of ``allowed``; ``none`` (and ``off``/``0`` where ``all_words`` are given) the empty
+    set, each of ``all_words`` the whole of it."""
+    names = ", ".join(str(a) for a in sorted(allowed))
+    words = "on (all), off (none)" if all_words else "none"
+
+    def parse(raw: str) -> frozenset[Any]:
+        low = raw.lower()
+        if low in all_words:
+            return allowed
+        if low == "none" or (all_words and low in ("off", "0")):
+            return frozenset()
+        return frozenset(item(p.strip()) for p in raw.split(",") if p.strip())
+
+    def valid(v: Any) -> bool:
+        return isinstance(v, frozenset) and v <= allowed
+
+    def show(v: frozenset[Any]) -> str:
+        return ",".join(str(x) for x in sorted(v)) or "none"
+
+    return _Kind(f"{words} or a comma-separated list of {names}", parse, valid, show)
+
+
+def _int_item(raw: str) -> int:
+    if not (raw.isascii() and raw.isdigit()):
+        raise ValueError(raw)
+    return int(raw)
+
+
+TEXT = _Kind("a string", str, lambda v: isinstance(v, str))
+PATH = _Kind("a directory path", Path, lambda v: isinstance(v, Path), str)
+
+
+@dataclass(frozen=True, slots=True)
+class Switch:
+    """One switch: the :class:`Tuning` field it sets, its environment variable and its kind of value."""
+
+    name: str
+    env: str
+    kind: _Kind
+    secret: bool = False  # never printed (the API key)
+
+    def parse(self, raw: str, source: str | None = None) -> Any:
+        """``raw`` as this switch's value; a ConfigError naming ``source`` (default: the variable) else."""
+        text = raw.strip()
+        try:
+            value = self.kind.parse(text)
+        except ValueError:
+            value = _INVALID
+        if value is _INVALID or not self.kind.valid(value):
+            shown = "<hidden>" if self.secret else repr(raw)
+            raise ConfigError(f"{source or self.env} must be {self.kind.expected}, got {shown}")
+        return value
+
+
+_INVALID = object()
+
+
+# --- the tuning object ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Tuning:
+    """Every process switch, with its default. Build it with :meth:`from_env`; ``replace()`` it to change one.
+
+    Units: milliseconds where the name says ``_ms``; counts of threads or rows otherwise.
+    """
+
+    # Paths and access
+    cache_dir: Path | None = None  # embedded checkpoints and default voices dir; None: the user cache directory
+    api_key: str | None = field(default=None, repr=False)  # default of serve --api-key; None: no key
+    # Threads
+    threads: int | None = None  # torch intra-op threads of the device worker; None: every core but one
+    prepare_threads: int = PREPARE_THREADS  # threads per event loop that build prompts (runtime/offload.py)
+    switch_interval_ms: float = 0.5  # the interpreter's thread switch interval on CUDA; 0 leaves it alone
+    # Decoder layers on CUDA (the talker, the code predictor, the causal LM)
+    fused: bool = True  # Triton kernels around the GEMMs; off: the plain module path (comparisons)
+    small_rows: int = SMALL_ROW_TILE  # projections of at most this many rows through the Triton small-batch kernel
+    predictor_small_rows: int | None = None  # the same for the code predictor alone; None: as small_rows
+    predictor_kernel: bool = False  # a one-row code-predictor frame as one persistent kernel (run 26: slower)
+    pdl: frozenset[str] = PDL_KERNELS  # kernels launched while their predecessor runs (Hopper and later)
+    # The Qwen3-TTS codec on CUDA
+    codec_stream: str = "high"  # windows on a stream of their own of this priority, or (off) on the talker's
+    codec_phases: frozenset[int] = CODEC_DILATIONS  # dilated convolutions computed over their input's phases
+    codec_channels_last: bool | None = None  # None: channel-major exactly when every dilation runs over phases
+    # The Qwen3-TTS talker's scheduling
+    step_ahead: bool | None = None  # launch each step before handing out the last one's frames; None: on CUDA
+    admission: bool = False  # playback-paced admission of newcomers (omni_stream.speech.admission)
+    burst_hold_ms: float = 1000 * DEFAULT_HOLD_S  # newcomers wait at most this long for their burst's prompts
+    # Diffusion
+    diffusion_thread: bool = False  # diffusion on a device thread of its own, beside the text model's steps
+
+    def __post_init__(self) -> None:
+        for switch in SWITCHES:
+            value = getattr(self, switch.name)
+            if isinstance(value, set | list | tuple):  # a set given as any collection
+                value = frozenset(value)
+                object.__setattr__(self, switch.name, value)
+            if value is None and switch.name in _OPTIONAL:
+                continue
+            if not switch.kind.valid(value):
+                shown = "<hidden>" if switch.secret else repr(value)
+                raise ConfigError(f"{switch.name} must be {switch.kind.expected}, got {shown}")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Tuning:
+        """Every switch from ``env`` (default: ``os.environ``; unset or blank: the default), then ``overrides``
+        (typed field values, e.g. from flags; None leaves the environment's value)."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for switch in SWITCHES:
+            raw = env.get(switch.env, "")
+            if raw.strip():
+                values[switch.name] = switch.parse(raw)
+        old = env.get(OLD_NO_FUSED, "")
+        if old.strip():
+            fused = not SWITCH_BY_NAME["fused"].parse(old, OLD_NO_FUSED)
+            if values.get("fused", fused) != fused:
+                raise ConfigError(f"{OLD_NO_FUSED} and OMNI_STREAM_FUSED disagree: set OMNI_STREAM_FUSED alone")
+            values["fused"] = fused
+        values.update({name: value for name, value in overrides.items() if value is not None})
+        return cls(**values)
+
+    def with_assignments(self, assignments: Iterable[str], flag: str = "--tune") -> Tuning:
+        """This tuning with ``NAME=VALUE`` assignments applied (field names, environment spelling of values; a blank
+        VALUE: the default)."""
+        changes: dict[str, Any] = {}
+        for text in assignments:
+            name, sep, raw = text.partition("=")
+            switch = SWITCH_BY_NAME.get(name.strip().replace("-", "_"))
+            if not sep or switch is None or switch.secret:
+                known = ", ".join(s.name for s in SWITCHES if not s.secret)
+                raise ConfigError(f"{flag} takes NAME=VALUE with NAME one of: {known}; got {text!r}")
+            blank = getattr(_DEFAULTS, switch.name)  # VALUE left blank: the default
+            changes[switch.name] = switch.parse(raw, f"{flag} {switch.name}") if raw.strip() else blank
+        return replace(self, **changes)
+
+    def describe(self) -> str:
+        """Every switch as ``name=value`` in the environment's spelling (the API key left out; None: ``auto``)."""
+        parts = []
+        for switch in SWITCHES:
+            if switch.secret:
+                continue
+            value = getattr(self, switch.name)
+            parts.append(f"{switch.name}={'auto' if value is None else switch.kind.show(value)}")
+        return " ".join(parts)
+
+
+OLD_NO_FUSED = "OMNI_STREAM_NO_FUSED"  # the older, negative spelling of OMNI_STREAM_FUSED (on: not fused)
+
+SWITCHES: tuple[Switch, ...] = (
+    Switch("cache_dir", "OMNI_STREAM_CACHE", PATH),
+    Switch("api_key", "OMNI_STREAM_API_KEY", TEXT, secret=True),
+    Switch("threads", "OMNI_STREAM_THREADS", _whole(1, 4096)),
+    Switch("prepare_threads", "OMNI_STREAM_PREPARE_THREADS", _whole(1, 64)),
+    Switch("switch_interval_ms", "OMNI_STREAM_SWITCH_INTERVAL_MS", _milliseconds(1000)),
+    Switch("fused", "OMNI_STREAM_FUSED", ON_OFF),
+    Switch("small_rows", "OMNI_STREAM_SMALL_ROWS", _whole(0, SMALL_ROW_TILE)),
+    Switch("predictor_small_rows", "OMNI_STREAM_PREDICTOR_SMALL_ROWS", _whole(0, SMALL_ROW_TILE)),
+    Switch("predictor_kernel", "OMNI_STREAM_PREDICTOR_KERNEL", ON_OFF),
+    Switch("pdl", "OMNI_STREAM_PDL", _subset(PDL_KERNELS, str.lower, all_words=("on", "1"))),
+    Switch("codec_stream", "OMNI_STREAM_CODEC_STREAM", _choice(CODEC_STREAMS)),
+    Switch("codec_phases", "OMNI_STREAM_CODEC_PHASES", _subset(CODEC_DILATIONS, _int_item)),
+    Switch("codec_channels_last", "OMNI_STREAM_CODEC_CHANNELS_LAST", ON_OFF),
+    Switch("step_ahead", "OMNI_STREAM_STEP_AHEAD", ON_OFF),
+    Switch("admission", "OMNI_STREAM_ADMISSION", ON_OFF),
+    Switch("burst_hold_ms", "OMNI_STREAM_BURST_HOLD_MS", _milliseconds(1000)),
+    Switch("diffusion_thread", "OMNI_STREAM_DIFFUSION_THREAD", ON_OFF),
+)
+SWITCH_BY_NAME = {s.name: s for s in SWITCHES}
+# Fields whose None means "the code's own choice" (each field's comment says which)
+_OPTIONAL = frozenset({"cache_dir", "api_key", "threads", "predictor_small_rows", "codec_channels_last", "step_ahead"})
+assert {f.name for f in fields(Tuning)} == set(SWITCH_BY_NAME), "every Tuning field is a switch"
+_DEFAULTS = Tuning()
+
+
+def cache_dir_from_env(env: Mapping[str, str] | None = None) -> Path | None:
+    """``$OMNI_STREAM_CACHE`` alone (for code that builds an embedded checkpoint outside an engine)."""
+    raw = (os.environ if env is None else env).get(SWITCH_BY_NAME["cache_dir"].env, "")
+    return SWITCH_BY_NAME["cache_dir"].parse(raw) if raw.strip() else None

@@ -17,8 +17,9 @@ torch versions these are tested against (``TRITON_INTERPRET=1`` runs them on the
 from __future__ import annotations
 
 import functools
-import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import triton
@@ -27,11 +28,12 @@ import triton.language as tl
 from omni_stream.runtime.kv_cache import KVRead, KVWrite
 from omni_stream.runtime.sampling import SamplingTensors
 from omni_stream.runtime.sampling import sample as torch_sample
+from omni_stream.runtime.settings import PDL_KERNELS
 
-ENV_PDL = "OMNI_STREAM_PDL"  # which kernels launch dependently (below); 0: none, every launch serial
-# the kernels of this module by the names OMNI_STREAM_PDL lists; "prefetch": the small-batch projection asks L2
-# for its first weight slices before it waits
-PDL_KERNELS = frozenset({"norm", "rope", "attention", "silu", "linear", "sample", "prefetch"})
+# Which kernels launch dependently (``Tuning.pdl``, ``OMNI_STREAM_PDL``; default all): the kernels of this module by
+# the names of PDL_KERNELS; "prefetch": the small-batch projection asks L2 for its first weight slices before it
+# waits. Each public function takes the set as ``pdl``; :func:`with_pdl` binds another one.
+F = TypeVar("F", bound=Callable[..., object])
 
 
 @functools.cache
@@ -39,27 +41,19 @@ def _hopper(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
-@functools.cache
-def pdl_kernels(setting: str) -> frozenset[str]:
-    """The kernels an ``OMNI_STREAM_PDL`` value launches dependently: unset or 1 all, 0 none, else the names
-    (comma-separated) of ``PDL_KERNELS``."""
-    setting = setting.strip()
-    if setting in ("", "1"):
-        return PDL_KERNELS
-    if setting == "0":
-        return frozenset()
-    names = frozenset(n.strip() for n in setting.split(",") if n.strip())
-    if unknown := names - PDL_KERNELS:
-        raise ValueError(f"{ENV_PDL}: unknown kernels {sorted(unknown)} (known: {sorted(PDL_KERNELS)}, 0 or 1)")
-    return names
+def with_pdl(kernels: frozenset[str]) -> Callable[[F], F]:
+    """A binder of ``pdl=kernels`` to this module's public functions (the identity for the default, all)."""
+    if kernels == PDL_KERNELS:
+        return lambda fn: fn
+    return lambda fn: functools.partial(fn, pdl=kernels)  # type: ignore[return-value]
 
 
-def _pdl(t: torch.Tensor, kernel: str) -> bool:
+def _pdl(t: torch.Tensor, kernel: str, kernels: frozenset[str]) -> bool:
     """Launch with programmatic dependent launch: on Hopper and later a kernel may start while the one before it
     runs (each waits for its predecessor before it reads activations or writes anything, and lets its own
     successor start once it is past that wait), so the launch and the first weight reads of one kernel overlap
     the work of the previous one. A decode step is ~1,200 dependent kernels of a few microseconds each."""
-    if not t.is_cuda or kernel not in pdl_kernels(os.environ.get(ENV_PDL, "")):
+    if not t.is_cuda or kernel not in kernels:
         return False
     return _hopper(t.device.index if t.device.index is not None else torch.cuda.current_device())
 
@@ -95,7 +89,7 @@ def _add_rms_norm_kernel(
 
 
 def add_rms_norm(
-    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float, *, pdl: frozenset[str] = PDL_KERNELS
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(x + delta, rms_norm(x + delta) * weight)`` over the last axis (``delta`` None: ``x`` itself)."""
     h = x.shape[-1]
@@ -109,8 +103,8 @@ def add_rms_norm(
         total = torch.empty_like(xs)
     block = triton.next_power_of_2(h)
     _add_rms_norm_kernel[(xs.shape[0],)](
-        xs, ds, weight, total, out, h, eps, HAS_DELTA=delta is not None, BLOCK=block, PDL=(pdl := _pdl(xs, "norm")),
-        num_warps=max(1, min(8, block // 256)), launch_pdl=pdl,
+        xs, ds, weight, total, out, h, eps, HAS_DELTA=delta is not None, BLOCK=block, PDL=(on := _pdl(xs, "norm", pdl)),
+        num_warps=max(1, min(8, block // 256)), launch_pdl=on,
     )  # fmt: skip
     return total.view(x.shape), out.view(x.shape)
 
@@ -167,7 +161,7 @@ def _qk_norm_rope_kernel(
         tl.store(vc_ptr + cache + (head - HQ - HKV) * c_head + offs, tl.load(base + offs))
 
 
-def _qk_norm_rope(qkv, norm_weights, cos, sin, eps, heads, kv_heads, dst):  # type: ignore[no-untyped-def]
+def _qk_norm_rope(qkv, norm_weights, cos, sin, eps, heads, kv_heads, dst, pdl):  # type: ignore[no-untyped-def]
     b, t, width = qkv.shape
     d = norm_weights.shape[-1]
     if d & (d - 1) or cos.stride(-1) != 1 or sin.stride(-1) != 1:
@@ -192,7 +186,8 @@ def _qk_norm_rope(qkv, norm_weights, cos, sin, eps, heads, kv_heads, dst):  # ty
     _qk_norm_rope_kernel[(b * t, programs)](
         rows, norm_weights, cos, sin, q, k if k is not None else q, kc, vc, slots, start,
         rows.stride(0), t, cs[0], cs[1], ss[0], ss[1], *cache_strides, eps,
-        HQ=heads, HKV=kv_heads, D=d, KV=dst is not None, PDL=(pdl := _pdl(rows, "rope")), num_warps=1, launch_pdl=pdl,
+        HQ=heads, HKV=kv_heads, D=d, KV=dst is not None, PDL=(on := _pdl(rows, "rope", pdl)), num_warps=1,
+        launch_pdl=on,
     )  # fmt: skip
     return q, k
 
@@ -205,13 +200,15 @@ def qk_norm_rope(
     eps: float,
     heads: int,
     kv_heads: int,
+    *,
+    pdl: frozenset[str] = PDL_KERNELS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-head RMSNorm and rotary of the q and k parts of a fused projection ``[B, T, (Hq + 2 Hkv) D]``.
 
     ``norm_weights`` ``[2, D]`` (q norm, k norm); ``cos``/``sin`` ``[B, T, D]`` (any strides, unit last axis).
     Returns q ``[B, T, Hq, D]`` and k ``[B, T, Hkv, D]``, contiguous.
     """
-    q, k = _qk_norm_rope(qkv, norm_weights, cos, sin, eps, heads, kv_heads, None)
+    q, k = _qk_norm_rope(qkv, norm_weights, cos, sin, eps, heads, kv_heads, None, pdl)
     return q, k
 
 
@@ -224,9 +221,11 @@ def qk_norm_rope_kv(
     heads: int,
     kv_heads: int,
     dst: KVWrite,
+    *,
+    pdl: frozenset[str] = PDL_KERNELS,
 ) -> torch.Tensor:
     """:func:`qk_norm_rope` with k and the v part written into the cache at ``dst``; returns q."""
-    return _qk_norm_rope(qkv, norm_weights, cos, sin, eps, heads, kv_heads, dst)[0]
+    return _qk_norm_rope(qkv, norm_weights, cos, sin, eps, heads, kv_heads, dst, pdl)[0]
 
 
 @triton.jit
@@ -270,7 +269,7 @@ def _decode_attention_kernel(
     tl.store(at_o, out.to(o_ptr.dtype.element_ty), mask=g_ok[:, None])
 
 
-def decode_attention(q: torch.Tensor, src: KVRead) -> torch.Tensor:
+def decode_attention(q: torch.Tensor, src: KVRead, *, pdl: frozenset[str] = PDL_KERNELS) -> torch.Tensor:
     """One query token per row ``q`` ``[B, 1, Hq, D]`` (unit stride in D) over ``src``; ``[B, 1, Hq * D]``.
 
     Reads positions ``0..min(last, span - 1)`` of each row's slot and nothing else (fp32 online softmax, the
@@ -289,8 +288,8 @@ def decode_attention(q: torch.Tensor, src: KVRead) -> torch.Tensor:
         q, src.k, src.v, o, src.slots, src.last,
         q.stride(0), q.stride(2), o.stride(0), ks[0], ks[1], ks[2], src.slots.stride(0), src.last.stride(0),
         src.span, d**-0.5,
-        G=g, GP=max(2, triton.next_power_of_2(g)), D=d, BLOCK_S=32, PDL=(pdl := _pdl(q, "attention")), num_warps=4,
-        launch_pdl=pdl,
+        G=g, GP=max(2, triton.next_power_of_2(g)), D=d, BLOCK_S=32, PDL=(on := _pdl(q, "attention", pdl)), num_warps=4,
+        launch_pdl=on,
     )  # fmt: skip
     return o
 
@@ -308,16 +307,16 @@ def _silu_mul_kernel(gu_ptr, out_ptr, n: tl.constexpr, BLOCK: tl.constexpr, PDL:
     tl.store(out_ptr + row * n + offs, (s * u).to(dt), mask=m)
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, *, pdl: frozenset[str] = PDL_KERNELS) -> torch.Tensor:
     """``silu(gate) * up`` for ``gate_up = [..., gate | up]``."""
     width = gate_up.shape[-1]
     n = width // 2
     rows = gate_up.reshape(-1, width).contiguous()
     out = torch.empty(rows.shape[0], n, dtype=gate_up.dtype, device=gate_up.device)
     block = min(1024, triton.next_power_of_2(n))
-    pdl = _pdl(rows, "silu")
+    on = _pdl(rows, "silu", pdl)
     _silu_mul_kernel[(rows.shape[0], triton.cdiv(n, block))](
-        rows, out, n, BLOCK=block, PDL=pdl, num_warps=4, launch_pdl=pdl
+        rows, out, n, BLOCK=block, PDL=on, num_warps=4, launch_pdl=on
     )
     return out.view(*gate_up.shape[:-1], n)
 
@@ -416,6 +415,7 @@ def _project(
     blocks: SmallLinearBlocks | None,
     m: int,
     idx: torch.Tensor | None = None,
+    pdl: frozenset[str] = PDL_KERNELS,
 ) -> torch.Tensor:
     """``m`` input rows (``rows[idx[i]]`` with ``idx``, else ``rows[i]``) times ``weight``, bias added."""
     n, k = weight.shape
@@ -425,15 +425,15 @@ def _project(
         raise ValueError("the weight must be contiguous")
     out = torch.empty(*out_shape, n, dtype=rows.dtype, device=rows.device)
     b = blocks or small_linear_blocks(n, k, rows.element_size())
-    pdl = _pdl(rows, "linear")
+    on = _pdl(rows, "linear", pdl)
     line = max(1, 128 // weight.element_size())  # elements a 128-byte L2 line holds
     # the first two slices of the loop; 0: none
-    prefetch = max(line, min(2 * b.block_k, triton.next_power_of_2(k))) if pdl and _pdl(rows, "prefetch") else 0
+    prefetch = max(line, min(2 * b.block_k, triton.next_power_of_2(k))) if on and _pdl(rows, "prefetch", pdl) else 0
     _small_linear_kernel[(triton.cdiv(n, b.block_n),)](
         rows, rows if idx is None else idx, weight, weight if bias is None else bias, out, m, n, k, rows.stride(0),
         GATHER=idx is not None, BIAS=bias is not None, IEEE=rows.dtype == torch.float32, BLOCK_M=SMALL_ROWS,
-        BLOCK_N=b.block_n, BLOCK_K=b.block_k, PDL=pdl, PREFETCH_K=prefetch, LINE=line,
-        num_warps=b.num_warps, num_stages=b.num_stages, launch_pdl=pdl,
+        BLOCK_N=b.block_n, BLOCK_K=b.block_k, PDL=on, PREFETCH_K=prefetch, LINE=line,
+        num_warps=b.num_warps, num_stages=b.num_stages, launch_pdl=on,
     )  # fmt: skip
     return out
 
@@ -444,6 +444,7 @@ def linear(
     bias: torch.Tensor | None = None,
     *,
     blocks: SmallLinearBlocks | None = None,
+    pdl: frozenset[str] = PDL_KERNELS,
 ) -> torch.Tensor:
     """``F.linear`` for at most :data:`SMALL_ROWS` rows in one launch (``blocks`` overrides the tile choice)."""
     k = weight.shape[1]
@@ -452,7 +453,7 @@ def linear(
     rows = x.reshape(-1, k)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
-    return _project(rows, weight, bias, tuple(x.shape[:-1]), blocks, rows.shape[0])
+    return _project(rows, weight, bias, tuple(x.shape[:-1]), blocks, rows.shape[0], pdl=pdl)
 
 
 def embed_linear(
@@ -462,13 +463,14 @@ def embed_linear(
     bias: torch.Tensor | None,
     *,
     blocks: SmallLinearBlocks | None = None,
+    pdl: frozenset[str] = PDL_KERNELS,
 ) -> torch.Tensor:
     """``linear(table[ids], weight, bias)`` in one launch: the rows are read from the table where they lie."""
     k = weight.shape[1]
     if table.shape[-1] != k or table.stride(-1) != 1 or table.dim() != 2:
         raise ValueError(f"a [V, {k}] table with unit stride in its width fits a [{weight.shape[0]}, {k}] weight")
     flat = ids.reshape(-1)
-    return _project(table, weight, bias, tuple(ids.shape), blocks, flat.shape[0], flat.contiguous())
+    return _project(table, weight, bias, tuple(ids.shape), blocks, flat.shape[0], flat.contiguous(), pdl)
 
 
 @triton.jit
@@ -534,7 +536,9 @@ def _sample_kernel(
     tl.store(out_ptr + row, token.to(tl.int64))
 
 
-def sample(logits: torch.Tensor, params: SamplingTensors, noise: torch.Tensor | None) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor, params: SamplingTensors, noise: torch.Tensor | None, *, pdl: frozenset[str] = PDL_KERNELS
+) -> torch.Tensor:
     """:func:`omni_stream.runtime.sampling.sample` in one kernel per row (ties at a cut-off are all kept)."""
     if noise is None:
         return torch_sample(logits, params, None)
@@ -547,7 +551,7 @@ def sample(logits: torch.Tensor, params: SamplingTensors, noise: torch.Tensor | 
     block = triton.next_power_of_2(v)
     _sample_kernel[(b,)](
         logits, noise, params.do_sample.view(torch.uint8), params.temperature, params.top_k, params.top_p, out,
-        v, logits.stride(0), noise.stride(0), BLOCK=block, PDL=(pdl := _pdl(logits, "sample")),
-        num_warps=max(1, min(8, block // 512)), launch_pdl=pdl,
+        v, logits.stride(0), noise.stride(0), BLOCK=block, PDL=(on := _pdl(logits, "sample", pdl)),
+        num_warps=max(1, min(8, block // 512)), launch_pdl=on,
     )  # fmt: skip
     return out

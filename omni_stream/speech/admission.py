@@ -8,7 +8,8 @@ from the request's own timings (a player that starts at the first chunk and play
 the underrun metric). While every slack is above ``guard`` all newcomers are admitted at once (they prefill
 together); below it only those that have waited ``max_defer`` already are, so a stream that cannot keep its
 slack never holds newcomers back for long. Pure: the scheduler supplies the numbers. The Qwen3-TTS family
-uses it only when ``OMNI_STREAM_ADMISSION=on`` (see its measured effect in ``benchmarks/results/tts_bench.md``).
+uses it only when ``Tuning.admission`` is on (``OMNI_STREAM_ADMISSION=on``; its measured effect is in
+``benchmarks/results/tts_bench.md``).
 
 Apart from the rule, a burst is held together (:func:`hold_newcomers`): requests sent at once reach the
 scheduler one by one as their prompts are prepared (a burst of 128 over ~50 ms), and a worker that admits

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from omni_stream.chunks import TextDelta
 from omni_stream.context import RequestContext
 from omni_stream.errors import ConfigError, InvalidRequestError
@@ -28,6 +30,7 @@ from omni_stream.models.causal_lm.config import load_config, load_generation_def
 from omni_stream.models.causal_lm.model import load_lm
 from omni_stream.models.causal_lm.runner import CausalLMRunner, LMRequest
 from omni_stream.models.causal_lm.tokenizer import ChatTokenizer
+from omni_stream.models.qwen3_tts.fused import default_kernels
 from omni_stream.pipeline import Stage
 from omni_stream.requests import TextRequest
 from omni_stream.runtime.cache import EMBEDDED_MARKER, embedded_checkpoint_dir
@@ -88,6 +91,7 @@ class CausalLMFamily:
                 eos_token_ids=self.defaults.eos_token_ids,
                 max_batch_size=opts.max_batch_size,
                 max_len=max_len,
+                fused=default_kernels(torch.device(opts.device), opts.tuning) or False,
             )
             # On CUDA the decode step replays per-bucket graphs; capturing them here keeps it out of requests.
             self.capture_seconds = self.runner.capture_graphs(progress=opts.progress_bar)

@@ -112,7 +112,8 @@ class DiffusersImageFamily:
         self._own_worker = os.environ.get(ENV_OWN_THREAD, "0") == "1"
         if self._own_worker:
             init = _own_stream(self.device) if self.device.startswith("cuda") else None
-            self.worker = DeviceWorker(name=f"{load.worker.name}-diffusion", init=init).start()
+            self.worker = DeviceWorker(name=f"{load.worker.name}-diffusion", init=init, threads=load.worker.threads)
+            self.worker.start()
         side = self.adapter.default_side
         size = defaults.get("default_size", [side, side])
         self.info = ImageInfo(

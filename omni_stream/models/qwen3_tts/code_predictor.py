@@ -5,8 +5,8 @@ Per frame it runs 15 dependent micro-steps on a fresh 16-position cache: a 2-tok
 ``proj(codec_embedding[j-1](c_j))`` -> ``lm_head[j]``. :meth:`CodePredictor.generate` is written to be
 captured whole as one CUDA graph per batch size: static scratch buffers, shapes fixed by the batch size,
 the loop unrolled over Python constants, sampling inside, and no host synchronisation. With
-``OMNI_STREAM_PREDICTOR_KERNEL=1`` (CUDA, Triton kernels) a one-row frame is one persistent kernel instead
-(:mod:`.predictor_kernel`), an arm for comparisons: slower than the loop's graph so far.
+``Tuning.predictor_kernel`` on (``OMNI_STREAM_PREDICTOR_KERNEL=on``; CUDA, Triton kernels) a one-row frame is one
+persistent kernel instead (:mod:`.predictor_kernel`), an arm for comparisons: slower than the loop's graph so far.
 """
 
 from __future__ import annotations

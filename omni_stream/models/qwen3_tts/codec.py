@@ -9,8 +9,7 @@ windows (see ``codec_stream``). One code path serves both, so a streamed decode 
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, cast
@@ -20,9 +19,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from omni_stream.errors import ConfigError
-from omni_stream.models.qwen3_tts.fused import ENV_DISABLE
 from omni_stream.runtime.layout import Phases, channels_last, conv1d, conv_transpose1d, to_channels_last, to_phases
-from omni_stream.runtime.settings import flag, whole_numbers
+from omni_stream.runtime.settings import CODEC_DILATIONS, Tuning
 
 from .codec_config import CodecDecoderConfig, SpeechTokenizerConfig
 from .codec_quantizer import DerivedTensor, SplitResidualVQ
@@ -194,8 +192,7 @@ class VocoderKernels:
 TORCH_VOCODER = VocoderKernels("torch", snake_cat, _residual_add, _conv_to_one, snake_split)
 RESIDUAL_DILATIONS = (1, 3, 9)  # a decoder block's residual units
 DILATED = frozenset(d for d in RESIDUAL_DILATIONS if d > 1)
-ENV_CONV_PHASES = "OMNI_STREAM_CODEC_PHASES"
-ENV_CHANNELS_LAST = "OMNI_STREAM_CODEC_CHANNELS_LAST"
+assert DILATED == CODEC_DILATIONS, "Tuning.codec_phases chooses among these"
 
 
 class SnakeBeta(nn.Module):
@@ -373,35 +370,28 @@ class CodecDecoder(nn.Module):
         return h.clamp(min=-1.0, max=1.0)
 
 
-def conv_phases_setting(env: Mapping[str, str] | None = None) -> frozenset[int]:
-    """``$OMNI_STREAM_CODEC_PHASES``: the residual units' dilations (3, 9; a comma-separated list, or ``none``)
-    whose convolutions run over their input's phases on the fused path (:func:`conv_phases`); default both.
+def channels_last_setting(tuning: Tuning) -> bool:
+    """Whether the fused vocoder's activations are channel-major per time step: ``tuning.codec_channels_last``, by
+    default (None) exactly when every dilated convolution runs over its phases (``tuning.codec_phases``, default
+    both; :func:`conv_phases`).
 
-    Measured on the H200 (``benchmarks/results/tts_bench.md``, run 24; ``benchmarks/codec_decoder.py``): cuDNN
-    runs the 384-channel dilation-9 convolution of a 128 x 25 window without tensor cores (35.7 of its 118 ms);
-    over its phases the window takes 92 ms, and with the dilation-3 ones too and channel-major activations 82 ms
-    (67 ms since the Snakes write and read the phases, run 25).
+    Phases, measured on the H200 (``benchmarks/results/tts_bench.md``, run 24; ``benchmarks/codec_decoder.py``):
+    cuDNN runs the 384-channel dilation-9 convolution of a 128 x 25 window without tensor cores (35.7 of its
+    118 ms); over its phases the window takes 92 ms, and with the dilation-3 ones too and channel-major activations
+    82 ms (67 ms since the Snakes write and read the phases, run 25). Layout (run 24): with every dilated
+    convolution over its phases, channel-major activations spare cuDNN's layout conversions around each
+    convolution (16 ms of a 128 x 25 window), 96 -> 82 ms, and every smaller window is faster too (1 x 25: 3.10 ->
+    2.57 ms). Not with a dilated convolution left: cuDNN's NHWC kernels for those are slow at some shapes (a 32 x 4
+    window 8.7 -> 76 ms with phases for 9 only).
     """
-    return whole_numbers(ENV_CONV_PHASES, DILATED, env, default=DILATED)
+    if tuning.codec_channels_last is not None:
+        return tuning.codec_channels_last
+    return tuning.codec_phases == DILATED
 
 
-def channels_last_setting(env: Mapping[str, str] | None = None) -> bool:
-    """``$OMNI_STREAM_CODEC_CHANNELS_LAST``: the fused vocoder's activations channel-major per time step (``1``)
-    or time-major (``0``); by default channel-major exactly when every dilated convolution runs over its phases
-    (:func:`conv_phases_setting`).
-
-    Measured on the H200 (run 24): with every dilated convolution over its phases, channel-major activations
-    spare cuDNN's layout conversions around each convolution (16 ms of a 128 x 25 window), 96 -> 82 ms, and every
-    smaller window is faster too (1 x 25: 3.10 -> 2.57 ms). Not with a dilated convolution left: cuDNN's NHWC
-    kernels for those are slow at some shapes (a 32 x 4 window 8.7 -> 76 ms with phases for 9 only).
-    """
-    return flag(ENV_CHANNELS_LAST, env, default=conv_phases_setting(env) == DILATED)
-
-
-def vocoder_kernels(device: torch.device | str) -> VocoderKernels | None:
-    """The Triton kernels on CUDA when Triton is installed and ``OMNI_STREAM_NO_FUSED`` is unset, else None;
-    with them :func:`conv_phases_setting` and :func:`channels_last_setting` (checked here, so a bad setting
-    fails the load).
+def vocoder_kernels(device: torch.device | str, tuning: Tuning | None = None) -> VocoderKernels | None:
+    """The Triton kernels on CUDA when Triton is installed and ``tuning.fused`` is on, else None; with them
+    ``tuning.codec_phases`` and :func:`channels_last_setting` (None: the defaults).
 
     Measured on the H200 (``benchmarks/results/tts_bench.md``, runs 23-24): the eager activations,
     concatenations, bias and residual passes were ~45 % of a streaming window's GPU time, at the audio-rate stages
@@ -409,13 +399,14 @@ def vocoder_kernels(device: torch.device | str) -> VocoderKernels | None:
     with the default settings (phases, channel-major) to 82 ms, and with the phases in the Snakes' passes to 67 ms
     (run 25).
     """
-    if torch.device(device).type != "cuda" or os.environ.get(ENV_DISABLE, "") not in ("", "0"):
+    t = Tuning() if tuning is None else tuning
+    if torch.device(device).type != "cuda" or not t.fused:
         return None
-    phases, last = conv_phases_setting(), channels_last_setting()
     try:
         from omni_stream.runtime import triton_vocoder as tv
     except ImportError:
         return None
+    phases, last = t.codec_phases, channels_last_setting(t)
     return VocoderKernels("triton", tv.snake_cat, tv.residual_add, tv.conv_to_one, tv.snake_split, phases, last)
 
 
@@ -499,8 +490,10 @@ def load_speech_tokenizer(
     *,
     with_encoder: bool = True,
     seed: int = 0,
+    tuning: Tuning | None = None,
 ) -> SpeechTokenizer:
     """Build from ``speech_tokenizer/config.json`` and load ``model.safetensors`` strictly (``dummy``: random weights).
+    ``tuning``: the vocoder's kernels on CUDA (:func:`vocoder_kernels`; None: the defaults).
 
     The codec runs in the model dtype (bf16 when the talker is bf16), as the reference does; without the
     encoder, ``encoder.*`` weights are skipped.
@@ -525,5 +518,5 @@ def load_speech_tokenizer(
     else:
         raise ConfigError(f"load_format must be 'auto' or 'dummy', got {load_format!r}")
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    model.decoder.use_kernels(vocoder_kernels(device))
+    model.decoder.use_kernels(vocoder_kernels(device, tuning))
     return model

@@ -12,7 +12,6 @@ is given: it speaks noise, and the loader says so.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -36,6 +35,7 @@ from omni_stream.models.qwen3_tts.codec import load_speech_tokenizer
 from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
 from omni_stream.models.qwen3_tts.codec_stage import LiveCount, ReferenceCodes, codec_stage
 from omni_stream.models.qwen3_tts.config import GenerationDefaults, load_config, load_generation_defaults
+from omni_stream.models.qwen3_tts.fused import default_kernels
 from omni_stream.models.qwen3_tts.prompt import TASK_OF_MODEL, TalkerRequest, prepare_request, resolve_task
 from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
 from omni_stream.models.qwen3_tts.speaker_encoder import load_speaker_encoder
@@ -46,10 +46,9 @@ from omni_stream.runtime.cache import EMBEDDED_MARKER, embedded_checkpoint_dir
 from omni_stream.runtime.gil import shorten_switch_interval
 from omni_stream.runtime.gpu_completions import Completions
 from omni_stream.runtime.offload import run_prepare
-from omni_stream.runtime.settings import milliseconds
 from omni_stream.runtime.weights import parse_dtype
 from omni_stream.scheduler import Scheduler
-from omni_stream.speech.admission import DEFAULT_HOLD_S, PlaybackAdmission
+from omni_stream.speech.admission import PlaybackAdmission
 from omni_stream.speech.limits import (
     check_ref_seconds,
     check_text,
@@ -60,22 +59,6 @@ from omni_stream.speech.limits import (
 from omni_stream.speech.stages import talker_stage
 
 log = logging.getLogger(__name__)
-
-# Codec windows on CUDA: "off": on the talker's stream, each job run and waited for by the worker between talker
-# steps; "high" (default) or "normal": on their own stream of that priority, launched by the worker and collected
-# by it after its next talker step (codec_stream_mode has the measurements).
-ENV_CODEC_STREAM = "OMNI_STREAM_CODEC_STREAM"
-CODEC_STREAM_MODES = ("off", "high", "normal")
-# "on": newcomers wait while a playing stream's listener is about to run dry (omni_stream.speech.admission). Off by
-# default: measured (runs 15-16, one server per arm) it keeps continuity at 100 % at c=64 and c=128 (88 % without
-# at c=128, underrun p99 64 ms instead of 310 ms) but at c=64 costs 40 % more TTFA p50 and 13 % of throughput.
-ENV_ADMISSION = "OMNI_STREAM_ADMISSION"
-# Milliseconds newcomers wait for requests of their burst still being prepared (omni_stream.speech.admission; 0: never).
-ENV_HOLD_MS = "OMNI_STREAM_BURST_HOLD_MS"
-# "on" / "off": the talker launches each decode step before handing out the last one's frames (Qwen3TTSRunner's
-# ``ahead``); unset: on for CUDA devices. Measured on the H200 (tts_bench.md, run 27, one build, two servers): +4 %,
-# +5 % and +11 % throughput at c = 1, 32 and 128, for +0.7, +14 and +20 ms to first audio.
-ENV_STEP_AHEAD = "OMNI_STREAM_STEP_AHEAD"
 
 SAMPLE_RATE = 24000
 # Streaming windows: the first audio chunk after a load-dependent number of frames (80 ms each; 1 when the
@@ -125,7 +108,7 @@ class Qwen3TTSFamily:
             lm = load_lm(ckpt, device=device, dtype=dtype, load_format=load_format)
             bar.update(1)
             self.speech_tokenizer = load_speech_tokenizer(
-                ckpt, device, dtype, load_format, with_encoder=self.task is TaskType.BASE
+                ckpt, device, dtype, load_format, with_encoder=self.task is TaskType.BASE, tuning=opts.tuning
             ).eval()
             self.speaker_encoder = None
             if self.task is TaskType.BASE:
@@ -135,24 +118,26 @@ class Qwen3TTSFamily:
                     ckpt, cfg.speaker_encoder, device, dtype, load_format
                 ).eval()
             bar.update(1)
-            self.runner = Qwen3TTSRunner(lm, max_batch_size=opts.max_batch_size, ahead=step_ahead())
+            tuning = opts.tuning
+            kernels = default_kernels(torch.device(device), tuning)
+            self.runner = Qwen3TTSRunner(
+                lm, max_batch_size=opts.max_batch_size, fused=kernels or False, ahead=tuning.step_ahead
+            )
             # On CUDA the decode step replays per-bucket graphs; capturing them here keeps it out of requests.
             self.capture_seconds = self.runner.capture_graphs(progress=opts.progress_bar)
             # Streaming codec states in one slot-indexed pool, decoded by per-window-bucket graphs (CUDA only),
-            # on a side stream of high priority unless OMNI_STREAM_CODEC_STREAM says otherwise (off: the talker's).
+            # on a side stream of high priority unless tuning.codec_stream says otherwise (off: the talker's).
             self.codec_windows: CodecWindows | None = None
             self.completions: Completions | None = None
             if torch.device(device).type == "cuda":
-                mode = codec_stream_mode()
-                stream = None
-                if mode != "off":
-                    stream = torch.cuda.Stream(device, priority=-100 if mode == "high" else 0)
+                priority = codec_stream_priority(tuning.codec_stream)
+                stream = None if priority is None else torch.cuda.Stream(device, priority=priority)
                 self.codec_windows = CodecWindows(
                     self.speech_tokenizer.decoder, 2 * opts.max_batch_size, max_batch=opts.max_batch_size, stream=stream
                 )
                 self.capture_seconds += self.codec_windows.capture_graphs(progress=opts.progress_bar)
                 # Hot loops on the worker and a busy event loop share the GIL: hand it over in 0.5 ms, not 5.
-                shorten_switch_interval()
+                shorten_switch_interval(tuning.switch_interval_ms)
             if self.capture_seconds:
                 log.info("captured CUDA graphs in %.2f s", self.capture_seconds)
             self.live = LiveCount()
@@ -162,8 +147,8 @@ class Qwen3TTSFamily:
                 high_watermark=opts.max_buffered_frames,
                 metrics=load.metrics.scheduler("talker"),
                 name="talker",
-                admission=admission_rule(),
-                hold=burst_hold(),
+                admission=PlaybackAdmission() if tuning.admission else None,
+                hold=tuning.burst_hold_ms / 1000,
             )
             if self.codec_windows is not None and self.codec_windows.stream is not None:
                 # Codec jobs launched on their stream are collected by the worker itself: after every talker
@@ -346,29 +331,11 @@ class Qwen3TTSFamily:
         """Nothing to stop: models are freed with the family, the worker releases sequences and device jobs."""
 
 
-def admission_rule(env: dict[str, str] | None = None) -> PlaybackAdmission | None:
-    """The talker's admission rule: playback-paced when ``$OMNI_STREAM_ADMISSION`` is ``on`` (default off)."""
-    value = (os.environ if env is None else env).get(ENV_ADMISSION, "").strip().lower()
-    if value not in ("", "on", "off"):
-        raise ConfigError(f"{ENV_ADMISSION} must be on or off, got {value!r}")
-    return PlaybackAdmission() if value == "on" else None
-
-
-def step_ahead(env: dict[str, str] | None = None) -> bool | None:
-    """``$OMNI_STREAM_STEP_AHEAD``: True for ``on``, False for ``off``, None (the runner's default) when unset."""
-    value = (os.environ if env is None else env).get(ENV_STEP_AHEAD, "").strip().lower()
-    if value not in ("", "on", "off"):
-        raise ConfigError(f"{ENV_STEP_AHEAD} must be on or off, got {value!r}")
-    return None if not value else value == "on"
-
-
-def burst_hold(env: dict[str, str] | None = None) -> float:
-    """Seconds from ``$OMNI_STREAM_BURST_HOLD_MS`` (0-1000; default ``admission.DEFAULT_HOLD_S``), checked."""
-    return milliseconds(ENV_HOLD_MS, 1000 * DEFAULT_HOLD_S, env) / 1000
-
-
-def codec_stream_mode(env: dict[str, str] | None = None) -> str:
-    """``$OMNI_STREAM_CODEC_STREAM`` (off, high or normal; default high), checked.
+def codec_stream_priority(mode: str) -> int | None:
+    """The CUDA stream priority of the codec's windows for ``Tuning.codec_stream``: ``high`` (default) -100,
+    ``normal`` 0, ``off`` None (no stream of their own: each window runs on the talker's stream, launched and waited
+    for by the worker between talker steps). On a stream of their own the worker launches them and collects them
+    after its next talker step.
 
     Measured on the H200 over the server (``benchmarks/results/tts_bench.md``, run 24, with the codec's run-24
     settings): in one call, c = 128 508 / 524x (HTTP / WebSocket) against 479 / 452x on the talker's stream and c =
@@ -376,10 +343,7 @@ def codec_stream_mode(env: dict[str, str] | None = None) -> str:
     spans 435-539x at c = 128, so the gain is the same-call comparison's. Runs 10-16 measured a loss when a window
     cost 1.5x as much.
     """
-    mode = (os.environ if env is None else env).get(ENV_CODEC_STREAM, "").strip().lower() or "high"
-    if mode not in CODEC_STREAM_MODES:
-        raise ConfigError(f"{ENV_CODEC_STREAM} must be one of {', '.join(CODEC_STREAM_MODES)}, got {mode!r}")
-    return mode
+    return {"high": -100, "normal": 0, "off": None}[mode]
 
 
 def load_family(load: LoadContext) -> Qwen3TTSFamily:

@@ -29,7 +29,6 @@ stays the module path, whose numerics match the reference implementation exactly
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -38,10 +37,9 @@ import torch.nn.functional as F
 
 from omni_stream.runtime.kv_cache import KVWrite, read_one
 from omni_stream.runtime.sampling import SamplingTensors, sample
+from omni_stream.runtime.settings import SMALL_ROW_TILE, Tuning
 
 log = logging.getLogger(__name__)
-
-ENV_DISABLE = "OMNI_STREAM_NO_FUSED"  # set to 1 to keep the module path on CUDA (debugging, comparisons)
 
 
 def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -159,13 +157,7 @@ class DecodeKernels:
         return replace(self, small_rows=self.predictor_rows)
 
 
-SMALL_ROWS = 16  # the Triton small-batch projection's row tile (``triton_kernels.SMALL_ROWS``)
-ENV_SMALL_ROWS = "OMNI_STREAM_SMALL_ROWS"  # at most this many rows take the small-batch path on CUDA (0: never)
-ENV_PREDICTOR_ROWS = "OMNI_STREAM_PREDICTOR_SMALL_ROWS"  # the same for the code predictor (unset: as the talker)
-# 1: the code predictor's one-row frame as one persistent kernel instead of its ~850 kernels. Off by default:
-# measured on the H200 (benchmarks/results/tts_bench.md, run 26) the 1.7B frame takes 3.28 ms that way against
-# 2.59 ms for the loop's graph.
-ENV_PREDICTOR_KERNEL = "OMNI_STREAM_PREDICTOR_KERNEL"
+SMALL_ROWS = SMALL_ROW_TILE  # the Triton small-batch projection's row tile (``triton_kernels.SMALL_ROWS``)
 
 TORCH = DecodeKernels(
     add_rms_norm, qk_norm_rope, silu_mul, sample, name="torch", qk_norm_rope_kv=qk_norm_rope_kv,
@@ -173,50 +165,27 @@ TORCH = DecodeKernels(
 )  # fmt: skip
 
 
-def small_rows_setting(default: int | None = SMALL_ROWS, name: str = ENV_SMALL_ROWS) -> int | None:
-    """The row limit in the environment variable ``name`` (0..16), else ``default``."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    value = int(raw)
-    if not 0 <= value <= SMALL_ROWS:
-        raise ValueError(f"{name} must be 0..{SMALL_ROWS}, got {raw}")
-    return value
-
-
-def predictor_kernel_setting() -> bool:
-    """``$OMNI_STREAM_PREDICTOR_KERNEL``: 0 (default) or 1, checked."""
-    raw = os.environ.get(ENV_PREDICTOR_KERNEL, "").strip() or "0"
-    if raw not in ("0", "1"):
-        raise ValueError(f"{ENV_PREDICTOR_KERNEL} must be 0 or 1, got {raw}")
-    return raw == "1"
-
-
-def triton_kernels(
-    small_rows: int | None = None, predictor_rows: int | None = None, predictor_frame: bool | None = None
-) -> DecodeKernels:
-    """The Triton versions (imports Triton); a row limit left None is read by :func:`small_rows_setting`, the
-    frame kernel's use by :func:`predictor_kernel_setting`."""
+def triton_kernels(tuning: Tuning | None = None) -> DecodeKernels:
+    """The Triton versions (imports Triton), with ``tuning``'s row limits (``small_rows``, ``predictor_small_rows``),
+    frame kernel (``predictor_kernel``) and dependent launches (``pdl``); None: the defaults."""
     from omni_stream.runtime import triton_kernels as tk
 
-    rows = small_rows_setting() if small_rows is None else small_rows
-    assert rows is not None
-    if predictor_rows is None:
-        predictor_rows = small_rows_setting(None, ENV_PREDICTOR_ROWS)
-    small = SmallRows(tk.linear, tk.embed_linear)
+    t = Tuning() if tuning is None else tuning
+    bind = tk.with_pdl(t.pdl)
+    small = SmallRows(bind(tk.linear), bind(tk.embed_linear))
     return DecodeKernels(
-        tk.add_rms_norm, tk.qk_norm_rope, tk.silu_mul, tk.sample, name="triton", small=small, small_rows=rows,
-        predictor_rows=predictor_rows, qk_norm_rope_kv=tk.qk_norm_rope_kv, decode_attention=tk.decode_attention,
-        predictor_frame=predictor_kernel_setting() if predictor_frame is None else predictor_frame,
+        bind(tk.add_rms_norm), bind(tk.qk_norm_rope), bind(tk.silu_mul), bind(tk.sample), name="triton", small=small,
+        small_rows=t.small_rows, predictor_rows=t.predictor_small_rows, qk_norm_rope_kv=bind(tk.qk_norm_rope_kv),
+        decode_attention=bind(tk.decode_attention), predictor_frame=t.predictor_kernel,
     )  # fmt: skip
 
 
-def default_kernels(device: torch.device) -> DecodeKernels | None:
-    """Triton kernels on CUDA when Triton is installed (and not disabled by ``OMNI_STREAM_NO_FUSED``), else None."""
-    if device.type != "cuda" or os.environ.get(ENV_DISABLE, "") not in ("", "0"):
+def default_kernels(device: torch.device, tuning: Tuning | None = None) -> DecodeKernels | None:
+    """Triton kernels on CUDA when Triton is installed and ``tuning.fused`` is on (None: the defaults), else None."""
+    if device.type != "cuda" or not (Tuning() if tuning is None else tuning).fused:
         return None
     try:
-        return triton_kernels()
+        return triton_kernels(tuning)
     except ImportError:
         log.warning("Triton is not installed: decoder layers run unfused (slower decode steps)")
         return None
