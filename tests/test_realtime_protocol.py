@@ -17,6 +17,7 @@ from omni_stream.models.smart_turn import load_smart_turn
 from omni_stream.realtime.agent.events import RealtimeError, SessionType, parse_client_event
 from omni_stream.realtime.agent.outputs import (
     CancelResponse,
+    CancelTranscription,
     Capabilities,
     CloseSession,
     ConfigureTurns,
@@ -303,12 +304,21 @@ def test_server_vad_detects_a_turn_commits_it_and_answers_once_transcribed():
     started, stopped = out.events[0].body, out.events[1].body
     assert started["audio_start_ms"] == 300 and stopped["audio_end_ms"] == 300 + 1000
     assert started["item_id"] == stopped["item_id"] == out.events[2].body["item_id"]
-    [transcribe] = out.commands
+    item_id = out.events[2].body["item_id"]
+    # a speculative transcription at each pause: the one at the gap between the words was cancelled when speech
+    # resumed; the one at the last pause transcribed exactly the committed audio and became the item's
+    first, cancel, last = out.commands
+    assert isinstance(first, Transcribe) and isinstance(last, Transcribe)
+    assert cancel == CancelTranscription(first.item_id) and item_id not in (first.item_id, last.item_id)
     # the turn's audio: from the start less prefix_padding_ms (300) to the stop
-    assert transcribe.samples.size == 24000 * 1300 // 1000
-    assert not any(isinstance(c, StartResponse) for c in out.commands)
-    start = proto.transcription_done(transcribe.item_id, 0, 1, 1).commands
-    assert isinstance(start[0], StartResponse)
+    assert last.samples.size == 24000 * 1300 // 1000 and first.samples.size < last.samples.size
+    assert proto.transcription_delta(first.item_id, 0, "stale") == Outputs()  # a dropped speculation says nothing
+    delta = proto.transcription_delta(last.item_id, 0, "three five")
+    assert types(delta) == ["conversation.item.input_audio_transcription.delta"]
+    assert delta.events[0].body["item_id"] == item_id
+    done = proto.transcription_done(last.item_id, 0, 1, 1)
+    assert done.events[0].body["transcript"] == "three five" and done.events[0].body["item_id"] == item_id
+    assert isinstance(done.commands[0], StartResponse)
 
 
 def test_while_nobody_speaks_the_buffer_keeps_only_the_lookback():

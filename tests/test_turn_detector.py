@@ -22,7 +22,7 @@ def run(detector: TurnDetector, audio: np.ndarray) -> list[tuple[str, int, int]]
     """(event kind, position, samples fed when it came) for ``audio`` fed 100 ms at a time."""
     out = []
     for i in range(0, audio.size, CHUNK):
-        for event in detector.feed(audio[i : i + CHUNK]):
+        for event in [*detector.feed(audio[i : i + CHUNK]), *detector.judge()]:
             out.append((event.kind.value, event.position, detector.fed))
     return out
 

@@ -40,11 +40,11 @@ class SyncTurns:
             elif isinstance(cmd, DetectTurns):
                 if self.detector is None or cmd.epoch != self.proto.turn_epoch:
                     continue
-                for event in self.detector.feed(cmd.samples):
-                    self.events.append(event)
-                    more = self.proto.turn_event(cmd.epoch, event)
-                    result.events.extend(more.events)
-                    queue[:0] = more.commands
+                events = [*self.detector.feed(cmd.samples), *self.detector.judge()]
+                self.events.extend(events)
+                more = self.proto.turn_events(cmd.epoch, events, self.detector.fed)
+                result.events.extend(more.events)
+                queue[:0] = more.commands  # carried out before the commands queued behind this one
             else:
                 result.commands.append(cmd)
         return result

@@ -14,7 +14,9 @@ The voice activity detector (any :class:`~omni_stream.turns.vad.VoiceActivityDet
 the rule's short ``pause_ms`` silence and is fed 20 ms at a time, so the time a pause was detected is known to
 20 ms; ``max_pause_ms`` is counted from there in stream samples, never by a clock. The end-of-turn model (an
 :class:`EndOfTurnModel`, e.g. Smart Turn) is asked once per pause, on the turn's last 8 s up to the pause,
-resampled to its rate. Run ``feed`` off the event loop (a realtime session's driver does).
+resampled to its rate, by :meth:`TurnDetector.judge`, which a caller runs after handing on ``feed``'s events:
+whatever starts at a pause (a speculative transcript) then overlaps the model's inference. ``judge`` after every
+``feed``; both are blocking CPU work: run them off the event loop (a realtime session's driver does).
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ class TurnDetector:
         self._recent = np.zeros(0, np.int16)  # the last samples fed, ending at self.fed
         self._turn_start: int | None = None
         self._paused_at: int | None = None  # the open pause's position
+        self._unjudged = False  # the open pause awaits the end-of-turn model
         self._deadline = 0  # stream position at which the open pause ends the turn
 
     @property
@@ -114,9 +117,24 @@ class TurnDetector:
         recent = np.concatenate((self._recent, piece))
         self._recent = recent[-self._keep :] if recent.size > self._keep else recent
 
+    @property
+    def judging(self) -> bool:
+        """Whether an open pause awaits :meth:`judge`."""
+        return self._unjudged and self._paused_at is not None
+
+    def judge(self) -> list[TurnEvent]:
+        """Ask the end-of-turn model about the open pause, once: ``[stopped]`` when it judges the turn complete."""
+        if not self._unjudged or self._paused_at is None:
+            return []
+        self._unjudged = False
+        assert self.model is not None and self.rule.threshold is not None
+        p = self.model.probability(self._turn_audio(self._paused_at))
+        self.probabilities.append(p)
+        return [self._stop()] if p >= self.rule.threshold else []
+
     def _started(self, position: int) -> list[TurnEvent]:
         if self._paused_at is not None:
-            self._paused_at = None
+            self._paused_at, self._unjudged = None, False
             return [TurnEvent(TurnEventKind.RESUMED, position)]
         if self._turn_start is not None:
             return []
@@ -128,16 +146,10 @@ class TurnDetector:
             return []
         position = max(position, self._turn_start)
         self._paused_at = position
-        events = [TurnEvent(TurnEventKind.PAUSED, position)]
-        if self.model is not None and self.rule.threshold is not None:
-            p = self.model.probability(self._turn_audio(position))
-            self.probabilities.append(p)
-            if p >= self.rule.threshold:
-                events.append(self._stop())
-                return events
+        self._unjudged = self.model is not None and self.rule.threshold is not None
         # Counted from when the pause was noticed (pause_ms after the speech), so the turn ends max_pause_ms after it.
         self._deadline = self.fed + (self.rule.max_pause_ms - self.rule.pause_ms) * self.rate // 1000
-        return events
+        return [TurnEvent(TurnEventKind.PAUSED, position)]
 
     def _turn_audio(self, end: int) -> np.ndarray:
         """The turn's last seconds up to ``end``, float32 at the model's rate."""
@@ -149,5 +161,5 @@ class TurnDetector:
 
     def _stop(self) -> TurnEvent:
         assert self._paused_at is not None
-        position, self._paused_at, self._turn_start = self._paused_at, None, None
+        position, self._paused_at, self._turn_start, self._unjudged = self._paused_at, None, None, False
         return TurnEvent(TurnEventKind.STOPPED, position)

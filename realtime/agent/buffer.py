@@ -30,6 +30,13 @@ class InputBuffer:
         whole = self.take(cut)
         del whole
 
+    def peek(self, start: int, end: int) -> np.ndarray:
+        """A copy of the samples between stream positions ``start`` and ``end`` (clipped to what is held)."""
+        lo, hi = max(start - self.start, 0), min(end - self.start, self.length)
+        if hi <= lo:
+            return np.zeros(0, np.int16)
+        return np.concatenate(self.chunks)[lo:hi].copy()
+
     def take(self, n: int) -> np.ndarray:
         """Remove and return the first ``n`` samples."""
         n = min(n, self.length)

@@ -39,6 +39,9 @@ class ItemEditing(ProtocolState):
         for key in [k for k in self.pending if k[0] == item.id]:
             del self.pending[key]
             out.commands.append(CancelTranscription(item.id))
+        for spec_id in [s for s, owner in self.adopted.items() if owner == item.id]:
+            del self.adopted[spec_id]  # the item's transcription runs under the speculation's id
+            out.commands.append(CancelTranscription(spec_id))
         if self.response is not None:
             self.response.waiting = {k for k in self.response.waiting if k[0] != item.id}
         return out

@@ -21,8 +21,8 @@ Limits: the input buffer holds at most ``Limits.max_buffer_seconds`` (more is re
 
 Modules. This one holds the session: its configuration, the dispatch of client events and its end; the parts
 are mixins over :class:`~omni_stream.realtime.agent.protocol_state.ProtocolState`: input audio, turns and
-transcriptions (:mod:`.realtime_turns`), conversation items (:mod:`.realtime_item_edits`) and responses
-(:mod:`.realtime_responses`).
+transcriptions (:mod:`.turns`), speculative work at pauses (:mod:`.speculation`), conversation items
+(:mod:`.item_edits`) and responses (:mod:`.responses`).
 """
 
 from __future__ import annotations
@@ -54,11 +54,12 @@ from omni_stream.realtime.agent.item_edits import ItemEditing
 from omni_stream.realtime.agent.outputs import CloseSession, Outputs, SessionConfig
 from omni_stream.realtime.agent.protocol_state import Phase
 from omni_stream.realtime.agent.responses import Responding
+from omni_stream.realtime.agent.speculation import Speculating
 from omni_stream.realtime.agent.turns import TurnTaking
 from omni_stream.turns.rules import TurnType
 
 
-class RealtimeProtocol(TurnTaking, ItemEditing, Responding):
+class RealtimeProtocol(TurnTaking, Speculating, ItemEditing, Responding):
     """One realtime session's state (see the module docstring)."""
 
     def session_wire(self) -> dict[str, Any]:
@@ -227,4 +228,6 @@ class RealtimeProtocol(TurnTaking, ItemEditing, Responding):
         self.phase = Phase.CLOSED
         self.buffer.clear()
         self.pending.clear()
+        self.speculation = None
+        self.adopted.clear()
         self.response = None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -38,6 +38,20 @@ class ResponseStatus(StrEnum):
     WAITING = "waiting"  # for transcripts of the items it answers
     RUNNING = "running"
     DONE = "done"
+
+
+@dataclass(slots=True)
+class Speculation:
+    """A transcription of the turn so far, started at a pause (stream positions ``start``..``end``), kept from the
+    client: it becomes the turn's transcription if the turn ends at that pause, else it is dropped."""
+
+    id: str  # the transcription's item id for the driver (never an item of the conversation)
+    start: int
+    end: int
+    parts: list[str] = field(default_factory=list)
+    done: bool = False
+    usage: tuple[int, int] = (0, 0)  # audio tokens in, text tokens out
+    failed: str | None = None
 
 
 @dataclass(slots=True)
@@ -103,9 +117,12 @@ class ProtocolState:
         self.buffer = InputBuffer()
         self.decoder = InputDecoder(self.config.input_format)
         self.turn_epoch = 0  # bumped whenever the driver's turn detector restarts; older turn events are stale
+        self._heard = 0  # stream position up to which the turn detector has reported
         self._speech_start: int | None = None  # stream position where the current turn's audio begins
         self._turn_item: str | None = None  # id the current turn's item will get
         self.pending: dict[tuple[str, int], list[str]] = {}  # transcriptions in flight: partial texts
+        self.speculation: Speculation | None = None  # the open pause's speculative transcription
+        self.adopted: dict[str, str] = {}  # speculations in flight that became a committed item's: spec id -> item id
         self.response: ResponseState | None = None
 
     def _event(self, type: str, audio: bytes | None = None, **body: Any) -> ServerEvent:
@@ -121,6 +138,32 @@ class ProtocolState:
         raise NotImplementedError
 
     def _transcribe(self, item: Item, index: int, samples: np.ndarray) -> Outputs:  # realtime_turns
+        raise NotImplementedError
+
+    def _drop_speculation(self) -> Outputs:  # realtime_speculation
+        raise NotImplementedError
+
+    def _speech_paused(self, position: int) -> Outputs:  # realtime_speculation
+        raise NotImplementedError
+
+    def _speculation_for(self, start: int, end: int) -> Speculation | None:  # realtime_speculation
+        raise NotImplementedError
+
+    def _adopt(self, spec: Speculation, item: Item) -> Outputs:  # realtime_speculation
+        raise NotImplementedError
+
+    def _speculative_result(self, item_id: str) -> Speculation | None:  # realtime_speculation
+        raise NotImplementedError
+
+    def transcription_delta(self, item_id: str, content_index: int, text: str) -> Outputs:  # realtime_turns
+        raise NotImplementedError
+
+    def transcription_done(
+        self, item_id: str, content_index: int, audio_tokens: int, text_tokens: int
+    ) -> Outputs:  # realtime_turns
+        raise NotImplementedError
+
+    def transcription_failed(self, item_id: str, content_index: int, message: str) -> Outputs:  # realtime_turns
         raise NotImplementedError
 
     def _check_voice(self, voice: str, param: str) -> str:  # realtime_protocol

@@ -452,8 +452,11 @@ class RealtimeSession:
             return
         if position != detector.fed:  # a gap (never expected): the detector restarts where the audio is
             detector.reset(position)
-        for event in await anyio.to_thread.run_sync(detector.feed, samples):
-            await self._apply(self.protocol.turn_event, epoch, event)
+        events = await anyio.to_thread.run_sync(detector.feed, samples)
+        await self._apply(self.protocol.turn_events, epoch, events, detector.fed)
+        if detector.judging:  # the end-of-turn model after the pause's event went out: work started there overlaps it
+            events = await anyio.to_thread.run_sync(detector.judge)
+            await self._apply(self.protocol.turn_events, epoch, events, detector.fed)
 
     async def _expire_later(self) -> None:
         await self.clock.sleep(self.protocol.limits.session_seconds)

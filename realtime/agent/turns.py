@@ -15,7 +15,7 @@ from omni_stream.realtime.agent.audio import RATE
 from omni_stream.realtime.agent.events import RealtimeError, SessionType
 from omni_stream.realtime.agent.items import Content, ContentType, Item
 from omni_stream.realtime.agent.outputs import ConfigureTurns, DetectTurns, Outputs, Transcribe
-from omni_stream.realtime.agent.protocol_state import Phase, ProtocolState, samples_ms
+from omni_stream.realtime.agent.protocol_state import Phase, ProtocolState, Speculation, samples_ms
 from omni_stream.requests import Role
 from omni_stream.turns.detector import TurnEvent, TurnEventKind
 
@@ -29,6 +29,7 @@ class TurnTaking(ProtocolState):
         """A fresh detector from the buffer's end (the turn in progress, if any, is forgotten)."""
         self.turn_epoch += 1
         self._speech_start, self._turn_item = None, None
+        self._heard = self.buffer.end
         return Outputs(commands=[ConfigureTurns(self.config.turn_detection, self.turn_epoch, self.buffer.end)])
 
     def _append(self, data: bytes) -> Outputs:
@@ -45,22 +46,41 @@ class TurnTaking(ProtocolState):
         td = self.config.turn_detection
         if td is None or not samples.size:
             return Outputs()
-        if self._speech_start is None:  # nobody speaks: keep only what a late start report may still need
-            keep = td.rule.vad.prefix_padding_ms + self.limits.vad_lookback_ms
-            self.buffer.drop_before(self.buffer.end - keep * RATE // 1000)
+        self._trim()
         return Outputs(commands=[DetectTurns(samples, position, self.turn_epoch)])
 
+    def _trim(self) -> None:
+        """While nobody speaks, keep only what a start report may still need: the detector has not heard the audio
+        past ``_heard`` yet (it may lag behind a client that sends faster than real time), and reports a start
+        late by up to ``vad_lookback_ms``."""
+        td = self.config.turn_detection
+        if self._speech_start is None and td is not None:
+            keep = td.rule.vad.prefix_padding_ms + self.limits.vad_lookback_ms
+            self.buffer.drop_before(min(self.buffer.end, self._heard) - keep * RATE // 1000)
+
+    def turn_events(self, epoch: int, events: list[TurnEvent], heard: int) -> Outputs:
+        """Events of the driver's turn detector, which has now heard the stream up to position ``heard``."""
+        out = Outputs()
+        for event in events:
+            out.extend(self.turn_event(epoch, event))
+        if epoch == self.turn_epoch and self.phase is not Phase.CLOSED:
+            self._heard = max(self._heard, heard)
+            self._trim()
+        return out
+
     def turn_event(self, epoch: int, event: TurnEvent) -> Outputs:
-        """An event of the driver's turn detector (see the module docstring)."""
+        """One event of the driver's turn detector (see the module docstring)."""
         if self.phase is Phase.CLOSED or epoch != self.turn_epoch or self.config.turn_detection is None:
             return Outputs()
         if event.kind is TurnEventKind.STARTED:
-            return self._speech_started(event.position)
+            return self._drop_speculation().extend(self._speech_started(event.position))
         if self._speech_start is None:
             return Outputs()
-        if event.kind is TurnEventKind.STOPPED:
-            return self._speech_stopped(event.position)
-        return Outputs()
+        if event.kind is TurnEventKind.PAUSED:
+            return self._speech_paused(event.position)
+        if event.kind is TurnEventKind.RESUMED:
+            return self._drop_speculation()
+        return self._speech_stopped(event.position)
 
     def _speech_started(self, position: int) -> Outputs:
         td = self.config.turn_detection
@@ -86,9 +106,11 @@ class TurnTaking(ProtocolState):
         out = Outputs(
             [self._event("input_audio_buffer.speech_stopped", audio_end_ms=samples_ms(position), item_id=item_id)]
         )
+        spec = self._speculation_for(self.buffer.start, position)
+        out.extend(self._drop_speculation())  # one that transcribed other audio
         samples = self.buffer.take(max(0, position - self.buffer.start))
         self._speech_start, self._turn_item = None, None
-        out.extend(self._commit_samples(samples, item_id))
+        out.extend(self._commit_samples(samples, item_id, spec))
         if td.create_response and self.config.type is SessionType.REALTIME and self.response is None:
             if self.caps.text:
                 out.extend(self._start_response(self._id("resp"), self._response_settings(None)))
@@ -103,21 +125,26 @@ class TurnTaking(ProtocolState):
             )
         item_id = self._turn_item or self._id("item")
         samples = self.buffer.take(self.buffer.length)
-        out = self._restart_turns() if self.config.turn_detection is not None else Outputs()
+        out = self._drop_speculation()
+        out.extend(self._restart_turns() if self.config.turn_detection is not None else Outputs())
         self._speech_start, self._turn_item = None, None
         return out.extend(self._commit_samples(samples, item_id))
 
-    def _commit_samples(self, samples: np.ndarray, item_id: str) -> Outputs:
+    def _commit_samples(self, samples: np.ndarray, item_id: str, spec: Speculation | None = None) -> Outputs:
+        """Commit ``samples`` as a user item; ``spec``: a speculation that transcribed exactly these samples."""
         previous = self.conversation.last_id()
         item = Item(item_id, Role.USER, [Content(ContentType.INPUT_AUDIO, audio_ms=samples_ms(samples.size))])
         out = Outputs([self._event("input_audio_buffer.committed", item_id=item_id, previous_item_id=previous)])
         out.extend(self._add_item(item, None))
+        if spec is not None and self.caps.transcription:
+            return out.extend(self._adopt(spec, item))
         out.extend(self._transcribe(item, 0, samples))
         return out
 
     def _clear_input(self) -> Outputs:
         self.buffer.clear()
-        out = self._restart_turns() if self.config.turn_detection is not None else Outputs()
+        out = self._drop_speculation()
+        out.extend(self._restart_turns() if self.config.turn_detection is not None else Outputs())
         self._speech_start, self._turn_item = None, None
         return out
 
@@ -141,6 +168,11 @@ class TurnTaking(ProtocolState):
     # --- transcription results ---
 
     def transcription_delta(self, item_id: str, content_index: int, text: str) -> Outputs:
+        spec = self._speculative_result(item_id)
+        if spec is not None:  # kept from the client until the turn is committed
+            spec.parts.append(text)
+            return Outputs()
+        item_id = self.adopted.get(item_id, item_id)
         parts = self.pending.get((item_id, content_index))
         if parts is None or not text or self.phase is Phase.CLOSED:
             return Outputs()
@@ -154,6 +186,11 @@ class TurnTaking(ProtocolState):
         return Outputs([event])
 
     def transcription_done(self, item_id: str, content_index: int, audio_tokens: int, text_tokens: int) -> Outputs:
+        spec = self._speculative_result(item_id)
+        if spec is not None:
+            spec.done, spec.usage = True, (audio_tokens, text_tokens)
+            return Outputs()
+        item_id = self.adopted.pop(item_id, item_id)
         parts = self.pending.pop((item_id, content_index), None)
         item = self.conversation.get(item_id)
         if parts is None or item is None or self.phase is Phase.CLOSED:
@@ -181,6 +218,11 @@ class TurnTaking(ProtocolState):
         return out.extend(self._resolve((item_id, content_index)))
 
     def transcription_failed(self, item_id: str, content_index: int, message: str) -> Outputs:
+        spec = self._speculative_result(item_id)
+        if spec is not None:
+            spec.done, spec.failed = True, message
+            return Outputs()
+        item_id = self.adopted.pop(item_id, item_id)
         if self.pending.pop((item_id, content_index), None) is None or self.phase is Phase.CLOSED:
             return Outputs()
         error = {"type": "server_error", "code": "transcription_failed", "message": message, "param": None}

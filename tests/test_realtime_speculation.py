@@ -1,0 +1,102 @@
+"""Speculative work at pauses, in a session driven against a real engine (the tiny random Whisper; Silero VAD from
+its wheel): the turn is transcribed at each pause; the transcript the client gets for the committed turn is a
+transcription of exactly the committed audio, and nothing speculative reaches the client before the commit."""
+
+from __future__ import annotations
+
+import anyio
+import numpy as np
+import pytest
+from realtime_fixtures import espeak
+
+from omni_stream.chunks import TextDelta
+from omni_stream.engine import AsyncEngine, ModelSource
+from omni_stream.family import ModelKind
+from omni_stream.realtime.agent.events import InputAudioAppend, SessionPatch, SessionType, SessionUpdate, TurnDetection
+from omni_stream.realtime.agent.outputs import CancelTranscription, Transcribe
+from omni_stream.realtime.agent.session import RealtimeSession, _asr_input
+from omni_stream.realtime.settings import Settings
+from omni_stream.transcription.spec import TranscriptionRequest
+from omni_stream.turns.vad import VadParams
+
+RATE = 24000
+MAX_TOKENS = 24  # a random Whisper never ends a transcript on its own
+
+
+@pytest.fixture(scope="module")
+def whisper_dir(tmp_path_factory):
+    from omni_stream.models.whisper.checkpoint import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("whisper"))
+
+
+def silence(ms: int) -> np.ndarray:
+    return np.zeros(RATE * ms // 1000, np.int16)
+
+
+async def transcribe(engine: AsyncEngine, samples: np.ndarray) -> str:
+    """A transcription of ``samples`` (int16 at 24 kHz) on its own, as the session asks for one."""
+    rate = engine.models.get(ModelKind.TRANSCRIPTION).info.sample_rate
+    request = TranscriptionRequest(_asr_input(samples, rate), rate, max_tokens=MAX_TOKENS)
+    parts = []
+    async with engine.generate(request) as stream:
+        async for out in stream:
+            if isinstance(out.chunk, TextDelta):
+                parts.append(out.chunk.text)
+    return "".join(parts).strip()
+
+
+async def test_the_committed_transcript_is_the_speculation_at_the_pause_and_equals_a_whole_transcription(whisper_dir):
+    engine = await AsyncEngine.load({"asr": ModelSource(whisper_dir, kind=ModelKind.TRANSCRIPTION)}, progress=False)
+    settings = Settings(realtime_transcription_max_tokens=MAX_TOKENS)
+    audio = np.concatenate(
+        [silence(300), espeak("What is the weather like in"), silence(600), espeak("Paris today?"), silence(1500)]
+    )
+    async with engine:
+        async with RealtimeSession(engine, settings, session_type=SessionType.TRANSCRIPTION) as session:
+            commands: list = []
+            committed: list[np.ndarray] = []
+            execute, commit = session._execute, session.protocol._commit_samples
+
+            def record_commands(cmds):
+                commands.extend(cmds)
+                return execute(cmds)
+
+            def record_commit(samples, item_id, spec=None):
+                committed.append(samples.copy())
+                return commit(samples, item_id, spec)
+
+            session._execute = record_commands  # type: ignore[method-assign]
+            session.protocol._commit_samples = record_commit  # type: ignore[method-assign]
+            vad = TurnDetection(
+                VadParams(silence_duration_ms=1000)
+            )  # the gap inside the sentence is a pause, not an end
+            await session.client_event(SessionUpdate(None, SessionPatch(turn_detection=vad)))
+            events = []
+            with anyio.fail_after(60):
+                for i in range(0, audio.size, RATE // 10):
+                    await session.client_event(InputAudioAppend(None, audio[i : i + RATE // 10].tobytes()))
+                    while True:  # what the client has been sent so far
+                        try:
+                            events.append(session.outgoing.receive_nowait())
+                        except anyio.WouldBlock:
+                            break
+                async for event in session.outgoing:
+                    events.append(event)
+                    if event.type == "conversation.item.input_audio_transcription.completed":
+                        break
+            live = session.live()
+        types = [e.type for e in events]
+        assert types.count("input_audio_buffer.committed") == 1
+        commit_at = types.index("input_audio_buffer.committed")
+        assert not any("transcription" in t for t in types[:commit_at])  # nothing speculative before the commit
+        item_id = events[commit_at].body["item_id"]
+        assert all(e.body.get("item_id", item_id) == item_id for e in events)  # no speculation's id ever went out
+        specs = [c for c in commands if isinstance(c, Transcribe)]
+        assert len(specs) >= 2 and all(c.item_id != item_id for c in specs)  # the item itself was never sent to ASR
+        assert CancelTranscription(specs[0].item_id) in commands  # the pause inside the sentence was not the end
+        [samples] = committed
+        assert np.array_equal(specs[-1].samples, samples)  # the last pause's speculation heard exactly the turn
+        completed = events[-1].body["transcript"]
+        assert completed and completed == await transcribe(engine, samples)
+        assert live["engine_requests"] == 0 and live["transcriptions"] == 0
