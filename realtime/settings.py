@@ -9,6 +9,8 @@ from typing import Any
 
 import platformdirs
 
+from omni_stream.realtime.agent.events import MAX_TEXT_CHARS
+
 SPEECH_FORMATS = ("wav", "pcm", "flac", "mp3", "opus", "aac")
 STREAM_FORMATS = ("pcm", "wav")
 
@@ -99,6 +101,7 @@ class Settings:
     realtime_max_append_bytes: int = 15 * 1024 * 1024  # decoded audio per input_audio_buffer.append
     realtime_max_buffer_seconds: float = 300.0  # input audio a session holds before a commit
     realtime_max_items: int = 256  # conversation items kept (the oldest go first)
+    realtime_max_text_chars: int = MAX_TEXT_CHARS  # characters of one text part of a conversation item
     realtime_session_seconds: float = 3600.0  # then error session_expired and close
     realtime_run_ahead_seconds: float = 2.0  # audio sent ahead of the client's real-time playback
     # Tokens a turn's transcript may take (None: the model's own budget). Benchmarks bound it: a random-weight ASR

@@ -84,6 +84,7 @@ def running_server(
     llm: Path | None = None,
     load: Any = None,
     ws_deflate: bool = False,
+    start_timeout: float = 30.0,
     **engine_options: Any,
 ) -> Iterator[LiveServer]:
     """Serve ``checkpoint`` (and the text model ``llm``, if given; or the engine the async factory ``load``
@@ -102,7 +103,7 @@ def running_server(
     server = GracefulServer(config, app.state.omni)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="test-uvicorn")
     thread.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + start_timeout
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
             raise RuntimeError("the test server did not start")
@@ -113,6 +114,17 @@ def running_server(
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
+
+
+@contextlib.contextmanager
+def default_server(settings: Settings | None = None) -> Iterator[LiveServer]:
+    """What ``omni-stream serve`` with no arguments serves: the embedded tiny model of every kind."""
+
+    async def load() -> AsyncEngine:
+        return await AsyncEngine.load(None, progress=False)
+
+    with running_server(None, settings, load=load, start_timeout=180.0) as live:
+        yield live
 
 
 @contextlib.contextmanager

@@ -59,7 +59,7 @@ async def test_speech_during_a_response_releases_its_tts_and_llm_before_their_ne
 
     monkeypatch.setattr(RequestStream, "abort", abort)
     client = AsyncOpenAI(api_key="x", base_url=f"{agent.url}/v1", websocket_base_url=f"{agent.ws_url}/v1")
-    async with client.realtime.connect(model="synthetic-tts") as conn:
+    async with client.realtime.connect(model="synthetic-lm") as conn:
         assert (await conn.recv()).type == "session.created"
         samples = spoken_words(["three"])
         for i in range(0, samples.size, 2400):

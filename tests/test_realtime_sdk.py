@@ -87,7 +87,7 @@ async def connect_manual(conn) -> None:
 
 
 async def test_manual_commit_and_response_create_stream_audio_and_complete(agent):
-    async with client(agent).realtime.connect(model="synthetic-tts") as conn:
+    async with client(agent).realtime.connect(model="synthetic-lm") as conn:
         await connect_manual(conn)
         await append(conn, spoken_words(["three"], lead_ms=300, tail_ms=300))  # 1 s of PCM16
         await conn.input_audio_buffer.commit()
@@ -127,7 +127,7 @@ async def test_manual_commit_and_response_create_stream_audio_and_complete(agent
 async def test_server_vad_on_a_spoken_utterance_answers_without_response_create(which, request):
     agent = request.getfixturevalue("agent" if which == "doubles" else "real_agent")
     speech = framed(espeak("Hello there. How are you today?"))
-    async with client(agent).realtime.connect(model="synthetic-tts") as conn:
+    async with client(agent).realtime.connect(model="synthetic-lm") as conn:
         await conn.recv(), await conn.recv()
         vad = {"type": "server_vad", "threshold": 0.5, "silence_duration_ms": 500, "prefix_padding_ms": 300}
         # a short answer: a random-weight ASR transcribes at length, and the answer's audio is paced in real time
@@ -156,7 +156,7 @@ async def test_server_vad_on_a_spoken_utterance_answers_without_response_create(
 
 
 async def test_text_only_output_streams_text(agent):
-    async with client(agent).realtime.connect(model="synthetic-tts") as conn:
+    async with client(agent).realtime.connect(model="synthetic-lm") as conn:
         await connect_manual(conn)
         await conn.session.update(session={"type": "realtime", "output_modalities": ["text"]})
         await until(conn, "session.updated")
@@ -175,7 +175,7 @@ async def test_text_only_output_streams_text(agent):
 
 async def test_response_cancel_stops_the_audio_and_frees_the_models(agent):
     long = " ".join(["This sentence is long enough to speak for a while."] * 12)
-    async with client(agent).realtime.connect(model="synthetic-tts") as conn:
+    async with client(agent).realtime.connect(model="synthetic-lm") as conn:
         await connect_manual(conn)
         await conn.conversation.item.create(
             item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": long}]}
@@ -196,7 +196,7 @@ async def test_response_cancel_stops_the_audio_and_frees_the_models(agent):
 
 
 async def test_truncate_cuts_a_finished_assistant_item(agent):
-    async with client(agent).realtime.connect(model="synthetic-tts") as conn:
+    async with client(agent).realtime.connect(model="synthetic-lm") as conn:
         await connect_manual(conn)
         await conn.conversation.item.create(
             item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "One. Two. Three."}]}
@@ -215,7 +215,7 @@ async def test_truncate_cuts_a_finished_assistant_item(agent):
 
 
 async def test_bad_input_gets_error_events_with_codes_and_the_session_stays_usable(agent):
-    async with client(agent).realtime.connect(model="synthetic-tts") as conn:
+    async with client(agent).realtime.connect(model="synthetic-lm") as conn:
         await connect_manual(conn)
         bad = [
             ({"type": "foo"}, "unknown_event"),
@@ -257,7 +257,7 @@ async def test_g711_both_ways(agent):
     from omni_stream.codecs.g711 import ulaw_decode, ulaw_encode
     from omni_stream.codecs.resample import resample
 
-    async with client(agent).realtime.connect(model="synthetic-tts") as conn:
+    async with client(agent).realtime.connect(model="synthetic-lm") as conn:
         await conn.recv(), await conn.recv()
         fmt = {"type": "audio/pcmu"}
         await conn.session.update(
@@ -291,13 +291,13 @@ def keyed(tmp_path_factory):
 
 
 async def test_auth_as_on_every_v1_route_sdk_header_or_browser_subprotocol(keyed):
-    async with client(keyed, "sekret").realtime.connect(model="m") as conn:
+    async with client(keyed, "sekret").realtime.connect(model="synthetic-lm") as conn:
         assert (await conn.recv()).type == "session.created"
     with pytest.raises(Exception) as info:
-        async with client(keyed, "wrong").realtime.connect(model="m") as conn:
+        async with client(keyed, "wrong").realtime.connect(model="synthetic-lm") as conn:
             await conn.recv()
     assert "403" in str(info.value) or "1008" in str(info.value) or "rejected" in str(info.value).lower()
-    url = f"{keyed.ws_url}/v1/realtime?model=m"
+    url = f"{keyed.ws_url}/v1/realtime?model=synthetic-lm"
     async with websockets.connect(url, subprotocols=["realtime", "openai-insecure-api-key.sekret"]) as ws:
         assert ws.subprotocol == "realtime"  # the key-free one is echoed
         assert json.loads(await ws.recv())["type"] == "session.created"
@@ -341,7 +341,7 @@ def test_serve_flags_set_the_webrtc_ice_servers_and_limit():
 async def test_a_transcription_session_streams_asr_deltas_and_makes_no_response(real_agent):
     """session.type "transcription" on the real speech-input models: the turn is transcribed, nothing answers."""
     speech = framed(espeak("Good morning to you."))
-    async with client(real_agent).realtime.connect(model="synthetic-tts") as conn:
+    async with client(real_agent).realtime.connect(model="synthetic-lm") as conn:
         await conn.recv(), await conn.recv()
         vad = {"type": "server_vad", "threshold": 0.5, "silence_duration_ms": 500, "prefix_padding_ms": 300}
         await conn.session.update(session={"type": "transcription", "audio": {"input": {"turn_detection": vad}}})

@@ -19,10 +19,12 @@ from enum import Enum, StrEnum
 from typing import Any, TypeAlias
 
 from omni_stream.errors import InvalidRequestError
+from omni_stream.realtime.common.json_fields import type_name
 from omni_stream.turns.rules import Eagerness, TurnRule, TurnType
 from omni_stream.turns.vad import VadParams
 
 MAX_APPEND_BYTES = 15 * 1024 * 1024  # decoded audio per input_audio_buffer.append (OpenAI's limit)
+MAX_TEXT_CHARS = 32_768  # characters of one text part of a conversation item (as for instructions)
 
 
 class RealtimeError(Exception):
@@ -465,12 +467,12 @@ def decode_audio_field(value: Any, param: str, max_bytes: int) -> bytes:
     return data
 
 
-def _part(value: Any, param: str, max_bytes: int) -> NewPart:
+def _part(value: Any, param: str, max_bytes: int, max_text: int) -> NewPart:
     body = _obj(value, param)
     kind = body.get("type")
     if kind in ("input_text", "text", "output_text"):
         part_type = PartType.OUTPUT_TEXT if kind == "output_text" else PartType.INPUT_TEXT
-        return NewPart(part_type, text=_str(body.get("text"), f"{param}.text"))
+        return NewPart(part_type, text=_str(body.get("text"), f"{param}.text", limit=max_text))
     if kind == "input_audio":
         audio = decode_audio_field(body.get("audio"), f"{param}.audio", max_bytes)
         transcript = body.get("transcript")
@@ -480,7 +482,8 @@ def _part(value: Any, param: str, max_bytes: int) -> NewPart:
     )
 
 
-def parse_item(value: Any, max_bytes: int) -> NewItem:
+def parse_item(value: Any, max_bytes: int, max_text: int = MAX_TEXT_CHARS) -> NewItem:
+    """A ``conversation.item.create`` item; text parts hold at most ``max_text`` characters."""
     body = _obj(value, "item")
     if body.get("type", "message") != "message":
         raise RealtimeError("invalid_value", "only message items are supported", "item.type")
@@ -490,7 +493,7 @@ def parse_item(value: Any, max_bytes: int) -> NewItem:
     content = body.get("content")
     if not isinstance(content, list) or not content:
         raise RealtimeError("invalid_value", "item.content must be a non-empty list", "item.content")
-    parts = tuple(_part(p, f"item.content[{i}]", max_bytes) for i, p in enumerate(content))
+    parts = tuple(_part(p, f"item.content[{i}]", max_bytes, max_text) for i, p in enumerate(content))
     for i, part in enumerate(parts):
         allowed = (PartType.OUTPUT_TEXT,) if role == "assistant" else (PartType.INPUT_TEXT, PartType.INPUT_AUDIO)
         if role == "system":
@@ -535,7 +538,11 @@ def _response_options(value: Any, max_instructions: int) -> ResponseOptions:
 
 
 def parse_client_event(
-    text: str | bytes | None, *, max_append_bytes: int = MAX_APPEND_BYTES, max_instructions: int = 32_768
+    text: str | bytes | None,
+    *,
+    max_append_bytes: int = MAX_APPEND_BYTES,
+    max_instructions: int = 32_768,
+    max_text_chars: int = MAX_TEXT_CHARS,
 ) -> ClientEvent:
     """One client message -> its typed event; RealtimeError (``invalid_json``, ``unknown_event``, ...) otherwise.
 
@@ -552,14 +559,21 @@ def parse_client_event(
     raw_id = body.get("event_id")
     event_id = raw_id if isinstance(raw_id, str) and len(raw_id) <= 128 else None
     try:
-        return _parse(body, event_id, max_append_bytes, max_instructions)
+        return _parse(body, event_id, max_append_bytes, max_instructions, max_text_chars)
     except RealtimeError as exc:
         exc.event_id = event_id
         raise
 
 
-def _parse(body: dict[str, Any], event_id: str | None, max_bytes: int, max_instructions: int) -> ClientEvent:
+def _parse(
+    body: dict[str, Any], event_id: str | None, max_bytes: int, max_instructions: int, max_text: int
+) -> ClientEvent:
     kind = body.get("type")
+    if not isinstance(kind, str):
+        got = "none" if kind is None else type_name(kind)
+        raise RealtimeError(
+            "invalid_value", f"a client event needs a string 'type' (e.g. 'session.update'), got {got}", "type"
+        )
     if kind == "input_audio_buffer.append":
         return InputAudioAppend(event_id, decode_audio_field(body.get("audio"), "audio", max_bytes))
     if kind == "session.update":
@@ -573,7 +587,7 @@ def _parse(body: dict[str, Any], event_id: str | None, max_bytes: int, max_instr
     if kind == "conversation.item.create":
         previous = body.get("previous_item_id")
         previous = None if previous is None else _str(previous, "previous_item_id", limit=64)
-        return ItemCreate(event_id, parse_item(body.get("item"), max_bytes), previous)
+        return ItemCreate(event_id, parse_item(body.get("item"), max_bytes, max_text), previous)
     if kind == "conversation.item.delete":
         return ItemDelete(event_id, _str(body.get("item_id"), "item_id", limit=64))
     if kind == "conversation.item.retrieve":
@@ -590,5 +604,5 @@ def _parse(body: dict[str, Any], event_id: str | None, max_bytes: int, max_instr
     if kind == "response.cancel":
         rid = body.get("response_id")
         return ResponseCancel(event_id, None if rid is None else _str(rid, "response_id", limit=64))
-    shown = kind if isinstance(kind, str) and len(kind) <= 64 else type(kind).__name__
+    shown = kind if len(kind) <= 64 else f"{kind[:64]}..."
     raise RealtimeError("unknown_event", f"unknown client event type {shown!r}", "type")

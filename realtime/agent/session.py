@@ -110,10 +110,11 @@ def capabilities(
     model: str | None = None,
     turn_model_factory: TurnModelFactory | None = None,
 ) -> Capabilities:
-    """What ``engine`` offers a realtime session."""
+    """What ``engine`` offers a realtime session; its ``model`` (None: the text model, the agent's mind) names it."""
     models = engine.models
     speech = models.speech().info if ModelKind.SPEECH in models else None
-    name = model or (speech.model_name if speech is not None else next(iter(models)).info.model_name)
+    named = models.get(ModelKind.TEXT) if ModelKind.TEXT in models else next(iter(models))
+    name = model or named.info.model_name
     return Capabilities(
         model=name,
         voices=speech.voices if speech is not None else (),
@@ -255,6 +256,7 @@ class RealtimeSession:
             text,
             max_append_bytes=self.settings.realtime_max_append_bytes,
             max_instructions=self.protocol.limits.max_instructions,
+            max_text_chars=self.settings.realtime_max_text_chars,
         )
 
     async def client_event(self, event: ClientEvent) -> None:

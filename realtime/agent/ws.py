@@ -1,6 +1,7 @@
 """WS /v1/realtime: the OpenAI Realtime GA subset over a WebSocket, a thin shell around the voice agent.
 
-The handshake accepts what the official SDK sends (``Authorization`` header, ``?model=``) and what browsers
+The handshake accepts what the official SDK sends (``Authorization`` header, ``?model=``: the text model's name, or
+none; any other name gets an ``error`` event with code ``model_not_found`` and a 1008 close) and what browsers
 send (subprotocols ``realtime`` and ``openai-insecure-api-key.KEY``: the key-free one is echoed; the key is
 checked by the API-key middleware like on every ``/v1`` route). Then one task reads client messages into the
 session while another writes the session's events out; either side ending ends both, and leaving the session
@@ -13,10 +14,12 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import secrets
 
 import anyio
 from starlette.websockets import WebSocket
 
+from omni_stream.family import ModelKind
 from omni_stream.realtime.agent.events import SessionType
 from omni_stream.realtime.agent.outputs import ServerEvent
 from omni_stream.realtime.agent.session import RealtimeSession, SessionClose
@@ -25,7 +28,7 @@ from omni_stream.realtime.state import ServerState
 
 log = logging.getLogger("omni_stream.realtime.ws")
 
-CLOSE_NORMAL, CLOSE_GOING_AWAY = 1000, 1001
+CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLICY = 1000, 1001, 1008
 ENCODE_OFF_LOOP_BYTES = 64 * 1024  # audio deltas larger than this are base64-encoded in a worker thread
 
 
@@ -37,14 +40,41 @@ def to_json(event: ServerEvent) -> str:
     return json.dumps(body, ensure_ascii=False)
 
 
+def served_models(state: ServerState, kind: SessionType) -> tuple[str, ...]:
+    """The names ``?model=`` may carry: the text model's (a transcription session: the transcription model's too)."""
+    names = state.served_models(ModelKind.TEXT)
+    return state.served_models(ModelKind.TRANSCRIPTION) + names if kind is SessionType.TRANSCRIPTION else names
+
+
+def model_not_found(model: str, served: tuple[str, ...]) -> str:
+    """The ``error`` event for a ``?model=`` this server does not serve (then the socket closes with 1008)."""
+    known = f"this server's realtime model: {', '.join(served)}" if served else "this server has no text model"
+    error = {
+        "type": "invalid_request_error",
+        "code": "model_not_found",
+        "message": f"The model `{model}` does not exist ({known})",
+        "param": "model",
+        "event_id": None,
+    }
+    return json.dumps({"type": "error", "event_id": f"event_{secrets.token_hex(8)}", "error": error})
+
+
 async def realtime_endpoint(websocket: WebSocket) -> None:
     state: ServerState = websocket.app.state.omni
     await accept(websocket)
     intent = websocket.query_params.get("intent")
     kind = SessionType.TRANSCRIPTION if intent == "transcription" else SessionType.REALTIME
-    session = RealtimeSession(
-        state.ready_engine, state.settings, session_type=kind, model=websocket.query_params.get("model")
-    )
+    model = websocket.query_params.get("model") or None  # ?model= with nothing after it: not named
+    served = served_models(state, kind)
+    if model is not None and model not in served:
+        try:
+            await websocket.send_text(model_not_found(model, served))
+        except Exception as exc:
+            if not is_gone(exc):
+                raise
+        await close_quietly(websocket, CLOSE_POLICY)
+        return
+    session = RealtimeSession(state.ready_engine, state.settings, session_type=kind, model=model)
     close_code: int | None = None
     async with registered(state, session, "realtime"):
         try:

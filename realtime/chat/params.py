@@ -68,7 +68,7 @@ def _number(body: dict[str, Any], key: str, lo: float, hi: float) -> float | Non
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise bad_request(f"'{key}' must be a number, got {type_name(value)}", key)
+        raise bad_request(f"'{key}' must be a number between {lo:g} and {hi:g}, got {type_name(value)}", key)
     if not lo <= value <= hi:
         raise bad_request(f"'{key}' must be between {lo:g} and {hi:g}, got {value}", key)
     return float(value)

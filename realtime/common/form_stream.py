@@ -85,6 +85,8 @@ class _Collector:
         self._header_value = b""
         self._n_files = 0
         self._n_fields = 0
+        self.open_part: str | None = None  # the part whose bytes are being read (None between parts)
+        self.ended = False  # the closing boundary was seen
 
     def on_part_begin(self) -> None:
         self.part = _Part()
@@ -104,6 +106,7 @@ class _Collector:
         if b"name" not in options:
             raise bad_request('Invalid multipart body: a part has no Content-Disposition "name"')
         self.part.name = options[b"name"].decode("utf-8", "replace")
+        self.open_part = self.part.name
         if b"filename" in options:
             self.part.filename = options[b"filename"].decode("utf-8", "replace")
             self._n_files += 1
@@ -137,9 +140,10 @@ class _Collector:
                 )
             )
         self.part = _Part()
+        self.open_part = None
 
     def on_end(self) -> None:
-        pass
+        self.ended = True
 
 
 async def read_form(request: Request, limits: FormLimits) -> Form:
@@ -160,4 +164,10 @@ async def read_form(request: Request, limits: FormLimits) -> Form:
         parser.finalize()
     except FormParserError as exc:
         raise bad_request(f"Invalid multipart body: {exc}") from exc
+    if not collector.ended:  # python-multipart's finalize() accepts a body that stops short
+        where = f" inside the part '{collector.open_part}'" if collector.open_part else ""
+        raise bad_request(
+            f"Invalid multipart body: it was truncated{where} (it ended before its closing boundary)",
+            collector.open_part,
+        )
     return Form(tuple(collector.fields), tuple(collector.files))

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from omni_stream.realtime.common.errors import bad_request
 
 
 def type_name(value: Any) -> str:
-    """The JSON name of ``value``'s type (``boolean``, ``integer``, ``number``, ``string``, ``array``, ``object``)."""
+    """The JSON name of ``value``'s type (``boolean``, ``integer``, ``number``, ``string``, ``array``, ``object``);
+    the non-finite numbers Python's JSON reader accepts are named as written (``NaN``, ``Infinity``, ``-Infinity``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}.get(
         type(value), type(value).__name__
     )

@@ -34,7 +34,10 @@ def _open(data: bytes, param: str, max_pixels: int) -> Any:
                     f"'{param}' is {width}x{height} pixels: more than the limit of {max_pixels} pixels", param
                 )
             image.load()
-    except (PILImage.UnidentifiedImageError, PILImage.DecompressionBombError, PILImage.DecompressionBombWarning):
+    except (PILImage.DecompressionBombError, PILImage.DecompressionBombWarning):
+        # Pillow refuses a huge header before we read its size: the limit named is ours
+        raise bad_request(f"'{param}' has more pixels than the limit of {max_pixels} pixels", param) from None
+    except PILImage.UnidentifiedImageError:
         raise bad_request(f"'{param}' is not a PNG, JPEG or WebP image", param) from None
     except (OSError, ValueError, SyntaxError) as exc:  # truncated or corrupt data
         raise bad_request(f"'{param}' could not be decoded: {exc}", param) from None

@@ -78,8 +78,16 @@ def decode_image(url: str) -> np.ndarray:
                     f"image_reference is larger than {MAX_IMAGE_PIXELS} pixels", "image_reference"
                 )
             return np.asarray(image.convert("RGB"), dtype=np.uint8).copy()
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
-        raise InvalidRequestError(f"image_reference is not a readable image ({exc})", "image_reference") from None
+    except Image.DecompressionBombError:
+        raise InvalidRequestError(
+            f"image_reference is larger than {MAX_IMAGE_PIXELS} pixels", "image_reference"
+        ) from None
+    except UnidentifiedImageError:  # its message shows the buffer object, not the data: say what was expected
+        raise InvalidRequestError(
+            "image_reference is not an image file (PNG, JPEG, WebP, ...)", "image_reference"
+        ) from None
+    except OSError as exc:  # truncated or corrupt data
+        raise InvalidRequestError(f"image_reference could not be decoded: {exc}", "image_reference") from None
 
 
 class VideoSession:

@@ -1,0 +1,139 @@
+"""What a new user meets on ``omni-stream serve`` with no arguments (every kind's embedded tiny model): every
+route answers, and bad input gets a message that names what is wrong, never an internal detail."""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+import zlib
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from serving_helpers import LiveServer, default_server
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from omni_stream.family import ModelKind
+from omni_stream.realtime.settings import Settings
+
+pytest.importorskip("diffusers", reason="needs the [image] and [video] extras (diffusers)")
+
+
+@pytest.fixture(scope="module")
+def live() -> Iterator[LiveServer]:
+    with default_server(Settings(video_start_timeout=5.0)) as server:
+        yield server
+
+
+def text_model(live: LiveServer) -> str:
+    return live.engine.models.get(ModelKind.TEXT).info.model_name
+
+
+def png_header_only(width: int, height: int) -> bytes:
+    """A PNG whose header says ``width`` x ``height`` (its one row of pixel data is all a decoder would reach)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0")) + chunk(b"IEND", b"")
+
+
+def multipart(fields: dict[str, str], files: dict[str, bytes], boundary: str = "b0undary") -> bytes:
+    out = b""
+    for name, value in fields.items():
+        out += f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+    for name, data in files.items():
+        head = f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="x.png"\r\n'
+        out += (head + "Content-Type: image/png\r\n\r\n").encode() + data + b"\r\n"
+    return out + f"--{boundary}--\r\n".encode()
+
+
+def realtime_events(ws, until: str, limit: int = 50) -> list[dict]:
+    events = []
+    for _ in range(limit):
+        events.append(json.loads(ws.recv(timeout=20)))
+        if events[-1]["type"] == until:
+            return events
+    raise AssertionError(f"no {until} in {[e['type'] for e in events]}")
+
+
+# --- messages that named the wrong thing -----------------------------------------------------------------------------
+
+
+def test_a_nan_temperature_is_named_as_nan_not_as_a_number(live):
+    body = '{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}'
+    response = httpx.post(f"{live.url}/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] == "temperature"
+    assert "NaN" in error["message"] and "got number" not in error["message"], error
+
+
+def test_an_empty_realtime_event_says_its_type_is_missing(live):
+    with connect(f"{live.ws_url}/v1/realtime") as ws:
+        realtime_events(ws, "conversation.created")
+        ws.send("{}")
+        error = realtime_events(ws, "error")[-1]["error"]
+    assert error["param"] == "type" and "NoneType" not in error["message"], error
+    assert "'type'" in error["message"]
+
+
+def test_a_bad_video_image_reference_shows_no_python_object(live):
+    with connect(f"{live.ws_url}/v1/realtime/video") as ws:
+        url = "data:image/png;base64," + base64.b64encode(b"not a picture at all").decode()
+        ws.send(json.dumps({"type": "session.start", "prompt": "a kite", "image_reference": url}))
+        error = json.loads(ws.recv(timeout=20))
+    assert error["type"] == "error" and error["param"] == "image_reference", error
+    assert "object at 0x" not in error["message"] and "BytesIO" not in error["message"], error
+
+
+def test_an_image_over_the_pixel_limit_is_named_as_such(live):
+    limit = live.state.settings.max_image_pixels
+    body = multipart({"prompt": "snow"}, {"image": png_header_only(30000, 30000)})
+    headers = {"content-type": "multipart/form-data; boundary=b0undary"}
+    response = httpx.post(f"{live.url}/v1/images/edits", content=body, headers=headers)
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] == "image", error
+    assert "not a PNG" not in error["message"] and str(limit) in error["message"], error
+
+
+def test_a_multipart_body_cut_inside_a_file_says_it_was_truncated(live):
+    png = png_header_only(64, 64) + b"\0" * 4096
+    body = multipart({"prompt": "snow"}, {"image": png})
+    cut = body[: body.index(b"\0" * 64) + 100]  # inside the image's bytes
+    headers = {"content-type": "multipart/form-data; boundary=b0undary"}
+    response = httpx.post(f"{live.url}/v1/images/edits", content=cut, headers=headers)
+    error = response.json()["error"]
+    assert response.status_code == 400 and "truncated" in error["message"], error
+    assert "is required" not in error["message"]
+
+
+def test_a_huge_realtime_text_item_is_refused_with_its_limit(live):
+    limit = live.state.settings.realtime_max_text_chars
+    with connect(f"{live.ws_url}/v1/realtime", max_size=None) as ws:
+        realtime_events(ws, "conversation.created")
+        item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a" * 1_000_000}]}
+        ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
+        error = realtime_events(ws, "error")[-1]["error"]
+        item["content"][0]["text"] = "a" * limit  # at the limit: accepted
+        ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
+        assert realtime_events(ws, "conversation.item.added")[-1]["type"] == "conversation.item.added"
+    assert error["code"] == "invalid_value" and error["param"] == "item.content[0].text", error
+    assert str(limit) in error["message"]
+
+
+def test_an_unknown_realtime_model_is_model_not_found(live):
+    with connect(f"{live.ws_url}/v1/realtime?model=no-such-model") as ws:
+        event = json.loads(ws.recv(timeout=20))
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=20)
+    assert event["type"] == "error" and event["error"]["code"] == "model_not_found", event
+    assert event["error"]["param"] == "model" and text_model(live) in event["error"]["message"]
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+    with connect(f"{live.ws_url}/v1/realtime?model={text_model(live)}") as ws:
+        created = json.loads(ws.recv(timeout=20))
+    assert created["type"] == "session.created" and created["session"]["model"] == text_model(live)
+    with connect(f"{live.ws_url}/v1/realtime") as ws:  # omitted: the agent's text model
+        assert json.loads(ws.recv(timeout=20))["session"]["model"] == text_model(live)
