@@ -53,7 +53,7 @@ def test_the_page_hears_a_turn_and_plays_the_agents_answer(page_env):
         page.goto(f"{live.url}/realtime", wait_until="load")
         # the model's name and /rtc/config arrive one after the other: wait for both
         page.wait_for_function("window.agent.model !== null && window.agent.rtcAvailable !== null", timeout=TIMEOUT_MS)
-        assert "synthetic-tts" in page.locator("#model").inner_text()
+        assert "synthetic-lm" in page.locator("#model").inner_text()  # the agent's text model
         rtc_offered = page.locator("#transport option[value=rtc]").evaluate("o => !o.disabled")
         assert rtc_offered == page.evaluate("window.agent.rtcAvailable")
         assert rtc_offered == (importlib.util.find_spec("fastrtc") is not None)  # /rtc/config says

@@ -1,8 +1,9 @@
 // The demo page: speaks the typed text over WS /v1/audio/speech/stream and plays the PCM16 frames gaplessly
 // through an AudioWorklet. Counters are mirrored on window.__demo so browser tests can read them.
 
+import { authHeaders, refusedKey, socketProtocols, watchKey } from "./server-access.js";
+
 const $ = (id) => document.getElementById(id);
-const KEY_PROTOCOL = "openai-insecure-api-key.";
 const STREAM_RATE = 24000; // the server's PCM rate unless /v1/models or audio.start say otherwise
 
 const demo = {
@@ -32,13 +33,8 @@ let playerRate = null;
 
 // --- server info ---
 
-function headers() {
-  const key = $("key").value.trim();
-  return key ? { Authorization: `Bearer ${key}` } : {};
-}
-
 async function getJson(path) {
-  const response = await fetch(path, { headers: headers() });
+  const response = await fetch(path, { headers: authHeaders($("key").value.trim()) });
   const body = await response.json().catch(() => null);
   if (!response.ok) {
     const message = body?.error?.message ?? response.statusText;
@@ -141,9 +137,9 @@ function speak(text) {
   const url = new URL("v1/audio/speech/stream", location.href);
   url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
   let ws;
+  let opened = false;
   try {
-    // The key rides in a subprotocol (browsers cannot set headers); "realtime" beside it is the one echoed.
-    ws = new WebSocket(url, key ? ["realtime", KEY_PROTOCOL + key] : []);
+    ws = new WebSocket(url, socketProtocols(key));
   } catch (err) {
     fail(`Cannot connect: ${err.message}`);
     return;
@@ -154,6 +150,7 @@ function speak(text) {
   if (demo.model) config.model = demo.model;
   if ($("voice").value) config.voice = $("voice").value;
   ws.onopen = () => {
+    opened = true;
     send(ws, config);
     send(ws, { type: "input.text", text });
     send(ws, { type: "input.done" });
@@ -164,14 +161,15 @@ function speak(text) {
     if (typeof event.data === "string") onEvent(JSON.parse(event.data));
     else onAudio(event.data);
   };
-  ws.onclose = (event) => {
+  ws.onclose = async (event) => {
     if (ws !== socket) return;
     socket = null;
     if (!finished) {
       finished = true;
       toPlayer({ type: "end" });
       const reason = event.reason ? `: ${event.reason}` : "";
-      fail(`Connection closed before the speech finished (code ${event.code}${reason})`);
+      const refused = opened ? null : await refusedKey(key);
+      fail(refused ?? `Connection closed before the speech finished (code ${event.code}${reason})`);
     }
   };
 }
@@ -280,7 +278,7 @@ $("form").addEventListener("submit", (event) => {
   if (text) speak(text);
 });
 $("stop").addEventListener("click", stop);
-$("key").addEventListener("change", () => {
+watchKey($("key"), () => {
   $("errors").replaceChildren();
   demo.errors = [];
   loadServerInfo();

@@ -6,20 +6,26 @@
 // not played and tells the server what was heard (conversation.item.truncate), as OpenAI clients do.
 // With the WebRTC transport the page sends its microphone track to the fastrtc stream under /rtc (data channel
 // first: the server waits for it) and plays the agent's track; the data channel's logs drive the status.
+// The model line names the agent's text model (the one ?model= names) and the speech model it speaks with; it and
+// the voice list load again once an API key is typed. A response that fails, and a key the server refuses, are
+// shown as such.
 // window.agent holds the page's state for tests.
+
+import { authHeaders, refusedKey, socketProtocols, watchKey } from "./server-access.js";
 
 const RATE = 24000;
 const $ = (id) => document.getElementById(id);
 const agent = (window.agent = {
   state: "idle",
-  model: null,
+  model: null, // the text model's id (null until /v1/models has answered)
+  voices: [],
   events: [],
   errors: [],
   sentSamples: 0,
   receivedSamples: 0,
   samplesPlayed: 0,
   latencyMs: null,
-  turns: [], // {role, text, cancelled}
+  turns: [], // {role, text, cancelled, status}
   transport: "ws",
   logs: [], // WebRTC data-channel logs
   rtcState: null,
@@ -59,7 +65,7 @@ function render() {
 }
 
 function addTurn(role, text = "") {
-  const turn = { role, text, cancelled: false };
+  const turn = { role, text, cancelled: false, status: null };
   agent.turns.push(turn);
   const li = document.createElement("li");
   li.className = role;
@@ -68,26 +74,34 @@ function addTurn(role, text = "") {
   return { li, turn };
 }
 
-function headers() {
-  const key = $("key").value.trim();
-  return key ? { Authorization: `Bearer ${key}` } : {};
-}
+const key = () => $("key").value.trim();
+let infoKey = null; // the key the model line and the voices were loaded with
 
 async function loadInfo() {
+  const used = key();
+  infoKey = used;
   try {
-    const models = await fetch("v1/models", { headers: headers() });
-    if (models.ok) {
-      const body = await models.json();
-      agent.model = body.data?.[0]?.id ?? null;
-      $("model").textContent = agent.model ?? "unknown";
+    const models = await fetch("v1/models", { headers: authHeaders(used) });
+    if (models.status === 401) {
+      agent.model = null;
+      $("model").textContent = used ? "the API key was refused" : "enter the API key (the server needs one)";
+      if (used) showError(await refusedKey(used));
+    } else if (models.ok) {
+      const data = (await models.json()).data ?? [];
+      const text = data.find((m) => m.kind === "text");
+      const speech = data.find((m) => m.kind === "speech");
+      agent.model = text?.id ?? null;
+      const voice = speech ? `, speaking with ${speech.id}` : "";
+      $("model").textContent = text ? `${text.id}${voice}` : "no text model loaded: the agent cannot answer";
     }
     const rtcConfig = await fetch("rtc/config");
     const rtcAvailable = rtcConfig.ok && (await rtcConfig.json()).available;
     $("transport").querySelector("option[value=rtc]").disabled = !rtcAvailable; // no fastrtc on this server
     agent.rtcAvailable = Boolean(rtcAvailable);
-    const voices = await fetch("v1/audio/voices", { headers: headers() });
+    const voices = await fetch("v1/audio/voices", { headers: authHeaders(used) });
     if (voices.ok) {
-      const names = (await voices.json()).voices ?? [];
+      agent.voices = (await voices.json()).voices ?? [];
+      const names = agent.voices;
       $("voice").replaceChildren(new Option("(model default)", ""), ...names.map((n) => new Option(n, n)));
     }
   } catch (err) {
@@ -213,14 +227,18 @@ function onEvent(event) {
       render();
       break;
     }
-    case "response.done":
-      if (current && event.response.status === "cancelled") {
-        current.turn.cancelled = true;
-        current.li.classList.add("cancelled");
+    case "response.done": {
+      const { status, status_details: details } = event.response;
+      if (current) {
+        current.turn.status = status;
+        current.turn.cancelled = status === "cancelled";
+        if (status !== "completed") current.li.classList.add(status); // cancelled, failed or incomplete
       }
+      if (status === "failed") showError(`The response failed: ${details?.error?.message ?? "no reason given"}`);
       audio?.player.port.postMessage({ type: "end" });
       if (agent.state === "speaking" || agent.state === "thinking") setState("listening");
       break;
+    }
     case "error":
       if (event.error.param === "session.audio.input.turn_detection.type") {
         send({ type: "session.update", session: { audio: { input: { turn_detection: { type: "server_vad" } } } } });
@@ -318,13 +336,13 @@ async function startRtc() {
   await pc.setLocalDescription(await pc.createOffer());
   await iceGathered(pc);
   const body = { sdp: pc.localDescription.sdp, type: "offer", webrtc_id: crypto.randomUUID() };
-  const answer = await (
-    await fetch("rtc/webrtc/offer", {
-      method: "POST",
-      headers: { "Content-Type": "application/json" },
-      body: JSON.stringify(body),
-    })
-  ).json();
+  const reply = await fetch("rtc/webrtc/offer", {
+    method: "POST",
+    headers: { "Content-Type": "application/json", ...authHeaders(key()) }, // the offer needs the API key too
+    body: JSON.stringify(body),
+  });
+  if (reply.status === 401) throw new Error((await refusedKey(key())) ?? "the server refused the API key");
+  const answer = await reply.json();
   if (answer.status === "failed") throw new Error(answer.meta?.error ?? "the server refused the call");
   if (answer.error) throw new Error(answer.error.message);
   await pc.setRemoteDescription(answer);
@@ -332,6 +350,7 @@ async function startRtc() {
 
 async function start() {
   setState("connecting");
+  if (infoKey !== key()) await loadInfo(); // typed and clicked at once: the model and voices of this key first
   agent.transport = $("transport").value;
   if (agent.transport === "rtc") {
     try {
@@ -349,15 +368,21 @@ async function start() {
     setState("idle");
     return;
   }
-  const protocols = ["realtime"];
-  const key = $("key").value.trim();
-  if (key) protocols.push(`openai-insecure-api-key.${key}`);
+  const used = key();
   const scheme = location.protocol === "https:" ? "wss" : "ws";
   const base = location.pathname.replace(/realtime\/?$/, "");
-  socket = new WebSocket(`${scheme}://${location.host}${base}v1/realtime?model=${agent.model ?? ""}`, protocols);
-  socket.onmessage = (message) => onEvent(JSON.parse(message.data));
-  socket.onclose = (close) => {
-    if (agent.state !== "idle" && close.code !== 1000) showError(`Connection closed (${close.code})`);
+  const model = agent.model ? `?model=${encodeURIComponent(agent.model)}` : "";
+  const ws = new WebSocket(`${scheme}://${location.host}${base}v1/realtime${model}`, socketProtocols(used));
+  let opened = false;
+  socket = ws;
+  ws.onopen = () => (opened = true);
+  ws.onmessage = (message) => onEvent(JSON.parse(message.data));
+  ws.onclose = async (close) => {
+    if (ws !== socket) return;
+    if (agent.state !== "idle" && close.code !== 1000) {
+      const refused = opened ? null : await refusedKey(used);
+      showError(refused ?? `Connection closed (${close.code}${close.reason ? `: ${close.reason}` : ""})`);
+    }
     stop();
   };
 }
@@ -381,6 +406,10 @@ function stop() {
 
 $("start").addEventListener("click", start);
 $("stop").addEventListener("click", stop);
-$("key").addEventListener("change", loadInfo);
+watchKey($("key"), () => {
+  $("errors").replaceChildren();
+  agent.errors = [];
+  loadInfo();
+});
 loadInfo();
 render();

@@ -2,8 +2,9 @@
 // arrive through Media Source Extensions; a second prompt steers the next chunks (session.interaction).
 // Counters are mirrored on window.__video so browser tests can read them.
 
+import { authHeaders, refusedKey, socketProtocols, watchKey } from "./server-access.js";
+
 const $ = (id) => document.getElementById(id);
-const KEY_PROTOCOL = "openai-insecure-api-key.";
 
 const state = {
   state: "idle", // idle | connecting | streaming | stopping | done | stopped | error
@@ -49,7 +50,13 @@ function showError(message) {
 async function loadModel() {
   const key = $("key").value.trim();
   try {
-    const response = await fetch("v1/models", { headers: key ? { Authorization: `Bearer ${key}` } : {} });
+    const response = await fetch("v1/models", { headers: authHeaders(key) });
+    if (response.status === 401) {
+      state.model = null;
+      $("model").textContent = key ? "the API key was refused" : "enter the API key (the server needs one)";
+      if (key) showError(await refusedKey(key));
+      return;
+    }
     if (!response.ok) throw new Error(`GET v1/models: ${response.status}`);
     const models = (await response.json()).data;
     const video = models.find((m) => m.kind === "video") ?? null;
@@ -114,15 +121,24 @@ function start(event) {
   state.errors = [];
   const key = $("key").value.trim();
   const url = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/realtime/video`;
-  socket = key ? new WebSocket(url, [KEY_PROTOCOL + key]) : new WebSocket(url);
-  socket.binaryType = "arraybuffer";
+  const ws = new WebSocket(url, socketProtocols(key));
+  let opened = false;
+  socket = ws;
+  ws.binaryType = "arraybuffer";
   setState("connecting");
   startedAt = performance.now();
-  socket.onopen = () => socket.send(JSON.stringify(body));
-  socket.onmessage = (message) => (typeof message.data === "string" ? control(JSON.parse(message.data)) : media(message.data));
-  socket.onclose = () => {
+  ws.onopen = () => {
+    opened = true;
+    ws.send(JSON.stringify(body));
+  };
+  ws.onmessage = (message) => (typeof message.data === "string" ? control(JSON.parse(message.data)) : media(message.data));
+  ws.onclose = async (close) => {
     socket = null;
     if (state.state === "connecting" || state.state === "streaming" || state.state === "stopping") {
+      const closed = `Connection closed (code ${close.code}${close.reason ? `: ${close.reason}` : ""})`;
+      const why = opened ? null : (await refusedKey(key)) ?? closed;
+      if (why && !state.errors.includes(why)) showError(why);
+      else if (opened && !state.done && !state.errors.length) showError(closed); // else an error event said why
       setState(state.done ? (state.done.stopped ? "stopped" : "done") : "error");
     }
   };
@@ -200,6 +216,10 @@ $("video").addEventListener("timeupdate", () => {
 $("form").addEventListener("submit", start);
 $("stop").addEventListener("click", stop);
 $("steer-form").addEventListener("submit", steer);
-$("key").addEventListener("change", loadModel);
+watchKey($("key"), () => {
+  $("errors").replaceChildren();
+  state.errors = [];
+  loadModel();
+});
 setState("idle");
 loadModel();
