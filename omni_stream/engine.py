@@ -14,6 +14,10 @@ pipeline that serves it (:mod:`omni_stream.pipeline_specs`) and streams typed :c
 :meth:`AsyncEngine.speech` is the typed wrapper that yields :class:`~omni_stream.chunks.Audio`. The engine names
 no model family: families come from the registry by ``config.json`` ``model_type``.
 
+Validation. Every request is resolved and checked once, before its pipeline runs, by its pipeline's ``resolve``
+(:mod:`omni_stream.validation`): invalid requests raise InvalidRequestError naming the field, before anything
+streams. Uploaded voices come from the catalog the engine is given (:meth:`AsyncEngine.use_voices`).
+
 Run-ahead bound (speech). A consumer that stops reading stops its request after a bounded number of frames; what
 can be generated and not yet delivered is at most ``max_buffered_frames`` in the talker scheduler's buffer (its
 high watermark: the request pauses there, keeping its batch slot), one frame in the talker stage's hands (speech
@@ -60,11 +64,13 @@ from omni_stream.family import (
 from omni_stream.metrics import EngineMetrics
 from omni_stream.pipeline import PipelineStream
 from omni_stream.pipeline_specs import ModelSet, find_pipeline
-from omni_stream.requests import ChatRequest, SpeechRequest, TextRequest, Timings, VoicePrompt
+from omni_stream.requests import ChatRequest, SpeechRequest, TaskType, TextRequest, Timings, VoicePrompt
 from omni_stream.runtime.cache import user_cache_root
 from omni_stream.runtime.gc_heap import freeze_loaded_heap, release_loaded_heap
 from omni_stream.runtime.offload import preparer
 from omni_stream.runtime.settings import Tuning
+from omni_stream.validation.speech import check_reference, check_task
+from omni_stream.validation.voices import VoiceCatalog, voice_name
 from omni_stream.worker import DeviceWorker
 
 T = TypeVar("T")
@@ -157,6 +163,7 @@ class AsyncEngine:
         self.worker = worker
         self.metrics = metrics
         self.wait_timeout = wait_timeout
+        self.voices: VoiceCatalog | None = None  # uploaded voices (use_voices)
         self._closed = False
         self._holds_heap = False  # froze the loaded heap (gc_heap); released on close
         self._streams: weakref.WeakValueDictionary[str, EngineStream[Any]] = weakref.WeakValueDictionary()
@@ -265,7 +272,22 @@ class AsyncEngine:
     def has_text(self) -> bool:
         return ModelKind.TEXT in self.models
 
+    def use_voices(self, voices: VoiceCatalog | None) -> None:
+        """Resolve voice names through ``voices`` (uploaded voices) besides the speech model's own."""
+        self.voices = voices
+
     # --- requests ---
+
+    def resolve(self, request: T, /, *, pipeline: str | None = None) -> T:
+        """``request`` as its pipeline would run it (defaults filled in), without running it; InvalidRequestError
+        naming the field when it is invalid."""
+        spec = find_pipeline(request, self.models, pipeline)
+        return spec.check(self.models, request, self.voices)
+
+    def voice(self, name: str) -> str:
+        """The name of the voice ``name`` names, as the speech model spells it (an uploaded voice: as it was
+        uploaded); InvalidRequestError naming ``voice`` and the voices there are when there is none."""
+        return voice_name(self.speech_info, self.voices, name)
 
     def generate(self, request: Any, /, *, pipeline: str | None = None, timeout: float | None = None) -> RequestStream:
         """Stream ``request`` through its pipeline as :class:`StageOutput` items; ``timeout`` s for the whole request.
@@ -274,6 +296,7 @@ class AsyncEngine:
         """
         spec = find_pipeline(request, self.models, pipeline)
         ctx = self._context(request, timeout)
+        request = spec.check(self.models, request, self.voices)
         plan = spec.plan(self.models, request, ctx)
         stream = RequestStream(plan.pipeline().run(ctx, plan.source), self.metrics, spec.name)
         self._track(stream)
@@ -301,8 +324,9 @@ class AsyncEngine:
             request = replace(request, **fields)
         spec = find_pipeline(request, self.models)
         ctx = self._context(request, timeout)
-        plan = spec.plan(self.models, request, ctx)
-        stream = SpeechStream(request, plan.pipeline(tagged=False).run(ctx, plan.source), self.metrics)
+        resolved: SpeechRequest = spec.check(self.models, request, self.voices)
+        plan = spec.plan(self.models, resolved, ctx)
+        stream = SpeechStream(resolved, plan.pipeline(tagged=False).run(ctx, plan.source), self.metrics)
         self._track(stream)
         return stream
 
@@ -340,8 +364,10 @@ class AsyncEngine:
         if self._closed:
             raise EngineClosed("engine is closed")
         family = self.models.speech()
+        check_task(family.info, TaskType.BASE)
+        samples = check_reference(audio, sample_rate)
         with RequestContext(wait_timeout=self.wait_timeout).fail_after("voice prompt extraction"):
-            prompt = await family.create_voice_prompt(audio, sample_rate, ref_text)
+            prompt = await family.create_voice_prompt(samples, sample_rate, (ref_text or "").strip() or None)
         return prompt
 
     def count_text_tokens(self, text: str, kind: str = ModelKind.SPEECH) -> int:

@@ -71,7 +71,11 @@ class ModelInfo:
 @dataclass(slots=True, frozen=True)
 class SpeechInfo(ModelInfo):
     """A speech model: its tasks, built-in voices, languages, output ``sample_rate`` (Hz) and the longest text one
-    request may carry (``max_input_chars``: streamed text is cut into units no longer than that)."""
+    request may carry (``max_input_chars``: streamed text is cut into units no longer than that).
+
+    What requests are checked against (:mod:`omni_stream.validation.speech`): ``speaker_embedding_dim``, the size of
+    a cloning prompt's x-vector (None: any); ``non_streaming_mode``, whether the family has the two prompt layouts
+    that field picks between."""
 
     task_types: tuple[TaskType, ...] = ()
     voices: tuple[str, ...] = ()
@@ -80,13 +84,17 @@ class SpeechInfo(ModelInfo):
     default_task: TaskType = TaskType.CUSTOM_VOICE
     default_voice: str | None = None
     max_input_chars: int = 1000
+    speaker_embedding_dim: int | None = None
+    non_streaming_mode: bool = False
 
 
 @dataclass(slots=True, frozen=True)
 class TextInfo(ModelInfo):
-    """A text model: ``max_context`` positions (prompt + generated tokens)."""
+    """A text model: ``max_context`` positions (prompt + generated tokens); ``context_known`` False when that is a
+    guess (a remote server that did not say), so ``max_tokens`` is left for the model's own server to check."""
 
     max_context: int = 2048
+    context_known: bool = True
 
 
 @dataclass(slots=True, frozen=True)
@@ -144,23 +152,22 @@ StageFn = Callable[[RequestContext, AsyncIterator[Any]], AsyncIterator[Any]]
 class SpeechFamily(Protocol):
     """``kind == "speech"``: text in, :class:`~omni_stream.chunks.Audio` out.
 
-    ``speech_stages`` validates ``request`` (InvalidRequestError and subclasses, right away, before anything
-    streams) and returns the stages of one request; they count usage in ``ctx.tokens("speech")`` (text tokens in,
+    ``speech_stages`` returns the stages of one request, resolved and checked by the engine before
+    (:func:`omni_stream.validation.speech.resolve_speech`: its task, voice and language are set and valid); they
+    count usage in ``ctx.tokens("speech")`` (text tokens in,
     codec frames out; tokenization runs off the loop inside the stages) and the last one yields ``Audio``, its last
     chunk marked ``final``. ``request.text`` is always a string here (streamed text is split into units first).
     """
 
     info: SpeechInfo
 
-    def check_request(self, request: SpeechRequest) -> object:
-        """Raise InvalidRequestError (naming the field) unless the model can serve ``request``; cheap, no I/O."""
-        ...
-
     def speech_stages(self, request: SpeechRequest, ctx: RequestContext) -> Sequence[StageFn]: ...
 
     async def create_voice_prompt(
         self, audio: np.ndarray, sample_rate: int, ref_text: str | None = None
-    ) -> VoicePrompt: ...
+    ) -> VoicePrompt:
+        """The cloning prompt of ``audio`` (float32 mono, checked by the engine: its length within the bounds)."""
+        ...
 
     def count_text_tokens(self, text: str) -> int: ...
 
@@ -169,10 +176,12 @@ class SpeechFamily(Protocol):
 
 @runtime_checkable
 class TextFamily(Protocol):
-    """``kind == "text"``: a text generator. ``text_stage`` validates now and returns one stage yielding TextDelta.
+    """``kind == "text"``: a text generator. ``text_stage`` returns one stage yielding TextDelta.
 
-    The stage ignores its upstream, counts ``ctx.tokens("text")`` (prompt tokens in, generated tokens out) and marks
-    its last delta ``final`` with a ``finish_reason``. Closing it (any exit) aborts the generation.
+    ``max_tokens`` has been checked against ``info.max_context`` by the engine; the stage fits the tokenized prompt
+    to the context with :func:`omni_stream.validation.text.fit_prompt`. The stage ignores its upstream, counts
+    ``ctx.tokens("text")`` (prompt tokens in, generated tokens out) and marks its last delta ``final`` with a
+    ``finish_reason``. Closing it (any exit) aborts the generation.
     """
 
     info: TextInfo

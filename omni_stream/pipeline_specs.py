@@ -1,8 +1,10 @@
 """Pipelines as declarations: which stages a request runs, and the models behind them.
 
 A :class:`PipelineSpec` names the request type it serves, the kinds of model it needs (one model per kind in an
-engine) and a builder that turns one request into a :class:`Plan`: the stages (each served by one model's family,
-or a model-free stage such as sentence splitting), which of them the consumer sees, and the pipeline's source.
+engine), how a request is resolved against the loaded models (its ``resolve``: every rule about the request's
+content, checked once, :mod:`omni_stream.validation`) and a builder that turns one resolved request into a
+:class:`Plan`: the stages (each served by one model's family, or a model-free stage such as sentence splitting),
+which of them the consumer sees, and the pipeline's source.
 The engine picks the first registered spec that accepts a request and whose models are loaded.
 
 ```python
@@ -28,6 +30,9 @@ from omni_stream.family import Family, ModelKind, SpeechFamily, TextFamily
 from omni_stream.pipeline import AnyStage, Pipeline, stage_name
 from omni_stream.requests import ChatRequest, SpeechRequest, TextRequest
 from omni_stream.speech.text_stream import speak_units, text_units
+from omni_stream.validation.speech import resolve_speech
+from omni_stream.validation.text import resolve_chat
+from omni_stream.validation.voices import VoiceCatalog
 
 R = TypeVar("R")
 
@@ -111,9 +116,14 @@ def _always(request: Any) -> bool:
     return True
 
 
+def _as_is(models: ModelSet, request: R, voices: VoiceCatalog | None) -> R:
+    return request
+
+
 @dataclass(slots=True, frozen=True)
 class PipelineSpec(Generic[R]):
-    """A named pipeline: the request type it serves, the model kinds it needs, and how one request is built."""
+    """A named pipeline: the request type it serves, the model kinds it needs, how a request is resolved (defaults
+    filled in, checked against the models; raises InvalidRequestError naming the field) and how one is built."""
 
     name: str
     request_type: type[R]
@@ -121,13 +131,19 @@ class PipelineSpec(Generic[R]):
     build: Callable[[ModelSet, R, RequestContext], Plan]
     accepts: Callable[[R], bool] = _always
     description: str = ""
+    resolve: Callable[[ModelSet, R, VoiceCatalog | None], R] = _as_is
 
     def serves(self, request: object, models: ModelSet) -> bool:
         return isinstance(request, self.request_type) and self.accepts(request)
 
-    def plan(self, models: ModelSet, request: R, ctx: RequestContext) -> Plan:
+    def check(self, models: ModelSet, request: R, voices: VoiceCatalog | None) -> R:
+        """``request`` resolved against ``models`` (a clear error naming a missing model first)."""
         for kind in self.kinds:
-            models.get(kind)  # a clear error naming the missing model before anything is built
+            models.get(kind)
+        return self.resolve(models, request, voices)
+
+    def plan(self, models: ModelSet, request: R, ctx: RequestContext) -> Plan:
+        """The plan of a request :meth:`check` resolved."""
         return self.build(models, request, ctx)
 
 
@@ -144,7 +160,6 @@ def build_speech(models: ModelSet, request: SpeechRequest, ctx: RequestContext) 
 
 def build_speech_stream(models: ModelSet, request: SpeechRequest, ctx: RequestContext) -> Plan:
     family = models.speech()
-    family.check_request(request.for_text("-", ctx.request_id))  # the fields are checked now, not per sentence
     assert not isinstance(request.text, str)
     return Plan(
         (
@@ -163,7 +178,7 @@ def build_chat_speech(models: ModelSet, request: ChatRequest, ctx: RequestContex
     assert request.speech is not None
     speech, text = models.speech(), models.text()
     reply = request.speech
-    speech.check_request(reply.request("-", ctx.request_id))  # voice and language are checked now
+    assert reply.template is not None, "resolve_chat resolves a spoken reply's speech fields once"
     return Plan(
         (
             StagePlan("text", text.text_stage(request.text, ctx), emit=reply.with_text),
@@ -191,11 +206,23 @@ def _streamed(request: SpeechRequest) -> bool:
     return request.streamed
 
 
-SPEECH = PipelineSpec("speech", SpeechRequest, (ModelKind.SPEECH,), build_speech, _plain, "text -> audio")
-SPEECH_STREAM = PipelineSpec(
-    "speech-stream", SpeechRequest, (ModelKind.SPEECH,), build_speech_stream, _streamed, "streamed text -> audio"
+def _resolve_speech(models: ModelSet, request: SpeechRequest, voices: VoiceCatalog | None) -> SpeechRequest:
+    return resolve_speech(models.speech().info, voices, request)
+
+
+SPEECH = PipelineSpec(
+    "speech", SpeechRequest, (ModelKind.SPEECH,), build_speech, _plain, "text -> audio", _resolve_speech
 )
-CHAT = PipelineSpec("chat", ChatRequest, (ModelKind.TEXT,), build_chat, _text_only, "messages -> text")
+SPEECH_STREAM = PipelineSpec(
+    "speech-stream",
+    SpeechRequest,
+    (ModelKind.SPEECH,),
+    build_speech_stream,
+    _streamed,
+    "streamed text -> audio",
+    _resolve_speech,
+)
+CHAT = PipelineSpec("chat", ChatRequest, (ModelKind.TEXT,), build_chat, _text_only, "messages -> text", resolve_chat)
 CHAT_SPEECH = PipelineSpec(
     "chat+speech",
     ChatRequest,
@@ -203,6 +230,7 @@ CHAT_SPEECH = PipelineSpec(
     build_chat_speech,
     _speaks,
     "messages -> text + audio",
+    resolve_chat,
 )
 
 _PIPELINES: list[PipelineSpec[Any]] = [SPEECH, SPEECH_STREAM, CHAT, CHAT_SPEECH]

@@ -199,6 +199,9 @@ class SpokenReply:
     # A unit longer than this many characters is cut (at a sentence end, else a space) before it is spoken; None:
     # the speech model's own limit. Lower it to bound the wait for the first audio when sentences run long.
     max_unit_chars: int | None = None
+    # Set by the engine (omni_stream.validation.text.resolve_chat): the speech fields resolved once for the whole
+    # reply (voice, language, task), which every unit's request copies.
+    template: SpeechRequest | None = None
 
     def __post_init__(self) -> None:
         if self.max_unit_chars is not None and self.max_unit_chars < 1:
@@ -206,6 +209,8 @@ class SpokenReply:
 
     def request(self, text: str, request_id: str) -> SpeechRequest:
         """The speech request for one unit of text."""
+        if self.template is not None:
+            return self.template.for_text(text, request_id)
         fields: dict = {"text": text, "request_id": request_id, "language": self.language}
         for name in ("voice", "instructions", "seed", "initial_codec_chunk_frames"):
             if getattr(self, name) is not None:

@@ -100,6 +100,7 @@ def create_app(engine: AsyncEngine | EngineFactory, settings: Settings | None = 
             await anyio.to_thread.run_sync(load_silero_net)
         owned = not isinstance(engine, AsyncEngine)
         loaded = engine if isinstance(engine, AsyncEngine) else await engine()
+        loaded.use_voices(state.voices)  # uploaded voices: the engine resolves voice names through the store
         state.engine = loaded
         # The models' objects (millions once transformers or diffusers are imported) live as long as the server:
         # out of the collector's reach, a full collection no longer stalls the event loop (0.8 s measured with an

@@ -38,7 +38,7 @@ def test_speak_reports_a_bad_voice_without_a_traceback(tiny, tmp_path, capsys):
     out = tmp_path / "x.wav"
     assert main(["speak", "--model", str(tiny), "--voice", "nobody", "-o", str(out), "Hi."]) == 2
     err = capsys.readouterr().err
-    assert "unknown voice 'nobody'" in err and "--voice" in err and "Traceback" not in err
+    assert "Invalid voice 'nobody'" in err and "--voice" in err and "Traceback" not in err
     assert not out.exists()
 
 

@@ -1,4 +1,5 @@
-"""Prompt building: typed errors naming the field, per-task text layouts, prompt lengths, the tokenizer."""
+"""Prompt building: requests checked against a checkpoint (typed errors naming the field), per-task text layouts,
+prompt lengths, the tokenizer."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from reference_qwen import tiny_checkpoint
 from omni_stream.errors import InvalidRequestError, UnknownVoiceError, UnsupportedTaskError
 from omni_stream.models.qwen3_tts.checkpoint import load_lm
 from omni_stream.models.qwen3_tts.config import load_config
+from omni_stream.models.qwen3_tts.family import speech_info
 from omni_stream.models.qwen3_tts.prompt import build_prompt, embed_prompt
 from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
 from omni_stream.requests import SpeechRequest, TaskType, VoicePrompt
+from omni_stream.validation.speech import resolve_speech
 
 
 def _load(tmp_path_factory, kind, size="0.6b"):
@@ -36,10 +39,16 @@ def base(tmp_path_factory):
     return _load(tmp_path_factory, "base")
 
 
+def _prompt(model, **kw):
+    """The prompt of a request as the engine hands it to the family: resolved against the checkpoint first."""
+    cfg, tok, path = model
+    request = resolve_speech(speech_info(cfg, path.name, 24000, 4096), None, SpeechRequest(**kw))
+    return build_prompt(request, cfg, tok)
+
+
 def _err(model, exc_type, **kw):
-    cfg, tok, _ = model
     with pytest.raises(exc_type) as info:
-        build_prompt(SpeechRequest(**kw), cfg, tok)
+        _prompt(model, **kw)
     return info.value
 
 
@@ -59,11 +68,11 @@ def test_wrong_task_for_checkpoint(cv, vd) -> None:
     assert e.param == "task_type"
 
 
-def test_unknown_and_missing_voice_list_valid_voices(cv) -> None:
+def test_an_unknown_voice_lists_the_valid_ones_and_no_voice_is_the_first(cv) -> None:
     e = _err(cv, UnknownVoiceError, text="hi", voice="alloy")
-    assert e.param == "voice" and "alloy" in e.message and "ryan" in e.message and "vivian" in e.message
-    e = _err(cv, InvalidRequestError, text="hi")
-    assert e.param == "voice" and "serena" in e.message
+    assert e.param == "voice" and e.message.startswith("Invalid voice 'alloy'. Supported: ")
+    assert "ryan" in e.message and "vivian" in e.message
+    assert _prompt(cv, text="hi").speaker_id == _prompt(cv, text="hi", voice=cv[0].speakers[0]).speaker_id
 
 
 def test_unknown_language_lists_languages(cv) -> None:
@@ -88,15 +97,13 @@ def test_base_needs_a_reference(base) -> None:
     e = _err(base, InvalidRequestError, text="hi", voice_prompt=VoicePrompt(x_vector=xv, ref_codes=codes))
     assert e.param == "ref_text"
     e = _err(base, InvalidRequestError, text="hi", voice_prompt=VoicePrompt(x_vector=np.zeros(3, np.float32)))
-    assert e.param == "voice_prompt"
+    assert e.param == "speaker_embedding" and f"has {cfg.talker.decoder.hidden_size}" in e.message
     bad_codes = VoicePrompt(x_vector=xv, ref_codes=np.full((5, 16), 4096), ref_text="hi")
     assert _err(base, InvalidRequestError, text="hi", voice_prompt=bad_codes).param == "voice_prompt"
     bad_shape = VoicePrompt(x_vector=xv, ref_codes=np.zeros((5, 8), np.int64), ref_text="hi")
     assert _err(base, InvalidRequestError, text="hi", voice_prompt=bad_shape).param == "voice_prompt"
     # x-vector-only mode needs neither codes nor transcript
-    p = build_prompt(
-        SpeechRequest(text="hi", voice_prompt=VoicePrompt(x_vector=xv), x_vector_only_mode=True), *base[:2]
-    )
+    p = _prompt(base, text="hi", voice_prompt=VoicePrompt(x_vector=xv), x_vector_only_mode=True)
     assert not p.icl and p.x_vector is not None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import itertools
 import json
 from dataclasses import replace
@@ -13,6 +14,7 @@ from realtime_doubles import EnergyVad, energy_vad, spoken_words
 from turn_driver import SyncTurns
 
 from omni_stream.codecs.g711 import ulaw_encode
+from omni_stream.family import SpeechInfo
 from omni_stream.models.smart_turn import load_smart_turn
 from omni_stream.realtime.agent.events import RealtimeError, SessionType, parse_client_event
 from omni_stream.realtime.agent.outputs import (
@@ -32,9 +34,12 @@ from omni_stream.realtime.agent.protocol import RealtimeProtocol
 from omni_stream.requests import Role
 from omni_stream.turns.detector import TurnEvent, TurnEventKind
 from omni_stream.turns.rules import EAGERNESS, Eagerness
+from omni_stream.validation.voices import voice_name
 
+# The engine's voice lookup (AsyncEngine.voice) for a speech model with two voices.
+VOICES = functools.partial(voice_name, SpeechInfo("m", "synthetic_tts", "speech", voices=("alice", "bob")), None)
 CAPS = Capabilities(
-    model="m", voices=("alice", "bob"), default_voice="alice", speech=True, text=True, transcription=True, vad=True
+    model="m", voice=VOICES, default_voice="alice", speech=True, text=True, transcription=True, vad=True
 )
 
 
@@ -436,7 +441,7 @@ def test_a_transcription_session_transcribes_turns_and_makes_no_responses():
 
 
 def test_without_an_asr_model_a_committed_turn_reports_a_failed_transcription():
-    proto = make(caps=Capabilities(speech=True, text=True, voices=("alice",), default_voice="alice"), vad=False)
+    proto = make(caps=Capabilities(speech=True, text=True, voice=VOICES, default_voice="alice"), vad=False)
     send(proto, type="input_audio_buffer.append", audio=b64(one_second()))
     out = send(proto, type="input_audio_buffer.commit")
     assert types(out)[-1] == "conversation.item.input_audio_transcription.failed"

@@ -12,6 +12,7 @@ from omni_stream.errors import InvalidRequestError, UnsupportedTaskError
 from omni_stream.models.qwen3_tts.family import embedded_default_checkpoint
 from omni_stream.requests import SpeechRequest, TaskType
 from omni_stream.speech import limits as sl
+from omni_stream.validation.speech import unsupported_task_message
 from omni_stream.worker import DeviceWorker, intra_op_threads
 
 
@@ -81,11 +82,11 @@ def test_context_fit_shrinks_the_default_budget_and_names_the_right_field():
 
 
 def test_unsupported_task_words():
-    assert sl.unsupported_task_message("Qwen3-TTS", "CustomVoice", "Base") == (
+    assert unsupported_task_message("Qwen3-TTS", "CustomVoice", "Base") == (
         "Qwen3-TTS CustomVoice checkpoint does not support task_type='Base'. "
         "Use task_type='CustomVoice' or load the matching Base checkpoint."
     )
-    many = sl.unsupported_task_message("Synthetic", "CustomVoice", "Base", ("CustomVoice", "VoiceDesign"))
+    many = unsupported_task_message("Synthetic", "CustomVoice", "Base", ("CustomVoice", "VoiceDesign"))
     assert "task_type='Base'" in many and "Supported: CustomVoice, VoiceDesign" in many
 
 

@@ -16,8 +16,9 @@ from omni_stream.models.openai_text.wire import (
     request_body,
     served_model,
 )
-from omni_stream.models.vllm_text.params import check_prompt_fits, sampling_args
+from omni_stream.models.vllm_text.params import sampling_args
 from omni_stream.requests import GREEDY, ChatMessage, Role, SamplingParams, TextRequest
+from omni_stream.validation.text import fit_prompt
 
 # Recorded from `vllm serve` 0.32 (tiny Qwen3, /v1/chat/completions and /v1/completions, stream_options.include_usage).
 VLLM_CHAT = [
@@ -138,11 +139,7 @@ def test_an_endpoint_must_be_http():
 def test_vllm_sampling_arguments():
     defaults = {"temperature": 0.6, "top_p": 0.95}
     assert sampling_args(chat(), defaults) == {"temperature": 0.6, "top_p": 0.95, "max_tokens": None}
-    assert sampling_args(chat(sampling=GREEDY, max_tokens=5), defaults) == {
-        "temperature": 0.0,
-        "repetition_penalty": 1.0,
-        "max_tokens": 5,
-    }
+    assert sampling_args(chat(sampling=GREEDY, max_tokens=5), defaults) == {"temperature": 0.0, "max_tokens": 5}
     sampled = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.2)
     assert sampling_args(chat(sampling=sampled, seed=1, stop=("x",), ignore_eos=True), defaults) == {
         "temperature": 0.8,
@@ -157,11 +154,11 @@ def test_vllm_sampling_arguments():
 
 
 def test_a_prompt_must_leave_room_for_max_tokens():
-    check_prompt_fits(10, 6, 16)
-    check_prompt_fits(10, None, 11)
+    assert fit_prompt(10, 6, 16) == 6
+    assert fit_prompt(10, None, 11) == 1  # no max_tokens: the rest of the context
     with pytest.raises(InvalidRequestError, match="exceeds the 6 tokens left") as info:
-        check_prompt_fits(10, 7, 16)
+        fit_prompt(10, 7, 16)
     assert info.value.param == "max_tokens"
     with pytest.raises(InvalidRequestError, match="does not fit") as info:
-        check_prompt_fits(16, None, 16)
-    assert info.value.param == "messages"
+        fit_prompt(16, None, 16, "prompt")
+    assert info.value.param == "prompt"

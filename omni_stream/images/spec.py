@@ -245,6 +245,12 @@ def image_family(models: ModelSet) -> ImageFamily:
     return family
 
 
+def resolve_image(models: ModelSet, request: ImageRequest, voices: object = None) -> ImageRequest:
+    """The engine's check of an image request against the loaded image model (:func:`check_request`)."""
+    check_request(image_family(models).info, request)
+    return request
+
+
 def build_image(models: ModelSet, request: ImageRequest, ctx: RequestContext) -> Plan:
     paint = StagePlan("image", image_family(models).image_stage(request, ctx))
     if not uses_text(request, models):
@@ -260,7 +266,12 @@ async def prompt_of(upstream: AsyncIterator[TextDelta], fallback: str) -> str:
 
 
 IMAGE = PipelineSpec(
-    "image", ImageRequest, (ModelKind.IMAGE,), build_image, description="(text model ->) prompt (+ image) -> image"
+    "image",
+    ImageRequest,
+    (ModelKind.IMAGE,),
+    build_image,
+    description="(text model ->) prompt (+ image) -> image",
+    resolve=resolve_image,
 )
 
 register_kind(ModelKind.IMAGE, ImageFamily)

@@ -136,16 +136,6 @@ def family_label(model_type: str) -> str:
     return FAMILY_LABELS.get(model_type, model_type)
 
 
-def unsupported_task_message(family: str, kind: str, task: str, supported: tuple[str, ...] = ()) -> str:
-    """vLLM-Omni's words for a task the checkpoint cannot do; ``kind`` is the checkpoint's own task."""
-    if len(supported) > 1:
-        return f"{family} checkpoint does not support task_type='{task}'. Supported: {', '.join(supported)}."
-    return (
-        f"{family} {kind} checkpoint does not support task_type='{task}'. "
-        f"Use task_type='{kind}' or load the matching {task} checkpoint."
-    )
-
-
 def check_embedding(values: object, dim: int | None = None, param: str = "speaker_embedding") -> list[float]:
     """A speaker embedding: a non-empty list of finite numbers (``dim`` of them when given)."""
     import math

@@ -305,13 +305,12 @@ class VideoChunk:
 
 @runtime_checkable
 class VideoFamily(Protocol):
-    """``kind == "video"``: ``check_request`` resolves and validates (cheap, no I/O); ``video_stage`` returns one
-    stage yielding :class:`VideoChunk` (the last ``final``), which reads ``request.steering`` between chunks and
-    counts ``ctx.tokens("video")`` (prompt tokens in, frames out). Closing it frees the request at once."""
+    """``kind == "video"``: ``video_stage`` returns, for a request the engine resolved (:func:`resolve_request`
+    against ``info``), one stage yielding :class:`VideoChunk` (the last ``final``), which reads ``request.steering``
+    between chunks and counts ``ctx.tokens("video")`` (prompt tokens in, frames out). Closing it frees the request at
+    once."""
 
     info: VideoInfo
-
-    def check_request(self, request: VideoRequest) -> VideoRequest: ...
 
     def video_stage(self, request: VideoRequest, ctx: RequestContext) -> Stage[Any, VideoChunk]: ...
 
@@ -324,12 +323,23 @@ def video_family(models: ModelSet) -> VideoFamily:
     return family
 
 
+def resolve_video(models: ModelSet, request: VideoRequest, voices: object = None) -> VideoRequest:
+    """The engine's resolution of a video request against the loaded video model (:func:`resolve_request`)."""
+    return resolve_request(video_family(models).info, request)
+
+
 def build_video(models: ModelSet, request: VideoRequest, ctx: RequestContext) -> Plan:
-    family = video_family(models)
-    return Plan((StagePlan("video", family.video_stage(family.check_request(request), ctx)),))
+    return Plan((StagePlan("video", video_family(models).video_stage(request, ctx)),))
 
 
-VIDEO = PipelineSpec("video", VideoRequest, (ModelKind.VIDEO,), build_video, description="text (+ image) -> video")
+VIDEO = PipelineSpec(
+    "video",
+    VideoRequest,
+    (ModelKind.VIDEO,),
+    build_video,
+    description="text (+ image) -> video",
+    resolve=resolve_video,
+)
 
 register_kind(ModelKind.VIDEO, VideoFamily)
 register_pipeline(VIDEO)

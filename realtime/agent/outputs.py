@@ -21,10 +21,14 @@ TurnModelFactory: TypeAlias = Callable[[], EndOfTurnModel]
 
 @dataclass(slots=True, frozen=True)
 class Capabilities:
-    """What the server can do for a session: loaded models, voices, and whether server VAD is available."""
+    """What the server can do for a session: loaded models, voices, and whether server VAD is available.
+
+    ``voice``: the engine's voice lookup (:meth:`omni_stream.engine.AsyncEngine.voice`: the name as the model spells
+    it, InvalidRequestError naming the voices there are otherwise); None: no speech model, any name is kept.
+    """
 
     model: str = "omni-stream"
-    voices: tuple[str, ...] = ()
+    voice: Callable[[str], str] | None = None
     default_voice: str | None = None
     speech: bool = False
     text: bool = False

@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from omni_stream.errors import InvalidRequestError
 from omni_stream.realtime.agent.audio import InputDecoder
 from omni_stream.realtime.agent.events import (
     UNSET,
@@ -200,14 +201,12 @@ class RealtimeProtocol(TurnTaking, Speculating, ItemEditing, Responding):
         return out
 
     def _check_voice(self, voice: str, param: str) -> str:
-        for known in self.caps.voices:
-            if known.lower() == voice.lower():
-                return known
-        if not self.caps.voices:
+        if self.caps.voice is None:
             return voice
-        raise RealtimeError(
-            "invalid_value", f"unknown voice {voice!r} (available: {', '.join(self.caps.voices)})", param
-        )
+        try:
+            return self.caps.voice(voice)  # the engine's rule and words
+        except InvalidRequestError as exc:
+            raise RealtimeError("invalid_value", exc.message, param) from None
 
     # --- the session's end ---
 

@@ -117,7 +117,7 @@ def capabilities(
     name = model or named.info.model_name
     return Capabilities(
         model=name,
-        voices=speech.voices if speech is not None else (),
+        voice=engine.voice if speech is not None else None,
         default_voice=(speech.default_voice or (speech.voices[0] if speech.voices else None)) if speech else None,
         speech=speech is not None,
         text=ModelKind.TEXT in models,

@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from omni_stream.chunks import Audio, StageOutput, TextDelta
-from omni_stream.engine import AsyncEngine, RequestStream
+from omni_stream.engine import RequestStream
 from omni_stream.family import ModelKind
 from omni_stream.realtime.chat.params import ChatOptions, parse_chat
 from omni_stream.realtime.common.audio_out import AudioOut, encode_whole
@@ -36,6 +36,7 @@ from omni_stream.realtime.common.body_limit import drain, read_json
 from omni_stream.realtime.common.errors import ApiError, from_exception
 from omni_stream.realtime.common.sse import SSE_HEADERS, SSE_MEDIA_TYPE, sse_data
 from omni_stream.realtime.common.streams import ClosingStreamingResponse, close_stream, until_disconnect
+from omni_stream.realtime.speech.build import refresh_voice
 from omni_stream.realtime.speech.params import check_model
 from omni_stream.realtime.state import ServerState
 from omni_stream.requests import ChatRequest, SpokenReply, TextRequest
@@ -56,7 +57,7 @@ async def create_chat_completion(request: Request) -> Response:
     return response
 
 
-def _chat_request(engine: AsyncEngine, opts: ChatOptions) -> ChatRequest:
+async def _chat_request(state: ServerState, opts: ChatOptions) -> ChatRequest:
     text = TextRequest(
         messages=opts.messages,
         max_tokens=opts.max_tokens,
@@ -67,10 +68,11 @@ def _chat_request(engine: AsyncEngine, opts: ChatOptions) -> ChatRequest:
     )
     if not opts.speaks:
         return ChatRequest(text)
-    if not engine.has_speech:
+    if not state.ready_engine.has_speech:
         raise ApiError(400, "Audio output needs a speech model, and this server has none loaded", "modalities")
-    voice = opts.voice or engine.speech_info.default_voice
-    return ChatRequest(text, speech=SpokenReply(voice=voice, max_unit_chars=opts.max_sentence_chars))
+    if opts.voice is not None:
+        await refresh_voice(state, opts.voice)
+    return ChatRequest(text, speech=SpokenReply(voice=opts.voice, max_unit_chars=opts.max_sentence_chars))
 
 
 @dataclass(slots=True)
@@ -116,7 +118,7 @@ async def _create(request: Request, state: ServerState) -> Response:
     opts = parse_chat(body, state.settings)
     check_model(opts.model, state.served_models(ModelKind.TEXT))
     engine = state.ready_engine
-    chat_request = _chat_request(engine, opts)
+    chat_request = await _chat_request(state, opts)
     stream = engine.generate(chat_request)
     reply = _Reply(f"chatcmpl-{chat_request.request_id}", opts.model or state.served_models(ModelKind.TEXT)[0])
     outputs = aiter(stream)

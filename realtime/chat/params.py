@@ -15,7 +15,8 @@ from omni_stream.realtime.common.errors import bad_request
 from omni_stream.realtime.common.json_fields import int_field, type_name
 from omni_stream.realtime.settings import Settings
 from omni_stream.realtime.speech.params import check_utf8
-from omni_stream.requests import GREEDY, ChatMessage, Role, SamplingParams
+from omni_stream.requests import ChatMessage, Role, SamplingParams
+from omni_stream.validation.sampling import sampling_from_openai
 
 ROLES = {"system": Role.SYSTEM, "developer": Role.SYSTEM, "user": Role.USER, "assistant": Role.ASSISTANT}
 MODALITIES = ("text", "audio")
@@ -118,20 +119,7 @@ def parse_messages(value: Any) -> tuple[ChatMessage, ...]:
 
 
 def _sampling(body: dict[str, Any]) -> SamplingParams | None:
-    temperature = _number(body, "temperature", 0.0, 2.0)
-    top_p = _number(body, "top_p", 0.0, 1.0)
-    if temperature is None and top_p is None:
-        return None
-    if temperature == 0.0:
-        return GREEDY
-    if top_p == 0.0:
-        raise bad_request("'top_p' must be greater than 0", "top_p")
-    return SamplingParams(
-        do_sample=True,
-        temperature=1.0 if temperature is None else temperature,
-        top_k=0,
-        top_p=1.0 if top_p is None else top_p,
-    )
+    return sampling_from_openai(_number(body, "temperature", 0.0, 2.0), _number(body, "top_p", 0.0, 1.0))
 
 
 def _stop(value: Any) -> tuple[str, ...]:

@@ -1,4 +1,10 @@
-"""From validated options to an engine :class:`SpeechRequest`: voice resolution and reference audio loading."""
+"""From parsed options to an engine :class:`SpeechRequest`: the wire's fields, and the reference audio they point at.
+
+Every rule about the request's content (task, voice, language, lengths, the reference's duration) is the engine's
+(:mod:`omni_stream.validation.speech`): it resolves the request when it runs. What is done here is I/O the engine
+cannot do on the event loop: refreshing an uploaded voice from a directory other servers share, and loading and
+decoding ``ref_audio`` (checked by the engine first, so a request it would refuse reads no audio).
+"""
 
 from __future__ import annotations
 
@@ -13,83 +19,37 @@ import anyio.to_thread
 import numpy as np
 
 from omni_stream import codecs
-from omni_stream.errors import UnsupportedTaskError
 from omni_stream.realtime.common.errors import bad_request
 from omni_stream.realtime.speech.params import SpeechOptions
 from omni_stream.realtime.state import ServerState
-from omni_stream.requests import SpeechRequest, TaskType, VoicePrompt
-from omni_stream.speech.limits import (
-    MAX_REF_SECONDS,
-    check_instructions,
-    check_max_new_tokens,
-    check_ref_seconds,
-    check_text,
-    family_label,
-    unsupported_task_message,
-)
-
-
-def supported_voices(state: ServerState) -> list[str]:
-    """Sorted lower-case names of the voices the model offers: built-in ones, and uploaded ones when it clones."""
-    names = {v.lower() for v in state.ready_engine.speech_info.voices}
-    if can_clone(state):
-        names |= {v.key for v in state.voices.voices()}
-    return sorted(names)
-
-
-def model_key(state: ServerState) -> str:
-    """Names the checkpoint a stored voice prompt came from."""
-    info = state.ready_engine.speech_info
-    return f"{info.model_type}:{info.model_name}"
-
-
-def _builtin_voice(state: ServerState, name: str) -> str | None:
-    for voice in state.ready_engine.speech_info.voices:
-        if voice.lower() == name:
-            return voice
-    return None
+from omni_stream.requests import SpeechRequest, VoicePrompt
+from omni_stream.speech.limits import MAX_REF_SECONDS, check_ref_seconds
+from omni_stream.validation.speech import resolve_speech
+from omni_stream.validation.voices import builtin_voice
 
 
 async def decode_reference(state: ServerState, data: bytes, param: str) -> tuple[np.ndarray, int]:
-    """Decode reference audio off the loop at the engine's rate; 400 unless its length is within the engine's
-    bounds (:func:`omni_stream.speech.limits.check_ref_seconds`)."""
+    """Decode reference audio off the loop at the engine's rate (decoding stops past the engine's bound on its
+    length, :data:`~omni_stream.speech.limits.MAX_REF_SECONDS`, and says so in the engine's words)."""
     rate = state.ready_engine.speech_info.sample_rate
 
     def decode() -> tuple[np.ndarray, float]:
         return codecs.decode_audio(data, rate, max_seconds=MAX_REF_SECONDS + 1.0)
 
     try:
-        samples, seconds = await anyio.to_thread.run_sync(decode)
+        samples, _ = await anyio.to_thread.run_sync(decode)
     except ValueError as exc:
         if "longer than" in str(exc):  # the decoder stopped past the bound: say so in the engine's words
             check_ref_seconds(MAX_REF_SECONDS + 1.0, param)
         raise bad_request(f"Could not decode '{param}': {exc}", param) from exc
-    check_ref_seconds(seconds, param)
     return samples, rate
 
 
-def can_clone(state: ServerState) -> bool:
-    """Whether the loaded checkpoint clones voices (uploaded voices need a Base task)."""
-    return TaskType.BASE in tuple(TaskType(t) for t in state.ready_engine.speech_info.task_types)
-
-
-def check_task(state: ServerState, task: TaskType) -> None:
-    """400 naming ``task_type`` and the checkpoint's kind when the checkpoint cannot do ``task`` (vLLM-Omni's words)."""
-    info = state.ready_engine.speech_info
-    offered = tuple(TaskType(t) for t in info.task_types)
-    if offered and task not in offered:
-        message = unsupported_task_message(
-            family_label(info.model_type),
-            TaskType(info.default_task).value,
-            task.value,
-            tuple(t.value for t in offered),
-        )
-        raise UnsupportedTaskError(message, "task_type")
-
-
-def check_request(state: ServerState, request: SpeechRequest) -> None:
-    """The engine's own checks of ``request`` (voices, tasks, the family's fields), without starting it."""
-    state.ready_engine.models.speech().check_request(request)
+async def refresh_voice(state: ServerState, name: str) -> None:
+    """Read uploaded voice ``name`` again when another server sharing the voices directory changed it (no I/O for a
+    built-in voice, or without a directory)."""
+    if state.voices.directory is not None and builtin_voice(state.ready_engine.speech_info, name) is None:
+        await anyio.to_thread.run_sync(state.voices.refresh, name)
 
 
 async def load_ref_audio(state: ServerState, ref: str) -> bytes:
@@ -167,79 +127,33 @@ async def _fetch(url: str, limit: int, seconds: float) -> bytes:
 
 
 async def build_request(state: ServerState, opts: SpeechOptions, text: str) -> SpeechRequest:
-    """The engine request for ``text`` under ``opts``; 400 for an unknown voice or a task the model lacks.
+    """The engine request for ``text`` under ``opts`` (resolved by the engine when it runs).
 
-    Checks that need nothing decoded come first: the engine's bounds on the text, a task the checkpoint
-    cannot do, the voice; reference audio is decoded last.
+    With ``ref_audio``, the engine checks the request before the audio is read, loaded and decoded.
     """
-    check_text(text)
-    check_instructions(opts.instructions)
-    check_max_new_tokens(opts.max_new_tokens)
-    fields: dict = {"text": text, "language": opts.language, "instructions": opts.instructions}
-    task = opts.task_type
-    if task is not None:
-        check_task(state, task)
-    if opts.voice is not None:
-        uploaded = state.voices.get(opts.voice)
-        builtin = _builtin_voice(state, opts.voice)
-        if builtin is None and state.voices.directory is not None:  # the directory may be shared with replicas
-            uploaded = await anyio.to_thread.run_sync(state.voices.refresh, opts.voice)
-        if builtin is not None and uploaded is None:
-            fields["voice"] = builtin
-        elif uploaded is not None and not can_clone(state):
-            raise bad_request(
-                f"Voice '{opts.voice}' is an uploaded voice for cloning, which this checkpoint cannot do "
-                f"(it offers {', '.join(supported_voices(state)) or 'no voices'}); load a Base checkpoint to use it",
-                "voice",
-            )
-        elif uploaded is not None:
-            task = task or TaskType.BASE
-            check_task(state, task)
-            prompt = uploaded.prompt if uploaded.prompt_model == model_key(state) else None
-            if prompt is not None and uploaded.samples.size == 0:  # uploaded as a speaker embedding
-                fields["voice_prompt"] = prompt
-                fields["x_vector_only_mode"] = True
-            elif prompt is not None and not opts.x_vector_only_mode:
-                fields["voice_prompt"] = prompt
-            elif prompt is not None:
-                fields["voice_prompt"] = dataclasses.replace(prompt, ref_codes=None)
-                fields["x_vector_only_mode"] = True
-            elif uploaded.samples.size == 0:
-                raise bad_request(
-                    f"Voice '{opts.voice}' holds a speaker embedding made for another checkpoint", "voice"
-                )
-            else:  # no prompt from this checkpoint: the engine extracts one from the stored audio
-                fields.update(ref_audio=uploaded.samples, ref_sample_rate=uploaded.sample_rate)
-                fields["ref_text"] = uploaded.ref_text
-        else:
-            listed = ", ".join(supported_voices(state)) or "(none)"
-            raise bad_request(f"Invalid voice '{opts.voice}'. Supported: {listed}", "voice")
+    fields: dict = {
+        "text": text,
+        "language": opts.language,
+        "instructions": opts.instructions,
+        "task_type": opts.task_type,
+        "voice": opts.voice,
+        "ref_text": opts.ref_text,
+        "x_vector_only_mode": opts.x_vector_only_mode,
+        "max_new_tokens": opts.max_new_tokens,
+        "non_streaming_mode": opts.non_streaming_mode,
+        "seed": opts.seed,
+        "initial_codec_chunk_frames": opts.initial_codec_chunk_frames,
+        "ignore_eos": opts.ignore_eos,
+    }
     if opts.speaker_embedding is not None:
         fields["voice_prompt"] = VoicePrompt(x_vector=np.asarray(opts.speaker_embedding, dtype=np.float32))
         fields["x_vector_only_mode"] = True
-    if opts.ref_audio is not None:
-        samples, rate = await decode_reference(state, await load_ref_audio(state, opts.ref_audio), "ref_audio")
-        fields.update(ref_audio=samples, ref_sample_rate=rate, voice_prompt=None)
-    if opts.ref_text is not None:
-        fields["ref_text"] = opts.ref_text
-    if opts.x_vector_only_mode:
-        fields["x_vector_only_mode"] = True
-    if task is not None:
-        fields["task_type"] = task
-    if opts.language.lower() != "auto" and state.ready_engine.speech_info.languages:
-        spelled = {str(lang).lower(): str(lang) for lang in state.ready_engine.speech_info.languages}
-        if opts.language.lower() not in spelled:
-            listed = ", ".join(spelled.values())
-            raise bad_request(f"Unsupported language '{opts.language}'. Supported: Auto, {listed}", "language")
-        fields["language"] = spelled[opts.language.lower()]  # the model's own spelling
-    if opts.max_new_tokens is not None:
-        fields["max_new_tokens"] = opts.max_new_tokens
-    if opts.non_streaming_mode is not None:
-        fields["non_streaming_mode"] = opts.non_streaming_mode
-    if opts.seed is not None:
-        fields["seed"] = opts.seed
-    if opts.initial_codec_chunk_frames is not None:
-        fields["initial_codec_chunk_frames"] = opts.initial_codec_chunk_frames
-    if opts.ignore_eos:
-        fields["ignore_eos"] = True
-    return SpeechRequest(**fields)
+    if opts.voice is not None:
+        await refresh_voice(state, opts.voice)
+    request = SpeechRequest(**fields)
+    if opts.ref_audio is None:
+        return request
+    engine = state.ready_engine
+    resolve_speech(engine.speech_info, engine.voices, request, reference_follows=True)
+    samples, rate = await decode_reference(state, await load_ref_audio(state, opts.ref_audio), "ref_audio")
+    return dataclasses.replace(request, ref_audio=samples, ref_sample_rate=rate, voice_prompt=None)

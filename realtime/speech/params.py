@@ -1,11 +1,11 @@
 """Speech request fields: validation of the JSON body (HTTP) or ``session.config`` (WebSocket) into typed options.
 
 Wire checks only: types, shapes, enums and the combinations of the streaming modes. Every problem is an
-:class:`ApiError` 400 naming the field and the allowed values. Lengths and ranges of the request itself (text,
-instructions, ``max_new_tokens``, reference audio) are the engine's (:mod:`omni_stream.speech.limits`), whose
-errors reach the client as 400s naming the same fields. Nothing here touches the engine, so the rules are
-unit-testable. :mod:`omni_stream.realtime.speech.build` turns options into a :class:`SpeechRequest` (voice
-resolution, reference audio).
+:class:`ApiError` 400 naming the field and the allowed values. What the request asks of the model (its task, voice,
+language, lengths and ranges, the reference audio) is the engine's to check (:mod:`omni_stream.validation`,
+:mod:`omni_stream.speech.limits`), whose errors reach the client as 400s naming the same fields. Nothing here touches
+the engine, so the rules are unit-testable. :mod:`omni_stream.realtime.speech.build` turns options into a
+:class:`SpeechRequest` (and loads the reference audio).
 """
 
 from __future__ import annotations
@@ -201,8 +201,6 @@ def parse_options(body: Any, settings: Settings, *, websocket: bool = False) -> 
     embedding = _embedding(body)
     if embedding is not None and ref_audio is not None:
         raise bad_request("'speaker_embedding' and 'ref_audio' are mutually exclusive", "speaker_embedding")
-    if task is None and (ref_audio is not None or ref_text is not None or embedding is not None):
-        task = TaskType.BASE.value  # what vLLM-Omni infers from cloning fields
     opts = SpeechOptions(
         model=_str(body, "model"),
         voice=_voice(body),

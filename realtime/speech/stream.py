@@ -28,7 +28,7 @@ from omni_stream.realtime.common.audio_out import output_rate
 from omni_stream.realtime.common.errors import ApiError, from_exception
 from omni_stream.realtime.common.stream_pacing import SessionPacer, pcm_seconds
 from omni_stream.realtime.common.ws_sessions import accept, is_gone, registered
-from omni_stream.realtime.speech.build import build_request, check_request
+from omni_stream.realtime.speech.build import build_request
 from omni_stream.realtime.speech.params import SpeechOptions, TextInputMode, check_model, parse_options
 from omni_stream.realtime.speech.stream_messages import ProtocolError, input_text, parse_message
 from omni_stream.realtime.speech.stream_units import UnitJob, UnitSpec, UtteranceEnd
@@ -193,8 +193,8 @@ class SpeechSession:
         try:
             opts = parse_options(config, self.settings, websocket=True)
             check_model(opts.model, self.state.served_models())
-            template = await build_request(self.state, opts, "-")
-            check_request(self.state, template)  # the family's own checks, before any text arrives
+            # resolved by the engine now, before any text arrives; each unit's request copies it
+            template = self.state.ready_engine.resolve(await build_request(self.state, opts, "-"))
         except Exception as exc:
             raise ProtocolError(f"Invalid session config: {from_exception(exc).message}") from exc
         self.opts, self.template = opts, template

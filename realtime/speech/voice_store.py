@@ -140,7 +140,11 @@ def read_voice(path: Path) -> StoredVoice:
 
 
 class VoiceStore:
-    """Uploaded voices, in memory and (with ``directory``) on disk. Disk methods block: call them off the loop."""
+    """Uploaded voices, in memory and (with ``directory``) on disk. Disk methods block: call them off the loop.
+
+    The engine resolves voice names through it (:class:`omni_stream.validation.voices.VoiceCatalog`: ``get`` and
+    ``names`` read memory only); a directory other servers share is read again by :meth:`refresh` first.
+    """
 
     def __init__(self, directory: Path | None, max_voices: int = 1000) -> None:
         self.directory = directory
@@ -158,6 +162,10 @@ class VoiceStore:
     def voices(self) -> list[StoredVoice]:
         """Every uploaded voice, sorted by name."""
         return sorted(self._voices.values(), key=lambda v: v.key)
+
+    def names(self) -> list[str]:
+        """Every uploaded voice's name, lower-cased and sorted."""
+        return sorted(self._voices)
 
     def has_room_for(self, name: str) -> bool:
         return name.lower() in self._voices or len(self._voices) < self.max_voices

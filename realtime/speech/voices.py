@@ -13,14 +13,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Message
 
-from omni_stream.errors import InvalidRequestError, UnsupportedTaskError
+from omni_stream.errors import InvalidRequestError
 from omni_stream.realtime.common.body_limit import drain, parse_json, read_body
 from omni_stream.realtime.common.errors import ApiError, bad_request, from_exception
-from omni_stream.realtime.speech.build import can_clone, check_request, decode_reference, model_key, supported_voices
+from omni_stream.realtime.speech.build import decode_reference
 from omni_stream.realtime.speech.voice_store import StoredVoice, VoiceLimitError, now_seconds, validate_name
 from omni_stream.realtime.state import ServerState
-from omni_stream.requests import SpeechRequest, TaskType, VoicePrompt
+from omni_stream.requests import SpeechRequest, VoicePrompt
 from omni_stream.speech.limits import check_embedding
+from omni_stream.validation.voices import check_new_voice, model_key, voice_names
 
 log = logging.getLogger("omni_stream.realtime.speech.voices")
 ROUTE = "/v1/audio/voices"
@@ -72,7 +73,8 @@ async def list_voices(request: Request) -> Response:
     state: ServerState = request.app.state.omni
     await anyio.to_thread.run_sync(state.voices.sync)  # the directory may be shared with replicas
     uploaded = [v.public() for v in state.voices.voices()]
-    names = supported_voices(state) if state.engine is not None else sorted(v.key for v in state.voices.voices())
+    engine = state.engine
+    names = voice_names(engine.speech_info, state.voices) if engine is not None else list(state.voices.names())
     return _count(state, JSONResponse({"voices": names, "uploaded_voices": uploaded}))
 
 
@@ -161,14 +163,12 @@ async def _upload(request: Request, state: ServerState) -> StoredVoice:
         raise bad_request("Voice uploads must be multipart/form-data (or a form-encoded speaker_embedding)")
     # Read first (bounded), so that even a refused client gets to read the answer before the connection closes.
     form = await _read_form(request, limit + FORM_OVERHEAD)
-    if not can_clone(state):
+    info = state.ready_engine.speech_info
+    try:
+        check_new_voice(info)  # the model must clone, whatever the form holds
+    except InvalidRequestError:
         await form.close()
-        kinds = "/".join(TaskType(t).value for t in state.ready_engine.speech_info.task_types)
-        raise bad_request(
-            f"This {kinds} checkpoint cannot clone voices, so it cannot use uploaded ones: "
-            "voice uploads need a Base checkpoint",
-            "audio_sample",
-        )
+        raise
     try:
         name = _text_field(form, "name", required=True)
         consent = _text_field(form, "consent", required=True)
@@ -189,8 +189,7 @@ async def _upload(request: Request, state: ServerState) -> StoredVoice:
     problem = validate_name(name)
     if problem:
         raise bad_request(problem, "name")
-    if any(v.lower() == name.lower() for v in state.ready_engine.speech_info.voices):
-        raise bad_request(f"'{name}' is a built-in voice; choose another name", "name")
+    check_new_voice(info, name)
     if not state.voices.has_room_for(name):
         raise bad_request(f"Maximum number of uploaded voices ({state.voices.max_voices}) reached", "name")
     if embedding_text is not None:
@@ -239,7 +238,7 @@ async def _audio_voice(
         ref_text=ref_text,
         speaker_description=description,
         prompt=prompt,
-        prompt_model=model_key(state) if prompt is not None else None,
+        prompt_model=model_key(state.ready_engine.speech_info) if prompt is not None else None,
     )
 
 
@@ -256,7 +255,7 @@ async def _embedding_voice(
         raise bad_request(message, "speaker_embedding") from exc
     prompt = VoicePrompt(x_vector=np.asarray(values, dtype=np.float32))
     # The engine's own checks (the embedding's size) on a request that would use it.
-    check_request(state, SpeechRequest(text="-", task_type=TaskType.BASE, voice_prompt=prompt, x_vector_only_mode=True))
+    state.ready_engine.resolve(SpeechRequest(text="-", voice_prompt=prompt, x_vector_only_mode=True))
     return StoredVoice(
         name=name,
         consent=consent,
@@ -268,17 +267,15 @@ async def _embedding_voice(
         ref_text=ref_text,
         speaker_description=description,
         prompt=prompt,
-        prompt_model=model_key(state),
+        prompt_model=model_key(state.ready_engine.speech_info),
     )
 
 
 async def _voice_prompt(state: ServerState, samples: Any, rate: int, ref_text: str | None) -> VoicePrompt | None:
-    """The engine's cloning prompt for Base models (extracted once, stored with the voice); None otherwise."""
-    engine = state.ready_engine
-    tasks = {t.value if isinstance(t, TaskType) else str(t) for t in engine.speech_info.task_types}
-    if TaskType.BASE.value not in tasks:
-        return None
+    """The engine's cloning prompt (extracted once, stored with the voice); None when the family makes none."""
     try:
-        return await engine.create_voice_prompt(samples, rate, ref_text=ref_text)
-    except (UnsupportedTaskError, NotImplementedError):
+        return await state.ready_engine.create_voice_prompt(samples, rate, ref_text=ref_text)
+    except NotImplementedError:
         return None
+    except InvalidRequestError as exc:  # the engine names its own field for the audio; here it is audio_sample
+        raise InvalidRequestError(exc.message, "audio_sample" if exc.param == "ref_audio" else exc.param) from None

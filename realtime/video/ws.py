@@ -131,7 +131,7 @@ class VideoSession:
         return family
 
     def _resolve(self, request: VideoRequest) -> VideoRequest:
-        return self._family().check_request(request)
+        return self.engine.resolve(request)
 
     @property
     def request_id(self) -> str | None:

@@ -38,6 +38,7 @@ from omni_stream.runtime.offload import run_prepare
 from omni_stream.runtime.weights import parse_dtype
 from omni_stream.scheduler import Scheduler
 from omni_stream.text.stage import text_generation_stage
+from omni_stream.validation.text import fit_prompt, prompt_field
 
 log = logging.getLogger(__name__)
 
@@ -120,34 +121,17 @@ class CausalLMFamily:
         return self.tokenizer.count(text)
 
     def text_stage(self, request: TextRequest, ctx: RequestContext) -> Stage[Any, TextDelta]:
-        """Check ``request`` (field errors now; prompt-length errors in the stage, before any delta)."""
-        if request.max_tokens is not None and request.max_tokens >= self.max_context:
-            raise InvalidRequestError(
-                f"max_tokens ({request.max_tokens}) must be less than the context of {self.max_context} tokens",
-                "max_tokens",
-            )
+        """The stage of ``request`` (a chat without a template is refused now; the prompt is fitted to the context
+        in the stage, before any delta)."""
         if request.messages and not self.tokenizer.has_chat_template:
             raise InvalidRequestError("this model has no chat template: send a raw prompt instead", "messages")
         sampling = request.sampling or self.sampling
-        field = "prompt" if request.prompt is not None else "messages"
 
         async def prepare(ctx: RequestContext) -> LMRequest:
             ids = await run_prepare(self.tokenizer.encode, request)
-            room = self.max_context - len(ids)
-            if room < 1:
-                raise InvalidRequestError(
-                    f"the prompt ({len(ids)} tokens) does not fit the context of {self.max_context} tokens", field
-                )
-            if request.max_tokens is not None and request.max_tokens > room:
-                raise InvalidRequestError(
-                    f"max_tokens ({request.max_tokens}) exceeds the {room} tokens left in the context of "
-                    f"{self.max_context} after the prompt ({len(ids)} tokens)",
-                    "max_tokens",
-                )
+            max_tokens = fit_prompt(len(ids), request.max_tokens, self.max_context, prompt_field(request))
             ctx.tokens(ModelKind.TEXT).input_tokens = len(ids)
-            return LMRequest(
-                tuple(ids), request.max_tokens or room, sampling, request.seed, request.stop, request.ignore_eos
-            )
+            return LMRequest(tuple(ids), max_tokens, sampling, request.seed, request.stop, request.ignore_eos)
 
         return text_generation_stage(self.scheduler, prepare)
 

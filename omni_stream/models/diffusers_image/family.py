@@ -42,8 +42,8 @@ from omni_stream.images.spec import (
     USAGE_IMAGE_INPUT,
     ImageInfo,
     ImageRequest,
-    check_request,
     image_tokens,
+    output_size,
     prompt_of,
 )
 from omni_stream.models.diffusers_image.adapters import Row, Shape, adapter_for
@@ -167,8 +167,8 @@ class DiffusersImageFamily:
         return _Prepared(rows, original, mask, self.adapter.count_tokens(prompt), inputs)
 
     def image_stage(self, request: ImageRequest, ctx: RequestContext) -> Stage[TextDelta, Image]:
-        """Validate ``request`` now; the stage paints it (see the module docstring)."""
-        size = check_request(self.info, request)
+        """The stage that paints ``request`` (checked by the engine: images.spec.check_request)."""
+        size = output_size(self.info, request)
         shape = Shape(
             request.mode,
             size[0],

@@ -38,7 +38,6 @@ from omni_stream.video.spec import (
     VideoInfo,
     VideoRequest,
     chunk_count,
-    resolve_request,
 )
 from omni_stream.worker import DeviceWorker
 
@@ -86,11 +85,8 @@ class HeliosFamily:
         """Per-request state still held: requests with a generation state."""
         return {"requests": len(self._live)}
 
-    def check_request(self, request: VideoRequest) -> VideoRequest:
-        return resolve_request(self.info, request)
-
     def video_stage(self, request: VideoRequest, ctx: RequestContext) -> Stage[Any, VideoChunk]:
-        request = self.check_request(request)
+        """The stage of ``request``, resolved by the engine (video.spec.resolve_request)."""
         assert request.num_frames is not None and request.fps is not None
         assert request.width is not None and request.height is not None
         assert request.num_inference_steps is not None and request.guidance_scale is not None

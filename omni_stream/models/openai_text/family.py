@@ -39,7 +39,7 @@ from httpx_sse import EventSource, SSEError
 
 from omni_stream.chunks import TextDelta
 from omni_stream.context import RequestContext, TokenCount
-from omni_stream.errors import ConfigError, InvalidRequestError, UpstreamError
+from omni_stream.errors import ConfigError, UpstreamError
 from omni_stream.family import LoadContext, ModelKind, TextInfo
 from omni_stream.models.openai_text.wire import (
     MODELS_PATH,
@@ -79,8 +79,13 @@ class OpenAITextFamily:
         self.endpoint = base_url(endpoint)
         self.options = options
         self.model = model
-        self.context_known = max_context is not None
-        self.info = TextInfo(model, MODEL_TYPE, ModelKind.TEXT, max_context=max_context or DEFAULT_CONTEXT)
+        self.info = TextInfo(
+            model,
+            MODEL_TYPE,
+            ModelKind.TEXT,
+            max_context=max_context or DEFAULT_CONTEXT,
+            context_known=max_context is not None,
+        )
         self._client: httpx.AsyncClient | None = None
 
     def _http(self) -> httpx.AsyncClient:
@@ -96,17 +101,8 @@ class OpenAITextFamily:
             )
         return self._client
 
-    def check_request(self, request: TextRequest) -> None:
-        """What can be checked here without the server's tokenizer: ``max_tokens`` against the context."""
-        if self.context_known and request.max_tokens is not None and request.max_tokens >= self.info.max_context:
-            raise InvalidRequestError(
-                f"max_tokens ({request.max_tokens}) must be less than the model's context of "
-                f"{self.info.max_context} tokens",
-                "max_tokens",
-            )
-
     def text_stage(self, request: TextRequest, ctx: RequestContext) -> Stage[Any, TextDelta]:
-        self.check_request(request)
+        """The stage of ``request``; the prompt's fit is the server's to check (its tokenizer is there)."""
         path, body = request_body(request, self.model)
 
         async def text(ctx: RequestContext, upstream: AsyncIterator[Any]) -> AsyncIterator[TextDelta]:

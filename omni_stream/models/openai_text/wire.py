@@ -15,6 +15,7 @@ from typing import Any
 
 from omni_stream.errors import ConfigError, InvalidRequestError, OmniStreamError, UpstreamError
 from omni_stream.requests import TextRequest
+from omni_stream.validation.sampling import openai_sampling
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
@@ -71,17 +72,8 @@ def request_body(request: TextRequest, model: str) -> tuple[str, dict[str, Any]]
         body["messages"] = [{"role": m.role.value, "content": m.content} for m in request.messages]
     if request.max_tokens is not None:
         body["max_tokens"] = request.max_tokens
-    sampling = request.sampling
-    if sampling is not None:
-        if not sampling.do_sample:
-            body["temperature"] = 0.0
-        else:
-            body["temperature"] = sampling.temperature
-            body["top_p"] = sampling.top_p
-            if sampling.top_k > 0:
-                body["top_k"] = sampling.top_k
-        if sampling.repetition_penalty != 1.0:
-            body["repetition_penalty"] = sampling.repetition_penalty
+    if request.sampling is not None:
+        body.update(openai_sampling(request.sampling))
     if request.seed is not None:
         body["seed"] = request.seed
     if request.stop:

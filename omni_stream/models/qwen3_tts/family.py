@@ -1,9 +1,10 @@
 """The Qwen3-TTS family: load a hub-layout checkpoint and stream speech through talker and codec stages.
 
 Loading (off the event loop, with a progress bar): config, text tokenizer, talker + code predictor, the
-12 Hz speech tokenizer (decoder; encoder too for Base), the speaker encoder (Base). Requests are checked
-synchronously in :meth:`Qwen3TTSFamily.speech_stages` (cheap field checks that raise before anything
-streams); tokenization, voice-prompt extraction and model work run off the loop in the stages.
+12 Hz speech tokenizer (decoder; encoder too for Base), the speaker encoder (Base). Requests arrive resolved and
+checked by the engine (:mod:`omni_stream.validation.speech`, against :attr:`Qwen3TTSFamily.info`); tokenization,
+voice-prompt extraction and model work run off the loop in the stages, where the tokenized prompt is fitted to the
+talker's context.
 
 ``embedded_default_checkpoint()`` builds the tiny random-weight checkpoint the server uses when no model
 is given: it speaks noise, and the loader says so.
@@ -22,26 +23,20 @@ import numpy as np
 import torch
 
 from omni_stream.context import RequestContext
-from omni_stream.errors import (
-    AudioDecodeError,
-    ConfigError,
-    InvalidRequestError,
-    UnknownVoiceError,
-    UnsupportedTaskError,
-)
+from omni_stream.errors import ConfigError
 from omni_stream.family import LoadContext, ModelKind, SpeechInfo
 from omni_stream.models.qwen3_tts.checkpoint import load_lm, write_tiny_checkpoint
 from omni_stream.models.qwen3_tts.codec import load_speech_tokenizer
 from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
 from omni_stream.models.qwen3_tts.codec_stage import LiveCount, ReferenceCodes, codec_stage
-from omni_stream.models.qwen3_tts.config import GenerationDefaults, load_config, load_generation_defaults
+from omni_stream.models.qwen3_tts.config import Qwen3TTSConfig, load_config, load_generation_defaults
 from omni_stream.models.qwen3_tts.fused import default_kernels
-from omni_stream.models.qwen3_tts.prompt import TASK_OF_MODEL, TalkerRequest, prepare_request, resolve_task
+from omni_stream.models.qwen3_tts.prompt import TASK_OF_MODEL, TalkerRequest, prepare_request
 from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
 from omni_stream.models.qwen3_tts.speaker_encoder import load_speaker_encoder
 from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
 from omni_stream.pipeline import Stage
-from omni_stream.requests import SamplingParams, SpeechRequest, TaskType, VoicePrompt
+from omni_stream.requests import SpeechRequest, TaskType, VoicePrompt
 from omni_stream.runtime.cache import EMBEDDED_MARKER, embedded_checkpoint_dir
 from omni_stream.runtime.gil import shorten_switch_interval
 from omni_stream.runtime.gpu_completions import Completions
@@ -49,13 +44,7 @@ from omni_stream.runtime.offload import run_prepare
 from omni_stream.runtime.weights import parse_dtype
 from omni_stream.scheduler import Scheduler
 from omni_stream.speech.admission import PlaybackAdmission
-from omni_stream.speech.limits import (
-    check_ref_seconds,
-    check_text,
-    fit_context,
-    max_input_chars,
-    unsupported_task_message,
-)
+from omni_stream.speech.limits import fit_context, max_input_chars
 from omni_stream.speech.stages import talker_stage
 
 log = logging.getLogger(__name__)
@@ -65,23 +54,6 @@ SAMPLE_RATE = 24000
 # engine is idle, codec_stream.first_window_frames), doubling up to the steady size.
 STEADY_FRAMES = 25
 EMBEDDED_NAME = "qwen3-tts-tiny-custom-voice-v1"
-
-
-def _sampling(defaults: GenerationDefaults) -> tuple[SamplingParams, SamplingParams]:
-    talker = SamplingParams(
-        do_sample=defaults.do_sample,
-        temperature=defaults.temperature,
-        top_k=defaults.top_k,
-        top_p=defaults.top_p,
-        repetition_penalty=defaults.repetition_penalty,
-    )
-    sub = SamplingParams(
-        do_sample=defaults.subtalker_dosample,
-        temperature=defaults.subtalker_temperature,
-        top_k=defaults.subtalker_top_k,
-        top_p=defaults.subtalker_top_p,
-    )
-    return talker, sub
 
 
 class Qwen3TTSFamily:
@@ -157,19 +129,8 @@ class Qwen3TTSFamily:
                 self.completions = Completions(self.worker, busy=self.scheduler.has_work)
                 self.runner.after_step = self.completions.deliver_ready
             bar.update(1)
-        self.sampling, self.subtalker_sampling = _sampling(self.defaults)
-        self.info = SpeechInfo(
-            model_name=ckpt.name,
-            model_type="qwen3_tts",
-            kind=ModelKind.SPEECH,
-            default_voice=cfg.speakers[0] if cfg.speakers else None,
-            task_types=(self.task,),
-            voices=cfg.speakers,
-            languages=tuple(lang.capitalize() for lang in cfg.languages if lang != "auto"),
-            sample_rate=self.speech_tokenizer.sample_rate,
-            default_task=self.task,
-            max_input_chars=max_input_chars(self.runner.max_len),
-        )
+        self.sampling, self.subtalker_sampling = self.defaults.talker_sampling(), self.defaults.subtalker_sampling()
+        self.info = speech_info(cfg, ckpt.name, self.speech_tokenizer.sample_rate, self.runner.max_len)
         if self.embedded:
             log.warning(
                 "serving the embedded tiny checkpoint %s: random weights, it speaks noise "
@@ -183,65 +144,13 @@ class Qwen3TTSFamily:
         """Tokens of ``text`` under the checkpoint's tokenizer (blocking: call it off the loop for long text)."""
         return self.tokenizer.count(text)
 
-    def check_request(self, request: SpeechRequest) -> tuple[SpeechRequest, TaskType]:
-        """Cheap field checks that need no tokenization; raises typed errors naming the field.
-
-        Returns the request with the model's defaults filled in (the first built-in voice when a CustomVoice
-        request names none) and its task. The task is checked first, so a task the checkpoint cannot do is
-        refused before anything else about the request matters.
-        """
-        if request.task_type is not None and TaskType(request.task_type) is not self.task:
-            message = unsupported_task_message("Qwen3-TTS", self.task.value, TaskType(request.task_type).value)
-            raise UnsupportedTaskError(message, "task_type")
-        task = resolve_task(request, self.config)
-        if isinstance(request.text, str):  # streamed text is checked unit by unit
-            check_text(request.text, self.max_input_chars)
-        lang = (request.language or "auto").strip().lower()
-        if lang not in self.config.languages:
-            valid = ", ".join(x.capitalize() for x in self.config.languages)
-            raise InvalidRequestError(f"unknown language {request.language!r}; valid languages: {valid}", "language")
-        if task is TaskType.CUSTOM_VOICE:
-            valid = ", ".join(self.config.speakers)
-            if not request.voice:
-                if not self.config.speakers:
-                    raise InvalidRequestError(f"voice is required; valid voices: {valid}", "voice")
-                request = replace(request, voice=self.config.speakers[0])  # vLLM-Omni's default speaker too
-            assert request.voice is not None
-            if request.voice.strip().lower() not in self.config.talker.spk_id:
-                raise UnknownVoiceError(f"unknown voice {request.voice!r}; valid voices: {valid}", "voice")
-        elif task is TaskType.VOICE_DESIGN:
-            if not (request.instructions or "").strip():
-                raise InvalidRequestError("VoiceDesign needs instructions describing the voice", "instructions")
-        elif request.voice_prompt is None and request.ref_audio is None:
-            raise InvalidRequestError(
-                "Base (voice cloning) models need a reference voice: give ref_audio or an uploaded voice", "ref_audio"
-            )
-        elif request.voice_prompt is None and not request.x_vector_only_mode and not (request.ref_text or "").strip():
-            raise InvalidRequestError(
-                "in-context voice cloning needs ref_text (the transcript of the reference audio); "
-                "set x_vector_only_mode to clone from the speaker embedding alone",
-                "ref_text",
-            )
-        ref = request.ref_audio
-        if task is TaskType.BASE and request.voice_prompt is None and ref is not None and request.ref_sample_rate > 0:
-            check_ref_seconds(np.shape(ref)[0] / request.ref_sample_rate)
-        if task is TaskType.BASE and request.voice_prompt is not None:
-            hidden = self.config.talker.decoder.hidden_size
-            size = int(np.size(request.voice_prompt.x_vector))
-            if size != hidden:
-                raise InvalidRequestError(
-                    f"'speaker_embedding' has {size} values; this checkpoint's speaker embedding has {hidden}",
-                    "speaker_embedding",
-                )
-        return request, task
-
     @property
     def max_input_chars(self) -> int:
         """The longest ``input`` the talker's context holds with its default frame budget (characters)."""
         return max_input_chars(self.runner.max_len)
 
     def speech_stages(self, request: SpeechRequest, ctx: RequestContext) -> Sequence[Stage]:
-        request, task = self.check_request(request)
+        task = TaskType(request.task_type or self.task)
         explicit = request.max_new_tokens is not None
         assert isinstance(request.text, str), "streamed text is split into units before it reaches a family"
         reference = ReferenceCodes()  # the talker stage's prompt hands the ICL reference codes to the codec stage
@@ -309,17 +218,9 @@ class Qwen3TTSFamily:
     async def create_voice_prompt(
         self, audio: np.ndarray, sample_rate: int, ref_text: str | None = None
     ) -> VoicePrompt:
-        """Speaker x-vector (and, with ``ref_text``, the reference codes) of ``audio`` for Base cloning."""
-        if self.task is not TaskType.BASE:
-            raise UnsupportedTaskError(unsupported_task_message("Qwen3-TTS", self.task.value, "Base"), "task_type")
-        audio = np.asarray(audio, dtype=np.float32)
-        if audio.ndim == 2:
-            audio = audio.mean(axis=1)
-        if audio.ndim != 1 or audio.size == 0 or not np.isfinite(audio).all():
-            raise AudioDecodeError("reference audio must be non-empty, finite mono samples", "ref_audio")
-        if sample_rate <= 0:
-            raise InvalidRequestError(f"sample_rate must be positive, got {sample_rate}", "ref_audio")
-        check_ref_seconds(audio.size / sample_rate)
+        """Speaker x-vector (and, with ``ref_text``, the reference codes) of ``audio`` for Base cloning (float32
+        mono samples the engine checked: :func:`omni_stream.validation.speech.check_reference`)."""
+        assert self.task is TaskType.BASE, "the engine asks only a Base checkpoint for a cloning prompt"
         if sample_rate != SAMPLE_RATE:
             from omni_stream.codecs import resample
 
@@ -329,6 +230,26 @@ class Qwen3TTSFamily:
 
     async def aclose(self) -> None:
         """Nothing to stop: models are freed with the family, the worker releases sequences and device jobs."""
+
+
+def speech_info(cfg: Qwen3TTSConfig, model_name: str, sample_rate: int, context: int) -> SpeechInfo:
+    """What a checkpoint of config ``cfg`` offers and how requests are checked against it (``context``: talker
+    positions a request may take)."""
+    task = TASK_OF_MODEL[cfg.tts_model_type]
+    return SpeechInfo(
+        model_name=model_name,
+        model_type="qwen3_tts",
+        kind=ModelKind.SPEECH,
+        default_voice=cfg.speakers[0] if cfg.speakers else None,
+        task_types=(task,),
+        voices=cfg.speakers,
+        languages=tuple(lang.capitalize() for lang in cfg.languages if lang != "auto"),
+        sample_rate=sample_rate,
+        default_task=task,
+        max_input_chars=max_input_chars(context),
+        speaker_embedding_dim=cfg.talker.decoder.hidden_size,
+        non_streaming_mode=True,
+    )
 
 
 def codec_stream_priority(mode: str) -> int | None:

@@ -1,10 +1,11 @@
-"""Talker prompts: request validation, the symbolic dual-track layout, and its embedding.
+"""Talker prompts: the symbolic dual-track layout of a request, and its embedding.
 
-:func:`build_prompt` is pure CPU work (tokenization included) that runs off the event loop and raises
-typed errors naming the offending request field. It yields a :class:`TalkerPrompt` holding ids only;
-:func:`prompt_rows` lays it out as ids per position (QWEN3_TTS.md section 1.3: text and codec tracks are
-summed position by position) and :func:`embed_prompts` turns the prompts of a step into prefill and
-trailing-text embeddings on the device thread, all of them together.
+:func:`build_prompt` is pure CPU work (tokenization included) that runs off the event loop, on a request the
+engine has resolved (:mod:`omni_stream.validation.speech`: its task, voice and language are the checkpoint's); what
+only this family knows (a cloning prompt's codec codes) it checks itself, naming the field. It yields a
+:class:`TalkerPrompt` holding ids only; :func:`prompt_rows` lays it out as ids per position (QWEN3_TTS.md
+section 1.3: text and codec tracks are summed position by position) and :func:`embed_prompts` turns the prompts
+of a step into prefill and trailing-text embeddings on the device thread, all of them together.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from omni_stream.errors import InvalidRequestError, UnknownVoiceError, UnsupportedTaskError
+from omni_stream.errors import InvalidRequestError
 from omni_stream.models.qwen3_tts.config import CODEBOOK_SIZE, NUM_CODE_GROUPS, GenerationDefaults, Qwen3TTSConfig
 from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
 from omni_stream.requests import SamplingParams, SpeechRequest, TaskType, VoicePrompt
@@ -83,27 +84,9 @@ class TalkerRequest:
     request_id: str = ""
 
 
-def resolve_task(request: SpeechRequest, cfg: Qwen3TTSConfig) -> TaskType:
-    """The request's task; the checkpoint's own task when unset. Raises :class:`UnsupportedTaskError`."""
-    own = TASK_OF_MODEL[cfg.tts_model_type]
-    task = request.task_type
-    if task is None:
-        return own
-    task = TaskType(task)
-    if task != own:
-        raise UnsupportedTaskError(
-            f"task_type {task.value!r} is not supported by this {own.value} checkpoint (supported: {own.value!r})",
-            "task_type",
-        )
-    return task
-
-
-def _language(request: SpeechRequest, cfg: Qwen3TTSConfig) -> str:
-    lang = (request.language or "auto").strip().lower()
-    if lang not in cfg.languages:
-        valid = ", ".join(x.capitalize() for x in cfg.languages)
-        raise InvalidRequestError(f"unknown language {request.language!r}; valid languages: {valid}", "language")
-    return lang
+def task_of(request: SpeechRequest, cfg: Qwen3TTSConfig) -> TaskType:
+    """The request's task (the engine set it); the checkpoint's own task when unset."""
+    return TaskType(request.task_type) if request.task_type is not None else TASK_OF_MODEL[cfg.tts_model_type]
 
 
 def _codec_tags(cfg: Qwen3TTSConfig, lang: str, speaker: str | None) -> tuple[int, ...]:
@@ -132,16 +115,8 @@ def _voice_prompt(
     request: SpeechRequest, cfg: Qwen3TTSConfig, voice_prompt: VoicePrompt | None
 ) -> tuple[np.ndarray, np.ndarray | None, str | None]:
     vp = voice_prompt or request.voice_prompt
-    if vp is None:
-        raise InvalidRequestError(
-            "Base (voice cloning) models need a reference voice: give ref_audio or an uploaded voice", "ref_audio"
-        )
-    hidden = cfg.talker.decoder.hidden_size
-    xv = np.asarray(vp.x_vector, dtype=np.float32).reshape(-1)
-    if xv.shape != (hidden,) or not np.isfinite(xv).all():
-        raise InvalidRequestError(
-            f"voice_prompt.x_vector must be {hidden} finite floats, got shape {np.shape(vp.x_vector)}", "voice_prompt"
-        )
+    assert vp is not None, "the engine gives a Base request a reference (resolve_speech)"
+    xv = np.asarray(vp.x_vector, dtype=np.float32).reshape(-1)  # its size: the engine checked it
     codes = None
     if not request.x_vector_only_mode and vp.ref_codes is not None:
         codes = np.asarray(vp.ref_codes)
@@ -171,8 +146,8 @@ def build_prompt(
     ``voice_prompt`` overrides ``request.voice_prompt`` (Base). ``non_streaming`` overrides the reference
     wrapper's per-task text layout (CustomVoice/VoiceDesign: all text in the prefill; Base: streamed text).
     """
-    task = resolve_task(request, cfg)
-    lang = _language(request, cfg)
+    task = task_of(request, cfg)
+    lang = (request.language or "auto").strip().lower()  # the engine's spelling of one of cfg.languages
     ns = NON_STREAMING_TEXT[task] if non_streaming is None else non_streaming
     speaker_name = None
     speaker_id = None
@@ -181,28 +156,15 @@ def build_prompt(
     ref_text_ids = None
     instructions = (request.instructions or "").strip() or None
     if task is TaskType.CUSTOM_VOICE:
-        valid = ", ".join(cfg.speakers)
-        if not request.voice:
-            raise InvalidRequestError(f"voice is required; valid voices: {valid}", "voice")
-        speaker_name = request.voice.strip().lower()
-        if speaker_name not in cfg.talker.spk_id:
-            raise UnknownVoiceError(f"unknown voice {request.voice!r}; valid voices: {valid}", "voice")
+        speaker_name = (request.voice or cfg.speakers[0]).strip().lower()  # the engine checked it is a speaker
         speaker_id = cfg.talker.spk_id[speaker_name]
         if not cfg.supports_instructions:
             instructions = None  # the 0.6B CustomVoice model was not trained with instructions
-    elif task is TaskType.VOICE_DESIGN:
-        if instructions is None:
-            raise InvalidRequestError("VoiceDesign needs instructions describing the voice", "instructions")
-    else:
+    elif task is not TaskType.VOICE_DESIGN:
         instructions = None
         x_vector, ref_codes, ref_text = _voice_prompt(request, cfg, voice_prompt)
         if ref_codes is not None:
-            if not ref_text or not ref_text.strip():
-                raise InvalidRequestError(
-                    "in-context voice cloning needs ref_text (the transcript of the reference audio); "
-                    "set x_vector_only_mode to clone from the speaker embedding alone",
-                    "ref_text",
-                )
+            assert ref_text, "the engine refuses in-context cloning without a transcript (resolve_speech)"
             ref_ids = tokenizer.encode(f"<|im_start|>assistant\n{ref_text}<|im_end|>\n")
             ref_text_ids = tuple(ref_ids[3:-2])
     if not isinstance(request.text, str):

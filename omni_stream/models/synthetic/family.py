@@ -14,12 +14,6 @@ from contextlib import asynccontextmanager
 import numpy as np
 
 from omni_stream.context import RequestContext
-from omni_stream.errors import (
-    AudioDecodeError,
-    InvalidRequestError,
-    UnknownVoiceError,
-    UnsupportedTaskError,
-)
 from omni_stream.family import LoadContext, ModelKind, SpeechInfo
 from omni_stream.metrics import EngineMetrics
 from omni_stream.models.synthetic.config import Faults, SyntheticConfig
@@ -33,13 +27,7 @@ from omni_stream.models.synthetic.model import (
 from omni_stream.pipeline import Stage
 from omni_stream.requests import SpeechRequest, TaskType, VoicePrompt
 from omni_stream.scheduler import Scheduler
-from omni_stream.speech.limits import (
-    MAX_INPUT_CHARS,
-    check_ref_seconds,
-    check_text,
-    resolved_max_new_tokens,
-    unsupported_task_message,
-)
+from omni_stream.speech.limits import MAX_INPUT_CHARS, resolved_max_new_tokens
 from omni_stream.speech.stages import CodecWindow, WindowDecode, codec_stage, talker_stage
 from omni_stream.worker import DeviceWorker
 
@@ -85,6 +73,7 @@ class SyntheticFamily:
             sample_rate=config.sample_rate,
             default_task=TaskType(config.default_task),
             max_input_chars=MAX_INPUT_CHARS,
+            speaker_embedding_dim=_X_VECTOR_DIM,
         )
 
     # --- requests ---
@@ -93,11 +82,8 @@ class SyntheticFamily:
         """Byte-level tokens: one per UTF-8 byte."""
         return len(text.encode("utf-8"))
 
-    def check_request(self, request: SpeechRequest) -> TaskType:
-        return self._validate(request)
-
     def speech_stages(self, request: SpeechRequest, ctx: RequestContext) -> Sequence[Stage]:
-        task = self._validate(request)
+        task = TaskType(request.task_type or self.info.default_task)  # resolved by the engine
         assert isinstance(request.text, str), "streamed text is split into units before it reaches a family"
         text, faults = parse_faults(request.text) if self.config.fault_markers else (request.text, Faults())
         # The tone's own length (its end of speech), within the request's budget (max_new_tokens or the default).
@@ -118,46 +104,6 @@ class SyntheticFamily:
             )
         return [self._talker_stage(request, task, n_frames, faults), self._codec_stage(faults, ramp)]
 
-    def _validate(self, request: SpeechRequest) -> TaskType:
-        task = request.task_type or self.info.default_task
-        if task not in self.info.task_types:
-            supported = tuple(t.value for t in self.info.task_types)
-            message = unsupported_task_message("Synthetic", self.info.default_task.value, task.value, supported)
-            raise UnsupportedTaskError(message, "task_type")
-        if isinstance(request.text, str):  # streamed text is checked unit by unit
-            check_text(request.text, MAX_INPUT_CHARS)
-        if request.non_streaming_mode is not None:
-            raise InvalidRequestError(
-                "'non_streaming_mode' is not supported by this model: it has a single prompt layout",
-                "non_streaming_mode",
-            )
-        if task is TaskType.BASE and request.voice_prompt is not None:
-            size = int(np.size(request.voice_prompt.x_vector))
-            if size != _X_VECTOR_DIM:
-                raise InvalidRequestError(
-                    f"'speaker_embedding' has {size} values; this checkpoint's speaker embedding has {_X_VECTOR_DIM}",
-                    "speaker_embedding",
-                )
-        languages = {lang.lower() for lang in self.info.languages}
-        if request.language.lower() != "auto" and request.language.lower() not in languages:
-            allowed = ", ".join(("Auto", *self.info.languages))
-            raise InvalidRequestError(f"language {request.language!r} is not supported (one of: {allowed})", "language")
-        if task is TaskType.CUSTOM_VOICE and request.voice is not None:
-            if request.voice.lower() not in {v.lower() for v in self.info.voices}:
-                raise UnknownVoiceError(
-                    f"unknown voice {request.voice!r} (available: {', '.join(self.info.voices)})", "voice"
-                )
-        if task is TaskType.VOICE_DESIGN and not (request.instructions or "").strip():
-            raise InvalidRequestError("task_type 'VoiceDesign' needs instructions describing the voice", "instructions")
-        if task is TaskType.BASE and request.voice_prompt is None and request.ref_audio is None:
-            raise InvalidRequestError(
-                "task_type 'Base' (voice cloning) needs ref_audio or an uploaded voice", "ref_audio"
-            )
-        ref = request.ref_audio
-        if task is TaskType.BASE and request.voice_prompt is None and ref is not None and request.ref_sample_rate > 0:
-            check_ref_seconds(np.shape(ref)[0] / request.ref_sample_rate)
-        return task
-
     async def _tone(self, request: SpeechRequest, task: TaskType, ctx: RequestContext) -> int:
         if task is TaskType.CUSTOM_VOICE:
             voices = [v.lower() for v in self.info.voices]
@@ -168,12 +114,7 @@ class SyntheticFamily:
         if prompt is None:
             assert request.ref_audio is not None
             prompt = await ctx.wait(
-                self.worker.submit(
-                    self._extract,
-                    self._check_audio(request.ref_audio, request.ref_sample_rate),
-                    request.ref_sample_rate,
-                    request.ref_text,
-                ),
+                self.worker.submit(self._extract, request.ref_audio, request.ref_sample_rate, request.ref_text),
                 "voice prompt extraction",
             )
         assert prompt is not None
@@ -209,20 +150,6 @@ class SyntheticFamily:
 
     # --- voices ---
 
-    @staticmethod
-    def _check_audio(audio: np.ndarray, sample_rate: int) -> np.ndarray:
-        audio = np.asarray(audio)
-        if audio.ndim == 2:
-            audio = audio.mean(axis=1)
-        if audio.ndim != 1 or audio.size == 0:
-            raise AudioDecodeError("reference audio must be non-empty mono samples", "ref_audio")
-        if sample_rate <= 0:
-            raise InvalidRequestError(f"sample_rate must be positive, got {sample_rate}", "sample_rate")
-        audio = audio.astype(np.float32, copy=False)
-        if not np.isfinite(audio).all():
-            raise AudioDecodeError("reference audio holds NaN or infinite samples", "ref_audio")
-        return audio
-
     def _extract(self, audio: np.ndarray, sample_rate: int, ref_text: str | None) -> VoicePrompt:
         duration = audio.size / sample_rate
         signs = np.signbit(audio)
@@ -246,13 +173,8 @@ class SyntheticFamily:
     async def create_voice_prompt(
         self, audio: np.ndarray, sample_rate: int, ref_text: str | None = None
     ) -> VoicePrompt:
-        if TaskType.BASE not in self.info.task_types:
-            supported = tuple(t.value for t in self.info.task_types)
-            message = unsupported_task_message("Synthetic", self.info.default_task.value, "Base", supported)
-            raise UnsupportedTaskError(message, "task_type")
-        checked = self._check_audio(audio, sample_rate)
-        check_ref_seconds(checked.size / sample_rate)
-        return await self.worker.submit(self._extract, checked, sample_rate, ref_text)
+        """The prompt of float32 mono ``audio`` the engine checked (check_reference)."""
+        return await self.worker.submit(self._extract, audio, sample_rate, ref_text)
 
     async def aclose(self) -> None:
         """Nothing to free beyond the scheduler, which the engine's worker shuts down."""

@@ -19,7 +19,7 @@ from typing import Any
 from omni_stream.batch_model import Batch, SeqOutput
 from omni_stream.chunks import TextDelta
 from omni_stream.context import RequestContext
-from omni_stream.errors import ConfigError, InvalidRequestError
+from omni_stream.errors import ConfigError
 from omni_stream.family import LoadContext, ModelKind, TextInfo
 from omni_stream.metrics import EngineMetrics
 from omni_stream.models.synthetic.config import check_keys, write_config
@@ -28,6 +28,7 @@ from omni_stream.requests import Role, TextRequest
 from omni_stream.runtime.step_record import StepRecord
 from omni_stream.scheduler import Scheduler
 from omni_stream.text.stage import text_generation_stage
+from omni_stream.validation.text import fit_prompt, prompt_field
 from omni_stream.worker import DeviceWorker
 
 MODEL_TYPE = "synthetic_lm"
@@ -147,19 +148,9 @@ class SyntheticLMFamily:
 
     def text_stage(self, request: TextRequest, ctx: RequestContext) -> Stage[Any, TextDelta]:
         n_prompt, echo = self._prompt(request)
-        room = self.config.max_context - n_prompt
-        if room < 1:
-            raise InvalidRequestError(
-                f"the prompt ({n_prompt} tokens) does not fit the context of {self.config.max_context} tokens",
-                "messages",
-            )
-        if request.max_tokens is not None and request.max_tokens > room:
-            raise InvalidRequestError(
-                f"max_tokens ({request.max_tokens}) exceeds the {room} tokens left in the context after the prompt",
-                "max_tokens",
-            )
+        max_tokens = fit_prompt(n_prompt, request.max_tokens, self.config.max_context, prompt_field(request))
         reply = tuple(words(f"{self.config.reply_prefix} {echo}".strip())) or ("...",)
-        payload = LMInput(reply, request.max_tokens or room, request.ignore_eos)
+        payload = LMInput(reply, max_tokens, request.ignore_eos)
 
         async def prepare(ctx: RequestContext) -> LMInput:
             ctx.tokens(ModelKind.TEXT).input_tokens = n_prompt

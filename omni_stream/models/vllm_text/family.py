@@ -42,10 +42,11 @@ from omni_stream.chunks import TextDelta
 from omni_stream.context import RequestContext
 from omni_stream.errors import ConfigError, InvalidRequestError, RequestCancelled
 from omni_stream.family import LoadContext, ModelKind, TextInfo
-from omni_stream.models.vllm_text.params import check_prompt_fits, engine_args, sampling_args
+from omni_stream.models.vllm_text.params import engine_args, sampling_args
 from omni_stream.pipeline import Stage
 from omni_stream.requests import TextRequest
 from omni_stream.runtime.offload import run_prepare
+from omni_stream.validation.text import fit_prompt, prompt_field
 
 log = logging.getLogger(__name__)
 
@@ -151,11 +152,6 @@ class VllmTextFamily:
         from vllm.sampling_params import RequestOutputKind
 
         max_context = self.info.max_context
-        if request.max_tokens is not None and request.max_tokens >= max_context:
-            raise InvalidRequestError(
-                f"max_tokens ({request.max_tokens}) must be less than the model's context of {max_context} tokens",
-                "max_tokens",
-            )
         try:
             params = SamplingParams(
                 output_kind=RequestOutputKind.DELTA, **sampling_args(request, self.sampling_defaults)
@@ -169,7 +165,7 @@ class VllmTextFamily:
 
         async def text(ctx: RequestContext, upstream: AsyncIterator[Any]) -> AsyncIterator[TextDelta]:
             ids, prompt = await run_prepare(self._prompt, request)
-            check_prompt_fits(len(ids), request.max_tokens, max_context)
+            fit_prompt(len(ids), request.max_tokens, max_context, prompt_field(request))
             usage = ctx.tokens(ModelKind.TEXT)
             usage.input_tokens = len(ids)
             abort = _Abort(engine, ctx.request_id, aborts)

@@ -6,8 +6,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from omni_stream.errors import ConfigError, InvalidRequestError
+from omni_stream.errors import ConfigError
 from omni_stream.requests import TextRequest
+from omni_stream.validation.sampling import openai_sampling
 
 
 def engine_args(checkpoint: Path, backend_args: Mapping[str, Any]) -> dict[str, Any]:
@@ -31,19 +32,7 @@ def sampling_args(request: TextRequest, defaults: Mapping[str, Any]) -> dict[str
     from ``generation_config.json``), used when ``request.sampling`` is None. ``max_tokens`` None lets vLLM
     fill the rest of the context, as our other backends do.
     """
-    args: dict[str, Any] = {}
-    sampling = request.sampling
-    if sampling is None:
-        args.update(defaults)
-    elif not sampling.do_sample:
-        args.update(temperature=0.0, repetition_penalty=sampling.repetition_penalty)
-    else:
-        args.update(
-            temperature=sampling.temperature,
-            top_k=sampling.top_k,  # 0 disables it in vLLM as in ours
-            top_p=sampling.top_p,
-            repetition_penalty=sampling.repetition_penalty,
-        )
+    args: dict[str, Any] = dict(defaults) if request.sampling is None else openai_sampling(request.sampling)
     args["max_tokens"] = request.max_tokens
     if request.seed is not None:
         args["seed"] = request.seed
@@ -52,17 +41,3 @@ def sampling_args(request: TextRequest, defaults: Mapping[str, Any]) -> dict[str
     if request.ignore_eos:
         args["ignore_eos"] = True
     return args
-
-
-def check_prompt_fits(prompt_tokens: int, max_tokens: int | None, max_context: int) -> None:
-    """InvalidRequestError unless the prompt leaves room for ``max_tokens`` (at least one) new tokens."""
-    room = max_context - prompt_tokens
-    if room < 1:
-        raise InvalidRequestError(
-            f"the prompt ({prompt_tokens} tokens) does not fit the context of {max_context} tokens", "messages"
-        )
-    if max_tokens is not None and max_tokens > room:
-        raise InvalidRequestError(
-            f"max_tokens ({max_tokens}) exceeds the {room} tokens left in the context after the prompt",
-            "max_tokens",
-        )

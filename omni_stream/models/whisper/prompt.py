@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from omni_stream.errors import ConfigError, InvalidRequestError
+from omni_stream.errors import ConfigError
+from omni_stream.validation.language import language_error
 
 
 @dataclass(slots=True, frozen=True)
@@ -86,11 +87,9 @@ class WhisperTokens:
         if not self.multilingual:
             if code == "en":
                 return None
-            raise InvalidRequestError(f"this English-only model does not transcribe language {language!r}", "language")
+            raise language_error(language, ("en",))  # an English-only model
         if code not in self.languages:
-            raise InvalidRequestError(
-                f"unknown language {language!r} (one of: {', '.join(self.languages)}, or a language name)", "language"
-            )
+            raise language_error(language, (*self.languages, "or a language name"))
         return self.languages[code]
 
     def prompt(self, language: int | None, context: tuple[int, ...] = ()) -> WhisperPrompt:
