@@ -18,6 +18,7 @@ from omni_stream.family import SpeechInfo
 from omni_stream.models.smart_turn import load_smart_turn
 from omni_stream.realtime.agent.events import RealtimeError, SessionType, parse_client_event
 from omni_stream.realtime.agent.outputs import (
+    AdoptResponse,
     CancelResponse,
     CancelTranscription,
     Capabilities,
@@ -43,16 +44,18 @@ CAPS = Capabilities(
 )
 
 
-DRIVERS: dict[int, SyncTurns] = {}
-
-
 def make(caps: Capabilities = CAPS, limits: Limits | None = None, vad: bool = True, **kw) -> RealtimeProtocol:
     counter = itertools.count(1)
     caps = replace(caps, vad=caps.vad and vad)
     proto = RealtimeProtocol(caps, limits, ids=lambda p: f"{p}_{next(counter)}", **kw)
-    DRIVERS[id(proto)] = SyncTurns(proto, energy_vad, load_smart_turn() if caps.semantic else None)
-    DRIVERS[id(proto)].run(proto.start())
+    # the driver lives on the protocol (a cycle the collector frees with it: no detector outlives its test)
+    proto.turns = SyncTurns(proto, energy_vad, load_smart_turn() if caps.semantic else None)  # type: ignore[attr-defined]
+    driver(proto).run(proto.start())
     return proto
+
+
+def driver(proto: RealtimeProtocol) -> SyncTurns:
+    return proto.turns  # type: ignore[attr-defined]
 
 
 def send(proto: RealtimeProtocol, **event) -> Outputs:
@@ -62,7 +65,7 @@ def send(proto: RealtimeProtocol, **event) -> Outputs:
         parsed = parse_client_event(json.dumps(event))
     except RealtimeError as exc:
         return proto.refuse(exc)
-    return DRIVERS[id(proto)].run(proto.receive(parsed))
+    return driver(proto).run(proto.receive(parsed))
 
 
 def types(out: Outputs) -> list[str]:
@@ -460,12 +463,12 @@ def test_expiry_sends_session_expired_closes_and_ignores_later_events():
 def test_close_forgets_the_buffer_and_later_turn_events():
     proto = make()
     feed(proto, spoken_words(["three"], tail_ms=0)[:12000])
-    detector = DRIVERS[id(proto)].detector
+    detector = driver(proto).detector
     assert detector is not None and isinstance(detector.vad, EnergyVad) and detector.vad.held()
     assert proto.buffer.length
     proto.close()
     assert proto.buffer.length == 0
-    assert proto.turn_event(proto.turn_epoch, DRIVERS[id(proto)].events[0]) == Outputs()
+    assert proto.turn_event(proto.turn_epoch, driver(proto).events[0]) == Outputs()
 
 
 def test_semantic_vad_is_configured_reported_and_handed_to_the_driver():
@@ -517,3 +520,70 @@ def test_semantic_vad_without_an_end_of_turn_model_is_refused():
     session = {"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}
     err = error_of(send(proto, type="session.update", session=session))
     assert err["param"] == "session.audio.input.turn_detection.type" and "semantic_vad" in err["message"]
+
+
+def pause_then(proto: RealtimeProtocol, words: list[str]) -> Outputs:
+    """``words`` then 300 ms of silence: a pause (200 ms) that does not end the turn (server_vad: 500 ms)."""
+    return feed(proto, spoken_words(words, lead_ms=0, tail_ms=300))
+
+
+def test_a_preemptive_response_starts_on_the_speculation_and_is_dropped_unseen_when_the_turn_goes_on():
+    proto = make()
+    out = feed(proto, np.zeros(2400 * 3, np.int16)).extend(pause_then(proto, ["three"]))
+    assert types(out) == ["input_audio_buffer.speech_started"]
+    [spec] = out.commands
+    assert isinstance(spec, Transcribe)
+    assert proto.transcription_delta(spec.item_id, 0, "three") == Outputs()
+    started = proto.transcription_done(spec.item_id, 0, 1, 1)
+    [pre] = started.commands
+    assert started.events == [] and isinstance(pre, StartResponse) and pre.preemptive
+    assert pre.messages[-1].content == "three" and pre.messages[0].role is Role.SYSTEM and pre.speak
+    # the user goes on: the held response is cancelled, and nothing of it was ever sent
+    resumed = pause_then(proto, ["five"])
+    assert CancelResponse(pre.response_id) in resumed.commands and types(resumed) == []
+    spec2 = next(c for c in resumed.commands if isinstance(c, Transcribe))
+    proto.transcription_delta(spec2.item_id, 0, "three five")
+    [pre2] = proto.transcription_done(spec2.item_id, 0, 2, 2).commands
+    assert pre2.preemptive and pre2.messages[-1].content == "three five"
+    # the turn ends at that pause: the response it gets is the held one, adopted (no new StartResponse)
+    end = feed(proto, np.zeros(2400 * 4, np.int16))
+    assert types(end)[:3] == [
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+        "conversation.item.added",
+    ]
+    assert "conversation.item.input_audio_transcription.completed" in types(end)
+    created = next(e for e in end.events if e.type == "response.created")
+    rid = created.body["response"]["id"]
+    assert end.commands == [AdoptResponse(pre2.response_id, rid)] and rid != pre2.response_id
+    assert all(pre.response_id not in json.dumps(e.body) for e in end.events)
+    assert types(proto.response_transcript(rid, "Hello.")) == ["response.output_audio_transcript.delta"]
+    assert proto.response_transcript(pre2.response_id, "x") == Outputs()  # only the adopted id speaks
+
+
+def test_a_held_response_for_other_messages_is_cancelled_and_the_response_starts_anew():
+    proto = make()
+    feed(proto, np.zeros(2400 * 3, np.int16))
+    [spec] = pause_then(proto, ["three"]).commands
+    proto.transcription_delta(spec.item_id, 0, "three")
+    [pre] = proto.transcription_done(spec.item_id, 0, 1, 1).commands
+    # the client adds an item meanwhile: the held answer no longer answers this conversation
+    send(
+        proto, type="conversation.item.create", item={"role": "user", "content": [{"type": "input_text", "text": "x"}]}
+    )
+    end = feed(proto, np.zeros(2400 * 4, np.int16))
+    cancel, start = end.commands
+    assert cancel == CancelResponse(pre.response_id)
+    assert isinstance(start, StartResponse) and not start.preemptive and start.messages[-1].content == "three"
+
+
+def test_preemptive_response_false_turns_it_off():
+    proto = make()
+    out = send(proto, type="session.update", session={"preemptive_response": False})
+    assert out.events[0].body["session"]["preemptive_response"] is False
+    feed(proto, np.zeros(2400 * 3, np.int16))
+    [spec] = pause_then(proto, ["three"]).commands
+    proto.transcription_delta(spec.item_id, 0, "three")
+    assert proto.transcription_done(spec.item_id, 0, 1, 1) == Outputs()
+    err = error_of(send(proto, type="session.update", session={"preemptive_response": "no"}))
+    assert err["param"] == "session.preemptive_response"

@@ -141,6 +141,7 @@ class SessionPatch:
     turn_detection: TurnDetection | _Unset | None = UNSET
     transcription: TranscriptionConfig | _Unset | None = UNSET
     max_output_tokens: int | _Unset | None = UNSET
+    preemptive_response: bool | _Unset = UNSET
 
 
 @dataclass(slots=True, frozen=True)
@@ -430,6 +431,8 @@ def parse_session(value: Any, *, max_instructions: int) -> SessionPatch:
         fields["output_modalities"] = _modalities(body["output_modalities"], "session.output_modalities")
     if body.get("max_output_tokens") is not None:
         fields["max_output_tokens"] = _max_tokens(body["max_output_tokens"], "session.max_output_tokens")
+    if "preemptive_response" in body:
+        fields["preemptive_response"] = _bool(body["preemptive_response"], "session.preemptive_response")
     if body.get("tools"):
         raise RealtimeError("invalid_value", "tools are not supported", "session.tools")
     audio = _obj(body.get("audio", {}), "session.audio")

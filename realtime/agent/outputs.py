@@ -61,6 +61,7 @@ class SessionConfig:
     turn_detection: TurnDetection | None = None
     transcription: TranscriptionConfig | None = None
     max_output_tokens: int | None = None  # None: "inf"
+    preemptive_response: bool = True  # extension: answers may start at a pause, before the turn is committed
 
 
 # --- outputs ------------------------------------------------------------------------------------------------
@@ -125,6 +126,24 @@ class StartResponse:
     speak: bool
     voice: str | None
     max_tokens: int | None
+    preemptive: bool = False  # started before its turn was committed: hold every output until it is adopted
+
+    def same_work(self, other: StartResponse) -> bool:
+        """Whether ``other`` asks the models for exactly the same reply (ids aside)."""
+        return (self.messages, self.speak, self.voice, self.max_tokens) == (
+            other.messages,
+            other.speak,
+            other.voice,
+            other.max_tokens,
+        )
+
+
+@dataclass(slots=True, frozen=True)
+class AdoptResponse:
+    """The preemptive response ``preemptive_id`` is response ``response_id`` now: release its held outputs."""
+
+    preemptive_id: str
+    response_id: str
 
 
 @dataclass(slots=True, frozen=True)
@@ -141,7 +160,14 @@ class CloseSession:
 
 
 Command: TypeAlias = (
-    Transcribe | CancelTranscription | StartResponse | CancelResponse | CloseSession | ConfigureTurns | DetectTurns
+    Transcribe
+    | CancelTranscription
+    | StartResponse
+    | AdoptResponse
+    | CancelResponse
+    | CloseSession
+    | ConfigureTurns
+    | DetectTurns
 )
 
 

@@ -90,6 +90,7 @@ class RealtimeProtocol(TurnTaking, Speculating, ItemEditing, Responding):
             "tracing": None,
             "truncation": "auto",
             "prompt": None,
+            "preemptive_response": c.preemptive_response,
         }
 
     def start(self) -> Outputs:
@@ -229,4 +230,5 @@ class RealtimeProtocol(TurnTaking, Speculating, ItemEditing, Responding):
         self.pending.clear()
         self.speculation = None
         self.adopted.clear()
+        self.preempt = None
         self.response = None

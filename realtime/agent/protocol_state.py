@@ -24,7 +24,15 @@ from omni_stream.realtime.agent.events import (
     TurnDetection,
 )
 from omni_stream.realtime.agent.items import Content, Conversation, Item
-from omni_stream.realtime.agent.outputs import Capabilities, Limits, Outputs, ServerEvent, SessionConfig
+from omni_stream.realtime.agent.outputs import (
+    Capabilities,
+    Limits,
+    Outputs,
+    ServerEvent,
+    SessionConfig,
+    StartResponse,
+)
+from omni_stream.requests import ChatMessage
 
 DEFAULT_INSTRUCTIONS = "You are a helpful voice assistant. Answer briefly."
 
@@ -123,6 +131,7 @@ class ProtocolState:
         self.pending: dict[tuple[str, int], list[str]] = {}  # transcriptions in flight: partial texts
         self.speculation: Speculation | None = None  # the open pause's speculative transcription
         self.adopted: dict[str, str] = {}  # speculations in flight that became a committed item's: spec id -> item id
+        self.preempt: StartResponse | None = None  # a response started on the open speculation, held by the driver
         self.response: ResponseState | None = None
 
     def _event(self, type: str, audio: bytes | None = None, **body: Any) -> ServerEvent:
@@ -141,6 +150,12 @@ class ProtocolState:
         raise NotImplementedError
 
     def _drop_speculation(self) -> Outputs:  # realtime_speculation
+        raise NotImplementedError
+
+    def _drop_preempt(self) -> Outputs:  # realtime_speculation
+        raise NotImplementedError
+
+    def _preempt(self, spec: Speculation) -> Outputs:  # realtime_speculation
         raise NotImplementedError
 
     def _speech_paused(self, position: int) -> Outputs:  # realtime_speculation
@@ -170,6 +185,11 @@ class ProtocolState:
         raise NotImplementedError
 
     def _response_settings(self, event: ResponseCreate | None) -> dict[str, Any]:  # realtime_responses
+        raise NotImplementedError
+
+    def _reply_command(
+        self, rid: str, messages: list[ChatMessage], settings: dict[str, Any], *, preemptive: bool = False
+    ) -> StartResponse:  # realtime_responses
         raise NotImplementedError
 
     def _start_response(self, rid: str, settings: dict[str, Any]) -> Outputs:  # realtime_responses

@@ -17,7 +17,7 @@ from omni_stream.realtime.agent.events import (
     SessionType,
 )
 from omni_stream.realtime.agent.items import Content, ContentType, Item, ItemStatus, join_units
-from omni_stream.realtime.agent.outputs import CancelResponse, Outputs, ResponseUsage, StartResponse
+from omni_stream.realtime.agent.outputs import AdoptResponse, CancelResponse, Outputs, ResponseUsage, StartResponse
 from omni_stream.realtime.agent.protocol_state import ProtocolState, ResponseState, ResponseStatus, samples_ms
 from omni_stream.requests import ChatMessage, Role
 
@@ -95,12 +95,27 @@ class Responding(ProtocolState):
             return Outputs()
         r.status = ResponseStatus.RUNNING
         messages = self.conversation.messages(before=r.item)
-        if r.instructions.strip():
-            messages.insert(0, ChatMessage(Role.SYSTEM, r.instructions))
-        if not messages:
+        if not messages and not r.instructions.strip():
             return self._finish(r, "failed", error="the conversation is empty: nothing to respond to")
-        speak = r.modality is Modality.AUDIO
-        return Outputs(commands=[StartResponse(r.id, tuple(messages), speak, r.voice, r.max_tokens)])
+        settings = {"modality": r.modality, "voice": r.voice, "max_tokens": r.max_tokens}
+        settings["instructions"] = r.instructions
+        cmd = self._reply_command(r.id, messages, settings)
+        pre, self.preempt = self.preempt, None
+        if pre is not None and pre.same_work(cmd):  # started at the pause on this very turn: released now
+            return Outputs(commands=[AdoptResponse(pre.response_id, r.id)])
+        return Outputs(commands=[CancelResponse(pre.response_id)] if pre is not None else []).extend(
+            Outputs(commands=[cmd])
+        )
+
+    def _reply_command(
+        self, rid: str, messages: list[ChatMessage], settings: dict[str, Any], *, preemptive: bool = False
+    ) -> StartResponse:
+        """The models' work for a reply to ``messages`` (the instructions first, as a system message)."""
+        instructions: str = settings["instructions"]
+        if instructions.strip():
+            messages = [ChatMessage(Role.SYSTEM, instructions), *messages]
+        speak = settings["modality"] is Modality.AUDIO
+        return StartResponse(rid, tuple(messages), speak, settings["voice"], settings["max_tokens"], preemptive)
 
     def _where(self, r: ResponseState) -> dict[str, Any]:
         return {"response_id": r.id, "item_id": r.item.id, "output_index": 0, "content_index": 0}
@@ -168,6 +183,9 @@ class Responding(ProtocolState):
         return out.extend(self._finish(r, status, reason="max_output_tokens" if hit_limit else None, usage=usage))
 
     def response_failed(self, rid: str, message: str) -> Outputs:
+        if self.preempt is not None and self.preempt.response_id == rid:
+            self.preempt = None  # it failed unseen: the turn's end starts the response anew (and reports its error)
+            return Outputs()
         r = self._active(rid)
         return Outputs() if r is None else self._finish(r, "failed", error=message)
 

@@ -33,15 +33,15 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import numpy as np
 from anyio.abc import TaskGroup
 
-from omni_stream.chunks import Audio, TextDelta
+from omni_stream.chunks import Audio, StageOutput, TextDelta
 from omni_stream.codecs.resample import resample
 from omni_stream.engine import AsyncEngine, RequestStream
 from omni_stream.family import ModelKind
@@ -54,6 +54,7 @@ from omni_stream.realtime.agent.events import (
 )
 from omni_stream.realtime.agent.events import parse_client_event as parse
 from omni_stream.realtime.agent.outputs import (
+    AdoptResponse,
     CancelResponse,
     CancelTranscription,
     Capabilities,
@@ -94,6 +95,16 @@ def audio_pacer(ahead: float, clock: Clock) -> Pacer:
 
 
 # --- the session --------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Held:
+    """A preemptive response's run: its outputs wait for :attr:`adopted`; then they go to response :attr:`rid`."""
+
+    rid: str
+    speak: bool
+    holding: anyio.Event = field(default_factory=anyio.Event)  # it has read up to its first output and waits
+    adopted: anyio.Event = field(default_factory=anyio.Event)
 
 
 @dataclass(slots=True, frozen=True)
@@ -185,6 +196,7 @@ class RealtimeSession:
         self._tg: TaskGroup | None = None
         self._stack = contextlib.AsyncExitStack()
         self._responses: dict[str, anyio.CancelScope] = {}
+        self._held: dict[str, Held] = {}  # preemptive responses not adopted yet, by their own id
         self._streams: dict[str, RequestStream] = {}  # response id -> its engine request
         self._asr_streams: dict[tuple[str, int], RequestStream] = {}  # (item id, content index) -> its request
         self._transcriptions: dict[str, list[anyio.CancelScope]] = {}
@@ -231,6 +243,7 @@ class RealtimeSession:
         return {
             "engine_requests": len(self._streams) + len(self._asr_streams),
             "responses": len(self._responses),
+            "held_responses": len(self._held),
             "transcriptions": sum(len(s) for s in self._transcriptions.values()),
             "buffered_samples": p.buffer.length,
             "pending_transcripts": len(p.pending),
@@ -290,6 +303,7 @@ class RealtimeSession:
         close = None
         for cmd in commands:
             if isinstance(cmd, CancelResponse):
+                self._held.pop(cmd.response_id, None)
                 stream = self._streams.pop(cmd.response_id, None)
                 if stream is not None:
                     stream.abort()
@@ -298,7 +312,12 @@ class RealtimeSession:
                     scope.cancel()
             elif isinstance(cmd, StartResponse):
                 scope = self._responses[cmd.response_id] = anyio.CancelScope()
-                self._spawn(self._respond, cmd, scope)
+                held = None
+                if cmd.preemptive:
+                    held = self._held[cmd.response_id] = Held(cmd.response_id, cmd.speak)
+                self._spawn(self._respond, cmd, scope, held)
+            elif isinstance(cmd, AdoptResponse):
+                self._adopt(cmd)
             elif isinstance(cmd, Transcribe):
                 scope = anyio.CancelScope()
                 self._transcriptions.setdefault(cmd.item_id, []).append(scope)
@@ -316,13 +335,24 @@ class RealtimeSession:
                 close = SessionClose(cmd.code, cmd.reason)
         return close
 
+    def _adopt(self, cmd: AdoptResponse) -> None:
+        """The held preemptive run becomes ``cmd.response_id``: its stream and scope move, its outputs go out."""
+        held = self._held.pop(cmd.preemptive_id, None)
+        assert held is not None, f"no held response {cmd.preemptive_id}"  # the protocol adopts only live ones
+        held.rid = cmd.response_id
+        for table in (self._streams, self._responses):
+            if cmd.preemptive_id in table:
+                table[cmd.response_id] = table.pop(cmd.preemptive_id)  # type: ignore[index]
+        held.adopted.set()
+
     def _spawn(self, fn: Callable[..., Any], *args: Any) -> None:
         assert self._tg is not None
         self._tg.start_soon(fn, *args)
 
     # --- engine work ---
 
-    async def _respond(self, cmd: StartResponse, scope: anyio.CancelScope) -> None:
+    async def _respond(self, cmd: StartResponse, scope: anyio.CancelScope, held: Held | None = None) -> None:
+        """One response's engine request; ``held`` (a preemptive one): nothing goes out until it is adopted."""
         rid = cmd.response_id
         with scope:
             try:
@@ -335,10 +365,14 @@ class RealtimeSession:
                 await self._apply(self.protocol.response_failed, rid, _message(exc))
                 return
             self._streams[rid] = stream
-            pacer = audio_pacer(self.settings.realtime_run_ahead_seconds, self.clock)
             try:
                 async with stream:
-                    async for out in stream:
+                    outputs: AsyncIterator[StageOutput] = aiter(stream)
+                    if held is not None:
+                        outputs = await self._hold(held, outputs)
+                        rid = held.rid
+                    pacer = audio_pacer(self.settings.realtime_run_ahead_seconds, self.clock)
+                    async for out in outputs:
                         chunk = out.chunk
                         if isinstance(chunk, Audio):
                             if chunk.n_samples:
@@ -351,12 +385,16 @@ class RealtimeSession:
                             to = self.protocol.response_transcript if speech_stage else self.protocol.response_text
                             await self._apply(to, rid, chunk.text)
             except Exception as exc:
+                rid = held.rid if held is not None else rid
                 if self._streams.pop(rid, None) is not None:  # not cancelled: it failed
                     log.warning("realtime response %s failed: %s", rid, _message(exc))
                     await self._apply(self.protocol.response_failed, rid, _message(exc))
                 return
             finally:
+                rid = held.rid if held is not None else rid
                 self._responses.pop(rid, None)
+                if held is not None:
+                    self._held.pop(cmd.response_id, None)
             if self._streams.pop(rid, None) is None:
                 return  # cancelled while the stream was ending
             text, speech_usage = stream.usage.get(ModelKind.TEXT), stream.usage.get(ModelKind.SPEECH)
@@ -366,6 +404,28 @@ class RealtimeSession:
                 output_audio_tokens=speech_usage.output_tokens if speech_usage else 0,
             )
             await self._apply(self.protocol.response_done, rid, usage)
+
+    async def _hold(self, held: Held, outputs: AsyncIterator[StageOutput]) -> AsyncIterator[StageOutput]:
+        """Read a preemptive response up to its first audio (text-only: its first text) and wait to be adopted; the
+        outputs from there on, those read included. Reading stops while it waits, so the models pause at their
+        watermarks instead of running on."""
+        early: list[StageOutput] = []
+        async for out in outputs:
+            early.append(out)
+            if isinstance(out.chunk, Audio) and out.chunk.n_samples:
+                break
+            if isinstance(out.chunk, TextDelta) and out.stage == "text" and out.chunk.text and not held.speak:
+                break
+        held.holding.set()
+        await held.adopted.wait()
+
+        async def rest() -> AsyncIterator[StageOutput]:
+            for out in early:
+                yield out
+            async for out in outputs:
+                yield out
+
+        return rest()
 
     def _resamples_output(self) -> bool:
         r = self.protocol.response

@@ -1,5 +1,6 @@
 """Speculative work at pauses in the user's speech: the turn so far is transcribed at each pause, before the turn
-detector has decided that the turn is over.
+detector has decided that the turn is over, and (``session.preemptive_response``, on by default) the answer to it
+is started as soon as that transcript is in.
 
 The speculation is invisible: nothing of it reaches the client and nothing enters the conversation until the turn
 is committed. A turn that goes on (``resumed``), a new turn, a clear or a manual commit drops it (its engine work
@@ -7,13 +8,21 @@ is cancelled). A turn that ends at the pause the speculation started from commit
 speculation transcribed, so the speculation *is* the committed item's transcription: its text so far goes out as
 one delta after ``input_audio_buffer.committed``, the rest as it arrives, then ``completed``; a turn that ends
 elsewhere (a later pause) is transcribed anew.
+
+A preemptive response is a ``StartResponse(preemptive=True)`` the driver runs and holds (prefill, first tokens,
+first audio; nothing is sent). When the turn is committed and the response it gets would ask the models for
+exactly the same work (the same messages, voice and limits), the protocol adopts the held run
+(``AdoptResponse``) instead of starting anew; otherwise, and whenever the speculation is dropped, it is cancelled
+(``CancelResponse``: the driver aborts it, every model slot is freed, and nothing of it was ever emitted).
 """
 
 from __future__ import annotations
 
+from omni_stream.realtime.agent.events import Modality, SessionType
 from omni_stream.realtime.agent.items import Item
-from omni_stream.realtime.agent.outputs import CancelTranscription, Outputs, Transcribe
+from omni_stream.realtime.agent.outputs import CancelResponse, CancelTranscription, Outputs, Transcribe
 from omni_stream.realtime.agent.protocol_state import ProtocolState, Speculation
+from omni_stream.requests import ChatMessage, Role
 
 
 class Speculating(ProtocolState):
@@ -32,10 +41,39 @@ class Speculating(ProtocolState):
         return out
 
     def _drop_speculation(self) -> Outputs:
+        """Drop the open speculation and the response started on it (their engine work is cancelled)."""
         spec, self.speculation = self.speculation, None
-        if spec is None or spec.done:
+        out = self._drop_preempt()
+        if spec is not None and not spec.done:
+            out.commands.append(CancelTranscription(spec.id))
+        return out
+
+    def _drop_preempt(self) -> Outputs:
+        pre, self.preempt = self.preempt, None
+        return Outputs(commands=[CancelResponse(pre.response_id)] if pre is not None else [])
+
+    def _preempt(self, spec: Speculation) -> Outputs:
+        """Start the answer to ``spec``'s transcript, held by the driver, if the turn's end would start one now."""
+        c, td = self.config, self.config.turn_detection
+        if (
+            spec.failed is not None
+            or not c.preemptive_response
+            or td is None
+            or not td.create_response
+            or c.type is not SessionType.REALTIME
+            or not self.caps.text
+            or self.response is not None
+            or self.pending  # the answer would wait for other transcripts
+            or self.preempt is not None
+        ):
             return Outputs()
-        return Outputs(commands=[CancelTranscription(spec.id)])
+        text = "".join(spec.parts).strip()
+        settings = self._response_settings(None)
+        if not text or (settings["modality"] is Modality.AUDIO and not self.caps.speech):
+            return Outputs()
+        messages = [*self.conversation.messages(), ChatMessage(Role.USER, text)]
+        self.preempt = self._reply_command(self._id("resp"), messages, settings, preemptive=True)
+        return Outputs(commands=[self.preempt])
 
     def _speculation_for(self, start: int, end: int) -> Speculation | None:
         """The open speculation if it transcribed exactly ``start``..``end``; else it is dropped (returns None)."""

@@ -107,14 +107,15 @@ class TurnTaking(ProtocolState):
             [self._event("input_audio_buffer.speech_stopped", audio_end_ms=samples_ms(position), item_id=item_id)]
         )
         spec = self._speculation_for(self.buffer.start, position)
-        out.extend(self._drop_speculation())  # one that transcribed other audio
+        if spec is None:
+            out.extend(self._drop_speculation())  # one that transcribed other audio, and its response
         samples = self.buffer.take(max(0, position - self.buffer.start))
         self._speech_start, self._turn_item = None, None
         out.extend(self._commit_samples(samples, item_id, spec))
         if td.create_response and self.config.type is SessionType.REALTIME and self.response is None:
             if self.caps.text:
                 out.extend(self._start_response(self._id("resp"), self._response_settings(None)))
-        return out
+        return out.extend(self._drop_preempt())  # a preemptive response no response adopted
 
     def _commit(self) -> Outputs:
         if samples_ms(self.buffer.length) < MIN_COMMIT_MS:
@@ -189,7 +190,7 @@ class TurnTaking(ProtocolState):
         spec = self._speculative_result(item_id)
         if spec is not None:
             spec.done, spec.usage = True, (audio_tokens, text_tokens)
-            return Outputs()
+            return self._preempt(spec)
         item_id = self.adopted.pop(item_id, item_id)
         parts = self.pending.pop((item_id, content_index), None)
         item = self.conversation.get(item_id)
