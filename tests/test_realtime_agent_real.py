@@ -50,6 +50,11 @@ def real_agent(tmp_path_factory):
         yield live
 
 
+def live_model(live) -> str:
+    """The served text model's name (what ?model= must name)."""
+    return live.engine.models.text().info.model_name
+
+
 def client(live) -> AsyncOpenAI:
     return AsyncOpenAI(api_key="x", base_url=f"{live.url}/v1", websocket_base_url=f"{live.ws_url}/v1")
 
@@ -101,7 +106,7 @@ def wait_idle(live) -> None:
 
 async def test_a_manual_commit_is_transcribed_and_answered_with_speech(real_agent):
     speech = framed(espeak("What is the weather like in Paris today?"), tail_ms=300)
-    async with client(real_agent).realtime.connect(model="tiny") as conn:
+    async with client(real_agent).realtime.connect(model=live_model(real_agent)) as conn:
         await open_session(conn, None)
         await append(conn, speech)
         await conn.input_audio_buffer.commit()
@@ -120,7 +125,7 @@ async def test_a_manual_commit_is_transcribed_and_answered_with_speech(real_agen
 async def test_semantic_vad_ends_the_turn_answers_and_a_barge_in_cancels_the_answer(real_agent):
     question = framed(espeak("What is the weather like in Paris today?"), tail_ms=1000)
     interruption = framed(espeak("Wait, stop please."), lead_ms=0, tail_ms=0)
-    async with client(real_agent).realtime.connect(model="tiny") as conn:
+    async with client(real_agent).realtime.connect(model=live_model(real_agent)) as conn:
         updated = await open_session(conn, {"type": "semantic_vad", "eagerness": "high"})
         assert updated.session.audio.input.turn_detection.type == "semantic_vad"
         await append(conn, question)
