@@ -183,7 +183,12 @@ def build_chat_speech(models: ModelSet, request: ChatRequest, ctx: RequestContex
         (
             StagePlan("text", text.text_stage(request.text, ctx), emit=reply.with_text),
             StagePlan(
-                "units", text_units(reply.split, min(reply.max_unit_chars or 1 << 30, speech.info.max_input_chars))
+                "units",
+                text_units(
+                    reply.split,
+                    min(reply.max_unit_chars or 1 << 30, speech.info.max_input_chars),
+                    first_clause=reply.first_clause,
+                ),
             ),
             StagePlan("speech", speak_units(speech, reply.request)),
         )

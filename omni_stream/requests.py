@@ -195,6 +195,7 @@ class SpokenReply:
     seed: int | None = None
     initial_codec_chunk_frames: int | None = None
     split: str = "sentence"
+    first_clause: bool = False  # the first unit ends at the first clause (``,;``): first audio sooner
     with_text: bool = True  # the consumer also gets the text model's deltas (else only transcripts and audio)
     # A unit longer than this many characters is cut (at a sentence end, else a space) before it is spoken; None:
     # the speech model's own limit. Lower it to bound the wait for the first audio when sentences run long.

@@ -104,6 +104,10 @@ class Settings:
     realtime_max_text_chars: int = MAX_TEXT_CHARS  # characters of one text part of a conversation item
     realtime_session_seconds: float = 3600.0  # then error session_expired and close
     realtime_run_ahead_seconds: float = 2.0  # audio sent ahead of the client's real-time playback
+    # Codec frames in each response unit's first audio chunk (Qwen3-TTS: 80 ms each). None: the speech model's own
+    # choice (Qwen3-TTS: one frame while few streams run, more as the load grows so playback never runs dry). A
+    # response's first unit is its first clause.
+    realtime_first_codec_frames: int | None = None
     # Tokens a turn's transcript may take (None: the model's own budget). Benchmarks bound it: a random-weight ASR
     # never ends a transcript, and the response waits for it.
     realtime_transcription_max_tokens: int | None = None

@@ -92,3 +92,16 @@ def test_units_never_exceed_the_length_limit(granularity):
 
 def test_limit_length_hard_splits_a_long_word():
     assert limit_length(["x" * 25], 10) == ["x" * 10, "x" * 10, "x" * 5]
+
+
+def test_first_clause_ends_the_first_unit_at_a_clause_then_splits_by_sentence():
+    from omni_stream.speech.text_split import Granularity, TextSplitter
+
+    splitter = TextSplitter(Granularity.SENTENCE, first_clause=True)
+    assert splitter.feed("Well, I think") == ["Well,"]
+    assert splitter.feed(" so, yes. And then,") == ["I think so, yes."]  # sentences from the second unit on
+    assert splitter.flush() == ["And then,"]
+    whole = TextSplitter(Granularity.SENTENCE, first_clause=True)
+    assert whole.feed("No clause here. Next, one.") == ["No clause here."]  # a sentence end ends it too
+    assert whole.flush() == ["Next, one."]
+    assert TextSplitter(Granularity.NONE, first_clause=True).flush() == []  # NONE stays one unit

@@ -115,7 +115,11 @@ class TextSplitter:
 
     granularity: Granularity = Granularity.NONE
     max_chars: int = 4096
+    # The first unit ends at the first clause boundary (``,;``) or sentence end, whatever the granularity: a
+    # spoken reply's first audio then waits for a clause, not a whole sentence.
+    first_clause: bool = False
     _buffer: str = field(default="", init=False)
+    _started: bool = field(default=False, init=False)
 
     @property
     def pending(self) -> str:
@@ -123,12 +127,23 @@ class TextSplitter:
         return self._buffer
 
     def feed(self, text: str) -> list[str]:
-        units, self._buffer = split_text(self._buffer + text, self.granularity)
+        units, self._buffer = self._split(self._buffer + text, False)
         return limit_length(units, self.max_chars)
 
     def flush(self) -> list[str]:
-        units, self._buffer = split_text(self._buffer, self.granularity, final=True)
+        units, self._buffer = self._split(self._buffer, True)
         return limit_length(units, self.max_chars)
+
+    def _split(self, text: str, final: bool) -> tuple[list[str], str]:
+        if not self.first_clause or self._started or self.granularity is Granularity.NONE:
+            return split_text(text, self.granularity, final)
+        units, rest = split_text(text, Granularity.CLAUSE, final)
+        if not units:
+            return units, rest
+        self._started = True
+        end = text.find(units[0]) + len(units[0])  # units are stripped pieces of the text, in order
+        more, rest = split_text(text[end:], self.granularity, final)
+        return [units[0], *more], rest
 
     def clear(self) -> None:
         self._buffer = ""

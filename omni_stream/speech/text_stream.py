@@ -42,8 +42,11 @@ from omni_stream.speech.text_split import Granularity, TextSplitter
 UNIT_MAX_CHARS = 2000  # a unit longer than this is cut (at a sentence end, else a space) before synthesis
 
 
-def text_units(split: Granularity | str = Granularity.SENTENCE, max_chars: int = UNIT_MAX_CHARS) -> Stage:
-    """Join upstream text deltas into units; the last unit (possibly empty) is marked ``final``.
+def text_units(
+    split: Granularity | str = Granularity.SENTENCE, max_chars: int = UNIT_MAX_CHARS, *, first_clause: bool = False
+) -> Stage:
+    """Join upstream text deltas into units; the last unit (possibly empty) is marked ``final``; ``first_clause``:
+    the first unit ends at the first clause boundary (:class:`~omni_stream.speech.text_split.TextSplitter`).
 
     Each unit's ``text`` is its piece of the original text, whitespace before it included, so the units join
     back to the text exactly (the last one also carries any trailing whitespace); what is spoken is its
@@ -52,7 +55,7 @@ def text_units(split: Granularity | str = Granularity.SENTENCE, max_chars: int =
     granularity = Granularity(split)
 
     async def units(ctx: RequestContext, upstream: AsyncIterator[TextDelta]) -> AsyncIterator[TextDelta]:
-        splitter = TextSplitter(granularity, max_chars)
+        splitter = TextSplitter(granularity, max_chars, first_clause)
         raw, cursor, index = "", 0, 0
 
         def piece(unit: str) -> str:

@@ -356,7 +356,12 @@ class RealtimeSession:
         rid = cmd.response_id
         with scope:
             try:
-                speech = SpokenReply(voice=cmd.voice, with_text=False) if cmd.speak else None
+                speech = None
+                if cmd.speak:  # first audio from the first clause, in a small first codec window
+                    first = self.settings.realtime_first_codec_frames
+                    speech = SpokenReply(
+                        voice=cmd.voice, with_text=False, first_clause=True, initial_codec_chunk_frames=first
+                    )
                 # Benchmarks only: random-weight LMs must not stop early, so a bounded reply ignores EOS.
                 ignore_eos = self.settings.enable_benchmark_fields and cmd.max_tokens is not None
                 prompt = TextRequest(cmd.messages, max_tokens=cmd.max_tokens, ignore_eos=ignore_eos)
