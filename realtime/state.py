@@ -39,7 +39,8 @@ class HttpMetrics:
         )
         self.disconnects = Counter(
             "omni_stream_client_disconnects",
-            "Generations cancelled because the client went away, by transport.",
+            "Generations cancelled because the client went away, by transport (http, sse, chat, ws: the speech "
+            "socket left mid-utterance, realtime: the agent's socket left mid-response or mid-transcription, video).",
             ["transport"],
             registry=self.registry,
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import struct
 import zlib
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from serving_helpers import LiveServer, default_server
+from video_helpers import wait_until
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
@@ -137,3 +139,77 @@ def test_an_unknown_realtime_model_is_model_not_found(live):
     assert created["type"] == "session.created" and created["session"]["model"] == text_model(live)
     with connect(f"{live.ws_url}/v1/realtime") as ws:  # omitted: the agent's text model
         assert json.loads(ws.recv(timeout=20))["session"]["model"] == text_model(live)
+
+
+# --- /metrics and /v1/models -----------------------------------------------------------------------------------------
+
+
+def disconnects(live: LiveServer, transport: str) -> float:
+    """``omni_stream_client_disconnects_total`` of ``transport`` as /metrics reports it."""
+    text = httpx.get(f"{live.url}/metrics").text
+    found = re.search(rf'^omni_stream_client_disconnects_total{{transport="{transport}"}} (\S+)$', text, re.M)
+    return float(found[1]) if found else 0.0
+
+
+def sessions_ended(live: LiveServer) -> None:
+    wait_until(lambda: not live.state.sessions, what="the sessions to end")
+
+
+def speech_socket(live: LiveServer):
+    ws = connect(f"{live.ws_url}/v1/audio/speech/stream")
+    ws.send(json.dumps({"type": "session.config", "response_format": "pcm", "stream_audio": True}))
+    return ws
+
+
+def next_of(ws, kind: str) -> dict:
+    while True:
+        message = ws.recv(timeout=30)
+        if isinstance(message, str) and json.loads(message)["type"] == kind:
+            return json.loads(message)
+
+
+def test_every_speech_socket_left_mid_utterance_is_counted(live):
+    sessions_ended(live)
+    before = disconnects(live, "ws")
+    typing = speech_socket(live)  # text sent, the utterance not ended yet
+    typing.send(json.dumps({"type": "input.text", "text": "Hello there, how are"}))
+    waiting = speech_socket(live)  # the utterance ended, left before its audio began
+    waiting.send(json.dumps({"type": "input.text", "text": "Hello there."}))
+    waiting.send(json.dumps({"type": "input.done"}))
+    playing = speech_socket(live)  # left while its audio streams
+    playing.send(json.dumps({"type": "input.text", "text": "Hello there."}))
+    playing.send(json.dumps({"type": "input.done"}))
+    next_of(playing, "audio.start")
+    for ws in (typing, waiting, playing):
+        ws.close()
+    finished = speech_socket(live)  # heard to the end, then left: nothing was cut short
+    finished.send(json.dumps({"type": "input.text", "text": "Hi."}))
+    finished.send(json.dumps({"type": "input.done"}))
+    next_of(finished, "session.done")
+    finished.close()
+    sessions_ended(live)
+    assert disconnects(live, "ws") == before + 3
+
+
+def test_a_realtime_socket_left_mid_response_is_counted(live):
+    sessions_ended(live)
+    before = disconnects(live, "realtime")
+    with connect(f"{live.ws_url}/v1/realtime") as ws:  # left between turns: not counted
+        realtime_events(ws, "conversation.created")
+    with connect(f"{live.ws_url}/v1/realtime") as ws:
+        realtime_events(ws, "conversation.created")
+        item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Tell me a story."}]}
+        ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
+        ws.send(json.dumps({"type": "response.create"}))
+        realtime_events(ws, "response.created")
+    sessions_ended(live)
+    assert disconnects(live, "realtime") == before + 1
+    held = lambda: any(any(live.engine.models.get(k).scheduler.live().values()) for k in ("speech", "text"))  # noqa: E731
+    wait_until(lambda: not held(), what="the response's model state to be released")
+
+
+def test_the_model_list_names_the_voices(live):
+    models = httpx.get(f"{live.url}/v1/models").json()["data"]
+    speech = next(m for m in models if m["kind"] == "speech")
+    voices = httpx.get(f"{live.url}/v1/audio/voices").json()["voices"]
+    assert speech["voices"] == voices and len(voices) > 1

@@ -59,6 +59,13 @@ def model_not_found(model: str, served: tuple[str, ...]) -> str:
     return json.dumps({"type": "error", "event_id": f"event_{secrets.token_hex(8)}", "error": error})
 
 
+def working(session: RealtimeSession) -> bool:
+    """Whether ``session`` has a response, a transcription or an engine request in progress (read before leaving
+    the session, which cancels them)."""
+    live = session.live()
+    return bool(live["engine_requests"] or live["responses"] or live["transcriptions"])
+
+
 async def realtime_endpoint(websocket: WebSocket) -> None:
     state: ServerState = websocket.app.state.omni
     await accept(websocket)
@@ -76,19 +83,24 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
         return
     session = RealtimeSession(state.ready_engine, state.settings, session_type=kind, model=model)
     close_code: int | None = None
+    abandoned = False  # the client left while the session had model work in progress
     async with registered(state, session, "realtime"):
         try:
             async with session, anyio.create_task_group() as tg:
 
                 async def send_events() -> None:
-                    nonlocal close_code
+                    nonlocal close_code, abandoned
                     async for item in session.outgoing:
                         if isinstance(item, SessionClose):
                             close_code = item.code
                             break
                         big = item.audio is not None and len(item.audio) > ENCODE_OFF_LOOP_BYTES
                         text = await anyio.to_thread.run_sync(to_json, item) if big else to_json(item)
-                        await websocket.send_text(text)
+                        try:
+                            await websocket.send_text(text)
+                        except Exception as exc:
+                            abandoned = is_gone(exc) and working(session)
+                            raise
                     tg.cancel_scope.cancel()
 
                 async def until_shutdown() -> None:
@@ -104,6 +116,7 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
                 while True:
                     message = await websocket.receive()
                     if message["type"] == "websocket.disconnect":
+                        abandoned = working(session)
                         break
                     text = message.get("text")
                     await session.client_message(text if text is not None else message.get("bytes"))
@@ -112,5 +125,7 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
             if not is_gone(exc):
                 log.exception("realtime session failed")
                 close_code = 1011
+    if abandoned:
+        state.metrics.disconnects.labels("realtime").inc()
     if close_code is not None:
         await close_quietly(websocket, close_code)

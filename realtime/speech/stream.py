@@ -71,6 +71,7 @@ class SpeechSession:
         self.template: SpeechRequest | None = None
         self.splitter: TextSplitter | TextCommitter = TextSplitter(max_chars=MAX_INPUT_CHARS)
         self.utterance = 0  # index of the utterance text is now added to
+        self.utterances_done = 0  # session.done events sent (utterances finished or cancelled)
         self.sentence = 0  # next sentence index inside it
         self.epoch = 0  # bumped by input.cancel: queued work of older epochs is dropped
         self.outstanding = 0  # units queued or in flight
@@ -145,7 +146,7 @@ class SpeechSession:
                 job.cancel()
         reason = outcome["reason"]
         if reason == "disconnect":
-            if self.outstanding:
+            if self.in_utterance:  # abandoned mid-utterance: its generation was cancelled
                 self.state.metrics.disconnects.labels("ws").inc()
             self.phase = Phase.CLOSED
         elif reason == "idle":
@@ -205,6 +206,15 @@ class SpeechSession:
             limit = self.settings.max_ws_uncommitted_chars
             return TextCommitter(opts.language, max_uncommitted=limit, max_chars=MAX_INPUT_CHARS)
         return TextSplitter(opts.split_granularity, max_chars=MAX_INPUT_CHARS)
+
+    @property
+    def in_utterance(self) -> bool:
+        """Whether an utterance is open: text or units of one not yet ended, or one ended but not yet done.
+
+        Read after the session's tasks are cancelled, so it counts what cancelling leaves unchanged (units in
+        flight are counted down as they are cancelled).
+        """
+        return self.utterances_done < self.utterance or self.sentence > 0 or bool(self.splitter.pending.strip())
 
     # --- receiving ---
 
@@ -346,6 +356,7 @@ class SpeechSession:
                     if item.cancelled or item.epoch != self.epoch:
                         done["cancelled"] = True
                     await self.send_json(done)
+                    self.utterances_done += 1
                     continue
                 try:
                     if not item.cancelled:
