@@ -2,7 +2,8 @@
 
 Starts the server (the voice agent with the test doubles) and an aiortc client that opens a data channel, sends
 espeak-ng speech as its microphone track and records the agent audio and data-channel logs it gets back; then
-closes and checks that the server freed everything. Prints one JSON line of findings.
+closes and checks that the server freed everything. The server runs behind an API key, which the client sends
+with its offer (an offer without it is refused first). Prints one JSON line of findings.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from serving_helpers import running_server  # noqa: E402
 
 from omni_stream.codecs.resample import resample  # noqa: E402
 from omni_stream.realtime.settings import Settings  # noqa: E402
+
+KEY = "rtc-loopback-key"
 
 
 async def call(url: str, wav: Path, want_frames: int, wait_s: float) -> dict:
@@ -66,8 +69,9 @@ async def call(url: str, wav: Path, want_frames: int, wait_s: float) -> dict:
 
     pc.addTrack(MediaPlayer(str(wav)).audio)
     await pc.setLocalDescription(await pc.createOffer())
-    async with httpx.AsyncClient(timeout=30) as http:
+    async with httpx.AsyncClient(timeout=30, headers={"Authorization": f"Bearer {KEY}"}) as http:
         body = {"sdp": pc.localDescription.sdp, "type": "offer", "webrtc_id": uuid.uuid4().hex}
+        unkeyed = await http.post(f"{url}/rtc/webrtc/offer", json=body, headers={"Authorization": ""})
         answer = (await http.post(f"{url}/rtc/webrtc/offer", json=body)).json()
         await pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
         try:
@@ -78,7 +82,8 @@ async def call(url: str, wav: Path, want_frames: int, wait_s: float) -> dict:
         second = {"sdp": pc.localDescription.sdp, "type": "offer", "webrtc_id": uuid.uuid4().hex}
         refused = (await http.post(f"{url}/rtc/webrtc/offer", json=second)).json()
     await pc.close()
-    return {"connection": state, "loud_frames": loud, "logs": logs, "second_offer": refused}
+    found = {"connection": state, "loud_frames": loud, "logs": logs, "second_offer": refused}
+    return {**found, "offer_without_key": unkeyed.status_code}
 
 
 def wait_until(check, timeout: float = 15.0) -> bool:
@@ -94,7 +99,7 @@ def main() -> None:
         speech = framed(espeak("Hello there, how are you today?"), lead_ms=500, tail_ms=2500)
         wav = root / "mic48k.wav"
         sf.write(wav, resample(speech.astype(np.float32) / 32768, 24000, 48000), 48000, subtype="PCM_16")
-        settings = Settings(vad_factory=vad_factory(), rtc_concurrency_limit=1)
+        settings = Settings(vad_factory=vad_factory(), rtc_concurrency_limit=1, api_key=KEY)
         with running_server(None, settings, load=agent_loader(agent_checkpoints(root))) as live:
             found = asyncio.run(call(live.url, wav, want_frames=25, wait_s=25))
             found["sessions_freed"] = wait_until(lambda: not live.state.sessions)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
 fastrtc = pytest.importorskip("fastrtc")
 pytest.importorskip("aiortc")
@@ -45,6 +47,7 @@ def test_an_aiortc_client_talks_to_the_agent_and_closing_frees_everything():
     assert found["loud_frames"] >= 25  # half a second of agent speech came back
     assert found["logs"][:3] == ["started_talking", "pause_detected", "response_starting"]
     assert found["second_offer"] == {"status": "failed", "meta": {"error": "concurrency_limit_reached", "limit": 1}}
+    assert found["offer_without_key"] == 401  # the server runs behind --api-key; the call sent it
     assert found["sessions_freed"] and found["connections_freed"] and found["schedulers_idle"]
 
 
@@ -61,6 +64,34 @@ def test_the_stream_is_mounted_with_the_configured_ice_servers_and_limit(rtc_ser
     assert stream.concurrency_limit == Settings().rtc_concurrency_limit
     config = httpx.get(f"{rtc_server.url}/rtc/config").json()
     assert config == {"available": True, "iceServers": [{"urls": "stun:stun.example.test:3478"}]}
+
+
+@pytest.fixture(scope="module")
+def keyed_rtc(tmp_path_factory):
+    settings = Settings(vad_factory=vad_factory(), api_key="rtc-key")
+    loader = agent_loader(agent_checkpoints(tmp_path_factory.mktemp("rtc-keyed")))
+    with running_server(None, settings, load=loader) as live:
+        yield live
+
+
+def test_the_offer_routes_need_the_api_key_and_the_config_stays_open(keyed_rtc):
+    url, ws_url = keyed_rtc.url, f"{keyed_rtc.ws_url}/rtc/websocket/offer"
+    assert httpx.get(f"{url}/rtc/config").json()["available"] is True  # pages ask before they have a key
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        refused = httpx.post(f"{url}/rtc/webrtc/offer", json={"sdp": "x"}, headers=headers)
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == 401
+    # With the key the offer reaches fastrtc's parsing (this one lacks its webrtc_id).
+    reached = httpx.post(f"{url}/rtc/webrtc/offer", json={"sdp": "x"}, headers={"Authorization": "Bearer rtc-key"})
+    assert reached.status_code == 400 and "webrtc_id" in reached.json()["error"]["message"]
+    with pytest.raises(InvalidStatus) as info:
+        with connect(ws_url):
+            pass
+    assert info.value.response.status_code == 403
+    with connect(ws_url, additional_headers={"Authorization": "Bearer rtc-key"}) as ws:
+        assert ws.subprotocol is None
+    # a browser's way: the key in a subprotocol, a key-free one beside it (the one echoed)
+    with connect(ws_url, subprotocols=["realtime", "openai-insecure-api-key.rtc-key"]) as ws:
+        assert ws.subprotocol == "realtime"
 
 
 def test_a_malformed_offer_is_a_400_in_the_openai_shape(rtc_server):

@@ -1,4 +1,5 @@
-"""API-key auth: Bearer header on /v1 HTTP and WebSocket, the browser subprotocol, open /health and /metrics."""
+"""API-key auth: Bearer header on /v1 HTTP and WebSocket and the WebRTC offer, the browser subprotocol, open /health,
+/metrics and /rtc/config."""
 
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ def test_http_needs_the_key(live):
             assert c.get("/v1/audio/voices", headers=headers).status_code == 401
         assert c.post("/v1/audio/speech", json=body, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
         assert c.get("/health").status_code == 200 and c.get("/metrics").status_code == 200
+        assert c.get("/rtc/config").status_code == 200  # open: a page asks it before it has a key
+        # the WebRTC offer needs the key, with or without fastrtc installed (then no such route: 404 past auth)
+        assert c.post("/rtc/webrtc/offer", json={}).status_code == 401
+        assert c.post("/rtc/webrtc/offer", json={}, headers={"Authorization": f"Bearer {KEY}"}).status_code != 401
 
 
 def test_sdk_with_and_without_key(live):

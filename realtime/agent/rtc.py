@@ -7,6 +7,11 @@ FastAPI app and Gradio UI are never started. No STUN/TURN server unless ``Settin
 connections, past which fastrtc answers ``{"status": "failed", "meta": {"error": "concurrency_limit_reached"}}``.
 ``GET /rtc/config`` tells pages whether WebRTC is available and which ICE servers to use; without fastrtc it is
 the only ``/rtc`` route (``available: false``).
+
+With ``--api-key`` the offer routes need the key like every ``/v1`` route (:mod:`omni_stream.realtime.common.auth`):
+``Authorization: Bearer KEY``, or on the WebSocket a browser's subprotocols (``realtime`` beside
+``openai-insecure-api-key.KEY``; ``realtime`` is echoed, which fastrtc's own accept would not do). ``/rtc/config``
+stays open.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
+from starlette.websockets import WebSocket
+
+from omni_stream.realtime.common.auth import offered_subprotocols, select_subprotocol
 
 log = logging.getLogger("omni_stream.realtime.rtc")
 
@@ -84,13 +92,24 @@ def routes(state: Any) -> list[BaseRoute]:
     async def config(request: Request) -> Response:
         return JSONResponse({"available": True, "iceServers": ice_servers(state.settings.rtc_ice_servers)})
 
+    async def websocket_offer(websocket: WebSocket) -> None:
+        accept = websocket.accept
+
+        async def accept_echoing(subprotocol: str | None = None, headers: Any = None) -> None:
+            # fastrtc accepts with no subprotocol: a browser that offered some would abort the handshake
+            chosen = subprotocol or select_subprotocol(offered_subprotocols(websocket.headers))
+            await accept(subprotocol=chosen, headers=headers)
+
+        websocket.accept = accept_echoing  # type: ignore[method-assign]
+        await stream.websocket_offer(websocket)
+
     return [
         Mount(
             "/rtc",
             routes=[
                 Route("/webrtc/offer", offer, methods=["POST"]),
                 Route("/config", config, methods=["GET"]),
-                WebSocketRoute("/websocket/offer", stream.websocket_offer),
+                WebSocketRoute("/websocket/offer", websocket_offer),
             ],
         )
     ]

@@ -1,4 +1,5 @@
-"""API-key auth for every ``/v1`` HTTP and WebSocket route: a Bearer header, or (browsers) a WebSocket subprotocol."""
+"""API-key auth for every ``/v1`` HTTP and WebSocket route and the WebRTC offer routes under ``/rtc``: a Bearer
+header, or (browsers) a WebSocket subprotocol. ``/rtc/config`` stays open: a page asks it before it has a key."""
 
 from __future__ import annotations
 
@@ -60,7 +61,8 @@ def key_matches(expected: str, presented: list[str]) -> bool:
 
 
 class ApiKeyMiddleware:
-    """Refuses ``/v1`` requests without the key: HTTP 401, WebSocket handshake closed with 1008 (HTTP 403)."""
+    """Refuses ``/v1`` and ``/rtc`` requests (but ``/rtc/config``) without the key: HTTP 401, WebSocket handshake
+    closed with 1008 (HTTP 403)."""
 
     def __init__(self, app: ASGIApp, api_key: str | None) -> None:
         self.app = app
@@ -84,5 +86,10 @@ class ApiKeyMiddleware:
         await response(scope, receive, send)
 
 
+OPEN_PATHS = frozenset({"/rtc/config"})  # under a protected prefix, yet open
+
+
 def _protected(path: str) -> bool:
-    return path == "/v1" or path.startswith("/v1/")
+    if path in OPEN_PATHS:
+        return False
+    return any(path == prefix or path.startswith(f"{prefix}/") for prefix in ("/v1", "/rtc"))
