@@ -10,8 +10,8 @@ from starlette.responses import JSONResponse, Response
 
 from omni_stream.family import SpeechInfo, TextInfo
 from omni_stream.realtime.replica import ReplicaLabelled
-from omni_stream.realtime.speech.build import supported_voices
 from omni_stream.realtime.state import ServerState
+from omni_stream.validation.voices import voice_names
 
 _STARTED = int(time.time())
 
@@ -52,7 +52,7 @@ async def list_models(request: Request) -> Response:
             }
             if isinstance(info, SpeechInfo):
                 entry.update(task_types=[t.value for t in info.task_types], sample_rate=info.sample_rate)
-                entry["voices"] = supported_voices(state)  # built-in and uploaded, as GET /v1/audio/voices
+                entry["voices"] = voice_names(info, state.voices)  # built-in and uploaded, as GET /v1/audio/voices
             if isinstance(info, TextInfo):
                 entry["max_context"] = info.max_context
                 entry["max_model_len"] = info.max_context  # vLLM's name, which OpenAI-compatible clients read
