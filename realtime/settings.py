@@ -108,9 +108,10 @@ class Settings:
     # choice (Qwen3-TTS: one frame while few streams run, more as the load grows so playback never runs dry). A
     # response's first unit is its first clause.
     realtime_first_codec_frames: int | None = None
-    # Tokens a turn's transcript may take (None: the model's own budget). Benchmarks bound it: a random-weight ASR
-    # never ends a transcript, and the response waits for it.
-    realtime_transcription_max_tokens: int | None = None
+    # Tokens a turn's transcript may take (None: the model's own budget, 448 for Whisper): a turn must fit the text
+    # model beside the instructions (session.truncation drops older turns, never the newest). 128 Whisper tokens are
+    # about 30 s of speech, Whisper's whole window; a random-weight ASR, which never ends a transcript, stops there.
+    realtime_transcription_max_tokens: int | None = 128
     rtc_concurrency_limit: int = 8  # WebRTC sessions at once (fastrtc answers more with concurrency_limit_reached)
     rtc_ice_servers: tuple[str, ...] = ()  # STUN/TURN URLs for WebRTC; none: host candidates only
 

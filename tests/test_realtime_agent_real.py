@@ -42,9 +42,7 @@ def real_agent(tmp_path_factory):
         }
         return await AsyncEngine.load(sources, progress=False)
 
-    settings = Settings(
-        enable_benchmark_fields=True, realtime_max_append_bytes=256 * 1024, realtime_transcription_max_tokens=24
-    )
+    settings = Settings(enable_benchmark_fields=True, realtime_max_append_bytes=256 * 1024)
     assert settings.turn_model_factory is not None, "Smart Turn (pipecat-ai) and onnxruntime must be installed"
     with running_server(None, settings, load=load) as live:
         yield live

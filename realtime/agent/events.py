@@ -19,6 +19,7 @@ from enum import Enum, StrEnum
 from typing import Any, TypeAlias
 
 from omni_stream.errors import InvalidRequestError
+from omni_stream.realtime.agent.truncation import Truncation, TruncationType
 from omni_stream.realtime.common.json_fields import type_name
 from omni_stream.turns.rules import Eagerness, TurnRule, TurnType
 from omni_stream.turns.vad import VadParams
@@ -142,6 +143,7 @@ class SessionPatch:
     transcription: TranscriptionConfig | _Unset | None = UNSET
     max_output_tokens: int | _Unset | None = UNSET
     preemptive_response: bool | _Unset = UNSET
+    truncation: Truncation | _Unset = UNSET
 
 
 @dataclass(slots=True, frozen=True)
@@ -392,6 +394,32 @@ def _semantic_vad(body: dict[str, Any], param: str) -> TurnDetection:
     )
 
 
+def _truncation(value: Any, param: str) -> Truncation:
+    """``"auto"`` | ``"disabled"`` | ``{"type": "retention_ratio", "retention_ratio": 0..1}``."""
+    if value in ("auto", "disabled"):
+        return Truncation(TruncationType(value))
+    if not isinstance(value, dict):
+        raise RealtimeError(
+            "invalid_value", f'{param} must be "auto", "disabled" or {{"type": "retention_ratio", ...}}', param
+        )
+    kind = value.get("type")
+    if kind in ("auto", "disabled") and set(value) == {"type"}:
+        return Truncation(TruncationType(kind))
+    if kind != "retention_ratio":
+        raise RealtimeError(
+            "invalid_value", f"{param}.type must be auto, disabled or retention_ratio, got {kind!r}", f"{param}.type"
+        )
+    ratio = value.get("retention_ratio")
+    if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0.0 <= ratio <= 1.0:
+        raise RealtimeError(
+            "invalid_value", f"{param}.retention_ratio must be a number in 0..1", f"{param}.retention_ratio"
+        )
+    unknown = sorted(set(value) - {"type", "retention_ratio"})
+    if unknown:
+        raise RealtimeError("invalid_value", f"{param}.{unknown[0]} is not supported", f"{param}.{unknown[0]}")
+    return Truncation(TruncationType.RETENTION_RATIO, float(ratio))
+
+
 def _transcription(value: Any, param: str) -> TranscriptionConfig | None:
     if value is None:
         return None
@@ -431,6 +459,8 @@ def parse_session(value: Any, *, max_instructions: int) -> SessionPatch:
         fields["output_modalities"] = _modalities(body["output_modalities"], "session.output_modalities")
     if body.get("max_output_tokens") is not None:
         fields["max_output_tokens"] = _max_tokens(body["max_output_tokens"], "session.max_output_tokens")
+    if "truncation" in body:
+        fields["truncation"] = _truncation(body["truncation"], "session.truncation")
     if "preemptive_response" in body:
         fields["preemptive_response"] = _bool(body["preemptive_response"], "session.preemptive_response")
     if body.get("tools"):

@@ -11,6 +11,7 @@ import numpy as np
 
 from omni_stream.realtime.agent.audio import RATE
 from omni_stream.realtime.agent.events import AudioFormat, Modality, SessionType, TranscriptionConfig, TurnDetection
+from omni_stream.realtime.agent.truncation import Truncation
 from omni_stream.requests import ChatMessage
 from omni_stream.turns.detector import EndOfTurnModel
 from omni_stream.turns.vad import VadParams, VoiceActivityDetector
@@ -62,6 +63,7 @@ class SessionConfig:
     transcription: TranscriptionConfig | None = None
     max_output_tokens: int | None = None  # None: "inf"
     preemptive_response: bool = True  # extension: answers may start at a pause, before the turn is committed
+    truncation: Truncation = field(default_factory=Truncation)  # what a prompt keeps when it outgrows the context
 
 
 # --- outputs ------------------------------------------------------------------------------------------------
@@ -127,14 +129,16 @@ class StartResponse:
     voice: str | None
     max_tokens: int | None
     preemptive: bool = False  # started before its turn was committed: hold every output until it is adopted
+    truncation: Truncation = field(default_factory=Truncation)  # the driver fits the messages to the context
 
     def same_work(self, other: StartResponse) -> bool:
         """Whether ``other`` asks the models for exactly the same reply (ids aside)."""
-        return (self.messages, self.speak, self.voice, self.max_tokens) == (
+        return (self.messages, self.speak, self.voice, self.max_tokens, self.truncation) == (
             other.messages,
             other.speak,
             other.voice,
             other.max_tokens,
+            other.truncation,
         )
 
 

@@ -88,7 +88,7 @@ class RealtimeProtocol(TurnTaking, Speculating, ItemEditing, Responding):
             "tool_choice": "auto",
             "max_output_tokens": "inf" if c.max_output_tokens is None else c.max_output_tokens,
             "tracing": None,
-            "truncation": "auto",
+            "truncation": c.truncation.wire(),
             "prompt": None,
             "preemptive_response": c.preemptive_response,
         }

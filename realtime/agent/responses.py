@@ -115,7 +115,9 @@ class Responding(ProtocolState):
         if instructions.strip():
             messages = [ChatMessage(Role.SYSTEM, instructions), *messages]
         speak = settings["modality"] is Modality.AUDIO
-        return StartResponse(rid, tuple(messages), speak, settings["voice"], settings["max_tokens"], preemptive)
+        return StartResponse(
+            rid, tuple(messages), speak, settings["voice"], settings["max_tokens"], preemptive, self.config.truncation
+        )
 
     def _where(self, r: ResponseState) -> dict[str, Any]:
         return {"response_id": r.id, "item_id": r.item.id, "output_index": 0, "content_index": 0}
@@ -182,12 +184,13 @@ class Responding(ProtocolState):
         status = "incomplete" if hit_limit else "completed"
         return out.extend(self._finish(r, status, reason="max_output_tokens" if hit_limit else None, usage=usage))
 
-    def response_failed(self, rid: str, message: str) -> Outputs:
+    def response_failed(self, rid: str, message: str, code: str = "server_error") -> Outputs:
+        """The response's generation failed; ``code`` ``context_length_exceeded``: its prompt could not fit."""
         if self.preempt is not None and self.preempt.response_id == rid:
             self.preempt = None  # it failed unseen: the turn's end starts the response anew (and reports its error)
             return Outputs()
         r = self._active(rid)
-        return Outputs() if r is None else self._finish(r, "failed", error=message)
+        return Outputs() if r is None else self._finish(r, "failed", error=message, code=code)
 
     def _cancel(self, reason: str) -> Outputs:
         r = self.response
@@ -202,6 +205,7 @@ class Responding(ProtocolState):
         *,
         reason: str | None = None,
         error: str | None = None,
+        code: str = "server_error",
         usage: ResponseUsage | None = None,
     ) -> Outputs:
         """The closing events of a response, in order; the session is free for the next one afterwards."""
@@ -228,7 +232,8 @@ class Responding(ProtocolState):
         if status == "cancelled" or (status == "incomplete" and reason):
             details = {"type": status, "reason": reason}
         elif status == "failed":
-            details = {"type": "failed", "error": {"type": "server_error", "code": "server_error", "message": error}}
+            kind = "server_error" if code == "server_error" else "invalid_request_error"
+            details = {"type": "failed", "error": {"type": kind, "code": code, "message": error}}
         body = self._response_wire(r, status, details, (usage or ResponseUsage()).wire())
         out.events.append(self._event("response.done", response=body))
         return out

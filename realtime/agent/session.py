@@ -72,8 +72,9 @@ from omni_stream.realtime.agent.outputs import (
     VadFactory,
 )
 from omni_stream.realtime.agent.protocol import RealtimeProtocol
+from omni_stream.realtime.agent.truncation import ContextExceeded, fit
 from omni_stream.realtime.settings import Settings
-from omni_stream.requests import ChatRequest, SpokenReply, TextRequest
+from omni_stream.requests import ChatMessage, ChatRequest, SpokenReply, TextRequest
 from omni_stream.speech.pacing import AnyioClock, Clock, Pacer
 from omni_stream.transcription.spec import TranscriptionRequest
 from omni_stream.turns.detector import EndOfTurnModel, TurnDetector
@@ -340,9 +341,10 @@ class RealtimeSession:
         held = self._held.pop(cmd.preemptive_id, None)
         assert held is not None, f"no held response {cmd.preemptive_id}"  # the protocol adopts only live ones
         held.rid = cmd.response_id
-        for table in (self._streams, self._responses):
-            if cmd.preemptive_id in table:
-                table[cmd.response_id] = table.pop(cmd.preemptive_id)  # type: ignore[index]
+        if cmd.preemptive_id in self._streams:
+            self._streams[cmd.response_id] = self._streams.pop(cmd.preemptive_id)
+        if cmd.preemptive_id in self._responses:
+            self._responses[cmd.response_id] = self._responses.pop(cmd.preemptive_id)
         held.adopted.set()
 
     def _spawn(self, fn: Callable[..., Any], *args: Any) -> None:
@@ -356,6 +358,11 @@ class RealtimeSession:
         rid = cmd.response_id
         with scope:
             try:
+                messages = await anyio.to_thread.run_sync(self._fit, cmd)
+            except ContextExceeded as exc:
+                await self._apply(self.protocol.response_failed, rid, str(exc), "context_length_exceeded")
+                return
+            try:
                 speech = None
                 if cmd.speak:  # first audio from the first clause, in a small first codec window
                     first = self.settings.realtime_first_codec_frames
@@ -364,7 +371,7 @@ class RealtimeSession:
                     )
                 # Benchmarks only: random-weight LMs must not stop early, so a bounded reply ignores EOS.
                 ignore_eos = self.settings.enable_benchmark_fields and cmd.max_tokens is not None
-                prompt = TextRequest(cmd.messages, max_tokens=cmd.max_tokens, ignore_eos=ignore_eos)
+                prompt = TextRequest(messages, max_tokens=cmd.max_tokens, ignore_eos=ignore_eos)
                 stream = self.engine.generate(ChatRequest(prompt, speech))
             except Exception as exc:
                 await self._apply(self.protocol.response_failed, rid, _message(exc))
@@ -409,6 +416,15 @@ class RealtimeSession:
                 output_audio_tokens=speech_usage.output_tokens if speech_usage else 0,
             )
             await self._apply(self.protocol.response_done, rid, usage)
+
+    def _fit(self, cmd: StartResponse) -> tuple[ChatMessage, ...]:
+        """The messages the prompt keeps under ``cmd.truncation`` (blocking: tokenizes every message)."""
+        text = self.engine.models.get(ModelKind.TEXT)
+        context = getattr(text.info, "max_context", None)
+        if context is None:
+            return cmd.messages
+        tokens = [self.engine.count_text_tokens(m.content, ModelKind.TEXT) for m in cmd.messages]
+        return tuple(fit(list(cmd.messages), tokens, context, cmd.max_tokens, cmd.truncation))
 
     async def _hold(self, held: Held, outputs: AsyncIterator[StageOutput]) -> AsyncIterator[StageOutput]:
         """Read a preemptive response up to its first audio (text-only: its first text) and wait to be adopted; the
