@@ -5,7 +5,7 @@ Real-size models with random bf16 weights (``load_format="dummy"``) from ``bench
 CUDA-event medians per frame (one call = one frame for every row): the 15-step code-predictor loop with
 sampling (top-k 50, T 0.9, in-graph noise), the full decode step of the runner (code-0 sampling + code
 predictor + talker over a 512-position span), and the codec decoder per streaming window (eager). The code
-predictor runs twice: decoder layers as modules (eager and graph), then fused (``qwen3_tts.fused``). Graph
+predictor runs twice: decoder layers as modules (eager and graph), then fused (``runtime/decoder_kernels.py``). Graph
 capture is excluded from the timings and reported. Prints a table last; writes JSON to ``$OUT`` (or
 ``benchmarks/results``).
 """
@@ -24,11 +24,11 @@ import torch
 from provenance import git_commit
 
 from omni_stream.models.qwen3_tts.checkpoint import load_lm, write_dummy_checkpoint
-from omni_stream.models.qwen3_tts.fused import DecodeKernels, default_kernels
 from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
 from omni_stream.requests import SamplingParams
 from omni_stream.runtime import rng
 from omni_stream.runtime.cuda_graphs import GraphSet
+from omni_stream.runtime.decoder_kernels import DecodeKernels, default_kernels
 from omni_stream.runtime.sampling import SamplingTensors
 from omni_stream.runtime.settings import Tuning
 

@@ -22,10 +22,10 @@ from code_predictor import CONFIGS, cuda_ms
 from provenance import git_commit
 
 from omni_stream.models.qwen3_tts.checkpoint import load_lm, write_dummy_checkpoint
-from omni_stream.models.qwen3_tts.fused import triton_kernels
 from omni_stream.models.qwen3_tts.predictor_kernel import PredictorKernel
 from omni_stream.requests import SamplingParams
 from omni_stream.runtime.cuda_graphs import GraphSet
+from omni_stream.runtime.decoder_kernels import triton_kernels
 from omni_stream.runtime.sampling import SamplingTensors
 from omni_stream.runtime.settings import Tuning
 

@@ -31,8 +31,8 @@ from provenance import git_commit
 
 from omni_stream.models.qwen3_tts.checkpoint import load_lm, write_dummy_checkpoint
 from omni_stream.models.qwen3_tts.config import load_config
-from omni_stream.models.qwen3_tts.fused import triton_kernels
 from omni_stream.runtime import triton_kernels as tk
+from omni_stream.runtime.decoder_kernels import triton_kernels
 from omni_stream.runtime.settings import SWITCH_BY_NAME, Tuning
 
 ROOT = Path(__file__).resolve().parent

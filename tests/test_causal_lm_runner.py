@@ -7,8 +7,8 @@ from lm_helpers import drive, load_tiny, tiny_lm_checkpoint
 
 from omni_stream.errors import InvalidRequestError
 from omni_stream.models.causal_lm.runner import LMRequest
-from omni_stream.models.qwen3_tts import fused
 from omni_stream.requests import GREEDY, SamplingParams
+from omni_stream.runtime import decoder_kernels as fused
 
 SAMPLED = SamplingParams(do_sample=True, temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.1)
 TEXTS = (

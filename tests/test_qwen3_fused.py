@@ -13,14 +13,14 @@ import pytest
 import torch
 from reference_qwen import tiny_checkpoint
 
-from omni_stream.models.qwen3_tts import fused
 from omni_stream.models.qwen3_tts.checkpoint import load_lm
 from omni_stream.models.qwen3_tts.config import load_config
-from omni_stream.models.qwen3_tts.layers import DecoderLayer, RMSNorm, run_layers
 from omni_stream.models.qwen3_tts.prompt import prepare_request
 from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
 from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
 from omni_stream.requests import SamplingParams, SpeechRequest
+from omni_stream.runtime import decoder_kernels as fused
+from omni_stream.runtime.decoder import DecoderLayer, RMSNorm, run_layers
 from omni_stream.runtime.kv_cache import attention
 
 GREEDY = SamplingParams(do_sample=False, temperature=1.0, top_k=0, repetition_penalty=1.05)
@@ -235,7 +235,7 @@ def test_runner_with_fused_layers_gives_the_module_codes(cv) -> None:
 _TRITON_CHECK = textwrap.dedent(
     """
     import torch
-    from omni_stream.models.qwen3_tts import fused
+    from omni_stream.runtime import decoder_kernels as fused
     from omni_stream.runtime import triton_kernels as tk
 
     g = torch.Generator().manual_seed(0)
@@ -364,7 +364,7 @@ _SPECIALIZATION_CHECK = textwrap.dedent(
     """
     import inspect, sys
     import torch
-    from omni_stream.models.qwen3_tts import fused
+    from omni_stream.runtime import decoder_kernels as fused
     from omni_stream.models.qwen3_tts.checkpoint import load_lm
     from omni_stream.models.qwen3_tts.config import load_config
     from omni_stream.models.qwen3_tts.prompt import prepare_request

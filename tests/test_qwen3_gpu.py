@@ -64,7 +64,7 @@ def test_code_predictor_loop_is_sync_free_and_graph_capturable(tmp_path) -> None
 def test_frame_kernel_equals_the_loop_at_real_size_in_fp32(tmp_path) -> None:
     """The code predictor's one-row frame as one persistent kernel over the full grid gives the fused loop's
     codes at the 1.7B sizes in fp32 (greedy, top-k, top-p), launched eagerly and replayed from a graph."""
-    from omni_stream.models.qwen3_tts import fused
+    from omni_stream.runtime import decoder_kernels as fused
 
     (tmp_path / "config.json").write_text(json.dumps(hub_config("custom_voice", "1.7b", tiny=False)))
     lm = load_lm(tmp_path, load_format="dummy", dtype=torch.float32, device="cuda")
@@ -175,8 +175,8 @@ def test_graph_replay_equals_eager_at_bucket_shapes(tmp_path, name) -> None:
 def test_dependent_launches_give_the_codes_of_serial_launches_under_graphs(tmp_path) -> None:
     """On Hopper the Triton kernels launch while their predecessor runs (programmatic dependent launch); every
     code is the one serial launches give, at 1 row (the small projections, their weight prefetch) and 3."""
-    from omni_stream.models.qwen3_tts.fused import default_kernels
     from omni_stream.runtime import triton_kernels as tk
+    from omni_stream.runtime.decoder_kernels import default_kernels
 
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs compute capability 9.0")
@@ -244,7 +244,7 @@ def test_dummy_checkpoint_serves_speech_end_to_end_on_cuda(tmp_path) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_kernels_equal_torch_versions_on_cuda(dtype) -> None:
-    from omni_stream.models.qwen3_tts import fused
+    from omni_stream.runtime import decoder_kernels as fused
     from omni_stream.runtime import triton_kernels as tk
 
     tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
@@ -305,7 +305,7 @@ def test_small_batch_linear_equals_cublas_and_is_batch_invariant_on_cuda(dtype) 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rotary_kernel_writes_k_and_v_into_the_cache_on_cuda(dtype) -> None:
-    from omni_stream.models.qwen3_tts import fused
+    from omni_stream.runtime import decoder_kernels as fused
     from omni_stream.runtime import triton_kernels as tk
     from omni_stream.runtime.kv_cache import KVWrite
 
@@ -356,7 +356,7 @@ def test_decode_attention_kernel_equals_masked_attention_on_cuda(dtype) -> None:
 @pytest.mark.parametrize("rows", [(2, 40), (1, 12)])  # the cuBLAS flow, the small-batch flow
 def test_fused_talker_matches_module_talker_on_cuda(tmp_path, rows) -> None:
     """fp32 weights at real size: the fused layers compute the module layers' function."""
-    from omni_stream.models.qwen3_tts.fused import triton_kernels
+    from omni_stream.runtime.decoder_kernels import triton_kernels
     from omni_stream.runtime.kv_cache import attention
 
     torch.backends.cuda.matmul.allow_tf32 = False

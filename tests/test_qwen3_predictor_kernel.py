@@ -18,7 +18,7 @@ _CHECK = textwrap.dedent(
 
     import torch
 
-    from omni_stream.models.qwen3_tts import fused
+    from omni_stream.runtime import decoder_kernels as fused
     from omni_stream.models.qwen3_tts.checkpoint import load_lm, write_tiny_checkpoint
     from omni_stream.models.qwen3_tts.predictor_kernel import PredictorKernel
     from omni_stream.requests import SamplingParams

@@ -16,10 +16,10 @@ import torch
 
 from omni_stream.engine import AsyncEngine, ModelSource
 from omni_stream.errors import ConfigError
-from omni_stream.models.qwen3_tts import fused
 from omni_stream.models.qwen3_tts.checkpoint import write_tiny_checkpoint
 from omni_stream.models.qwen3_tts.codec import vocoder_kernels
 from omni_stream.models.qwen3_tts.family import codec_stream_priority
+from omni_stream.runtime import decoder_kernels as fused
 from omni_stream.runtime.gil import shorten_switch_interval
 from omni_stream.runtime.offload import preparer
 from omni_stream.runtime.settings import PDL_KERNELS, SWITCHES, Tuning

@@ -10,7 +10,7 @@ its input rows taken from an embedding table by index (the code predictor's next
 lookup and a projection).
 Rounding follows the eager bf16 path where it is cheap to (the residual sum, the normalized activations
 before the weight, the SiLU output are rounded to the activation dtype as eager rounds them); the rotary
-combination is computed in fp32 and rounded once. :mod:`omni_stream.models.qwen3_tts.fused` holds the
+combination is computed in fp32 and rounded once. :mod:`omni_stream.runtime.decoder_kernels` holds the
 torch versions these are tested against (``TRITON_INTERPRET=1`` runs them on the CPU in the suite).
 """
 

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from omni_stream.errors import ConfigError
-from omni_stream.models.qwen3_tts.config import DecoderConfig
 from omni_stream.requests import SamplingParams
+from omni_stream.runtime.decoder_config import DecoderConfig
 
 ARCHITECTURES = ("qwen3", "llama")
 ROPE_TYPES = ("default", "linear", "llama3")

@@ -30,10 +30,10 @@ from omni_stream.models.causal_lm.config import load_config, load_generation_def
 from omni_stream.models.causal_lm.model import load_lm
 from omni_stream.models.causal_lm.runner import CausalLMRunner, LMRequest
 from omni_stream.models.causal_lm.tokenizer import ChatTokenizer
-from omni_stream.models.qwen3_tts.fused import default_kernels
 from omni_stream.pipeline import Stage
 from omni_stream.requests import TextRequest
 from omni_stream.runtime.cache import EMBEDDED_MARKER, embedded_checkpoint_dir
+from omni_stream.runtime.decoder_kernels import default_kernels
 from omni_stream.runtime.offload import run_prepare
 from omni_stream.runtime.weights import parse_dtype
 from omni_stream.scheduler import Scheduler

@@ -3,7 +3,7 @@
 Parameter names follow transformers' ``Qwen3ForCausalLM`` / ``LlamaForCausalLM`` (``model.embed_tokens``,
 ``model.layers.{i}.self_attn.q_proj``, ..., ``model.norm``, ``lm_head``), so a hub ``model.safetensors`` (or its
 shards) loads name for name. The layers are the shared Qwen3 decoder layers
-(:mod:`omni_stream.models.qwen3_tts.layers`), built without q/k norms for Llama. With tied embeddings there is
+(:mod:`omni_stream.runtime.decoder`), built without q/k norms for Llama. With tied embeddings there is
 no ``lm_head`` parameter: the logits use the embedding table (a stored ``lm_head.weight`` is then ignored).
 """
 
@@ -17,8 +17,8 @@ from torch import nn
 
 from omni_stream.errors import ConfigError
 from omni_stream.models.causal_lm.config import CausalLMConfig, load_config
-from omni_stream.models.qwen3_tts.fused import DecodeKernels
-from omni_stream.models.qwen3_tts.layers import DecoderLayer, RMSNorm, Rotary, run_layers, use_kernels
+from omni_stream.runtime.decoder import DecoderLayer, RMSNorm, Rotary, run_layers, use_kernels
+from omni_stream.runtime.decoder_kernels import DecodeKernels
 from omni_stream.runtime.kv_cache import Attend
 from omni_stream.runtime.weights import init_dummy, load_safetensors, safetensors_files
 

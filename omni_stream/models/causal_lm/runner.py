@@ -39,10 +39,10 @@ from omni_stream.chunks import TextDelta
 from omni_stream.errors import InvalidRequestError
 from omni_stream.models.causal_lm.detokenize import Decode, TextStream
 from omni_stream.models.causal_lm.model import CausalLM
-from omni_stream.models.qwen3_tts.fused import DecodeKernels, default_kernels
 from omni_stream.requests import SamplingParams
 from omni_stream.runtime import rng
 from omni_stream.runtime.cuda_graphs import GraphSet, batch_buckets, idle_rows, length_buckets, pick
+from omni_stream.runtime.decoder_kernels import DecodeKernels, default_kernels
 from omni_stream.runtime.kv_cache import Attend, KVShape, SlotKVCache, attention
 from omni_stream.runtime.sampling import SamplingTensors, apply_repetition_penalty, sample
 

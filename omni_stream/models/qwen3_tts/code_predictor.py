@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from omni_stream.models.qwen3_tts.config import NUM_CODE_GROUPS, Qwen3TTSConfig
-from omni_stream.models.qwen3_tts.fused import DecodeKernels, SmallRows
-from omni_stream.models.qwen3_tts.layers import DecoderLayer, RMSNorm, Rotary, run_layers, use_kernels
+from omni_stream.runtime.decoder import DecoderLayer, RMSNorm, Rotary, run_layers, use_kernels
+from omni_stream.runtime.decoder_kernels import DecodeKernels, SmallRows
 from omni_stream.runtime.kv_cache import FrameKVCache, KVShape
 from omni_stream.runtime.sampling import SamplingTensors, sample
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from omni_stream.errors import ConfigError
 from omni_stream.requests import SamplingParams
+from omni_stream.runtime.decoder_config import DecoderConfig
 
 MODEL_TYPE = "qwen3_tts"
 TASK_TYPES = ("custom_voice", "voice_design", "base")
@@ -23,22 +24,6 @@ NUM_CODE_GROUPS = 16
 CODEBOOK_SIZE = 2048
 # Codec ids at and above vocab_size - 1024 are control ids (languages, speakers, tags): never sampled.
 CONTROL_ID_SPAN = 1024
-
-
-@dataclass(slots=True, frozen=True)
-class DecoderConfig:
-    """Shape of a Qwen3 decoder stack (talker or code predictor)."""
-
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_position_embeddings: int
-    vocab_size: int
 
 
 @dataclass(slots=True, frozen=True)

@@ -30,7 +30,6 @@ from omni_stream.models.qwen3_tts.codec import load_speech_tokenizer
 from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
 from omni_stream.models.qwen3_tts.codec_stage import LiveCount, ReferenceCodes, codec_stage
 from omni_stream.models.qwen3_tts.config import Qwen3TTSConfig, load_config, load_generation_defaults
-from omni_stream.models.qwen3_tts.fused import default_kernels
 from omni_stream.models.qwen3_tts.prompt import TASK_OF_MODEL, TalkerRequest, prepare_request
 from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
 from omni_stream.models.qwen3_tts.speaker_encoder import load_speaker_encoder
@@ -38,6 +37,7 @@ from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
 from omni_stream.pipeline import Stage
 from omni_stream.requests import SpeechRequest, TaskType, VoicePrompt
 from omni_stream.runtime.cache import EMBEDDED_MARKER, embedded_checkpoint_dir
+from omni_stream.runtime.decoder_kernels import default_kernels
 from omni_stream.runtime.gil import shorten_switch_interval
 from omni_stream.runtime.gpu_completions import Completions
 from omni_stream.runtime.offload import run_prepare

@@ -13,7 +13,7 @@ overlap this one and its barrier.
 
 Every program must be resident at once (they wait for each other): the grid is at most the device's
 multiprocessor count, one program each, and the launch is not dependent (no kernel before it holds a
-multiprocessor waiting on it). The rounding follows the fused layer (:mod:`.fused` and
+multiprocessor waiting on it). The rounding follows the fused layer (:mod:`omni_stream.runtime.decoder_kernels` and
 :mod:`omni_stream.runtime.triton_kernels`) step for step; only the products' summation order differs
 (``tl.sum`` over a column tile instead of the projections' ``tl.dot``): in fp32 the codes are the loop's
 (GPU test), in bf16 they may differ. Activations written during the launch are read with ``.cg`` (from L2):
@@ -336,7 +336,7 @@ class PredictorKernel:
         block_k: int = BLOCK_K,
     ) -> None:
         from omni_stream.models.qwen3_tts.code_predictor import CACHE_LEN, STEPS, CodePredictor
-        from omni_stream.models.qwen3_tts.layers import DecoderLayer
+        from omni_stream.runtime.decoder import DecoderLayer
 
         assert isinstance(predictor, CodePredictor)
         m, d = predictor.model, predictor.cfg

@@ -16,7 +16,8 @@ with in-graph sampling noise, the talker layer stack) is one CUDA graph per
 for shapes outside the buckets, the same function runs eagerly at the exact shape. Up to 8 newcomers of a step
 prefill together through a graph per (newcomer-count bucket, prompt-length bucket), their prompts right-padded
 in static buffers and padding rows writing a scratch slot (more newcomers: one eager padded forward, which is
-compute-bound by then); on CUDA the decoder layers run as fused Triton kernels (:mod:`.fused`).
+compute-bound by then); on CUDA the decoder layers run as fused Triton kernels
+(:mod:`omni_stream.runtime.decoder_kernels`).
 
 Host work per step is kept to a few interpreter round trips (each torch call releases and retakes the GIL,
 which the event loop may hold): the row mask is uploaded only when the step's rows change, and the codes
@@ -54,11 +55,11 @@ from omni_stream.batch_model import Batch, SeqOutput, Sequence
 from omni_stream.chunks import CodecFrames
 from omni_stream.errors import InvalidRequestError
 from omni_stream.models.qwen3_tts.config import CODEBOOK_SIZE, CONTROL_ID_SPAN, NUM_CODE_GROUPS
-from omni_stream.models.qwen3_tts.fused import DecodeKernels, default_kernels
 from omni_stream.models.qwen3_tts.prompt import TalkerRequest, embed_prompts, embed_tts_pad
 from omni_stream.models.qwen3_tts.talker import Qwen3TTSLM
 from omni_stream.runtime import rng
 from omni_stream.runtime.cuda_graphs import GraphSet, batch_buckets, idle_rows, length_buckets, pick
+from omni_stream.runtime.decoder_kernels import DecodeKernels, default_kernels
 from omni_stream.runtime.kv_cache import Attend, KVShape, SlotKVCache, attention
 from omni_stream.runtime.sampling import SamplingTensors, apply_repetition_penalty, mask_tokens
 from omni_stream.scheduler import run_offline
@@ -120,8 +121,9 @@ class Qwen3TTSRunner:
         """``max_len``: talker positions per slot (prompt + frames; 12.5 frames per second of audio).
 
         ``graphs``: replay CUDA graphs of the decode step (None: on CUDA devices); see :meth:`capture_graphs`.
-        ``fused``: decoder layers as fused kernels (:mod:`.fused`); None: the Triton kernels on CUDA when
-        Triton is installed, else the modules; False: the modules; or a :class:`DecodeKernels` set.
+        ``fused``: decoder layers as fused kernels (:mod:`omni_stream.runtime.decoder_kernels`); None: the Triton
+        kernels on CUDA when Triton is installed, else the modules; False: the modules; or a :class:`DecodeKernels`
+        set.
         ``ahead``: launch each decode step before handing out the previous one's frames (see :meth:`step`;
         None: on CUDA devices, where the device then never waits for the host between steps).
         """

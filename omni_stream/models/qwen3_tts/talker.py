@@ -15,8 +15,8 @@ from torch import nn
 
 from omni_stream.models.qwen3_tts.code_predictor import CodePredictor
 from omni_stream.models.qwen3_tts.config import Qwen3TTSConfig
-from omni_stream.models.qwen3_tts.fused import DecodeKernels
-from omni_stream.models.qwen3_tts.layers import DecoderLayer, RMSNorm, Rotary, run_layers, use_kernels
+from omni_stream.runtime.decoder import DecoderLayer, RMSNorm, Rotary, run_layers, use_kernels
+from omni_stream.runtime.decoder_kernels import DecodeKernels
 from omni_stream.runtime.kv_cache import Attend
 from omni_stream.runtime.sampling import SamplingTensors, sample
 

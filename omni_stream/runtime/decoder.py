@@ -8,7 +8,8 @@ then multiplies by the weight in the input dtype; rotary tables are built in fp3
 activation dtype; attention softmax runs in fp32. Attention itself is delegated to an ``attend``
 callable so one layer serves the slot-indexed talker cache and the per-frame code-predictor cache.
 With kernels set (:meth:`DecoderLayer.use_kernels`, CUDA by default) :func:`run_layers` runs each layer as
-:meth:`DecoderLayer.fused_forward`: the same function in ~12 launches (:mod:`.fused`).
+:meth:`DecoderLayer.fused_forward`: the same function in ~12 launches
+(:mod:`omni_stream.runtime.decoder_kernels`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omni_stream.models.qwen3_tts.config import DecoderConfig
-from omni_stream.models.qwen3_tts.fused import DecodeKernels
+from omni_stream.runtime.decoder_config import DecoderConfig
+from omni_stream.runtime.decoder_kernels import DecodeKernels
 from omni_stream.runtime.kv_cache import Attend, CacheAttend
 
 
@@ -121,7 +122,8 @@ class DecoderLayer(nn.Module):
 
     @torch.no_grad()
     def use_kernels(self, kernels: DecodeKernels | None) -> None:
-        """Run the fused layer through ``kernels`` (see :mod:`.fused`), or the modules again with None.
+        """Run the fused layer through ``kernels`` (:mod:`omni_stream.runtime.decoder_kernels`), or the modules
+        again with None.
 
         The q/k/v and gate/up weights are concatenated once and the projections' parameters become views
         of the concatenations, so memory is not doubled and the state dict is unchanged. Call it once the

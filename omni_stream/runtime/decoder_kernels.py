@@ -1,4 +1,5 @@
-"""The Qwen3 decoder layer as a few fused kernels around the GEMMs (the decode path on CUDA).
+"""The decoder layer (:mod:`omni_stream.runtime.decoder`) as a few fused kernels around the GEMMs (the decode path
+on CUDA), for every family that builds its stack from it (the Qwen3-TTS talker and code predictor, the causal LMs).
 
 The decode loops are bound by kernel count, not bytes: a code-predictor frame is 15 steps x 5 layers,
 and written module by module each layer is ~40 launches (every norm, cast, rotary half and residual add is
@@ -147,7 +148,7 @@ class DecodeKernels:
     qk_norm_rope_kv: Callable[..., torch.Tensor] | None = None
     # one-token attention over a :class:`KVRead` (``kv_cache.read_one``'s signature; None: the attend's read)
     decode_attention: Callable[..., torch.Tensor] | None = None
-    # the code predictor's one-row frame as one persistent kernel (:mod:`.predictor_kernel`; CUDA only)
+    # the code predictor's one-row frame as one persistent kernel (qwen3_tts/predictor_kernel.py; CUDA only)
     predictor_frame: bool = False
 
     def for_predictor(self) -> DecodeKernels:
