@@ -49,21 +49,12 @@ import numpy as np
 from omni_stream.chunks import Audio, StageOutput, TextDelta
 from omni_stream.context import RequestContext, TokenCount
 from omni_stream.errors import ConfigError, EngineClosed, InvalidRequestError, RequestCancelled
-from omni_stream.family import (
-    Family,
-    LoadContext,
-    LoadOptions,
-    ModelKind,
-    SpeechInfo,
-    check_family,
-    default_available,
-    embedded_checkpoint,
-    read_config,
-    resolve_family,
-)
+from omni_stream.family import Family, LoadContext, LoadOptions, ModelKind, SpeechInfo, read_config
+from omni_stream.family_registry import default_available, default_kinds, embedded_checkpoint, resolve_family
+from omni_stream.kinds import check_family, find_pipeline
 from omni_stream.metrics import EngineMetrics
 from omni_stream.pipeline import PipelineStream
-from omni_stream.pipeline_specs import ModelSet, find_pipeline
+from omni_stream.pipeline_specs import ModelSet
 from omni_stream.requests import ChatRequest, SpeechRequest, TaskType, TextRequest, Timings, VoicePrompt
 from omni_stream.runtime.cache import user_cache_root
 from omni_stream.runtime.gc_heap import freeze_loaded_heap, release_loaded_heap
@@ -204,10 +195,10 @@ class AsyncEngine:
             tuning=tuning,
         )
         if sources is None:
-            from omni_stream.models import EMBEDDED_DEFAULTS
-
-            # a default whose optional extra is not installed (diffusers for images) is left out, not an error
-            sources = {kind: ModelSource(kind=kind) for kind in EMBEDDED_DEFAULTS if default_available(kind)}
+            # a default whose optional extra is not installed (diffusers for images) is left out, not an error; the
+            # families' declarations are read (imported) off the event loop
+            kinds = await anyio.to_thread.run_sync(lambda: [k for k in default_kinds() if default_available(k)])
+            sources = {kind: ModelSource(kind=kind) for kind in kinds}
         worker = DeviceWorker(name=f"omni-stream-{device}", threads=tuning.threads).start()
         metrics = EngineMetrics()
         models = ModelSet()

@@ -3,17 +3,17 @@
 A *family* is one folder under ``omni_stream/models/`` (or a third-party package) that turns a checkpoint into
 stages. Both the engine and every family import this module; it imports neither.
 
-Registration. ``config.json``'s ``model_type`` names a family. :func:`register_family` maps a model type (or any
-other name, e.g. a backend selected on the command line) to a loader: a callable, or a ``"module[:attr]"`` path
-imported on first use (the attribute defaults to ``load_family``), so importing the engine imports no model.
-Packages add families without editing this one through the ``omni_stream.families`` entry-point group: the entry's
-name is the model type, its value the ``module:attr`` of the loader. A loader runs off the event loop as
-``loader(LoadContext) -> family``.
+Declaration. A family says what it is in its folder's ``declaration.py`` (:class:`FamilyDeclaration`: its label,
+kind, model types and loader, embedded default, checkpoint writers and the serving defaults it provides);
+:mod:`omni_stream.family_registry` finds the declarations, so that adding a family means writing one folder.
+A loader runs off the event loop as ``loader(LoadContext) -> family``.
 
-Kinds. Every family has ``info: ModelInfo``; ``info.kind`` says which role protocol below it implements and so which
-pipelines it can serve (:mod:`omni_stream.pipeline_specs`): :class:`SpeechFamily` (text -> audio), :class:`TextFamily`
-(messages -> text deltas). Speech-only vocabulary (task types, voices, languages, sample rate) lives in
-:class:`SpeechInfo`, which speech families provide.
+Kinds. Every family has ``info: ModelInfo``; ``info.kind`` says which role protocol it implements and so which
+pipelines it can serve (the explicit list of kinds: :mod:`omni_stream.kinds`): :class:`SpeechFamily` (text ->
+audio), :class:`TextFamily` (messages -> text deltas), and one per kind folder (transcription, images, video).
+Speech-only vocabulary (tasks, voices, languages, sample rate) lives in :class:`SpeechInfo`, which speech families
+provide; a family's own words (a prompt layout, a sampler of its own) travel in its own options object
+(``SpeechRequest.options``), never in the engine's request types.
 
 Model work runs on ``LoadContext.worker`` (one thread per device, shared by every family of the engine): schedulers
 attach to it, one-off and batchable jobs go through ``submit`` / ``submit_batched``; stages await those futures with
@@ -25,13 +25,10 @@ model, under the worker's lock at once: :mod:`omni_stream.context`).
 
 from __future__ import annotations
 
-import importlib
 import json
-import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -43,10 +40,6 @@ from omni_stream.metrics import EngineMetrics
 from omni_stream.requests import SpeechRequest, TaskType, TextRequest, VoicePrompt
 from omni_stream.runtime.settings import Tuning
 from omni_stream.worker import DeviceWorker
-
-log = logging.getLogger(__name__)
-
-ENTRY_POINT_GROUP = "omni_stream.families"
 
 
 class ModelKind(StrEnum):
@@ -193,113 +186,40 @@ class TextFamily(Protocol):
     async def aclose(self) -> None: ...
 
 
-KIND_PROTOCOLS: dict[str, type] = {ModelKind.SPEECH: SpeechFamily, ModelKind.TEXT: TextFamily}
-"""Role protocols by kind; the engine checks a loaded family against its kind's protocol."""
-
-
-def register_kind(kind: str, protocol: type) -> None:
-    """Declare the role protocol (a ``runtime_checkable`` Protocol) that families of ``kind`` implement."""
-    KIND_PROTOCOLS[kind] = protocol
-
-
-def check_family(family: object) -> None:
-    """Raise ConfigError unless ``family`` has a ModelInfo and implements its kind's protocol."""
-    info = getattr(family, "info", None)
-    if not isinstance(info, ModelInfo):
-        raise ConfigError(f"{type(family).__name__} has no ModelInfo 'info'")
-    protocol = KIND_PROTOCOLS.get(info.kind, Family)
-    if not isinstance(family, protocol):
-        raise ConfigError(
-            f"{type(family).__name__} is a {info.kind!r} model but does not implement {protocol.__name__}"
-        )
-
-
-# --- registry -------------------------------------------------------------------------------------------------
+# --- declaring a family -----------------------------------------------------------------------------------------
 
 FamilyLoader = Callable[[LoadContext], Any]
+Target = str | Callable[..., Any]  # an object, or the "module[:attr]" path it is imported from when first asked for
 
 
-@dataclass(slots=True)
-class _Registry:
-    loaders: dict[str, FamilyLoader | str] = field(default_factory=dict)
-    entry_points_read: bool = False
+@dataclass(slots=True, frozen=True)
+class FamilyDeclaration:
+    """What a family says about itself before anything loads (its folder's ``declaration.py``: ``FAMILIES``).
 
-
-_REGISTRY = _Registry()
-
-
-def register_family(model_type: str, loader: FamilyLoader | str) -> None:
-    """Map a ``config.json`` ``model_type`` (or a backend name) to a loader callable or its ``"module[:attr]"`` path."""
-    _REGISTRY.loaders[model_type] = loader
-
-
-def _read_entry_points() -> None:
-    if _REGISTRY.entry_points_read:
-        return
-    _REGISTRY.entry_points_read = True
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        _REGISTRY.loaders.setdefault(ep.name, ep.value)
-
-
-def known_families() -> tuple[str, ...]:
-    """Every registered model type, built-in and from entry points."""
-    from omni_stream.models import BUILTIN_FAMILIES
-
-    _read_entry_points()
-    return tuple(sorted({*BUILTIN_FAMILIES, *_REGISTRY.loaders}))
-
-
-def resolve_family(model_type: str) -> FamilyLoader:
-    """The loader registered for ``model_type`` (imports it on first use)."""
-    from omni_stream.models import BUILTIN_FAMILIES
-
-    loader = _REGISTRY.loaders.get(model_type)
-    if loader is None:
-        _read_entry_points()
-        loader = _REGISTRY.loaders.get(model_type, BUILTIN_FAMILIES.get(model_type))
-    if loader is None:
-        raise ConfigError(f"unknown model_type {model_type!r} (known: {', '.join(known_families())})")
-    if isinstance(loader, str):
-        module, _, attr = loader.partition(":")
-        try:
-            loader = getattr(importlib.import_module(module), attr or "load_family")
-        except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"cannot import the loader of model_type {model_type!r} ({loader}): {exc}") from exc
-        _REGISTRY.loaders[model_type] = loader
-    return loader
-
-
-def embedded_checkpoint(kind: str, cache_dir: Path | None = None) -> Path:
-    """The tiny random-weight checkpoint served for ``kind`` when no model is given (built on first use, under
-    ``cache_dir``; None: ``$OMNI_STREAM_CACHE``, else the user cache directory)."""
-    from omni_stream.models import EMBEDDED_DEFAULTS
-
-    target = EMBEDDED_DEFAULTS.get(kind)
-    if target is None:
-        raise ConfigError(f"no embedded default model for kind {kind!r}: pass a checkpoint")
-    module, _, attr = target.partition(":")
-    try:
-        build = getattr(importlib.import_module(module), attr or "embedded_default_checkpoint")
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"no default {kind} model is available in this build ({exc}): pass a checkpoint") from exc
-    return Path(build(cache_dir))
-
-
-def default_available(kind: str) -> bool:
-    """False when the embedded default of ``kind`` needs an optional extra this install lacks (e.g. diffusers).
-
-    A broken module of our own still counts as available: loading it then says what is wrong.
+    ``name``: unique, usually the folder's; ``label``: how messages name it (``"Qwen3-TTS"``); ``kind``: the
+    :class:`ModelKind` (or a plugin kind) its models serve, None for a folder that only provides serving defaults;
+    ``model_types``: the ``config.json`` ``model_type`` values (or backend names) its ``loader`` takes
+    (``loader(LoadContext) -> family``; a path's attribute defaults to ``load_family``); ``embedded_default``:
+    ``build(cache_dir) -> Path`` of the tiny random-weight checkpoint its kind serves when no model is given (one
+    family per kind); ``writers``: the ``omni-stream make-checkpoint --kind`` names it writes, each
+    ``writer(args) -> Path``; ``serves``: the serving layer's defaults it provides, by role (a provider ``() ->
+    object | None``; :func:`omni_stream.family_registry.serving_default` lists the roles).
     """
-    from omni_stream.models import EMBEDDED_DEFAULTS
 
-    try:
-        importlib.import_module(EMBEDDED_DEFAULTS[kind].partition(":")[0])
-    except ImportError as exc:
-        missing = exc.name or ""
-        if missing and not missing.startswith("omni_stream"):
-            log.info("no embedded default %s model in this install (%s)", kind, exc)
-            return False
-    return True
+    name: str
+    label: str
+    kind: str | None = None
+    model_types: tuple[str, ...] = ()
+    loader: Target | None = None
+    embedded_default: Target | None = None
+    writers: Mapping[str, Target] = field(default_factory=dict)
+    serves: Mapping[str, Target] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.model_types and self.loader is None:
+            raise ConfigError(f"family {self.name}: model_types {self.model_types} need a loader")
+        if self.embedded_default is not None and self.kind is None:
+            raise ConfigError(f"family {self.name}: an embedded default needs the kind it serves")
 
 
 def read_config(path: Path) -> dict[str, Any]:

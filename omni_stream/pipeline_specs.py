@@ -5,7 +5,7 @@ engine), how a request is resolved against the loaded models (its ``resolve``: e
 content, checked once, :mod:`omni_stream.validation`) and a builder that turns one resolved request into a
 :class:`Plan`: the stages (each served by one model's family, or a model-free stage such as sentence splitting),
 which of them the consumer sees, and the pipeline's source.
-The engine picks the first registered spec that accepts a request and whose models are loaded.
+The engine picks the first spec that accepts a request (:mod:`omni_stream.kinds` lists each kind's specs).
 
 ```python
 CHAT_SPEECH = PipelineSpec(
@@ -28,7 +28,7 @@ from omni_stream.context import RequestContext
 from omni_stream.errors import InvalidRequestError
 from omni_stream.family import Family, ModelKind, SpeechFamily, TextFamily
 from omni_stream.pipeline import AnyStage, Pipeline, stage_name
-from omni_stream.requests import ChatRequest, SpeechRequest, TextRequest
+from omni_stream.requests import ChatRequest, SpeechRequest
 from omni_stream.speech.text_stream import speak_units, text_units
 from omni_stream.validation.speech import resolve_speech
 from omni_stream.validation.text import resolve_chat
@@ -147,6 +147,16 @@ class PipelineSpec(Generic[R]):
         return self.build(models, request, ctx)
 
 
+@dataclass(slots=True, frozen=True)
+class Kind:
+    """A kind of model: its name (``ModelInfo.kind``), the role protocol (``runtime_checkable``) its families
+    implement, and the pipelines that serve its requests (tried in order). :mod:`omni_stream.kinds` lists them."""
+
+    name: str
+    protocol: type
+    pipelines: tuple[PipelineSpec[Any], ...] = ()
+
+
 # --- the built-in pipelines ---------------------------------------------------------------------------------
 
 
@@ -238,27 +248,5 @@ CHAT_SPEECH = PipelineSpec(
     resolve_chat,
 )
 
-_PIPELINES: list[PipelineSpec[Any]] = [SPEECH, SPEECH_STREAM, CHAT, CHAT_SPEECH]
-
-
-def register_pipeline(spec: PipelineSpec[Any]) -> None:
-    """Add ``spec`` (it is tried before the built-in pipelines of the same request type; same name replaces)."""
-    _PIPELINES[:] = [p for p in _PIPELINES if p.name != spec.name]
-    _PIPELINES.insert(0, spec)
-
-
-def find_pipeline(request: object, models: ModelSet, name: str | None = None) -> PipelineSpec[Any]:
-    """The pipeline ``name``, or the first that serves ``request``; InvalidRequestError when none does."""
-    if name is not None:
-        for spec in _PIPELINES:
-            if spec.name == name:
-                if not spec.serves(request, models):
-                    raise InvalidRequestError(f"pipeline {name!r} does not serve a {type(request).__name__}")
-                return spec
-        raise InvalidRequestError(f"unknown pipeline {name!r} (known: {', '.join(p.name for p in _PIPELINES)})")
-    if isinstance(request, TextRequest):
-        raise InvalidRequestError("wrap a TextRequest in a ChatRequest (or use engine.chat())", "messages")
-    for spec in _PIPELINES:
-        if spec.serves(request, models):
-            return spec
-    raise InvalidRequestError(f"no pipeline serves a {type(request).__name__}")
+SPEECH_KIND = Kind(ModelKind.SPEECH, SpeechFamily, (SPEECH, SPEECH_STREAM))
+TEXT_KIND = Kind(ModelKind.TEXT, TextFamily, (CHAT, CHAT_SPEECH))

@@ -25,7 +25,7 @@ from omni_stream.realtime.common.auth import ApiKeyMiddleware
 from omni_stream.realtime.common.errors import http_exception_handler, internal_error_handler
 from omni_stream.realtime.images import http as images
 from omni_stream.realtime.replica import ReplicaHeaderMiddleware
-from omni_stream.realtime.settings import Settings, silero_vad
+from omni_stream.realtime.settings import Settings
 from omni_stream.realtime.speech import batch as speech_batch
 from omni_stream.realtime.speech import http as speech_http
 from omni_stream.realtime.speech import stream as speech_ws
@@ -34,6 +34,7 @@ from omni_stream.realtime.speech.voice_store import VoiceStore
 from omni_stream.realtime.state import ServerState
 from omni_stream.realtime.video import ws as video_ws
 from omni_stream.runtime.gc_heap import freeze_loaded_heap, release_loaded_heap
+from omni_stream.turns.vad import VadParams
 
 log = logging.getLogger("omni_stream.realtime")
 
@@ -94,10 +95,8 @@ def create_app(engine: AsyncEngine | EngineFactory, settings: Settings | None = 
         restored = await anyio.to_thread.run_sync(state.voices.load)
         if restored:
             log.info("restored %d uploaded voice(s) from %s", restored, settings.voices_dir)
-        if settings.vad_factory is silero_vad:  # its network loads once, here rather than in a session's first event
-            from omni_stream.models.silero_vad import load_silero_net
-
-            await anyio.to_thread.run_sync(load_silero_net)
+        if settings.vad_factory is not None:  # a detector's network loads here, not in a session's first event
+            await anyio.to_thread.run_sync(settings.vad_factory, VadParams())
         owned = not isinstance(engine, AsyncEngine)
         loaded = engine if isinstance(engine, AsyncEngine) else await engine()
         loaded.use_voices(state.voices)  # uploaded voices: the engine resolves voice names through the store

@@ -18,25 +18,19 @@ STREAM_FORMATS = ("pcm", "wav")
 BATCH_MAX_ITEMS = 32  # items of one POST /v1/audio/speech/batch (vLLM-Omni's default)
 
 
-def silero_vad(params: Any) -> Any:
-    """The default server VAD: one silero-vad detector per session (the model ships in its wheel)."""
-    from omni_stream.models.silero_vad import SileroVad
+def default_vad() -> Callable[[Any], Any] | None:
+    """The server VAD some family provides (role ``"vad"``: Silero VAD's folder declares it), one per session."""
+    from omni_stream.family_registry import serving_default  # the registry imports torch: not for `serve --help`
 
-    return SileroVad(params)
-
-
-def smart_turn() -> Any:
-    """The default end-of-turn model of ``semantic_vad``: Smart Turn v3.2 from pipecat-ai's wheel, loaded once."""
-    from omni_stream.models.smart_turn import load_smart_turn
-
-    return load_smart_turn()
+    return serving_default("vad")
 
 
 def default_turn_model() -> Callable[[], Any] | None:
-    """:func:`smart_turn` where its model file and onnxruntime are installed, else None (no ``semantic_vad``)."""
-    from omni_stream.models.smart_turn import available
+    """The end-of-turn model some family provides for ``semantic_vad`` (role ``"turn_model"``: Smart Turn's folder
+    declares it where its model file and onnxruntime are installed), else None (no ``semantic_vad``)."""
+    from omni_stream.family_registry import serving_default
 
-    return smart_turn if available() else None
+    return serving_default("turn_model")
 
 
 def default_voices_dir(cache_dir: Path | None = None) -> Path:
@@ -95,7 +89,7 @@ class Settings:
     legacy_stream_raw: bool = False
     # Realtime sessions (WS /v1/realtime and WebRTC)
     # VadParams -> VoiceActivityDetector for server_vad turn detection; None: manual commits only
-    vad_factory: Callable[[Any], Any] | None = silero_vad
+    vad_factory: Callable[[Any], Any] | None = field(default_factory=default_vad)
     # () -> EndOfTurnModel for semantic_vad (beside vad_factory's detector); None: semantic_vad is refused
     turn_model_factory: Callable[[], Any] | None = field(default_factory=default_turn_model)
     realtime_max_append_bytes: int = 15 * 1024 * 1024  # decoded audio per input_audio_buffer.append

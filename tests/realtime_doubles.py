@@ -24,7 +24,8 @@ import numpy as np
 
 from omni_stream.chunks import Audio, TextDelta
 from omni_stream.context import RequestContext
-from omni_stream.family import LoadContext, ModelKind, register_family
+from omni_stream.family import LoadContext, ModelKind
+from omni_stream.family_registry import register_family
 from omni_stream.transcription.spec import TranscriptionInfo, TranscriptionRequest
 from omni_stream.turns.vad import VadEvent, VadEventKind, VadParams
 

@@ -16,7 +16,8 @@ from lm_helpers import tiny_lm_checkpoint
 
 from omni_stream.engine import AsyncEngine, ModelSource
 from omni_stream.errors import ConfigError
-from omni_stream.family import ModelKind, TextFamily, resolve_family
+from omni_stream.family import ModelKind, TextFamily
+from omni_stream.family_registry import resolve_family
 from omni_stream.models.causal_lm import family as family_mod
 from omni_stream.models.causal_lm.checkpoint import SPECIALS, write_dummy_checkpoint
 from omni_stream.models.causal_lm.config import load_config

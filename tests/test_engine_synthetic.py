@@ -22,7 +22,8 @@ from omni_stream.errors import (
     UnknownVoiceError,
     UnsupportedTaskError,
 )
-from omni_stream.family import SpeechInfo, register_family, resolve_family
+from omni_stream.family import SpeechInfo
+from omni_stream.family_registry import register_family, resolve_family
 from omni_stream.models.synthetic import SyntheticConfig, SyntheticFault, tone_samples, write_checkpoint
 from omni_stream.requests import SpeechRequest, TaskType
 

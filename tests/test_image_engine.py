@@ -426,7 +426,7 @@ def _leftovers(folder: Path) -> list[Path]:
 def test_a_default_whose_extra_is_missing_is_left_out(monkeypatch):
     import importlib
 
-    from omni_stream.family import default_available
+    from omni_stream.family_registry import default_available
 
     real_import = importlib.import_module
 

@@ -15,8 +15,7 @@ import httpx
 import pytest
 from serving_helpers import MODEL, expected_tone
 
-from omni_stream.family import default_available
-from omni_stream.models import EMBEDDED_DEFAULTS
+from omni_stream.family_registry import default_available, default_kinds
 
 pytest_plugins = ("serving_fixtures",)
 
@@ -84,7 +83,7 @@ def test_serve_without_model_uses_the_embedded_checkpoint_and_stops_on_sigint(tm
     # the image default joins them where the [image] extra (diffusers) is installed
     assert ("instruct-pix2pix-tiny" in models) == bool(importlib.util.find_spec("diffusers"))
     assert ("helios-tiny-v1" in models) == bool(importlib.util.find_spec("diffusers"))
-    assert len(models) == len([kind for kind in EMBEDDED_DEFAULTS if default_available(kind)])
+    assert len(models) == len([kind for kind in default_kinds() if default_available(kind)])
     # OMNI_STREAM_CACHE moves the voices dir too (beside the embedded checkpoint)
     assert f"voices dir {tmp_path / 'cache' / 'voices'}" in out and (tmp_path / "cache" / "voices").is_dir()
     assert (tmp_path / "cache" / "checkpoints").is_dir()

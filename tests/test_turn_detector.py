@@ -8,8 +8,8 @@ import pytest
 from realtime_doubles import energy_vad, spoken_words
 from realtime_fixtures import espeak
 
+from omni_stream.models.silero_vad import SileroVad
 from omni_stream.models.smart_turn import load_smart_turn
-from omni_stream.realtime.settings import silero_vad
 from omni_stream.turns.detector import TurnDetector
 from omni_stream.turns.rules import EAGERNESS, PAUSE_MS, Eagerness, TurnRule
 from omni_stream.turns.vad import VadParams
@@ -38,7 +38,7 @@ def question() -> np.ndarray:
 
 def semantic(eagerness: Eagerness = Eagerness.AUTO) -> TurnDetector:
     rule = TurnRule.semantic_vad(eagerness)
-    return TurnDetector(rule, silero_vad(rule.vad), load_smart_turn())
+    return TurnDetector(rule, SileroVad(rule.vad), load_smart_turn())
 
 
 def test_a_finished_question_ends_at_its_pause_without_waiting(question):

@@ -18,7 +18,8 @@ from video_helpers import chunks_begun, steps_after_release
 
 from omni_stream.engine import AsyncEngine
 from omni_stream.errors import ConfigError, InvalidRequestError, RequestCancelled
-from omni_stream.family import embedded_checkpoint, read_config
+from omni_stream.family import read_config
+from omni_stream.family_registry import embedded_checkpoint
 from omni_stream.models.helios.checkpoint import (
     embedded_default_checkpoint,
     load_pipeline,
@@ -254,9 +255,9 @@ def test_the_embedded_default_is_built_once_in_the_cache(tmp_path, monkeypatch):
 
 def test_the_embedded_default_serves_video_beside_speech(tmp_path, monkeypatch):
     monkeypatch.setenv("OMNI_STREAM_CACHE", str(tmp_path))
-    from omni_stream.models import EMBEDDED_DEFAULTS
+    from omni_stream.family_registry import default_kinds
 
-    assert "video" in EMBEDDED_DEFAULTS and "speech" in EMBEDDED_DEFAULTS
+    assert "video" in default_kinds() and "speech" in default_kinds()
 
     async def main() -> list:
         from omni_stream.engine import ModelSource

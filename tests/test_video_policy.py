@@ -20,7 +20,8 @@ from omni_stream.video.spec import (
 )
 
 INFO = VideoInfo(
-    "tiny", "HeliosPipeline", ModelKind.VIDEO, default_width=64, default_height=32, max_width=256, max_height=256,
+    "tiny", "HeliosPipeline", ModelKind.VIDEO, frames_per_chunk=33,
+    default_width=64, default_height=32, max_width=256, max_height=256,
     max_num_frames=264, default_num_frames=66, default_steps=2, default_guidance=1.0,
 )  # fmt: skip
 

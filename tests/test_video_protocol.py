@@ -24,14 +24,21 @@ from omni_stream.realtime.video.protocol import (
 from omni_stream.video.spec import ChunkPrompt, PromptSchedule, VideoChunk, VideoInfo, resolve_request
 
 INFO = VideoInfo(
-    "tiny", "HeliosPipeline", ModelKind.VIDEO, default_width=32, default_height=32, max_width=128, max_height=128,
+    "tiny", "HeliosPipeline", ModelKind.VIDEO, frames_per_chunk=33,
+    default_width=32, default_height=32, max_width=128, max_height=128,
     max_num_frames=99, default_num_frames=66, default_steps=2, default_guidance=1.0,
 )  # fmt: skip
 LIMITS = VideoLimits(start_timeout=10.0, stall_timeout=60.0, max_control_bytes=1024)
 
 
 def new(now: float = 0.0) -> VideoProtocol:
-    return VideoProtocol(lambda r: resolve_request(INFO, r), models=("tiny",), limits=LIMITS, now=now)
+    return VideoProtocol(
+        lambda r: resolve_request(INFO, r),
+        models=("tiny",),
+        frames_per_chunk=INFO.frames_per_chunk,
+        limits=LIMITS,
+        now=now,
+    )
 
 
 def msg(**body) -> str:

@@ -18,7 +18,8 @@ from omni_stream.chunks import Audio, TextDelta
 from omni_stream.codecs.resample import resample
 from omni_stream.engine import AsyncEngine
 from omni_stream.errors import DeadlineExceeded, InvalidRequestError
-from omni_stream.family import ModelKind, embedded_checkpoint
+from omni_stream.family import ModelKind
+from omni_stream.family_registry import embedded_checkpoint
 from omni_stream.runtime.cache import EMBEDDED_MARKER
 from omni_stream.transcription.spec import TranscriptionFamily, TranscriptionInfo, TranscriptionRequest
 

@@ -26,9 +26,9 @@ import numpy as np
 from omni_stream.chunks import Image, TextDelta
 from omni_stream.context import RequestContext
 from omni_stream.errors import InvalidRequestError
-from omni_stream.family import ModelInfo, ModelKind, register_kind
+from omni_stream.family import ModelInfo, ModelKind
 from omni_stream.pipeline import Stage
-from omni_stream.pipeline_specs import ModelSet, PipelineSpec, Plan, StagePlan, register_pipeline
+from omni_stream.pipeline_specs import Kind, ModelSet, PipelineSpec, Plan, StagePlan
 from omni_stream.requests import ChatMessage, Role, TextRequest, next_request_id
 
 MAX_IMAGES = 4  # images per request (``n``)
@@ -274,5 +274,4 @@ IMAGE = PipelineSpec(
     resolve=resolve_image,
 )
 
-register_kind(ModelKind.IMAGE, ImageFamily)
-register_pipeline(IMAGE)
+KIND = Kind(ModelKind.IMAGE, ImageFamily, (IMAGE,))  # listed in omni_stream.kinds

@@ -128,14 +128,6 @@ def check_ref_seconds(seconds: float, param: str = "ref_audio") -> None:
         )
 
 
-FAMILY_LABELS = {"qwen3_tts": "Qwen3-TTS", "synthetic_tts": "Synthetic"}
-
-
-def family_label(model_type: str) -> str:
-    """How messages name a family (``model_type`` of its ``config.json``)."""
-    return FAMILY_LABELS.get(model_type, model_type)
-
-
 def check_embedding(values: object, dim: int | None = None, param: str = "speaker_embedding") -> list[float]:
     """A speaker embedding: a non-empty list of finite numbers (``dim`` of them when given)."""
     import math

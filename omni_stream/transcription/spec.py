@@ -19,9 +19,9 @@ import numpy as np
 from omni_stream.chunks import Audio, TextDelta
 from omni_stream.context import RequestContext
 from omni_stream.errors import InvalidRequestError
-from omni_stream.family import ModelInfo, ModelKind, register_kind
+from omni_stream.family import ModelInfo, ModelKind
 from omni_stream.pipeline import Stage
-from omni_stream.pipeline_specs import ModelSet, PipelineSpec, Plan, StagePlan, register_pipeline
+from omni_stream.pipeline_specs import Kind, ModelSet, PipelineSpec, Plan, StagePlan
 from omni_stream.requests import next_request_id
 
 
@@ -86,5 +86,4 @@ TRANSCRIPTION = PipelineSpec(
     "transcription", TranscriptionRequest, (ModelKind.TRANSCRIPTION,), build_transcription, description="audio -> text"
 )
 
-register_kind(ModelKind.TRANSCRIPTION, TranscriptionFamily)
-register_pipeline(TRANSCRIPTION)
+KIND = Kind(ModelKind.TRANSCRIPTION, TranscriptionFamily, (TRANSCRIPTION,))  # listed in omni_stream.kinds

@@ -16,8 +16,9 @@ import numpy as np
 
 from omni_stream.errors import AudioDecodeError, InvalidRequestError, UnsupportedTaskError
 from omni_stream.family import SpeechInfo
+from omni_stream.family_registry import family_label
 from omni_stream.requests import SpeechRequest, TaskType
-from omni_stream.speech.limits import check_embedding, check_ref_seconds, check_text, family_label
+from omni_stream.speech.limits import check_embedding, check_ref_seconds, check_text
 from omni_stream.validation.language import resolve_language
 from omni_stream.validation.voices import Voice, VoiceCatalog, find_voice, model_key, voice_names
 

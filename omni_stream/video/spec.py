@@ -28,9 +28,9 @@ import numpy as np
 
 from omni_stream.context import RequestContext
 from omni_stream.errors import InvalidRequestError
-from omni_stream.family import ModelInfo, ModelKind, register_kind
+from omni_stream.family import ModelInfo, ModelKind
 from omni_stream.pipeline import Stage
-from omni_stream.pipeline_specs import ModelSet, PipelineSpec, Plan, StagePlan, register_pipeline
+from omni_stream.pipeline_specs import Kind, ModelSet, PipelineSpec, Plan, StagePlan
 from omni_stream.requests import next_request_id
 
 PromptMix = tuple[tuple[str, float], ...]
@@ -42,9 +42,10 @@ STEERING_CAPACITY = 8  # prompt updates a request may have queued between two ch
 
 @dataclass(slots=True, frozen=True)
 class VideoInfo(ModelInfo):
-    """A video model: its chunk size (frames), size rules and the defaults of a request. Sizes in pixels."""
+    """A video model: its chunk size (frames: the family's own fact, Helios' 33), size rules and the defaults of a
+    request. Sizes in pixels."""
 
-    frames_per_chunk: int = 33
+    frames_per_chunk: int
     size_multiple: int = 16  # width and height must be multiples of this
     max_width: int = 1280
     max_height: int = 1280
@@ -341,5 +342,4 @@ VIDEO = PipelineSpec(
     resolve=resolve_video,
 )
 
-register_kind(ModelKind.VIDEO, VideoFamily)
-register_pipeline(VIDEO)
+KIND = Kind(ModelKind.VIDEO, VideoFamily, (VIDEO,))  # listed in omni_stream.kinds

@@ -223,7 +223,7 @@ class VideoProtocol:
         resolve: Callable[[VideoRequest], VideoRequest],
         *,
         models: tuple[str, ...] = (),
-        frames_per_chunk: int = 33,
+        frames_per_chunk: int | None = None,
         limits: VideoLimits | None = None,
         now: float = 0.0,
         next_event_id: Callable[[], str] | None = None,
@@ -388,9 +388,10 @@ class VideoProtocol:
             "seed": r.seed,
             "negative_prompt": r.negative_prompt,
             "image_reference": r.image is not None,
-            "frames_per_chunk": self.frames_per_chunk,
-            "num_chunks": chunk_count(r.num_frames, self.frames_per_chunk),
         }
+        if self.frames_per_chunk is not None:  # the video model's (VideoInfo); a request resolved without one has none
+            config["frames_per_chunk"] = self.frames_per_chunk
+            config["num_chunks"] = chunk_count(r.num_frames, self.frames_per_chunk)
         if self.models:
             config["model"] = self.models[0]
         if mime_type is not None:

@@ -100,7 +100,7 @@ class VideoSession:
         self.clock = clock
         self.engine = state.ready_engine
         settings = state.settings
-        frames_per_chunk = 33
+        frames_per_chunk = None  # the model's own chunk size: without a video model session.start is refused
         if ModelKind.VIDEO in self.engine.models:
             frames_per_chunk = self._family().info.frames_per_chunk
         self.protocol = VideoProtocol(

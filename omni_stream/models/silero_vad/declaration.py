@@ -1,0 +1,18 @@
+"""Silero VAD: no engine model, the realtime server's default voice activity detector (role ``"vad"``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from omni_stream.family import FamilyDeclaration
+
+
+def default_vad() -> Callable[..., Any]:
+    """``VadParams -> SileroVad``, one detector per stream (the wheel ships the network: always available)."""
+    from omni_stream.models.silero_vad.detector import SileroVad
+
+    return SileroVad
+
+
+FAMILIES = (FamilyDeclaration(name="silero_vad", label="Silero VAD", serves={"vad": default_vad}),)
