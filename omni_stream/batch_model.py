@@ -9,7 +9,7 @@ rows, sampler state) by ``Sequence.slot``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from omni_stream.requests import RequestState
 
@@ -80,4 +80,20 @@ class BatchModel(Protocol):
 
     def release(self, seq: Sequence) -> None:
         """Free everything the model holds for ``seq`` (KV rows, sampler state). Called once per admitted sequence."""
+        ...
+
+
+@runtime_checkable
+class PipelinedModel(Protocol):
+    """A model whose step may leave device work running that a later call collects (the Qwen3-TTS talker stepping
+    ahead). The scheduler looks for these two methods once, when it is made."""
+
+    def settle(self) -> None:
+        """Called before the scheduler picks the next batch: wait for whatever the previous step left running that
+        the model wants finished first (e.g. so newcomers that arrived meanwhile join the next launch)."""
+        ...
+
+    def jobs_due(self) -> int:
+        """Device-worker jobs the last step's outputs make due at once (the first audio windows its frames
+        complete), which the worker may wait for before it starts the next step; 0: none."""
         ...

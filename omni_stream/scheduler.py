@@ -31,7 +31,7 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from omni_stream.batch_model import Batch, BatchModel, SeqOutput, Sequence
+from omni_stream.batch_model import Batch, BatchModel, PipelinedModel, SeqOutput, Sequence
 from omni_stream.context import RequestContext
 from omni_stream.errors import EngineClosed
 from omni_stream.metrics import SchedulerMetrics
@@ -113,12 +113,16 @@ class Scheduler:
         name: str = "model",
         admission: AdmissionRule | None = None,
         hold: float = DEFAULT_HOLD_S,
+        settle: bool = False,
+        due_wait: float = 0.0,
     ) -> None:
         """``admission``: how many waiting sequences each step admits (:mod:`omni_stream.speech.admission`; None: all
         that fit in the free slots). ``hold``: the longest newcomers wait for requests still being prepared
-        (:meth:`arriving`; 0: never)."""
-        if hold < 0:
-            raise ValueError(f"hold must be >= 0 s, got {hold}")
+        (:meth:`arriving`; 0: never). For a :class:`~omni_stream.batch_model.PipelinedModel` only: ``settle``, call
+        its ``settle()`` before each batch is picked; ``due_wait``, the longest the worker waits after a step for
+        the jobs its outputs make due (seconds; 0: never)."""
+        if hold < 0 or due_wait < 0:
+            raise ValueError(f"hold and due_wait must be >= 0 s, got {hold}, {due_wait}")
         low = high_watermark // 4 if low_watermark is None else low_watermark
         if high_watermark < 1 or not 0 <= low < high_watermark:
             raise ValueError(f"need 0 <= low_watermark < high_watermark, got {low}, {high_watermark}")
@@ -131,6 +135,10 @@ class Scheduler:
         self.name = name
         self.admission = admission
         self.hold = hold
+        pipelined = model if isinstance(model, PipelinedModel) else None
+        self._settle = pipelined.settle if pipelined is not None and settle else None
+        self._jobs_due = pipelined.jobs_due if pipelined is not None and due_wait > 0 else None
+        self.due_wait = due_wait
         self._arriving = 0  # requests being prepared (Arrival), under the lock
         self.stats = SchedulerStats()
         self.waiting: deque[Sequence] = deque()
@@ -251,6 +259,15 @@ class Scheduler:
     def run_step(self) -> None:
         t0 = time.perf_counter()
         self._release_done()
+        settled = 0.0
+        if self._settle is not None:
+            # What the model left running finishes before the batch is picked: newcomers queued meanwhile join it.
+            ts = time.perf_counter()
+            try:
+                self._settle()
+            except Exception:  # a device fault: the step below meets it again and fails its batch
+                log.warning("%s: settle failed", self.name, exc_info=True)
+            settled = time.perf_counter() - ts
         with self.lock:
             batch, _ = self.schedule()
         if not batch:
@@ -268,8 +285,12 @@ class Scheduler:
             # counts as paused, and a resume on the loop can never be overwritten by this step's counts.
             self._observe_queues()
         self._wake(woken)
+        if self._jobs_due is not None and (due := self._jobs_due()):
+            # The event loop turns this step's outputs into those jobs (first audio windows) while the device runs
+            # the step launched ahead; starting the next step first would queue them behind it.
+            self.worker.wait_for_urgent(due, self.due_wait)
         t3 = time.perf_counter()
-        self._account(batch, t1 - t0 + t3 - t2, t2 - t1, len(outputs))
+        self._account(batch, t1 - t0 - settled + t3 - t2, t2 - t1 + settled, len(outputs))
 
     def schedule(self) -> tuple[Batch, int]:
         """Admit waiting sequences into free slots (prefill) and decode the running ones that are not paused."""

@@ -119,6 +119,7 @@ class DeviceWorker:
         self.thread_id: int | None = None
         self._jobs: deque[_Job] = deque()
         self._groups: dict[Hashable, _Group] = {}
+        self._urgent = 0  # items submitted with urgent=True since the worker last took the queued jobs
         self._sources: list[StepSource] = []
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -164,11 +165,12 @@ class DeviceWorker:
         return future
 
     def submit_batched(
-        self, key: Hashable, item: Any, batch_fn: Callable[[list[Any]], Sequence[Any]]
+        self, key: Hashable, item: Any, batch_fn: Callable[[list[Any]], Sequence[Any]], *, urgent: bool = False
     ) -> asyncio.Future[Any]:
         """Queue ``item``; every item of ``key`` pending at pickup goes to one ``batch_fn(items) -> results`` call.
 
         Jobs of one key must share ``batch_fn``. If it raises, every item of that call gets the exception.
+        ``urgent``: counted for :meth:`wait_for_urgent` (a request's first output waits on it).
         """
         loop = asyncio.get_running_loop()
         future = loop.create_future()
@@ -180,8 +182,16 @@ class DeviceWorker:
                 group = self._groups[key] = _Group(batch_fn)
             group.items.append(item)
             group.waiters.append((loop, future))
+            self._urgent += urgent
             self.cond.notify()
         return future
+
+    def wait_for_urgent(self, count: int, timeout: float) -> int:
+        """On the worker thread, between two steps: wait until ``count`` urgent items are queued, at most
+        ``timeout`` seconds (woken by each submission, no polling); returns how many are queued."""
+        with self.cond:
+            self.cond.wait_for(lambda: self._closed or self._urgent >= count, timeout)
+            return self._urgent
 
     def close(self, timeout: float | None = None) -> bool:
         """Stop the thread after its current piece of work; pending jobs fail with EngineClosed. Blocking.
@@ -235,6 +245,7 @@ class DeviceWorker:
                 self._jobs.clear()
                 groups = list(self._groups.values())
                 self._groups.clear()
+                self._urgent = 0
                 sources = [s for s in self._sources if s.has_work()]
             for job in jobs:
                 self._run_job(job)

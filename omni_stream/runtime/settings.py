@@ -172,6 +172,11 @@ class Tuning:
     step_ahead: bool | None = None  # launch each step before handing out the last one's frames; None: on CUDA
     admission: bool = False  # playback-paced admission of newcomers (omni_stream.speech.admission)
     burst_hold_ms: float = 1000 * DEFAULT_HOLD_S  # newcomers wait at most this long for their burst's prompts
+    # The Qwen3-TTS talker's latency levers under open-loop load (off by default; benchmarks/tts_load.py --arm)
+    admit_after_collect: bool = False  # stepping ahead: the step in flight is collected before newcomers are picked
+    first_window_wait_ms: float = 0.0  # the worker waits this long at most for first audio windows a step completes
+    prefill_budget: int = 0  # prompt positions prefilled per step at most, longer prompts in chunks; 0: no limit
+    voice_cache: int = 0  # voice prompts kept by their reference audio's content (Base); 0: none
     # Diffusion
     diffusion_thread: bool = False  # diffusion on a device thread of its own, beside the text model's steps
 
@@ -250,6 +255,10 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("step_ahead", "OMNI_STREAM_STEP_AHEAD", ON_OFF),
     Switch("admission", "OMNI_STREAM_ADMISSION", ON_OFF),
     Switch("burst_hold_ms", "OMNI_STREAM_BURST_HOLD_MS", _milliseconds(1000)),
+    Switch("admit_after_collect", "OMNI_STREAM_ADMIT_AFTER_COLLECT", ON_OFF),
+    Switch("first_window_wait_ms", "OMNI_STREAM_FIRST_WINDOW_WAIT_MS", _milliseconds(50)),
+    Switch("prefill_budget", "OMNI_STREAM_PREFILL_BUDGET", _whole(0, 1 << 16)),
+    Switch("voice_cache", "OMNI_STREAM_VOICE_CACHE", _whole(0, 1 << 16)),
     Switch("diffusion_thread", "OMNI_STREAM_DIFFUSION_THREAD", ON_OFF),
 )
 SWITCH_BY_NAME = {s.name: s for s in SWITCHES}

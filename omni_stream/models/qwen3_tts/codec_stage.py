@@ -29,6 +29,7 @@ from omni_stream.models.qwen3_tts.codec import CodecDecoder
 from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
 from omni_stream.models.qwen3_tts.codec_stream import (
     CodecStreamState,
+    FirstWindow,
     decode_windows,
     first_window_frames,
     prime,
@@ -186,6 +187,7 @@ def codec_stage(
     completions: Completions | None = None,
     live: LiveCount | None = None,
     first_window: Callable[[int], int] = first_window_frames,
+    decided: FirstWindow | None = None,
 ) -> Stage:
     """The shared windowed codec stage over this decoder, with exact streaming state and a doubling ramp.
 
@@ -194,7 +196,8 @@ def codec_stage(
     (graph-replayed windows on CUDA); requests that find it full, or all requests without one, keep a private
     state. ``completions``: with a pool, jobs are only launched by the worker and their audio collected by it
     after its next talker step (codec work overlaps talker steps). ``reference``: ICL codes that prime the
-    first window.
+    first window. ``decided``: the request's first window as the talker runner decided it (its ``requested`` is
+    ``initial_frames``); the first window's job is submitted as urgent (the worker may wait for it between steps).
     """
     key_prefix = f"qwen3-codec-{id(decoder)}"
     chosen: list[int] = []  # the first window, once known
@@ -202,7 +205,10 @@ def codec_stage(
     def windows(index: int) -> int:
         if not chosen:
             load = live.value if live is not None else 1
-            chosen.append(initial_frames if initial_frames is not None else first_window(load))
+            if decided is not None:
+                chosen.append(decided.decide(load, first_window))
+            else:
+                chosen.append(initial_frames if initial_frames is not None else first_window(load))
         return ramp_window(index, chosen[0], max(steady_frames, chosen[0]))
 
     def batch_fn(windows: list[CodecWindow]) -> list[np.ndarray]:
@@ -227,14 +233,16 @@ def codec_stage(
             context = None
             if window.index == 0 and reference is not None and reference.codes is not None:
                 context = torch.as_tensor(reference.codes, dtype=torch.long)  # set by the talker's prompt
+            first = window.index == 0
             with ctx.fail_after("codec decode"):
                 if slot is None:
                     assert state is not None
-                    return await worker.submit_batched((key_prefix, n), CodecWindow(state, codes, context), batch_fn)
-                job = SlotWindow(slot, codes, window.index == 0, context, first=window.index == 0, final=window.final)
+                    item = CodecWindow(state, codes, context)
+                    return await worker.submit_batched((key_prefix, n), item, batch_fn, urgent=first)
+                job = SlotWindow(slot, codes, first, context, first=first, final=window.final)
                 if completions is None:
-                    return await worker.submit_batched((key_prefix, "slots", n), job, slot_batch_fn)
-                issued = await worker.submit_batched((key_prefix, "issue", n), job, slot_issue_fn)
+                    return await worker.submit_batched((key_prefix, "slots", n), job, slot_batch_fn, urgent=first)
+                issued = await worker.submit_batched((key_prefix, "issue", n), job, slot_issue_fn, urgent=first)
             return await ctx.wait(asyncio.wrap_future(issued), "codec decode")
 
         if live is not None:

@@ -9,7 +9,7 @@ fixed-shape tensors with a leading batch dim, so requests decoding equal-length 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -71,6 +71,26 @@ def first_window_frames(
         if load <= up_to:
             return frames
     return most
+
+
+@dataclass(slots=True)
+class FirstWindow:
+    """One request's first audio window in frames, decided once for the talker runner and the codec stage alike.
+
+    The runner decides it as it hands out the request's first frame (``requested``, the request's
+    ``initial_codec_chunk_frames``, else the load-dependent size then), so it knows which of its frames completes
+    the window (``Qwen3TTSRunner.jobs_due``); the codec stage reads it when that frame arrives (written on the
+    worker thread before the frame is handed out, read on the loop after), or decides it there if it comes first.
+    """
+
+    requested: int | None = None
+    frames: int | None = None
+
+    def decide(self, load: int, policy: Callable[[int], int] = first_window_frames) -> int:
+        """The window: ``requested`` if given, else ``policy(load)`` (``load``: requests served, this one included)."""
+        if self.frames is None:
+            self.frames = self.requested if self.requested is not None else policy(max(1, load))
+        return self.frames
 
 
 def ramp_schedule(total_frames: int, initial_frames: int, steady_frames: int) -> list[int]:

@@ -29,11 +29,13 @@ from omni_stream.models.qwen3_tts.checkpoint import load_lm, write_tiny_checkpoi
 from omni_stream.models.qwen3_tts.codec import load_speech_tokenizer
 from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
 from omni_stream.models.qwen3_tts.codec_stage import LiveCount, ReferenceCodes, codec_stage
+from omni_stream.models.qwen3_tts.codec_stream import FirstWindow
 from omni_stream.models.qwen3_tts.config import Qwen3TTSConfig, load_config, load_generation_defaults
 from omni_stream.models.qwen3_tts.prompt import TASK_OF_MODEL, TalkerRequest, prepare_request
 from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
 from omni_stream.models.qwen3_tts.speaker_encoder import load_speaker_encoder
 from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
+from omni_stream.models.qwen3_tts.voice_cache import VoiceCache, voice_key
 from omni_stream.pipeline import Stage
 from omni_stream.requests import SpeechRequest, TaskType, VoicePrompt
 from omni_stream.runtime.cache import EMBEDDED_MARKER, embedded_checkpoint_dir
@@ -93,7 +95,11 @@ class Qwen3TTSFamily:
             tuning = opts.tuning
             kernels = default_kernels(torch.device(device), tuning)
             self.runner = Qwen3TTSRunner(
-                lm, max_batch_size=opts.max_batch_size, fused=kernels or False, ahead=tuning.step_ahead
+                lm,
+                max_batch_size=opts.max_batch_size,
+                fused=kernels or False,
+                ahead=tuning.step_ahead,
+                prefill_budget=tuning.prefill_budget,
             )
             # On CUDA the decode step replays per-bucket graphs; capturing them here keeps it out of requests.
             self.capture_seconds = self.runner.capture_graphs(progress=opts.progress_bar)
@@ -113,6 +119,7 @@ class Qwen3TTSFamily:
             if self.capture_seconds:
                 log.info("captured CUDA graphs in %.2f s", self.capture_seconds)
             self.live = LiveCount()
+            self.runner.load = lambda: self.live.value  # the load a request's first audio window follows
             self.scheduler = Scheduler(
                 self.runner,
                 load.worker,
@@ -121,6 +128,8 @@ class Qwen3TTSFamily:
                 name="talker",
                 admission=PlaybackAdmission() if tuning.admission else None,
                 hold=tuning.burst_hold_ms / 1000,
+                settle=tuning.admit_after_collect,
+                due_wait=tuning.first_window_wait_ms / 1000,
             )
             if self.codec_windows is not None and self.codec_windows.stream is not None:
                 # Codec jobs launched on their stream are collected by the worker itself: after every talker
@@ -131,6 +140,7 @@ class Qwen3TTSFamily:
             bar.update(1)
         self.sampling, self.subtalker_sampling = self.defaults.talker_sampling(), self.defaults.subtalker_sampling()
         self.info = speech_info(cfg, ckpt.name, self.speech_tokenizer.sample_rate, self.runner.max_len)
+        self.voice_cache = VoiceCache(opts.tuning.voice_cache) if opts.tuning.voice_cache else None
         if self.embedded:
             log.warning(
                 "serving the embedded tiny checkpoint %s: random weights, it speaks noise "
@@ -154,6 +164,7 @@ class Qwen3TTSFamily:
         explicit = request.max_new_tokens is not None
         assert isinstance(request.text, str), "streamed text is split into units before it reaches a family"
         reference = ReferenceCodes()  # the talker stage's prompt hands the ICL reference codes to the codec stage
+        first = FirstWindow(request.initial_codec_chunk_frames)  # decided by the runner at the first frame
         request = replace(
             request,
             sampling=request.sampling or self.sampling,
@@ -179,7 +190,7 @@ class Qwen3TTSFamily:
             )
             prompt = talker_request.prompt
             frames = fit_context(prompt.prefill_len, talker_request.max_new_tokens, context, explicit=explicit)
-            talker_request = replace(talker_request, max_new_tokens=frames)
+            talker_request = replace(talker_request, max_new_tokens=frames, first_window=first)
             usage = ctx.tokens(ModelKind.SPEECH)
             usage.input_audio_tokens = len(prompt.ref_codes) if prompt.ref_codes is not None else 0
             text_tokens = len(prompt.text_ids) + len(prompt.instruct_ids) + len(prompt.ref_text_ids or ())
@@ -200,6 +211,7 @@ class Qwen3TTSFamily:
                 reference=reference,
                 completions=self.completions,
                 live=self.live,
+                decided=first,
             ),
         ]
 
@@ -221,12 +233,20 @@ class Qwen3TTSFamily:
         """Speaker x-vector (and, with ``ref_text``, the reference codes) of ``audio`` for Base cloning (float32
         mono samples the engine checked: :func:`omni_stream.validation.speech.check_reference`)."""
         assert self.task is TaskType.BASE, "the engine asks only a Base checkpoint for a cloning prompt"
+        text = (ref_text or "").strip() or None
+        key = None
+        if self.voice_cache is not None:  # tuning.voice_cache: a reference sent again is not extracted again
+            key = await anyio.to_thread.run_sync(voice_key, audio, sample_rate, text)
+            if (kept := self.voice_cache.get(key)) is not None:
+                return kept
         if sample_rate != SAMPLE_RATE:
             from omni_stream.codecs import resample
 
             audio = await anyio.to_thread.run_sync(resample, audio, sample_rate, SAMPLE_RATE)
-        text = (ref_text or "").strip() or None
-        return await self.worker.submit(self._extract_voice, np.ascontiguousarray(audio, dtype=np.float32), text)
+        prompt = await self.worker.submit(self._extract_voice, np.ascontiguousarray(audio, dtype=np.float32), text)
+        if key is not None and self.voice_cache is not None:
+            self.voice_cache.put(key, prompt)
+        return prompt
 
     async def aclose(self) -> None:
         """Nothing to stop: models are freed with the family, the worker releases sequences and device jobs."""

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from omni_stream.errors import InvalidRequestError
+from omni_stream.models.qwen3_tts.codec_stream import FirstWindow
 from omni_stream.models.qwen3_tts.config import CODEBOOK_SIZE, NUM_CODE_GROUPS, GenerationDefaults, Qwen3TTSConfig
 from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
 from omni_stream.requests import SamplingParams, SpeechRequest, TaskType, VoicePrompt
@@ -82,6 +83,8 @@ class TalkerRequest:
     seed: int | None = None
     ignore_eos: bool = False
     request_id: str = ""
+    # The request's first audio window, decided by the runner at its first frame (None: it is not told).
+    first_window: FirstWindow | None = None
 
 
 def task_of(request: SpeechRequest, cfg: Qwen3TTSConfig) -> TaskType:

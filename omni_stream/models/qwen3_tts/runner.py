@@ -33,6 +33,14 @@ is computed speculatively: a step is launched only for rows that will use its fr
 is known from the frame collected before), so a row released meanwhile is the only wasted work (its frame is
 dropped; its slot's state is rewritten by the next owner's prefill, queued behind the step on the same stream).
 
+Latency levers under open-loop load (fields of the tuning object, off by default until measured A/B with
+``benchmarks/tts_load.py --arm``): ``admit_after_collect`` (the scheduler calls :meth:`settle` before it picks a
+batch, so a request that arrived while the step in flight ran joins the next launch instead of waiting behind one
+more step), ``first_window_wait_ms`` (:meth:`jobs_due` counts the first audio windows a call's frames complete;
+the worker waits for their codec jobs before the next step, so they run beside the step already launched) and
+``prefill_budget`` (prompt positions per call; a longer prompt goes in over several calls while the running rows
+keep stepping).
+
 Length rule (reference parity): ``max_new_tokens = N`` allows N code-0 samples, and the last one never gets
 residual codes, so at most N - 1 frames; an EOS code 0 ends the sequence and its frame is dropped.
 ``ignore_eos`` (benchmarks) bans EOS and yields exactly N frames.
@@ -89,10 +97,16 @@ class _SlotState:
     samples: bool  # talker or sub-talker samples (needs random draws each step)
     # The row's codes from a decode step collected but not yet handed out: (codes [B, 16], row, EOS drawn).
     pending: tuple[np.ndarray, int, bool] | None = None
+    window: int = 0  # frames of its first audio window, decided at its first frame (0: not known)
+    # A prompt prefilled in chunks (prefill_budget): its embeddings [n, H] until every position is written.
+    prompt: torch.Tensor | None = None
+    prefilled: int = 0  # positions of ``prompt`` written so far
 
     def launchable(self) -> bool:
-        """Another frame may be drawn: the length allows one and no EOS is waiting to be handed out."""
-        return self.steps < self.max_frames and not (self.pending is not None and self.pending[2])
+        """Another frame may be drawn: the prompt is in, the length allows one and no EOS waits to be handed out."""
+        return (
+            self.prompt is None and self.steps < self.max_frames and not (self.pending is not None and self.pending[2])
+        )
 
 
 @dataclass(slots=True)
@@ -117,6 +131,7 @@ class Qwen3TTSRunner:
         graphs: bool | None = None,
         fused: DecodeKernels | bool | None = None,
         ahead: bool | None = None,
+        prefill_budget: int = 0,
     ) -> None:
         """``max_len``: talker positions per slot (prompt + frames; 12.5 frames per second of audio).
 
@@ -126,6 +141,9 @@ class Qwen3TTSRunner:
         set.
         ``ahead``: launch each decode step before handing out the previous one's frames (see :meth:`step`;
         None: on CUDA devices, where the device then never waits for the host between steps).
+        ``prefill_budget``: prompt positions prefilled per call at most (0: no limit); a newcomer's prompt that does
+        not fit is prefilled in chunks over the next calls, the running rows stepping meanwhile
+        (``Tuning.prefill_budget``).
         """
         self.lm = lm.eval()
         self.cfg = cfg = lm.config
@@ -166,6 +184,10 @@ class Qwen3TTSRunner:
         self.codes_out = torch.zeros(s, NUM_CODE_GROUPS, dtype=torch.long, device=dev)
         self._codes_host = torch.zeros(s, NUM_CODE_GROUPS, dtype=torch.long, pin_memory=dev.type == "cuda")
         self.ahead = dev.type == "cuda" if ahead is None else ahead
+        if prefill_budget < 0:
+            raise ValueError(f"prefill_budget must be >= 0 positions, got {prefill_budget}")
+        self.prefill_budget = prefill_budget
+        self.prefill_log: deque[int] = deque(maxlen=1024)  # prompt positions each recent call prefilled
         self._inflight: _InFlight | None = None
         self._rows = torch.arange(s, device=dev)
         self._active_host = torch.zeros(s, dtype=torch.bool, pin_memory=dev.type == "cuda")
@@ -187,6 +209,9 @@ class Qwen3TTSRunner:
         self.graph_steps = 0
         self.eager_steps = 0
         self.decode_rows: deque[int] = deque(maxlen=1024)  # rows each recent decode step computed
+        # Requests served, for the first audio window a row's first frame decides (the family counts them).
+        self.load: Callable[[], int] = lambda: self.num_active
+        self._due = 0  # first windows the last call's frames completed (jobs_due)
         # Runs after every step, once the step's codes are on the host (the family collects the codec jobs
         # that ran beside it on their own stream).
         self.after_step: Callable[[], object] | None = None
@@ -258,6 +283,7 @@ class Qwen3TTSRunner:
         host's work between steps (outputs, the scheduler, codec jobs) runs while the device computes.
         """
         outputs: dict[int, SeqOutput] = {}
+        self._due = 0
         self._collect()
         claimed: list[Sequence] = []
         for seq in batch.prefill:
@@ -268,8 +294,12 @@ class Qwen3TTSRunner:
                 continue
             claimed.append(seq)
         newcomers, admitted = self._embed_all(claimed, outputs)
-        rows = self._prefill_all(newcomers, admitted, outputs)
-        rows.extend(batch.decode)
+        if self.prefill_budget:
+            rows = self._prefill_in_budget(newcomers, admitted, batch.decode, outputs)
+        else:
+            rows = self._prefill_all(newcomers, admitted, outputs)
+            self.prefill_log.append(sum(x.shape[0] for _, x in admitted))
+            rows.extend(batch.decode)
         go = [seq for seq in rows if self._state(seq).launchable()]
         if go:
             self._launch(go)
@@ -289,10 +319,17 @@ class Qwen3TTSRunner:
             return SeqOutput(seq.seq_id, finished=st.steps >= st.max_frames and st.frames >= st.max_frames)
         codes, i, eos = pending
         if eos:
+            if 0 < st.frames < st.window:  # the codec stage decodes what it holds as the first window
+                self._due += 1
             return SeqOutput(seq.seq_id, finished=True)
         final = st.frames + 1 >= st.max_frames
+        if st.frames == 0:
+            first = seq.payload.first_window
+            st.window = first.decide(self.load()) if first is not None else 0
         frame = CodecFrames(torch.from_numpy(codes[i : i + 1]), start_frame=st.frames, final=final)
         st.frames += 1
+        if st.frames == st.window or (final and st.frames < st.window):
+            self._due += 1  # this frame completes the request's first window: its codec job comes next
         return SeqOutput(seq.seq_id, item=frame, finished=final)
 
     def _launch(self, seqs: list[Sequence]) -> None:
@@ -334,6 +371,18 @@ class Qwen3TTSRunner:
         if isinstance(st, _SlotState) and self._states.get(st.slot) is st:
             del self._states[st.slot]
         seq.model_state = None
+
+    # -- PipelinedModel ---------------------------------------------------------------------------------
+
+    def settle(self) -> None:
+        """Wait for the decode step the previous call launched (stepping ahead) and keep its frames; the scheduler
+        calls it before picking the next batch when ``Tuning.admit_after_collect`` is on, so requests that
+        arrived while that step ran are prefilled into the next launch. Nothing to wait for without stepping ahead."""
+        self._collect()
+
+    def jobs_due(self) -> int:
+        """Requests whose first audio window the last call's frames completed (their codec jobs come next)."""
+        return self._due
 
     # -- internals --------------------------------------------------------------------------------------
 
@@ -455,6 +504,60 @@ class Qwen3TTSRunner:
                 continue
             joined.append(seq)
         return joined
+
+    def _prefill_in_budget(
+        self,
+        newcomers: list[Sequence],
+        admitted: list[tuple[int, torch.Tensor]],
+        running: Seq[Sequence],
+        outputs: dict[int, SeqOutput],
+    ) -> list[Sequence]:
+        """Prefill at most ``prefill_budget`` prompt positions this call: first the chunks of prompts begun in earlier
+        calls (oldest first), then newcomers whose whole prompt fits what is left (together, as without a budget),
+        then the first chunk of the next. Returns the rows to hand out (every newcomer and running row still held).
+        """
+        left = self.prefill_budget
+        for seq in running:
+            st = self._state(seq)
+            if st.prompt is not None and left > 0:
+                left -= self._prefill_chunk(seq, st, left, outputs)
+        whole: list[Sequence] = []
+        items: list[tuple[int, torch.Tensor]] = []
+        chunked: list[Sequence] = []
+        for seq, (slot, x) in zip(newcomers, admitted, strict=True):
+            if not chunked and x.shape[0] <= left:
+                whole.append(seq)
+                items.append((slot, x))
+                left -= x.shape[0]
+                continue
+            st = self._state(seq)
+            st.prompt, st.prefilled = x, 0
+            chunked.append(seq)
+            if left > 0:
+                left -= self._prefill_chunk(seq, st, left, outputs)
+        rows = self._prefill_all(whole, items, outputs)
+        self.prefill_log.append(self.prefill_budget - left)
+        rows += [seq for seq in chunked if seq.seq_id not in outputs]
+        return rows + [seq for seq in running if seq.seq_id not in outputs]
+
+    def _prefill_chunk(self, seq: Sequence, st: _SlotState, most: int, outputs: dict[int, SeqOutput]) -> int:
+        """The next ``most`` positions (at most) of a chunked prompt, attending to the positions already written;
+        the last chunk sets the row's hidden state, so it decodes from the next launch. Returns positions used."""
+        assert st.prompt is not None
+        start = st.prefilled
+        x = st.prompt[start : start + most]
+        n = x.shape[0]
+        try:
+            positions = torch.arange(start, start + n, device=self.device)[None]
+            hidden = self.talker(x[None], positions, self.kv.prefill(st.slot, start))
+        except Exception as exc:
+            self._reject(seq, exc, outputs)
+            return n
+        st.prefilled += n
+        if st.prefilled == st.prompt.shape[0]:
+            self.hidden[st.slot] = hidden[0, -1]
+            st.prompt = None
+        return n
 
     def _prefill(self, admitted: list[tuple[int, torch.Tensor]]) -> None:
         """One talker forward for every newcomer of the step: a prefill graph (or its eager twin with
