@@ -18,7 +18,7 @@ RATES = (3.0, 6.0)
 DURATION = 2.0
 
 
-def run(out: Path, *args: str, timeout: int = 400) -> str:
+def run(out: Path, *args: str, timeout: int = 900) -> str:
     cmd = [sys.executable, str(BENCH), "--tiny", "--size", "0.6b", "--device", "cpu", "--server-timeout", "120",
            "--sample-ms", "200", *args]  # fmt: skip
     env = {**os.environ, "OUT": str(out), "GIT_COMMIT": "test"}
