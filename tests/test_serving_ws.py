@@ -155,7 +155,7 @@ def test_units_are_sent_before_input_done(live_server):
         ("not json", "Invalid JSON message"),
         ("[1, 2]", "WebSocket messages must be JSON objects"),
         ('{"type": "foo"}', "Unknown message type: foo"),
-        ('{"type": "input.text", "text": 123}', "input.text requires a string value"),
+        ('{"type": "input.text", "text": 123}', "input.text: 'text' must be a string, got integer"),
         (b"\x00\x01", "Binary messages are not supported"),
     ],
 )

@@ -8,10 +8,8 @@ import numpy as np
 import pytest
 
 from omni_stream.family import ModelKind
+from omni_stream.realtime.common.close_codes import CloseCode
 from omni_stream.realtime.video.protocol import (
-    CLOSE_INTERNAL,
-    CLOSE_NORMAL,
-    CLOSE_POLICY,
     Close,
     Phase,
     SendBinary,
@@ -87,7 +85,7 @@ def test_a_session_streams_start_then_metadata_binary_pairs_then_done():
     done, close = p.generation_ended(6.0)
     assert json.loads(done.text) == {"type": "session.done", "request_id": action.request.request_id, "chunks": 3,
                                      "stopped": False}  # fmt: skip
-    assert close == Close(CLOSE_NORMAL) and p.phase is Phase.CLOSED
+    assert close == Close(CloseCode.NORMAL) and p.phase is Phase.CLOSED
 
 
 def test_stop_mid_stream_sends_at_most_the_chunk_in_hand_then_done_stopped():
@@ -98,7 +96,7 @@ def test_stop_mid_stream_sends_at_most_the_chunk_in_hand_then_done_stopped():
     assert len(p.chunk_ready(chunk(1), b"b", 2.0)) == 2  # the chunk already encoded still goes out as a pair
     (done, close) = p.generation_ended(2.1)
     assert json.loads(done.text)["stopped"] is True and json.loads(done.text)["chunks"] == 2
-    assert p.chunks_after_stop == 1 and close == Close(CLOSE_NORMAL)
+    assert p.chunks_after_stop == 1 and close == Close(CloseCode.NORMAL)
     assert p.chunk_ready(chunk(2), b"c", 3.0) == []  # nothing once done
 
 
@@ -165,7 +163,7 @@ def test_a_bad_first_message_gets_an_error_code_and_closes(message, code):
     actions = p.receive_text(message, 0.0)
     (error,) = texts(actions)
     assert error["type"] == "error" and error["code"] == code and error["message"]
-    assert actions[-1] == Close(CLOSE_POLICY, code) and p.phase is Phase.CLOSED
+    assert actions[-1] == Close(CloseCode.POLICY, code) and p.phase is Phase.CLOSED
 
 
 def test_a_binary_first_message_is_refused_and_closes():
@@ -202,7 +200,7 @@ def test_the_start_timeout_closes_a_silent_connection():
     assert p.deadline() == 110.0
     assert p.timeout(109.9) == []  # woken early: nothing happens
     actions = p.timeout(110.0)
-    assert texts(actions)[0]["code"] == "start_timeout" and actions[-1] == Close(CLOSE_POLICY, "start_timeout")
+    assert texts(actions)[0]["code"] == "start_timeout" and actions[-1] == Close(CloseCode.POLICY, "start_timeout")
 
 
 def test_the_stall_timer_restarts_on_progress_and_pings_and_ends_a_stalled_session():
@@ -214,7 +212,7 @@ def test_the_stall_timer_restarts_on_progress_and_pings_and_ends_a_stalled_sessi
     assert p.deadline() == 140.0 and p.timeout(139.0) == []
     actions = p.timeout(140.0)
     assert actions[0] == StopGeneration()
-    assert texts(actions)[0]["code"] == "stall_timeout" and actions[-1].code == CLOSE_INTERNAL
+    assert texts(actions)[0]["code"] == "stall_timeout" and actions[-1].code == CloseCode.INTERNAL
     assert p.phase is Phase.CLOSED and p.deadline() is None
 
 
@@ -225,7 +223,7 @@ def test_a_disconnect_stops_the_generation_and_a_failure_reports_an_error():
     actions = q.generation_failed("boom", 1.0)
     assert texts(actions)[0] == {"type": "error", "code": "generation_failed", "message": "boom",
                                  "request_id": q.request_id}  # fmt: skip
-    assert actions[-1] == Close(CLOSE_INTERNAL)
+    assert actions[-1] == Close(CloseCode.INTERNAL)
 
 
 def test_a_start_that_fails_after_validation_reports_and_closes():

@@ -20,7 +20,7 @@ from typing import Any, TypeAlias
 
 from omni_stream.errors import InvalidRequestError
 from omni_stream.realtime.agent.truncation import Truncation, TruncationType
-from omni_stream.realtime.common.json_fields import type_name
+from omni_stream.realtime.common.json_fields import FieldError, boolean, integer, number, obj, string, type_name
 from omni_stream.turns.rules import Eagerness, TurnRule, TurnType
 from omni_stream.turns.vad import VadParams
 
@@ -270,53 +270,21 @@ ClientEvent: TypeAlias = (
 # --- parsing ------------------------------------------------------------------------------------------------
 
 
-def _obj(value: Any, param: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise RealtimeError("invalid_value", f"{param} must be an object", param)
-    return value
-
-
-def _str(value: Any, param: str, *, limit: int = 1 << 20, allow_empty: bool = True) -> str:
-    if not isinstance(value, str) or (not allow_empty and not value):
-        raise RealtimeError("invalid_value", f"{param} must be a{'' if allow_empty else ' non-empty'} string", param)
-    if len(value) > limit:
-        raise RealtimeError("invalid_value", f"{param} is longer than {limit} characters", param)
-    return value
-
-
 def _opt_str(value: Any, param: str) -> str | None:
-    return None if value is None else _str(value, param, limit=4096)
-
-
-def _bool(value: Any, param: str) -> bool:
-    if not isinstance(value, bool):
-        raise RealtimeError("invalid_value", f"{param} must be true or false", param)
-    return value
-
-
-def _int(value: Any, param: str, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise RealtimeError("invalid_value", f"{param} must be an integer in {lo}..{hi}", param)
-    return value
-
-
-def _number(value: Any, param: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise RealtimeError("invalid_value", f"{param} must be a number", param)
-    return float(value)
+    return None if value is None else string(value, param, limit=4096)
 
 
 def _max_tokens(value: Any, param: str) -> int | None:
     if value == "inf":
         return None
-    return _int(value, param, 1, 4096)
+    return integer(value, param, 1, 4096)
 
 
 def parse_format(value: Any, param: str) -> AudioFormat:
     """``{"type": "audio/pcm", "rate": 24000}`` | ``{"type": "audio/pcmu"}`` | ``{"type": "audio/pcma"}``."""
     if isinstance(value, str) and value in _LEGACY_FORMATS:  # the beta API's names
         return _LEGACY_FORMATS[value]
-    body = _obj(value, param)
+    body = obj(value, param)
     kind = body.get("type")
     try:
         fmt = AudioFormat(str(kind))
@@ -338,7 +306,7 @@ def parse_format(value: Any, param: str) -> AudioFormat:
 def _turn_detection(value: Any, param: str) -> TurnDetection | None:
     if value is None:
         return None
-    body = _obj(value, param)
+    body = obj(value, param)
     kind = body.get("type", "server_vad")
     if kind == "semantic_vad":
         return _semantic_vad(body, param)
@@ -351,11 +319,11 @@ def _turn_detection(value: Any, param: str) -> TurnDetection | None:
     defaults = VadParams()
     try:
         vad = VadParams(
-            threshold=_number(body.get("threshold", defaults.threshold), f"{param}.threshold"),
-            prefix_padding_ms=_int(
+            threshold=number(body.get("threshold", defaults.threshold), f"{param}.threshold"),
+            prefix_padding_ms=integer(
                 body.get("prefix_padding_ms", defaults.prefix_padding_ms), f"{param}.prefix_padding_ms", 0, 10_000
             ),
-            silence_duration_ms=_int(
+            silence_duration_ms=integer(
                 body.get("silence_duration_ms", defaults.silence_duration_ms), f"{param}.silence_duration_ms", 0, 10_000
             ),
         )
@@ -365,8 +333,8 @@ def _turn_detection(value: Any, param: str) -> TurnDetection | None:
         raise RealtimeError("invalid_value", "idle_timeout_ms is not supported", f"{param}.idle_timeout_ms")
     return TurnDetection(
         vad,
-        create_response=_bool(body.get("create_response", True), f"{param}.create_response"),
-        interrupt_response=_bool(body.get("interrupt_response", True), f"{param}.interrupt_response"),
+        create_response=boolean(body.get("create_response", True), f"{param}.create_response"),
+        interrupt_response=boolean(body.get("interrupt_response", True), f"{param}.interrupt_response"),
     )
 
 
@@ -387,8 +355,8 @@ def _semantic_vad(body: dict[str, Any], param: str) -> TurnDetection:
             "invalid_value", f"{param}.eagerness must be one of {allowed}, got {raw!r}", f"{param}.eagerness"
         ) from None
     return TurnDetection(
-        create_response=_bool(body.get("create_response", True), f"{param}.create_response"),
-        interrupt_response=_bool(body.get("interrupt_response", True), f"{param}.interrupt_response"),
+        create_response=boolean(body.get("create_response", True), f"{param}.create_response"),
+        interrupt_response=boolean(body.get("interrupt_response", True), f"{param}.interrupt_response"),
         type=TurnType.SEMANTIC_VAD,
         eagerness=eagerness,
     )
@@ -409,21 +377,17 @@ def _truncation(value: Any, param: str) -> Truncation:
         raise RealtimeError(
             "invalid_value", f"{param}.type must be auto, disabled or retention_ratio, got {kind!r}", f"{param}.type"
         )
-    ratio = value.get("retention_ratio")
-    if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0.0 <= ratio <= 1.0:
-        raise RealtimeError(
-            "invalid_value", f"{param}.retention_ratio must be a number in 0..1", f"{param}.retention_ratio"
-        )
+    ratio = number(value.get("retention_ratio"), f"{param}.retention_ratio", 0.0, 1.0)
     unknown = sorted(set(value) - {"type", "retention_ratio"})
     if unknown:
         raise RealtimeError("invalid_value", f"{param}.{unknown[0]} is not supported", f"{param}.{unknown[0]}")
-    return Truncation(TruncationType.RETENTION_RATIO, float(ratio))
+    return Truncation(TruncationType.RETENTION_RATIO, ratio)
 
 
 def _transcription(value: Any, param: str) -> TranscriptionConfig | None:
     if value is None:
         return None
-    body = _obj(value, param)
+    body = obj(value, param)
     return TranscriptionConfig(
         _opt_str(body.get("model"), f"{param}.model"),
         _opt_str(body.get("language"), f"{param}.language"),
@@ -440,12 +404,12 @@ def _modalities(value: Any, param: str) -> Modality:
 def _voice(value: Any, param: str) -> str:
     if isinstance(value, dict):  # {"id": "..."}
         value = value.get("id")
-    return _str(value, param, limit=256, allow_empty=False)
+    return string(value, param, limit=256, non_empty=True)
 
 
 def parse_session(value: Any, *, max_instructions: int) -> SessionPatch:
     """The patch of a ``session.update``'s ``session`` object."""
-    body = _obj(value, "session")
+    body = obj(value, "session")
     fields: dict[str, Any] = {}
     if "type" in body:
         try:
@@ -454,7 +418,7 @@ def parse_session(value: Any, *, max_instructions: int) -> SessionPatch:
             message = "session.type must be 'realtime' or 'transcription'"
             raise RealtimeError("invalid_value", message, "session.type") from None
     if "instructions" in body:
-        fields["instructions"] = _str(body["instructions"], "session.instructions", limit=max_instructions)
+        fields["instructions"] = string(body["instructions"], "session.instructions", limit=max_instructions)
     if "output_modalities" in body:
         fields["output_modalities"] = _modalities(body["output_modalities"], "session.output_modalities")
     if body.get("max_output_tokens") is not None:
@@ -462,12 +426,12 @@ def parse_session(value: Any, *, max_instructions: int) -> SessionPatch:
     if "truncation" in body:
         fields["truncation"] = _truncation(body["truncation"], "session.truncation")
     if "preemptive_response" in body:
-        fields["preemptive_response"] = _bool(body["preemptive_response"], "session.preemptive_response")
+        fields["preemptive_response"] = boolean(body["preemptive_response"], "session.preemptive_response")
     if body.get("tools"):
         raise RealtimeError("invalid_value", "tools are not supported", "session.tools")
-    audio = _obj(body.get("audio", {}), "session.audio")
-    audio_in = _obj(audio.get("input", {}), "session.audio.input")
-    audio_out = _obj(audio.get("output", {}), "session.audio.output")
+    audio = obj(body.get("audio", {}), "session.audio")
+    audio_in = obj(audio.get("input", {}), "session.audio.input")
+    audio_out = obj(audio.get("output", {}), "session.audio.output")
     if audio_in.get("format") is not None:
         fields["input_format"] = parse_format(audio_in["format"], "session.audio.input.format")
     if "turn_detection" in audio_in:
@@ -501,11 +465,11 @@ def decode_audio_field(value: Any, param: str, max_bytes: int) -> bytes:
 
 
 def _part(value: Any, param: str, max_bytes: int, max_text: int) -> NewPart:
-    body = _obj(value, param)
+    body = obj(value, param)
     kind = body.get("type")
     if kind in ("input_text", "text", "output_text"):
         part_type = PartType.OUTPUT_TEXT if kind == "output_text" else PartType.INPUT_TEXT
-        return NewPart(part_type, text=_str(body.get("text"), f"{param}.text", limit=max_text))
+        return NewPart(part_type, text=string(body.get("text"), f"{param}.text", limit=max_text))
     if kind == "input_audio":
         audio = decode_audio_field(body.get("audio"), f"{param}.audio", max_bytes)
         transcript = body.get("transcript")
@@ -517,7 +481,7 @@ def _part(value: Any, param: str, max_bytes: int, max_text: int) -> NewPart:
 
 def parse_item(value: Any, max_bytes: int, max_text: int = MAX_TEXT_CHARS) -> NewItem:
     """A ``conversation.item.create`` item; text parts hold at most ``max_text`` characters."""
-    body = _obj(value, "item")
+    body = obj(value, "item")
     if body.get("type", "message") != "message":
         raise RealtimeError("invalid_value", "only message items are supported", "item.type")
     role = body.get("role")
@@ -536,13 +500,13 @@ def parse_item(value: Any, max_bytes: int, max_text: int = MAX_TEXT_CHARS) -> Ne
                 "invalid_value", f"a {role} item cannot hold {part.type.value} content", f"item.content[{i}].type"
             )
     item_id = body.get("id")
-    return NewItem(role, parts, None if item_id is None else _str(item_id, "item.id", limit=64, allow_empty=False))
+    return NewItem(role, parts, None if item_id is None else string(item_id, "item.id", limit=64, non_empty=True))
 
 
 def _response_options(value: Any, max_instructions: int) -> ResponseOptions:
     if value is None:
         return ResponseOptions()
-    body = _obj(value, "response")
+    body = obj(value, "response")
     fields: dict[str, Any] = {}
     if body.get("conversation", "auto") != "auto":
         raise RealtimeError("invalid_value", "only conversation 'auto' is supported", "response.conversation")
@@ -553,17 +517,17 @@ def _response_options(value: Any, max_instructions: int) -> ResponseOptions:
     if "output_modalities" in body:
         fields["output_modalities"] = _modalities(body["output_modalities"], "response.output_modalities")
     if "instructions" in body:
-        fields["instructions"] = _str(body["instructions"], "response.instructions", limit=max_instructions)
+        fields["instructions"] = string(body["instructions"], "response.instructions", limit=max_instructions)
     if body.get("max_output_tokens") is not None:
         fields["max_output_tokens"] = _max_tokens(body["max_output_tokens"], "response.max_output_tokens")
-    audio_out = _obj(_obj(body.get("audio", {}), "response.audio").get("output", {}), "response.audio.output")
+    audio_out = obj(obj(body.get("audio", {}), "response.audio").get("output", {}), "response.audio.output")
     if audio_out.get("format") is not None:
         fields["output_format"] = parse_format(audio_out["format"], "response.audio.output.format")
     if audio_out.get("voice") is not None:
         fields["voice"] = _voice(audio_out["voice"], "response.audio.output.voice")
     metadata = body.get("metadata")
     if metadata is not None:
-        meta = _obj(metadata, "response.metadata")
+        meta = obj(metadata, "response.metadata")
         if len(meta) > 16 or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
             raise RealtimeError("invalid_value", "metadata holds at most 16 string pairs", "response.metadata")
         fields["metadata"] = dict(meta)
@@ -593,6 +557,8 @@ def parse_client_event(
     event_id = raw_id if isinstance(raw_id, str) and len(raw_id) <= 128 else None
     try:
         return _parse(body, event_id, max_append_bytes, max_instructions, max_text_chars)
+    except FieldError as exc:  # a field of the wrong type or range, in the readers' words
+        raise RealtimeError("invalid_value", exc.message, exc.param, event_id=event_id) from None
     except RealtimeError as exc:
         exc.event_id = event_id
         raise
@@ -619,23 +585,23 @@ def _parse(
         return OutputAudioClear(event_id)
     if kind == "conversation.item.create":
         previous = body.get("previous_item_id")
-        previous = None if previous is None else _str(previous, "previous_item_id", limit=64)
+        previous = None if previous is None else string(previous, "previous_item_id", limit=64)
         return ItemCreate(event_id, parse_item(body.get("item"), max_bytes, max_text), previous)
     if kind == "conversation.item.delete":
-        return ItemDelete(event_id, _str(body.get("item_id"), "item_id", limit=64))
+        return ItemDelete(event_id, string(body.get("item_id"), "item_id", limit=64))
     if kind == "conversation.item.retrieve":
-        return ItemRetrieve(event_id, _str(body.get("item_id"), "item_id", limit=64))
+        return ItemRetrieve(event_id, string(body.get("item_id"), "item_id", limit=64))
     if kind == "conversation.item.truncate":
         return ItemTruncate(
             event_id,
-            _str(body.get("item_id"), "item_id", limit=64),
-            _int(body.get("content_index", 0), "content_index", 0, 1024),
-            _int(body.get("audio_end_ms"), "audio_end_ms", 0, 1 << 40),
+            string(body.get("item_id"), "item_id", limit=64),
+            integer(body.get("content_index", 0), "content_index", 0, 1024),
+            integer(body.get("audio_end_ms"), "audio_end_ms", 0, 1 << 40),
         )
     if kind == "response.create":
         return ResponseCreate(event_id, _response_options(body.get("response"), max_instructions))
     if kind == "response.cancel":
         rid = body.get("response_id")
-        return ResponseCancel(event_id, None if rid is None else _str(rid, "response_id", limit=64))
+        return ResponseCancel(event_id, None if rid is None else string(rid, "response_id", limit=64))
     shown = kind if len(kind) <= 64 else f"{kind[:64]}..."
     raise RealtimeError("unknown_event", f"unknown client event type {shown!r}", "type")

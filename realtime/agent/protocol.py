@@ -57,6 +57,7 @@ from omni_stream.realtime.agent.protocol_state import Phase
 from omni_stream.realtime.agent.responses import Responding
 from omni_stream.realtime.agent.speculation import Speculating
 from omni_stream.realtime.agent.turns import TurnTaking
+from omni_stream.realtime.common.close_codes import CloseCode
 from omni_stream.turns.rules import TurnType
 
 
@@ -219,7 +220,7 @@ class RealtimeProtocol(TurnTaking, Speculating, ItemEditing, Responding):
         seconds = self.limits.session_seconds
         exc = RealtimeError("session_expired", f"Your session hit the maximum duration of {seconds:g} seconds.")
         out.events.append(self._error(exc))
-        out.commands.append(CloseSession(1000, "session expired"))
+        out.commands.append(CloseSession(CloseCode.NORMAL, "session expired"))
         self.close()
         return out
 

@@ -23,12 +23,12 @@ from omni_stream.family import ModelKind
 from omni_stream.realtime.agent.events import SessionType
 from omni_stream.realtime.agent.outputs import ServerEvent
 from omni_stream.realtime.agent.session import RealtimeSession, SessionClose
-from omni_stream.realtime.common.ws_sessions import accept, close_quietly, is_gone, registered
+from omni_stream.realtime.common.close_codes import CloseCode
+from omni_stream.realtime.common.ws_sessions import accept, close_quietly, is_gone, registered, shutdown
 from omni_stream.realtime.state import ServerState
 
 log = logging.getLogger("omni_stream.realtime.ws")
 
-CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLICY = 1000, 1001, 1008
 ENCODE_OFF_LOOP_BYTES = 64 * 1024  # audio deltas larger than this are base64-encoded in a worker thread
 
 
@@ -79,7 +79,7 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
         except Exception as exc:
             if not is_gone(exc):
                 raise
-        await close_quietly(websocket, CLOSE_POLICY)
+        await close_quietly(websocket, CloseCode.POLICY)
         return
     session = RealtimeSession(state.ready_engine, state.settings, session_type=kind, model=model)
     close_code: int | None = None
@@ -105,10 +105,8 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
 
                 async def until_shutdown() -> None:
                     nonlocal close_code
-                    if state.stopping is None:
-                        return
-                    await state.stopping.wait()
-                    close_code = CLOSE_GOING_AWAY
+                    await shutdown(state)
+                    close_code = CloseCode.GOING_AWAY
                     tg.cancel_scope.cancel()
 
                 tg.start_soon(send_events)
@@ -124,7 +122,7 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
         except Exception as exc:
             if not is_gone(exc):
                 log.exception("realtime session failed")
-                close_code = 1011
+                close_code = CloseCode.INTERNAL
     if abandoned:
         state.metrics.disconnects.labels("realtime").inc()
     if close_code is not None:

@@ -7,14 +7,21 @@ same way (InvalidRequestError -> 400).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from omni_stream.realtime.common.errors import bad_request
-from omni_stream.realtime.common.json_fields import int_field, type_name
+from omni_stream.realtime.common.json_fields import (
+    boolean,
+    int_field,
+    integer,
+    number,
+    obj,
+    optional,
+    type_name,
+    unicode,
+)
 from omni_stream.realtime.settings import Settings
-from omni_stream.realtime.speech.params import check_utf8
 from omni_stream.requests import ChatMessage, Role, SamplingParams
 from omni_stream.validation.sampling import sampling_from_openai
 
@@ -64,34 +71,15 @@ class ChatOptions:
         return self.audio_format is not None
 
 
-def _number(body: dict[str, Any], key: str, lo: float, hi: float) -> float | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise bad_request(f"'{key}' must be a number between {lo:g} and {hi:g}, got {type_name(value)}", key)
-    if not lo <= value <= hi:
-        raise bad_request(f"'{key}' must be between {lo:g} and {hi:g}, got {value}", key)
-    return float(value)
-
-
-def _bool(value: Any, key: str) -> bool:
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise bad_request(f"'{key}' must be a boolean, got {type_name(value)}", key)
-    return value
-
-
 def _content(value: Any, where: str) -> str:
     if isinstance(value, str):
-        return check_utf8(value, where)
+        return unicode(value, where)
     if isinstance(value, list):
         parts = []
         for i, part in enumerate(value):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise bad_request(f'\'{where}[{i}]\' must be a text part {{"type": "text", "text": ...}}', where)
-            parts.append(check_utf8(part["text"], where))
+            parts.append(unicode(part["text"], where))
         return "".join(parts)
     if value is None:
         raise bad_request(f"'{where}' is required", where)
@@ -119,7 +107,9 @@ def parse_messages(value: Any) -> tuple[ChatMessage, ...]:
 
 
 def _sampling(body: dict[str, Any]) -> SamplingParams | None:
-    return sampling_from_openai(_number(body, "temperature", 0.0, 2.0), _number(body, "top_p", 0.0, 1.0))
+    return sampling_from_openai(
+        optional(body, "temperature", number, 0.0, 2.0), optional(body, "top_p", number, 0.0, 1.0)
+    )
 
 
 def _stop(value: Any) -> tuple[str, ...]:
@@ -130,7 +120,7 @@ def _stop(value: Any) -> tuple[str, ...]:
         raise bad_request("'stop' must be a non-empty string or an array of them", "stop")
     if len(items) > MAX_STOP:
         raise bad_request(f"'stop' holds at most {MAX_STOP} strings, got {len(items)}", "stop")
-    return tuple(check_utf8(s, "stop") for s in items)
+    return tuple(unicode(s, "stop") for s in items)
 
 
 def _audio(body: dict[str, Any], stream: bool) -> tuple[str | None, str | None, int | None]:
@@ -162,7 +152,9 @@ def _audio(body: dict[str, Any], stream: bool) -> tuple[str | None, str | None, 
         raise bad_request(f"'audio.format' must be one of {choices} for {mode} reply, got {fmt!r}", "audio.format")
     # Extension: the longest unit spoken at once (characters); a long first sentence is cut so audio starts sooner.
     key = "audio.max_sentence_chars"
-    max_chars = int_field({key: audio.get("max_sentence_chars")}, key, MIN_SENTENCE_CHARS, MAX_SENTENCE_CHARS)
+    max_chars = audio.get("max_sentence_chars")
+    if max_chars is not None:
+        max_chars = integer(max_chars, key, MIN_SENTENCE_CHARS, MAX_SENTENCE_CHARS)
     return (voice.strip().lower() or None) if voice is not None else None, fmt, max_chars
 
 
@@ -183,11 +175,10 @@ def parse_chat(body: Any, settings: Settings) -> ChatOptions:
     max_tokens = int_field(body, "max_completion_tokens", 1, MAX_TOKENS)
     if max_tokens is None:
         max_tokens = int_field(body, "max_tokens", 1, MAX_TOKENS)
-    stream = _bool(body.get("stream"), "stream")
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise bad_request(f"'stream_options' must be an object, got {type_name(options)}", "stream_options")
-    include_usage = _bool((options or {}).get("include_usage"), "stream_options.include_usage")
+    stream = bool(optional(body, "stream", boolean))
+    options = optional(body, "stream_options", obj)
+    usage = (options or {}).get("include_usage")
+    include_usage = usage is not None and boolean(usage, "stream_options.include_usage")
     if options is not None and not stream:
         raise bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options")
     model = body.get("model")
@@ -199,7 +190,7 @@ def parse_chat(body: Any, settings: Settings) -> ChatOptions:
         if not settings.enable_benchmark_fields:
             message = "'ignore_eos' is a benchmark-only field; this server does not accept it"
             raise bad_request(f"{message} (see --enable-benchmark-fields)", "ignore_eos")
-        ignore_eos = _bool(body["ignore_eos"], "ignore_eos")
+        ignore_eos = bool(optional(body, "ignore_eos", boolean))
         if ignore_eos and max_tokens is None:
             raise bad_request(
                 "'ignore_eos' requires 'max_tokens' (the exact number of tokens to generate)", "ignore_eos"

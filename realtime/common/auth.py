@@ -9,6 +9,7 @@ import hmac
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from omni_stream.realtime.common.close_codes import CloseCode
 from omni_stream.realtime.common.errors import ApiError
 
 KEY_PROTOCOL_PREFIX = "openai-insecure-api-key."
@@ -78,7 +79,7 @@ class ApiKeyMiddleware:
             return
         if websocket:
             await receive()  # websocket.connect
-            await send({"type": "websocket.close", "code": 1008, "reason": "Invalid or missing API key"})
+            await send({"type": "websocket.close", "code": CloseCode.POLICY, "reason": "Invalid or missing API key"})
             return
         response = ApiError(401, "Invalid or missing API key", type="AuthenticationError").response(
             headers={"WWW-Authenticate": "Bearer"}

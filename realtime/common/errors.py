@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from omni_stream import errors as engine_errors
+from omni_stream.realtime.common.json_fields import FieldError
 
 log = logging.getLogger("omni_stream.realtime")
 
@@ -66,7 +67,7 @@ def from_exception(exc: BaseException) -> ApiError:
     """Map any exception raised while serving a request to the error the client should see."""
     if isinstance(exc, ApiError):
         return exc
-    if isinstance(exc, engine_errors.InvalidRequestError):
+    if isinstance(exc, engine_errors.InvalidRequestError | FieldError):
         return ApiError(400, exc.message, exc.param)
     codec_error = _codec_decode_error()
     if codec_error is not None and isinstance(exc, codec_error):

@@ -18,6 +18,11 @@ class Session(Protocol):
     finished: anyio.Event  # set once the session has ended
 
 
+async def shutdown(state: ServerState) -> None:
+    """Return once the server begins to shut down (never, for a state without a lifespan)."""
+    await (state.stopping.wait() if state.stopping is not None else anyio.sleep_forever())
+
+
 def is_gone(exc: BaseException) -> bool:
     """Whether ``exc`` (or every exception of a group) only says that the client has left."""
     if isinstance(exc, BaseExceptionGroup):

@@ -14,7 +14,6 @@ one is a 400 (vLLM-Omni answers ``stream=true`` on a single-stage pipeline the s
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,10 +21,10 @@ from enum import StrEnum
 from typing import Any
 
 from omni_stream.realtime.common.errors import bad_request
+from omni_stream.realtime.common.json_fields import boolean, choice, integer, number, optional, string
 
 OUTPUT_FORMATS = {"png": "png", "webp": "webp", "jpeg": "jpeg", "jpg": "jpeg"}
 _SIZE = re.compile(r"^\s*(\d{1,5})\s*[xX]\s*(\d{1,5})\s*$")
-_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off", "")
 
 # Fields each route reads; anything else is a 400 naming it. ``image[]`` is how some clients send several images.
 EDIT_FIELDS = frozenset(
@@ -64,59 +63,9 @@ class ImageParams:
     seed: int | None = None
 
 
-def _text(value: Any, key: str) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise bad_request(f"'{key}' must be a string", key)
-    return str(value)
-
-
-def _int(value: Any, key: str, lo: int, hi: int) -> int:
-    if isinstance(value, bool):
-        raise bad_request(f"'{key}' must be an integer", key)
-    if isinstance(value, str):
-        try:
-            value = int(value.strip())
-        except ValueError:
-            raise bad_request(f"'{key}' must be an integer, got {value!r}", key) from None
-    if not isinstance(value, int):
-        raise bad_request(f"'{key}' must be an integer", key)
-    if not lo <= value <= hi:
-        raise bad_request(f"'{key}' must be between {lo} and {hi}, got {value}", key)
-    return value
-
-
-def _float(value: Any, key: str, lo: float, hi: float) -> float:
-    if isinstance(value, bool):
-        raise bad_request(f"'{key}' must be a number", key)
-    try:
-        number = float(value.strip() if isinstance(value, str) else value)
-    except (TypeError, ValueError):
-        raise bad_request(f"'{key}' must be a number, got {value!r}", key) from None
-    if not math.isfinite(number) or not lo <= number <= hi:
-        raise bad_request(f"'{key}' must be between {lo} and {hi}, got {value}", key)
-    return number
-
-
-def _bool(value: Any, key: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
-        return value.strip().lower() in _TRUE
-    raise bad_request(f"'{key}' must be true or false, got {value!r}", key)
-
-
-def _choice(value: Any, key: str, allowed: tuple[str, ...]) -> str:
-    text = _text(value, key).strip().lower()
-    if text not in allowed:
-        raise bad_request(f"'{key}' must be one of {', '.join(allowed)}, got {value!r}", key)
-    return text
-
-
 def parse_size(value: Any) -> tuple[int, int] | None:
     """``"WxH"`` -> ``(W, H)`` pixels; ``"auto"`` -> None."""
-    text = _text(value, "size").strip().lower()
+    text = string(value, "size", form=True).strip().lower()
     if text == "auto":
         return None
     match = _SIZE.match(text)
@@ -131,42 +80,44 @@ def parse_params(values: Mapping[str, Any], allowed: frozenset[str]) -> ImagePar
     if unknown:
         raise bad_request(f"Unknown field '{unknown[0]}'", unknown[0])
     prompt = values.get("prompt")
-    if prompt is None or not _text(prompt, "prompt").strip():
+    if prompt is None or not string(prompt, "prompt", form=True).strip():
         raise bad_request("'prompt' is required", "prompt")
     get = values.get
     response_format = get("response_format")
-    if response_format is not None and _text(response_format, "response_format").strip() != "b64_json":
+    if response_format is not None and string(response_format, "response_format", form=True).strip() != "b64_json":
         raise bad_request("'response_format' must be 'b64_json' (image URLs are not served)", "response_format")
-    output_format = OUTPUT_FORMATS.get(_text(get("output_format", "png"), "output_format").strip().lower())
+    output_format = OUTPUT_FORMATS.get(string(get("output_format", "png"), "output_format", form=True).strip().lower())
     if output_format is None:
         raise bad_request(
             f"'output_format' must be one of png, webp, jpeg, got {get('output_format')!r}", "output_format"
         )
-    background = _choice(get("background", "auto"), "background", ("auto", "opaque", "transparent"))
+    background = choice(get("background", "auto"), "background", ("auto", "opaque", "transparent"), form=True)
     if background == "transparent":
         raise bad_request("'background': transparent backgrounds are not supported (auto or opaque)", "background")
     stream_format = get("stream_format")
     return ImageParams(
-        prompt=_text(prompt, "prompt"),
-        model=_text(get("model"), "model") if get("model") is not None else None,
-        n=_int(get("n", 1), "n", 1, 4),
+        prompt=string(prompt, "prompt", form=True),
+        model=optional(values, "model", string, form=True),
+        n=integer(get("n", 1), "n", 1, 4, form=True),
         size=parse_size(get("size", "auto")),
         output_format=output_format,
-        output_compression=_int(get("output_compression", 100), "output_compression", 0, 100),
-        stream=_bool(get("stream", False), "stream"),
-        stream_format=Dialect(_choice(stream_format, "stream_format", tuple(Dialect))) if stream_format else None,
-        partial_images=_int(get("partial_images"), "partial_images", 0, 3)
+        output_compression=integer(get("output_compression", 100), "output_compression", 0, 100, form=True),
+        stream=boolean(get("stream", False), "stream", form=True),
+        stream_format=Dialect(choice(stream_format, "stream_format", tuple(Dialect), form=True))
+        if stream_format
+        else None,
+        partial_images=integer(get("partial_images"), "partial_images", 0, 3, form=True)
         if get("partial_images") is not None
         else None,
         background=background,
-        quality=_choice(get("quality", "auto"), "quality", ("auto", "low", "medium", "high")),
-        steps=_int(get("num_inference_steps"), "num_inference_steps", 1, 1000)
+        quality=choice(get("quality", "auto"), "quality", ("auto", "low", "medium", "high"), form=True),
+        steps=integer(get("num_inference_steps"), "num_inference_steps", 1, 1000, form=True)
         if get("num_inference_steps") is not None
         else None,
-        guidance_scale=_float(get("guidance_scale"), "guidance_scale", 0.0, 50.0)
+        guidance_scale=number(get("guidance_scale"), "guidance_scale", 0.0, 50.0, form=True)
         if get("guidance_scale") is not None
         else None,
-        seed=_int(get("seed"), "seed", 0, 2**63 - 1) if get("seed") is not None else None,
+        seed=integer(get("seed"), "seed", 0, 2**63 - 1, form=True) if get("seed") is not None else None,
     )
 
 

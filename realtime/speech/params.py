@@ -10,14 +10,22 @@ the engine, so the rules are unit-testable. :mod:`omni_stream.realtime.speech.bu
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from omni_stream.errors import InvalidRequestError
 from omni_stream.realtime.common.errors import ApiError, bad_request
-from omni_stream.realtime.common.json_fields import int_field, type_name
+from omni_stream.realtime.common.json_fields import (
+    boolean,
+    choice,
+    int_field,
+    number,
+    optional,
+    string,
+    type_name,
+    unicode,
+)
 from omni_stream.realtime.settings import SPEECH_FORMATS, STREAM_FORMATS, Settings
 from omni_stream.requests import TaskType
 from omni_stream.speech.limits import check_embedding
@@ -80,38 +88,6 @@ WS_FIELDS = frozenset(
 COMMIT_LANGUAGES = ("English", "Chinese")
 
 
-def check_utf8(value: str, key: str) -> str:
-    """``value`` unchanged; 400 naming ``key`` when it holds text UTF-8 cannot carry (lone surrogates)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        message = f"'{key}' is not valid Unicode text (unpaired surrogate at position {exc.start})"
-        raise bad_request(message, key) from None
-    return value
-
-
-def _str(body: dict[str, Any], key: str) -> str | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise bad_request(f"'{key}' must be a string, got {type_name(value)}", key)
-    return check_utf8(value, key)
-
-
-def _bool(body: dict[str, Any], key: str, default: bool = False) -> bool:
-    value = body.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise bad_request(f"'{key}' must be a boolean (true or false), got {type_name(value)}", key)
-    return value
-
-
-def _optional_bool(body: dict[str, Any], key: str) -> bool | None:
-    return _bool(body, key) if body.get(key) is not None else None
-
-
 def _embedding(body: dict[str, Any]) -> tuple[float, ...] | None:
     value = body.get("speaker_embedding")
     if value is None:
@@ -120,16 +96,6 @@ def _embedding(body: dict[str, Any]) -> tuple[float, ...] | None:
         return tuple(check_embedding(value))
     except InvalidRequestError as exc:
         raise bad_request(exc.message, "speaker_embedding") from None
-
-
-def _enum(body: dict[str, Any], key: str, allowed: tuple[str, ...], default: str | None) -> str | None:
-    value = body.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, str) or value not in allowed:
-        choices = ", ".join(f"'{a}'" for a in allowed)
-        raise bad_request(f"Invalid '{key}' {value!r}: must be one of {choices}", key)
-    return value
 
 
 def _voice(body: dict[str, Any]) -> str | None:
@@ -142,24 +108,18 @@ def _voice(body: dict[str, Any]) -> str | None:
         return None
     if not isinstance(value, str):
         raise bad_request(f"'voice' must be a string or {{\"id\": string}}, got {type_name(value)}", "voice")
-    value = check_utf8(value, "voice").strip().lower()
+    value = unicode(value, "voice").strip().lower()
     return value or None
 
 
 def _speed(body: dict[str, Any]) -> float:
-    value = body.get("speed")
-    if value is None:
-        return 1.0
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise bad_request("'speed' must be a number between 0.25 and 4.0", "speed")
-    if not 0.25 <= value <= 4.0:
-        raise bad_request(f"'speed' must be between 0.25 and 4.0, got {value}", "speed")
-    return float(value)
+    speed = optional(body, "speed", number, 0.25, 4.0)
+    return 1.0 if speed is None else speed
 
 
 def _stream_mode(body: dict[str, Any], settings: Settings) -> StreamMode:
-    stream = _bool(body, "stream")
-    stream_format = _enum(body, "stream_format", ("sse", "audio"), None)
+    stream = bool(optional(body, "stream", boolean))
+    stream_format = optional(body, "stream_format", choice, ("sse", "audio"))
     if stream_format == "audio":
         return StreamMode.AUDIO  # wins over stream=true
     if stream_format == "sse":
@@ -174,10 +134,7 @@ def parse_input(body: dict[str, Any], settings: Settings | None = None) -> str:
     """The ``input`` text, stripped (a string of valid Unicode; its length is the engine's rule)."""
     if "input" not in body or body["input"] is None:
         raise bad_request("'input' is required", "input")
-    text = body["input"]
-    if not isinstance(text, str):
-        raise bad_request(f"'input' must be a string, got {type_name(text)}", "input")
-    return check_utf8(text, "input").strip()
+    return string(body["input"], "input", utf8=True).strip()
 
 
 def parse_options(body: Any, settings: Settings, *, websocket: bool = False) -> SpeechOptions:
@@ -192,19 +149,19 @@ def parse_options(body: Any, settings: Settings, *, websocket: bool = False) -> 
             if key not in WS_FIELDS:
                 raise bad_request(f"Unknown session.config field '{key}'", str(key))
     _refuse_unsupported(body)
-    instructions = _str(body, "instructions")
-    task = _enum(body, "task_type", tuple(t.value for t in TaskType), None)
-    language = (_str(body, "language") or "Auto").strip() or "Auto"
+    instructions = optional(body, "instructions", string, utf8=True)
+    task = optional(body, "task_type", choice, tuple(t.value for t in TaskType))
+    language = (optional(body, "language", string, utf8=True) or "Auto").strip() or "Auto"
     frames = int_field(body, "initial_codec_chunk_frames", 0, 4096)
-    ref_audio = _str(body, "ref_audio") or None
-    ref_text = (_str(body, "ref_text") or "").strip() or None
+    ref_audio = optional(body, "ref_audio", string, utf8=True) or None
+    ref_text = (optional(body, "ref_text", string, utf8=True) or "").strip() or None
     embedding = _embedding(body)
     if embedding is not None and ref_audio is not None:
         raise bad_request("'speaker_embedding' and 'ref_audio' are mutually exclusive", "speaker_embedding")
     opts = SpeechOptions(
-        model=_str(body, "model"),
+        model=optional(body, "model", string, utf8=True),
         voice=_voice(body),
-        response_format=_enum(body, "response_format", SPEECH_FORMATS, "wav") or "wav",
+        response_format=optional(body, "response_format", choice, SPEECH_FORMATS) or "wav",
         speed=_speed(body),
         stream_mode=StreamMode.NONE if websocket else _stream_mode(body, settings),
         instructions=instructions.strip() or None if instructions is not None else None,
@@ -212,22 +169,22 @@ def parse_options(body: Any, settings: Settings, *, websocket: bool = False) -> 
         language=language if language.lower() == "auto" else language.title(),
         ref_audio=ref_audio,
         ref_text=ref_text,
-        x_vector_only_mode=_bool(body, "x_vector_only_mode") or embedding is not None,
+        x_vector_only_mode=bool(optional(body, "x_vector_only_mode", boolean)) or embedding is not None,
         speaker_embedding=embedding,
-        non_streaming_mode=_optional_bool(body, "non_streaming_mode"),
+        non_streaming_mode=optional(body, "non_streaming_mode", boolean),
         max_new_tokens=int_field(body, "max_new_tokens"),
         seed=int_field(body, "seed", 0, 2**63 - 1),
         initial_codec_chunk_frames=frames or None,
         sample_rate=int_field(body, "sample_rate", 8000, 192000),
         ignore_eos=_benchmark_bool(body, "ignore_eos", settings),
-        stream_audio=_bool(body, "stream_audio") if websocket else False,
+        stream_audio=bool(optional(body, "stream_audio", boolean)) if websocket else False,
         split_granularity=Granularity(
-            (_enum(body, "split_granularity", tuple(g.value for g in Granularity), "none") or "none")
+            (optional(body, "split_granularity", choice, tuple(g.value for g in Granularity)) or "none")
             if websocket
             else "none"
         ),
         text_input_mode=TextInputMode(
-            (_enum(body, "text_input_mode", tuple(m.value for m in TextInputMode), "buffered") or "buffered")
+            (optional(body, "text_input_mode", choice, tuple(m.value for m in TextInputMode)) or "buffered")
             if websocket
             else "buffered"
         ),
@@ -242,7 +199,7 @@ def parse_options(body: Any, settings: Settings, *, websocket: bool = False) -> 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
     """vLLM-Omni fields this server cannot honour: a 400 naming them, never silently ignored."""
-    if _bool(body, "word_timestamps"):
+    if bool(optional(body, "word_timestamps", boolean)):
         raise bad_request(
             "word_timestamps=true is not supported: this server has no forced aligner to compute word timings; "
             "set word_timestamps=false",
@@ -277,7 +234,7 @@ def _benchmark_bool(body: dict[str, Any], key: str, settings: Settings) -> bool:
         raise bad_request(
             f"'{key}' is a benchmark-only field; this server does not accept it (see --enable-benchmark-fields)", key
         )
-    return _bool(body, key)
+    return bool(optional(body, key, boolean))
 
 
 def _check_streaming(opts: SpeechOptions, websocket: bool) -> None:

@@ -25,9 +25,10 @@ from anyio.abc import TaskGroup
 from starlette.websockets import WebSocket, WebSocketState
 
 from omni_stream.realtime.common.audio_out import output_rate
+from omni_stream.realtime.common.close_codes import CloseCode
 from omni_stream.realtime.common.errors import ApiError, from_exception
 from omni_stream.realtime.common.stream_pacing import SessionPacer, pcm_seconds
-from omni_stream.realtime.common.ws_sessions import accept, is_gone, registered
+from omni_stream.realtime.common.ws_sessions import accept, is_gone, registered, shutdown
 from omni_stream.realtime.speech.build import build_request
 from omni_stream.realtime.speech.params import SpeechOptions, TextInputMode, check_model, parse_options
 from omni_stream.realtime.speech.stream_messages import ProtocolError, input_text, parse_message
@@ -40,7 +41,6 @@ from omni_stream.speech.text_split import TextSplitter
 
 log = logging.getLogger("omni_stream.realtime.ws")
 
-CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_INTERNAL = 1000, 1001, 1008, 1011
 IN_FLIGHT = 2  # units with a live engine request: the one streaming and the next
 
 
@@ -127,8 +127,7 @@ class SpeechSession:
                     outer.cancel_scope.cancel()
 
                 async def until_shutdown() -> None:
-                    stopping = self.state.stopping
-                    await (stopping.wait() if stopping is not None else anyio.sleep_forever())
+                    await shutdown(self.state)
                     outcome["reason"] = "shutdown"
                     outer.cancel_scope.cancel()
 
@@ -139,7 +138,7 @@ class SpeechSession:
                 reason = "disconnect"
             else:
                 log.exception("speech session failed")
-                await self.close(CLOSE_INTERNAL, f"Internal error: {_leaf(exc)}")
+                await self.close(CloseCode.INTERNAL, f"Internal error: {_leaf(exc)}")
                 return
         finally:
             for job in list(self.jobs):
@@ -150,11 +149,11 @@ class SpeechSession:
                 self.state.metrics.disconnects.labels("ws").inc()
             self.phase = Phase.CLOSED
         elif reason == "idle":
-            await self.close(CLOSE_NORMAL, "Idle timeout: no message received")
+            await self.close(CloseCode.NORMAL, "Idle timeout: no message received")
         elif reason == "shutdown":
-            await self.close(CLOSE_GOING_AWAY, "Server shutting down")
+            await self.close(CloseCode.GOING_AWAY, "Server shutting down")
         else:
-            await self.close(CLOSE_NORMAL)
+            await self.close(CloseCode.NORMAL)
 
     async def _serve(self) -> str:
         """Receive, generate and send until the session ends; returns why (see ``_receive_loop``)."""
@@ -175,7 +174,7 @@ class SpeechSession:
         with anyio.move_on_after(self.settings.ws_config_timeout):
             message = await self.ws.receive()
         if message is None:
-            await self.close(CLOSE_POLICY, "Timeout waiting for session.config")
+            await self.close(CloseCode.POLICY, "Timeout waiting for session.config")
             return False
         if message["type"] == "websocket.disconnect":
             return False
@@ -185,7 +184,7 @@ class SpeechSession:
                 raise ProtocolError(f"Expected session.config, got: {body.get('type')}")
             await self._apply_config(body)
         except ProtocolError as exc:
-            await self.close(CLOSE_POLICY, str(exc))
+            await self.close(CloseCode.POLICY, str(exc))
             return False
         return True
 

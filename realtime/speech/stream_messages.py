@@ -6,8 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from omni_stream.realtime.common.body_limit import parse_json
-from omni_stream.realtime.common.errors import ApiError
-from omni_stream.realtime.speech.params import check_utf8
+from omni_stream.realtime.common.json_fields import FieldError, string
 
 
 class ProtocolError(Exception):
@@ -34,10 +33,7 @@ def input_text(body: dict[str, Any], raw: str, limit: int) -> str:
     """The ``text`` of an ``input.text`` message whose raw form is at most ``limit`` bytes; valid Unicode only."""
     if len(raw.encode()) > limit:
         raise ProtocolError("input.text message too large")
-    text = body.get("text")
-    if not isinstance(text, str):
-        raise ProtocolError("input.text requires a string value")
     try:
-        return check_utf8(text, "text")
-    except ApiError as exc:
+        return string(body.get("text"), "text", utf8=True)
+    except FieldError as exc:
         raise ProtocolError(f"input.text: {exc.message}") from None

@@ -22,13 +22,14 @@ sent again with the same update is a retry (acknowledged, not applied twice), wi
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeAlias
 
 from omni_stream.errors import InvalidRequestError
+from omni_stream.realtime.common.close_codes import CloseCode
+from omni_stream.realtime.common.json_fields import FieldError, integer, number, optional, string
 from omni_stream.video.spec import PromptUpdate, VideoChunk, VideoRequest, chunk_count
 
 FORMATS = ("m4s", "webm")
@@ -38,7 +39,6 @@ START_FIELDS = frozenset(
         "guidance_scale", "seed", "negative_prompt", "image_reference", "extra_params",
     }
 )  # fmt: skip
-CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_INTERNAL = 1000, 1001, 1008, 1011
 MAX_TRANSITION_CHUNKS = 64
 
 
@@ -143,26 +143,6 @@ def parse_json(text: str, limit: int) -> dict[str, Any]:
     return body
 
 
-def _int(body: Mapping[str, Any], name: str) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ProtocolError("invalid_request", f"{name} must be an integer, got {value!r}", name)
-    return value
-
-
-def _text(body: Mapping[str, Any], name: str, limit: int, required: bool = False) -> str | None:
-    value = body.get(name)
-    if value is None and not required:
-        return None
-    if not isinstance(value, str) or not value.strip():
-        raise ProtocolError("invalid_request", f"{name} must be a non-empty string", name)
-    if len(value) > limit:
-        raise ProtocolError("invalid_request", f"{name} is too long: {len(value)} characters (max {limit})", name)
-    return value
-
-
 def _image_reference(value: Any) -> str | None:
     if value is None:
         return None
@@ -186,27 +166,21 @@ def parse_start(body: Mapping[str, Any], limits: VideoLimits) -> tuple[VideoRequ
     fmt = body.get("format", "m4s")
     if fmt not in FORMATS:
         raise ProtocolError("unsupported_format", f"format must be one of {', '.join(FORMATS)}, got {fmt!r}", "format")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise ProtocolError("invalid_request", "model must be a string", "model")
-    guidance = body.get("guidance_scale")
-    if guidance is not None and (isinstance(guidance, bool) or not isinstance(guidance, int | float)):
-        raise ProtocolError("invalid_request", f"guidance_scale must be a number, got {guidance!r}", "guidance_scale")
-    if guidance is not None and not math.isfinite(guidance):
-        raise ProtocolError("invalid_request", "guidance_scale must be finite", "guidance_scale")
     try:
+        model = optional(body, "model", string)
+        guidance = optional(body, "guidance_scale", number)
         request = VideoRequest(
-            prompt=_text(body, "prompt", limits.max_prompt_chars, required=True) or "",
-            width=_int(body, "width"),
-            height=_int(body, "height"),
-            fps=_int(body, "fps"),
-            num_frames=_int(body, "num_frames"),
-            num_inference_steps=_int(body, "num_inference_steps"),
+            prompt=string(body.get("prompt"), "prompt", limit=limits.max_prompt_chars, non_empty=True),
+            width=optional(body, "width", integer),
+            height=optional(body, "height", integer),
+            fps=optional(body, "fps", integer),
+            num_frames=optional(body, "num_frames", integer),
+            num_inference_steps=optional(body, "num_inference_steps", integer),
             guidance_scale=guidance,
-            negative_prompt=_text(body, "negative_prompt", limits.max_prompt_chars),
-            seed=_int(body, "seed"),
+            negative_prompt=optional(body, "negative_prompt", string, limit=limits.max_prompt_chars, non_empty=True),
+            seed=optional(body, "seed", integer),
         )
-    except InvalidRequestError as exc:
+    except (InvalidRequestError, FieldError) as exc:
         raise ProtocolError("invalid_request", exc.message, exc.param) from None
     return request, fmt, _image_reference(body.get("image_reference")), model
 
@@ -298,7 +272,7 @@ class VideoProtocol:
         ]
         if self.phase is Phase.AWAITING_START:
             self.phase = Phase.CLOSED
-            actions.append(Close(CLOSE_POLICY, exc.code))
+            actions.append(Close(CloseCode.POLICY, exc.code))
         return actions
 
     def _start(self, body: Mapping[str, Any], now: float) -> list[Action]:
@@ -341,16 +315,11 @@ class VideoProtocol:
             message = "negative_prompt updates are not supported"
             raise ProtocolError("unsupported_interaction", message, "negative_prompt", event_id)
         try:
-            prompt = _text(event, "prompt", self.limits.max_prompt_chars, required=True) or ""
-            transition = interaction.get("transition_chunks", 0)
-            if isinstance(transition, bool) or not isinstance(transition, int):
-                raise ProtocolError("invalid_message", "transition_chunks must be an integer", "transition_chunks")
-            if not 0 <= transition <= MAX_TRANSITION_CHUNKS:
-                raise ProtocolError(
-                    "invalid_message", f"transition_chunks must be in 0..{MAX_TRANSITION_CHUNKS}", "transition_chunks"
-                )
-        except ProtocolError as exc:
-            raise ProtocolError(exc.code, exc.message, exc.param, event_id) from None
+            prompt = string(event.get("prompt"), "prompt", limit=self.limits.max_prompt_chars, non_empty=True)
+            transition = integer(interaction.get("transition_chunks", 0), "transition_chunks", 0, MAX_TRANSITION_CHUNKS)
+        except FieldError as exc:
+            code = "invalid_request" if exc.param == "prompt" else "invalid_message"
+            raise ProtocolError(code, exc.message, exc.param, event_id) from None
         update = PromptUpdate(event_id, prompt, transition)
         queued = _json({"type": "session.interaction.queued", "request_id": self.request_id, "event_id": event_id})
         seen = self.events.get(event_id)
@@ -402,7 +371,7 @@ class VideoProtocol:
     def start_failed(self, code: str, message: str, param: str | None = None) -> list[Action]:
         """The generation could not be opened (e.g. an undecodable image): error, then close."""
         self.phase = Phase.CLOSED
-        return [error_action(code, message, param=param, request_id=self.request_id), Close(CLOSE_POLICY, code)]
+        return [error_action(code, message, param=param, request_id=self.request_id), Close(CloseCode.POLICY, code)]
 
     def chunk_ready(self, chunk: VideoChunk, data: bytes, now: float) -> list[Action]:
         """A chunk is encoded: its metadata, then its bytes (nothing once the session is closed)."""
@@ -437,7 +406,7 @@ class VideoProtocol:
         stopped = self.phase is Phase.STOPPING
         self.phase = Phase.CLOSED
         done = {"type": "session.done", "request_id": self.request_id, "chunks": self.chunks_sent, "stopped": stopped}
-        return [_json(done), Close(CLOSE_NORMAL)]
+        return [_json(done), Close(CloseCode.NORMAL)]
 
     def generation_failed(self, message: str, now: float) -> list[Action]:
         if self.phase is Phase.STOPPING:
@@ -445,7 +414,7 @@ class VideoProtocol:
         if self.phase is not Phase.STREAMING:
             return []
         self.phase = Phase.CLOSED
-        return [error_action("generation_failed", message, request_id=self.request_id), Close(CLOSE_INTERNAL)]
+        return [error_action("generation_failed", message, request_id=self.request_id), Close(CloseCode.INTERNAL)]
 
     # --- timers and the connection ---
 
@@ -461,7 +430,7 @@ class VideoProtocol:
         return [
             StopGeneration(),  # first: release the request even if the error cannot be sent
             error_action("stall_timeout", f"Stall timeout: no progress for {seconds:g} s", request_id=self.request_id),
-            Close(CLOSE_INTERNAL, "stall_timeout"),
+            Close(CloseCode.INTERNAL, "stall_timeout"),
         ]
 
     def disconnected(self) -> list[Action]:
@@ -476,4 +445,4 @@ class VideoProtocol:
         self.phase = Phase.CLOSED
         actions: list[Action] = [StopGeneration()] if running else []
         actions.append(error_action("server_shutdown", "Server shutting down", request_id=self.request_id))
-        return [*actions, Close(CLOSE_GOING_AWAY)]
+        return [*actions, Close(CloseCode.GOING_AWAY)]

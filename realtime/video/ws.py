@@ -32,7 +32,7 @@ from omni_stream.engine import RequestStream
 from omni_stream.errors import InvalidRequestError, RequestCancelled
 from omni_stream.family import ModelKind
 from omni_stream.realtime.common.errors import from_exception
-from omni_stream.realtime.common.ws_sessions import accept, close_quietly, is_gone, registered
+from omni_stream.realtime.common.ws_sessions import accept, close_quietly, is_gone, registered, shutdown
 from omni_stream.realtime.state import ServerState
 from omni_stream.realtime.video.protocol import (
     Action,
@@ -158,8 +158,7 @@ class VideoSession:
                     await anyio.to_thread.run_sync(self._encoder.close)
 
     async def _watch_shutdown(self) -> None:
-        stopping = self.state.stopping
-        await (stopping.wait() if stopping is not None else anyio.sleep_forever())
+        await shutdown(self.state)
         await self._perform(self.protocol.shutdown())
 
     async def _receive_loop(self, tg: Any) -> None:

@@ -1,0 +1,102 @@
+"""One set of JSON field readers for every surface: each reader's rule and message, and the same words whether the
+field came to the speech route, chat, the realtime agent's socket, the video socket or an images form."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from omni_stream.realtime.agent.events import RealtimeError, parse_client_event
+from omni_stream.realtime.chat.params import parse_chat
+from omni_stream.realtime.common.errors import from_exception
+from omni_stream.realtime.common.json_fields import (
+    FieldError,
+    boolean,
+    choice,
+    integer,
+    number,
+    obj,
+    optional,
+    string,
+    type_name,
+)
+from omni_stream.realtime.images.params import EDIT_FIELDS, parse_params
+from omni_stream.realtime.settings import Settings
+from omni_stream.realtime.speech.params import parse_options
+from omni_stream.realtime.video.protocol import ProtocolError, VideoLimits, parse_start
+
+
+def _message(read, *args, **kwargs) -> tuple[str, str]:
+    with pytest.raises(FieldError) as info:
+        read(*args, **kwargs)
+    return info.value.param, info.value.message
+
+
+def test_each_reader_names_the_field_what_it_must_be_and_what_came():
+    assert _message(boolean, "yes", "stream") == ("stream", "'stream' must be a boolean (true or false), got string")
+    assert _message(integer, 2.5, "n") == ("n", "'n' must be an integer, got number")
+    assert _message(integer, 9, "n", 1, 4) == ("n", "'n' must be between 1 and 4, got 9")
+    assert _message(integer, 0, "n", 1)[1] == "'n' must be at least 1, got 0"
+    assert _message(number, math.nan, "t", 0.0, 2.0)[1] == "'t' must be a finite number, got NaN"
+    assert _message(number, 3, "t", 0.0, 2.0)[1] == "'t' must be between 0.0 and 2.0, got 3"
+    assert _message(string, 5, "model")[1] == "'model' must be a string, got integer"
+    assert _message(string, " ", "prompt", non_empty=True)[1] == "'prompt' must be a non-empty string"
+    assert _message(string, "abc", "prompt", limit=2)[1] == "'prompt' is too long: 3 characters (max 2)"
+    assert "unpaired surrogate at position 1" in _message(string, "a\ud800", "input", utf8=True)[1]
+    assert _message(choice, "x", "format", ("a", "b"))[1] == "'format' must be one of 'a', 'b', got 'x'"
+    assert _message(obj, [], "audio")[1] == "'audio' must be an object, got array"
+    assert type_name(math.inf) == "Infinity" and type_name(None) == "null"
+
+
+def test_readers_return_the_value_as_the_type_they_name():
+    assert integer(2.0, "n") == 2 and number(1, "t") == 1.0 and isinstance(number(1, "t"), float)
+    assert optional({}, "n", integer) is None and optional({"n": None}, "n", integer) is None
+    assert optional({"n": 3}, "n", integer, 1, 4) == 3
+    # a form's values are strings
+    assert integer(" 3 ", "n", form=True) == 3 and number("0.5", "g", form=True) == 0.5
+    assert boolean("on", "stream", form=True) is True and boolean("0", "stream", form=True) is False
+    assert choice(" PNG ", "f", ("png",), form=True) == "png" and string(7, "prompt", form=True) == "7"
+    with pytest.raises(FieldError):
+        boolean("on", "stream")  # JSON booleans are booleans
+
+
+def test_http_answers_a_field_error_with_a_400_naming_it():
+    error = from_exception(FieldError("'n' must be an integer, got string", "n"))
+    assert (error.status, error.param, error.type) == (400, "n", "BadRequestError")
+
+
+def test_every_surface_says_a_wrong_boolean_in_the_same_words():
+    words = "must be a boolean (true or false), got string"
+    with pytest.raises(Exception) as speech:
+        parse_options({"stream": "yes"}, Settings())
+    with pytest.raises(Exception) as chat:
+        parse_chat({"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, Settings())
+    with pytest.raises(RealtimeError) as agent:
+        update = {
+            "type": "realtime",
+            "audio": {"input": {"turn_detection": {"type": "server_vad", "create_response": "yes"}}},
+        }
+        parse_client_event(json.dumps({"type": "session.update", "session": update}))
+    for error, param in ((speech, "stream"), (chat, "stream")):
+        assert words in error.value.message and error.value.param == param
+    assert words in agent.value.message and agent.value.code == "invalid_value"
+    assert agent.value.param == "session.audio.input.turn_detection.create_response"
+
+
+def test_every_surface_says_a_wrong_integer_in_the_same_words():
+    with pytest.raises(Exception) as speech:
+        parse_options({"seed": "7"}, Settings())
+    with pytest.raises(Exception) as chat:
+        parse_chat({"messages": [{"role": "user", "content": "hi"}], "seed": "7"}, Settings())
+    with pytest.raises(ProtocolError) as video:
+        parse_start({"type": "session.start", "prompt": "a cat", "seed": "7"}, VideoLimits())
+    with pytest.raises(RealtimeError) as agent:
+        parse_client_event(json.dumps({"type": "conversation.item.truncate", "item_id": "i", "audio_end_ms": "7"}))
+    with pytest.raises(Exception) as image:
+        parse_params({"prompt": "a cat", "seed": "seven"}, EDIT_FIELDS)
+    assert speech.value.message == chat.value.message == video.value.message == "'seed' must be an integer, got string"
+    assert agent.value.message == "'audio_end_ms' must be an integer, got string"
+    assert image.value.message == "'seed' must be an integer, got 'seven'"  # a form's values are all strings
+    assert video.value.code == "invalid_request" and video.value.param == "seed"
