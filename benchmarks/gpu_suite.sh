@@ -11,6 +11,8 @@
 #
 #   tts    ~65 / 150  tts_bench.py --size 1.7b --transport http --levels 1,32 (150 frames a request, as run 8)
 #   text   ~45 / 110  text_bench.py: Qwen3-0.6B, TTFT and tok/s at c = 1, 4, 16, 32, 64, 256 tokens
+#   grammar ~40 / 90  constrained_bench.py --gpu: Qwen3-0.6B decode step, grammar-constrained rows against free
+#                     rows at batch 1 and 64 (64 steps each)
 #   asr    ~40 / 100  asr_bench.py --from-config whisper-large-v3-turbo --device cuda, c = 1, 4, 16, 32
 #   chat   ~75 / 130  chat_bench.py: /v1/chat/completions, Qwen3-0.6B -> Qwen3-TTS 0.6B, c = 1, 4, 16
 #   voice  ~80 / 170  voice_bench.py --build dummy: WS /v1/realtime, silero VAD, Whisper turbo, Qwen3-0.6B,
@@ -109,6 +111,7 @@ bench() {
 if [[ $SMOKE == 1 ]]; then
   bench tts   300 30 "$B/tts_bench.py" --device cpu --tiny --size 1.7b --levels 1,2 --frames 6 --transport http
   bench text  200 20 "$B/text_bench.py" --smoke
+  bench grammar 200 20 "$B/constrained_bench.py" --smoke
   bench asr   200 20 "$B/asr_bench.py" --smoke
   bench chat  300 30 "$B/chat_bench.py" --smoke
   bench voice 400 60 "$B/voice_bench.py" --build tiny --smoke
@@ -117,6 +120,7 @@ if [[ $SMOKE == 1 ]]; then
 else
   bench tts   150 70 "$B/tts_bench.py" --size 1.7b --transport http --levels 1,32
   bench text  110 40 "$B/text_bench.py"
+  bench grammar 90 40 "$B/constrained_bench.py" --gpu
   bench asr   100 40 "$B/asr_bench.py" --from-config "$B/configs/whisper-large-v3-turbo" --device cuda
   bench chat  130 60 "$B/chat_bench.py"
   bench voice 170 80 "$B/voice_bench.py" --build dummy --device cuda --levels 1,4,16,32 --max-batch 32

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 # Result files by benchmark (the prefix each script writes) and the figures printed per level: (label, key path).
-PREFIX = {"tts": "tts_bench", "text": "text_bench", "asr": "asr_bench", "chat": "chat_bench",
+PREFIX = {"tts": "tts_bench", "text": "text_bench", "grammar": "constrained_bench", "asr": "asr_bench",
+          "chat": "chat_bench",
           "voice": "voice_bench", "image": "image_bench", "video": "video_bench"}  # fmt: skip
 FIGURES: dict[str, list[tuple[str, str]]] = {
     "tts": [("c", "concurrency"), ("TTFA p50 ms", "ttfa_p50_ms"), ("TTFA p95 ms", "ttfa_p95_ms"),
@@ -24,6 +25,8 @@ FIGURES: dict[str, list[tuple[str, str]]] = {
     "text": [("c", "concurrency"), ("TTFT p50 ms", "ttft_p50_ms"), ("TPOT p50 ms", "tpot_p50_ms"),
              ("tok/s/stream", "tok_s_per_stream_p50"), ("agg tok/s", "aggregate_tok_s"),
              ("step ms", "step_wall_ms_full_batch_p50")],
+    "grammar": [("batch", "batch"), ("constrained", "constrained_rows"), ("step p50 ms", "step_ms_p50"),
+                ("mask wait ms", "mask_wait_ms"), ("mask job ms", "mask_job_ms")],
     "asr": [("c", "concurrency"), ("latency p50 ms", "latency_p50_ms"), ("p95 ms", "latency_p95_ms"),
             ("first text ms", "first_text_p50_ms"), ("utt/s", "utterances_per_s"), ("ms/step", "model_ms_per_step")],
     "chat": [("c", "concurrency"), ("TTFT p50 ms", "ttft_p50_ms"), ("first audio p50 ms", "first_audio_p50_ms"),

@@ -18,13 +18,14 @@ mkdir -p .whl
 # serving (starlette, uvicorn, websockets, python-multipart), codecs (soundfile + cffi + pycparser, av, lameenc),
 # settings paths (platformdirs), image and video models (diffusers; on Python 3.12 it reads the standard library's
 # importlib.metadata, so its importlib_metadata requirement stays behind; Helios' prompt cleaning: ftfy + wcwidth),
-# remote text models (httpx-sse: the text families' module imports it), and for the `-m gpu` tests the plugin
+# remote text models (httpx-sse: the text families' module imports it), constrained decoding (llguidance: one
+# abi3 wheel for glibc 2.31 and later, hence that platform tag), and for the `-m gpu` tests the plugin
 # that runs their `async def` tests (pytest-asyncio: the image has pytest but not it, and pytest fails an async
 # test it cannot run).
 wheels=(
   starlette==1.10.0 uvicorn==0.54.0 websockets==17.4 python-multipart==0.0.34 platformdirs==4.14.8
   soundfile==0.14.0 cffi==2.1.1 pycparser==3.12 av==18.1.0 lameenc==1.9.0
-  diffusers==0.42.1 ftfy==6.3.1 wcwidth==0.9.4 httpx-sse==0.4.3 pytest-asyncio==1.5.0
+  diffusers==0.42.1 ftfy==6.3.1 wcwidth==0.9.4 httpx-sse==0.4.3 pytest-asyncio==1.5.0 llguidance==1.9.1
 )
 SILERO=silero-vad==6.2.3
 PIPECAT=pipecat-ai==1.14.0
@@ -34,7 +35,8 @@ download() {  # download DIR SPEC...
   local dir=$1; shift
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$dir" "$@" 2>&1 | grep -v "is ignored" || true
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_31_x86_64 \
+    -d "$dir" "$@" 2>&1 | grep -v "is ignored" || true
 }
 
 need=()

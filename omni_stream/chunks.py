@@ -16,16 +16,23 @@ from typing import Generic, TypeVar
 import numpy as np
 import torch
 
+from omni_stream.text.logprobs import TokenLogprob
+from omni_stream.text.tools import ToolCallDelta
+
 
 @dataclass(slots=True, frozen=True)
 class TextDelta:
     """A piece of generated text (AR text stages, ASR). The last one carries ``final`` and why it ended
-    (``finish_reason``: ``"stop"`` at EOS or a stop string, ``"length"`` at the token budget)."""
+    (``finish_reason``: ``"stop"`` at EOS or a stop string, ``"length"`` at the token budget, ``"tool_calls"``
+    when the reply called tools). ``tool_calls``: pieces of the reply's tool calls (their text is not in ``text``,
+    so a spoken reply never speaks them); ``logprobs``: the tokens' log-probabilities when the request asked."""
 
     text: str
     index: int = 0
     final: bool = False
     finish_reason: str | None = None
+    tool_calls: tuple[ToolCallDelta, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(slots=True, frozen=True)

@@ -13,6 +13,7 @@ import numpy as np
 from omni_stream.chunks import TextDelta
 from omni_stream.errors import InvalidRequestError
 from omni_stream.speech.limits import check_instructions, check_max_new_tokens, check_text
+from omni_stream.text.tools import AUTO, TEXT_FORMAT, FunctionTool, ResponseFormat, ToolCall, ToolChoice, ToolMode
 
 _ids = itertools.count(1)
 
@@ -135,14 +136,18 @@ class Role(StrEnum):
     SYSTEM = "system"
     USER = "user"
     ASSISTANT = "assistant"
+    TOOL = "tool"  # a tool's result, answering the assistant's call ``tool_call_id``
 
 
 @dataclass(slots=True, frozen=True)
 class ChatMessage:
-    """One turn of a conversation (text content)."""
+    """One turn of a conversation (text content); an assistant turn may carry ``tool_calls``, a tool turn answers
+    the call ``tool_call_id``."""
 
     role: Role
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.role, Role):
@@ -153,6 +158,19 @@ class ChatMessage:
                 raise InvalidRequestError(f"unknown role {self.role!r} (one of: {roles})", "messages") from None
         if not isinstance(self.content, str):
             raise InvalidRequestError("message content must be a string", "messages")
+        if self.tool_calls and self.role is not Role.ASSISTANT:
+            raise InvalidRequestError("only assistant messages carry tool calls", "messages")
+        if (self.role is Role.TOOL) != (self.tool_call_id is not None):
+            raise InvalidRequestError("a tool message answers one call: it needs tool_call_id, and only it", "messages")
+
+    def template(self) -> dict[str, object]:
+        """The message as chat templates (and OpenAI's wire) take it."""
+        out: dict[str, object] = {"role": self.role.value, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [c.template() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
 @dataclass(slots=True, frozen=True)
@@ -161,6 +179,15 @@ class TextRequest:
 
     ``max_tokens`` None: up to the model's context. ``sampling`` None: the model's defaults. ``stop``: strings that
     end the generation (not included in the text). ``ignore_eos``: benchmarks only, always ``max_tokens`` tokens.
+
+    Tools (:mod:`omni_stream.text.tools`): ``tools`` are offered through the chat template unless ``tool_choice``
+    is ``none``; the reply's calls arrive in ``TextDelta.tool_calls`` (finish reason ``"tool_calls"``);
+    ``required`` or a named function, and a JSON ``response_format``, are enforced by constrained decoding where
+    the backend is ours. ``parallel_tool_calls`` False: at most one call.
+
+    Logits (OpenAI's semantics, over the generated tokens): ``presence_penalty`` and ``frequency_penalty`` in
+    -2..2, ``logit_bias`` (token id, -100..100) pairs added to the logits; ``logprobs`` None: none, else each
+    token's log-probability and that many (0-20) most likely alternatives in ``TextDelta.logprobs``.
     """
 
     messages: tuple[ChatMessage, ...] = ()
@@ -170,11 +197,31 @@ class TextRequest:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False
+    tools: tuple[FunctionTool, ...] = ()
+    tool_choice: ToolChoice = AUTO
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormat = TEXT_FORMAT
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
     request_id: str = field(default_factory=next_request_id)
 
     def __post_init__(self) -> None:
         if not isinstance(self.messages, tuple):
             object.__setattr__(self, "messages", tuple(self.messages))
+        self._check_tools()
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -2.0 <= value <= 2.0:
+                raise InvalidRequestError(f"{name} must be between -2 and 2, got {value}", name)
+        for token, bias in self.logit_bias:
+            if token < 0 or not -100.0 <= bias <= 100.0:
+                raise InvalidRequestError(
+                    f"logit_bias maps token ids (>= 0) to -100..100, got {token}: {bias}", "logit_bias"
+                )
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise InvalidRequestError(f"top_logprobs must be in 0..20, got {self.logprobs}", "top_logprobs")
         if (self.prompt is None) == (not self.messages):
             raise InvalidRequestError("give either messages or a prompt", "messages")
         if self.prompt is not None and not self.prompt:
@@ -183,6 +230,27 @@ class TextRequest:
             raise InvalidRequestError(f"max_tokens must be >= 1, got {self.max_tokens}", "max_tokens")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError("stop must hold non-empty strings", "stop")
+
+    def _check_tools(self) -> None:
+        names = [t.name for t in self.tools]
+        if len(set(names)) != len(names):
+            raise InvalidRequestError("tool names must be unique", "tools")
+        choice = self.tool_choice
+        if choice.mode is not ToolMode.AUTO and choice.mode is not ToolMode.NONE and not self.tools:
+            raise InvalidRequestError(f"tool_choice {choice.mode.value!r} needs tools", "tool_choice")
+        if choice.name is not None and choice.name not in names:
+            raise InvalidRequestError(
+                f"tool_choice names {choice.name!r}, which is not among the tools ({', '.join(names)})", "tool_choice"
+            )
+        if choice.forces_call and self.response_format.constrains:
+            raise InvalidRequestError(
+                "response_format cannot constrain a reply that tool_choice forces to be a tool call", "response_format"
+            )
+
+    @property
+    def offered_tools(self) -> tuple[FunctionTool, ...]:
+        """The tools the model sees (none under ``tool_choice: none``)."""
+        return () if self.tool_choice.mode is ToolMode.NONE else self.tools
 
 
 @dataclass(slots=True, frozen=True)

@@ -152,7 +152,7 @@ def test_session_update_merges_fields_and_validates_the_voice():
         ('{"type": "input_audio_buffer.append", "audio": "@@@@"}', "invalid_value", "audio"),
         ('{"type": "input_audio_buffer.append", "audio": 5}', "invalid_value", "audio"),
         ('{"type": "conversation.item.truncate", "item_id": "x", "audio_end_ms": -1}', "invalid_value", "audio_end_ms"),
-        ('{"type": "response.create", "response": {"conversation": "none"}}', "invalid_value", "response.conversation"),
+        ('{"type": "response.create", "response": {"conversation": "x"}}', "invalid_value", "response.conversation"),
     ],
 )
 def test_bad_messages_get_an_error_with_a_code(raw, code, param):

@@ -136,7 +136,7 @@ BAD = [
         "audio.max_sentence_chars",
     ),
     ({"model": LM, "messages": user("hi"), "n": 2}, "n"),
-    ({"model": LM, "messages": user("hi"), "tools": [{"type": "function"}]}, "tools"),
+    ({"model": LM, "messages": user("hi"), "tools": [{"type": "function"}]}, "tools[0].function"),
     ({"model": LM, "messages": user("hi"), "stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"model": LM, "messages": user("word " * 100)}, "messages"),  # the prompt alone is over the context
 ]

@@ -162,3 +162,39 @@ def test_a_prompt_must_leave_room_for_max_tokens():
     with pytest.raises(InvalidRequestError, match="does not fit") as info:
         fit_prompt(16, None, 16, "prompt")
     assert info.value.param == "prompt"
+
+
+def test_vllm_gets_penalties_bias_logprobs_and_structured_outputs():
+    import json
+    from types import SimpleNamespace
+
+    from omni_stream.models.vllm_text.params import structured_args, token_logprobs
+    from omni_stream.text.tool_parsers import ToolFormat
+    from omni_stream.text.tools import FormatKind, FunctionTool, ResponseFormat, ToolChoice, ToolMode
+
+    args = sampling_args(chat(presence_penalty=0.5, frequency_penalty=-1.0, logit_bias=((7, 2.0),), logprobs=3), {})
+    assert args == {
+        "max_tokens": None,
+        "presence_penalty": 0.5,
+        "frequency_penalty": -1.0,
+        "logit_bias": {7: 2.0},
+        "logprobs": 3,
+    }
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert structured_args(chat(), ToolFormat.HERMES) == {}
+    assert structured_args(chat(response_format=ResponseFormat(FormatKind.JSON_OBJECT)), None) == {"json_object": True}
+    as_schema = ResponseFormat(FormatKind.JSON_SCHEMA, json.dumps(schema))
+    assert structured_args(chat(response_format=as_schema), None) == {"json": schema}
+    forced = chat(tools=(FunctionTool("f", None, json.dumps(schema)),), tool_choice=ToolChoice(ToolMode.REQUIRED))
+    grammar = structured_args(forced, ToolFormat.HERMES)["grammar"]
+    assert grammar.startswith("start: call") and '"const": "f"' in grammar and "<tool_call>" in grammar
+    with pytest.raises(InvalidRequestError) as err:
+        structured_args(forced, None)
+    assert err.value.param == "tool_choice"
+    lp = SimpleNamespace
+    entries = [
+        {5: lp(logprob=-0.1, rank=1, decoded_token="a"), 9: lp(logprob=-2.5, rank=2, decoded_token="b")},
+        {9: lp(logprob=-0.3, rank=1, decoded_token="b"), 4: lp(logprob=-3.0, rank=4, decoded_token="c")},
+    ]
+    got = token_logprobs([5, 4], entries, 1)
+    assert [(t.token, t.logprob, t.top) for t in got] == [("a", -0.1, (("a", -0.1),)), ("c", -3.0, (("b", -0.3),))]

@@ -179,3 +179,65 @@ async def test_more_concurrent_streams_than_a_default_connection_pool_all_stream
                 tg.start_soon(first, stream)
     assert len(firsts) == 110 and all(d.text and not d.final for d in firsts)
     await remote_backend(engine, server).assert_idle()
+
+
+# --- tools, structured output and the sampling fields pass through ------------------------------------------
+
+
+async def test_tools_formats_penalties_and_logprobs_pass_through_to_the_server(engine):
+    import json
+
+    import jsonschema
+
+    from omni_stream.requests import ChatMessage, Role
+    from omni_stream.text.tools import (
+        FormatKind,
+        FunctionTool,
+        ResponseFormat,
+        ToolCall,
+        ToolChoice,
+        ToolMode,
+        assemble,
+    )
+
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
+    tools = (FunctionTool("pick", None, json.dumps(schema)),)
+    ask = (ChatMessage(Role.USER, "Pick a number."),)
+    request = TextRequest(
+        messages=ask,
+        tools=tools,
+        tool_choice=ToolChoice(ToolMode.REQUIRED),
+        max_tokens=100,
+        parallel_tool_calls=False,
+        seed=1,
+    )
+    async with engine.chat(request) as stream:
+        deltas = [out.chunk async for out in stream]
+    calls = assemble([c for d in deltas for c in d.tool_calls])
+    assert deltas[-1].finish_reason == "tool_calls" and [c.name for c in calls] == ["pick"]
+    jsonschema.validate(json.loads(calls[0].arguments), schema)
+    # the call and its result go back in the history; the JSON reply and log-probabilities come through
+    history = (
+        *ask,
+        ChatMessage(Role.ASSISTANT, "", tool_calls=(ToolCall(calls[0].id, "pick", calls[0].arguments),)),
+        ChatMessage(Role.TOOL, "ok", tool_call_id=calls[0].id),
+    )
+    request = TextRequest(
+        messages=history,
+        tools=tools,
+        max_tokens=60,
+        logprobs=2,
+        presence_penalty=1.0,
+        seed=1,
+        response_format=ResponseFormat(FormatKind.JSON_SCHEMA, json.dumps(schema)),
+    )
+    async with engine.chat(request) as stream:
+        deltas = [out.chunk async for out in stream]
+    jsonschema.validate(json.loads("".join(d.text for d in deltas)), schema)
+    entries = [e for d in deltas for e in d.logprobs]
+    assert entries and all(len(e.top) == 2 for e in entries)

@@ -143,3 +143,39 @@ def exponential_noise(
     for i, g in enumerate(generators):
         out[i].exponential_(generator=g)
     return out
+
+
+# --- the text model's extras: logit bias, presence/frequency penalties, grammar masks, log-probabilities -------
+
+
+def bitmask_words(vocab: int) -> int:
+    """32-bit words of a token bitmask over ``vocab`` tokens (bit ``t % 32`` of word ``t // 32``: token ``t``)."""
+    return (vocab + 31) // 32
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``[B, W]`` int32 words -> ``[B, vocab]`` bool (True: allowed). Shapes are static: a graph can hold it."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    bits = (bitmask[:, :, None] >> shifts) & 1
+    return bits.reshape(bitmask.shape[0], -1)[:, :vocab].bool()
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """Disallowed tokens to -inf; a row of all-ones words (-1) is unchanged (free rows share the call)."""
+    return logits.masked_fill(~unpack_bitmask(bitmask, logits.shape[-1]), float("-inf"))
+
+
+def apply_penalties(
+    logits: torch.Tensor, counts: torch.Tensor, presence: torch.Tensor, frequency: torch.Tensor
+) -> torch.Tensor:
+    """OpenAI's penalties over ``counts`` ``[B, V]`` of each row's generated tokens: minus ``frequency * count``,
+    minus ``presence`` where the count is positive."""
+    return logits - frequency[:, None] * counts - presence[:, None] * (counts > 0).to(logits.dtype)
+
+
+def top_logprobs(logits: torch.Tensor, token: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(the sampled ``token``'s log-probability ``[B]``, the ``k`` best log-probabilities ``[B, k]`` and their ids)
+    under ``logits`` (the model's own distribution: before bias, penalties, temperature and masks)."""
+    lp = logits.float().log_softmax(dim=-1)
+    best = lp.topk(k, dim=-1)
+    return lp.gather(-1, token[:, None])[:, 0], best.values, best.indices

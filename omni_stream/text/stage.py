@@ -1,14 +1,18 @@
-"""The text-generation stage every batched text family shares: one delta per generated token from a scheduler."""
+"""The text-generation stage every batched text family shares (one delta per generated token from a scheduler),
+and the tool-call parsing every text family that sees its model's raw text puts after it."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from omni_stream.chunks import TextDelta
 from omni_stream.context import RequestContext
 from omni_stream.pipeline import Stage
 from omni_stream.scheduler import Scheduler
+from omni_stream.text.tool_parsers import ToolCallParser, ToolFormat
+from omni_stream.text.tools import ToolCallDelta
 
 
 def text_generation_stage(
@@ -31,8 +35,36 @@ def text_generation_stage(
             async for delta in tokens:
                 usage.output_tokens += 1
                 ctx.timings.steps += 1
-                if delta.text or delta.final:
+                if delta.text or delta.final or delta.logprobs:
                     yield delta
 
     text.__name__ = name
+    return text
+
+
+def with_tool_calls(stage: Stage[Any, TextDelta], format: ToolFormat, parallel: bool = True) -> Stage[Any, TextDelta]:
+    """``stage``'s deltas with the tool calls in its text parsed out (:mod:`omni_stream.text.tool_parsers`).
+
+    A call is handed out whole, as one :class:`~omni_stream.text.tools.ToolCallDelta` (its id, name and all of its
+    arguments) in the delta where it completed; a reply that called a tool and then stopped ends with
+    ``finish_reason="tool_calls"``.
+    """
+
+    async def text(ctx: RequestContext, upstream: AsyncIterator[Any]) -> AsyncIterator[TextDelta]:
+        parser = ToolCallParser(format, parallel)
+        async for delta in stage(ctx, upstream):
+            shown, calls = parser.push(delta.text)
+            if delta.final:
+                rest, more = parser.finish()
+                shown, calls = shown + rest, calls + more
+            first = parser.calls - len(calls)
+            pieces = tuple(ToolCallDelta(first + i, c.id, c.name, c.arguments) for i, c in enumerate(calls))
+            if not (shown or pieces or delta.logprobs or delta.final):
+                continue
+            reason = delta.finish_reason
+            if delta.final and parser.calls and reason == "stop":
+                reason = "tool_calls"
+            yield replace(delta, text=shown, finish_reason=reason, tool_calls=pieces)
+
+    text.__name__ = getattr(stage, "__name__", "text")
     return text

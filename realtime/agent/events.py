@@ -20,7 +20,9 @@ from typing import Any, TypeAlias
 
 from omni_stream.errors import InvalidRequestError
 from omni_stream.realtime.agent.truncation import Truncation, TruncationType
+from omni_stream.realtime.chat.tool_fields import parse_tool_choice, parse_tools
 from omni_stream.realtime.common.json_fields import FieldError, boolean, integer, number, obj, string, type_name
+from omni_stream.text.tools import FunctionTool, ToolChoice
 from omni_stream.turns.rules import Eagerness, TurnRule, TurnType
 from omni_stream.turns.vad import VadParams
 
@@ -144,6 +146,8 @@ class SessionPatch:
     max_output_tokens: int | _Unset | None = UNSET
     preemptive_response: bool | _Unset = UNSET
     truncation: Truncation | _Unset = UNSET
+    tools: tuple[FunctionTool, ...] | _Unset = UNSET
+    tool_choice: ToolChoice | _Unset = UNSET
 
 
 @dataclass(slots=True, frozen=True)
@@ -156,6 +160,12 @@ class ResponseOptions:
     output_format: AudioFormat | _Unset = UNSET
     max_output_tokens: int | _Unset | None = UNSET
     metadata: dict[str, str] | None = None
+    tools: tuple[FunctionTool, ...] | _Unset = UNSET
+    tool_choice: ToolChoice | _Unset = UNSET
+    out_of_band: bool = False  # conversation "none": the response is not added to the conversation
+    input: tuple[NewItem | NewFunctionCall | NewFunctionOutput | ItemReference, ...] | None = (
+        None  # None: the conversation
+    )
 
 
 class PartType(StrEnum):
@@ -181,6 +191,32 @@ class NewItem:
     role: str  # "user" | "system" | "assistant"
     content: tuple[NewPart, ...]
     id: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class NewFunctionCall:
+    """A ``function_call`` item from the client (a call made elsewhere, replayed into the conversation)."""
+
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class NewFunctionOutput:
+    """A ``function_call_output`` item: the result of the call ``call_id``."""
+
+    call_id: str
+    output: str
+    id: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class ItemReference:
+    """``{"type": "item_reference", "id"}`` in a response's ``input``: an item of the conversation."""
+
+    id: str
 
 
 # --- the client events --------------------------------------------------------------------------------------
@@ -216,7 +252,7 @@ class OutputAudioClear:
 @dataclass(slots=True, frozen=True)
 class ItemCreate:
     event_id: str | None
-    item: NewItem
+    item: NewItem | NewFunctionCall | NewFunctionOutput
     previous_item_id: str | None = None  # None: at the end; "root": at the start
 
 
@@ -427,8 +463,12 @@ def parse_session(value: Any, *, max_instructions: int) -> SessionPatch:
         fields["truncation"] = _truncation(body["truncation"], "session.truncation")
     if "preemptive_response" in body:
         fields["preemptive_response"] = boolean(body["preemptive_response"], "session.preemptive_response")
-    if body.get("tools"):
-        raise RealtimeError("invalid_value", "tools are not supported", "session.tools")
+    if "tools" in body:
+        fields["tools"] = _tool_field(parse_tools, body["tools"], flat=True, field="session.tools")
+    if "tool_choice" in body:
+        fields["tool_choice"] = _tool_field(
+            parse_tool_choice, body["tool_choice"], flat=True, field="session.tool_choice"
+        )
     audio = obj(body.get("audio", {}), "session.audio")
     audio_in = obj(audio.get("input", {}), "session.audio.input")
     audio_out = obj(audio.get("output", {}), "session.audio.output")
@@ -479,41 +519,97 @@ def _part(value: Any, param: str, max_bytes: int, max_text: int) -> NewPart:
     )
 
 
-def parse_item(value: Any, max_bytes: int, max_text: int = MAX_TEXT_CHARS) -> NewItem:
-    """A ``conversation.item.create`` item; text parts hold at most ``max_text`` characters."""
-    body = obj(value, "item")
-    if body.get("type", "message") != "message":
-        raise RealtimeError("invalid_value", "only message items are supported", "item.type")
+def _tool_field(parse: Any, value: Any, **kwargs: Any) -> Any:
+    """A tool field's parse; its InvalidRequestError as an ``invalid_value`` error naming the field."""
+    try:
+        return parse(value, **kwargs)
+    except InvalidRequestError as exc:
+        raise RealtimeError("invalid_value", exc.message, exc.param) from None
+
+
+def _item_id(body: dict[str, Any], param: str) -> str | None:
+    item_id = body.get("id")
+    return None if item_id is None else string(item_id, f"{param}.id", limit=64, non_empty=True)
+
+
+def parse_item(
+    value: Any, max_bytes: int, max_text: int = MAX_TEXT_CHARS, param: str = "item"
+) -> NewItem | NewFunctionCall | NewFunctionOutput:
+    """A ``conversation.item.create`` item (or one of a response's ``input``); text parts hold at most ``max_text``
+    characters."""
+    body = obj(value, param)
+    kind = body.get("type", "message")
+    if kind == "function_call":
+        return NewFunctionCall(
+            string(body.get("call_id"), f"{param}.call_id", limit=64, non_empty=True),
+            string(body.get("name"), f"{param}.name", limit=64, non_empty=True),
+            string(body.get("arguments", "{}"), f"{param}.arguments", limit=1 << 20),
+            _item_id(body, param),
+        )
+    if kind == "function_call_output":
+        return NewFunctionOutput(
+            string(body.get("call_id"), f"{param}.call_id", limit=64, non_empty=True),
+            string(body.get("output"), f"{param}.output", limit=1 << 20),
+            _item_id(body, param),
+        )
+    if kind != "message":
+        message = f"{param}.type must be message, function_call or function_call_output, got {kind!r}"
+        raise RealtimeError("invalid_value", message, f"{param}.type")
+    return _message_item(body, max_bytes, max_text, param)
+
+
+def _message_item(body: dict[str, Any], max_bytes: int, max_text: int, param: str) -> NewItem:
     role = body.get("role")
     if role not in ("user", "system", "assistant"):
-        raise RealtimeError("invalid_value", "item.role must be user, system or assistant", "item.role")
+        raise RealtimeError("invalid_value", f"{param}.role must be user, system or assistant", f"{param}.role")
     content = body.get("content")
     if not isinstance(content, list) or not content:
-        raise RealtimeError("invalid_value", "item.content must be a non-empty list", "item.content")
-    parts = tuple(_part(p, f"item.content[{i}]", max_bytes, max_text) for i, p in enumerate(content))
+        raise RealtimeError("invalid_value", f"{param}.content must be a non-empty list", f"{param}.content")
+    parts = tuple(_part(p, f"{param}.content[{i}]", max_bytes, max_text) for i, p in enumerate(content))
     for i, part in enumerate(parts):
         allowed = (PartType.OUTPUT_TEXT,) if role == "assistant" else (PartType.INPUT_TEXT, PartType.INPUT_AUDIO)
         if role == "system":
             allowed = (PartType.INPUT_TEXT,)
         if part.type not in allowed:
             raise RealtimeError(
-                "invalid_value", f"a {role} item cannot hold {part.type.value} content", f"item.content[{i}].type"
+                "invalid_value", f"a {role} item cannot hold {part.type.value} content", f"{param}.content[{i}].type"
             )
-    item_id = body.get("id")
-    return NewItem(role, parts, None if item_id is None else string(item_id, "item.id", limit=64, non_empty=True))
+    return NewItem(role, parts, _item_id(body, param))
 
 
-def _response_options(value: Any, max_instructions: int) -> ResponseOptions:
+def _input(value: Any, max_bytes: int) -> tuple[NewItem | NewFunctionCall | NewFunctionOutput | ItemReference, ...]:
+    """A response's own ``input``: new items, or references to items of the conversation."""
+    if not isinstance(value, list):
+        raise RealtimeError("invalid_value", "response.input must be a list of items", "response.input")
+    out: list[NewItem | NewFunctionCall | NewFunctionOutput | ItemReference] = []
+    for i, raw in enumerate(value):
+        param = f"response.input[{i}]"
+        body = obj(raw, param)
+        if body.get("type") == "item_reference":
+            out.append(ItemReference(string(body.get("id"), f"{param}.id", limit=64, non_empty=True)))
+        else:
+            out.append(parse_item(body, max_bytes, param=param))
+    return tuple(out)
+
+
+def _response_options(value: Any, max_instructions: int, max_bytes: int = MAX_APPEND_BYTES) -> ResponseOptions:
     if value is None:
         return ResponseOptions()
     body = obj(value, "response")
     fields: dict[str, Any] = {}
-    if body.get("conversation", "auto") != "auto":
-        raise RealtimeError("invalid_value", "only conversation 'auto' is supported", "response.conversation")
+    conversation = body.get("conversation", "auto")
+    if conversation not in ("auto", "none"):
+        message = f"response.conversation must be 'auto' or 'none', got {conversation!r}"
+        raise RealtimeError("invalid_value", message, "response.conversation")
+    fields["out_of_band"] = conversation == "none"
     if body.get("input") is not None:
-        raise RealtimeError("invalid_value", "response.input is not supported", "response.input")
-    if body.get("tools"):
-        raise RealtimeError("invalid_value", "tools are not supported", "response.tools")
+        fields["input"] = _input(body["input"], max_bytes)
+    if "tools" in body:
+        fields["tools"] = _tool_field(parse_tools, body["tools"], flat=True, field="response.tools")
+    if "tool_choice" in body:
+        fields["tool_choice"] = _tool_field(
+            parse_tool_choice, body["tool_choice"], flat=True, field="response.tool_choice"
+        )
     if "output_modalities" in body:
         fields["output_modalities"] = _modalities(body["output_modalities"], "response.output_modalities")
     if "instructions" in body:
@@ -599,7 +695,7 @@ def _parse(
             integer(body.get("audio_end_ms"), "audio_end_ms", 0, 1 << 40),
         )
     if kind == "response.create":
-        return ResponseCreate(event_id, _response_options(body.get("response"), max_instructions))
+        return ResponseCreate(event_id, _response_options(body.get("response"), max_instructions, max_bytes))
     if kind == "response.cancel":
         rid = body.get("response_id")
         return ResponseCancel(event_id, None if rid is None else string(rid, "response_id", limit=64))

@@ -6,11 +6,20 @@ from __future__ import annotations
 import numpy as np
 
 from omni_stream.realtime.agent.audio import InputDecoder, decode_whole
-from omni_stream.realtime.agent.events import ItemCreate, ItemTruncate, PartType, RealtimeError
-from omni_stream.realtime.agent.items import Content, ContentType, Item, ItemStatus
+from omni_stream.realtime.agent.events import (
+    ItemCreate,
+    ItemTruncate,
+    NewFunctionCall,
+    NewFunctionOutput,
+    NewItem,
+    PartType,
+    RealtimeError,
+)
+from omni_stream.realtime.agent.items import Content, ContentType, Item, ItemStatus, function_call, function_output
 from omni_stream.realtime.agent.outputs import CancelTranscription, Outputs
 from omni_stream.realtime.agent.protocol_state import ProtocolState, samples_ms
 from omni_stream.requests import Role
+from omni_stream.text.tools import ToolCall
 
 
 class ItemEditing(ProtocolState):
@@ -53,6 +62,24 @@ class ItemEditing(ProtocolState):
         after = event.previous_item_id
         if after not in (None, "root") and after not in self.conversation:
             raise RealtimeError("invalid_value", f"no item with id {after!r} in the conversation", "previous_item_id")
+        if not isinstance(new, NewItem):
+            return self._add_item(self._function_item(new), after)
+        item, decoded = self._message_item(new)
+        out = self._add_item(item, after)
+        for i, samples in decoded.items():
+            if item.content[i].transcript is None and samples.size:
+                out.extend(self._transcribe(item, i, samples))
+        return out
+
+    def _function_item(self, new: NewFunctionCall | NewFunctionOutput) -> Item:
+        """A client's function call or its output, as a conversation item."""
+        item_id = new.id or self._id("item")
+        if isinstance(new, NewFunctionCall):
+            return function_call(item_id, ToolCall(new.call_id, new.name, new.arguments))
+        return function_output(item_id, new.call_id, new.output)
+
+    def _message_item(self, new: NewItem) -> tuple[Item, dict[int, np.ndarray]]:
+        """A client's message item, and the input audio of its parts (decoded; to be transcribed)."""
         decoded: dict[int, np.ndarray] = {}
         content = []
         for i, part in enumerate(new.content):
@@ -67,12 +94,7 @@ class ItemEditing(ProtocolState):
                 content.append(Content(ContentType.OUTPUT_TEXT, text=part.text))
             else:
                 content.append(Content(ContentType.INPUT_TEXT, text=part.text))
-        item = Item(new.id or self._id("item"), Role(new.role), content)
-        out = self._add_item(item, after)
-        for i, samples in decoded.items():
-            if content[i].transcript is None and samples.size:
-                out.extend(self._transcribe(item, i, samples))
-        return out
+        return Item(new.id or self._id("item"), Role(new.role), content), decoded
 
     def _delete_item(self, item_id: str) -> Outputs:
         item = self._item(item_id)

@@ -1,4 +1,6 @@
-"""The conversation of a realtime session: message items, their content, their wire form and the chat history.
+"""The conversation of a realtime session: message and function-call items, their content, their wire form and the
+chat history (a ``function_call`` item joins the assistant turn before it as one of its tool calls; a
+``function_call_output`` item is a tool turn answering its call).
 
 User audio is not kept once it is transcribed (only its duration and transcript); assistant audio is kept as its
 length and, per spoken unit (sentence), where the unit's audio starts, so a truncation at ``audio_end_ms`` can cut
@@ -12,6 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from omni_stream.requests import ChatMessage, Role
+from omni_stream.text.tools import ToolCall
 
 
 class ItemStatus(StrEnum):
@@ -59,29 +62,53 @@ def join_units(texts: Any) -> str:
     return " ".join(t.strip() for t in texts if t.strip())
 
 
+class ItemType(StrEnum):
+    MESSAGE = "message"
+    FUNCTION_CALL = "function_call"  # ``call``: the call the assistant made
+    FUNCTION_CALL_OUTPUT = "function_call_output"  # ``call``: the call answered, with ``output``
+
+
 @dataclass(slots=True)
 class Item:
-    """A ``message`` item of the conversation."""
+    """An item of the conversation: a message (``role``, ``content``), a function call or a call's output."""
 
     id: str
     role: Role
     content: list[Content]
     status: ItemStatus = ItemStatus.COMPLETED
+    type: ItemType = ItemType.MESSAGE
+    call: ToolCall | None = None
+    output: str = ""
 
     def wire(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": "realtime.item",
-            "type": "message",
-            "status": self.status.value,
-            "role": self.role.value,
-            "content": [c.wire() for c in self.content],
-        }
+        head = {"id": self.id, "object": "realtime.item", "type": self.type.value, "status": self.status.value}
+        if self.type is ItemType.FUNCTION_CALL:
+            assert self.call is not None
+            return {**head, "call_id": self.call.id, "name": self.call.name, "arguments": self.call.arguments}
+        if self.type is ItemType.FUNCTION_CALL_OUTPUT:
+            assert self.call is not None
+            return {**head, "call_id": self.call.id, "output": self.output}
+        return {**head, "role": self.role.value, "content": [c.wire() for c in self.content]}
 
     def message(self) -> ChatMessage | None:
         """The item as a chat message (None when it says nothing yet)."""
+        if self.type is ItemType.FUNCTION_CALL:
+            assert self.call is not None
+            return ChatMessage(Role.ASSISTANT, "", tool_calls=(self.call,))
+        if self.type is ItemType.FUNCTION_CALL_OUTPUT:
+            assert self.call is not None
+            return ChatMessage(Role.TOOL, self.output, tool_call_id=self.call.id)
         text = " ".join(t for t in (c.spoken_text().strip() for c in self.content) if t)
         return ChatMessage(self.role, text) if text else None
+
+
+def function_call(item_id: str, call: ToolCall, status: ItemStatus = ItemStatus.COMPLETED) -> Item:
+    return Item(item_id, Role.ASSISTANT, [], status, ItemType.FUNCTION_CALL, call)
+
+
+def function_output(item_id: str, call_id: str, output: str) -> Item:
+    call = ToolCall(call_id, "", "")
+    return Item(item_id, Role.TOOL, [], ItemStatus.COMPLETED, ItemType.FUNCTION_CALL_OUTPUT, call, output)
 
 
 class Conversation:
@@ -133,11 +160,22 @@ class Conversation:
 
     def messages(self, before: Item | None = None) -> list[ChatMessage]:
         """The chat history of the items before ``before`` (all without it), items that say nothing left out."""
-        out = []
-        for item in self.items:
-            if item is before:
-                break
-            message = item.message()
-            if message is not None:
-                out.append(message)
-        return out
+        items = self.items
+        if before is not None and before in items:
+            items = items[: items.index(before)]
+        return chat_history(items)
+
+
+def chat_history(items: Any) -> list[ChatMessage]:
+    """Chat messages of ``items`` in order; a function call joins the assistant turn right before it."""
+    out: list[ChatMessage] = []
+    for item in items:
+        message = item.message()
+        if message is None:
+            continue
+        if message.tool_calls and out and out[-1].role is Role.ASSISTANT:
+            last = out[-1]
+            out[-1] = ChatMessage(Role.ASSISTANT, last.content, tool_calls=(*last.tool_calls, *message.tool_calls))
+            continue
+        out.append(message)
+    return out

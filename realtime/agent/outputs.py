@@ -13,6 +13,7 @@ from omni_stream.realtime.agent.audio import RATE
 from omni_stream.realtime.agent.events import AudioFormat, Modality, SessionType, TranscriptionConfig, TurnDetection
 from omni_stream.realtime.agent.truncation import Truncation
 from omni_stream.requests import ChatMessage
+from omni_stream.text.tools import AUTO, FunctionTool, ToolChoice
 from omni_stream.turns.detector import EndOfTurnModel
 from omni_stream.turns.vad import VadParams, VoiceActivityDetector
 
@@ -64,6 +65,8 @@ class SessionConfig:
     max_output_tokens: int | None = None  # None: "inf"
     preemptive_response: bool = True  # extension: answers may start at a pause, before the turn is committed
     truncation: Truncation = field(default_factory=Truncation)  # what a prompt keeps when it outgrows the context
+    tools: tuple[FunctionTool, ...] = ()
+    tool_choice: ToolChoice = AUTO
 
 
 # --- outputs ------------------------------------------------------------------------------------------------
@@ -121,7 +124,8 @@ class CancelTranscription:
 
 @dataclass(slots=True, frozen=True)
 class StartResponse:
-    """Generate a reply to ``messages``: spoken in ``voice`` (``speak``) or text only."""
+    """Generate a reply to ``messages``: spoken in ``voice`` (``speak``) or text only; ``tools`` offered under
+    ``tool_choice`` (the reply's calls come back through ``response_tool_call``)."""
 
     response_id: str
     messages: tuple[ChatMessage, ...]
@@ -130,15 +134,20 @@ class StartResponse:
     max_tokens: int | None
     preemptive: bool = False  # started before its turn was committed: hold every output until it is adopted
     truncation: Truncation = field(default_factory=Truncation)  # the driver fits the messages to the context
+    tools: tuple[FunctionTool, ...] = ()
+    tool_choice: ToolChoice = AUTO
 
     def same_work(self, other: StartResponse) -> bool:
         """Whether ``other`` asks the models for exactly the same reply (ids aside)."""
-        return (self.messages, self.speak, self.voice, self.max_tokens, self.truncation) == (
+        mine = (self.messages, self.speak, self.voice, self.max_tokens, self.truncation, self.tools, self.tool_choice)
+        return mine == (
             other.messages,
             other.speak,
             other.voice,
             other.max_tokens,
             other.truncation,
+            other.tools,
+            other.tool_choice,
         )
 
 

@@ -58,7 +58,25 @@ from omni_stream.realtime.agent.responses import Responding
 from omni_stream.realtime.agent.speculation import Speculating
 from omni_stream.realtime.agent.turns import TurnTaking
 from omni_stream.realtime.common.close_codes import CloseCode
+from omni_stream.text.tools import FunctionTool, ToolChoice, ToolMode
 from omni_stream.turns.rules import TurnType
+
+
+def check_tool_choice(tools: tuple[FunctionTool, ...], choice: ToolChoice, param: str) -> None:
+    """A forced choice needs tools, and a named one a tool of that name."""
+    if choice.forces_call and not tools:
+        raise RealtimeError("invalid_value", f"tool_choice {choice.mode.value!r} needs tools", param)
+    if choice.name is not None and choice.name not in {t.name for t in tools}:
+        raise RealtimeError("invalid_value", f"tool_choice names {choice.name!r}, which is not among the tools", param)
+
+
+def _tool_wire(tool: FunctionTool) -> dict[str, Any]:
+    """A tool in the Realtime API's flat shape."""
+    return {"type": "function", **tool.template()["function"]}
+
+
+def _choice_wire(choice: ToolChoice) -> str | dict[str, Any]:
+    return {"type": "function", "name": choice.name} if choice.mode is ToolMode.FUNCTION else choice.mode.value
 
 
 class RealtimeProtocol(TurnTaking, Speculating, ItemEditing, Responding):
@@ -85,8 +103,8 @@ class RealtimeProtocol(TurnTaking, Speculating, ItemEditing, Responding):
                 "input": audio_in,
                 "output": {"format": c.output_format.wire(), "voice": c.voice, "speed": 1.0},
             },
-            "tools": [],
-            "tool_choice": "auto",
+            "tools": [_tool_wire(t) for t in c.tools],
+            "tool_choice": _choice_wire(c.tool_choice),
             "max_output_tokens": "inf" if c.max_output_tokens is None else c.max_output_tokens,
             "tracing": None,
             "truncation": c.truncation.wire(),
@@ -191,6 +209,7 @@ class RealtimeProtocol(TurnTaking, Speculating, ItemEditing, Responding):
                 "[turn] extra); use server_vad",
                 "session.audio.input.turn_detection.type",
             )
+        check_tool_choice(new.tools, new.tool_choice, "session.tool_choice")
         if new.modality is Modality.AUDIO and not self.caps.speech and new.type is SessionType.REALTIME:
             raise RealtimeError(
                 "invalid_value", "audio output needs a speech model, and none is loaded", "session.output_modalities"
@@ -201,6 +220,9 @@ class RealtimeProtocol(TurnTaking, Speculating, ItemEditing, Responding):
         out = self._restart_turns() if new.turn_detection != c.turn_detection else Outputs()
         out.events.append(self._event("session.updated", session=self.session_wire()))
         return out
+
+    def _check_tool_choice(self, tools: tuple[FunctionTool, ...], choice: ToolChoice, param: str) -> None:
+        check_tool_choice(tools, choice, param)
 
     def _check_voice(self, voice: str, param: str) -> str:
         if self.caps.voice is None:

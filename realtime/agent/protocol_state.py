@@ -33,6 +33,7 @@ from omni_stream.realtime.agent.outputs import (
     StartResponse,
 )
 from omni_stream.requests import ChatMessage
+from omni_stream.text.tools import AUTO, FunctionTool, ToolChoice
 
 DEFAULT_INSTRUCTIONS = "You are a helpful voice assistant. Answer briefly."
 
@@ -76,6 +77,12 @@ class ResponseState:
     waiting: set[tuple[str, int]]
     status: ResponseStatus = ResponseStatus.WAITING
     samples: int = 0  # model-rate samples sent
+    tools: tuple[FunctionTool, ...] = ()
+    tool_choice: ToolChoice = AUTO
+    out_of_band: bool = False  # not part of the conversation (response.conversation "none")
+    context: list[ChatMessage] | None = None  # its own input (None: the conversation)
+    calls: dict[int, list[str]] = field(default_factory=dict)  # index -> [call id, name, arguments so far]
+    call_items: list[Item] = field(default_factory=list)  # the function_call items, once the reply has ended
 
     @property
     def content(self) -> Content:
@@ -199,4 +206,7 @@ class ProtocolState:
         raise NotImplementedError
 
     def _cancel(self, reason: str) -> Outputs:  # realtime_responses
+        raise NotImplementedError
+
+    def _check_tool_choice(self, tools: tuple[FunctionTool, ...], choice: ToolChoice, param: str) -> None:  # protocol
         raise NotImplementedError

@@ -1,5 +1,14 @@
 """Responses of the realtime protocol: creating one (from the client, or after a server-VAD turn), starting it once
-the transcripts it answers are in, its text and audio deltas, and its end (done, incomplete, failed, cancelled)."""
+the transcripts it answers are in, its text and audio deltas, its tool calls, and its end (done, incomplete, failed,
+cancelled).
+
+Tool calls. The reply's calls (``session.tools`` / ``response.tools`` under their ``tool_choice``) are gathered
+while it streams and become ``function_call`` output items when its text and audio are done, just before
+``response.done``: a voice reply speaks its text, then calls; the client answers with a ``function_call_output``
+item and ``response.create``, and the next response speaks the answer. A cancelled reply makes no calls.
+
+Out of band (``response.conversation: "none"``): the response's items stay out of the conversation, and its
+``input`` (new items or ``item_reference`` s), when given, is its whole context. One response runs at a time."""
 
 from __future__ import annotations
 
@@ -11,15 +20,30 @@ from omni_stream.realtime.agent.audio import OutputEncoder
 from omni_stream.realtime.agent.events import (
     UNSET,
     AudioFormat,
+    ItemReference,
     Modality,
+    NewFunctionCall,
+    NewFunctionOutput,
+    NewItem,
+    PartType,
     RealtimeError,
     ResponseCreate,
     SessionType,
 )
-from omni_stream.realtime.agent.items import Content, ContentType, Item, ItemStatus, join_units
+from omni_stream.realtime.agent.items import (
+    Content,
+    ContentType,
+    Item,
+    ItemStatus,
+    chat_history,
+    function_call,
+    function_output,
+    join_units,
+)
 from omni_stream.realtime.agent.outputs import AdoptResponse, CancelResponse, Outputs, ResponseUsage, StartResponse
 from omni_stream.realtime.agent.protocol_state import ProtocolState, ResponseState, ResponseStatus, samples_ms
 from omni_stream.requests import ChatMessage, Role
+from omni_stream.text.tools import AUTO, ToolCall, ToolCallDelta
 
 
 class Responding(ProtocolState):
@@ -43,7 +67,38 @@ class Responding(ProtocolState):
             "max_tokens": c.max_output_tokens if o is None or o.max_output_tokens is UNSET else o.max_output_tokens,
             "instructions": c.instructions if o is None or o.instructions is UNSET else o.instructions,
             "metadata": None if o is None else o.metadata,
+            "tools": c.tools if o is None or o.tools is UNSET else o.tools,
+            "tool_choice": c.tool_choice if o is None or o.tool_choice is UNSET else o.tool_choice,
+            "out_of_band": o is not None and o.out_of_band,
+            "context": None if o is None or o.input is None else self._context(o.input),
         }
+
+    def _context(
+        self, items: tuple[NewItem | NewFunctionCall | NewFunctionOutput | ItemReference, ...]
+    ) -> list[ChatMessage]:
+        """The chat history of a response's own ``input`` (references name items of the conversation)."""
+        resolved: list[Item] = []
+        for i, entry in enumerate(items):
+            if isinstance(entry, ItemReference):
+                item = self.conversation.get(entry.id)
+                if item is None:
+                    message = f"no item with id {entry.id!r} in the conversation"
+                    raise RealtimeError("invalid_value", message, f"response.input[{i}].id")
+                resolved.append(item)
+            elif isinstance(entry, NewFunctionCall):
+                resolved.append(function_call("input", ToolCall(entry.call_id, entry.name, entry.arguments)))
+            elif isinstance(entry, NewFunctionOutput):
+                resolved.append(function_output("input", entry.call_id, entry.output))
+            else:
+                content = []
+                for j, part in enumerate(entry.content):
+                    if part.type is PartType.INPUT_AUDIO and part.transcript is None:
+                        message = "audio in a response's input needs its transcript"
+                        raise RealtimeError("invalid_value", message, f"response.input[{i}].content[{j}].transcript")
+                    kind = ContentType.OUTPUT_TEXT if part.type is PartType.OUTPUT_TEXT else ContentType.INPUT_TEXT
+                    content.append(Content(kind, text=part.text if part.transcript is None else part.transcript))
+                resolved.append(Item("input", Role(entry.role), content))
+        return chat_history(resolved)
 
     def _create_response(self, event: ResponseCreate) -> Outputs:
         if self.config.type is SessionType.TRANSCRIPTION:
@@ -57,6 +112,7 @@ class Responding(ProtocolState):
         if not self.caps.text:
             raise RealtimeError("invalid_value", "responses need a text model, and none is loaded", "model")
         settings = self._response_settings(event)
+        self._check_tool_choice(settings["tools"], settings["tool_choice"], "response.tool_choice")
         if settings["modality"] is Modality.AUDIO and not self.caps.speech:
             raise RealtimeError(
                 "invalid_value", "audio output needs a speech model, and none is loaded", "response.output_modalities"
@@ -80,12 +136,17 @@ class Responding(ProtocolState):
             settings["instructions"],
             settings["metadata"],
             encoder,
-            waiting=set(self.pending),
+            waiting=set() if settings["context"] is not None else set(self.pending),
+            tools=settings["tools"],
+            tool_choice=settings["tool_choice"],
+            out_of_band=settings["out_of_band"],
+            context=settings["context"],
         )
         self.response = r
         out = Outputs([self._event("response.created", response=self._response_wire(r, "in_progress"))])
         out.events.append(self._event("response.output_item.added", response_id=rid, output_index=0, item=item.wire()))
-        out.extend(self._add_item(item, None))
+        if not r.out_of_band:
+            out.extend(self._add_item(item, None))
         part_wire = {"type": "audio", "transcript": ""} if encoder is not None else {"type": "text", "text": ""}
         out.events.append(self._event("response.content_part.added", **self._where(r), part=part_wire))
         return out.extend(self._maybe_run(r))
@@ -94,12 +155,14 @@ class Responding(ProtocolState):
         if r.waiting or r.status is not ResponseStatus.WAITING:
             return Outputs()
         r.status = ResponseStatus.RUNNING
-        messages = self.conversation.messages(before=r.item)
+        messages = list(r.context) if r.context is not None else self.conversation.messages(before=r.item)
         if not messages and not r.instructions.strip():
             return self._finish(r, "failed", error="the conversation is empty: nothing to respond to")
-        settings = {"modality": r.modality, "voice": r.voice, "max_tokens": r.max_tokens}
-        settings["instructions"] = r.instructions
+        settings = {"modality": r.modality, "voice": r.voice, "max_tokens": r.max_tokens, "tools": r.tools}
+        settings["instructions"], settings["tool_choice"] = r.instructions, r.tool_choice
         cmd = self._reply_command(r.id, messages, settings)
+        if r.out_of_band:  # the turn's own response (and any work started for it) is not this one
+            return Outputs(commands=[cmd])
         pre, self.preempt = self.preempt, None
         if pre is not None and pre.same_work(cmd):  # started at the pause on this very turn: released now
             return Outputs(commands=[AdoptResponse(pre.response_id, r.id)])
@@ -116,7 +179,15 @@ class Responding(ProtocolState):
             messages = [ChatMessage(Role.SYSTEM, instructions), *messages]
         speak = settings["modality"] is Modality.AUDIO
         return StartResponse(
-            rid, tuple(messages), speak, settings["voice"], settings["max_tokens"], preemptive, self.config.truncation
+            rid,
+            tuple(messages),
+            speak,
+            settings["voice"],
+            settings["max_tokens"],
+            preemptive,
+            self.config.truncation,
+            settings.get("tools", ()),
+            settings.get("tool_choice", AUTO),
         )
 
     def _where(self, r: ResponseState) -> dict[str, Any]:
@@ -128,8 +199,8 @@ class Responding(ProtocolState):
             "id": r.id,
             "status": status,
             "status_details": details,
-            "output": [] if status == "in_progress" else [r.item.wire()],
-            "conversation_id": self.conversation_id,
+            "output": [] if status == "in_progress" else [r.item.wire(), *(c.wire() for c in r.call_items)],
+            "conversation_id": None if r.out_of_band else self.conversation_id,
             "output_modalities": [r.modality.value],
             "max_output_tokens": "inf" if r.max_tokens is None else r.max_tokens,
             "audio": {"output": {"format": r.format.wire(), "voice": r.voice}},
@@ -170,6 +241,55 @@ class Responding(ProtocolState):
         if not data:
             return Outputs()
         return Outputs([self._event("response.output_audio.delta", audio=data, **self._where(r))])
+
+    def response_tool_call(self, rid: str, pieces: tuple[ToolCallDelta, ...]) -> Outputs:
+        """Pieces of the reply's tool calls; their items and events follow the reply's text and audio, at its end."""
+        r = self._active(rid)
+        if r is not None:
+            for piece in pieces:
+                call = r.calls.setdefault(piece.index, ["", "", ""])
+                call[0], call[1] = piece.id or call[0], piece.name or call[1]
+                call[2] += piece.arguments
+        return Outputs()
+
+    def _function_calls(self, r: ResponseState) -> Outputs:
+        """The response's function_call items: added, their arguments, done; into the conversation after its
+        message item (unless the response is out of band)."""
+        out = Outputs()
+        after = r.item.id if r.item.id in self.conversation else None
+        for index in sorted(r.calls):
+            call_id, name, arguments = r.calls[index]
+            if not (call_id and name):
+                continue
+            item = function_call(self._id("item"), ToolCall(call_id, name, arguments), ItemStatus.IN_PROGRESS)
+            output_index = 1 + len(r.call_items)
+            r.call_items.append(item)
+            added = {**item.wire(), "arguments": ""}
+            out.events.append(
+                self._event("response.output_item.added", response_id=r.id, output_index=output_index, item=added)
+            )
+            if not r.out_of_band:
+                out.extend(self._add_item(item, after))
+                after = item.id
+            where: dict[str, Any] = {
+                "response_id": r.id,
+                "item_id": item.id,
+                "output_index": output_index,
+                "call_id": call_id,
+            }
+            out.events.append(self._event("response.function_call_arguments.delta", **where, delta=arguments))
+            out.events.append(
+                self._event("response.function_call_arguments.done", **where, name=name, arguments=arguments)
+            )
+            item.status = ItemStatus.COMPLETED
+            wire = item.wire()
+            out.events.append(
+                self._event("response.output_item.done", response_id=r.id, output_index=output_index, item=wire)
+            )
+            if item.id in self.conversation:
+                previous = self.conversation.previous_id(item)
+                out.events.append(self._event("conversation.item.done", previous_item_id=previous, item=wire))
+        return out
 
     def response_done(self, rid: str, usage: ResponseUsage) -> Outputs:
         r = self._active(rid)
@@ -228,6 +348,8 @@ class Responding(ProtocolState):
         if r.item.id in self.conversation:
             previous = self.conversation.previous_id(r.item)
             out.events.append(self._event("conversation.item.done", previous_item_id=previous, item=wire))
+        if status in ("completed", "incomplete"):  # a cancelled or failed reply's calls are not made
+            out.extend(self._function_calls(r))
         details: dict[str, Any] | None = None
         if status == "cancelled" or (status == "incomplete" and reason):
             details = {"type": status, "reason": reason}

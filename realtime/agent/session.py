@@ -49,6 +49,7 @@ from omni_stream.realtime.agent.events import (
     ClientEvent,
     InputAudioAppend,
     ItemCreate,
+    NewItem,
     RealtimeError,
     SessionType,
 )
@@ -276,7 +277,9 @@ class RealtimeSession:
     async def client_event(self, event: ClientEvent) -> None:
         # Off the loop: large appends and items with audio (decoding grows with the audio).
         heavy = (isinstance(event, InputAudioAppend) and len(event.audio) > AUDIO_OFF_LOOP_BYTES) or (
-            isinstance(event, ItemCreate) and any(p.audio for p in event.item.content)
+            isinstance(event, ItemCreate)
+            and isinstance(event.item, NewItem)
+            and any(p.audio for p in event.item.content)
         )
         await self._apply(self.protocol.receive, event, heavy=heavy)
 
@@ -367,11 +370,20 @@ class RealtimeSession:
                 if cmd.speak:  # first audio from the first clause, in a small first codec window
                     first = self.settings.realtime_first_codec_frames
                     speech = SpokenReply(
-                        voice=cmd.voice, with_text=False, first_clause=True, initial_codec_chunk_frames=first
+                        voice=cmd.voice,
+                        with_text=bool(cmd.tools),  # a reply's tool calls ride on the text model's deltas
+                        first_clause=True,
+                        initial_codec_chunk_frames=first,
                     )
                 # Benchmarks only: random-weight LMs must not stop early, so a bounded reply ignores EOS.
                 ignore_eos = self.settings.enable_benchmark_fields and cmd.max_tokens is not None
-                prompt = TextRequest(messages, max_tokens=cmd.max_tokens, ignore_eos=ignore_eos)
+                prompt = TextRequest(
+                    messages,
+                    max_tokens=cmd.max_tokens,
+                    ignore_eos=ignore_eos,
+                    tools=cmd.tools,
+                    tool_choice=cmd.tool_choice,
+                )
                 stream = self.engine.generate(ChatRequest(prompt, speech))
             except Exception as exc:
                 await self._apply(self.protocol.response_failed, rid, _message(exc))
@@ -393,9 +405,12 @@ class RealtimeSession:
                                 await self._apply(self.protocol.response_audio, rid, _mono(chunk.samples), heavy=heavy)
                                 pacer.sent(chunk.duration)
                         elif isinstance(chunk, TextDelta):
-                            speech_stage = out.stage == "speech"
-                            to = self.protocol.response_transcript if speech_stage else self.protocol.response_text
-                            await self._apply(to, rid, chunk.text)
+                            if chunk.tool_calls:
+                                await self._apply(self.protocol.response_tool_call, rid, chunk.tool_calls)
+                            if out.stage == "speech":
+                                await self._apply(self.protocol.response_transcript, rid, chunk.text)
+                            elif not cmd.speak:  # a spoken reply's text arrives as its transcripts
+                                await self._apply(self.protocol.response_text, rid, chunk.text)
             except Exception as exc:
                 rid = held.rid if held is not None else rid
                 if self._streams.pop(rid, None) is not None:  # not cancelled: it failed
@@ -423,7 +438,8 @@ class RealtimeSession:
         context = getattr(text.info, "max_context", None)
         if context is None:
             return cmd.messages
-        tokens = [self.engine.count_text_tokens(m.content, ModelKind.TEXT) for m in cmd.messages]
+        said = [m.content + "".join(c.name + c.arguments for c in m.tool_calls) for m in cmd.messages]  # calls too
+        tokens = [self.engine.count_text_tokens(text, ModelKind.TEXT) for text in said]
         return tuple(fit(list(cmd.messages), tokens, context, cmd.max_tokens, cmd.truncation))
 
     async def _hold(self, held: Held, outputs: AsyncIterator[StageOutput]) -> AsyncIterator[StageOutput]:

@@ -8,7 +8,9 @@ is synthesized while the current one streams), and arrives in the same stream as
 speech model's rate, 24 kHz) for its audio, interleaved with the text deltas; non-streamed, ``message.audio {id,
 data, transcript, expires_at}`` in ``audio.format``. Extension: ``audio.max_sentence_chars`` cuts spoken units at
 that many characters (at a sentence end, else a space), so a long first sentence does not hold back the first
-audio. The first output is awaited before the status line, so a
+audio. Tools (``tools``, ``tool_choice``, ``parallel_tool_calls``): the reply's calls arrive as ``delta.tool_calls``
+pieces (streamed) or ``message.tool_calls``, with ``finish_reason: "tool_calls"``; a spoken reply speaks its text
+and never its calls. The first output is awaited before the status line, so a
 request the model refuses (a prompt longer than its context) is a 400, not a broken stream; a failure after that
 is an in-band ``{"error": ...}`` chunk then ``[DONE]``. A client that leaves cancels every model's request.
 """
@@ -40,6 +42,7 @@ from omni_stream.realtime.speech.build import refresh_voice
 from omni_stream.realtime.speech.params import check_model
 from omni_stream.realtime.state import ServerState
 from omni_stream.requests import ChatRequest, SpokenReply, TextRequest
+from omni_stream.text.tools import ToolCallDelta, assemble
 
 log = logging.getLogger("omni_stream.realtime.chat.http")
 ROUTE = "/v1/chat/completions"
@@ -65,6 +68,14 @@ async def _chat_request(state: ServerState, opts: ChatOptions) -> ChatRequest:
         stop=opts.stop,
         seed=opts.seed,
         ignore_eos=opts.ignore_eos,
+        tools=opts.tools,
+        tool_choice=opts.tool_choice,
+        parallel_tool_calls=opts.parallel_tool_calls,
+        response_format=opts.response_format,
+        presence_penalty=opts.presence_penalty,
+        frequency_penalty=opts.frequency_penalty,
+        logit_bias=opts.logit_bias,
+        logprobs=opts.logprobs,
     )
     if not opts.speaks:
         return ChatRequest(text)
@@ -88,13 +99,18 @@ class _Reply:
     def audio_id(self) -> str:
         return f"audio_{self.id.removeprefix('chatcmpl-')}"
 
-    def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+    def chunk(
+        self, delta: dict[str, Any], finish_reason: str | None = None, logprobs: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+        if logprobs is not None:
+            choice["logprobs"] = {"content": logprobs, "refusal": None}
         return {
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+            "choices": [choice],
         }
 
 
@@ -171,8 +187,11 @@ async def _sse(
                 chunk = item.chunk
                 if item.stage == "text" and isinstance(chunk, TextDelta):
                     reply.finish_reason = chunk.finish_reason or reply.finish_reason
-                    if chunk.text:
-                        yield sse_data(reply.chunk({"content": chunk.text}))
+                    lps = [e.wire() for e in chunk.logprobs] if opts.logprobs is not None else None
+                    if chunk.text or lps:
+                        yield sse_data(reply.chunk({"content": chunk.text}, logprobs=lps))
+                    if chunk.tool_calls:
+                        yield sse_data(reply.chunk({"tool_calls": [c.wire() for c in chunk.tool_calls]}))
                 elif isinstance(chunk, TextDelta) and chunk.text:  # a spoken sentence's transcript
                     yield sse_data(reply.chunk({"audio": {"id": reply.audio_id, "transcript": chunk.text}}))
                 elif isinstance(chunk, Audio) and out is not None:
@@ -209,6 +228,8 @@ async def _whole(
     first: StageOutput[Any] | None,
 ) -> Response:
     text: list[str] = []
+    calls: list[ToolCallDelta] = []
+    logprobs: list[dict[str, Any]] = []
     transcript: list[str] = []
     audio: list[np.ndarray] = []
 
@@ -217,6 +238,8 @@ async def _whole(
             chunk = item.chunk
             if item.stage == "text" and isinstance(chunk, TextDelta):
                 text.append(chunk.text)
+                calls.extend(chunk.tool_calls)
+                logprobs.extend(e.wire() for e in chunk.logprobs)
                 reply.finish_reason = chunk.finish_reason or reply.finish_reason
             elif isinstance(chunk, TextDelta):
                 transcript.append(chunk.text)
@@ -231,6 +254,9 @@ async def _whole(
         state.metrics.disconnects.labels("http").inc()
         return Response(status_code=499)
     message: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
+    if calls:
+        message["tool_calls"] = [c.wire() for c in assemble(calls)]
+        message["content"] = message["content"] or None
     if opts.speaks:
         assert opts.audio_format is not None
         samples = np.concatenate(audio) if audio else np.zeros(0, np.float32)
@@ -248,7 +274,14 @@ async def _whole(
         "object": "chat.completion",
         "created": reply.created,
         "model": reply.model,
-        "choices": [{"index": 0, "message": message, "finish_reason": reply.finish_reason or "stop"}],
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": reply.finish_reason or "stop",
+                "logprobs": {"content": logprobs, "refusal": None} if opts.logprobs is not None else None,
+            }
+        ],
         "usage": usage_body(stream, opts.speaks),
     }
     return JSONResponse(body)

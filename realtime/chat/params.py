@@ -10,6 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from omni_stream.errors import InvalidRequestError
+from omni_stream.realtime.chat.tool_fields import (
+    parse_response_format,
+    parse_tool_calls,
+    parse_tool_choice,
+    parse_tools,
+)
 from omni_stream.realtime.common.errors import bad_request
 from omni_stream.realtime.common.json_fields import (
     boolean,
@@ -23,9 +30,16 @@ from omni_stream.realtime.common.json_fields import (
 )
 from omni_stream.realtime.settings import Settings
 from omni_stream.requests import ChatMessage, Role, SamplingParams
+from omni_stream.text.tools import AUTO, TEXT_FORMAT, FunctionTool, ResponseFormat, ToolChoice
 from omni_stream.validation.sampling import sampling_from_openai
 
-ROLES = {"system": Role.SYSTEM, "developer": Role.SYSTEM, "user": Role.USER, "assistant": Role.ASSISTANT}
+ROLES = {
+    "system": Role.SYSTEM,
+    "developer": Role.SYSTEM,
+    "user": Role.USER,
+    "assistant": Role.ASSISTANT,
+    "tool": Role.TOOL,
+}
 MODALITIES = ("text", "audio")
 AUDIO_FORMATS = ("pcm16", "wav", "mp3", "flac", "opus", "aac")
 STREAM_AUDIO_FORMATS = ("pcm16",)  # base64 PCM16 deltas; whole-file formats only fit a non-streamed reply
@@ -35,15 +49,8 @@ MAX_TOKENS = 1 << 20  # a wire bound; the model's context is the real one
 # Fields OpenAI defines that this server does not implement: sent with a non-default value they are a 400,
 # never silently ignored.
 UNSUPPORTED = {
-    "tools": None,
-    "tool_choice": None,
     "functions": None,
     "function_call": None,
-    "logprobs": False,
-    "top_logprobs": None,
-    "logit_bias": None,
-    "presence_penalty": 0,
-    "frequency_penalty": 0,
     "prediction": None,
     "web_search_options": None,
 }
@@ -65,6 +72,14 @@ class ChatOptions:
     audio_format: str | None = None
     max_sentence_chars: int | None = None  # extension: spoken units are cut at this many characters
     ignore_eos: bool = False
+    tools: tuple[FunctionTool, ...] = ()
+    tool_choice: ToolChoice = AUTO
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormat = TEXT_FORMAT
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None  # None: no log-probabilities, else this many alternatives
 
     @property
     def speaks(self) -> bool:
@@ -86,8 +101,33 @@ def _content(value: Any, where: str) -> str:
     raise bad_request(f"'{where}' must be a string or a list of text parts, got {type_name(value)}", where)
 
 
+def _message(message: dict[str, Any], i: int) -> ChatMessage:
+    role = ROLES[message["role"]]
+    where = f"messages[{i}]"
+    if role is Role.ASSISTANT:
+        calls = _fields(parse_tool_calls, message.get("tool_calls"), f"{where}.tool_calls")
+        content = message.get("content")
+        text = "" if content is None and calls else _content(content, f"{where}.content")
+        return ChatMessage(role, text, tool_calls=calls)
+    if role is Role.TOOL:
+        call_id = message.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise bad_request(f"'{where}.tool_call_id' must name the call this tool message answers", where)
+        return ChatMessage(role, _content(message.get("content"), f"{where}.content"), tool_call_id=call_id)
+    return ChatMessage(role, _content(message.get("content"), f"{where}.content"))
+
+
+def _fields(parse: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
+    """``parse(value, ...)`` with its InvalidRequestError as a 400 naming the field."""
+    try:
+        return parse(value, *args, **kwargs)
+    except InvalidRequestError as exc:
+        raise bad_request(exc.message, exc.param) from None
+
+
 def parse_messages(value: Any) -> tuple[ChatMessage, ...]:
-    """The conversation: system/developer/user/assistant turns with text content, at least one."""
+    """The conversation: system/developer/user/assistant/tool turns with text content, at least one; assistant
+    turns may carry ``tool_calls``, tool turns answer one by ``tool_call_id``."""
     if value is None:
         raise bad_request("'messages' is required", "messages")
     if not isinstance(value, list):
@@ -102,7 +142,7 @@ def parse_messages(value: Any) -> tuple[ChatMessage, ...]:
         if role not in ROLES:
             allowed = ", ".join(f"'{r}'" for r in ROLES)
             raise bad_request(f"'messages[{i}].role' must be one of {allowed}, got {role!r}", "messages")
-        out.append(ChatMessage(ROLES[role], _content(message.get("content"), f"messages[{i}].content")))
+        out.append(_message(message, i))
     return tuple(out)
 
 
@@ -110,6 +150,32 @@ def _sampling(body: dict[str, Any]) -> SamplingParams | None:
     return sampling_from_openai(
         optional(body, "temperature", number, 0.0, 2.0), optional(body, "top_p", number, 0.0, 1.0)
     )
+
+
+def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """``{"token id": bias}`` with ids as decimal strings and biases in -100..100."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise bad_request(
+            f"'logit_bias' must be an object of token ids to biases, got {type_name(value)}", "logit_bias"
+        )
+    out = []
+    for key, bias in value.items():
+        if not (isinstance(key, str) and key.isdigit()):
+            raise bad_request(f"'logit_bias' keys must be token ids (digits), got {key!r}", "logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, int | float) or not -100 <= bias <= 100:
+            raise bad_request(f"'logit_bias[{key}]' must be a number between -100 and 100, got {bias!r}", "logit_bias")
+        out.append((int(key), float(bias)))
+    return tuple(out)
+
+
+def _logprobs(body: dict[str, Any]) -> int | None:
+    wanted = _bool(body.get("logprobs"), "logprobs")
+    top = int_field(body, "top_logprobs", 0, 20)
+    if top is not None and not wanted:
+        raise bad_request("'top_logprobs' needs 'logprobs' to be true", "top_logprobs")
+    return (top or 0) if wanted else None
 
 
 def _stop(value: Any) -> tuple[str, ...]:
@@ -169,9 +235,17 @@ def parse_chat(body: Any, settings: Settings) -> ChatOptions:
     n = int_field(body, "n", 1, 1 << 30)
     if n not in (None, 1):
         raise bad_request("'n' must be 1: this server returns one choice", "n")
-    response_format = body.get("response_format")
-    if response_format is not None and response_format != {"type": "text"}:
-        raise bad_request('\'response_format\' must be {"type": "text"} on this server', "response_format")
+    tools = _fields(parse_tools, body.get("tools"))
+    tool_choice = _fields(parse_tool_choice, body.get("tool_choice"))
+    if tool_choice.forces_call and not tools:
+        raise bad_request(f"'tool_choice' {tool_choice.mode.value!r} needs 'tools'", "tool_choice")
+    if tool_choice.name is not None and tool_choice.name not in {t.name for t in tools}:
+        raise bad_request(f"'tool_choice' names {tool_choice.name!r}, which is not among the 'tools'", "tool_choice")
+    parallel = body.get("parallel_tool_calls")
+    response_format = _fields(parse_response_format, body.get("response_format"))
+    if response_format.constrains and tool_choice.forces_call:
+        raise bad_request("'response_format' cannot constrain a reply that 'tool_choice' forces to call a tool",
+                          "response_format")  # fmt: skip
     max_tokens = int_field(body, "max_completion_tokens", 1, MAX_TOKENS)
     if max_tokens is None:
         max_tokens = int_field(body, "max_tokens", 1, MAX_TOKENS)
@@ -208,4 +282,12 @@ def parse_chat(body: Any, settings: Settings) -> ChatOptions:
         audio_format=audio_format,
         max_sentence_chars=max_sentence_chars,
         ignore_eos=ignore_eos,
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=True if parallel is None else _bool(parallel, "parallel_tool_calls"),
+        response_format=response_format,
+        presence_penalty=_number(body, "presence_penalty", -2.0, 2.0) or 0.0,
+        frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0) or 0.0,
+        logit_bias=_logit_bias(body.get("logit_bias")),
+        logprobs=_logprobs(body),
     )

@@ -42,15 +42,73 @@ CORPUS = (
 )
 TRAIN_VOCAB = 640  # an upper bound: the corpus yields fewer merges
 
+# Chat templates in each architecture's format, tools included. Qwen3's (Hermes style): the tools as JSON lines
+# in <tools></tools> in the system turn, each call as <tool_call>{"name", "arguments"}</tool_call>, tool results
+# as <tool_response> blocks in a user turn. Llama 3's JSON tool calling: the tools in the system turn, a call as
+# the whole reply {"name", "parameters"} (several joined by "; "), results in "ipython" turns. Without tools
+# both render plain ChatML / Llama 3 headers.
+_QWEN_TOOLS = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
+    "function signatures within <tools></tools> XML tags:\n<tools>"
+    "{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools>\n\nFor each function call, return a json "
+    "object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
 CHATML = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% set first = 0 %}"
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n{% set first = 1 %}{% endif %}"
+    + _QWEN_TOOLS
+    + "<|im_end|>\n{% endif %}"
+    "{% for message in messages[first:] %}"
+    "{% if message['role'] == 'assistant' %}<|im_start|>assistant\n{{ message['content'] or '' }}"
+    "{% for call in message['tool_calls'] or [] %}"
+    "{% if not loop.first or message['content'] %}\n{% endif %}"
+    '<tool_call>\n{"name": "{{ call[\'function\'][\'name\'] }}", "arguments": '
+    "{{ call['function']['arguments'] | tojson }}}\n</tool_call>"
+    "{% endfor %}<|im_end|>\n"
+    "{% elif message['role'] == 'tool' %}"
+    "{% if loop.first or loop.previtem['role'] != 'tool' %}<|im_start|>user{% endif %}"
+    "\n<tool_response>\n{{ message['content'] }}\n</tool_response>"
+    "{% if loop.last or loop.nextitem['role'] != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% else %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+_LLAMA_TOOLS = (
+    "You have access to the following functions. To call a function, respond with a JSON object of the form "
+    '{"name": function name, "parameters": dictionary of argument name and its value}, and nothing else.\n\n'
+    "{% for tool in tools %}{{ tool | tojson }}\n\n{% endfor %}"
+)
 LLAMA3 = (
-    "{{ bos_token }}{% for message in messages %}<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
-    "{{ message['content'] | trim }}<|eot_id|>{% endfor %}"
+    "{{ bos_token }}{% set first = 0 %}"
+    "{% if tools %}<|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n\n"
+    + _LLAMA_TOOLS
+    + "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] | trim }}{% set first = 1 %}{% endif %}"
+    "<|eot_id|>{% endif %}"
+    "{% for message in messages[first:] %}"
+    "{% if message['role'] == 'assistant' and message['tool_calls'] %}"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    "{% for call in message['tool_calls'] %}{% if not loop.first %}; {% endif %}"
+    "{\"name\": \"{{ call['function']['name'] }}\", \"parameters\": {{ call['function']['arguments'] | tojson }}}"
+    "{% endfor %}<|eot_id|>"
+    "{% elif message['role'] == 'tool' %}<|start_header_id|>ipython<|end_header_id|>\n\n"
+    "{{ message['content'] | trim }}<|eot_id|>"
+    "{% else %}<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
+    "{{ message['content'] | trim }}<|eot_id|>{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
 )
+
+
+def _keep_newlines(template: str) -> str:
+    """transformers renders templates with ``trim_blocks``, which drops the newline right after a block tag: write
+    those newlines as expressions."""
+    return template.replace("%}\n", '%}{{ "\\n" }}')
+
+
+CHATML, LLAMA3 = _keep_newlines(CHATML), _keep_newlines(LLAMA3)
+# Qwen3's tags around calls and results are tokens of their own that are not special: they survive decoding
+# with special tokens skipped, so the text of a reply shows its calls.
+TAG_TOKENS = {"qwen3": ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"), "llama": ()}
 # Special tokens from the first special id on, in id order (the real layouts of Qwen3 and Llama 3).
 SPECIALS = {
     "qwen3": ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
@@ -99,8 +157,11 @@ def build_tokenizer(arch: str, first_special: int | None = None, vocab_size: int
     specials = list(SPECIALS[arch])
     if vocab_size is not None:
         names = (f"<|reserved_special_token_{i}|>" for i in range(vocab_size))
-        specials += [n for n in names if n not in specials][: vocab_size - regular - len(specials)]
+        room = vocab_size - regular - len(specials) - len(TAG_TOKENS[arch])
+        specials += [n for n in names if n not in specials][:room]
+    tags = TAG_TOKENS[arch]
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in tags])
     if arch == "llama":
         bos = "<|begin_of_text|>"
         tok.post_processor = processors.TemplateProcessing(

@@ -27,6 +27,7 @@ from omni_stream.context import RequestContext
 from omni_stream.errors import ConfigError, InvalidRequestError
 from omni_stream.family import LoadContext, ModelKind, TextInfo
 from omni_stream.models.causal_lm.config import load_config, load_generation_defaults
+from omni_stream.models.causal_lm.constraint import Grammars
 from omni_stream.models.causal_lm.model import load_lm
 from omni_stream.models.causal_lm.runner import CausalLMRunner, LMRequest
 from omni_stream.models.causal_lm.tokenizer import ChatTokenizer
@@ -37,14 +38,18 @@ from omni_stream.runtime.decoder_kernels import default_kernels
 from omni_stream.runtime.offload import run_prepare
 from omni_stream.runtime.weights import parse_dtype
 from omni_stream.scheduler import Scheduler
-from omni_stream.text.stage import text_generation_stage
+from omni_stream.text.grammar import request_grammar
+from omni_stream.text.stage import text_generation_stage, with_tool_calls
+from omni_stream.text.tool_parsers import ToolFormat
 from omni_stream.validation.text import fit_prompt, prompt_field
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MODEL_LEN = 4096
 BACKEND_ARGS = ("max_model_len",)
-EMBEDDED_NAME = "qwen3-tiny-chat-v1"
+# How each architecture's chat template asks for tool calls (:mod:`omni_stream.text.tool_parsers`).
+TOOL_FORMATS = {"qwen3": ToolFormat.HERMES, "llama": ToolFormat.LLAMA_JSON}
+EMBEDDED_NAME = "qwen3-tiny-chat-v2"  # v2: chat templates with tools, tool-call tag tokens
 
 
 @dataclass(slots=True, frozen=True)
@@ -105,6 +110,7 @@ class CausalLMFamily:
             )
             bar.update(1)
         self.sampling = self.defaults.sampling
+        self.grammars = Grammars(self.tokenizer.hf, cfg.vocab_size, self.defaults.eos_token_ids)
         self.max_context = self.runner.max_len
         self.info = TextInfo(ckpt.name, cfg.model_type, ModelKind.TEXT, max_context=self.max_context)
         if self.embedded:
@@ -126,14 +132,45 @@ class CausalLMFamily:
         if request.messages and not self.tokenizer.has_chat_template:
             raise InvalidRequestError("this model has no chat template: send a raw prompt instead", "messages")
         sampling = request.sampling or self.sampling
+        bad = [t for t, _ in request.logit_bias if t >= self.config.vocab_size]
+        if bad:
+            raise InvalidRequestError(
+                f"logit_bias names token {bad[0]}, outside the vocabulary of {self.config.vocab_size}", "logit_bias"
+            )
+        tool_format = TOOL_FORMATS[self.config.model_type]
+        grammar = request_grammar(
+            request.offered_tools,
+            request.tool_choice,
+            request.response_format,
+            tool_format,
+            request.parallel_tool_calls,
+            self.tokenizer.is_token("<tool_call>"),
+        )
+        grammar_field = "tools" if request.tool_choice.forces_call else "response_format"
 
         async def prepare(ctx: RequestContext) -> LMRequest:
             ids = await run_prepare(self.tokenizer.encode, request)
             max_tokens = fit_prompt(len(ids), request.max_tokens, self.max_context, prompt_field(request))
+            matcher = None if grammar is None else await run_prepare(self.grammars.matcher, grammar, grammar_field)
             ctx.tokens(ModelKind.TEXT).input_tokens = len(ids)
-            return LMRequest(tuple(ids), max_tokens, sampling, request.seed, request.stop, request.ignore_eos)
+            return LMRequest(
+                tuple(ids),
+                max_tokens,
+                sampling,
+                request.seed,
+                request.stop,
+                request.ignore_eos,
+                matcher=matcher,
+                presence_penalty=request.presence_penalty,
+                frequency_penalty=request.frequency_penalty,
+                logit_bias=request.logit_bias,
+                logprobs=request.logprobs,
+            )
 
-        return text_generation_stage(self.scheduler, prepare)
+        stage = text_generation_stage(self.scheduler, prepare)
+        if request.offered_tools:
+            stage = with_tool_calls(stage, tool_format, request.parallel_tool_calls)
+        return stage
 
     async def aclose(self) -> None:
         """Nothing to free beyond the scheduler, which the engine's worker shuts down."""

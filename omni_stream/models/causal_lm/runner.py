@@ -19,6 +19,14 @@ layers run as the fused Triton kernels (residual+norm, q/k norm+rotary for Qwen3
 stays in torch (the Triton sampler holds a whole row in one block, sized for the talker's 3072 codes, not a
 150k-token vocabulary).
 
+Beyond sampling, a row may carry (each only costs the steps of a batch that has such a row, as bits of the
+step's mode): a grammar (an llguidance matcher, :mod:`.constraint`): its next-token bitmask is applied to the
+logits and the sampled token fed back; the masks of the next step are computed in a thread as soon as the tokens
+are known, overlapping the host's work until the next step starts; OpenAI's ``logit_bias`` and presence and
+frequency penalties (over the row's generated tokens, counted on the device); and log-probabilities of the
+model's own distribution (the sampled token's and the 20 best, copied with the tokens). Rows that need none of
+it get identities (all-ones masks, zero bias), so a free row draws the same tokens beside a constrained one.
+
 Ending: an EOS id from ``generation_config.json`` ends the row with ``finish_reason="stop"`` (``ignore_eos``:
 generation goes on), as does a stop string (the text stops before it); the ``max_tokens``-th token ends it with
 ``"length"``. Every sampled token, EOS included, is one item (one token of usage).
@@ -29,7 +37,9 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +47,7 @@ import torch.nn.functional as F
 from omni_stream.batch_model import Batch, SeqOutput, Sequence
 from omni_stream.chunks import TextDelta
 from omni_stream.errors import InvalidRequestError
+from omni_stream.models.causal_lm.constraint import fill_masks
 from omni_stream.models.causal_lm.detokenize import Decode, TextStream
 from omni_stream.models.causal_lm.model import CausalLM
 from omni_stream.requests import SamplingParams
@@ -44,16 +55,32 @@ from omni_stream.runtime import rng
 from omni_stream.runtime.cuda_graphs import GraphSet, batch_buckets, idle_rows, length_buckets, pick
 from omni_stream.runtime.decoder_kernels import DecodeKernels, default_kernels
 from omni_stream.runtime.kv_cache import Attend, KVShape, SlotKVCache, attention
-from omni_stream.runtime.sampling import SamplingTensors, apply_repetition_penalty, sample
+from omni_stream.runtime.sampling import (
+    SamplingTensors,
+    apply_bitmask,
+    apply_penalties,
+    apply_repetition_penalty,
+    bitmask_words,
+    sample,
+    top_logprobs,
+)
+from omni_stream.text.logprobs import TokenLogprob
 
 log = logging.getLogger(__name__)
 
 SPAN_BUCKET = 256  # smallest attention-span bucket of the decode graphs (positions)
+TOP_LOGPROBS = 20  # alternatives computed when any row asks for log-probabilities (OpenAI's maximum)
+# What a decode step computes beyond a plain argmax (bits of its mode; one graph per bucket and mode).
+FULL, MASK, ADJUST, LOGPROBS = 1, 2, 4, 8
 
 
 @dataclass(slots=True, frozen=True)
 class LMRequest:
-    """The scheduler payload of one generation: prompt ids and how to generate (``max_tokens`` >= 1)."""
+    """The scheduler payload of one generation: prompt ids and how to generate (``max_tokens`` >= 1).
+
+    ``matcher``: an llguidance matcher the reply must follow (:mod:`.constraint`), None: free. ``presence_penalty``,
+    ``frequency_penalty`` and ``logit_bias`` follow OpenAI; ``logprobs`` None: none, else that many alternatives.
+    """
 
     prompt_ids: tuple[int, ...]
     max_tokens: int
@@ -61,6 +88,15 @@ class LMRequest:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    matcher: Any = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
+
+    @property
+    def adjusts(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
 
 
 @dataclass(slots=True)
@@ -75,6 +111,18 @@ class _SlotState:
     text: TextStream
     generated: int = 0
     tokens: list[int] | None = field(default=None)  # every sampled id, when the runner records
+    matcher: Any = None  # the reply's grammar (llguidance), None: free
+    adjust: bool = False  # logit bias or presence/frequency penalties
+    logprobs: int | None = None  # alternatives to report, None: no log-probabilities
+
+    @property
+    def mode(self) -> int:
+        return (
+            (FULL if self.full else 0)
+            | (MASK if self.matcher is not None else 0)
+            | (ADJUST if self.adjust else 0)
+            | (LOGPROBS if self.logprobs is not None else 0)
+        )
 
 
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -139,6 +187,22 @@ class CausalLMRunner:
         self.active = torch.zeros(s, dtype=torch.bool, device=dev)
         self.tokens_out = torch.zeros(s, dtype=torch.long, device=dev)
         self.params = SamplingTensors.empty(s, dev)
+        # Grammar masks: a bitmask row per slot (all ones for free rows), filled on the host by llguidance.
+        words = bitmask_words(self.vocab)
+        self.bitmask = torch.full((s, words), -1, dtype=torch.int32, device=dev)
+        self._bitmask_host = (
+            self.bitmask if dev.type == "cpu" else torch.full((s, words), -1, dtype=torch.int32, pin_memory=True)
+        )
+        self._masks: Future[None] | None = None  # the next step's masks, computed while the host does other work
+        self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="lm-masks")
+        # Logit bias and OpenAI's penalties over each row's generated tokens.
+        self.bias = torch.zeros(s, self.vocab, dtype=torch.float32, device=dev)
+        self.counts = torch.zeros(s, self.vocab, dtype=torch.float32, device=dev)
+        self.presence = torch.zeros(s, dtype=torch.float32, device=dev)
+        self.frequency = torch.zeros(s, dtype=torch.float32, device=dev)
+        self.lp_token = torch.zeros(s, dtype=torch.float32, device=dev)
+        self.lp_top = torch.zeros(s, TOP_LOGPROBS, dtype=torch.float32, device=dev)
+        self.lp_ids = torch.zeros(s, TOP_LOGPROBS, dtype=torch.long, device=dev)
         self._rows = torch.arange(s, device=dev)
         self._active_host = torch.zeros(s, dtype=torch.bool, pin_memory=dev.type == "cuda")
         rng.prepare(self.vocab, dev)
@@ -185,6 +249,7 @@ class CausalLMRunner:
     @torch.no_grad()
     def step(self, batch: Batch) -> list[SeqOutput]:
         """Prefill ``batch.prefill``, then give every row of the batch its next token."""
+        self._join_masks()  # before any slot changes hands: the job writes the rows it was given
         outputs: dict[int, SeqOutput] = {}
         admitted: list[tuple[Sequence, torch.Tensor]] = []
         for seq in batch.prefill:
@@ -195,9 +260,25 @@ class CausalLMRunner:
         rows = [*self._prefill_all(admitted, outputs), *batch.decode]
         if rows:
             states = [self._state(seq) for seq in rows]
-            for seq, st, token in zip(rows, states, self._decode(states), strict=True):
-                outputs[seq.seq_id] = self._emit(seq, st, token)
+            tokens, logprobs = self._decode(states)
+            for i, (seq, st, token) in enumerate(zip(rows, states, tokens, strict=True)):
+                outputs[seq.seq_id] = self._emit(seq, st, token, None if logprobs is None else logprobs[i])
+            self._submit_masks([st for seq, st in zip(rows, states, strict=True) if not outputs[seq.seq_id].finished])
         return [outputs[seq.seq_id] for seq in (*batch.prefill, *batch.decode)]
+
+    # -- grammar masks ---------------------------------------------------------------------------------------
+
+    def _submit_masks(self, states: list[_SlotState]) -> None:
+        """Start computing the next masks of the constrained rows (a thread; llguidance releases the GIL), so the
+        work overlaps the scheduler's and the event loop's until the next step joins it."""
+        pairs = [(st.matcher, st.slot) for st in states if st.matcher is not None]
+        if pairs:
+            self._masks = self._mask_pool.submit(fill_masks, pairs, self._bitmask_host)
+
+    def _join_masks(self) -> None:
+        job, self._masks = self._masks, None
+        if job is not None:
+            job.result()
 
     def release(self, seq: Sequence) -> None:
         """Free the sequence's slot state; the static rows are simply reused by the slot's next owner."""
@@ -243,6 +324,18 @@ class CausalLMRunner:
         self.params.write(slot, req.sampling)
         full = req.sampling.do_sample or req.sampling.repetition_penalty != 1.0
         st = _SlotState(slot, n, req.max_tokens, req.ignore_eos, full, TextStream(self.decode_text, req.stop))
+        st.matcher, st.adjust, st.logprobs = req.matcher, req.adjusts, req.logprobs
+        self.counts[slot] = 0
+        if req.adjusts:
+            self.presence[slot], self.frequency[slot] = req.presence_penalty, req.frequency_penalty
+            self.bias[slot] = 0
+            biased = [(t, b) for t, b in req.logit_bias if t < self.vocab]
+            if biased:
+                ids_, values = zip(*biased, strict=True)
+                self.bias[slot, list(ids_)] = torch.tensor(values, dtype=torch.float32, device=self.device)
+        self._bitmask_host[slot] = -1
+        if req.matcher is not None:
+            fill_masks([(req.matcher, slot)], self._bitmask_host)
         if self.record:
             st.tokens = self.recorded[seq.seq_id] = []
         self._states[slot] = st
@@ -312,12 +405,16 @@ class CausalLMRunner:
 
     # -- decode -------------------------------------------------------------------------------------------
 
-    def _decode(self, states: list[_SlotState]) -> list[int]:
-        """One token for each row; one device-to-host copy."""
+    def _decode(self, states: list[_SlotState]) -> tuple[list[int], list[TokenLogprob] | None]:
+        """One token for each row (one device-to-host copy), and their log-probabilities where any row asks."""
         slots = [st.slot for st in states]
         n = max(slots) + 1
         span = max(st.length for st in states) + 1
-        full = int(any(st.full for st in states))
+        full = 0
+        for st in states:
+            full |= st.mode
+        if full & MASK and self._bitmask_host is not self.bitmask:
+            self.bitmask[:n].copy_(self._bitmask_host[:n], non_blocking=True)
         host = self._active_host
         host.zero_()
         host.numpy()[slots] = True
@@ -336,28 +433,50 @@ class CausalLMRunner:
             self._run_rows(b, span, full)
             self.eager_steps += 1
         tokens = self.tokens_out[:b].cpu()
-        return tokens[slots].tolist()
+        chosen = tokens[slots].tolist()
+        if not full & LOGPROBS:
+            return chosen, None
+        lp_token, lp_top, lp_ids = self.lp_token[:b].cpu(), self.lp_top[:b].cpu(), self.lp_ids[:b].cpu()
+        out = []
+        for st, token in zip(states, chosen, strict=True):
+            k = st.logprobs or 0
+            ids, values = lp_ids[st.slot, :k].tolist(), lp_top[st.slot, :k].tolist()
+            top = tuple((self.decode_text([i]), v) for i, v in zip(ids, values, strict=True))
+            out.append(TokenLogprob(self.decode_text([token]), float(lp_token[st.slot]), top))
+        return chosen, out
 
     def _bucket(self, n: int, span: int) -> tuple[int, int] | None:
         b, s = pick(self.batch_buckets, n), pick(self.length_buckets, span)
         return None if b is None or s is None else (b, s)
 
     @torch.no_grad()
-    def _run_rows(self, b: int, span: int, full: int) -> None:
+    def _run_rows(self, b: int, span: int, mode: int) -> None:
         """The decode step over slots ``0..b-1``, attention over ``span`` positions (static tensors only).
 
-        Rows marked in ``active`` advance; the others compute along and are discarded.
+        Rows marked in ``active`` advance; the others compute along and are discarded. ``mode``: the bits of what
+        some row needs (:data:`FULL` sampling, grammar :data:`MASK`, bias and penalties :data:`ADJUST`,
+        :data:`LOGPROBS`); rows that need less get the identity of each (zero bias and penalties, all-ones masks).
         """
         rows, act = self._rows[:b], self.active[:b]
         h, steps, lengths, seen = self.hidden[:b], self.steps[:b], self.lengths[:b], self.seen[:b]
-        logits = self.lm.logits(h).float()
-        if full:
+        raw = logits = self.lm.logits(h).float()
+        if mode & ADJUST:
+            logits = logits + self.bias[:b]
+        if mode & FULL:
             params = self.params.head(b)
             logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
+        if mode & ADJUST:
+            logits = apply_penalties(logits, self.counts[:b], self.presence[:b], self.frequency[:b])
+        if mode & MASK:
+            logits = apply_bitmask(logits, self.bitmask[:b])
+        if mode & FULL:
             noise = rng.exponential(rng.row_keys(self.seeds[:b], steps), self.vocab)
             token = sample(logits, params, noise)
         else:
             token = logits.argmax(dim=-1)
+        if mode & LOGPROBS:
+            self.lp_token[:b], self.lp_top[:b], self.lp_ids[:b] = top_logprobs(raw, token, TOP_LOGPROBS)
+        self.counts[:b].scatter_add_(1, token[:, None], act[:, None].float())
         seen.scatter_(1, token[:, None], seen.gather(1, token[:, None]) | act[:, None])
         write = torch.where(act, lengths, self.max_len)
         attend = self.kv.decode_rows(rows, write, lengths, span)
@@ -368,22 +487,28 @@ class CausalLMRunner:
         lengths += inc
         self.tokens_out[:b] = token
 
-    def _emit(self, seq: Sequence, st: _SlotState, token: int) -> SeqOutput:
+    def _emit(self, seq: Sequence, st: _SlotState, token: int, logprob: TokenLogprob | None = None) -> SeqOutput:
         """The row's delta for ``token``, and whether the row is done."""
         st.generated += 1
         st.length += 1
         if st.tokens is not None:
             st.tokens.append(token)
         index = st.generated - 1
+        lps = () if logprob is None else (logprob,)
+        if st.matcher is not None and not st.matcher.consume_token(token):
+            log.error("sequence %s left its grammar at token %d: %s", seq.seq_id, token, st.matcher.get_error())
         if token in self.eos and not st.ignore_eos:
             text, _ = st.text.finish()
-            return SeqOutput(seq.seq_id, TextDelta(text, index, final=True, finish_reason="stop"), finished=True)
+            delta = TextDelta(text, index, final=True, finish_reason="stop", logprobs=lps)
+            return SeqOutput(seq.seq_id, delta, finished=True)
         text, stopped = st.text.push(token)
         if not stopped and st.generated >= st.max_tokens:
             rest, stopped = st.text.finish()
             text += rest
             reason = "stop" if stopped else "length"
-            return SeqOutput(seq.seq_id, TextDelta(text, index, final=True, finish_reason=reason), finished=True)
+            delta = TextDelta(text, index, final=True, finish_reason=reason, logprobs=lps)
+            return SeqOutput(seq.seq_id, delta, finished=True)
         if stopped:
-            return SeqOutput(seq.seq_id, TextDelta(text, index, final=True, finish_reason="stop"), finished=True)
-        return SeqOutput(seq.seq_id, TextDelta(text, index))
+            delta = TextDelta(text, index, final=True, finish_reason="stop", logprobs=lps)
+            return SeqOutput(seq.seq_id, delta, finished=True)
+        return SeqOutput(seq.seq_id, TextDelta(text, index, logprobs=lps))

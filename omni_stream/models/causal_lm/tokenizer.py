@@ -14,6 +14,7 @@ from typing import Any
 
 from omni_stream.errors import ConfigError, InvalidRequestError
 from omni_stream.requests import TextRequest
+from omni_stream.text.chat_template import template_messages, template_tools
 
 
 class ChatTokenizer:
@@ -34,18 +35,32 @@ class ChatTokenizer:
         self._backend = backend if hasattr(backend, "decode") else None
         self.has_chat_template = bool(getattr(self._tok, "chat_template", None))
 
+    @property
+    def hf(self) -> Any:
+        """The transformers tokenizer (constrained decoding builds its token tables from it)."""
+        return self._tok
+
+    def is_token(self, text: str) -> bool:
+        """Whether ``text`` is one token of the vocabulary (an added tag such as ``<tool_call>``, say)."""
+        ids = self._tok(text, add_special_tokens=False)["input_ids"]
+        return len(ids) == 1 and self._tok.convert_ids_to_tokens(ids[0]) == text
+
     def __len__(self) -> int:
         return len(self._tok)
 
     def encode(self, request: TextRequest) -> list[int]:
-        """Prompt ids of ``request``: its messages through the chat template (with the generation prompt), or the
-        raw prompt with the tokenizer's special tokens (e.g. BOS)."""
+        """Prompt ids of ``request``: its messages (and offered tools) through the chat template, with the
+        generation prompt, or the raw prompt with the tokenizer's special tokens (e.g. BOS)."""
         if request.prompt is not None:
             return list(self._tok(request.prompt)["input_ids"])
         if not self.has_chat_template:
             raise InvalidRequestError("this model has no chat template: send a raw prompt instead", "messages")
-        messages = [{"role": m.role.value, "content": m.content} for m in request.messages]
-        out: Any = self._tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        try:
+            out: Any = self._tok.apply_chat_template(
+                template_messages(request), tools=template_tools(request), add_generation_prompt=True, tokenize=True
+            )
+        except Exception as exc:  # jinja errors: the template rejects this conversation (e.g. role order)
+            raise InvalidRequestError(f"the model's chat template rejects these messages: {exc}", "messages") from exc
         ids = out["input_ids"] if isinstance(out, Mapping) or hasattr(out, "keys") else out
         return [int(i) for i in ids]
 

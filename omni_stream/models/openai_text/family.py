@@ -7,7 +7,9 @@ engine = await AsyncEngine.from_pretrained(tts_dir, llm_endpoint="http://10.0.0.
 
 Each request is one streaming ``POST {endpoint}/v1/chat/completions`` (``/v1/completions`` for a raw prompt) with
 ``stream_options.include_usage``; the stage yields a :class:`~omni_stream.chunks.TextDelta` per content chunk as
-it arrives and the last one, marked ``final`` with the upstream ``finish_reason``, once the usage chunk has been
+it arrives (with its pieces of tool calls and log-probabilities: tools, ``tool_choice``, ``response_format``,
+penalties, ``logit_bias`` and ``logprobs`` pass through to the server, which enforces them) and the last one,
+marked ``final`` with the upstream ``finish_reason``, once the usage chunk has been
 read (so ``ctx.tokens("text")`` holds the server's counts when the stage ends). ``TextDelta.index`` counts
 deltas (the wire has no token ids). A server that sends no usage chunk leaves the counts at zero.
 
@@ -52,6 +54,8 @@ from omni_stream.models.openai_text.wire import (
 )
 from omni_stream.pipeline import Stage
 from omni_stream.requests import TextRequest
+from omni_stream.text.logprobs import TokenLogprob
+from omni_stream.text.tools import ToolCallDelta
 
 MODEL_TYPE = "openai"
 CLOSE_TIMEOUT = 5.0  # seconds closing an upstream response may take (it only drops a connection)
@@ -158,6 +162,8 @@ async def _deltas(
     events = EventSource(response).aiter_sse()
     index = 0
     final_text: list[str] = []
+    final_calls: list[ToolCallDelta] = []
+    final_logprobs: list[TokenLogprob] = []
     finish: str | None = None
     try:
         while True:
@@ -176,15 +182,24 @@ async def _deltas(
             if finish is not None or chunk.finish_reason is not None:
                 # The last piece waits for the usage chunk that follows it, so the stage ends with usage counted.
                 final_text.append(chunk.text)
+                final_calls.extend(chunk.tool_calls)
+                final_logprobs.extend(chunk.logprobs)
                 finish = finish or chunk.finish_reason
-            elif chunk.text:
-                yield TextDelta(chunk.text, index)
+            elif chunk.text or chunk.tool_calls or chunk.logprobs:
+                yield TextDelta(chunk.text, index, tool_calls=chunk.tool_calls, logprobs=chunk.logprobs)
                 index += 1
     finally:
         await events.aclose()
     if finish is None:
         raise UpstreamError(f"the stream from {endpoint} ended before its last chunk (no finish_reason)")
-    yield TextDelta("".join(final_text), index, final=True, finish_reason=finish)
+    yield TextDelta(
+        "".join(final_text),
+        index,
+        final=True,
+        finish_reason=finish,
+        tool_calls=tuple(final_calls),
+        logprobs=tuple(final_logprobs),
+    )
 
 
 async def _close(response: httpx.Response) -> None:

@@ -15,6 +15,8 @@ from typing import Any
 
 from omni_stream.errors import ConfigError, InvalidRequestError, OmniStreamError, UpstreamError
 from omni_stream.requests import TextRequest
+from omni_stream.text.logprobs import TokenLogprob
+from omni_stream.text.tools import ToolCallDelta, ToolMode
 from omni_stream.validation.sampling import openai_sampling
 
 CHAT_PATH = "/v1/chat/completions"
@@ -69,7 +71,15 @@ def request_body(request: TextRequest, model: str) -> tuple[str, dict[str, Any]]
         body["prompt"] = request.prompt
     else:
         path = CHAT_PATH
-        body["messages"] = [{"role": m.role.value, "content": m.content} for m in request.messages]
+        body["messages"] = [_wire_message(m) for m in request.messages]
+        if request.tools:
+            body["tools"] = [t.template() for t in request.tools]
+            if request.tool_choice.mode is not ToolMode.AUTO:
+                body["tool_choice"] = request.tool_choice.wire()
+            if not request.parallel_tool_calls:
+                body["parallel_tool_calls"] = False
+        if request.response_format.constrains:
+            body["response_format"] = request.response_format.wire()
     if request.max_tokens is not None:
         body["max_tokens"] = request.max_tokens
     if request.sampling is not None:
@@ -80,19 +90,73 @@ def request_body(request: TextRequest, model: str) -> tuple[str, dict[str, Any]]
         body["stop"] = list(request.stop)
     if request.ignore_eos:
         body["ignore_eos"] = True
+    if request.presence_penalty:
+        body["presence_penalty"] = request.presence_penalty
+    if request.frequency_penalty:
+        body["frequency_penalty"] = request.frequency_penalty
+    if request.logit_bias:
+        body["logit_bias"] = {str(token): bias for token, bias in request.logit_bias}
+    if request.logprobs is not None:
+        body["logprobs"] = True
+        body["top_logprobs"] = request.logprobs
     body["stream"] = True
     body["stream_options"] = {"include_usage": True}
     return path, body
 
 
+def _wire_message(message: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": message.role.value, "content": message.content}
+    if message.tool_calls:
+        out["tool_calls"] = [c.wire() for c in message.tool_calls]
+        out["content"] = message.content or None
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    return out
+
+
 @dataclass(slots=True, frozen=True)
 class StreamChunk:
     """What one ``data:`` event says: new ``text``, the ``finish_reason`` (on the choice's last chunk), ``usage``
-    as (prompt tokens, completion tokens) on the usage chunk."""
+    as (prompt tokens, completion tokens) on the usage chunk, pieces of tool calls and log-probabilities."""
 
     text: str = ""
     finish_reason: str | None = None
     usage: tuple[int, int] | None = None
+    tool_calls: tuple[ToolCallDelta, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+def _tool_call_pieces(delta: Any) -> tuple[ToolCallDelta, ...]:
+    pieces = delta.get("tool_calls") if isinstance(delta, dict) else None
+    out = []
+    for piece in pieces if isinstance(pieces, list) else []:
+        if not isinstance(piece, dict) or not isinstance(piece.get("index"), int):
+            continue
+        fn = piece.get("function")
+        fn = fn if isinstance(fn, dict) else {}
+        call_id, name, args = piece.get("id"), fn.get("name"), fn.get("arguments")
+        out.append(
+            ToolCallDelta(
+                piece["index"],
+                call_id if isinstance(call_id, str) else None,
+                name if isinstance(name, str) else None,
+                args if isinstance(args, str) else "",
+            )
+        )
+    return tuple(out)
+
+
+def _logprobs(choice: dict[str, Any]) -> tuple[TokenLogprob, ...]:
+    logprobs = choice.get("logprobs")
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    out = []
+    for entry in content if isinstance(content, list) else []:
+        if isinstance(entry, dict) and isinstance(entry.get("token"), str):
+            top = tuple(
+                (t["token"], float(t["logprob"])) for t in entry.get("top_logprobs") or [] if isinstance(t, dict)
+            )
+            out.append(TokenLogprob(entry["token"], float(entry.get("logprob", 0.0)), top))
+    return tuple(out)
 
 
 def parse_chunk(data: str) -> StreamChunk:
@@ -106,6 +170,8 @@ def parse_chunk(data: str) -> StreamChunk:
     if "error" in payload or payload.get("object") == "error":
         raise error_from_body(_status_of(payload), payload)
     text, finish = "", None
+    calls: tuple[ToolCallDelta, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
     choices = payload.get("choices") or []
     if choices:
         choice = choices[0]
@@ -113,11 +179,13 @@ def parse_chunk(data: str) -> StreamChunk:
         piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
         text = piece if isinstance(piece, str) else ""
         finish = choice.get("finish_reason")
+        calls = _tool_call_pieces(delta)
+        logprobs = _logprobs(choice)
     usage = payload.get("usage")
     counts = None
     if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
         counts = (usage["prompt_tokens"], int(usage.get("completion_tokens") or 0))
-    return StreamChunk(text, finish if isinstance(finish, str) else None, counts)
+    return StreamChunk(text, finish if isinstance(finish, str) else None, counts, calls, logprobs)
 
 
 def _status_of(payload: dict[str, Any]) -> int:

