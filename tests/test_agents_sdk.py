@@ -17,7 +17,7 @@ from omni_stream.models.qwen3_tts.checkpoint import write_tiny_checkpoint as wri
 from omni_stream.realtime.settings import Settings
 
 os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
-agents = pytest.importorskip("agents")
+import agents
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,9 @@ async def test_a_chat_completions_agent_calls_its_tool_and_answers(server):
         instructions="Answer with the forecast.",
         tools=[get_weather],
         model=agents.OpenAIChatCompletionsModel(model="lm", openai_client=client),
-        model_settings=agents.ModelSettings(tool_choice="required", max_tokens=100, temperature=0.7),
+        model_settings=agents.ModelSettings(
+            tool_choice="required", parallel_tool_calls=False, max_tokens=100, temperature=0.7
+        ),
     )
     result = await agents.Runner.run(agent, "What is the weather in Paris this week?", max_turns=4)
     assert len(calls) >= 1 and all(city in ("Paris", "Rome", "Oslo") and isinstance(d, int) for city, d in calls)

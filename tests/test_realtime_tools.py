@@ -7,22 +7,20 @@ from __future__ import annotations
 import itertools
 import json
 
-from realtime_doubles import energy_vad
-
 from omni_stream.realtime.agent.events import RealtimeError, parse_client_event
 from omni_stream.realtime.agent.outputs import Capabilities, Outputs, ResponseUsage, StartResponse
 from omni_stream.realtime.agent.protocol import RealtimeProtocol
 from omni_stream.requests import Role
 from omni_stream.text.tools import ToolCallDelta, ToolMode
 
-CAPS = Capabilities(model="m", voices=("alice",), default_voice="alice", speech=True, text=True, transcription=True)
+CAPS = Capabilities(model="m", default_voice="alice", speech=True, text=True, transcription=True)
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOL = {"type": "function", "name": "get_weather", "description": "Weather", "parameters": WEATHER}
 
 
 def make() -> RealtimeProtocol:
     counter = itertools.count(1)
-    proto = RealtimeProtocol(CAPS, None, energy_vad, ids=lambda p: f"{p}_{next(counter)}")
+    proto = RealtimeProtocol(CAPS, None, ids=lambda p: f"{p}_{next(counter)}")
     proto.start()
     return proto
 
