@@ -6,10 +6,11 @@ grammar), gets the tool's result back and gives a final answer; over chat comple
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Annotated, Literal
 
 import pytest
 from openai import AsyncOpenAI
+from pydantic import Field
 from serving_helpers import running_server
 
 from omni_stream.models.causal_lm.checkpoint import write_tiny_checkpoint as write_tiny_lm
@@ -32,7 +33,7 @@ async def test_a_chat_completions_agent_calls_its_tool_and_answers(server):
     calls: list[tuple[str, int]] = []
 
     @agents.function_tool
-    def get_weather(city: Literal["Paris", "Rome", "Oslo"], days: int) -> str:
+    def get_weather(city: Literal["Paris", "Rome", "Oslo"], days: Annotated[int, Field(ge=1, le=14)]) -> str:
         """The weather forecast of a city for a number of days."""
         calls.append((city, days))
         return f"Sunny in {city} for {days} days."
@@ -44,11 +45,11 @@ async def test_a_chat_completions_agent_calls_its_tool_and_answers(server):
         tools=[get_weather],
         model=agents.OpenAIChatCompletionsModel(model="lm", openai_client=client),
         model_settings=agents.ModelSettings(
-            tool_choice="required", parallel_tool_calls=False, max_tokens=100, temperature=0.7
+            tool_choice="required", parallel_tool_calls=False, max_tokens=100, temperature=0.7, extra_args={"seed": 7}
         ),
     )
     result = await agents.Runner.run(agent, "What is the weather in Paris this week?", max_turns=4)
-    assert len(calls) >= 1 and all(city in ("Paris", "Rome", "Oslo") and isinstance(d, int) for city, d in calls)
+    assert len(calls) >= 1 and all(city in ("Paris", "Rome", "Oslo") and 1 <= d <= 14 for city, d in calls)
     kinds = [item.type for item in result.new_items]
     assert kinds.index("tool_call_item") < kinds.index("tool_call_output_item") < kinds.index("message_output_item")
     outputs = [item.output for item in result.new_items if item.type == "tool_call_output_item"]

@@ -158,8 +158,8 @@ class Responding(ProtocolState):
         messages = list(r.context) if r.context is not None else self.conversation.messages(before=r.item)
         if not messages and not r.instructions.strip():
             return self._finish(r, "failed", error="the conversation is empty: nothing to respond to")
-        settings = {"modality": r.modality, "voice": r.voice, "max_tokens": r.max_tokens, "tools": r.tools}
-        settings["instructions"], settings["tool_choice"] = r.instructions, r.tool_choice
+        settings: dict[str, Any] = {"modality": r.modality, "voice": r.voice, "max_tokens": r.max_tokens}
+        settings.update(instructions=r.instructions, tools=r.tools, tool_choice=r.tool_choice)
         cmd = self._reply_command(r.id, messages, settings)
         if r.out_of_band:  # the turn's own response (and any work started for it) is not this one
             return Outputs(commands=[cmd])

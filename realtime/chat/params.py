@@ -171,7 +171,7 @@ def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
 
 
 def _logprobs(body: dict[str, Any]) -> int | None:
-    wanted = _bool(body.get("logprobs"), "logprobs")
+    wanted = bool(optional(body, "logprobs", boolean))
     top = int_field(body, "top_logprobs", 0, 20)
     if top is not None and not wanted:
         raise bad_request("'top_logprobs' needs 'logprobs' to be true", "top_logprobs")
@@ -241,11 +241,11 @@ def parse_chat(body: Any, settings: Settings) -> ChatOptions:
         raise bad_request(f"'tool_choice' {tool_choice.mode.value!r} needs 'tools'", "tool_choice")
     if tool_choice.name is not None and tool_choice.name not in {t.name for t in tools}:
         raise bad_request(f"'tool_choice' names {tool_choice.name!r}, which is not among the 'tools'", "tool_choice")
-    parallel = body.get("parallel_tool_calls")
+    parallel = optional(body, "parallel_tool_calls", boolean)
     response_format = _fields(parse_response_format, body.get("response_format"))
     if response_format.constrains and tool_choice.forces_call:
-        raise bad_request("'response_format' cannot constrain a reply that 'tool_choice' forces to call a tool",
-                          "response_format")  # fmt: skip
+        message = "'response_format' cannot constrain a reply that 'tool_choice' forces to call a tool"
+        raise bad_request(message, "response_format")
     max_tokens = int_field(body, "max_completion_tokens", 1, MAX_TOKENS)
     if max_tokens is None:
         max_tokens = int_field(body, "max_tokens", 1, MAX_TOKENS)
@@ -284,10 +284,10 @@ def parse_chat(body: Any, settings: Settings) -> ChatOptions:
         ignore_eos=ignore_eos,
         tools=tools,
         tool_choice=tool_choice,
-        parallel_tool_calls=True if parallel is None else _bool(parallel, "parallel_tool_calls"),
+        parallel_tool_calls=parallel is not False,
         response_format=response_format,
-        presence_penalty=_number(body, "presence_penalty", -2.0, 2.0) or 0.0,
-        frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0) or 0.0,
+        presence_penalty=optional(body, "presence_penalty", number, -2.0, 2.0) or 0.0,
+        frequency_penalty=optional(body, "frequency_penalty", number, -2.0, 2.0) or 0.0,
         logit_bias=_logit_bias(body.get("logit_bias")),
         logprobs=_logprobs(body),
     )
