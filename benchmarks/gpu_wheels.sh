@@ -17,7 +17,8 @@ mkdir -p .whl
 
 # serving (starlette, uvicorn, websockets, python-multipart), codecs (soundfile + cffi + pycparser, av, lameenc),
 # settings paths (platformdirs), image and video models (diffusers; on Python 3.12 it reads the standard library's
-# importlib.metadata, so its importlib_metadata requirement stays behind; Helios' prompt cleaning: ftfy + wcwidth),
+# importlib.metadata, so its importlib_metadata requirement stays behind; Helios' prompt cleaning: ftfy + wcwidth;
+# greenlet: an image or video request's pipeline call runs a model call at a time on the device worker),
 # remote text models (httpx-sse: the text families' module imports it), constrained decoding (llguidance: one
 # abi3 wheel for glibc 2.31 and later, hence that platform tag), and for the `-m gpu` tests the plugin
 # that runs their `async def` tests (pytest-asyncio: the image has pytest but not it, and pytest fails an async
@@ -25,7 +26,8 @@ mkdir -p .whl
 wheels=(
   starlette==1.10.0 uvicorn==0.54.0 websockets==17.4 python-multipart==0.0.34 platformdirs==4.14.8
   soundfile==0.14.0 cffi==2.1.1 pycparser==3.12 av==18.1.0 lameenc==1.9.0
-  diffusers==0.42.1 ftfy==6.3.1 wcwidth==0.9.4 httpx-sse==0.4.3 pytest-asyncio==1.5.0 llguidance==1.9.1
+  diffusers==0.42.1 ftfy==6.3.1 wcwidth==0.9.4 greenlet==3.5.6 httpx-sse==0.4.3 pytest-asyncio==1.5.0
+  llguidance==1.9.1
 )
 SILERO=silero-vad==6.2.3
 PIPECAT=pipecat-ai==1.14.0

@@ -10,7 +10,8 @@ previews. CPU: InstructPix2Pix-tiny (random weights, the embedded default's size
 published sizes of ``benchmarks/configs/<model>`` (``load_format="dummy"``). The text model is the synthetic one
 (it echoes the prompt, one word per step; ``--lm-step-ms`` emulates device time per token) unless ``--llm`` names
 a real text checkpoint. At each concurrency ``c``, ``c`` requests start together, ``--rounds`` times; requests of
-one shape batch into one pipeline call. Times are from the request's start, in ms: p50 and max over requests.
+one size share each model call (one denoising step or the VAE decode; ``calls``). Times are from the request's
+start, in ms: p50 and max over requests.
 
 Writes ``benchmarks/results/image_bench_<device>_<model>.json`` (and under ``$OUT`` when set).
 """
@@ -71,7 +72,7 @@ def summary(samples: list[dict[str, float]], key: str) -> dict[str, float | None
 async def level(engine: AsyncEngine, c: int, rounds: int, args: argparse.Namespace, image: np.ndarray) -> dict:
     samples: list[dict[str, float]] = []
     family = engine.models.get(ModelKind.IMAGE)
-    calls = family.runner.calls
+    calls = family.runner.model.calls
     t0 = time.perf_counter()
     for r in range(rounds):
         requests = [
@@ -94,7 +95,7 @@ async def level(engine: AsyncEngine, c: int, rounds: int, args: argparse.Namespa
         "first_preview": summary(samples, "first_preview"),
         "final_image": summary(samples, "final"),
         "images_per_s": round(len(samples) / wall, 3),
-        "pipeline_calls": family.runner.calls - calls,
+        "model_calls": family.runner.model.calls - calls,
         "wall_s": round(wall, 3),
     }
 
@@ -138,7 +139,6 @@ async def main(args: argparse.Namespace) -> dict:
         "size_px": args.size,
         "steps": args.steps,
         "partial_images": args.partial_images,
-        "own_diffusion_thread": os.environ.get("OMNI_STREAM_DIFFUSION_THREAD", "0") == "1",
         "load_s": round(load_s, 2),
         "levels": levels,
     }
@@ -158,7 +158,7 @@ def table(result: dict) -> str:
     for lv in result["levels"]:
         rows.append(
             f"{lv['concurrency']:>3} {cell(lv, 'first_ar_delta'):>18} {cell(lv, 'first_preview'):>18}"
-            f" {cell(lv, 'final_image'):>18} {lv['images_per_s']:>7.2f} {lv['pipeline_calls']:>5}"
+            f" {cell(lv, 'final_image'):>18} {lv['images_per_s']:>7.2f} {lv['model_calls']:>5}"
         )
     rows.append("(ms from request start, p50 / max)")
     return "\n".join(rows)
@@ -193,7 +193,6 @@ if __name__ == "__main__":
     result = asyncio.run(main(args))
     print(table(result))
     name = f"image_bench_{'cuda' if args.device.startswith('cuda') else 'cpu'}_{result['model']}"
-    name += "_own_thread" if result["own_diffusion_thread"] else ""
     name += "_smoke" if args.smoke else ""
     targets = [Path(os.environ["OUT"])] if os.environ.get("OUT") else []
     if not args.smoke:

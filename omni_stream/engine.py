@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -48,6 +49,7 @@ import numpy as np
 
 from omni_stream.chunks import Audio, StageOutput, TextDelta
 from omni_stream.context import RequestContext, TokenCount
+from omni_stream.device_policy import DevicePolicy
 from omni_stream.errors import ConfigError, EngineClosed, InvalidRequestError, RequestCancelled
 from omni_stream.family import Family, LoadContext, LoadOptions, ModelKind, SpeechInfo, read_config
 from omni_stream.family_registry import default_available, default_kinds, embedded_checkpoint, resolve_family
@@ -65,6 +67,24 @@ from omni_stream.validation.voices import VoiceCatalog, voice_name
 from omni_stream.worker import DeviceWorker
 
 T = TypeVar("T")
+
+
+def throughput_stream(device: str) -> Callable[[], AbstractContextManager[Any]] | None:
+    """On CUDA, a context that makes a side stream of its own current (made on first use, on the worker thread):
+    image and video steps launch there, so their kernels may run beside the speech models' (on the default stream,
+    the codec's side stream) instead of queueing behind them. None elsewhere."""
+    if not device.startswith("cuda"):
+        return None
+    made: list[Any] = []
+
+    def context() -> AbstractContextManager[Any]:
+        import torch
+
+        if not made:
+            made.append(torch.cuda.Stream(device))
+        return torch.cuda.stream(made[0])
+
+    return context
 
 
 @dataclass(slots=True, frozen=True)
@@ -174,6 +194,9 @@ class AsyncEngine:
         # Limits
         max_buffered_frames: int = 25,
         wait_timeout: float | None = 120.0,
+        # Scheduling across models
+        device_policy: DevicePolicy | None = None,
+        record: bool = False,
     ) -> AsyncEngine:
         """Load every source (None: the embedded tiny default of every kind that has one), off the event loop.
 
@@ -181,6 +204,8 @@ class AsyncEngine:
         ``wait_timeout``: seconds any single wait inside a request may take (None: unbounded).
         ``backend_args``: passed unchanged to families that wrap another engine (vLLM engine args).
         ``tuning``: the process switches every family reads (None: parsed once from the environment now).
+        ``device_policy``: how the device worker orders the models' work (None: ``DevicePolicy.from_tuning(tuning)``);
+        ``record``: the worker keeps a log of every piece of work it runs (``engine.worker.log``; tests).
         """
         tuning = Tuning.from_env() if tuning is None else tuning
         preparer(tuning.prepare_threads)  # this loop's prompt-preparation threads
@@ -199,7 +224,11 @@ class AsyncEngine:
             # families' declarations are read (imported) off the event loop
             kinds = await anyio.to_thread.run_sync(lambda: [k for k in default_kinds() if default_available(k)])
             sources = {kind: ModelSource(kind=kind) for kind in kinds}
-        worker = DeviceWorker(name=f"omni-stream-{device}", threads=tuning.threads).start()
+        policy = device_policy if device_policy is not None else DevicePolicy.from_tuning(tuning)
+        side = throughput_stream(device) if policy.throughput_stream else None
+        worker = DeviceWorker(
+            name=f"omni-stream-{device}", threads=tuning.threads, policy=policy, throughput_context=side, record=record
+        ).start()
         metrics = EngineMetrics()
         models = ModelSet()
         try:

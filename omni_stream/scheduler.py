@@ -11,6 +11,13 @@ slow consumer slows only itself, and at most ``high_watermark`` items wait per s
 (running / waiting / paused) are set from the states after each step's ``postprocess`` and whenever a
 sequence is queued, leaves, or resumes between steps, so a paused request never shows as running.
 
+Work class. A scheduler is ``REALTIME`` (default: speech, text, transcription) or ``THROUGHPUT`` (denoising, video
+chunks) on the shared device worker (:mod:`omni_stream.device_policy`). A realtime scheduler reports its urgency,
+the time its most urgent live sequence runs dry; a throughput scheduler admits newcomers by capacity (they wait,
+counted in the waiting gauge, while one more request's share of a step would not fit in the realtime streams'
+slack; :func:`~omni_stream.device_policy.capacity_budget`), a continuing request (``open(..., continuing=True)``)
+ahead of new ones.
+
 Lifetime by scope: ``async with scheduler.session(payload) as stream`` owns the sequence. Leaving the
 scope any way releases it synchronously (no ``await``, so it survives a cancelled ``finally``): the
 sequence is marked ABORTED under the lock and the worker calls ``model.release(seq)`` and frees the slot
@@ -33,6 +40,7 @@ from typing import Any
 
 from omni_stream.batch_model import Batch, BatchModel, PipelinedModel, SeqOutput, Sequence
 from omni_stream.context import RequestContext
+from omni_stream.device_policy import WorkClass, capacity_budget
 from omni_stream.errors import EngineClosed
 from omni_stream.metrics import SchedulerMetrics
 from omni_stream.requests import RequestState
@@ -42,6 +50,8 @@ from omni_stream.worker import DeviceWorker
 log = logging.getLogger(__name__)
 
 _DONE = (RequestState.FINISHED, RequestState.ABORTED)
+DEFAULT_MAX_DEFER_S = 10.0  # a throughput newcomer waits for capacity at most this long
+_COST_EMA = 0.3
 
 
 @dataclass(slots=True)
@@ -58,7 +68,7 @@ class SchedulerStats:
 class _Session:
     """Delivery state of one sequence; fields change under the scheduler's lock."""
 
-    __slots__ = ("buffer", "ctx", "done", "error", "loop", "queued", "seq", "waiter")
+    __slots__ = ("buffer", "continuing", "ctx", "done", "error", "loop", "queued", "seq", "waiter")
 
     def __init__(self, seq: Sequence, ctx: RequestContext, loop: asyncio.AbstractEventLoop | None) -> None:
         self.seq = seq
@@ -69,6 +79,7 @@ class _Session:
         self.done = False
         self.error: BaseException | None = None
         self.waiter: asyncio.Future[None] | None = None  # created and resolved on the loop only
+        self.continuing = False  # a throughput request's next part: admitted ahead of new requests
 
 
 def _wake(sessions: list[_Session]) -> None:
@@ -115,12 +126,15 @@ class Scheduler:
         hold: float = DEFAULT_HOLD_S,
         settle: bool = False,
         due_wait: float = 0.0,
+        work_class: WorkClass = WorkClass.REALTIME,
+        max_defer: float = DEFAULT_MAX_DEFER_S,
     ) -> None:
         """``admission``: how many waiting sequences each step admits (:mod:`omni_stream.speech.admission`; None: all
         that fit in the free slots). ``hold``: the longest newcomers wait for requests still being prepared
         (:meth:`arriving`; 0: never). For a :class:`~omni_stream.batch_model.PipelinedModel` only: ``settle``, call
         its ``settle()`` before each batch is picked; ``due_wait``, the longest the worker waits after a step for
-        the jobs its outputs make due (seconds; 0: never)."""
+        the jobs its outputs make due (seconds; 0: never). ``work_class``: realtime or throughput (the module
+        docstring); ``max_defer``: the longest a throughput newcomer waits for capacity (seconds, default 10)."""
         if hold < 0 or due_wait < 0:
             raise ValueError(f"hold and due_wait must be >= 0 s, got {hold}, {due_wait}")
         low = high_watermark // 4 if low_watermark is None else low_watermark
@@ -139,6 +153,9 @@ class Scheduler:
         self._settle = pipelined.settle if pipelined is not None and settle else None
         self._jobs_due = pipelined.jobs_due if pipelined is not None and due_wait > 0 else None
         self.due_wait = due_wait
+        self._work_class = work_class
+        self.max_defer = max_defer
+        self._row_cost: float | None = None  # throughput: seconds of a decode step per sequence (EMA)
         self._arriving = 0  # requests being prepared (Arrival), under the lock
         self.stats = SchedulerStats()
         self.waiting: deque[Sequence] = deque()
@@ -168,13 +185,13 @@ class Scheduler:
 
     @asynccontextmanager
     async def session(
-        self, payload: Any, ctx: RequestContext | None = None, arrival: Arrival | None = None
+        self, payload: Any, ctx: RequestContext | None = None, arrival: Arrival | None = None, continuing: bool = False
     ) -> AsyncIterator[SeqStream]:
         """Queue a sequence for ``payload``; yield the stream of its items; release it on exit, any exit.
 
         ``arrival``: this request's :meth:`arriving` count, ended as the sequence queues (in one step, so a
-        burst's last newcomer is never between the two)."""
-        sess = self.open(payload, ctx, arrival=arrival)
+        burst's last newcomer is never between the two). ``continuing``: see :meth:`open`."""
+        sess = self.open(payload, ctx, arrival=arrival, continuing=continuing)
         unregister = sess.ctx.add_release(lambda: self.release(sess))  # lets the consumer release it at once
         try:
             yield SeqStream(self, sess)
@@ -183,11 +200,19 @@ class Scheduler:
             self.release(sess)
 
     def open(
-        self, payload: Any, ctx: RequestContext | None = None, *, offline: bool = False, arrival: Arrival | None = None
+        self,
+        payload: Any,
+        ctx: RequestContext | None = None,
+        *,
+        offline: bool = False,
+        arrival: Arrival | None = None,
+        continuing: bool = False,
     ) -> _Session:
         """Queue a sequence (pair with :meth:`release`; prefer :meth:`session`).
 
         ``offline``: no event loop waits for it (:func:`run_offline` steps the scheduler and reads the buffers).
+        ``continuing``: the next part of a request already served (a video's next chunk): it queues ahead of new
+        requests and is never held back for capacity.
         """
         ctx = ctx if ctx is not None else RequestContext()
         with self.lock:
@@ -195,8 +220,13 @@ class Scheduler:
                 raise EngineClosed(f"scheduler {self.name} is closed")
             seq = Sequence(seq_id=next(self._ids), payload=payload, request_id=ctx.request_id)
             sess = _Session(seq, ctx, None if offline else asyncio.get_running_loop())
+            sess.continuing = continuing
             self._sessions[seq.seq_id] = sess
-            self.waiting.append(seq)
+            if continuing:  # behind the other continuing ones, ahead of every new request
+                ahead = sum(1 for _ in itertools.takewhile(lambda w: self._sessions[w.seq_id].continuing, self.waiting))
+                self.waiting.insert(ahead, seq)
+            else:
+                self.waiting.append(seq)
             if arrival is not None:
                 arrival._end_locked()
             self._observe_queues()
@@ -236,12 +266,25 @@ class Scheduler:
 
     # --- worker thread side ---
 
+    @property
+    def work_class(self) -> WorkClass:
+        """The class of this scheduler's next step (lock held): a throughput scheduler whose step would only hand
+        released sequences back to the model steps as realtime work (it frees memory and takes no model time)."""
+        if self._work_class is WorkClass.THROUGHPUT and self._released and not (self.waiting or self._runnable()):
+            return WorkClass.REALTIME
+        return self._work_class
+
+    def _runnable(self) -> bool:
+        return any(seq.state is RequestState.RUNNING for seq in self.running.values())
+
     def has_work(self) -> bool:
         if self._closed:
             return False
-        if self._released or (self.waiting and self.free_slots and not self._holding(time.perf_counter())):
+        if self._released or self._runnable():
             return True
-        return any(seq.state is RequestState.RUNNING for seq in self.running.values())
+        if not (self.waiting and self.free_slots) or self._holding(time.perf_counter()):
+            return False
+        return self._work_class is not WorkClass.THROUGHPUT or self._admission_budget() > 0
 
     def _holding(self, now: float) -> bool:
         """Newcomers wait for requests still being prepared (lock held; see ``admission.hold_newcomers``)."""
@@ -251,10 +294,40 @@ class Scheduler:
         return hold_newcomers(self._arriving, len(self.waiting), len(self.free_slots), waited, self.hold)
 
     def next_deadline(self) -> float | None:
-        """When held newcomers stop waiting (``perf_counter`` time; lock held), else None."""
+        """When held newcomers stop waiting, or a throughput newcomer's capacity wait ends (``perf_counter``
+        time; lock held), else None."""
+        if self._work_class is WorkClass.THROUGHPUT and self.waiting and self.free_slots:
+            return self._sessions[self.waiting[0].seq_id].ctx.timings.created + self.max_defer
         if not self._holding(time.perf_counter()):
             return None
         return self._sessions[self.waiting[0].seq_id].queued + self.hold
+
+    def urgency(self, now: float) -> float | None:
+        """When this scheduler's most urgent live sequence runs dry (``perf_counter`` s; lock held; None: none).
+
+        A newcomer (waiting or being prepared) and a running sequence with no audio out yet (its first chunk, or
+        text a listener waits for) are due now; a sequence whose audio plays is due when its listener's audio runs
+        out (``first_chunk + audio_seconds``); a paused sequence with no audio is waiting for its consumer, not
+        for the device. A throughput scheduler has no urgency.
+        """
+        if self._work_class is not WorkClass.REALTIME or self._closed:
+            return None
+        if self.waiting or self._arriving:
+            return now
+        due: float | None = None
+        for seq in self.running.values():
+            sess = self._sessions.get(seq.seq_id)
+            if sess is None or seq.state in _DONE:
+                continue
+            timings = sess.ctx.timings
+            if timings.first_chunk is not None:
+                deadline = timings.first_chunk + timings.audio_seconds
+            elif seq.state is RequestState.RUNNING:
+                return now
+            else:
+                continue
+            due = deadline if due is None else min(due, deadline)
+        return due
 
     def run_step(self) -> None:
         t0 = time.perf_counter()
@@ -316,6 +389,22 @@ class Scheduler:
 
     def _admission_budget(self) -> int:
         """Newcomers the admission rule lets in now, from the playing streams' slack (lock held)."""
+        if self._work_class is WorkClass.THROUGHPUT and self.waiting:
+            now = time.perf_counter()
+            waiting = [
+                (self._sessions[s.seq_id].ctx.timings.created, self._sessions[s.seq_id].continuing)
+                for s in self.waiting
+            ]
+            return capacity_budget(
+                now,
+                free=len(self.free_slots),
+                waiting=waiting,
+                running=sum(1 for seq in self.running.values() if seq.state not in _DONE),
+                cost_per_request=self._row_cost if self._row_cost is not None else self.worker.policy.default_cost,
+                demand=self.worker.realtime_demand(now),
+                policy=self.worker.policy,
+                max_defer=self.max_defer,
+            )
         if self.admission is None or not self.waiting:
             return len(self.free_slots)
         now = time.perf_counter()
@@ -409,6 +498,9 @@ class Scheduler:
         stats.model_seconds += model_time
         stats.overhead_seconds += overhead
         stats.max_batch = max(stats.max_batch, batch.size)
+        if batch.decode and not batch.prefill:  # a step's cost per running sequence (throughput admission)
+            per = model_time / len(batch.decode)
+            self._row_cost = per if self._row_cost is None else self._row_cost + _COST_EMA * (per - self._row_cost)
         if self.metrics is not None:
             self.metrics.observe_batch(batch.size, model_time)
 

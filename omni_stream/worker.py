@@ -5,6 +5,13 @@ Work reaches it three ways: one-off jobs (:meth:`DeviceWorker.submit`), batchabl
 call), and step sources (schedulers) polled under the worker's lock. Results go back to the loop through
 ``loop.call_soon_threadsafe`` only. When nothing is runnable the thread blocks on a condition.
 
+Several models share the device, so each round the worker orders what runs by class and deadline
+(:mod:`omni_stream.device_policy`): a step source is ``REALTIME`` (speech, text, transcription: a listener waits)
+or ``THROUGHPUT`` (denoising steps, video chunks), and a realtime source says by when its most urgent stream runs
+dry (``urgency``). Jobs are realtime. No piece of work is longer than one step of its model, so a realtime step
+waits at most one throughput step; a throughput source waits at most the policy's ``max_wait`` (never starved).
+With ``record=True`` the worker logs every job, batch and step it runs (:attr:`DeviceWorker.log`, tests).
+
 A job whose future is already done when the worker picks it up (its waiter was cancelled or ran past its
 deadline) never runs, alone or in a batch: its request may have handed the state the job names (a codec
 slot, a buffer) to another request meanwhile. A job cancelled while it runs finishes; its result is dropped.
@@ -17,17 +24,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import anyio
 
+from omni_stream.device_policy import JOBS, DevicePolicy, Ready, WorkClass, plan_round
 from omni_stream.errors import EngineClosed
 
 log = logging.getLogger(__name__)
@@ -53,7 +63,12 @@ def usable_cpus() -> int:
 
 
 class StepSource(Protocol):
-    """Something the worker steps (a scheduler). ``has_work`` runs under the worker's lock."""
+    """Something the worker steps (a scheduler). ``has_work`` runs under the worker's lock.
+
+    Optional, read with defaults: ``work_class`` (:class:`WorkClass`; default realtime), ``name`` (the log's),
+    and ``urgency(now)`` (under the lock: the ``perf_counter`` time its most urgent live stream runs dry, None
+    when it holds no live stream; default: now while it has work).
+    """
 
     def has_work(self) -> bool: ...
 
@@ -68,6 +83,25 @@ class StepSource(Protocol):
     def shutdown(self) -> None:
         """Release everything on the worker thread when the worker stops."""
         ...
+
+
+@dataclass(slots=True, frozen=True)
+class WorkRecord:
+    """One entry of the worker's log: ``kind`` is ``job``, ``batch`` or ``step`` (a step source's), or what a
+    source notes itself (:meth:`DeviceWorker.note`); ``name`` the job's function, batch key or source name;
+    ``at`` its ``perf_counter`` time. A throughput step's ``detail`` says why it ran: ``spare`` (the realtime
+    streams could spare it), ``overdue`` (it had waited the policy's ``max_wait``) or ``round`` (plain rounds)."""
+
+    seq: int
+    kind: str
+    name: str
+    work_class: WorkClass
+    detail: tuple[Any, ...] = ()
+    at: float = 0.0
+
+
+LOG_SIZE = 50_000
+COST_EMA = 0.3  # weight of the newest throughput step in its source's cost estimate
 
 
 @dataclass(slots=True)
@@ -103,12 +137,22 @@ class DeviceWorker:
     """One thread for one device. ``start()`` it, ``close()`` (blocking) or ``await aclose()`` to stop."""
 
     def __init__(
-        self, name: str = "omni-stream-device", init: Callable[[], None] | None = None, *, threads: int | None = None
+        self,
+        name: str = "omni-stream-device",
+        init: Callable[[], None] | None = None,
+        *,
+        threads: int | None = None,
+        policy: DevicePolicy | None = None,
+        throughput_context: Callable[[], AbstractContextManager[Any]] | None = None,
+        record: bool = False,
     ) -> None:
         """``init`` runs first on the worker thread (thread-local device state, e.g. its own CUDA stream).
 
         ``threads``: torch intra-op threads, set when the thread starts (None: :func:`intra_op_threads` of the
         usable cores; the engine passes ``Tuning.threads``).
+        ``policy``: how work of several models is ordered (default :class:`DevicePolicy`).
+        ``throughput_context``: entered around every throughput step on the worker thread (a side CUDA stream).
+        ``record``: keep :attr:`log` (the last ``LOG_SIZE`` pieces of work run; tests).
         """
         self.name = name
         self._init = init
@@ -123,6 +167,13 @@ class DeviceWorker:
         self._sources: list[StepSource] = []
         self._closed = False
         self._thread: threading.Thread | None = None
+        self.policy = policy if policy is not None else DevicePolicy()
+        self._throughput_context = throughput_context
+        self.record = record
+        self.log: deque[WorkRecord] = deque(maxlen=LOG_SIZE)
+        self._log_seq = itertools.count()
+        self._since: dict[int, float] = {}  # id(throughput source) -> when it last ran or became runnable
+        self._cost: dict[int, float] = {}  # id(throughput source) -> its step's expected seconds
 
     @property
     def closed(self) -> bool:
@@ -144,6 +195,21 @@ class DeviceWorker:
         with self.cond:
             if source in self._sources:
                 self._sources.remove(source)
+            self._since.pop(id(source), None)
+            self._cost.pop(id(source), None)
+
+    def note(self, kind: str, name: str, work_class: WorkClass, *detail: Any) -> None:
+        """Add an entry to :attr:`log` when recording (a source's finer steps: which requests a denoising step ran)."""
+        if self.record:
+            self.log.append(WorkRecord(next(self._log_seq), kind, name, work_class, detail, time.perf_counter()))
+
+    def realtime_demand(self, now: float | None = None) -> float | None:
+        """The earliest deadline of every live realtime stream (``perf_counter`` s; None: none is live)."""
+        now = time.perf_counter() if now is None else now
+        with self.cond:
+            realtime = [s for s in self._sources if _class_of(s) is WorkClass.REALTIME]
+            deadlines = [d for d in (_urgency(s, now) for s in realtime) if d is not None]
+        return min(deadlines) if deadlines else None
 
     def notify(self) -> None:
         """Wake the worker: call after making a step source runnable (the lock may be held or not)."""
@@ -219,8 +285,51 @@ class DeviceWorker:
         deadlines = [d for d in (s.next_deadline() for s in self._sources) if d is not None]
         return max(0.0, min(deadlines) - time.perf_counter()) if deadlines else None
 
-    def _idle(self) -> bool:
-        return not self._jobs and not self._groups and not any(s.has_work() for s in self._sources)
+    def _plan(self, now: float) -> tuple[list[Any], float | None]:
+        """What runs this round, in order (lock held): ``JOBS`` and ``(source, why)``; else the seconds to wait."""
+        realtime, throughput, demand = [], [], None
+        for index, source in enumerate(self._sources):
+            work_class = _class_of(source)
+            runnable = source.has_work()
+            if work_class is WorkClass.THROUGHPUT:
+                key = id(source)
+                if not runnable:
+                    self._since.pop(key, None)
+                    continue
+                since = self._since.setdefault(key, now)
+                cost = self._cost.get(key, self.policy.default_cost)
+                throughput.append(Ready(index, since=since, cost=cost))
+                continue
+            deadline = _urgency(source, now)
+            if deadline is not None:
+                demand = deadline if demand is None else min(demand, deadline)
+            if runnable:
+                realtime.append(Ready(index, deadline=deadline))
+        plan = plan_round(
+            now,
+            jobs=bool(self._jobs or self._groups),
+            realtime=realtime,
+            throughput=throughput,
+            demand=demand,
+            policy=self.policy,
+        )
+        waited = {r.key: now - r.since for r in throughput}
+        order: list[Any] = []
+        for pick in plan.order:
+            if not isinstance(pick, int):
+                order.append(JOBS)
+            elif pick not in waited:
+                order.append((self._sources[pick], ""))
+            elif not self.policy.deadlines:
+                order.append((self._sources[pick], "round"))
+            else:
+                why = "overdue" if waited[pick] >= self.policy.max_wait else "spare"
+                order.append((self._sources[pick], why))
+        wait = plan.wait
+        source_wait = self._until_deadline()
+        if source_wait is not None:
+            wait = source_wait if wait is None else min(wait, source_wait)
+        return order, wait
 
     def _main(self) -> None:
         self.thread_id = threading.get_ident()
@@ -237,31 +346,58 @@ class DeviceWorker:
                 log.exception("device worker %s: init failed; running without it", self.name)
         while True:
             with self.cond:
-                while not self._closed and self._idle():
-                    self.cond.wait(self._until_deadline())
+                while True:
+                    if self._closed:
+                        break
+                    order, wait = self._plan(time.perf_counter())
+                    if order:
+                        break
+                    self.cond.wait(wait)
                 if self._closed:
                     break
-                jobs = list(self._jobs)
-                self._jobs.clear()
-                groups = list(self._groups.values())
-                self._groups.clear()
-                self._urgent = 0
-                sources = [s for s in self._sources if s.has_work()]
-            for job in jobs:
-                self._run_job(job)
-            for group in groups:
-                self._run_group(group)
-            for source in sources:
-                try:
-                    source.run_step()
-                except Exception:  # a scheduler bug; keep the device alive for the other requests
-                    log.exception("step source %r failed", source)
+                jobs: list[_Job] = []
+                groups: list[tuple[Hashable, _Group]] = []
+                if JOBS in order:
+                    jobs = list(self._jobs)
+                    self._jobs.clear()
+                    groups = list(self._groups.items())
+                    self._groups.clear()
+                    self._urgent = 0
+            for piece in order:
+                if piece is JOBS:
+                    for job in jobs:
+                        self._run_job(job)
+                    for key, group in groups:
+                        self._run_group(key, group)
+                else:
+                    self._step(*piece)
         self._shutdown()
 
-    @staticmethod
-    def _run_job(job: _Job) -> None:
+    def _step(self, source: StepSource, why: str) -> None:
+        work_class = _class_of(source)
+        self.note("step", _name_of(source), work_class, *((why,) if why else ()))
+        t0 = time.perf_counter()
+        try:
+            if work_class is WorkClass.THROUGHPUT and self._throughput_context is not None:
+                with self._throughput_context():
+                    source.run_step()
+            else:
+                source.run_step()
+        except Exception:  # a scheduler bug; keep the device alive for the other requests
+            log.exception("step source %r failed", source)
+        if work_class is WorkClass.THROUGHPUT:
+            now = time.perf_counter()
+            key = id(source)
+            with self.cond:
+                previous = self._cost.get(key)
+                spent = now - t0
+                self._cost[key] = spent if previous is None else previous + COST_EMA * (spent - previous)
+                self._since[key] = now
+
+    def _run_job(self, job: _Job) -> None:
         if job.future.done():  # cancelled or expired before pickup: its request has moved on
             return
+        self.note("job", getattr(job.fn, "__qualname__", repr(job.fn)), WorkClass.REALTIME)
         try:
             result = job.fn(*job.args)
         except BaseException as exc:
@@ -269,11 +405,11 @@ class DeviceWorker:
         else:
             _deliver(job.loop, job.future, result, None)
 
-    @staticmethod
-    def _run_group(group: _Group) -> None:
+    def _run_group(self, key: Hashable, group: _Group) -> None:
         live = [i for i, (_, future) in enumerate(group.waiters) if not future.done()]
         if not live:
             return
+        self.note("batch", repr(key), WorkClass.REALTIME, len(live))
         items = [group.items[i] for i in live]
         waiters = [group.waiters[i] for i in live]
         try:
@@ -305,3 +441,19 @@ class DeviceWorker:
                 source.shutdown()
             except Exception:
                 log.exception("step source %r failed to shut down", source)
+
+
+def _class_of(source: StepSource) -> WorkClass:
+    return getattr(source, "work_class", WorkClass.REALTIME)
+
+
+def _name_of(source: StepSource) -> str:
+    return str(getattr(source, "name", type(source).__name__))
+
+
+def _urgency(source: StepSource, now: float) -> float | None:
+    urgency = getattr(source, "urgency", None)
+    if urgency is not None:
+        deadline: float | None = urgency(now)
+        return deadline
+    return now if source.has_work() else None

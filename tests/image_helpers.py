@@ -1,10 +1,8 @@
-"""Image test helpers: engines of tiny checkpoints, test pictures, uploads, denoiser call counts."""
+"""Image test helpers: engines of tiny checkpoints, test pictures, uploads, step-log queries and call hooks."""
 
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +46,22 @@ def decode_b64_image(b64: str) -> Any:
     return image
 
 
-@contextmanager
-def unet_calls(family: Any) -> Iterator[list[int]]:
-    """Count forward passes of the denoiser (UNet or transformer): one per step (CFG batches inside)."""
-    model = getattr(family.pipe, "unet", None) or family.pipe.transformer
-    calls: list[int] = []
-    handle = model.register_forward_hook(lambda module, args, out: calls.append(1))
-    try:
-        yield calls
-    finally:
-        handle.remove()
+def call_hooks(family: Any) -> list[Any]:
+    """The image model's ``on_call(kind, labels)`` as a list of hooks, run on the device thread after each batched
+    model call (several requests of one test watch their own calls)."""
+    model = family.runner.model
+    if model.on_call is None:
+        hooks: list[Any] = []
+
+        def dispatch(kind: str, labels: tuple[str, ...]) -> None:
+            for hook in list(hooks):
+                hook(kind, labels)
+
+        dispatch.hooks = hooks  # type: ignore[attr-defined]
+        model.on_call = dispatch
+    return model.on_call.hooks  # type: ignore[no-any-return]
+
+
+def calls_of(family: Any, label: str, kind: str = "denoise") -> int:
+    """Batched model calls of ``kind`` that request ``label`` was in (the image step log)."""
+    return sum(1 for e in family.runner.log.of(label) if e.kind == kind)

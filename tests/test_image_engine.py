@@ -1,8 +1,9 @@
 """The image pipeline on the engine: AR rewrite -> diffusion on real (tiny, random) diffusers pipelines.
 
-Order of outputs, the rewritten prompt reaching the diffusion, previews, batching of same-shape requests,
-cancellation between steps (step logs and denoiser call counts), random aborts, masks, the three pipeline
-classes (InstructPix2Pix, Stable Diffusion, Qwen-Image-Edit), dummy weights and the embedded default.
+Order of outputs, the rewritten prompt reaching the diffusion, previews, batching by step (requests of one size
+share each denoiser call, a request joins a running batch at the next step and paints what it paints alone),
+cancellation between steps (the step log), random aborts, masks, the three pipeline classes (InstructPix2Pix,
+Stable Diffusion, Qwen-Image-Edit), dummy weights and the embedded default.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ import asyncio
 import json
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from image_helpers import REWRITE_PREFIX, load_engine, picture, unet_calls
+from image_helpers import REWRITE_PREFIX, call_hooks, calls_of, load_engine, picture
 
 from omni_stream.errors import InvalidRequestError, RequestCancelled
 from omni_stream.family import ModelKind
@@ -120,25 +122,24 @@ async def test_without_a_text_model_the_diffusion_runs_alone(pix2pix_checkpoint)
     assert not np.array_equal(outputs[0].chunk.pixels, outputs[1].chunk.pixels)  # seed and seed + 1
 
 
-async def test_requests_of_one_shape_share_one_pipeline_call(pix2pix_checkpoint):
+async def test_requests_of_one_size_share_every_denoiser_call(pix2pix_checkpoint):
     async with await load_engine(pix2pix_checkpoint) as engine:
         family = engine.models.get(ModelKind.IMAGE)
-        family.runner.record = True
         requests = [ImageRequest("make it snowy", images=(picture(seed=s),), seed=s) for s in (1, 2, 3)]
-        requests.append(ImageRequest("make it snowy", images=(picture(),), steps=3, seed=4))  # another shape
+        requests.append(ImageRequest("make it snowy", images=(picture(),), steps=3, seed=4))  # fewer steps
         gate = threading.Event()
         blocker = engine.worker.submit(gate.wait, 30)  # hold the worker until all four are queued
         tasks = [asyncio.create_task(collect(engine.generate(r))) for r in requests]
         await queued(family, 4, gate)
         await blocker
         batched = [finals(outputs)[0].pixels for outputs in await asyncio.gather(*tasks)]
-        assert family.runner.calls == 2
-        steps = [(e[1], sorted(e[2])) for e in family.runner.log if e[0] == "step"]
-        ids = sorted(r.request_id for r in requests[:3])
-        assert steps == [(s, ids) for s in (1, 2, 3, 4)] + [(s, [requests[3].request_id]) for s in (1, 2, 3)]
-        alone = [finals(await collect(engine.generate(r.__class__(**_fields(r)))))[0].pixels for r in requests[:3]]
-    for one, many in zip(alone, batched[:3], strict=True):
-        assert np.abs(one.astype(int) - many.astype(int)).max() <= 1  # the same image, batched or alone
+        ids = [r.request_id for r in requests]
+        denoise = [sorted(e.labels) for e in family.runner.log.events() if e.kind == "denoise"]
+        # one denoiser call per step for all of them (per-row timesteps), the 3-step one leaving after its third
+        assert denoise == [sorted(ids)] * 3 + [sorted(ids[:3])]
+        alone = [finals(await collect(engine.generate(r.__class__(**_fields(r)))))[0].pixels for r in requests]
+    for one, many in zip(alone, batched, strict=True):
+        assert np.abs(one.astype(int) - many.astype(int)).max() <= 1  # the same image (float rounding at most)
 
 
 def _fields(request):
@@ -146,27 +147,62 @@ def _fields(request):
 
 
 async def queued(family, n: int, gate: threading.Event) -> None:
-    """Open ``gate`` (a job holding the device thread) once ``n`` image jobs are queued behind it."""
-    await until(lambda: family.live()["jobs"] >= n, f"{n} queued jobs")
+    """Open ``gate`` (a job holding the device thread) once ``n`` image requests are queued behind it."""
+    await until(lambda: family.scheduler.live()["waiting"] >= n, f"{n} queued requests")
     gate.set()
 
 
-async def _cancel_at_step(engine, requests, victim, at_step, gate=None):
-    """Start ``requests``; when the runner finishes step ``at_step``, abort ``victim`` while the device thread waits.
+async def test_a_request_joins_a_running_batch_at_the_next_step_and_paints_what_it_paints_alone(pix2pix_checkpoint):
+    async with await load_engine(pix2pix_checkpoint) as engine:
+        family = engine.models.get(ModelKind.IMAGE)
+        first = ImageRequest("make it snowy", images=(picture(seed=1),), steps=8, seed=1)
+        joiner = ImageRequest("paint it red", images=(picture(seed=2),), steps=4, partial_images=2, seed=2)
+        loop = asyncio.get_running_loop()
+        started: list[asyncio.Task] = []
 
-    With ``gate`` (a job holding the device thread), it opens once every request is queued: they share a call.
-    """
+        def on_call(kind, labels):  # after the first request's second step, the second one arrives
+            if kind == "denoise" and calls_of(family, first.request_id) == 2 and not started:
+                started.append(asyncio.run_coroutine_threadsafe(_start(engine, joiner), loop))
+                deadline = time.monotonic() + 10
+                while not family.scheduler.live()["waiting"]:  # the device thread waits until it is queued
+                    assert time.monotonic() < deadline
+                    time.sleep(0.005)
+
+        call_hooks(family).append(on_call)
+        first_out = await collect(engine.generate(first))
+        joined_out = await asyncio.wrap_future(started[0])
+        call_hooks(family).remove(on_call)
+        events = family.runner.log.events()
+        alone = await collect(engine.generate(ImageRequest(**_fields(joiner), partial_images=2)))
+    denoise = [set(e.labels) for e in events if e.kind == "denoise"]
+    both = {first.request_id, joiner.request_id}
+    # steps 1-2 alone; the joiner's join step; then one call for both until the joiner's 4 steps are done
+    assert denoise[:2] == [{first.request_id}] * 2 and denoise[2:6] == [both] * 4
+    assert denoise[6:] == [{first.request_id}] * 2
+    assert [o.chunk.partial for o in joined_out] == [True, True, False]
+    for got, expected in zip(joined_out, alone, strict=True):
+        # previews and image as alone (float rounding at most: the batched kernels sum in another order)
+        assert np.abs(got.chunk.pixels.astype(int) - expected.chunk.pixels.astype(int)).max() <= 1
+    assert finals(first_out)[0].pixels.shape == (64, 64, 3)
+
+
+async def _start(engine, request):
+    return await collect(engine.generate(request))
+
+
+async def _cancel_at_step(engine, requests, victim, at_step, gate=None):
+    """Start ``requests``; after the denoiser call that is ``victim``'s step ``at_step``, abort it while the device
+    thread waits. With ``gate`` (a job holding the device thread), it opens once every request is queued."""
     family = engine.models.get(ModelKind.IMAGE)
     loop = asyncio.get_running_loop()
     reached, go = asyncio.Event(), threading.Event()
 
-    def on_step(step, ids):
-        if step == at_step and victim.request_id in ids:
+    def on_call(kind, labels):
+        if kind == "denoise" and victim.request_id in labels and calls_of(family, victim.request_id) == at_step:
             loop.call_soon_threadsafe(reached.set)
             assert go.wait(10)
 
-    family.runner.on_step = on_step
-    family.runner.record = True
+    call_hooks(family).append(on_call)
     streams = [engine.generate(r) for r in requests]
     tasks = [asyncio.create_task(collect(s)) for s in streams]
     if gate is not None:
@@ -174,38 +210,42 @@ async def _cancel_at_step(engine, requests, victim, at_step, gate=None):
     await reached.wait()
     assert engine.abort(victim.request_id)
     go.set()
-    return await asyncio.gather(*tasks, return_exceptions=True)
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    call_hooks(family).remove(on_call)
+    return results
+
+
+def _after_release(family, label):
+    events = family.runner.log.of(label)
+    kinds = [e.kind for e in events]
+    assert "release" in kinds, kinds
+    return [e.kind for e in events[kinds.index("release") + 1 :]]
 
 
 async def test_a_cancelled_request_is_not_stepped_again(pix2pix_checkpoint):
     async with await load_engine(pix2pix_checkpoint) as engine:
         family = engine.models.get(ModelKind.IMAGE)
         victim = ImageRequest("make it snowy", images=(picture(),), steps=8, partial_images=3, seed=1)
-        with unet_calls(family) as calls:
-            (result,) = await _cancel_at_step(engine, [victim], victim, at_step=2)
-            await settle(family)  # the stream ends at once; the device thread notices at its next step end
+        (result,) = await _cancel_at_step(engine, [victim], victim, at_step=2)
+        await settle(family)  # the stream ends at once; the device thread frees it at its next step
     assert isinstance(result, RequestCancelled)
-    log = family.runner.log
-    assert [e for e in log if e[0] == "step"] == [("step", 1, (victim.request_id,)), ("step", 2, (victim.request_id,))]
-    assert ("drop", victim.request_id, 3) in log and log[-1] == ("interrupted", 3)
-    assert len(calls) == 3  # the step in progress when it was cancelled, and no further one (of 8)
+    assert [e.kind for e in family.runner.log.of(victim.request_id)] == ["join", "denoise", "denoise", "release"]
 
 
 async def test_a_cancelled_request_leaves_its_batch_running(pix2pix_checkpoint):
     async with await load_engine(pix2pix_checkpoint) as engine:
         family = engine.models.get(ModelKind.IMAGE)
         gate = threading.Event()
-        blocker = engine.worker.submit(gate.wait, 30)  # both requests queue, then run in one call
+        blocker = engine.worker.submit(gate.wait, 30)  # both requests queue, then run in one batch
         keep = ImageRequest("make it snowy", images=(picture(),), steps=6, seed=1)
         victim = ImageRequest("make it snowy", images=(picture(),), steps=6, seed=2)
         kept, cancelled = await _cancel_at_step(engine, [keep, victim], victim, at_step=2, gate=gate)
         await blocker
         await settle(family)
     assert isinstance(cancelled, RequestCancelled) and finals(kept)[0].pixels.shape == (64, 64, 3)
-    steps = [(e[1], sorted(e[2])) for e in family.runner.log if e[0] == "step"]
-    both = sorted((keep.request_id, victim.request_id))
-    assert steps == [(1, both), (2, both)] + [(s, [keep.request_id]) for s in range(3, 7)]
-    assert ("drop", victim.request_id, 3) in family.runner.log
+    denoise = [sorted(e.labels) for e in family.runner.log.events() if e.kind == "denoise"]
+    assert denoise == [sorted((keep.request_id, victim.request_id))] * 2 + [[keep.request_id]] * 4
+    assert _after_release(family, victim.request_id) == []
 
 
 async def test_fifty_random_aborts_leave_no_state(pix2pix_checkpoint, rewriting_lm):
@@ -245,7 +285,9 @@ async def test_fifty_random_aborts_leave_no_state(pix2pix_checkpoint, rewriting_
             results = await asyncio.gather(*(run(round_ * 5 + j) for j in range(5)), return_exceptions=True)
             assert all(r is None or isinstance(r, RequestCancelled) for r in results), results
             await settle(family, lm)
-        assert family.runner.running_rows == 0 and not family._live
+            for event in family.runner.log.events():
+                if event.kind == "release":
+                    assert _after_release(family, event.labels[0]) == []
 
 
 async def _enumerate(stream):
@@ -282,7 +324,7 @@ async def test_invalid_requests_fail_before_anything_runs(pix2pix_checkpoint):
             with pytest.raises(InvalidRequestError) as info:
                 engine.generate(request)
             assert info.value.param == param
-        assert family.live() == {"jobs": 0, "running_rows": 0}
+        assert not any(family.live().values())
     for fields, param in [
         ({"prompt": " "}, "prompt"),
         ({"n": 5}, "n"),
@@ -312,7 +354,6 @@ async def test_qwen_image_edit_tiny_streams_previews_and_batches(qwen_edit_check
     async with await load_engine(qwen_edit_checkpoint) as engine:
         family = engine.models.get(ModelKind.IMAGE)
         assert (family.info.preview, family.info.size_multiple) == ("linear", 8)
-        family.runner.record = True
         gate = threading.Event()
         blocker = engine.worker.submit(gate.wait, 30)
         requests = [
@@ -323,7 +364,11 @@ async def test_qwen_image_edit_tiny_streams_previews_and_batches(qwen_edit_check
         await queued(family, 2, gate)
         await blocker
         results = await asyncio.gather(*tasks)
-    assert family.runner.calls == 1
+    ids = {r.request_id for r in requests}
+    events = family.runner.log.events()
+    # its transformer takes per-request lists: each request's step is its own call, one per step; decodes batch
+    assert [len(e.labels) for e in events if e.kind == "denoise"] == [1] * 2 * 4
+    assert [set(e.labels) for e in events if e.kind == "decode"] == [ids]
     for outputs in results:
         images = [o.chunk for o in outputs]
         assert [i.partial for i in images] == [True, True, False]
@@ -334,13 +379,14 @@ async def test_qwen_image_edit_tiny_streams_previews_and_batches(qwen_edit_check
 async def test_stable_diffusion_paints_from_text_and_edits_as_img2img(sd_checkpoint):
     async with await load_engine(sd_checkpoint) as engine:
         family = engine.models.get(ModelKind.IMAGE)
-        family.runner.record = True
-        generated = await collect(engine.generate(ImageRequest("a cat", size=(64, 32), partial_images=1, seed=1)))
-        edited = await collect(engine.generate(ImageRequest("a cat", images=(picture(),), steps=5, seed=1)))
+        text_to_image = ImageRequest("a cat", size=(64, 32), partial_images=1, seed=1)
+        edit = ImageRequest("a cat", images=(picture(),), steps=5, seed=1)
+        generated = await collect(engine.generate(text_to_image))
+        edited = await collect(engine.generate(edit))
     assert [(o.chunk.partial, o.chunk.pixels.shape) for o in generated] == [(True, (32, 64, 3)), (False, (32, 64, 3))]
     assert finals(edited)[0].pixels.shape == (64, 64, 3)
-    second = [e for e in family.runner.log if e[0] == "step"][4:]
-    assert [e[1] for e in second] == [1, 2, 3, 4]  # img2img at strength 0.8 runs 4 of 5 steps
+    assert calls_of(family, text_to_image.request_id) == 4
+    assert calls_of(family, edit.request_id) == 4  # img2img at strength 0.8 runs 4 of 5 steps
 
 
 # --- loading --------------------------------------------------------------------------------------------------

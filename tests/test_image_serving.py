@@ -13,7 +13,15 @@ import httpx
 import numpy as np
 import openai
 import pytest
-from image_helpers import REWRITE_PREFIX, decode_b64_image, load_engine, picture, png_bytes, unet_calls
+from image_helpers import (
+    REWRITE_PREFIX,
+    call_hooks,
+    calls_of,
+    decode_b64_image,
+    load_engine,
+    picture,
+    png_bytes,
+)
 from serving_helpers import running_server
 from starlette.requests import Request
 
@@ -203,36 +211,33 @@ def test_a_client_that_leaves_mid_denoise_is_not_stepped_again(ar_server):
     reached, go = threading.Event(), threading.Event()
     victim: list[str] = []
 
-    def on_step(step, ids):
-        if step == 2:
-            victim.extend(ids)
+    def on_call(kind, labels):  # the third step, after the first preview (step 2) went out: hold the device
+        if kind == "denoise" and not victim and calls_of(family, labels[0]) == 3:
+            victim.extend(labels)
             reached.set()
             assert go.wait(10)
 
-    family.runner.record, family.runner.log, family.runner.on_step = True, [], on_step
+    call_hooks(family).append(on_call)
     try:
-        with unet_calls(family) as calls:
-            data = {"prompt": "x", "stream": "true", "partial_images": "3", "num_inference_steps": "8"}
-            files = {"image": ("in.png", PNG, "image/png")}
-            with httpx.stream("POST", f"{ar_server.url}/v1/images/edits", files=files, data=data) as response:
-                for line in response.iter_lines():
-                    if "image_edit.partial_image" in line:
-                        break  # the first preview (after step 2): leave
-            assert reached.wait(10)
-            deadline = time.monotonic() + 10
-            while family.live()["jobs"]:  # the server noticed and released the request
-                assert time.monotonic() < deadline
-                time.sleep(0.01)
-            go.set()
-            wait_clean(ar_server)
+        data = {"prompt": "x", "stream": "true", "partial_images": "3", "num_inference_steps": "8"}
+        files = {"image": ("in.png", PNG, "image/png")}
+        with httpx.stream("POST", f"{ar_server.url}/v1/images/edits", files=files, data=data) as response:
+            for line in response.iter_lines():
+                if "image_edit.partial_image" in line:
+                    break  # the first preview (after step 2): leave
+        assert reached.wait(10)
+        deadline = time.monotonic() + 10
+        while family.scheduler.live()["sessions"]:  # the server noticed and released the request
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        go.set()
+        wait_clean(ar_server)
     finally:
-        family.runner.on_step, family.runner.record = None, False
+        call_hooks(family).remove(on_call)
         go.set()
     (request_id,) = victim
-    steps = [e for e in family.runner.log if e[0] == "step"]
-    assert steps == [("step", 1, (request_id,)), ("step", 2, (request_id,))]
-    assert ("drop", request_id, 3) in family.runner.log and family.runner.log[-1] == ("interrupted", 3)
-    assert len(calls) == 3  # of 8: the step running when it was released, no further one
+    # of 8 steps: the one running when it was released, no further one
+    assert [e.kind for e in family.runner.log.of(request_id)] == ["join", "denoise", "denoise", "denoise", "release"]
 
 
 def test_random_client_aborts_leave_no_state(ar_server):

@@ -263,16 +263,18 @@ def test_serve_takes_the_api_key_and_the_voices_dir_from_the_tuning(tmp_path) ->
     assert settings_from_args(parser.parse_args(["--api-key", "flag"]), tuning).api_key == "flag"
 
 
-def test_diffusion_thread_is_parsed() -> None:
-    # its family's use of it moves with the diffusion worker's rework (the image family reads the field then)
-    assert Tuning.from_env({"OMNI_STREAM_DIFFUSION_THREAD": "on"}).diffusion_thread is True
-    assert Tuning().diffusion_thread is False
+def test_the_device_policy_switches_reach_the_worker() -> None:
+    from omni_stream.device_policy import DevicePolicy
+
+    tuning = Tuning.from_env({"OMNI_STREAM_DEVICE_POLICY": "rounds", "OMNI_STREAM_THROUGHPUT_WAIT_MS": "80"})
+    assert (tuning.device_policy, tuning.throughput_wait_ms, tuning.throughput_stream) == ("rounds", 80.0, True)
+    policy = DevicePolicy.from_tuning(tuning)
+    assert (policy.deadlines, policy.max_wait) == (False, 0.08)
 
 
 # --- one place reads the environment; the README lists every switch -------------------------------------------
 
-# The image family still reads OMNI_STREAM_DIFFUSION_THREAD itself until the diffusion worker's rework lands.
-ALLOWED_READERS = {"omni_stream/runtime/settings.py", "omni_stream/models/diffusers_image/family.py"}
+ALLOWED_READERS = {"omni_stream/runtime/settings.py"}
 
 
 def _reads_environment(tree: ast.AST) -> bool:

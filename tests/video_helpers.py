@@ -92,3 +92,14 @@ def steps_after_release(log: Any, request_id: str) -> list[Any]:
     released = [i for i, e in enumerate(events) if e.kind == "release"]
     assert released, f"request {request_id} was never released"
     return [e for e in events[released[0] + 1 :] if e.kind != "release"]
+
+
+async def settled(family: Any) -> None:
+    """Until the video family holds no per-request state (releases take effect at the worker's next step; 20 s)."""
+    import asyncio
+
+    deadline = time.monotonic() + 20.0
+    while any(family.live().values()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the video family still holds {family.live()}")
+        await asyncio.sleep(0.005)

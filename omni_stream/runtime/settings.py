@@ -33,6 +33,7 @@ SMALL_ROW_TILE = 16  # the Triton small-batch projection's row tile: at most thi
 PDL_KERNELS = frozenset({"norm", "rope", "attention", "silu", "linear", "sample", "prefetch"})
 CODEC_DILATIONS = frozenset({3, 9})  # the Qwen3-TTS codec's dilated residual units (its 1, 3, 9 less the 1)
 CODEC_STREAMS = ("high", "normal", "off")
+DEVICE_POLICIES = ("deadlines", "rounds")  # omni_stream.device_policy: by class and deadline, or plain rounds
 
 
 # --- value kinds: parse a raw string, check a typed value, print it back -------------------------------------
@@ -177,8 +178,10 @@ class Tuning:
     first_window_wait_ms: float = 0.0  # the worker waits this long at most for first audio windows a step completes
     prefill_budget: int = 0  # prompt positions prefilled per step at most, longer prompts in chunks; 0: no limit
     voice_cache: int = 0  # voice prompts kept by their reference audio's content (Base); 0: none
-    # Diffusion
-    diffusion_thread: bool = False  # diffusion on a device thread of its own, beside the text model's steps
+    # The device worker's order across models (omni_stream.device_policy)
+    device_policy: str = "deadlines"  # realtime work by deadline before throughput work; rounds: all once a round
+    throughput_wait_ms: float = 500.0  # the fairness bound: the longest runnable throughput work waits for a step
+    throughput_stream: bool = True  # on CUDA, image and video steps on a side stream of their own
 
     def __post_init__(self) -> None:
         for switch in SWITCHES:
@@ -259,7 +262,9 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("first_window_wait_ms", "OMNI_STREAM_FIRST_WINDOW_WAIT_MS", _milliseconds(50)),
     Switch("prefill_budget", "OMNI_STREAM_PREFILL_BUDGET", _whole(0, 1 << 16)),
     Switch("voice_cache", "OMNI_STREAM_VOICE_CACHE", _whole(0, 1 << 16)),
-    Switch("diffusion_thread", "OMNI_STREAM_DIFFUSION_THREAD", ON_OFF),
+    Switch("device_policy", "OMNI_STREAM_DEVICE_POLICY", _choice(DEVICE_POLICIES)),
+    Switch("throughput_wait_ms", "OMNI_STREAM_THROUGHPUT_WAIT_MS", _milliseconds(60000)),
+    Switch("throughput_stream", "OMNI_STREAM_THROUGHPUT_STREAM", ON_OFF),
 )
 SWITCH_BY_NAME = {s.name: s for s in SWITCHES}
 # Fields whose None means "the code's own choice" (each field's comment says which)

@@ -1,14 +1,18 @@
-"""What differs between diffusers pipelines: how one batched call is made, and where its latents live.
+"""What differs between diffusers pipelines: how one call is made, which model calls are its steps, and where
+its latents live.
 
-An adapter wraps one loaded pipeline (never a copy of its code): it calls it for a batch of rows of one shape
-with ``callback_on_step_end`` (the runner's step hook), unpacks the latents the callback sees into
-``(batch, channels, h, w)`` (previews), and decodes such latents through the pipeline's own VAE (to fit the
-linear preview projection at load). Supported: Stable Diffusion (text to image, and edits as img2img),
-InstructPix2Pix (edits) and Qwen-Image-Edit (edits).
+An adapter wraps one loaded pipeline (never a copy of its code): it calls it for the rows of one request with
+``callback_on_step_end`` (the runner's step hook), names the model calls a request parks at between steps
+(:meth:`Adapter.intercepts`: the denoiser's forward, the VAE's decode, with the arguments stacked across
+requests), hands out a copy of itself for one request (:meth:`Adapter.fork`: its own noise scheduler), unpacks
+the latents the callback sees into ``(batch, channels, h, w)`` (previews), and decodes such latents through the
+pipeline's own VAE (to fit the linear preview projection at load). Supported: Stable Diffusion (text to image,
+and edits as img2img), InstructPix2Pix (edits) and Qwen-Image-Edit (edits).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -18,9 +22,12 @@ import torch
 
 from omni_stream.errors import ConfigError
 from omni_stream.images.spec import ImageMode
+from omni_stream.runtime.stepwise import Intercept, own_scheduler
 
 StepCallback = Callable[[Any, int, Any, dict[str, Any]], dict[str, Any]]
 
+# UNet2DConditionModel.forward's per-row arguments: requests at different timesteps share one call.
+UNET_ROWS = ("sample", "timestep", "encoder_hidden_states", "timestep_cond", "attention_mask", "encoder_attention_mask")
 EDIT_STRENGTH = 0.8  # img2img on a text-to-image model: how far from the input the edit may go (diffusers' default)
 IMAGE_GUIDANCE = 1.5  # InstructPix2Pix: how closely the edit follows the input image (its authors' default)
 
@@ -60,6 +67,20 @@ class Adapter:
 
     def __init__(self, pipe: Any) -> None:
         self.pipe = pipe
+
+    def fork(self) -> Adapter:
+        """This adapter for one request: the same models, a noise scheduler of its own (a pipeline call keeps its
+        loop's state on its pipeline)."""
+        twin = copy.copy(self)
+        twin.pipe = own_scheduler(self.pipe)
+        return twin
+
+    def intercepts(self) -> list[Intercept]:
+        """The model calls a request parks at: one denoising step, and the VAE decode."""
+        return [
+            Intercept("denoise", self.pipe.unet, "forward", UNET_ROWS),
+            Intercept("decode", self.pipe.vae, "decode", ("z",)),
+        ]
 
     @property
     def size_multiple(self) -> int:
@@ -128,6 +149,12 @@ class StableDiffusionAdapter(Adapter):
         self.img2img = StableDiffusionImg2ImgPipeline.from_pipe(pipe)  # shares every component
         self.img2img.set_progress_bar_config(disable=True)
 
+    def fork(self) -> Adapter:
+        twin = super().fork()
+        assert isinstance(twin, StableDiffusionAdapter)
+        twin.img2img = own_scheduler(self.img2img)
+        return twin
+
     def call(self, rows: Sequence[Row], shape: Shape, callback: StepCallback) -> np.ndarray:
         kwargs = self._common(rows, shape, callback)
         if shape.mode is ImageMode.EDIT:
@@ -179,6 +206,14 @@ class QwenImageEditAdapter(Adapter):
     @property
     def latent_channels(self) -> int:
         return int(self.pipe.vae.config.z_dim)
+
+    def intercepts(self) -> list[Intercept]:
+        """Its transformer's calls carry per-request lists (image shapes, text lengths): each request's step runs
+        as its own call; the VAE decode batches."""
+        return [
+            Intercept("denoise", self.pipe.transformer, "forward"),
+            Intercept("decode", self.pipe.vae, "decode", ("z",)),
+        ]
 
     def count_tokens(self, text: str) -> int:
         return len(self.pipe.tokenizer(text).input_ids)

@@ -6,23 +6,20 @@ serving defaults (``model_name``, ``default_steps``, ``default_guidance``, ``def
 ``max_side``); the tiny checkpoints this package writes carry one.
 
 The stage (:meth:`DiffusersImageFamily.image_stage`) takes its prompt from upstream (the rewriting text stage)
-or the request, prepares the inputs off the loop (resize, mask, token count), queues one job on the device
-worker keyed by its shape (:mod:`omni_stream.models.diffusers_image.runner` batches same-shape jobs into one
-pipeline call) and yields what the job's channel brings: previews, then the ``n`` images. Every wait is bounded
-by the request's wait budget. Leaving the stage (done, error, consumer gone) cancels the job synchronously, so
-it is not stepped again after the step in progress.
-
-Model work runs on the engine's device worker; ``OMNI_STREAM_DIFFUSION_THREAD=1`` gives the family a thread of
-its own instead, so that a pipeline call (all its steps) does not hold up the text model's steps meanwhile.
+or the request, prepares the inputs off the loop (resize, mask, token count), and opens a session on the
+family's ``image`` scheduler: a throughput scheduler on the engine's device worker whose steps are one denoising
+step (or one VAE decode) of every request of one shape (:mod:`omni_stream.models.diffusers_image.runner`), so a
+speech frame waits at most one such step, and a request joins the running batch at the next step. It admits
+requests by capacity (they wait, in the ``image`` waiting gauge, while a step with them would not fit in the live
+speech streams' slack). The stage yields previews, then the ``n`` images. Every wait is bounded by the request's
+wait budget. Leaving the stage (done, error, consumer gone) releases the session synchronously: the request is
+not stepped again after the step in progress, and its latents are freed at the next step.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import json
 import logging
-import os
 import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -31,10 +28,10 @@ from typing import Any
 
 import anyio
 import numpy as np
-import torch
 
 from omni_stream.chunks import Image, TextDelta
 from omni_stream.context import RequestContext
+from omni_stream.device_policy import WorkClass
 from omni_stream.errors import ConfigError, StageError
 from omni_stream.family import LoadContext, ModelKind
 from omni_stream.images.spec import (
@@ -49,16 +46,17 @@ from omni_stream.images.spec import (
 from omni_stream.models.diffusers_image.adapters import Row, Shape, adapter_for
 from omni_stream.models.diffusers_image.components import load_pipeline
 from omni_stream.models.diffusers_image.preview import PreviewDecoder
-from omni_stream.models.diffusers_image.runner import BatchRunner, Job
+from omni_stream.models.diffusers_image.runner import ImageRunner, Paint
 from omni_stream.pipeline import Stage
 from omni_stream.runtime.weights import parse_dtype
-from omni_stream.worker import DeviceWorker
+from omni_stream.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
 MODEL_TYPE = "diffusers"
 SERVING_FILE = "omni_stream.json"
-ENV_OWN_THREAD = "OMNI_STREAM_DIFFUSION_THREAD"
+# Items a request's scheduler buffer holds before it pauses: every preview and image of one request fits.
+HIGH_WATERMARK = 16
 _SERVING_KEYS = ("model_name", "default_steps", "default_guidance", "default_size", "min_side", "max_side")
 
 
@@ -86,18 +84,8 @@ class _Prepared:
     input_tokens: int
 
 
-def _finish(send: Any, future: Any) -> None:
-    """When the job's call is over (on the loop, after every chunk it handed over): a failure, then the end."""
-    if not future.cancelled() and future.exception() is not None:
-        try:
-            send.send_nowait(future.exception())
-        except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
-    send.close()
-
-
 class DiffusersImageFamily:
-    """A loaded diffusers pipeline; ``runner`` (step log, ``on_step``) and ``live()`` are public for tests."""
+    """A loaded diffusers pipeline; ``runner`` (step log), ``scheduler`` and ``live()`` are public for tests."""
 
     def __init__(self, load: LoadContext) -> None:
         opts = load.options
@@ -107,13 +95,21 @@ class DiffusersImageFamily:
         self.pipe = load_pipeline(load.checkpoint, opts, self.dtype)
         self.adapter = adapter_for(self.pipe)
         self.preview = PreviewDecoder.load(self.adapter, load.checkpoint, opts.device, self.dtype)
-        self.runner = BatchRunner(self.adapter, self.preview, max_rows=opts.max_batch_size)
         self.worker = load.worker
-        self._own_worker = os.environ.get(ENV_OWN_THREAD, "0") == "1"
-        if self._own_worker:
-            init = _own_stream(self.device) if self.device.startswith("cuda") else None
-            self.worker = DeviceWorker(name=f"{load.worker.name}-diffusion", init=init, threads=load.worker.threads)
-            self.worker.start()
+        worker = load.worker
+
+        def note(kind: str, labels: tuple[str, ...]) -> None:
+            worker.note(kind, "image", WorkClass.THROUGHPUT, *labels)
+
+        self.runner = ImageRunner(self.adapter, self.preview, max_batch_size=opts.max_batch_size, note=note)
+        self.scheduler = Scheduler(
+            self.runner.model,
+            load.worker,
+            high_watermark=HIGH_WATERMARK,
+            metrics=load.metrics.scheduler("image"),
+            name="image",
+            work_class=WorkClass.THROUGHPUT,
+        )
         side = self.adapter.default_side
         size = defaults.get("default_size", [side, side])
         self.info = ImageInfo(
@@ -130,7 +126,6 @@ class DiffusersImageFamily:
             token_pixels=self.adapter.token_pixels,
             preview=self.preview.kind,
         )
-        self._live: dict[str, Job] = {}
         log.info(
             "loaded %s (%s, %s previews) on %s",
             self.info.model_name,
@@ -145,8 +140,8 @@ class DiffusersImageFamily:
         return self.adapter.count_tokens(text)
 
     def live(self) -> dict[str, int]:
-        """Per-request state still held: open jobs, and rows of the pipeline call in progress."""
-        return {"jobs": len(self._live), "running_rows": self.runner.running_rows}
+        """Per-request state still held: the scheduler's (sessions, slots, queues) and started pipeline calls."""
+        return {**self.scheduler.live(), "calls": self.runner.model.running}
 
     def _prepare(self, request: ImageRequest, prompt: str, size: tuple[int, int], seed: int) -> _Prepared:
         """Resize inputs to the output size, the mask with them; count tokens (blocking: off the loop)."""
@@ -184,62 +179,22 @@ class DiffusersImageFamily:
             prepared = await anyio.to_thread.run_sync(self._prepare, request, prompt, size, seed)
             ctx.tokens(USAGE_IMAGE).input_tokens = prepared.text_tokens
             ctx.tokens(USAGE_IMAGE_INPUT).input_tokens = prepared.input_tokens
-            send, receive = anyio.create_memory_object_stream[Any](request.partial_images + request.n + 1)
-            loop = asyncio.get_running_loop()
-            job = Job(
-                ctx.request_id, prepared.rows, shape, request.partial_images, loop, send, prepared.original,
-                prepared.mask,
-            )  # fmt: skip
-            unregister = ctx.add_release(job.cancel)
-            self._live[job.request_id] = job
-            future = None
-            try:
-                future = self.worker.submit_batched(shape, job, self.runner.run)
-                future.add_done_callback(functools.partial(_finish, send))
-                finals = 0
-                async with receive:
-                    while finals < request.n:
-                        with ctx.fail_after("a denoising step"):
-                            item = await _receive(receive)
-                        if item is None:
-                            raise StageError(f"request {ctx.request_id}: the pipeline call ended without its images")
-                        if isinstance(item, BaseException):
-                            raise item
+            paint = Paint(prepared.rows, shape, request.partial_images, prepared.original, prepared.mask)
+            finals = 0
+            async with self.scheduler.session(self.runner.job(ctx.request_id, paint), ctx) as stream:
+                async for items in stream:
+                    for item in items:
                         if not item.partial:
                             finals += 1
                             ctx.tokens(USAGE_IMAGE).output_tokens += per_image
                         yield item
-            finally:
-                job.cancel()
-                unregister()
-                if future is not None:
-                    future.cancel()  # not picked up yet: the worker skips it
-                self._live.pop(job.request_id, None)
+            if finals < request.n:
+                raise StageError(f"request {ctx.request_id}: the pipeline call ended without its images")
 
         return image
 
     async def aclose(self) -> None:
-        """Stop every open job at its next step; stop the family's own thread if it has one."""
-        for job in list(self._live.values()):
-            job.cancel()
-        if self._own_worker:
-            await self.worker.aclose()
-
-
-def _own_stream(device: str) -> Any:
-    """A worker init that makes a new CUDA stream current on its thread (so its kernels overlap the others')."""
-
-    def init() -> None:
-        torch.cuda.set_stream(torch.cuda.Stream(device))
-
-    return init
-
-
-async def _receive(receive: Any) -> Any:
-    try:
-        return await receive.receive()
-    except anyio.EndOfStream:
-        return None
+        """Nothing to free beyond the scheduler, which the engine's worker shuts down (releasing every request)."""
 
 
 def load_family(load: LoadContext) -> DiffusersImageFamily:

@@ -2,8 +2,11 @@
 
 Loading (off the event loop): the diffusers-layout checkpoint (:mod:`.checkpoint`), random weights at its sizes
 with ``load_format="dummy"``, and ``video_defaults.json`` when the checkpoint has one. Each request runs one stage,
-which submits one chunk job at a time to the device worker (:mod:`.runner`) and yields each chunk's frames as a
-:class:`~omni_stream.video.spec.VideoChunk` as soon as it is decoded.
+which opens one session per chunk on the family's ``video`` scheduler (a throughput scheduler on the device worker:
+sessions of one shape share one transformer call per denoising step, :mod:`.runner`) and yields each chunk's frames
+as a :class:`~omni_stream.video.spec.VideoChunk` as soon as it is decoded. A session's next chunk queues ahead of
+new sessions; a new session waits (in the ``video`` waiting gauge) while a step with it would not fit in the live
+speech streams' slack.
 
 Run-ahead bound. The stage submits chunk k + 1 only after its consumer took chunk k (the pipeline's edges hold no
 chunk: a sender waits for its receiver), so a request that is not read holds at most one generated chunk in the
@@ -20,7 +23,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from omni_stream.context import RequestContext
-from omni_stream.errors import ConfigError
+from omni_stream.device_policy import WorkClass
+from omni_stream.errors import ConfigError, StageError
 from omni_stream.family import LoadContext, ModelKind
 from omni_stream.models.helios.checkpoint import (
     embedded_default_checkpoint,
@@ -32,6 +36,7 @@ from omni_stream.models.helios.runner import ChunkState, HeliosRunner, StepLog
 from omni_stream.pipeline import Stage
 from omni_stream.runtime.cache import EMBEDDED_MARKER
 from omni_stream.runtime.weights import parse_dtype
+from omni_stream.scheduler import Scheduler
 from omni_stream.video.spec import (
     PromptSchedule,
     VideoChunk,
@@ -40,6 +45,8 @@ from omni_stream.video.spec import (
     chunk_count,
 )
 from omni_stream.worker import DeviceWorker
+
+HIGH_WATERMARK = 2  # a chunk session yields one item (its chunk); the buffer never fills
 
 __all__ = ["HeliosFamily", "embedded_default_checkpoint", "load_family"]
 
@@ -63,7 +70,27 @@ class HeliosFamily:
             dtype = parse_dtype(opts.dtype, opts.device)
             pipe = load_pipeline(ckpt, opts.device, dtype, opts.load_format, opts.progress)
             bar.update(1)
-        self.runner = HeliosRunner(pipe, opts.device, int(defaults.get("max_sequence_length", 512)))
+        worker = load.worker
+
+        def note(kind: str, labels: tuple[str, ...]) -> None:
+            worker.note(kind, "video", WorkClass.THROUGHPUT, *labels)
+
+        self.runner = HeliosRunner(
+            pipe,
+            opts.device,
+            int(defaults.get("max_sequence_length", 512)),
+            max_batch_size=opts.max_batch_size,
+            lock=worker.cond,
+            note=note,
+        )
+        self.scheduler = Scheduler(
+            self.runner.model,
+            worker,
+            high_watermark=HIGH_WATERMARK,
+            metrics=load.metrics.scheduler("video"),
+            name="video",
+            work_class=WorkClass.THROUGHPUT,
+        )
         name = ckpt.name or "helios"
         self.info = VideoInfo(
             model_name=name,
@@ -82,8 +109,8 @@ class HeliosFamily:
         return self.runner.log
 
     def live(self) -> dict[str, int]:
-        """Per-request state still held: requests with a generation state."""
-        return {"requests": len(self._live)}
+        """Per-request state still held: requests with a generation state, the scheduler's, started chunk calls."""
+        return {"requests": len(self._live), **self.scheduler.live(), "calls": self.runner.model.running}
 
     def video_stage(self, request: VideoRequest, ctx: RequestContext) -> Stage[Any, VideoChunk]:
         """The stage of ``request``, resolved by the engine (video.spec.resolve_request)."""
@@ -93,7 +120,7 @@ class HeliosFamily:
         total, fps = request.num_frames, request.fps
         per_chunk = self.info.frames_per_chunk
         chunks = chunk_count(total, per_chunk)
-        runner, worker = self.runner, self.worker
+        runner, scheduler = self.runner, self.scheduler
         width, height = request.width, request.height
         steps, guidance = request.num_inference_steps, request.guidance_scale
 
@@ -113,7 +140,12 @@ class HeliosFamily:
                     if final:
                         request.steering.close()
                     keep = min(per_chunk, total - k * per_chunk)
-                    result = await ctx.wait(worker.submit(runner.generate_chunk, state, prompt, keep), "video chunk")
+                    result = None
+                    async with scheduler.session(runner.job(state, prompt, keep), ctx, continuing=k > 0) as chunk:
+                        async for items in chunk:
+                            (result,) = items
+                    if result is None:
+                        raise StageError(f"request {ctx.request_id}: chunk {k} ended without its frames")
                     usage.input_tokens += result.prompt_tokens
                     usage.output_tokens += keep
                     yield VideoChunk(result.frames, k, k * per_chunk, fps, prompt, final)
@@ -126,6 +158,7 @@ class HeliosFamily:
         return video
 
     async def aclose(self) -> None:
+        """Log every open request's release; the scheduler, shut down by the engine's worker, frees their chunks."""
         for state in list(self._live):
             state.cancel()
 

@@ -1,4 +1,4 @@
-"""Helios one chunk at a time: each chunk is one call of diffusers' ``HeliosPipeline`` on the device worker.
+"""Helios one chunk at a time, every session's chunk a step job: one transformer call per step for all sessions.
 
 ``HeliosPipeline.__call__`` generates every chunk of a video in one loop, so one call would hold the device (and
 every other model on it) until the whole clip is done, and a reader that stalls could only stall the worker. We
@@ -14,24 +14,34 @@ The same generator is drawn from in the same order, so the concatenated chunks e
 (``tests/test_video_helios.py`` checks it, text-to-video and image-to-video). Between chunks a request holds no
 worker time: a stalled reader parks only its own request.
 
-Cancellation. A forward pre-hook on the transformer (each denoising pass) and on the VAE decoder checks the running
-request's ``cancelled`` flag and raises :class:`ChunkCancelled` out of the pipeline, so a released request runs no
-further step. The check and the step-log entry happen under one lock with :meth:`ChunkState.cancel`, so in the
-:class:`StepLog` no step of a request ever follows its ``release`` event.
+Sessions batched. A chunk is a :class:`~omni_stream.runtime.stepwise.StepJob` (:meth:`HeliosRunner.job`): the
+family's ``video`` scheduler runs it through :attr:`HeliosRunner.model`, which parks it at every transformer call
+and at the VAE decode; one worker step is one transformer call for every session of one shape parked there (their
+noisy latents, timesteps, prompt embeddings and history latents stacked; each session's own steering prompt), or
+one batched decode. A session joins at its next chunk and leaves after it, at its own denoising step: it never
+waits for another session's whole chunk. Batched or alone, a session's frames are the same (the test checks it).
+
+Cancellation: releasing a request's chunk kills its job before the next step (the scheduler's release). The
+:class:`StepLog` records per request ``chunk`` (a chunk job began), ``denoise`` (a transformer call it was in),
+``decode`` and ``release``; the step entries and :meth:`ChunkState.cancel` take one lock (the worker's), so no step
+of a request ever follows its ``release`` event.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 from collections import deque
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
+from omni_stream.runtime.stepwise import Emit, Intercept, StepJob, StepwiseModel, own_scheduler
 from omni_stream.video.spec import ChunkPrompt
 
 HISTORY_FRAMES = sum((16, 2, 1))  # HeliosPipeline's default history_sizes: what one chunk reads of the past
@@ -39,16 +49,22 @@ LATENT_FRAMES_PER_CHUNK = 9  # HeliosPipeline's default num_latent_frames_per_ch
 # HeliosPipeline's image-to-video defaults (image_noise_sigma_* for the image, video_noise_sigma_* for its stand-in).
 IMAGE_NOISE_SIGMA = (0.111, 0.135)
 STEP_LOG_SIZE = 20_000
-
-
-class ChunkCancelled(Exception):
-    """Raised inside the pipeline when the request of the running chunk was released."""
+# HeliosTransformer3DModel.forward's per-session arguments (the frame indices are shared: equal for every session)
+TRANSFORMER_ROWS = (
+    "hidden_states",
+    "timestep",
+    "encoder_hidden_states",
+    "latents_history_short",
+    "latents_history_mid",
+    "latents_history_long",
+)
+_KINDS = {"join": "chunk", "denoise": "denoise", "decode": "decode"}  # stepwise events -> this log's kinds
 
 
 @dataclass(slots=True, frozen=True)
 class StepEvent:
-    """One entry of the step log: ``kind`` is ``chunk`` (a chunk job began), ``denoise`` (a transformer pass),
-    ``decode`` (a VAE decoder pass) or ``release`` (the request was released: nothing of it runs after)."""
+    """One entry of the step log: ``kind`` is ``chunk`` (a chunk job began), ``denoise`` (a transformer call),
+    ``decode`` (a VAE decode) or ``release`` (the request was released: nothing of it runs after)."""
 
     seq: int
     request_id: str
@@ -79,6 +95,7 @@ class ChunkState:
     """One request's generation state: its generator, history latents, prompt embeddings, cancel flag.
 
     Created and released on the event loop; read and advanced on the worker thread, one chunk job at a time.
+    ``lock``: the one that step log entries are made under (the device worker's).
     """
 
     request_id: str
@@ -90,7 +107,7 @@ class ChunkState:
     negative_prompt: str | None
     image: np.ndarray | None
     log: StepLog
-    lock: threading.Lock
+    lock: AbstractContextManager[Any]
     chunk: int = 0
     cancelled: bool = False
     history: torch.Tensor | None = None  # the last HISTORY_FRAMES generated latent frames
@@ -99,18 +116,12 @@ class ChunkState:
     negative: torch.Tensor | None = None
 
     def cancel(self) -> None:
-        """Release: the running chunk (if any) stops before its next step. Idempotent; any thread."""
+        """Log the request's release (its chunk session, released with it, stops before its next step).
+        Idempotent; any thread."""
         with self.lock:
             if not self.cancelled:
                 self.cancelled = True
                 self.log.add(self.request_id, self.chunk, "release")
-
-    def begin_step(self, kind: str) -> None:
-        """Log a step, or raise ChunkCancelled when the request was released (worker thread)."""
-        with self.lock:
-            if self.cancelled:
-                raise ChunkCancelled(self.request_id)
-            self.log.add(self.request_id, self.chunk, kind)
 
 
 @dataclass(slots=True, frozen=True)
@@ -120,26 +131,52 @@ class ChunkResult:
 
 
 class HeliosRunner:
-    """Runs chunk jobs of a ``HeliosPipeline`` on the device worker (one job at a time)."""
+    """Runs chunk jobs of a ``HeliosPipeline``: :attr:`model` is the batch model of the family's ``video`` scheduler.
 
-    def __init__(self, pipe: Any, device: str, max_sequence_length: int = 512) -> None:
+    ``lock``: held while steps are logged (the device worker's lock); ``note(kind, labels)``: a copy of every
+    step event (the worker's log). :meth:`generate_chunk` also runs directly (tests), as one call.
+    """
+
+    def __init__(
+        self,
+        pipe: Any,
+        device: str,
+        max_sequence_length: int = 512,
+        *,
+        max_batch_size: int = 32,
+        lock: AbstractContextManager[Any] | None = None,
+        note: Any = None,
+    ) -> None:
         self.pipe = pipe
         self.device = device
         self.max_sequence_length = max_sequence_length
         self.log = StepLog()
-        self.lock = threading.Lock()
+        self.lock: AbstractContextManager[Any] = lock if lock is not None else threading.RLock()
         self.frames_per_chunk = (LATENT_FRAMES_PER_CHUNK - 1) * pipe.vae_scale_factor_temporal + 1
-        self._active: ChunkState | None = None
-        pipe.transformer.register_forward_pre_hook(self._before_denoise)
-        pipe.vae.decoder.register_forward_pre_hook(self._before_decode)
+        self._note = note
+        intercepts = [
+            Intercept("denoise", pipe.transformer, "forward", TRANSFORMER_ROWS),
+            Intercept("decode", pipe.vae, "decode", ("z",)),
+        ]
+        self.model = StepwiseModel(intercepts, max_batch_size=max_batch_size, note=self._step, guard=self.lock)
 
-    def _before_denoise(self, module: Any, args: Any) -> None:
-        if self._active is not None:
-            self._active.begin_step("denoise")
+    def _step(self, kind: str, labels: tuple[str, ...]) -> None:
+        """A stepwise event (under the lock for steps): one log entry per request it concerned."""
+        name = _KINDS.get(kind)
+        if name is not None:
+            for label in labels:
+                request_id, _, chunk = label.rpartition("/")
+                self.log.add(request_id, int(chunk), name)
+        if self._note is not None:
+            self._note(kind, labels)
 
-    def _before_decode(self, module: Any, args: Any) -> None:
-        if self._active is not None:
-            self._active.begin_step("decode")
+    def job(self, state: ChunkState, prompt: ChunkPrompt, keep: int) -> StepJob:
+        """``state``'s next chunk as a step job (its result: the :class:`ChunkResult`)."""
+        run = functools.partial(self._chunk_job, state, prompt, keep)
+        return StepJob(f"{state.request_id}/{state.chunk}", run)
+
+    def _chunk_job(self, state: ChunkState, prompt: ChunkPrompt, keep: int, emit: Emit) -> ChunkResult:
+        return self.generate_chunk(state, prompt, keep)
 
     def new_state(
         self,
@@ -208,54 +245,50 @@ class HeliosRunner:
     @torch.no_grad()
     def generate_chunk(self, state: ChunkState, prompt: ChunkPrompt, keep: int) -> ChunkResult:
         """Generate ``state``'s next chunk with ``prompt``; its first ``keep`` frames as uint8 ``(n, h, w, 3)``."""
-        self._active = state
-        try:
-            state.begin_step("chunk")  # a released request does not even start
-            embeds, tokens = self._prompt_embeds(state, prompt.mix)
-            kwargs: dict[str, Any] = {}
-            cfg = state.guidance > 1.0
-            if cfg and state.negative is None:
-                state.negative, n = self._encode(state.negative_prompt or "")
-                tokens += n
-            stand_in = None
-            if state.history is not None:
-                kwargs.update(video_latents=state.history, add_noise_to_video_latents=False)
-                kwargs.update(image_latents=state.first, add_noise_to_image_latents=False)
-            elif state.image is not None:
-                state.first, stand_in = self._image_latents(state, state.image)
-                kwargs.update(image_latents=state.first, fake_image_latents=stand_in, add_noise_to_image_latents=False)
-            final: list[torch.Tensor] = []
+        pipe = own_scheduler(self.pipe)  # the call's loop state is its own: other sessions' calls interleave
+        embeds, tokens = self._prompt_embeds(state, prompt.mix)
+        kwargs: dict[str, Any] = {}
+        cfg = state.guidance > 1.0
+        if cfg and state.negative is None:
+            state.negative, n = self._encode(state.negative_prompt or "")
+            tokens += n
+        stand_in = None
+        if state.history is not None:
+            kwargs.update(video_latents=state.history, add_noise_to_video_latents=False)
+            kwargs.update(image_latents=state.first, add_noise_to_image_latents=False)
+        elif state.image is not None:
+            state.first, stand_in = self._image_latents(state, state.image)
+            kwargs.update(image_latents=state.first, fake_image_latents=stand_in, add_noise_to_image_latents=False)
+        final: list[torch.Tensor] = []
 
-            def keep_latents(pipe: Any, i: int, t: Any, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
-                final[:] = [tensors["latents"]]
-                return {}
+        def keep_latents(pipe: Any, i: int, t: Any, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+            final[:] = [tensors["latents"]]
+            return {}
 
-            (video,) = self.pipe(
-                prompt_embeds=embeds,
-                negative_prompt_embeds=state.negative if cfg else None,
-                height=state.height,
-                width=state.width,
-                num_frames=self.frames_per_chunk,
-                num_inference_steps=state.steps,
-                guidance_scale=state.guidance,
-                generator=state.generator,
-                output_type="pt",
-                return_dict=False,
-                callback_on_step_end=keep_latents,
-                max_sequence_length=self.max_sequence_length,
-                **kwargs,
-            )
-            latents = final[0]
-            if state.history is None:
-                if state.first is None:
-                    state.first = latents[:, :, 0:1]  # the pipeline keeps the first frame as the prefix
-                past = [stand_in] if stand_in is not None else []
-                state.history = torch.cat([*past, latents], dim=2)
-            else:
-                state.history = torch.cat([state.history, latents], dim=2)
-            state.history = state.history[:, :, -HISTORY_FRAMES:]
-            state.chunk += 1
-            frames = (video[0, :keep].permute(0, 2, 3, 1) * 255).round().clamp(0, 255).to(torch.uint8)
-            return ChunkResult(frames.cpu().numpy(), tokens)
-        finally:
-            self._active = None
+        (video,) = pipe(
+            prompt_embeds=embeds,
+            negative_prompt_embeds=state.negative if cfg else None,
+            height=state.height,
+            width=state.width,
+            num_frames=self.frames_per_chunk,
+            num_inference_steps=state.steps,
+            guidance_scale=state.guidance,
+            generator=state.generator,
+            output_type="pt",
+            return_dict=False,
+            callback_on_step_end=keep_latents,
+            max_sequence_length=self.max_sequence_length,
+            **kwargs,
+        )
+        latents = final[0]
+        if state.history is None:
+            if state.first is None:
+                state.first = latents[:, :, 0:1]  # the pipeline keeps the first frame as the prefix
+            past = [stand_in] if stand_in is not None else []
+            state.history = torch.cat([*past, latents], dim=2)
+        else:
+            state.history = torch.cat([state.history, latents], dim=2)
+        state.history = state.history[:, :, -HISTORY_FRAMES:]
+        state.chunk += 1
+        frames = (video[0, :keep].permute(0, 2, 3, 1) * 255).round().clamp(0, 255).to(torch.uint8)
+        return ChunkResult(frames.cpu().numpy(), tokens)

@@ -1,0 +1,189 @@
+"""What runs next on a shared device: work classes, deadlines and the fairness bound, as pure functions.
+
+Several models share one device worker (:mod:`omni_stream.worker`), so the worker chooses what runs next. Every
+step source has a :class:`WorkClass`:
+
+- ``REALTIME``: work a listener waits for (speech frames, an agent's turn, LM tokens feeding TTS, transcription).
+  Its *deadline* is when its most urgent stream runs dry: for a stream already playing, the end of the audio its
+  listener holds (``first_chunk + audio_seconds`` on the playback clock, the underrun metric's model); for a request
+  that has not produced its first audio yet, or produces no audio (text), now.
+- ``THROUGHPUT``: work measured in items per second (denoising steps of images, video chunks). No listener waits
+  on one step of it, so it runs when the realtime streams can spare the time: when every live realtime stream keeps
+  more slack than the throughput step is expected to take (``margin`` on top), or when it has waited ``max_wait``
+  (the fairness bound: it is never starved, even under a full realtime load).
+
+A realtime source whose streams all hold ``yield_slack`` seconds or more yields to a throughput step (a stream
+with seconds buffered waits for one that is about to underrun, and for throughput work); among realtime sources
+the earliest deadline runs first. Jobs (one-off and batched; the codec's windows, prompt preparation) are realtime.
+
+A step is the unit: no job holds the device longer than one step of its model (one decode step, one denoising
+step, one VAE decode), so a realtime step waits at most one throughput step.
+
+Its switches are fields of the tuning object (:class:`~omni_stream.runtime.settings.Tuning`: ``device_policy``,
+``throughput_wait_ms``, ``throughput_stream``); :meth:`DevicePolicy.from_tuning` reads them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from omni_stream.runtime.settings import Tuning
+
+DEFAULT_MAX_WAIT_S = 0.5
+DEFAULT_MARGIN_S = 0.05
+DEFAULT_YIELD_SLACK_S = 1.0
+DEFAULT_STEP_COST_S = 0.05  # a throughput source's step cost before one was measured
+
+
+class WorkClass(StrEnum):
+    REALTIME = "realtime"
+    THROUGHPUT = "throughput"
+
+
+@dataclass(slots=True, frozen=True)
+class DevicePolicy:
+    """How the worker orders work across models. Seconds throughout.
+
+    ``deadlines``: False restores plain rounds (every runnable job and every runnable source once per round, in
+    attach order, whatever its class): the comparison point of ``benchmarks/colocation_bench.py``.
+    ``max_wait``: the fairness bound, the longest a runnable throughput source waits for a step (default 0.5).
+    ``margin``: slack a realtime stream keeps beyond a throughput step's expected cost (default 0.05).
+    ``yield_slack``: a realtime source whose streams all hold this much slack yields to throughput (default 1.0).
+    ``throughput_stream``: on CUDA, throughput steps launch on a low-priority side stream so their kernels overlap
+    the realtime models' (default True; no effect on CPU).
+    """
+
+    deadlines: bool = True
+    max_wait: float = DEFAULT_MAX_WAIT_S
+    margin: float = DEFAULT_MARGIN_S
+    yield_slack: float = DEFAULT_YIELD_SLACK_S
+    default_cost: float = DEFAULT_STEP_COST_S
+    throughput_stream: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_wait", "margin", "yield_slack", "default_cost"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0 s, got {getattr(self, name)}")
+
+    @classmethod
+    def from_tuning(cls, tuning: Tuning) -> DevicePolicy:
+        """The policy the tuning object's switches ask for (``device_policy``, ``throughput_wait_ms``,
+        ``throughput_stream``); the rest at their defaults."""
+        return cls(
+            deadlines=tuning.device_policy == "deadlines",
+            max_wait=tuning.throughput_wait_ms / 1000,
+            throughput_stream=tuning.throughput_stream,
+        )
+
+
+@dataclass(slots=True, frozen=True)
+class Ready:
+    """A runnable step source as the policy sees it. ``deadline``: realtime, when its most urgent stream runs dry
+    (``perf_counter`` s; None: as soon as possible). ``since``: throughput, when it last ran or became runnable.
+    ``cost``: throughput, the seconds one step is expected to take."""
+
+    key: Hashable
+    deadline: float | None = None
+    since: float = 0.0
+    cost: float = DEFAULT_STEP_COST_S
+
+
+JOBS = "jobs"
+"""The plan's token for the pending one-off and batched jobs (realtime, run in arrival order)."""
+
+
+@dataclass(slots=True, frozen=True)
+class Plan:
+    """One round: ``order`` (source keys and :data:`JOBS`, in the order they run), or nothing to run now and the
+    seconds after which to look again (``wait``; None: until notified)."""
+
+    order: tuple[Hashable, ...]
+    wait: float | None = None
+
+
+def _slack(deadline: float | None, now: float) -> float:
+    return -math.inf if deadline is None else deadline - now
+
+
+def plan_round(
+    now: float,
+    *,
+    jobs: bool,
+    realtime: Sequence[Ready],
+    throughput: Sequence[Ready],
+    demand: float | None,
+    policy: DevicePolicy,
+) -> Plan:
+    """Order one round of the worker (pure).
+
+    ``jobs``: one-off or batched jobs are pending. ``realtime`` / ``throughput``: the runnable sources.
+    ``demand``: the earliest deadline of every live realtime stream, runnable or not (a request being prepared,
+    a stream whose next window is on its way), None when no realtime stream is live.
+
+    A throughput source that has waited ``max_wait`` runs first (one per round). Then the jobs, then the realtime
+    sources under ``yield_slack``, earliest deadline first. Then one throughput step if every live realtime stream
+    can spare its cost plus ``margin``; the realtime sources with ``yield_slack`` or more run only in a round
+    without such a step. With nothing runnable now, ``wait`` says when a blocked throughput source falls due.
+    """
+    if not policy.deadlines:
+        return Plan(((JOBS,) if jobs else ()) + tuple(r.key for r in (*realtime, *throughput)))
+    order: list[Hashable] = []
+    oldest = sorted(throughput, key=lambda r: r.since)
+    picked = next((r for r in oldest if now - r.since >= policy.max_wait), None)
+    if picked is not None:
+        order.append(picked.key)
+    if jobs:
+        order.append(JOBS)
+    by_deadline = sorted(realtime, key=lambda r: _slack(r.deadline, now))
+    urgent = [r for r in by_deadline if _slack(r.deadline, now) < policy.yield_slack]
+    relaxed = [r for r in by_deadline if _slack(r.deadline, now) >= policy.yield_slack]
+    order += [r.key for r in urgent]
+    spare = math.inf if demand is None else demand - now
+    stepped = False
+    if picked is None and oldest and spare >= oldest[0].cost + policy.margin:
+        order.append(oldest[0].key)
+        stepped = True
+    if not stepped:
+        order += [r.key for r in relaxed]
+    if order:
+        return Plan(tuple(order))
+    wait = None if not oldest else max(0.0, oldest[0].since + policy.max_wait - now)
+    return Plan((), wait)
+
+
+def capacity_budget(
+    now: float,
+    *,
+    free: int,
+    waiting: Sequence[tuple[float, bool]],
+    running: int,
+    cost_per_request: float,
+    demand: float | None,
+    policy: DevicePolicy,
+    max_defer: float,
+) -> int:
+    """How many waiting throughput requests (oldest first) a scheduler admits now (pure).
+
+    ``waiting``: ``(created, continuing)`` per waiting request, oldest first; a continuing one (a video session's
+    next chunk) already holds its share of the device and is always admitted. A new one is admitted while one
+    step of the batch with it still fits in the live realtime streams' slack (``demand - now``, less ``margin``),
+    where a step costs ``cost_per_request`` per request; when nothing of this model runs (so throughput always
+    progresses); or once it has waited ``max_defer`` seconds (never starved). At most ``free`` are admitted.
+    """
+    spare = math.inf if demand is None else demand - now - policy.margin
+    admitted = 0
+    rows = running
+    for created, continuing in waiting:
+        if admitted >= free:
+            break
+        fits = (rows + 1) * cost_per_request <= spare
+        if not (continuing or fits or rows == 0 or now - created >= max_defer):
+            break  # oldest first: a newer request never jumps a held one
+        admitted += 1
+        rows += 1
+    return admitted

@@ -1,0 +1,376 @@
+"""Pipelines one model call at a time, batched across requests: each request's call runs in a greenlet.
+
+A diffusers pipeline call runs every denoising step and the VAE decode in one loop, so as one job it would hold
+the device for all of them, and requests that arrive while it runs could only start after it. We keep the
+pipelines' own code (no forks) and cut it at its model calls instead: each request's work (a function that calls
+the pipeline) runs in a greenlet of the device worker's thread, and the module calls named by :class:`Intercept`
+(the denoiser's ``forward``, the VAE's ``decode``) *park* the greenlet: the call's arguments are handed to the
+worker, which goes on with other work. One worker step (:meth:`StepwiseModel.step`) then makes one call for every
+request parked at a compatible call (same model, equal arguments apart from the ``batched`` ones, which are
+stacked along dim 0), splits the result by request and resumes each greenlet until its next model call. What runs
+between two calls (the scheduler's update, a step callback's preview, the final post-processing) runs in that
+resume, on the worker thread. So:
+
+- a step is one batched model call (one denoising step, or one VAE decode), whatever the requests' progress:
+  requests of one shape at different timesteps share the denoiser's call (per-row timesteps), and a request
+  admitted now joins the batch at the next step (its text encoding and input latents run in its join step);
+- the outputs are the pipeline's (its own loop runs, batch of one), as far as the model's kernels give the same
+  rows in a batch as alone (bitwise on CPU for the tiny models);
+- a request's state lives in its greenlet's frames between steps, and releasing it (:meth:`release`) kills the
+  greenlet, which unwinds the pipeline and frees its latents before the next step.
+
+Calls made outside these greenlets (a direct pipeline call, a test) pass through unchanged. Every request gets
+its own copy of the pipeline object with its own noise scheduler (:func:`own_scheduler`): a pipeline keeps its
+loop's state on itself (the scheduler's step index, ``_guidance_scale``).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import itertools
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import torch
+
+from omni_stream.batch_model import Batch, SeqOutput
+from omni_stream.batch_model import Sequence as Seq
+
+log = logging.getLogger(__name__)
+
+LOG_SIZE = 20_000
+_SMALL = 1024  # elements: an unbatched tensor argument this small is compared by value (index tensors)
+
+Emit = Callable[[Any], None]
+
+
+@dataclass(slots=True, frozen=True)
+class Intercept:
+    """A model call that parks the request making it: ``owner.method`` (``forward`` of a denoiser, ``decode`` of a
+    VAE), logged as ``name``. ``batched``: the arguments stacked along dim 0 across requests (a 0-d tensor, a
+    timestep, is expanded to the request's rows); every other argument must be equal for two calls to share one.
+    Empty ``batched``: each request's calls run alone (still one call per step)."""
+
+    name: str
+    owner: Any
+    method: str
+    batched: tuple[str, ...] = ()
+
+
+@dataclass(eq=False)
+class StepJob:
+    """One request's work for :class:`StepwiseModel`: ``run(emit)`` runs in its own greenlet; ``emit(item)`` hands
+    an item out at the end of the step that made it (a preview); ``run``'s return value, if not None, is the last
+    item. ``label`` names it in the step log (a request id)."""
+
+    label: str
+    run: Callable[[Emit], Any]
+
+
+@dataclass(slots=True, frozen=True)
+class StepEvent:
+    """One entry of the step log: ``kind`` is ``join`` (a job started), an intercept's name (a batched call),
+    ``done`` or ``release``; ``labels`` the jobs it concerned."""
+
+    seq: int
+    kind: str
+    labels: tuple[str, ...]
+
+
+class StepLog:
+    """The last :data:`LOG_SIZE` events of a :class:`StepwiseModel` (appended on the worker, read anywhere)."""
+
+    def __init__(self, size: int = LOG_SIZE) -> None:
+        self._events: deque[StepEvent] = deque(maxlen=size)
+        self._seq = itertools.count()
+        self._lock = threading.Lock()
+
+    def add(self, kind: str, labels: tuple[str, ...]) -> None:
+        with self._lock:
+            self._events.append(StepEvent(next(self._seq), kind, labels))
+
+    def events(self) -> list[StepEvent]:
+        with self._lock:
+            return list(self._events)
+
+    def of(self, label: str) -> list[StepEvent]:
+        return [e for e in self.events() if label in e.labels]
+
+
+class _Resume(Enum):
+    VALUE = 0
+    ERROR = 1
+
+
+@dataclass(slots=True)
+class _Park:
+    """A model call a job is parked at: which intercept, its bound arguments, its rows, its grouping key."""
+
+    intercept: int
+    bound: inspect.BoundArguments
+    rows: int
+    key: Hashable
+    ticket: int
+
+
+@dataclass(slots=True, eq=False)
+class _Running:
+    job: StepJob
+    greenlet: Any
+    park: _Park | None = None
+    items: list[Any] = field(default_factory=list)
+
+
+def own_scheduler(pipe: Any) -> Any:
+    """A shallow copy of a diffusers pipeline (every model shared) with its own noise scheduler."""
+    twin = copy.copy(pipe)
+    twin.scheduler = copy.deepcopy(pipe.scheduler)
+    return twin
+
+
+def _freeze(value: Any) -> Hashable:
+    """A hashable stand-in for an unbatched argument: two calls share a batch only when these are equal."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() <= _SMALL and value.device.type == "cpu":
+            return ("tensor", tuple(value.shape), str(value.dtype), tuple(value.flatten().tolist()))
+        return ("tensor-id", id(value))
+    if value is None or isinstance(value, bool | int | float | str | Enum):
+        return value
+    if isinstance(value, tuple | list):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
+    return ("id", id(value))
+
+
+def _rows(value: Any, n: int) -> torch.Tensor:
+    """A batched argument as ``n`` rows (a 0-d or one-row tensor is expanded)."""
+    if value.ndim == 0:
+        return value.reshape(1).expand(n)
+    if value.shape[0] == n:
+        return value
+    if value.shape[0] == 1:
+        return value.expand(n, *value.shape[1:])
+    raise ValueError(f"a batched argument has {value.shape[0]} rows where the call has {n}")
+
+
+def _split(out: Any, sizes: Sequence[int]) -> list[Any]:
+    """A batched call's result, cut back into each request's rows (tensors, tuples of them, model outputs)."""
+    total = sum(sizes)
+    if isinstance(out, torch.Tensor):
+        if out.ndim == 0 or out.shape[0] != total:
+            return [out] * len(sizes)
+        return list(out.split(list(sizes)))
+    if isinstance(out, tuple | list):
+        columns = [_split(v, sizes) for v in out]
+        return [type(out)(column[i] for column in columns) for i in range(len(sizes))]
+    if isinstance(out, dict):  # diffusers' BaseOutput (an OrderedDict dataclass)
+        parts = {k: _split(v, sizes) for k, v in out.items()}
+        return [type(out)(**{k: v[i] for k, v in parts.items()}) for i in range(len(sizes))]
+    return [out] * len(sizes)
+
+
+class StepwiseModel:
+    """A :class:`~omni_stream.batch_model.BatchModel` whose sequences are :class:`StepJob` payloads.
+
+    A step with newcomers starts them (each runs up to its first model call: text encoding, input latents); any
+    other step makes one batched call, for the group of compatible parked calls holding the longest-parked one
+    (so no group waits behind another for more than one round of them). ``on_call(kind, labels)`` (tests) runs on
+    the worker after each call's requests have resumed; ``note(kind, labels)`` too (the worker's log).
+    """
+
+    def __init__(
+        self,
+        intercepts: Sequence[Intercept],
+        *,
+        max_batch_size: int = 32,
+        note: Callable[[str, tuple[str, ...]], None] | None = None,
+        guard: AbstractContextManager[Any] | None = None,
+    ) -> None:
+        """``guard`` (the worker's lock) is held while a step picks its jobs and logs them, so that a release
+        logged under it is never followed by a step of that job in the log."""
+        import greenlet
+
+        self._greenlet = greenlet
+        self._max_batch_size = max(1, max_batch_size)
+        self.intercepts = list(intercepts)
+        self._originals: list[Callable[..., Any]] = []
+        self._signatures: list[inspect.Signature] = []
+        self._by_greenlet: dict[Any, _Running] = {}
+        self._tickets = itertools.count()
+        self.log = StepLog()
+        self.note = note
+        self.on_call: Callable[[str, tuple[str, ...]], None] | None = None
+        self.calls = 0
+        self._guard = guard if guard is not None else nullcontext()
+        for index, spec in enumerate(self.intercepts):
+            original = getattr(spec.owner, spec.method)
+            self._originals.append(original)
+            self._signatures.append(inspect.signature(original))
+            setattr(spec.owner, spec.method, self._interceptor(index, original))
+
+    @property
+    def max_batch_size(self) -> int:
+        return self._max_batch_size
+
+    @property
+    def running(self) -> int:
+        """Jobs started and not finished (worker thread; tests read it once idle)."""
+        return len(self._by_greenlet)
+
+    def current(self) -> str | None:
+        """The label of the job whose greenlet runs now (None outside jobs; worker thread)."""
+        running = self._by_greenlet.get(self._greenlet.getcurrent())
+        return None if running is None else running.job.label
+
+    def _record(self, kind: str, labels: tuple[str, ...]) -> None:
+        self.log.add(kind, labels)
+        if self.note is not None:
+            self.note(kind, labels)
+
+    # --- inside a job's greenlet ---
+
+    def _interceptor(self, index: int, original: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            running = self._by_greenlet.get(self._greenlet.getcurrent())
+            if running is None:  # not a job's call (a direct pipeline call, a preview fit at load)
+                return original(*args, **kwargs)
+            return self._park(running, index, args, kwargs)
+
+        return call
+
+    def _park(self, running: _Running, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        spec = self.intercepts[index]
+        bound = self._signatures[index].bind(*args, **kwargs)
+        rows, shapes = 0, list[Hashable]()
+        for name in spec.batched:
+            value = bound.arguments.get(name)
+            if isinstance(value, torch.Tensor):
+                if value.ndim > 0 and not rows:
+                    rows = int(value.shape[0])
+                shapes.append((name, tuple(value.shape[1:]) if value.ndim else "scalar", str(value.dtype)))
+            else:
+                shapes.append((name, _freeze(value)))
+        shared = tuple((k, _freeze(v)) for k, v in bound.arguments.items() if k not in spec.batched)
+        key: Hashable = (index, tuple(shapes), shared) if spec.batched else (index, id(running))
+        running.park = _Park(index, bound, max(rows, 1), key, next(self._tickets))
+        kind, value = running.greenlet.parent.switch(running.park)
+        if kind is _Resume.ERROR:
+            raise value
+        return value
+
+    # --- the worker thread ---
+
+    def step(self, batch: Batch) -> list[SeqOutput]:
+        grad = torch.is_grad_enabled()
+        try:
+            with torch.no_grad():
+                if batch.prefill:
+                    with self._guard:
+                        joining = [seq for seq in batch.prefill if not seq.abort_requested]
+                        for seq in joining:
+                            self._record("join", (seq.payload.label,))
+                    return [self._start(seq) for seq in joining]
+                return self._call_group(batch.decode)
+        finally:
+            torch.set_grad_enabled(grad)  # a parked pipeline left its no_grad() open on this thread
+
+    def _start(self, seq: Seq) -> SeqOutput:
+        job: StepJob = seq.payload
+        running = _Running(job, None)
+        running.greenlet = self._greenlet.greenlet(lambda: job.run(lambda item: running.items.append(item)))
+        seq.model_state = running
+        self._by_greenlet[running.greenlet] = running
+        return self._resume(seq, running, None)
+
+    def _resume(self, seq: Seq, running: _Running, value: tuple[_Resume, Any] | None) -> SeqOutput:
+        running.park = None
+        try:
+            result = running.greenlet.switch() if value is None else running.greenlet.switch(value)
+        except Exception as exc:  # the job failed: it alone
+            self._forget(running)
+            return SeqOutput(seq.seq_id, self._take(running), error=exc)
+        if running.greenlet.dead:
+            self._forget(running)
+            if result is not None:
+                running.items.append(result)
+            self._record("done", (running.job.label,))
+            return SeqOutput(seq.seq_id, self._take(running), finished=True)
+        return SeqOutput(seq.seq_id, self._take(running))
+
+    @staticmethod
+    def _take(running: _Running) -> tuple[Any, ...] | None:
+        items, running.items = running.items, []
+        return tuple(items) if items else None
+
+    def _forget(self, running: _Running) -> None:
+        self._by_greenlet.pop(running.greenlet, None)
+
+    def _call_group(self, decode: Sequence[Seq]) -> list[SeqOutput]:
+        parked = [s for s in decode if isinstance(s.model_state, _Running) and s.model_state.park is not None]
+        if not parked:
+            return []
+        with self._guard:  # a job released from now on is not in this call's log entry, nor in the call
+            parked = [s for s in parked if not s.abort_requested]
+            if not parked:
+                return []
+            first = min(parked, key=lambda s: s.model_state.park.ticket)
+            key = first.model_state.park.key
+            group = [s for s in parked if s.model_state.park.key == key]
+            spec = self.intercepts[first.model_state.park.intercept]
+            labels = tuple(s.model_state.job.label for s in group)
+            self._record(spec.name, labels)
+        parks: list[_Park] = [s.model_state.park for s in group]
+        self.calls += 1
+        try:
+            results = self._batched_call(parks)
+        except Exception as exc:  # the call failed: every request of it fails, at its parked call
+            resumes = [(_Resume.ERROR, exc)] * len(group)
+        else:
+            resumes = [(_Resume.VALUE, r) for r in results]
+        outputs = [
+            self._resume(seq, seq.model_state, value)
+            for seq, value in zip(group, resumes, strict=True)
+            if not seq.abort_requested  # released during the call: its release kills it before the next step
+        ]
+        if self.on_call is not None:
+            self.on_call(spec.name, labels)
+        return outputs
+
+    def _batched_call(self, parks: Sequence[_Park]) -> list[Any]:
+        index = parks[0].intercept
+        spec, original = self.intercepts[index], self._originals[index]
+        first = parks[0].bound
+        if len(parks) == 1:
+            return [original(*first.args, **first.kwargs)]
+        merged = self._signatures[index].bind(*first.args, **first.kwargs)
+        sizes = [p.rows for p in parks]
+        for name in spec.batched:
+            values = [p.bound.arguments.get(name) for p in parks]
+            if all(isinstance(v, torch.Tensor) for v in values):
+                merged.arguments[name] = torch.cat([_rows(v, n) for v, n in zip(values, sizes, strict=True)])
+        return _split(original(*merged.args, **merged.kwargs), sizes)
+
+    def release(self, seq: Seq) -> None:
+        """Kill the job's greenlet (its pipeline unwinds; its tensors are freed) unless it has finished."""
+        running = seq.model_state
+        seq.model_state = None
+        if not isinstance(running, _Running):
+            return
+        self._forget(running)
+        if running.greenlet is not None and not running.greenlet.dead:
+            self._record("release", (running.job.label,))
+            grad = torch.is_grad_enabled()
+            try:
+                running.greenlet.throw(self._greenlet.GreenletExit)
+            except Exception:
+                log.exception("job %s failed while it was released", running.job.label)
+            finally:
+                torch.set_grad_enabled(grad)
