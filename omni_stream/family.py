@@ -67,8 +67,8 @@ class SpeechInfo(ModelInfo):
     request may carry (``max_input_chars``: streamed text is cut into units no longer than that).
 
     What requests are checked against (:mod:`omni_stream.validation.speech`): ``speaker_embedding_dim``, the size of
-    a cloning prompt's x-vector (None: any); ``non_streaming_mode``, whether the family has the two prompt layouts
-    that field picks between."""
+    a cloning prompt's x-vector (None: any); ``options``, the type of the family's own request options
+    (``SpeechRequest.options``, a dataclass the family owns; None: it takes none)."""
 
     task_types: tuple[TaskType, ...] = ()
     voices: tuple[str, ...] = ()
@@ -78,7 +78,7 @@ class SpeechInfo(ModelInfo):
     default_voice: str | None = None
     max_input_chars: int = 1000
     speaker_embedding_dim: int | None = None
-    non_streaming_mode: bool = False
+    options: type | None = None
 
 
 @dataclass(slots=True, frozen=True)

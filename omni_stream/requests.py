@@ -75,9 +75,9 @@ class SpeechRequest:
     Units: ``max_new_tokens`` in codec frames (80 ms each for 12 Hz models; None: the frame budget of the
     text, :func:`omni_stream.speech.limits.frame_budget`); ``ref_audio`` float32 mono at ``ref_sample_rate`` Hz;
     ``initial_codec_chunk_frames`` frames in the first audio chunk (None = model default). ``voice`` None: the
-    model's default voice. ``non_streaming_mode`` (None: the model's default) picks the prompt layout where
-    the family has two (Qwen3-TTS: all text in the prefill, or one text token per step); families with one
-    refuse it. Bounds: :mod:`omni_stream.speech.limits`.
+    model's default voice. ``options``: the family's own options, an instance of its ``SpeechInfo.options``
+    type (Qwen3-TTS: the code predictor's sampler, the prompt layout); None: its defaults; a family that takes none
+    refuses them. Bounds: :mod:`omni_stream.speech.limits`.
 
     ``text`` may stream: an async iterator of :class:`TextDelta` (an LLM's output, a realtime session's text) is
     split into sentences, each synthesized as its own request while the previous one plays (``split``).
@@ -97,9 +97,9 @@ class SpeechRequest:
     # Generation. Sampling None: the checkpoint's own defaults (generation_config.json).
     max_new_tokens: int | None = None
     sampling: SamplingParams | None = None
-    subtalker_sampling: SamplingParams | None = None
     seed: int | None = None
-    non_streaming_mode: bool | None = None
+    # What only the family understands (its SpeechInfo.options type), checked by the engine
+    options: object | None = None
     # Streaming
     initial_codec_chunk_frames: int | None = None
     # Benchmarks only: never stop on EOS, always generate max_new_tokens frames.

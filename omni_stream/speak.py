@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import numpy as np
@@ -62,7 +64,6 @@ async def _speak(args: argparse.Namespace) -> int:
         ref_text=args.ref_text,
         max_new_tokens=args.max_new_tokens,
         sampling=sampling,
-        subtalker_sampling=sampling,
         seed=args.seed,
     )
     # Without --model only the embedded speech model: speaking needs no other default (a video model, ...).
@@ -70,6 +71,8 @@ async def _speak(args: argparse.Namespace) -> int:
     tuning = tuning_from_args(args)
     async with await AsyncEngine.load({"model": model}, device=args.device, dtype=args.dtype, tuning=tuning) as engine:
         pieces: list[np.ndarray] = []
+        if sampling is not None:  # --greedy: the family's own samplers too (Qwen3-TTS: the code predictor's)
+            request = dataclasses.replace(request, options=with_samplers(engine.speech_info.options, sampling))
         async with engine.speech(request) as stream:
             async for audio in stream:
                 pieces.append(audio.samples)
@@ -90,6 +93,14 @@ async def _speak(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def with_samplers(options: type | None, sampling: Any) -> object | None:
+    """The family's options type (``SpeechInfo.options``) with every sampler field it has set to ``sampling``."""
+    if options is None:
+        return None
+    samplers = {f.name: sampling for f in dataclasses.fields(options) if "SamplingParams" in str(f.type)}
+    return options(**samplers) if samplers else None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ from reference_qwen import tiny_checkpoint
 from omni_stream.batch_model import Batch, Sequence
 from omni_stream.models.qwen3_tts.checkpoint import load_lm
 from omni_stream.models.qwen3_tts.config import load_config
+from omni_stream.models.qwen3_tts.options import Qwen3TTSOptions
 from omni_stream.models.qwen3_tts.prompt import prepare_request
 from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
 from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
@@ -62,7 +63,8 @@ def cv(tmp_path_factory):
 def _req(cv, text: str, voice: str, n: int, *, hot: bool = False, seed: int = 0):
     cfg, tok, _ = cv
     req = SpeechRequest(text=text, voice=voice, max_new_tokens=n, ignore_eos=True, seed=seed,
-                        sampling=HOT if hot else GREEDY, subtalker_sampling=SUB_HOT if hot else SUB_GREEDY)  # fmt: skip
+                        sampling=HOT if hot else GREEDY,
+                        options=Qwen3TTSOptions(subtalker_sampling=SUB_HOT if hot else SUB_GREEDY))  # fmt: skip
     return prepare_request(req, cfg, tok)
 
 

@@ -16,6 +16,7 @@ from omni_stream.engine import AsyncEngine
 from omni_stream.errors import ConfigError, InvalidRequestError, UnknownVoiceError, UnsupportedTaskError
 from omni_stream.models.qwen3_tts import family as family_mod
 from omni_stream.models.qwen3_tts.checkpoint import write_tiny_checkpoint
+from omni_stream.models.qwen3_tts.options import Qwen3TTSOptions
 from omni_stream.models.qwen3_tts.prompt import prepare_request
 from omni_stream.requests import GREEDY, RequestState, SpeechRequest, VoicePrompt
 from omni_stream.runtime.settings import Tuning
@@ -37,7 +38,7 @@ def base_dir(tmp_path_factory: pytest.TempPathFactory):
 
 def _greedy(text: str, **kw) -> SpeechRequest:
     kw.setdefault("max_new_tokens", 24)
-    return SpeechRequest(text=text, sampling=GREEDY, subtalker_sampling=GREEDY, **kw)
+    return SpeechRequest(text=text, sampling=GREEDY, options=Qwen3TTSOptions(subtalker_sampling=GREEDY), **kw)
 
 
 async def _collect(engine: AsyncEngine, request: SpeechRequest) -> np.ndarray:

@@ -15,6 +15,7 @@ from reference_qwen import tiny_checkpoint
 
 from omni_stream.models.qwen3_tts.checkpoint import load_lm
 from omni_stream.models.qwen3_tts.config import load_config
+from omni_stream.models.qwen3_tts.options import Qwen3TTSOptions
 from omni_stream.models.qwen3_tts.prompt import prepare_request
 from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
 from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
@@ -100,7 +101,7 @@ def test_code_predictor_takes_its_own_row_limit_and_reads_its_inputs_from_the_ta
     reqs = []
     for t, v in (("Hello there, a first test.", "ryan"), ("Good.", "dylan")):
         req = SpeechRequest(text=t, voice=v, language="English", max_new_tokens=6, sampling=GREEDY,
-                            subtalker_sampling=GREEDY)  # fmt: skip
+                            options=Qwen3TTSOptions(subtalker_sampling=GREEDY))  # fmt: skip
         reqs.append(prepare_request(req, cfg, tok))
     expected = Qwen3TTSRunner(lm, max_batch_size=2, max_len=256).generate_codes(reqs)
     assert cfg.talker.decoder.hidden_size != cfg.code_predictor.hidden_size  # the predictor has an input projection
@@ -218,7 +219,7 @@ def test_runner_with_fused_layers_gives_the_module_codes(cv) -> None:
     reqs = []
     for t, v in texts:
         req = SpeechRequest(text=t, voice=v, language="English", max_new_tokens=10, sampling=GREEDY,
-                            subtalker_sampling=GREEDY)  # fmt: skip
+                            options=Qwen3TTSOptions(subtalker_sampling=GREEDY))  # fmt: skip
         reqs.append(prepare_request(req, cfg, tok))
     plain = Qwen3TTSRunner(lm, max_batch_size=4, max_len=256)
     assert plain.kernels is None and all(layer.kernels is None for layer in lm.talker.model.layers)
@@ -370,6 +371,7 @@ _SPECIALIZATION_CHECK = textwrap.dedent(
     from omni_stream.models.qwen3_tts.prompt import prepare_request
     from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
     from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
+    from omni_stream.models.qwen3_tts.options import Qwen3TTSOptions
     from omni_stream.requests import SamplingParams, SpeechRequest
     from omni_stream.runtime.settings import Tuning
     from omni_stream.runtime import triton_kernels as tk
@@ -410,8 +412,9 @@ _SPECIALIZATION_CHECK = textwrap.dedent(
     greedy = SamplingParams(do_sample=False)
 
     def requests(n):
+        options = Qwen3TTSOptions(subtalker_sampling=greedy)
         return [prepare_request(SpeechRequest(text="Hello there.", voice="ryan", max_new_tokens=2, ignore_eos=True,
-                                              sampling=greedy, subtalker_sampling=greedy), cfg, tok)
+                                              sampling=greedy, options=options), cfg, tok)
                 for _ in range(n)]
 
     # the code predictor on torch keeps the interpreter's time down: its projections take at most 16 rows

@@ -11,6 +11,7 @@ import torch
 
 from omni_stream.models.qwen3_tts.checkpoint import hub_config, load_lm
 from omni_stream.models.qwen3_tts.config import load_config
+from omni_stream.models.qwen3_tts.options import Qwen3TTSOptions
 from omni_stream.models.qwen3_tts.prompt import prepare_request
 from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
 from omni_stream.requests import SamplingParams, SpeechRequest
@@ -148,7 +149,8 @@ def _requests(cfg, tok, *, sampled: bool):
     for i, (text, voice) in enumerate(texts):
         s = sampled and i == 1
         req = SpeechRequest(text=text, voice=voice, max_new_tokens=6 + i, ignore_eos=True, seed=10 + i,
-                            sampling=hot if s else GREEDY, subtalker_sampling=sub_hot if s else SUB_GREEDY)  # fmt: skip
+                            sampling=hot if s else GREEDY,
+                            options=Qwen3TTSOptions(subtalker_sampling=sub_hot if s else SUB_GREEDY))  # fmt: skip
         out.append(prepare_request(req, cfg, tok))
     return out
 

@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from omni_stream.models.qwen3_tts.checkpoint import load_lm
 from omni_stream.models.qwen3_tts.config import Qwen3TTSConfig, load_config
+from omni_stream.models.qwen3_tts.options import Qwen3TTSOptions
 from omni_stream.models.qwen3_tts.prompt import prepare_request
 from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
 from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
@@ -36,7 +37,7 @@ class Side:
 
     def ours(self, **kw) -> torch.Tensor:
         kw.setdefault("max_new_tokens", N)
-        req = SpeechRequest(sampling=GREEDY, subtalker_sampling=SUB_GREEDY, **kw)
+        req = SpeechRequest(sampling=GREEDY, options=Qwen3TTSOptions(subtalker_sampling=SUB_GREEDY), **kw)
         codes = self.runner.generate_codes([prepare_request(req, self.cfg, self.tok)])[0]
         assert self.runner.num_active == 0
         return codes

@@ -13,6 +13,7 @@ from omni_stream.chunks import CodecFrames
 from omni_stream.errors import InvalidRequestError
 from omni_stream.models.qwen3_tts.checkpoint import load_lm
 from omni_stream.models.qwen3_tts.config import load_config
+from omni_stream.models.qwen3_tts.options import Qwen3TTSOptions
 from omni_stream.models.qwen3_tts.prompt import prepare_request
 from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
 from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
@@ -39,8 +40,9 @@ def base(tmp_path_factory):
 def make(model, *, non_streaming=None, **kw):
     cfg, tok, _ = model
     kw.setdefault("sampling", GREEDY)
-    kw.setdefault("subtalker_sampling", SUB_GREEDY)
-    return prepare_request(SpeechRequest(**kw), cfg, tok, non_streaming=non_streaming)
+    sub = kw.pop("subtalker_sampling", SUB_GREEDY)  # the code predictor's sampler: Qwen3-TTS's own option
+    options = Qwen3TTSOptions(subtalker_sampling=sub)
+    return prepare_request(SpeechRequest(**kw, options=options), cfg, tok, non_streaming=non_streaming)
 
 
 def runner(model, slots=4, max_len=256, ahead=False) -> Qwen3TTSRunner:

@@ -15,6 +15,7 @@ from test_scheduler import make, read_all, settle, step
 
 from omni_stream.engine import AsyncEngine
 from omni_stream.models.qwen3_tts.checkpoint import write_tiny_checkpoint
+from omni_stream.models.qwen3_tts.options import Qwen3TTSOptions
 from omni_stream.models.synthetic import TalkerInput
 from omni_stream.requests import GREEDY, SpeechRequest
 
@@ -75,7 +76,7 @@ async def _speak(engine: AsyncEngine, frames: int) -> int:
         max_new_tokens=frames,
         ignore_eos=True,
         sampling=GREEDY,
-        subtalker_sampling=GREEDY,
+        options=Qwen3TTSOptions(subtalker_sampling=GREEDY),
     )
     async with engine.speech(request) as stream:
         return sum([a.n_samples async for a in stream])

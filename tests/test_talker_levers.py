@@ -21,6 +21,7 @@ from omni_stream.errors import ConfigError
 from omni_stream.models.qwen3_tts import codec_stage as codec_mod
 from omni_stream.models.qwen3_tts.checkpoint import load_lm, write_tiny_checkpoint
 from omni_stream.models.qwen3_tts.config import load_config
+from omni_stream.models.qwen3_tts.options import Qwen3TTSOptions
 from omni_stream.models.qwen3_tts.prompt import prepare_request
 from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
 from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
@@ -41,7 +42,7 @@ def cv(tmp_path_factory):
 
 def make(model, **kw):
     _, cfg, tok, _ = model
-    kw = {"sampling": GREEDY, "subtalker_sampling": SUB_GREEDY, "language": "English"} | kw
+    kw = {"sampling": GREEDY, "options": Qwen3TTSOptions(subtalker_sampling=SUB_GREEDY), "language": "English"} | kw
     return prepare_request(SpeechRequest(**kw), cfg, tok)
 
 
@@ -144,9 +145,9 @@ def test_a_request_arriving_during_the_step_in_flight_joins_the_next_launch_only
 
 REQUESTS = (
     SpeechRequest("Hello world, this is a test.", voice="ryan", max_new_tokens=14, sampling=GREEDY,
-                  subtalker_sampling=GREEDY),
-    SpeechRequest("The voice is warm.", voice="sohee", max_new_tokens=10, sampling=GREEDY, subtalker_sampling=GREEDY,
-                  initial_codec_chunk_frames=2),
+                  options=Qwen3TTSOptions(subtalker_sampling=GREEDY)),
+    SpeechRequest("The voice is warm.", voice="sohee", max_new_tokens=10, sampling=GREEDY,
+                  options=Qwen3TTSOptions(subtalker_sampling=GREEDY), initial_codec_chunk_frames=2),
 )  # fmt: skip
 
 
@@ -322,7 +323,7 @@ async def test_reference_audio_sent_again_is_not_extracted_again_while_it_is_kep
 
     def clone(clip, **kw):
         return SpeechRequest("Hello world.", ref_audio=clip, ref_text="Hello there.", max_new_tokens=6,
-                             sampling=GREEDY, subtalker_sampling=GREEDY, **kw)  # fmt: skip
+                             sampling=GREEDY, options=Qwen3TTSOptions(subtalker_sampling=GREEDY), **kw)  # fmt: skip
 
     sent = [clone(clip_a), clone(clip_a), clone(clip_a, x_vector_only_mode=True), clone(clip_b), clone(clip_a)]
     async with await AsyncEngine.from_pretrained(base[0], progress=False, max_batch_size=2) as engine:

@@ -46,6 +46,33 @@ def check_task(info: SpeechInfo, task: TaskType) -> None:
         raise UnsupportedTaskError(message, "task_type")
 
 
+def family_options(info: SpeechInfo, **fields: Any) -> object | None:
+    """The family's own options (``SpeechRequest.options``) from wire fields of the same names (None values are
+    left out; none left: None); a field its options type does not have is refused, naming it."""
+    given = {name: value for name, value in fields.items() if value is not None}
+    if not given:
+        return None
+    takes = {f.name for f in dataclasses.fields(info.options)} if info.options is not None else set()
+    for name in given:
+        if name not in takes:
+            label = family_label(info.model_type)
+            raise InvalidRequestError(f"'{name}' is not supported by this model ({label} has no such option)", name)
+    assert info.options is not None
+    return info.options(**given)
+
+
+def check_options(info: SpeechInfo, options: object | None) -> None:
+    """``options`` are the family's own type (or None)."""
+    if options is None:
+        return
+    if info.options is None or not isinstance(options, info.options):
+        label = family_label(info.model_type)
+        wanted = info.options.__name__ if info.options is not None else "none"
+        raise InvalidRequestError(
+            f"options of type {type(options).__name__} are not {label}'s (it takes: {wanted})", "options"
+        )
+
+
 def check_reference(audio: Any, sample_rate: int, param: str = "ref_audio") -> np.ndarray:
     """Reference audio for cloning as float32 mono samples: non-empty, finite, ``sample_rate`` > 0, and
     :data:`~omni_stream.speech.limits.MIN_REF_SECONDS` to ``MAX_REF_SECONDS`` long."""
@@ -139,10 +166,7 @@ def resolve_speech(
     if isinstance(request.text, str):
         check_text(request.text, info.max_input_chars)
     fields: dict[str, Any] = {"task_type": task, "language": resolve_language(request.language, info.languages)}
-    if request.non_streaming_mode is not None and not info.non_streaming_mode:
-        raise InvalidRequestError(
-            "'non_streaming_mode' is not supported by this model: it has a single prompt layout", "non_streaming_mode"
-        )
+    check_options(info, request.options)
     if voice.uploaded is not None and task is not TaskType.BASE:
         raise InvalidRequestError(
             f"Voice '{request.voice}' is an uploaded voice for cloning: it needs task_type='Base'", "voice"

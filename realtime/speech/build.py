@@ -24,7 +24,7 @@ from omni_stream.realtime.speech.params import SpeechOptions
 from omni_stream.realtime.state import ServerState
 from omni_stream.requests import SpeechRequest, VoicePrompt
 from omni_stream.speech.limits import MAX_REF_SECONDS, check_ref_seconds
-from omni_stream.validation.speech import resolve_speech
+from omni_stream.validation.speech import family_options, resolve_speech
 from omni_stream.validation.voices import builtin_voice
 
 
@@ -140,7 +140,8 @@ async def build_request(state: ServerState, opts: SpeechOptions, text: str) -> S
         "ref_text": opts.ref_text,
         "x_vector_only_mode": opts.x_vector_only_mode,
         "max_new_tokens": opts.max_new_tokens,
-        "non_streaming_mode": opts.non_streaming_mode,
+        # the family's own options, by the wire's names (a field its options lack is refused naming it)
+        "options": family_options(state.ready_engine.speech_info, non_streaming_mode=opts.non_streaming_mode),
         "seed": opts.seed,
         "initial_codec_chunk_frames": opts.initial_codec_chunk_frames,
         "ignore_eos": opts.ignore_eos,

@@ -31,6 +31,7 @@ from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
 from omni_stream.models.qwen3_tts.codec_stage import LiveCount, ReferenceCodes, codec_stage
 from omni_stream.models.qwen3_tts.codec_stream import FirstWindow
 from omni_stream.models.qwen3_tts.config import Qwen3TTSConfig, load_config, load_generation_defaults
+from omni_stream.models.qwen3_tts.options import Qwen3TTSOptions, options_of
 from omni_stream.models.qwen3_tts.prompt import TASK_OF_MODEL, TalkerRequest, prepare_request
 from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
 from omni_stream.models.qwen3_tts.speaker_encoder import load_speaker_encoder
@@ -165,11 +166,9 @@ class Qwen3TTSFamily:
         assert isinstance(request.text, str), "streamed text is split into units before it reaches a family"
         reference = ReferenceCodes()  # the talker stage's prompt hands the ICL reference codes to the codec stage
         first = FirstWindow(request.initial_codec_chunk_frames)  # decided by the runner at the first frame
-        request = replace(
-            request,
-            sampling=request.sampling or self.sampling,
-            subtalker_sampling=request.subtalker_sampling or self.subtalker_sampling,
-        )
+        options = options_of(request.options)
+        options = replace(options, subtalker_sampling=options.subtalker_sampling or self.subtalker_sampling)
+        request = replace(request, sampling=request.sampling or self.sampling, options=options)
         context = self.runner.max_len
 
         async def prepare(ctx: RequestContext) -> TalkerRequest:
@@ -180,13 +179,7 @@ class Qwen3TTSFamily:
                 with ctx.fail_after("voice prompt extraction"):
                     voice_prompt = await self.create_voice_prompt(request.ref_audio, request.ref_sample_rate, ref_text)
             talker_request = await run_prepare(
-                lambda: prepare_request(
-                    request,
-                    self.config,
-                    self.tokenizer,
-                    voice_prompt=voice_prompt,
-                    non_streaming=request.non_streaming_mode,
-                )
+                lambda: prepare_request(request, self.config, self.tokenizer, voice_prompt=voice_prompt)
             )
             prompt = talker_request.prompt
             frames = fit_context(prompt.prefill_len, talker_request.max_new_tokens, context, explicit=explicit)
@@ -268,7 +261,7 @@ def speech_info(cfg: Qwen3TTSConfig, model_name: str, sample_rate: int, context:
         default_task=task,
         max_input_chars=max_input_chars(context),
         speaker_embedding_dim=cfg.talker.decoder.hidden_size,
-        non_streaming_mode=True,
+        options=Qwen3TTSOptions,
     )
 
 

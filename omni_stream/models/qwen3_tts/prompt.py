@@ -18,6 +18,7 @@ import torch
 from omni_stream.errors import InvalidRequestError
 from omni_stream.models.qwen3_tts.codec_stream import FirstWindow
 from omni_stream.models.qwen3_tts.config import CODEBOOK_SIZE, NUM_CODE_GROUPS, GenerationDefaults, Qwen3TTSConfig
+from omni_stream.models.qwen3_tts.options import options_of
 from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
 from omni_stream.requests import SamplingParams, SpeechRequest, TaskType, VoicePrompt
 from omni_stream.speech.limits import resolved_max_new_tokens
@@ -199,16 +200,20 @@ def prepare_request(
     defaults: GenerationDefaults | None = None,
 ) -> TalkerRequest:
     """:func:`build_prompt` plus the request's generation settings; unset sampling comes from ``defaults``
-    (the checkpoint's ``generation_config.json``; None: the reference defaults)."""
+    (the checkpoint's ``generation_config.json``; None: the reference defaults). The request's
+    :class:`~.options.Qwen3TTSOptions` give the code predictor's sampling and the prompt layout (``non_streaming``
+    overrides it)."""
     if not isinstance(request.text, str):
         raise TypeError("streamed text is split into units before a prompt is built")
-    prompt = build_prompt(request, cfg, tokenizer, voice_prompt=voice_prompt, non_streaming=non_streaming)
+    options = options_of(request.options)
+    layout = options.non_streaming_mode if non_streaming is None else non_streaming
+    prompt = build_prompt(request, cfg, tokenizer, voice_prompt=voice_prompt, non_streaming=layout)
     gen = defaults or GenerationDefaults()
     return TalkerRequest(
         prompt=prompt,
         max_new_tokens=resolved_max_new_tokens(request.text, request.max_new_tokens),
         sampling=request.sampling or gen.talker_sampling(),
-        subtalker_sampling=request.subtalker_sampling or gen.subtalker_sampling(),
+        subtalker_sampling=options.subtalker_sampling or gen.subtalker_sampling(),
         seed=request.seed,
         ignore_eos=request.ignore_eos,
         request_id=request.request_id,
