@@ -11,7 +11,10 @@ import zlib
 from collections.abc import Iterator
 
 import httpx
+import numpy as np
+import openai
 import pytest
+from image_helpers import decode_b64_image, png_bytes
 from serving_helpers import LiveServer, default_server
 from video_helpers import wait_until
 from websockets.exceptions import ConnectionClosed
@@ -213,3 +216,43 @@ def test_the_model_list_names_the_voices(live):
     speech = next(m for m in models if m["kind"] == "speech")
     voices = httpx.get(f"{live.url}/v1/audio/voices").json()["voices"]
     assert speech["voices"] == voices and len(voices) > 1
+
+
+# --- images: the route every kind's default covers, and which SSE dialect a client gets ------------------------------
+
+
+def sdk(live: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{live.url}/v1", api_key="x", max_retries=0)
+
+
+def test_text_to_image_works_on_the_no_argument_server(live):
+    result = sdk(live).images.generate(prompt="a red kite over a green hill", size="64x64")
+    assert len(result.data) == 1 and decode_b64_image(result.data[0].b64_json).size == (64, 64)
+    events = list(sdk(live).images.generate(prompt="a red kite", size="64x64", stream=True))
+    assert events[-1].type == "image_generation.completed"
+
+
+@pytest.mark.parametrize("partial_images", [None, 1])
+def test_unchanged_openai_sdk_code_gets_openais_events(live, partial_images):
+    """``client.images.edit(stream=True)`` as OpenAI's docs write it, on a server whose text model rewrites the
+    prompt: the SDK's own headers pick OpenAI's dialect, with or without ``partial_images``."""
+    extra = {} if partial_images is None else {"partial_images": partial_images}
+    picture = png_bytes(np.full((64, 64, 3), 90, np.uint8))
+    events = list(
+        sdk(live).images.edit(image=("in.png", picture, "image/png"), prompt="make it snowy", stream=True, **extra)
+    )
+    kinds = [e.type for e in events]
+    assert kinds[-1] == "image_edit.completed" and "image_edit.text_delta" in kinds, kinds
+    assert decode_b64_image(events[-1].b64_json).size == (64, 64)
+    assert kinds.count("image_edit.partial_image") == (partial_images or 0)
+
+
+def test_a_client_without_the_sdk_headers_gets_vllm_omnis_events(live):
+    """vLLM-Omni's client (plain HTTP, no ``stream_format``) keeps its dialect on the same server."""
+    picture = png_bytes(np.full((64, 64, 3), 90, np.uint8))
+    files, data = {"image": ("in.png", picture, "image/png")}, {"prompt": "make it snowy", "stream": "true"}
+    with httpx.stream("POST", f"{live.url}/v1/images/edits", files=files, data=data, timeout=60) as response:
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    kinds = [json.loads(line[6:])["type"] for line in lines[:-1]]
+    assert kinds[0] == "ar_delta" and kinds[-1] == "image", kinds

@@ -81,7 +81,7 @@ def test_serve_without_model_uses_the_embedded_checkpoint_and_stops_on_sigint(tm
     assert models[0].startswith("qwen3-tts-tiny") and "qwen3-tiny-chat-v2" in models
     assert any(m.startswith("whisper-tiny") for m in models)
     # the image default joins them where the [image] extra (diffusers) is installed
-    assert ("instruct-pix2pix-tiny" in models) == bool(importlib.util.find_spec("diffusers"))
+    assert ("stable-diffusion-tiny" in models) == bool(importlib.util.find_spec("diffusers"))  # both image routes
     assert ("helios-tiny-v1" in models) == bool(importlib.util.find_spec("diffusers"))
     assert len(models) == len([kind for kind in default_kinds() if default_available(kind)])
     # OMNI_STREAM_CACHE moves the voices dir too (beside the embedded checkpoint)

@@ -40,6 +40,7 @@ from omni_stream.realtime.images.params import (
     ImageParams,
     choose_dialect,
     form_values,
+    from_openai_sdk,
     parse_params,
 )
 from omni_stream.realtime.images.sse import ImageEvents, usage_body
@@ -151,7 +152,7 @@ async def _serve(
 ) -> Response:
     engine = state.ready_engine
     image_request = _image_request(params, images, mask)
-    dialect = choose_dialect(params, uses_text(image_request, engine.models))
+    dialect = choose_dialect(params, uses_text(image_request, engine.models), from_openai_sdk(request.headers))
     width, height = output_size(image_family(engine.models).info, image_request)
     events = ImageEvents(
         dialect or Dialect.OPENAI,

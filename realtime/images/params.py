@@ -4,9 +4,12 @@ that picks the SSE dialect. Pure: no I/O; every problem is a 400 naming the fiel
 Dialect rule (``stream=true``), first match wins:
 
 1. ``stream_format``: ``"openai"`` or ``"vllm"`` (an extension field) picks that dialect.
-2. ``partial_images`` sent (any value, 0 included): OpenAI's, which is what ``client.images.edit(stream=True,
-   partial_images=N)`` reads.
-3. Otherwise vLLM-Omni's when the request runs an AR text stage (a text model rewrites the prompt), else OpenAI's.
+2. The request comes from an OpenAI SDK (it names itself in every request: ``X-Stainless-Lang`` and the other
+   ``X-Stainless-*`` headers, ``User-Agent: OpenAI/...``): OpenAI's, so unchanged SDK code
+   (``client.images.edit(stream=True)``, with or without ``partial_images``) gets the events it waits for.
+3. ``partial_images`` sent (any value, 0 included): OpenAI's, as OpenAI documents it for plain HTTP clients.
+4. Otherwise vLLM-Omni's when the request runs an AR text stage (a text model rewrites the prompt), else OpenAI's:
+   vLLM-Omni's own client (plain HTTP, no SDK headers) keeps its dialect unchanged.
 
 vLLM-Omni's dialect streams the AR text, so it needs a text stage: ``stream_format=vllm`` on a pipeline without
 one is a 400 (vLLM-Omni answers ``stream=true`` on a single-stage pipeline the same way).
@@ -131,8 +134,14 @@ def form_values(fields: tuple[tuple[str, str], ...]) -> dict[str, str]:
     return values
 
 
-def choose_dialect(params: ImageParams, has_text_stage: bool) -> Dialect | None:
-    """The SSE dialect of a request (None: not streamed); see the module docstring for the rule."""
+def from_openai_sdk(headers: Mapping[str, str]) -> bool:
+    """Whether a request's (lower-case) headers say an OpenAI SDK sent it."""
+    return "x-stainless-lang" in headers or headers.get("user-agent", "").startswith("OpenAI/")
+
+
+def choose_dialect(params: ImageParams, has_text_stage: bool, openai_sdk: bool = False) -> Dialect | None:
+    """The SSE dialect of a request (None: not streamed); ``openai_sdk``: :func:`from_openai_sdk` of its headers.
+    See the module docstring for the rule."""
     if not params.stream:
         return None
     if params.stream_format is Dialect.VLLM and not has_text_stage:
@@ -143,6 +152,6 @@ def choose_dialect(params: ImageParams, has_text_stage: bool) -> Dialect | None:
         )
     if params.stream_format is not None:
         return params.stream_format
-    if params.partial_images is not None:
+    if openai_sdk or params.partial_images is not None:
         return Dialect.OPENAI
     return Dialect.VLLM if has_text_stage else Dialect.OPENAI

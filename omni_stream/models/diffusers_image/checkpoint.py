@@ -2,10 +2,11 @@
 
 ``omni-stream make-checkpoint --tiny --kind image-edit OUT`` writes InstructPix2Pix-tiny (64 px, 4 steps, a tiny
 autoencoder for previews), ``--kind image-edit-qwen`` Qwen-Image-Edit-tiny (the real architecture at toy sizes;
-linear previews), ``--kind image-generation`` Stable-Diffusion-tiny (text to image; edits as img2img). The layout
-is the published one (``model_index.json``, one folder per component, safetensors), plus ``omni_stream.json``
-with fast serving defaults. ``--from-config DIR`` writes random weights at the sizes of a real pipeline
-directory's component configs (e.g. ``benchmarks/configs/``). Component sizes follow diffusers' own fast tests.
+linear previews), ``--kind image-generation`` Stable-Diffusion-tiny (text to image; edits as img2img: the embedded
+default, so that the no-argument server serves both image routes). The layout is the published one
+(``model_index.json``, one folder per component, safetensors), plus ``omni_stream.json`` with fast serving
+defaults. ``--from-config DIR`` writes random weights at the sizes of a real pipeline directory's component configs
+(e.g. ``benchmarks/configs/``). Component sizes follow diffusers' own fast tests.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from omni_stream.runtime.weights import parse_dtype
 
 log = logging.getLogger(__name__)
 
-EMBEDDED_NAME = "instruct-pix2pix-tiny"
+EMBEDDED_NAME = "stable-diffusion-tiny"  # the embedded default: text to image, and edits as img2img
 
 
 def _clip_parts(unet_in: int) -> dict[str, Any]:
@@ -106,14 +107,14 @@ def _pix2pix() -> tuple[Any, Any | None, dict[str, Any]]:
     from diffusers import StableDiffusionInstructPix2PixPipeline
 
     pipe = StableDiffusionInstructPix2PixPipeline(**_clip_parts(unet_in=8))
-    return pipe, _tiny_autoencoder(), {"model_name": EMBEDDED_NAME, "default_steps": 4, "max_side": 512}
+    return pipe, _tiny_autoencoder(), {"model_name": "instruct-pix2pix-tiny", "default_steps": 4, "max_side": 512}
 
 
 def _stable_diffusion() -> tuple[Any, Any | None, dict[str, Any]]:
     from diffusers import StableDiffusionPipeline
 
     pipe = StableDiffusionPipeline(**_clip_parts(unet_in=4))
-    return pipe, _tiny_autoencoder(), {"model_name": "stable-diffusion-tiny", "default_steps": 4, "max_side": 512}
+    return pipe, _tiny_autoencoder(), {"model_name": EMBEDDED_NAME, "default_steps": 4, "max_side": 512}
 
 
 def _qwen_image_edit() -> tuple[Any, Any | None, dict[str, Any]]:
@@ -218,9 +219,12 @@ def write_dummy_checkpoint(config_dir: str | Path, out: str | Path, *, dtype: to
 
 
 def embedded_default_checkpoint(cache_dir: str | Path | None = None) -> Path:
-    """The tiny InstructPix2Pix served when no image model is given; built on first use (atomically)."""
+    """The tiny Stable Diffusion served when no image model is given, built on first use (atomically): one image
+    model serves both routes, text to image (``/v1/images/generations``) and edits as img2img."""
     note = "random weights: it paints noise"
-    return embedded_checkpoint_dir(EMBEDDED_NAME, lambda out: write_tiny_checkpoint(out, "image-edit"), note, cache_dir)
+    return embedded_checkpoint_dir(
+        EMBEDDED_NAME, lambda out: write_tiny_checkpoint(out, "image-generation"), note, cache_dir
+    )
 
 
 def make(args: argparse.Namespace) -> Path:
