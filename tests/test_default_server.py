@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import re
 import struct
 import zlib
@@ -256,3 +257,36 @@ def test_a_client_without_the_sdk_headers_gets_vllm_omnis_events(live):
     assert lines[-1] == "data: [DONE]"
     kinds = [json.loads(line[6:])["type"] for line in lines[:-1]]
     assert kinds[0] == "ar_delta" and kinds[-1] == "image", kinds
+
+
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_the_rewritten_prompt_fits_the_image_models_text_encoder_and_usage_says_so(live):
+    """The tiny text model babbles past CLIP's 77 tokens: the rewrite stops at the encoder's limit (in CLIP's own
+    tokens), the text the client sees is the prompt the encoder reads whole, and usage names the bound."""
+    family = live.engine.models.get(ModelKind.IMAGE)
+    tokenizer = family.pipe.tokenizer
+    records = Records()
+    logging.getLogger("transformers").addHandler(records)
+    try:
+        picture = png_bytes(np.full((64, 64, 3), 90, np.uint8))
+        events = list(
+            sdk(live).images.edit(image=("in.png", picture, "image/png"), prompt="make it snowy", stream=True)
+        )
+    finally:
+        logging.getLogger("transformers").removeHandler(records)
+    prompt = "".join(e.delta for e in events if e.type == "image_edit.text_delta")
+    used = len(tokenizer(prompt).input_ids)
+    assert 0 < used <= tokenizer.model_max_length == 77
+    bound = events[-1].usage.model_extra["image_prompt"]
+    assert bound == {"tokens": used, "max_tokens": 77, "rewrite_stopped": True}, bound
+    assert not [m for m in records.messages if "sequence length is longer" in m], records.messages
+    text_model = live.engine.models.get(ModelKind.TEXT)
+    wait_until(lambda: not any(text_model.scheduler.live().values()), what="the stopped rewrite to be released")

@@ -6,7 +6,8 @@ and input images (edit): previews (``partial=True``) while the image forms, then
 
 The ``image`` pipeline puts a text model in front when one is loaded (or the request asks for one): the text
 stage rewrites the instruction into a literal description of the picture (the consumer sees its deltas as they
-are written), and the diffusion stage paints from the rewritten prompt. Without a text model, or with
+are written, up to the image model's prompt limit, where the rewrite is stopped), and the diffusion stage paints
+from the rewritten prompt. Without a text model, or with
 ``rewrite=False``, the diffusion stage runs alone on the request's prompt. This is the AR + diffusion shape of
 models that think in text before they paint (HunyuanImage-3), built from two separate models.
 
@@ -27,6 +28,7 @@ from omni_stream.chunks import Image, TextDelta
 from omni_stream.context import RequestContext
 from omni_stream.errors import InvalidRequestError
 from omni_stream.family import ModelInfo, ModelKind
+from omni_stream.images.prompt_bound import bounded_rewrite
 from omni_stream.pipeline import Stage
 from omni_stream.pipeline_specs import Kind, ModelSet, PipelineSpec, Plan, StagePlan
 from omni_stream.requests import ChatMessage, Role, TextRequest, next_request_id
@@ -57,6 +59,8 @@ class ImageInfo(ModelInfo):
 
     ``token_pixels``: the side of the square of pixels one latent token covers (usage counts). ``preview``: how
     previews are decoded (``tiny-autoencoder`` or ``linear``, a fitted latent-to-RGB projection).
+    ``max_prompt_tokens``: the most prompt tokens (the text encoder's own, specials included) the model reads
+    (None: no limit known); a rewrite is bounded by it (:mod:`omni_stream.images.prompt_bound`).
     """
 
     modes: tuple[ImageMode, ...] = (ImageMode.GENERATE,)
@@ -70,6 +74,7 @@ class ImageInfo(ModelInfo):
     max_input_images: int = 1
     token_pixels: int = 8
     preview: str = "linear"
+    max_prompt_tokens: int | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -252,11 +257,17 @@ def resolve_image(models: ModelSet, request: ImageRequest, voices: object = None
 
 
 def build_image(models: ModelSet, request: ImageRequest, ctx: RequestContext) -> Plan:
-    paint = StagePlan("image", image_family(models).image_stage(request, ctx))
+    family = image_family(models)
+    paint = StagePlan("image", family.image_stage(request, ctx))
     if not uses_text(request, models):
         return Plan((paint,))
     text = models.text().text_stage(rewrite_request(request), ctx)
-    return Plan((StagePlan("text", text, emit=True), paint))
+    limit = family.info.max_prompt_tokens
+    if limit is None:
+        return Plan((StagePlan("text", text, emit=True), paint))
+    # The consumer sees the rewrite as bounded: the prompt the image model reads, whole.
+    bound = bounded_rewrite(family.count_text_tokens, limit)
+    return Plan((StagePlan("rewrite", text), StagePlan("text", bound, emit=True), paint))
 
 
 async def prompt_of(upstream: AsyncIterator[TextDelta], fallback: str) -> str:

@@ -5,7 +5,10 @@ Every validation problem is a 400 before any work: the body is read within its l
 refused as it arrives), images are decoded off the loop within a pixel limit, and the engine checks the request
 against the model before anything streams. With ``stream=true`` the first output is awaited before the status
 line, so a failure up to there is a plain HTTP error and a failure after it an in-band error event. A client that
-leaves cancels the request: its job is not stepped again after the step in progress.
+leaves cancels the request: its job is not stepped again after the step in progress. A rewriting text model is
+stopped at the image model's prompt limit (:mod:`omni_stream.images.prompt_bound`): every response names the limit
+in ``x-omni-stream-image-prompt-limit``, and OpenAI's ``usage`` carries ``image_prompt {tokens, max_tokens,
+rewrite_stopped}``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from omni_stream.chunks import Image, StageOutput, TextDelta
 from omni_stream.engine import RequestStream
 from omni_stream.errors import StageError
 from omni_stream.family import ModelKind
+from omni_stream.images.prompt_bound import PROMPT_LIMIT
 from omni_stream.images.spec import ImageRequest, image_family, output_size, uses_text
 from omni_stream.realtime.common.body_limit import drain, read_body
 from omni_stream.realtime.common.errors import ApiError, bad_request, from_exception
@@ -51,6 +55,7 @@ log = logging.getLogger("omni_stream.realtime.images.http")
 EDITS_ROUTE = "/v1/images/edits"
 GENERATIONS_ROUTE = "/v1/images/generations"
 MAX_JSON_BYTES = 1024 * 1024  # a generation request is a prompt and a few fields
+PROMPT_LIMIT_HEADER = "x-omni-stream-image-prompt-limit"  # the image model's prompt limit, in its encoder's tokens
 
 
 async def create_edit(request: Request) -> Response:
@@ -153,7 +158,8 @@ async def _serve(
     engine = state.ready_engine
     image_request = _image_request(params, images, mask)
     dialect = choose_dialect(params, uses_text(image_request, engine.models), from_openai_sdk(request.headers))
-    width, height = output_size(image_family(engine.models).info, image_request)
+    info = image_family(engine.models).info
+    width, height = output_size(info, image_request)
     events = ImageEvents(
         dialect or Dialect.OPENAI,
         surface,
@@ -162,6 +168,7 @@ async def _serve(
         params.output_format,
         f"{width}x{height}",
         quality=params.quality,
+        prompt_limit=info.max_prompt_tokens,
     )
     stream = engine.generate(image_request)  # invalid for the model: a 400 here, before anything runs
     if dialect is None:
@@ -181,7 +188,17 @@ async def _serve(
         await close_stream(stream)
 
     body = _events(state, stream, _chain(first, outputs), params, events)
-    return ClosingStreamingResponse(body, on_close=release, media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS)
+    headers = {**SSE_HEADERS, **_limit_header(events)}
+    return ClosingStreamingResponse(body, on_close=release, media_type=SSE_MEDIA_TYPE, headers=headers)
+
+
+def _limit_header(events: ImageEvents) -> dict[str, str]:
+    """The image model's prompt limit, known before the stream starts (the vLLM-Omni dialect carries no usage)."""
+    return {} if events.prompt_limit is None else {PROMPT_LIMIT_HEADER: str(events.prompt_limit)}
+
+
+def _stopped(chunk: TextDelta) -> bool:
+    return chunk.finish_reason == PROMPT_LIMIT
 
 
 async def _chain(first: StageOutput[Any] | None, rest: AsyncIterator[StageOutput[Any]]) -> AsyncIterator[Any]:
@@ -204,11 +221,13 @@ async def _events(
     terminal = False
     try:
         finals: list[str] = []
+        stopped = False
         try:
             previews = 0
             async for out in outputs:
                 chunk = out.chunk
                 if isinstance(chunk, TextDelta):
+                    stopped |= _stopped(chunk)
                     if chunk.text:
                         yield events.text(chunk.text)
                 elif isinstance(chunk, Image):
@@ -229,7 +248,7 @@ async def _events(
                 yield event
             return
         terminal = True
-        for event in events.completed(finals, stream.usage):
+        for event in events.completed(finals, stream.usage, stopped):
             yield event
     finally:
         gauge.dec()
@@ -266,6 +285,8 @@ async def _whole(
         "output_format": params.output_format,
         "quality": events.quality,
         "size": events.size,
-        "usage": usage_body(stream.usage),
+        "usage": usage_body(
+            stream.usage, events.prompt_limit, any(_stopped(o.chunk) for o in outputs if isinstance(o.chunk, TextDelta))
+        ),
     }
-    return JSONResponse(body)
+    return JSONResponse(body, headers=_limit_header(events))

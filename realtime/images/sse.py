@@ -26,20 +26,31 @@ from omni_stream.realtime.images.params import Dialect
 DONE = sse_data("[DONE]")
 
 
-def usage_body(usage: Mapping[str, Usage]) -> dict[str, Any]:
+def usage_body(
+    usage: Mapping[str, Usage], prompt_limit: int | None = None, rewrite_stopped: bool = False
+) -> dict[str, Any]:
     """OpenAI's images ``usage``: text tokens in (the text model's prompt and the diffusion prompt), input-image
-    tokens, tokens out (the text model's and the images' latent tokens)."""
+    tokens, tokens out (the text model's and the images' latent tokens). With the image model's ``prompt_limit``
+    (its text encoder's tokens), the extension ``image_prompt``: the prompt tokens the encoder read, the limit, and
+    whether a rewrite was stopped there."""
     zero = Usage()
     text, image, images_in = (usage.get(k, zero) for k in (ModelKind.TEXT, USAGE_IMAGE, USAGE_IMAGE_INPUT))
     text_in = text.input_tokens + image.input_tokens
     image_in = images_in.input_tokens
     out = text.output_tokens + image.output_tokens
-    return {
+    body: dict[str, Any] = {
         "input_tokens": text_in + image_in,
         "input_tokens_details": {"image_tokens": image_in, "text_tokens": text_in},
         "output_tokens": out,
         "total_tokens": text_in + image_in + out,
     }
+    if prompt_limit is not None:
+        body["image_prompt"] = {
+            "tokens": image.input_tokens,
+            "max_tokens": prompt_limit,
+            "rewrite_stopped": rewrite_stopped,
+        }
+    return body
 
 
 @dataclass(slots=True, frozen=True)
@@ -54,6 +65,7 @@ class ImageEvents:
     size: str
     background: str = "opaque"
     quality: str = "auto"
+    prompt_limit: int | None = None  # the image model's prompt limit, in its text encoder's tokens
 
     @property
     def _object(self) -> str:
@@ -95,12 +107,12 @@ class ImageEvents:
             )  # fmt: skip
         return self._openai("partial_image", **self._picture(b64), partial_image_index=index)
 
-    def completed(self, images: list[str], usage: Mapping[str, Usage]) -> list[bytes]:
+    def completed(self, images: list[str], usage: Mapping[str, Usage], rewrite_stopped: bool = False) -> list[bytes]:
         """The terminal events: every final image (and, for vLLM-Omni, ``[DONE]``)."""
         if self.dialect is Dialect.VLLM:
             data = [{"b64_json": b64, "url": None, "revised_prompt": None} for b64 in images]
             return [self._vllm("image", data=data, output_format=self.output_format, size=self.size), DONE]
-        body = usage_body(usage)
+        body = usage_body(usage, self.prompt_limit, rewrite_stopped)
         return [self._openai("completed", **self._picture(b64), usage=body) for b64 in images]
 
     def error(self, message: str) -> list[bytes]:

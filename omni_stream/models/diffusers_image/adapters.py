@@ -106,11 +106,15 @@ class Adapter:
     def dtype(self) -> torch.dtype:
         return self.pipe.vae.dtype
 
+    @property
+    def max_prompt_tokens(self) -> int:
+        """The most tokens of a prompt (specials included) the text encoder reads; it cuts the rest."""
+        return int(self.pipe.tokenizer.model_max_length)
+
     def count_tokens(self, text: str) -> int:
-        """Tokens of ``text`` as the pipeline's text encoder reads it (truncated at its limit)."""
-        tokenizer = self.pipe.tokenizer
-        ids = tokenizer(text, truncation=True, max_length=tokenizer.model_max_length).input_ids
-        return len(ids)
+        """Tokens of ``text`` in the pipeline's text encoder's tokens, specials included, past its limit too."""
+        # verbose=False: counting a long text is not feeding it to the encoder (no warning about its length)
+        return len(self.pipe.tokenizer(text, truncation=False, verbose=False).input_ids)
 
     def unpack(self, latents: torch.Tensor, shape: Shape) -> torch.Tensor:
         """The callback's latents as ``(B, C, h, w)``."""
@@ -215,8 +219,12 @@ class QwenImageEditAdapter(Adapter):
             Intercept("decode", self.pipe.vae, "decode", ("z",)),
         ]
 
+    @property
+    def max_prompt_tokens(self) -> int:
+        return int(self.pipe.tokenizer_max_length)
+
     def count_tokens(self, text: str) -> int:
-        return len(self.pipe.tokenizer(text).input_ids)
+        return len(self.pipe.tokenizer(text, truncation=False, verbose=False).input_ids)
 
     def unpack(self, latents: torch.Tensor, shape: Shape) -> torch.Tensor:
         pipe = self.pipe

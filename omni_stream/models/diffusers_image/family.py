@@ -125,6 +125,7 @@ class DiffusersImageFamily:
             default_guidance=float(defaults.get("default_guidance", self.adapter.default_guidance)),
             token_pixels=self.adapter.token_pixels,
             preview=self.preview.kind,
+            max_prompt_tokens=self.adapter.max_prompt_tokens,
         )
         log.info(
             "loaded %s (%s, %s previews) on %s",
@@ -159,7 +160,8 @@ class DiffusersImageFamily:
                 mask = np.asarray(m.resize(size, PILImage.Resampling.BILINEAR), dtype=np.float32) / 255.0
         rows = tuple(Row(prompt, picture, seed + k) for k in range(request.n))
         inputs = sum(image_tokens(self.info, width, height) for _ in request.images)
-        return _Prepared(rows, original, mask, self.adapter.count_tokens(prompt), inputs)
+        read = min(self.adapter.count_tokens(prompt), self.adapter.max_prompt_tokens)  # the encoder cuts the rest
+        return _Prepared(rows, original, mask, read, inputs)
 
     def image_stage(self, request: ImageRequest, ctx: RequestContext) -> Stage[TextDelta, Image]:
         """The stage that paints ``request`` (checked by the engine: images.spec.check_request)."""
