@@ -15,8 +15,9 @@
 #                     rows at batch 1 and 64 (64 steps each)
 #   asr    ~40 / 100  asr_bench.py --from-config whisper-large-v3-turbo --device cuda, c = 1, 4, 16, 32
 #   chat   ~75 / 130  chat_bench.py: /v1/chat/completions, Qwen3-0.6B -> Qwen3-TTS 0.6B, c = 1, 4, 16
-#   voice  ~80 / 170  voice_bench.py --build dummy: WS /v1/realtime, silero VAD, Whisper turbo, Qwen3-0.6B,
-#                     Qwen3-TTS 0.6B, 1, 4, 16, 32 sessions, engine batch 32
+#   voice  ~80 / 170  voice_bench.py --build dummy: WS /v1/realtime, semantic_vad (Silero + Smart Turn), Whisper
+#                     turbo, Qwen3-0.6B, Qwen3-TTS 0.6B, 1, 16, 32 sessions at once, cold and warm, engine batch 32
+#                     (the whole matrix: voice_bench.py's docstring, one call per turn detection)
 #   image  ~45 / 120  image_bench.py --device cuda: InstructPix2Pix 512 px, 20 steps, c = 1, 4, 16
 #   video  ~95 / 180  video_bench.py --gpu: Helios-Base (~38 GB), 320x192, 2 chunks, c = 1, 2, 4, 8
 #
@@ -114,7 +115,7 @@ if [[ $SMOKE == 1 ]]; then
   bench grammar 200 20 "$B/constrained_bench.py" --smoke
   bench asr   200 20 "$B/asr_bench.py" --smoke
   bench chat  300 30 "$B/chat_bench.py" --smoke
-  bench voice 400 60 "$B/voice_bench.py" --build tiny --smoke
+  bench voice 400 60 "$B/voice_bench.py" --build tiny --smoke --turns semantic_vad --arrivals at-once
   bench image 200 20 "$B/image_bench.py" --smoke
   bench video 200 20 "$B/video_bench.py" --smoke --transport inproc
 else
@@ -123,7 +124,8 @@ else
   bench grammar 90 40 "$B/constrained_bench.py" --gpu
   bench asr   100 40 "$B/asr_bench.py" --from-config "$B/configs/whisper-large-v3-turbo" --device cuda
   bench chat  130 60 "$B/chat_bench.py"
-  bench voice 170 80 "$B/voice_bench.py" --build dummy --device cuda --levels 1,4,16,32 --max-batch 32
+  bench voice 170 80 "$B/voice_bench.py" --build dummy --device cuda --levels 1,16,32 --max-batch 32 \
+    --turns semantic_vad --arrivals at-once
   bench image 120 50 "$B/image_bench.py" --device cuda
   bench video 180 80 "$B/video_bench.py" --gpu
 fi

@@ -1,15 +1,27 @@
-"""Voice-agent latency over the real WebSocket (WS /v1/realtime): voice-to-voice and barge-in, N sessions at once.
+"""Voice-agent latency over the real WebSocket (WS /v1/realtime): voice-to-voice and barge-in, N sessions.
 
-Each session streams a microphone in real time (100 ms PCM16 appends at 24 kHz, server VAD): silence, an
-utterance, then silence until the agent has answered for ``--barge-after`` seconds, then an interrupting
-utterance. Measured on the client:
+Each session streams a microphone in real time (100 ms PCM16 appends at 24 kHz): silence, an utterance, then
+silence until the agent has answered for ``--barge-after`` seconds, then an interrupting utterance. Turn detection
+``server_vad`` or ``semantic_vad`` (``--turns``, both by default, reported apart). Sessions speak all at once (the
+worst case) or at random times within ``--spread`` seconds (``--arrivals``). Every level runs twice on the same
+server, and the two rounds are reported apart: ``cold`` (the level's batch sizes seen for the first time) and
+``warm``. Measured on the client:
 
-- voice-to-voice: end of the user's speech -> first agent audio byte (includes the VAD's ``silence_duration_ms``,
-  as every server-VAD agent does); also from ``speech_stopped`` arriving -> first audio byte (the server's part);
+- voice-to-voice: end of the user's speech -> first agent audio byte; also from ``speech_stopped`` arriving ->
+  first audio byte (the server's part after its turn decision);
+- its split, from the events' arrival times: turn decision (speech end -> ``speech_stopped``), transcript
+  (-> ``input_audio_transcription.completed``), LM first clause (-> the first ``output_audio_transcript.delta``,
+  which carries the first clause), TTS first audio (-> the first audio delta). Work started at a pause (the
+  speculative transcript and the held answer) shows as parts near 0: they were ready when the turn ended;
 - barge-in: start of the interrupting speech -> the last audio byte of the interrupted response (what a client
   plays at most after the user starts talking, before it even flushes its own buffer).
 
 The server runs in a child process (``--serve``) so client and server do not share one interpreter.
+
+The VAD is Silero from its wheel (the tone double's energy detector in CPU mode) and ``semantic_vad``'s end-of-turn
+model Smart Turn v3.2 from pipecat-ai's wheel (on the GPU image: the model file ``benchmarks/gpu_wheels.sh``
+carries); ``semantic_vad`` sessions speak the recorded utterances in every mode (Smart Turn judges speech, not
+tones).
 
 CPU mode (default): synthetic TTS and LM with emulated device time per step (``--tts-step-ms``, ``--lm-step-ms``)
 and the test doubles for VAD and ASR (``tests/realtime_doubles.py``: an energy detector and a tone-naming
@@ -24,8 +36,9 @@ speech in tones). ``--max-output-tokens`` bounds each reply and, with benchmark 
 ignore EOS; ``--asr-max-tokens`` bounds each transcript (a random-weight Whisper never ends one, and the response
 waits for it; ``--build`` sets 24, about what a real model writes for the question).
 
-GPU run: ``python3 benchmarks/voice_bench.py --build dummy --device cuda`` (the wheels of ``tts_bench.py``;
-``benchmarks/gpu_suite.sh`` runs it with the other benchmarks).
+GPU run, one command per turn detection (about 4 minutes each on one H200, builds and graph captures included):
+``python3 benchmarks/voice_bench.py --build dummy --device cuda --turns semantic_vad`` and ``... --turns
+server_vad`` (the wheels of ``tts_bench.py``; ``benchmarks/gpu_suite.sh`` runs it with the other benchmarks).
 
 Writes JSON (``--out``, default ``$OUT/voice_bench_<mode>.json`` or ``benchmarks/results/``) and prints a table.
 """
@@ -232,15 +245,19 @@ class Mic:
             await self.play(quiet)
 
 
-async def one_session(url: str, args: argparse.Namespace) -> dict[str, Any]:
+async def one_session(url: str, args: argparse.Namespace, turns: str, delay: float = 0.0) -> dict[str, Any]:
     import websockets
 
+    await asyncio.sleep(delay)  # random arrivals: this session's turn comes later
     loop = asyncio.get_running_loop()
     result: dict[str, Any] = {}
     async with websockets.connect(url, max_size=None) as ws:
         for _ in range(2):
             await ws.recv()  # session.created, conversation.created
-        vad = {"type": "server_vad", "silence_duration_ms": args.silence_ms, "prefix_padding_ms": 300}
+        if turns == "semantic_vad":
+            vad: dict[str, Any] = {"type": "semantic_vad", "eagerness": args.eagerness}
+        else:
+            vad = {"type": "server_vad", "silence_duration_ms": args.silence_ms, "prefix_padding_ms": 300}
         session: dict[str, Any] = {"type": "realtime", "audio": {"input": {"turn_detection": vad}}}
         if args.max_output_tokens is not None:
             session["max_output_tokens"] = args.max_output_tokens
@@ -248,7 +265,7 @@ async def one_session(url: str, args: argparse.Namespace) -> dict[str, Any]:
         while json.loads(await ws.recv())["type"] != "session.updated":
             pass
         mic = Mic(ws, loop)
-        if args.asr == "tone":
+        if args.asr == "tone" and turns == "server_vad":
             first, interruption = utterance(["three", "five"]), utterance(["seven"])
         else:
             first, interruption = recorded("question"), recorded("interruption")
@@ -274,6 +291,10 @@ async def one_session(url: str, args: argparse.Namespace) -> dict[str, Any]:
                 kind, now = event["type"], loop.time()
                 if kind == "input_audio_buffer.speech_stopped" and "stopped" not in marks:
                     marks["stopped"] = now
+                elif kind == "conversation.item.input_audio_transcription.completed" and "transcript" not in marks:
+                    marks["transcript"] = now
+                elif kind == "response.output_audio_transcript.delta" and "first_text" not in marks:
+                    marks["first_text"] = now
                 elif kind == "response.output_audio.delta" and (rid is None or event["response_id"] == rid):
                     rid = event["response_id"]
                     marks.setdefault("first_audio", now)
@@ -294,9 +315,24 @@ async def one_session(url: str, args: argparse.Namespace) -> dict[str, Any]:
     if "first_audio" in marks:
         result["v2v_ms"] = 1000 * (marks["first_audio"] - marks["speech_end"])
         result["server_v2v_ms"] = 1000 * (marks["first_audio"] - marks["stopped"])
+        result["split_ms"] = split(marks)
     if "barge_start" in marks and result.get("status") == "cancelled":
         result["barge_in_ms"] = 1000 * (marks["last_audio"] - marks["barge_start"])
     return result
+
+
+def split(marks: dict[str, float]) -> dict[str, float]:
+    """End of speech -> first audio as consecutive parts (each from the later of the marks before it)."""
+    stopped = marks["stopped"]
+    transcript = max(marks.get("transcript", stopped), stopped)
+    first_text = max(marks.get("first_text", transcript), transcript)
+    first_audio = max(marks["first_audio"], first_text)
+    return {
+        "turn_decision": 1000 * (stopped - marks["speech_end"]),
+        "transcript": 1000 * (transcript - stopped),
+        "lm_first_clause": 1000 * (first_text - transcript),
+        "tts_first_audio": 1000 * (first_audio - first_text),
+    }
 
 
 # --- levels -------------------------------------------------------------------------------------------------
@@ -315,19 +351,30 @@ def summary(values: list[float]) -> dict[str, float | None]:
     }
 
 
-async def run_level(url: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
+async def run_level(
+    url: str, n: int, args: argparse.Namespace, turns: str = "server_vad", arrivals: str = "at-once", round_: str = ""
+) -> dict[str, Any]:
+    import random
+
+    rng = random.Random(n)
+    delays = [0.0 if arrivals == "at-once" else rng.uniform(0, args.spread) for _ in range(n)]
     started = time.perf_counter()
-    outcomes = await asyncio.gather(*(one_session(url, args) for _ in range(n)), return_exceptions=True)
+    outcomes = await asyncio.gather(*(one_session(url, args, turns, d) for d in delays), return_exceptions=True)
     wall = time.perf_counter() - started
     ok = [o for o in outcomes if isinstance(o, dict)]
     failures = [f"{type(o).__name__}: {o}" for o in outcomes if not isinstance(o, dict)]
+    parts = ("turn_decision", "transcript", "lm_first_clause", "tts_first_audio")
     return {
+        "turns": turns,
+        "arrivals": arrivals,
+        "round": round_,
         "concurrency": n,
         "sessions": n,
         "answered": sum("v2v_ms" in o for o in ok),
         "interrupted": sum(o.get("status") == "cancelled" for o in ok),
         "voice_to_voice_ms": summary([o["v2v_ms"] for o in ok if "v2v_ms" in o]),
         "server_voice_to_voice_ms": summary([o["server_v2v_ms"] for o in ok if "server_v2v_ms" in o]),
+        "split_ms": {p: summary([o["split_ms"][p] for o in ok if "split_ms" in o]) for p in parts},
         "barge_in_ms": summary([o["barge_in_ms"] for o in ok if "barge_in_ms" in o]),
         "error_events": sorted({e for o in ok for e in o.get("errors", [])}),
         "failures": failures[:5],
@@ -336,22 +383,25 @@ async def run_level(url: str, n: int, args: argparse.Namespace) -> dict[str, Any
 
 
 def table(levels: list[dict[str, Any]]) -> str:
-    names = ("sessions", "answered", "v2v p50", "v2v p95", "srv p50", "barge p50", "barge p95")
-    rows = [" ".join(f"{name:>9}" for name in names)]
+    names = ("turns", "arrivals", "round", "sessions", "answered", "v2v p50", "v2v p95", "srv p50", "turn p50",
+             "asr p50", "lm p50", "tts p50", "barge p50", "barge p95")  # fmt: skip
+    rows = [" ".join(f"{name:>12}" for name in names)]
     for lv in levels:
-        v, s, b = lv["voice_to_voice_ms"], lv["server_voice_to_voice_ms"], lv["barge_in_ms"]
-        rows.append(
-            " ".join(
-                f"{x!s:>9}"
-                for x in (lv["concurrency"], lv["answered"], v["p50"], v["p95"], s["p50"], b["p50"], b["p95"])
-            )
-        )
+        v, s, b, sp = lv["voice_to_voice_ms"], lv["server_voice_to_voice_ms"], lv["barge_in_ms"], lv["split_ms"]
+        cells = (lv["turns"], lv["arrivals"], lv["round"], lv["concurrency"], lv["answered"], v["p50"], v["p95"],
+                 s["p50"], sp["turn_decision"]["p50"], sp["transcript"]["p50"], sp["lm_first_clause"]["p50"],
+                 sp["tts_first_audio"]["p50"], b["p50"], b["p95"])  # fmt: skip
+        rows.append(" ".join(f"{x!s:>12}" for x in cells))
     return "\n".join(rows)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--levels", default="1,4,16,32", help="concurrent sessions per level (default: %(default)s)")
+    ap.add_argument("--levels", default="1,4,16,32,64", help="concurrent sessions per level (default: %(default)s)")
+    ap.add_argument("--turns", default="server_vad,semantic_vad", help="turn detections (default: %(default)s)")
+    ap.add_argument("--arrivals", default="at-once,random", help="at-once and/or random (default: %(default)s)")
+    ap.add_argument("--spread", type=float, default=3.0, help="random arrivals: seconds they spread over")
+    ap.add_argument("--eagerness", default="auto", help="semantic_vad eagerness (default: %(default)s)")
     ap.add_argument("--smoke", action="store_true", help="levels 1,2 and a short run (CI)")
     ap.add_argument("--tts", default="synthetic", help="'synthetic' or a checkpoint directory")
     ap.add_argument("--lm", default="synthetic", help="'synthetic' or a checkpoint directory")
@@ -402,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     levels = [1, 2] if args.smoke else [int(x) for x in args.levels.split(",")]
     if args.smoke:
         args.barge_after = min(args.barge_after, 0.5)
+        args.spread = min(args.spread, 0.5)
     mode = "cpu" if args.device == "cpu" else "gpu"
     if args.build is not None:
         mode += f"_{args.build}"
@@ -419,10 +470,14 @@ def main(argv: list[str] | None = None) -> int:
             args.tts, args.lm, args.asr = built["tts"], built["lm"], built["asr"]
         port = stack.enter_context(server_process(args))
         url = f"ws://127.0.0.1:{port}/v1/realtime"
-        asyncio.run(run_level(url, 1, args))  # warm-up (filter designs, worker threads), not reported
-        for n in levels:
-            results.append(asyncio.run(run_level(url, n, args)))
-            print(table(results[-1:]).splitlines()[-1], flush=True)
+        print(table([]), flush=True)
+        # No warm-up round: a level's first round is its cold one (its batch sizes new to the server).
+        for turns in args.turns.split(","):
+            for arrivals in args.arrivals.split(","):
+                for n in levels:
+                    for round_ in ("cold", "warm"):
+                        results.append(asyncio.run(run_level(url, n, args, turns, arrivals, round_)))
+                        print(table(results[-1:]).splitlines()[-1], flush=True)
     report = {
         "benchmark": "voice_bench",
         "mode": mode,
@@ -434,6 +489,8 @@ def main(argv: list[str] | None = None) -> int:
             "tts_step_ms": args.tts_step_ms if args.tts == "synthetic" else None,
             "lm_step_ms": args.lm_step_ms if args.lm == "synthetic" else None,
             "silence_duration_ms": args.silence_ms,
+            "eagerness": args.eagerness,
+            "random_arrival_spread_s": args.spread,
             "barge_after_s": args.barge_after,
             "run_ahead_s": 2.0,
             "append_ms": 100,

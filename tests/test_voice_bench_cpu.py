@@ -11,25 +11,38 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "voice_bench.py"
 
 
-def test_the_smoke_run_measures_voice_to_voice_and_barge_in(tmp_path):
+def test_the_smoke_run_measures_voice_to_voice_its_split_and_barge_in(tmp_path):
     out = tmp_path / "voice.json"
     env = {**os.environ, "GIT_COMMIT": "test"}
     proc = subprocess.run(
-        [sys.executable, str(BENCH), "--smoke", "--out", str(out)], env=env, capture_output=True, text=True, timeout=240
+        [sys.executable, str(BENCH), "--smoke", "--out", str(out)], env=env, capture_output=True, text=True, timeout=400
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["mode"] == "cpu" and report["smoke"] and report["git_commit"] == "test"
-    assert [lv["concurrency"] for lv in report["levels"]] == [1, 2]
+    matrix = {(lv["turns"], lv["arrivals"], lv["concurrency"], lv["round"]) for lv in report["levels"]}
+    assert matrix == {
+        (t, a, n, r)
+        for t in ("server_vad", "semantic_vad")
+        for a in ("at-once", "random")
+        for n in (1, 2)
+        for r in ("cold", "warm")
+    }
     for level in report["levels"]:
-        assert level["answered"] == level["sessions"] and level["interrupted"] == level["sessions"]
-        assert not level["failures"] and not level["error_events"]
+        assert level["answered"] == level["sessions"] and level["interrupted"] == level["sessions"], level
+        assert not level["failures"] and not level["error_events"], level
         v2v = level["voice_to_voice_ms"]
-        # the detector needs silence_duration_ms of silence before it ends a turn: no answer can come sooner
-        assert report["settings"]["silence_duration_ms"] <= v2v["p50"] <= v2v["max"]
+        if level["turns"] == "server_vad":
+            # the detector needs silence_duration_ms of silence before it ends a turn: no answer can come sooner
+            assert report["settings"]["silence_duration_ms"] <= v2v["p50"] <= v2v["max"]
         assert level["server_voice_to_voice_ms"]["p50"] < v2v["p50"]
+        parts = level["split_ms"]
+        assert all(parts[p]["p50"] is not None and parts[p]["p50"] >= 0 for p in parts)
+        # the parts are consecutive: at one session they add up to the whole delay
+        if level["concurrency"] == 1:
+            assert abs(sum(parts[p]["p50"] for p in parts) - v2v["p50"]) < 1.0, level
         assert level["barge_in_ms"]["p50"] is not None
-    assert "barge p50" in proc.stdout
+    assert "barge p50" in proc.stdout and "semantic_vad" in proc.stdout
 
 
 def test_the_recorded_utterances_are_one_turn_each_for_the_silero_vad():

@@ -13,10 +13,11 @@ and returns :class:`TurnEvent` s with stream positions (samples since the stream
 The voice activity detector (any :class:`~omni_stream.turns.vad.VoiceActivityDetector`, e.g. Silero) runs with
 the rule's short ``pause_ms`` silence and is fed 20 ms at a time, so the time a pause was detected is known to
 20 ms; ``max_pause_ms`` is counted from there in stream samples, never by a clock. The end-of-turn model (an
-:class:`EndOfTurnModel`, e.g. Smart Turn) is asked once per pause, on the turn's last 8 s up to the pause,
-resampled to its rate, by :meth:`TurnDetector.judge`, which a caller runs after handing on ``feed``'s events:
-whatever starts at a pause (a speculative transcript) then overlaps the model's inference. ``judge`` after every
-``feed``; both are blocking CPU work: run them off the event loop (a realtime session's driver does).
+:class:`EndOfTurnModel`, e.g. Smart Turn) is asked once per pause, on the turn's last 8 s up to where the pause
+was noticed (its silence included, as the model was trained), resampled to its rate, by
+:meth:`TurnDetector.judge`, which a caller runs after handing on ``feed``'s events: whatever starts at a pause (a
+speculative transcript) then overlaps the model's inference. ``judge`` after every ``feed``; both are blocking CPU
+work: run them off the event loop (a realtime session's driver does).
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ class TurnDetector:
         self._recent = np.zeros(0, np.int16)  # the last samples fed, ending at self.fed
         self._turn_start: int | None = None
         self._paused_at: int | None = None  # the open pause's position
+        self._noticed = 0  # samples fed when the open pause was noticed
         self._unjudged = False  # the open pause awaits the end-of-turn model
         self._deadline = 0  # stream position at which the open pause ends the turn
 
@@ -128,7 +130,9 @@ class TurnDetector:
             return []
         self._unjudged = False
         assert self.model is not None and self.rule.threshold is not None
-        p = self.model.probability(self._turn_audio(self._paused_at))
+        # The model hears the silence too, up to when the pause was noticed (as it was trained: the turn's audio up
+        # to the VAD's stop, whose silence it weighs); the turn's own audio still ends at the pause.
+        p = self.model.probability(self._turn_audio(self._noticed))
         self.probabilities.append(p)
         return [self._stop()] if p >= self.rule.threshold else []
 
@@ -146,6 +150,7 @@ class TurnDetector:
             return []
         position = max(position, self._turn_start)
         self._paused_at = position
+        self._noticed = self.fed
         self._unjudged = self.model is not None and self.rule.threshold is not None
         # Counted from when the pause was noticed (pause_ms after the speech), so the turn ends max_pause_ms after it.
         self._deadline = self.fed + (self.rule.max_pause_ms - self.rule.pause_ms) * self.rate // 1000
