@@ -227,6 +227,16 @@ def test_bad_tools_and_items_are_error_events_naming_the_field():
             "session.tool_choice",
         ),
         ({"type": "response.create", "response": {"tool_choice": "required"}}, "response.tool_choice"),
+        (
+            {
+                "type": "session.update",
+                "session": {
+                    "tools": [{**TOOL, "parameters": {"type": "object", "properties": {"a": {"type": "wat"}}}}],
+                    "tool_choice": "required",
+                },
+            },
+            "session.tools[0].parameters",
+        ),
         ({"type": "response.create", "response": {"conversation": "other"}}, "response.conversation"),
         (
             {"type": "response.create", "response": {"input": [{"type": "item_reference", "id": "nope"}]}},

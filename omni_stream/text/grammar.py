@@ -88,3 +88,16 @@ def request_grammar(
     if response_format.constrains:
         return response_grammar(response_format)
     return None
+
+
+def schema_error(schema: str) -> str | None:
+    """Why llguidance cannot enforce the JSON Schema ``schema`` (JSON text), or None when it can. Needs no model:
+    a surface that holds no tokenizer (the realtime protocol) refuses such a schema when it is given."""
+    import llguidance
+
+    lark = f"start: {_json(json.loads(schema))}\n"
+    error = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(lark))
+    if not error:
+        return None
+    first = error.strip().splitlines()[0]
+    return first.split(": ", 1)[1] if first.startswith("at ") and ": " in first else first

@@ -58,16 +58,24 @@ from omni_stream.realtime.agent.responses import Responding
 from omni_stream.realtime.agent.speculation import Speculating
 from omni_stream.realtime.agent.turns import TurnTaking
 from omni_stream.realtime.common.close_codes import CloseCode
+from omni_stream.text.grammar import schema_error
 from omni_stream.text.tools import FunctionTool, ToolChoice, ToolMode
 from omni_stream.turns.rules import TurnType
 
 
 def check_tool_choice(tools: tuple[FunctionTool, ...], choice: ToolChoice, param: str) -> None:
-    """A forced choice needs tools, and a named one a tool of that name."""
+    """A forced choice needs tools, a named one a tool of that name, and the parameters of the tools it may call
+    must be schemas constrained decoding can enforce (refused now, with an ``error`` event, not when the reply runs)."""
     if choice.forces_call and not tools:
         raise RealtimeError("invalid_value", f"tool_choice {choice.mode.value!r} needs tools", param)
     if choice.name is not None and choice.name not in {t.name for t in tools}:
         raise RealtimeError("invalid_value", f"tool_choice names {choice.name!r}, which is not among the tools", param)
+    if choice.forces_call:
+        where = param.rsplit(".", 1)[0]  # session.tool_choice -> session
+        for i, tool in enumerate(tools):
+            if choice.name in (None, tool.name) and (error := schema_error(tool.parameters)) is not None:
+                message = f"the parameters of tool {tool.name!r} cannot be enforced: {error}"
+                raise RealtimeError("invalid_value", message, f"{where}.tools[{i}].parameters")
 
 
 def _tool_wire(tool: FunctionTool) -> dict[str, Any]:

@@ -111,6 +111,7 @@ class CausalLMFamily:
             bar.update(1)
         self.sampling = self.defaults.sampling
         self.grammars = Grammars(self.tokenizer.hf, cfg.vocab_size, self.defaults.eos_token_ids)
+        self.tag_tokens = self.tokenizer.is_token("<tool_call>")  # Qwen3's call tags are tokens of their own
         self.max_context = self.runner.max_len
         self.info = TextInfo(ckpt.name, cfg.model_type, ModelKind.TEXT, max_context=self.max_context)
         if self.embedded:
@@ -144,7 +145,7 @@ class CausalLMFamily:
             request.response_format,
             tool_format,
             request.parallel_tool_calls,
-            self.tokenizer.is_token("<tool_call>"),
+            self.tag_tokens,
         )
         grammar_field = "tools" if request.tool_choice.forces_call else "response_format"
 
