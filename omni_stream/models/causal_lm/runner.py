@@ -52,9 +52,8 @@ from omni_stream.models.causal_lm.detokenize import Decode, TextStream
 from omni_stream.models.causal_lm.model import CausalLM
 from omni_stream.requests import SamplingParams
 from omni_stream.runtime import rng
-from omni_stream.runtime.cuda_graphs import GraphSet, batch_buckets, idle_rows, length_buckets, pick
-from omni_stream.runtime.decoder_kernels import DecodeKernels, default_kernels
-from omni_stream.runtime.kv_cache import Attend, KVShape, SlotKVCache, attention
+from omni_stream.runtime.decoder_kernels import DecodeKernels
+from omni_stream.runtime.kv_cache import KVShape, attention
 from omni_stream.runtime.sampling import (
     SamplingTensors,
     apply_bitmask,
@@ -64,6 +63,7 @@ from omni_stream.runtime.sampling import (
     sample,
     top_logprobs,
 )
+from omni_stream.runtime.slot_runner import SlotKVRunner, padded_causal_mask, select_kernels
 from omni_stream.text.logprobs import TokenLogprob
 
 log = logging.getLogger(__name__)
@@ -137,8 +137,11 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
 
-class CausalLMRunner:
-    """Batched decoding over a slot-indexed static KV cache (see module docstring)."""
+class CausalLMRunner(SlotKVRunner[_SlotState]):
+    """Batched decoding over a slot-indexed static KV cache (see module docstring; the skeleton every slot-KV
+    runner shares: :class:`~omni_stream.runtime.slot_runner.SlotKVRunner`)."""
+
+    state_type = _SlotState
 
     def __init__(
         self,
@@ -161,30 +164,27 @@ class CausalLMRunner:
         self.lm = lm.eval()
         self.cfg = cfg = lm.config
         w = lm.model.embed_tokens.weight
-        self.device, self.dtype = w.device, w.dtype
-        kernels = default_kernels(self.device) if fused is None or fused is True else fused or None
-        if fused is True and kernels is None:
-            raise ValueError("fused kernels need a CUDA device with Triton installed")
+        self.kernels = kernels = select_kernels(w.device, fused)
         lm.use_kernels(kernels)
-        self.kernels = kernels
         self.decode_text = decode
         self.eos = frozenset(eos_token_ids)
-        self.max_len = min(max_len, cfg.max_position_embeddings)
-        self._slots = s = max_batch_size
-        dev = self.device
-        # One column past max_len: idle rows of a decode step write their K/V there; no read ever reaches it.
-        self.kv = SlotKVCache(
-            KVShape(cfg.num_hidden_layers, s, cfg.num_key_value_heads, self.max_len + 1, cfg.head_dim),
-            dtype=self.dtype,
-            device=dev,
-        )
         self.vocab = cfg.vocab_size
+        length = min(max_len, cfg.max_position_embeddings)
+        s = max_batch_size
+        self._init_slots(
+            device=w.device,
+            dtype=w.dtype,
+            max_batch_size=s,
+            max_len=length,
+            kv=KVShape(cfg.num_hidden_layers, s, cfg.num_key_value_heads, length + 1, cfg.head_dim),
+            graphs=graphs,
+            graph_step=self._run_rows,
+            smallest_span=SPAN_BUCKET,
+            noise_width=self.vocab,
+        )
+        dev = self.device
         self.hidden = torch.zeros(s, cfg.hidden_size, dtype=self.dtype, device=dev)
         self.seen = torch.zeros(s, self.vocab, dtype=torch.bool, device=dev)
-        self.steps = torch.zeros(s, dtype=torch.long, device=dev)
-        self.lengths = torch.zeros(s, dtype=torch.long, device=dev)
-        self.seeds = torch.zeros(s, dtype=torch.long, device=dev)
-        self.active = torch.zeros(s, dtype=torch.bool, device=dev)
         self.tokens_out = torch.zeros(s, dtype=torch.long, device=dev)
         self.params = SamplingTensors.empty(s, dev)
         # Grammar masks: a bitmask row per slot (all ones for free rows), filled on the host by llguidance.
@@ -203,48 +203,21 @@ class CausalLMRunner:
         self.lp_token = torch.zeros(s, dtype=torch.float32, device=dev)
         self.lp_top = torch.zeros(s, TOP_LOGPROBS, dtype=torch.float32, device=dev)
         self.lp_ids = torch.zeros(s, TOP_LOGPROBS, dtype=torch.long, device=dev)
-        self._rows = torch.arange(s, device=dev)
-        self._active_host = torch.zeros(s, dtype=torch.bool, pin_memory=dev.type == "cuda")
-        rng.prepare(self.vocab, dev)
-        self._states: dict[int, _SlotState] = {}
         self.record = record
         self.recorded: dict[int, list[int]] = {}
-        self.use_graphs = dev.type == "cuda" if graphs is None else graphs
-        if self.use_graphs and dev.type != "cuda":
-            raise ValueError("CUDA graphs need a CUDA device")
-        self.batch_buckets = batch_buckets(s)
-        self.length_buckets = length_buckets(self.max_len, SPAN_BUCKET)
-        self.pad_eager = False  # eager steps at bucket shapes too (graph-vs-eager comparisons)
-        self.graphs = GraphSet(self._run_rows, dev) if self.use_graphs else None
-        self.graph_steps = 0
-        self.eager_steps = 0
 
     # -- CUDA graphs ------------------------------------------------------------------------------------
 
     def capture_graphs(self, progress: Callable[..., object] | None = None) -> float:
         """Capture the decode step for every (batch, span, mode) bucket, largest first; returns seconds (0 without
         graphs). Needs no running sequence: every row is idle while it is captured."""
-        if self.graphs is None:
-            return 0.0
-        keys = [(b, n, full) for b in self.batch_buckets for n in self.length_buckets for full in (1, 0)]
-        missing = [k for k in keys if k not in self.graphs]
-        with idle_rows(self.active):
-            return self.graphs.capture_all(missing, progress=progress, desc="capturing decode graphs")
+        return self._capture_decode(((FULL,), (0,)), progress)
 
     @property
     def capture_seconds(self) -> float:
         return self.graphs.capture_seconds if self.graphs is not None else 0.0
 
     # -- BatchModel -------------------------------------------------------------------------------------
-
-    @property
-    def max_batch_size(self) -> int:
-        return self._slots
-
-    @property
-    def num_active(self) -> int:
-        """Slots currently holding a sequence."""
-        return len(self._states)
 
     @torch.no_grad()
     def step(self, batch: Batch) -> list[SeqOutput]:
@@ -280,31 +253,12 @@ class CausalLMRunner:
         if job is not None:
             job.result()
 
-    def release(self, seq: Sequence) -> None:
-        """Free the sequence's slot state; the static rows are simply reused by the slot's next owner."""
-        st = seq.model_state
-        if isinstance(st, _SlotState) and self._states.get(st.slot) is st:
-            del self._states[st.slot]
-        seq.model_state = None
-
     # -- admission and prefill --------------------------------------------------------------------------
-
-    def _state(self, seq: Sequence) -> _SlotState:
-        st = seq.model_state
-        if not isinstance(st, _SlotState):
-            raise RuntimeError(f"sequence {seq.seq_id} was not prefilled by this runner")
-        return st
 
     def _admit(self, seq: Sequence) -> torch.Tensor:
         """Check the request, take its slot and set the slot's sampling state; returns the prompt ids ``[n]``."""
-        req = seq.payload
-        if not isinstance(req, LMRequest):
-            raise TypeError(f"payload must be an LMRequest, got {type(req).__name__}")
+        req = self._take_slot(seq, LMRequest)
         slot = seq.slot
-        if not 0 <= slot < self._slots:
-            raise ValueError(f"slot {slot} is outside 0..{self._slots - 1}")
-        if slot in self._states:
-            raise RuntimeError(f"slot {slot} is still held by another sequence")
         n = len(req.prompt_ids)
         if n < 1:
             raise InvalidRequestError("the prompt has no tokens", "prompt")
@@ -338,42 +292,15 @@ class CausalLMRunner:
             fill_masks([(req.matcher, slot)], self._bitmask_host)
         if self.record:
             st.tokens = self.recorded[seq.seq_id] = []
-        self._states[slot] = st
-        seq.model_state = st
+        self._hold(seq, st)
         return ids
-
-    def _reject(self, seq: Sequence, exc: Exception, outputs: dict[int, SeqOutput]) -> None:
-        """End a newcomer with ``exc`` and free its slot state; other rows are untouched."""
-        if not isinstance(exc, InvalidRequestError):
-            log.error("prefill of sequence %s failed", seq.seq_id, exc_info=exc)
-        self.release(seq)
-        outputs[seq.seq_id] = SeqOutput(seq.seq_id, finished=True, error=exc)
 
     def _prefill_all(
         self, admitted: list[tuple[Sequence, torch.Tensor]], outputs: dict[int, SeqOutput]
     ) -> list[Sequence]:
-        """Prefill the admitted newcomers together; returns those that joined the step.
-
-        A failing batched prefill falls back to one prefill per newcomer, so only the failing ones end.
-        """
-        if not admitted:
-            return []
-        try:
-            self._prefill([(seq.slot, ids) for seq, ids in admitted])
-            return [seq for seq, _ in admitted]
-        except Exception as exc:
-            if len(admitted) == 1:
-                self._reject(admitted[0][0], exc, outputs)
-                return []
-        joined = []
-        for seq, ids in admitted:
-            try:
-                self._prefill([(seq.slot, ids)])
-            except Exception as exc:
-                self._reject(seq, exc, outputs)
-                continue
-            joined.append(seq)
-        return joined
+        """Prefill the admitted newcomers together (one by one when that fails); returns those that joined."""
+        seqs = [seq for seq, _ in admitted]
+        return self._prefill_each(seqs, [(seq.slot, ids) for seq, ids in admitted], self._prefill, outputs)
 
     def _prefill(self, prompts: list[tuple[int, torch.Tensor]]) -> None:
         """One forward over every newcomer's prompt; K/V rows go to each one's slot, its last hidden state kept."""
@@ -383,25 +310,10 @@ class CausalLMRunner:
         slots = torch.tensor([slot for slot, _ in prompts], dtype=torch.long, device=self.device)
         lens = torch.tensor(lengths, dtype=torch.long, device=self.device)
         positions = torch.arange(t, device=self.device)[None].expand(len(prompts), -1)
-        padded = min(lengths) != t
-        hidden = self.lm(self.lm.embed(ids), positions, self._prefill_attend(slots, lens, t, padded))
+        mask = padded_causal_mask(lens, t) if min(lengths) != t else None  # unpadded: SDPA's causal rule
+        attend = self._prefill_attend(slots, t, mask, prefill_attention)
+        hidden = self.lm(self.lm.embed(ids), positions, attend)
         self.hidden[slots] = hidden[torch.arange(len(prompts), device=self.device), lens - 1]
-
-    def _prefill_attend(self, slots: torch.Tensor, lengths: torch.Tensor, t: int, padded: bool) -> Attend:
-        """Causal attention over prompts starting at position 0; padding keys masked (and later overwritten)."""
-        mask = None
-        if padded:
-            pos = torch.arange(t, device=slots.device)
-            causal = pos[None, :] <= pos[:, None]
-            mask = (causal[None] & (pos[None, :] < lengths[:, None])[:, None, :])[:, None]  # [B, 1, T, T]
-        kc, vc = self.kv.k, self.kv.v
-
-        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            kc[layer][slots, :, :t] = k
-            vc[layer][slots, :, :t] = v
-            return prefill_attention(q, k, v, mask)
-
-        return attend
 
     # -- decode -------------------------------------------------------------------------------------------
 
@@ -415,23 +327,8 @@ class CausalLMRunner:
             full |= st.mode
         if full & MASK and self._bitmask_host is not self.bitmask:
             self.bitmask[:n].copy_(self._bitmask_host[:n], non_blocking=True)
-        host = self._active_host
-        host.zero_()
-        host.numpy()[slots] = True
-        self.active.copy_(host, non_blocking=True)
-        bucket = self._bucket(n, span)
-        if bucket is not None and self.graphs is not None:
-            key = (*bucket, full)
-            if key not in self.graphs:
-                with idle_rows(self.active):
-                    self.graphs.capture(key)
-            self.graphs.replay(key)
-            self.graph_steps += 1
-            b = bucket[0]
-        else:
-            b, span = bucket if self.pad_eager and bucket is not None else (n, span)
-            self._run_rows(b, span, full)
-            self.eager_steps += 1
+        self._mark_active(slots)
+        b = self._replay_or_run(n, span, (full,), lambda b, span: self._run_rows(b, span, full))
         tokens = self.tokens_out[:b].cpu()
         chosen = tokens[slots].tolist()
         if not full & LOGPROBS:
@@ -444,10 +341,6 @@ class CausalLMRunner:
             top = tuple((self.decode_text([i]), v) for i, v in zip(ids, values, strict=True))
             out.append(TokenLogprob(self.decode_text([token]), float(lp_token[st.slot]), top))
         return chosen, out
-
-    def _bucket(self, n: int, span: int) -> tuple[int, int] | None:
-        b, s = pick(self.batch_buckets, n), pick(self.length_buckets, span)
-        return None if b is None or s is None else (b, s)
 
     @torch.no_grad()
     def _run_rows(self, b: int, span: int, mode: int) -> None:

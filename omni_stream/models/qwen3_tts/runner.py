@@ -66,10 +66,11 @@ from omni_stream.models.qwen3_tts.config import CODEBOOK_SIZE, CONTROL_ID_SPAN, 
 from omni_stream.models.qwen3_tts.prompt import TalkerRequest, embed_prompts, embed_tts_pad
 from omni_stream.models.qwen3_tts.talker import Qwen3TTSLM
 from omni_stream.runtime import rng
-from omni_stream.runtime.cuda_graphs import GraphSet, batch_buckets, idle_rows, length_buckets, pick
-from omni_stream.runtime.decoder_kernels import DecodeKernels, default_kernels
-from omni_stream.runtime.kv_cache import Attend, KVShape, SlotKVCache, attention
+from omni_stream.runtime.cuda_graphs import GraphSet, pick
+from omni_stream.runtime.decoder_kernels import DecodeKernels
+from omni_stream.runtime.kv_cache import KVShape
 from omni_stream.runtime.sampling import SamplingTensors, apply_repetition_penalty, mask_tokens
+from omni_stream.runtime.slot_runner import SlotKVRunner, padded_causal_mask, select_kernels
 from omni_stream.scheduler import run_offline
 
 log = logging.getLogger(__name__)
@@ -119,8 +120,11 @@ class _InFlight:
     event: torch.cuda.Event | None  # None: the step ran synchronously (CPU)
 
 
-class Qwen3TTSRunner:
-    """Batched talker decoding over a slot-indexed static KV cache (see module docstring)."""
+class Qwen3TTSRunner(SlotKVRunner[_SlotState]):
+    """Batched talker decoding over a slot-indexed static KV cache (see module docstring; the skeleton every
+    slot-KV runner shares: :class:`~omni_stream.runtime.slot_runner.SlotKVRunner`)."""
+
+    state_type = _SlotState
 
     def __init__(
         self,
@@ -149,38 +153,35 @@ class Qwen3TTSRunner:
         self.cfg = cfg = lm.config
         self.talker = talker = lm.talker
         w = talker.codec_head.weight
-        self.device, self.dtype = w.device, w.dtype
-        kernels = default_kernels(self.device) if fused is None or fused is True else fused or None
-        if fused is True and kernels is None:
-            raise ValueError("fused kernels need a CUDA device with Triton installed")
+        self.kernels = kernels = select_kernels(w.device, fused)
         talker.use_kernels(kernels)
-        self.kernels = kernels
         d = cfg.talker.decoder
-        self.max_len = min(max_len, d.max_position_embeddings)
-        self._slots = max_batch_size
-        # One column past max_len: idle rows of a decode step write their K/V there; no read ever reaches it.
+        length = min(max_len, d.max_position_embeddings)
+        self.vocab = d.vocab_size
+        self.noise_width = self.vocab + CP_STEPS * CODEBOOK_SIZE
         # One slot past the last: padding rows of a prefill graph write there; no decode step reads it.
         self.scratch_slot = max_batch_size
-        self.kv = SlotKVCache(
-            KVShape(d.num_hidden_layers, max_batch_size + 1, d.num_key_value_heads, self.max_len + 1, d.head_dim),
-            dtype=self.dtype,
-            device=self.device,
+        self._init_slots(
+            device=w.device,
+            dtype=w.dtype,
+            max_batch_size=max_batch_size,
+            max_len=length,
+            kv=KVShape(d.num_hidden_layers, max_batch_size + 1, d.num_key_value_heads, length + 1, d.head_dim),
+            graphs=graphs,
+            graph_step=self._graph_step,
+            smallest_span=SMALLEST_SPAN,
+            noise_width=self.noise_width,
         )
         s, dev = max_batch_size, self.device
-        self.vocab = d.vocab_size
         self.eos = cfg.talker.codec_eos_token_id
         self.hidden = torch.zeros(s + 1, d.hidden_size, dtype=self.dtype, device=dev)  # + the scratch slot
         self.seen = torch.zeros(s, self.vocab, dtype=torch.bool, device=dev)
-        self.steps = torch.zeros(s, dtype=torch.long, device=dev)
         self.no_eos = torch.zeros(s, dtype=torch.bool, device=dev)
         self.talker_params = SamplingTensors.empty(s, dev)
         self.cp_params = SamplingTensors.empty(s, dev)
         cap = min(TRAILING_CAPACITY, self.max_len)
         self.trailing = torch.zeros(s, cap, d.hidden_size, dtype=self.dtype, device=dev)
         self.trailing_len = torch.zeros(s, dtype=torch.long, device=dev)
-        self.lengths = torch.zeros(s, dtype=torch.long, device=dev)
-        self.seeds = torch.zeros(s, dtype=torch.long, device=dev)
-        self.active = torch.zeros(s, dtype=torch.bool, device=dev)
         self.codes_out = torch.zeros(s, NUM_CODE_GROUPS, dtype=torch.long, device=dev)
         self._codes_host = torch.zeros(s, NUM_CODE_GROUPS, dtype=torch.long, pin_memory=dev.type == "cuda")
         self.ahead = dev.type == "cuda" if ahead is None else ahead
@@ -189,25 +190,10 @@ class Qwen3TTSRunner:
         self.prefill_budget = prefill_budget
         self.prefill_log: deque[int] = deque(maxlen=1024)  # prompt positions each recent call prefilled
         self._inflight: _InFlight | None = None
-        self._rows = torch.arange(s, device=dev)
-        self._active_host = torch.zeros(s, dtype=torch.bool, pin_memory=dev.type == "cuda")
-        self._active_slots: tuple[int, ...] | None = None  # rows the device mask holds (None: unknown)
-        self.noise_width = self.vocab + CP_STEPS * CODEBOOK_SIZE
-        rng.prepare(self.noise_width, dev)
         self.suppress = torch.zeros(self.vocab, dtype=torch.bool, device=dev)
         self.suppress[self.vocab - CONTROL_ID_SPAN :] = True
         self.suppress[self.eos] = False
         self.tts_pad = embed_tts_pad(talker, cfg)
-        self._states: dict[int, _SlotState] = {}
-        self.use_graphs = dev.type == "cuda" if graphs is None else graphs
-        if self.use_graphs and dev.type != "cuda":
-            raise ValueError("CUDA graphs need a CUDA device")
-        self.batch_buckets = batch_buckets(max_batch_size)
-        self.length_buckets = length_buckets(self.max_len, SMALLEST_SPAN)
-        self.pad_eager = False  # eager steps at bucket shapes too (graph-vs-eager comparisons)
-        self.graphs = GraphSet(self._graph_step, dev) if self.use_graphs else None
-        self.graph_steps = 0
-        self.eager_steps = 0
         self.decode_rows: deque[int] = deque(maxlen=1024)  # rows each recent decode step computed
         # Requests served, for the first audio window a row's first frame decides (the family counts them).
         self.load: Callable[[], int] = lambda: self.num_active
@@ -238,12 +224,7 @@ class Qwen3TTSRunner:
         ``progress``: a tqdm-like factory (``progress(total=, desc=, unit=)``). Needs no running sequence:
         every row is idle while the decode step is captured, and the prefill captures write the scratch slot.
         """
-        seconds = 0.0
-        if self.graphs is not None:
-            keys = [(b, n) for b in self.batch_buckets for n in self.length_buckets]
-            missing = [k for k in keys if k not in self.graphs]
-            with idle_rows(self.active):
-                seconds += self.graphs.capture_all(missing, progress=progress)
+        seconds = self._capture_decode(((),), progress)
         if self.prefill_graphs is not None:
             # Capturing runs the prefill of 1-position prompts into the scratch slot: rows no sequence reads.
             self._pf_len.fill_(1)
@@ -264,15 +245,6 @@ class Qwen3TTSRunner:
         self._run_rows(b, span, noisy=True)
 
     # -- BatchModel -------------------------------------------------------------------------------------
-
-    @property
-    def max_batch_size(self) -> int:
-        return self._slots
-
-    @property
-    def num_active(self) -> int:
-        """Slots currently holding a sequence."""
-        return len(self._states)
 
     @torch.no_grad()
     def step(self, batch: Batch) -> list[SeqOutput]:
@@ -365,13 +337,6 @@ class Qwen3TTSRunner:
             if seq.model_state is st and self._states.get(st.slot) is st:
                 st.pending = (codes, i, first[i] == self.eos and not st.ignore_eos)
 
-    def release(self, seq: Sequence) -> None:
-        """Free the sequence's slot state; the static rows are simply reused by the slot's next owner."""
-        st = seq.model_state
-        if isinstance(st, _SlotState) and self._states.get(st.slot) is st:
-            del self._states[st.slot]
-        seq.model_state = None
-
     # -- PipelinedModel ---------------------------------------------------------------------------------
 
     def settle(self) -> None:
@@ -386,22 +351,10 @@ class Qwen3TTSRunner:
 
     # -- internals --------------------------------------------------------------------------------------
 
-    def _state(self, seq: Sequence) -> _SlotState:
-        st = seq.model_state
-        if not isinstance(st, _SlotState):
-            raise RuntimeError(f"sequence {seq.seq_id} was not prefilled by this runner")
-        return st
-
     def _admit(self, seq: Sequence) -> None:
         """Check the request and take its slot (its prompt is embedded with the step's other newcomers)."""
-        req = seq.payload
-        if not isinstance(req, TalkerRequest):
-            raise TypeError(f"payload must be a TalkerRequest, got {type(req).__name__}")
+        req = self._take_slot(seq, TalkerRequest)
         slot = seq.slot
-        if not 0 <= slot < self._slots:
-            raise ValueError(f"slot {slot} is outside 0..{self._slots - 1}")
-        if slot in self._states:
-            raise RuntimeError(f"slot {slot} is still held by another sequence")
         prompt = req.prompt
         max_frames = req.max_new_tokens if req.ignore_eos else req.max_new_tokens - 1
         n = prompt.prefill_len
@@ -412,9 +365,7 @@ class Qwen3TTSRunner:
                 "max_new_tokens",
             )
         samples = req.sampling.do_sample or req.subtalker_sampling.do_sample
-        st = _SlotState(slot, n, 0, max_frames, 0, req.ignore_eos, samples)
-        self._states[slot] = st
-        seq.model_state = st
+        self._hold(seq, _SlotState(slot, n, 0, max_frames, 0, req.ignore_eos, samples))
 
     def _embed_all(
         self, seqs: list[Sequence], outputs: dict[int, SeqOutput]
@@ -471,39 +422,11 @@ class Qwen3TTSRunner:
         self.talker_params.write_rows(rows, [r.sampling for r in reqs])
         self.cp_params.write_rows(rows, [r.subtalker_sampling for r in reqs])
 
-    def _reject(self, seq: Sequence, exc: Exception, outputs: dict[int, SeqOutput]) -> None:
-        """End a newcomer with ``exc`` and free its slot state; other rows are untouched."""
-        if not isinstance(exc, InvalidRequestError):
-            log.error("prefill of sequence %s failed", seq.seq_id, exc_info=exc)
-        self.release(seq)
-        outputs[seq.seq_id] = SeqOutput(seq.seq_id, finished=True, error=exc)
-
     def _prefill_all(
         self, seqs: list[Sequence], admitted: list[tuple[int, torch.Tensor]], outputs: dict[int, SeqOutput]
     ) -> list[Sequence]:
-        """Prefill the admitted newcomers together; returns those that joined the step.
-
-        A failing batched prefill falls back to one prefill per newcomer, so only the failing ones end
-        (the K/V it wrote lies in the newcomers' own slots and is overwritten by each solo prefill).
-        """
-        if not admitted:
-            return []
-        try:
-            self._prefill(admitted)
-            return seqs
-        except Exception as exc:
-            if len(admitted) == 1:
-                self._reject(seqs[0], exc, outputs)
-                return []
-        joined = []
-        for seq, item in zip(seqs, admitted, strict=True):
-            try:
-                self._prefill([item])
-            except Exception as exc:
-                self._reject(seq, exc, outputs)
-                continue
-            joined.append(seq)
-        return joined
+        """Prefill the admitted newcomers together (one by one when that fails); returns those that joined."""
+        return self._prefill_each(seqs, admitted, self._prefill, outputs)
 
     def _prefill_in_budget(
         self,
@@ -593,36 +516,17 @@ class Qwen3TTSRunner:
         slots = torch.tensor([slot for slot, _ in admitted], dtype=torch.long, device=self.device)
         lens = torch.tensor(lengths, dtype=torch.long, device=self.device)
         positions = torch.arange(t, device=self.device)[None].expand(k, -1)
-        hidden = self.talker(x, positions, self._prefill_attend(slots, lens, t))
+        hidden = self.talker(x, positions, self._prefill_attend(slots, t, padded_causal_mask(lens, t)))
         self.hidden[slots] = hidden[torch.arange(k, device=self.device), lens - 1]
-
-    def _host_long(self, values: list[int]) -> torch.Tensor:
-        """A host int64 tensor, pinned on CUDA (so a non-blocking copy from it never waits for the stream)."""
-        t = torch.tensor(values, dtype=torch.long)
-        return t.pin_memory() if self.device.type == "cuda" else t
 
     @torch.no_grad()
     def _padded_prefill(self, b: int, t: int) -> None:
         """Prefill of the prompts in ``_pf_x[:b, :_pf_len]`` into slots ``_pf_slot[:b]`` at length ``t`` (static)."""
         slots, lens = self._pf_slot[:b], self._pf_len[:b]
         positions = self._pf_positions[:, :t].expand(b, -1)
-        hidden = self.talker(self._pf_x[:b, :t], positions, self._prefill_attend(slots, lens, t))
+        attend = self._prefill_attend(slots, t, padded_causal_mask(lens, t))
+        hidden = self.talker(self._pf_x[:b, :t], positions, attend)
         self.hidden[slots] = hidden[self._pf_rows[:b], lens - 1]
-
-    def _prefill_attend(self, slots: torch.Tensor, lengths: torch.Tensor, t: int) -> Attend:
-        """Causal attention over padded prompts starting at position 0; K/V rows go to each prompt's slot."""
-        pos = torch.arange(t, device=slots.device)
-        causal = pos[None, :] <= pos[:, None]
-        mask = (causal[None] & (pos[None, :] < lengths[:, None])[:, None, :])[:, None]  # [B, 1, T, T]
-        kc, vc = self.kv.k, self.kv.v
-
-        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            # Padding positions land past each prompt's length: masked now, overwritten by its decode steps.
-            kc[layer][slots, :, :t] = k
-            vc[layer][slots, :, :t] = v
-            return attention(q, k, v, mask)
-
-        return attend
 
     def _write_trailing(self, slot: int, trailing: torch.Tensor) -> None:
         n = trailing.shape[0]
@@ -642,34 +546,11 @@ class Qwen3TTSRunner:
         slots = [st.slot for st in states]
         n = max(slots) + 1
         span = max(st.length for st in states) + 1
-        rows = tuple(slots)
-        if rows != self._active_slots:  # the mask changes only when rows join, leave or pause
-            host = self._active_host
-            host.zero_()
-            host.numpy()[slots] = True
-            self.active.copy_(host, non_blocking=True)
-            self._active_slots = rows
-        key = self._graph_key(n, span)
-        if key is not None and self.graphs is not None:
-            if key not in self.graphs:
-                with idle_rows(self.active):
-                    self.graphs.capture(key)
-            self.graphs.replay(key)
-            self.graph_steps += 1
-            b = key[0]
-        else:
-            b, span = (n, span) if not self.pad_eager else self._bucket(n, span) or (n, span)
-            self._run_rows(b, span, noisy=self.pad_eager or any(st.samples for st in states))
-            self.eager_steps += 1
+        self._mark_active(slots)  # the mask changes only when rows join, leave or pause
+        noisy = self.pad_eager or any(st.samples for st in states)
+        b = self._replay_or_run(n, span, (), lambda b, span: self._run_rows(b, span, noisy=noisy))
         self.decode_rows.append(b)
         return b
-
-    def _bucket(self, n: int, span: int) -> tuple[int, int] | None:
-        b, s = pick(self.batch_buckets, n), pick(self.length_buckets, span)
-        return None if b is None or s is None else (b, s)
-
-    def _graph_key(self, n: int, span: int) -> tuple[int, int] | None:
-        return self._bucket(n, span) if self.graphs is not None else None
 
     def _run_rows(self, b: int, span: int, noisy: bool) -> None:
         """The decode step over slots ``0..b-1`` with attention over ``span`` positions (static tensors only).
