@@ -60,6 +60,7 @@ from omni_stream.pipeline_specs import ModelSet
 from omni_stream.requests import ChatRequest, SpeechRequest, TaskType, TextRequest, Timings, VoicePrompt
 from omni_stream.runtime.cache import user_cache_root
 from omni_stream.runtime.gc_heap import freeze_loaded_heap, release_loaded_heap
+from omni_stream.runtime.load_display import library_bars_off, log_lines_above_bars, quiet_pil_fallback
 from omni_stream.runtime.offload import preparer
 from omni_stream.runtime.settings import Tuning
 from omni_stream.validation.speech import check_reference, check_task
@@ -123,6 +124,12 @@ class ModelSource:
     kind: str | None = None
 
 
+def _load_quietly(loader: Callable[[LoadContext], Family], load: LoadContext) -> Family:
+    """``loader(load)`` with the libraries' own progress bars off: the family's bar is the one display."""
+    with library_bars_off():
+        return loader(load)
+
+
 async def _load_one(source: ModelSource, options: LoadOptions, worker: DeviceWorker, metrics: EngineMetrics) -> Family:
     path = source.path
     if path is None and source.endpoint is None:
@@ -143,7 +150,7 @@ async def _load_one(source: ModelSource, options: LoadOptions, worker: DeviceWor
         metrics=metrics,
         endpoint=source.endpoint,
     )
-    family = await anyio.to_thread.run_sync(loader, load)
+    family = await anyio.to_thread.run_sync(_load_quietly, loader, load)
     try:
         check_family(family)
         if source.kind is not None and family.info.kind != source.kind:
@@ -209,6 +216,7 @@ class AsyncEngine:
         """
         tuning = Tuning.from_env() if tuning is None else tuning
         preparer(tuning.prepare_threads)  # this loop's prompt-preparation threads
+        quiet_pil_fallback()  # before any family's module imports diffusers (omni_stream.runtime.load_display)
         options = LoadOptions(
             device=device,
             dtype=dtype,
@@ -232,8 +240,9 @@ class AsyncEngine:
         metrics = EngineMetrics()
         models = ModelSet()
         try:
-            for source in sources.values():
-                models.add(await _load_one(source, options, worker, metrics))
+            with log_lines_above_bars(progress):
+                for source in sources.values():
+                    models.add(await _load_one(source, options, worker, metrics))
         except BaseException:
             for family in models:
                 await family.aclose()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -193,3 +194,20 @@ def test_sigterm_with_an_http_stream_and_an_open_websocket(tmp_path):
     assert proc.returncode == 0, out
     assert elapsed < 15, elapsed  # well inside uvicorn's 10 s grace plus the session grace
     assert received == expected_tone("alice", text).size * 2  # the whole utterance, 16-bit samples
+
+
+LOG_RECORD = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) omni_stream|\[transformers\]|\[diffusers\]")
+
+
+def test_start_up_shows_one_progress_display_with_log_lines_on_their_own():
+    """What a new user sees on ``omni-stream serve``: no notices from transformers about torchvision (the PIL
+    image processors are the ones used), no progress bars of the libraries beside each model's own, and every log
+    line on a line of its own (as a terminal shows it: the text after a line's last carriage return)."""
+    out, models = serve(["--log-level", "info"], {"OMNI_STREAM_API_KEY": "k"}, signal.SIGINT)
+    assert len(models) == len([kind for kind in default_kinds() if default_available(kind)])
+    assert "torchvision" not in out, out
+    shown = [line.rsplit("\r", 1)[-1] for line in out.split("\n")]
+    bars = [line for line in out.replace("\r", "\n").split("\n") if re.search(r"\d+%\|", line)]
+    assert bars and all(bar.startswith("loading ") for bar in bars), [b for b in bars if not b.startswith("loading")]
+    records = [line for line in shown if LOG_RECORD.search(line)]
+    assert records and all(LOG_RECORD.match(line) for line in records), [r for r in records if not LOG_RECORD.match(r)]
