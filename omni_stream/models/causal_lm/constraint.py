@@ -6,8 +6,8 @@ cannot enforce is a 400 naming the field before anything streams. The runner ask
 rows' next-token bitmasks (many rows at once, in llguidance's own threads, the GIL released) and feeds each
 sampled token back (``LLMatcher.consume_token``).
 
-The llguidance tokenizer is built on first use (about a second for a 150k-token vocabulary; the tiny ones take
-milliseconds) and shared by every request.
+The llguidance tokenizer (about a second of one core for a 150k-token vocabulary, milliseconds for the tiny ones)
+is built in a thread of its own when the family loads, and shared by every request; one that comes sooner waits.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ class Grammars:
         self._eos = list(eos_token_ids)
         self._tokenizer: Any = None
         self._lock = threading.Lock()
+        # Built in the background from the start, so the first constrained request seldom waits for it.
+        threading.Thread(target=self._lltokenizer, name="llguidance-tokenizer", daemon=True).start()
 
     def _lltokenizer(self) -> Any:
         with self._lock:
