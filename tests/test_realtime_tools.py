@@ -248,3 +248,41 @@ def test_bad_tools_and_items_are_error_events_naming_the_field():
     for event, param in cases:
         error = error_of(send(proto, **event))
         assert error["param"] == param and error["code"] == "invalid_value", (event, error)
+
+
+def test_an_assistant_audio_item_is_heard_as_its_transcript_and_can_be_truncated():
+    import base64
+
+    import numpy as np
+
+    proto = make()
+    text_session(proto)
+    second = base64.b64encode(np.zeros(24000, "<i2").tobytes()).decode()  # one second of audio/pcm
+    out = send(
+        proto,
+        type="conversation.item.create",
+        item={
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_audio", "audio": second, "transcript": "It is sunny."}],
+        },
+    )
+    item = out.events[0].body["item"]
+    assert item["content"] == [{"type": "output_audio", "transcript": "It is sunny."}]
+    assert [(m.role, m.content) for m in proto.conversation.messages()] == [(Role.ASSISTANT, "It is sunny.")]
+    out = send(proto, type="conversation.item.truncate", item_id=item["id"], content_index=0, audio_end_ms=500)
+    assert types(out) == ["conversation.item.truncated"]
+    assert (
+        error_of(send(proto, type="conversation.item.truncate", item_id=item["id"], content_index=0, audio_end_ms=900))[
+            "param"
+        ]
+        == "audio_end_ms"
+    )  # past what is left
+    send(proto, type="conversation.item.truncate", item_id=item["id"], content_index=0, audio_end_ms=0)
+    assert proto.conversation.messages() == []  # nothing of it was heard
+    bad = send(
+        proto,
+        type="conversation.item.create",
+        item={"type": "message", "role": "user", "content": [{"type": "output_audio", "transcript": "x"}]},
+    )
+    assert error_of(bad)["param"] == "item.content[0].type"

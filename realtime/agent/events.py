@@ -172,6 +172,7 @@ class PartType(StrEnum):
     INPUT_TEXT = "input_text"
     INPUT_AUDIO = "input_audio"
     OUTPUT_TEXT = "output_text"
+    OUTPUT_AUDIO = "output_audio"  # an assistant's speech (audio and its transcript), replayed into the conversation
 
 
 @dataclass(slots=True, frozen=True)
@@ -514,9 +515,12 @@ def _part(value: Any, param: str, max_bytes: int, max_text: int) -> NewPart:
         audio = decode_audio_field(body.get("audio"), f"{param}.audio", max_bytes)
         transcript = body.get("transcript")
         return NewPart(PartType.INPUT_AUDIO, audio=audio, transcript=_opt_str(transcript, f"{param}.transcript"))
-    raise RealtimeError(
-        "invalid_value", f"content type {kind!r} is not supported (input_text, input_audio, output_text)", param
-    )
+    if kind == "output_audio":
+        audio = b"" if body.get("audio") is None else decode_audio_field(body["audio"], f"{param}.audio", max_bytes)
+        transcript = string(body.get("transcript", ""), f"{param}.transcript", limit=max_text)
+        return NewPart(PartType.OUTPUT_AUDIO, audio=audio, transcript=transcript)
+    kinds = "input_text, input_audio, output_text, output_audio"
+    raise RealtimeError("invalid_value", f"content type {kind!r} is not supported ({kinds})", param)
 
 
 def _tool_field(parse: Any, value: Any, **kwargs: Any) -> Any:
@@ -567,7 +571,8 @@ def _message_item(body: dict[str, Any], max_bytes: int, max_text: int, param: st
         raise RealtimeError("invalid_value", f"{param}.content must be a non-empty list", f"{param}.content")
     parts = tuple(_part(p, f"{param}.content[{i}]", max_bytes, max_text) for i, p in enumerate(content))
     for i, part in enumerate(parts):
-        allowed = (PartType.OUTPUT_TEXT,) if role == "assistant" else (PartType.INPUT_TEXT, PartType.INPUT_AUDIO)
+        assistant = (PartType.OUTPUT_TEXT, PartType.OUTPUT_AUDIO)
+        allowed = assistant if role == "assistant" else (PartType.INPUT_TEXT, PartType.INPUT_AUDIO)
         if role == "system":
             allowed = (PartType.INPUT_TEXT,)
         if part.type not in allowed:

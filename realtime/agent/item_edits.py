@@ -90,6 +90,12 @@ class ItemEditing(ProtocolState):
                 content.append(
                     Content(ContentType.INPUT_AUDIO, transcript=transcript, audio_ms=samples_ms(decoded[i].size))
                 )
+            elif part.type is PartType.OUTPUT_AUDIO:  # its transcript is one unit from the start: truncatable
+                if part.audio:
+                    InputDecoder(self.config.output_format).check(part.audio, f"item.content[{i}].audio")
+                ms = samples_ms(decode_whole(part.audio, self.config.output_format).size) if part.audio else 0
+                units = [(0, part.transcript)] if part.transcript else []
+                content.append(Content(ContentType.OUTPUT_AUDIO, transcript=part.transcript, audio_ms=ms, units=units))
             elif part.type is PartType.OUTPUT_TEXT:
                 content.append(Content(ContentType.OUTPUT_TEXT, text=part.text))
             else:
