@@ -571,8 +571,9 @@ def _message_item(body: dict[str, Any], max_bytes: int, max_text: int, param: st
         raise RealtimeError("invalid_value", f"{param}.content must be a non-empty list", f"{param}.content")
     parts = tuple(_part(p, f"{param}.content[{i}]", max_bytes, max_text) for i, p in enumerate(content))
     for i, part in enumerate(parts):
-        assistant = (PartType.OUTPUT_TEXT, PartType.OUTPUT_AUDIO)
-        allowed = assistant if role == "assistant" else (PartType.INPUT_TEXT, PartType.INPUT_AUDIO)
+        allowed: tuple[PartType, ...] = (PartType.INPUT_TEXT, PartType.INPUT_AUDIO)
+        if role == "assistant":
+            allowed = (PartType.OUTPUT_TEXT, PartType.OUTPUT_AUDIO)
         if role == "system":
             allowed = (PartType.INPUT_TEXT,)
         if part.type not in allowed:
