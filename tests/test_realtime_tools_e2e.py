@@ -111,3 +111,32 @@ async def test_a_forced_call_its_output_the_next_response_and_an_out_of_band_one
         await conn.conversation.item.retrieve(item_id=call.id)
         got = (await until(conn, "conversation.item.retrieved"))[-1].item
         assert got.type == "function_call" and got.arguments == done.arguments
+
+
+async def test_the_tools_count_when_old_turns_leave_the_prompt(server):
+    """The tools take room in the prompt: with ``truncation: auto`` the oldest turns leave until the tools fit too."""
+    family = server.engine.models.text()
+    async with client(server).realtime.connect(model=LM) as conn:
+        await until(conn, "session.created")
+        session = {
+            "type": "realtime",
+            "output_modalities": ["text"],
+            "tools": [TOOL],
+            "max_output_tokens": 4,
+            "instructions": "",
+            "audio": {"input": {"turn_detection": None}},
+        }
+        await conn.session.update(session=session)
+        await until(conn, "session.updated")
+        text = "the quick brown fox jumps over the lazy dog " * 3
+        turns = 0
+        while (turns + 1) * (family.count_text_tokens(text) + 8) < 1024 - 64:  # the turns alone would fit
+            await conn.conversation.item.create(
+                item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+            )
+            await until(conn, "conversation.item.done")
+            turns += 1
+        await conn.response.create()
+        response = (await until(conn, "response.done"))[-1].response
+        assert response.status in ("completed", "incomplete"), response.status_details
+        assert response.usage.input_tokens <= 1024 - 4

@@ -77,6 +77,7 @@ from omni_stream.realtime.agent.truncation import ContextExceeded, fit
 from omni_stream.realtime.settings import Settings
 from omni_stream.requests import ChatMessage, ChatRequest, SpokenReply, TextRequest
 from omni_stream.speech.pacing import AnyioClock, Clock, Pacer
+from omni_stream.text.tools import ToolMode
 from omni_stream.transcription.spec import TranscriptionRequest
 from omni_stream.turns.detector import EndOfTurnModel, TurnDetector
 from omni_stream.turns.rules import TurnType
@@ -434,12 +435,15 @@ class RealtimeSession:
 
     def _fit(self, cmd: StartResponse) -> tuple[ChatMessage, ...]:
         """The messages the prompt keeps under ``cmd.truncation`` (blocking: tokenizes every message)."""
-        text = self.engine.models.get(ModelKind.TEXT)
-        context = getattr(text.info, "max_context", None)
+        family = self.engine.models.get(ModelKind.TEXT)
+        context = getattr(family.info, "max_context", None)
         if context is None:
             return cmd.messages
         said = [m.content + "".join(c.name + c.arguments for c in m.tool_calls) for m in cmd.messages]  # calls too
         tokens = [self.engine.count_text_tokens(text, ModelKind.TEXT) for text in said]
+        count_tools = getattr(family, "count_tool_tokens", None)  # the tools' part of the prompt, where it is known
+        if cmd.tools and cmd.tool_choice.mode is not ToolMode.NONE and count_tools is not None:
+            context -= min(context - 1, int(count_tools(cmd.tools)))
         return tuple(fit(list(cmd.messages), tokens, context, cmd.max_tokens, cmd.truncation))
 
     async def _hold(self, held: Held, outputs: AsyncIterator[StageOutput]) -> AsyncIterator[StageOutput]:

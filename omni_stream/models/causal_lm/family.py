@@ -15,6 +15,7 @@ device worker (:mod:`.runner`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,7 @@ from omni_stream.models.causal_lm.model import load_lm
 from omni_stream.models.causal_lm.runner import CausalLMRunner, LMRequest
 from omni_stream.models.causal_lm.tokenizer import ChatTokenizer
 from omni_stream.pipeline import Stage
-from omni_stream.requests import TextRequest
+from omni_stream.requests import ChatMessage, Role, TextRequest
 from omni_stream.runtime.cache import EMBEDDED_MARKER, embedded_checkpoint_dir
 from omni_stream.runtime.decoder_kernels import default_kernels
 from omni_stream.runtime.offload import run_prepare
@@ -41,6 +42,7 @@ from omni_stream.scheduler import Scheduler
 from omni_stream.text.grammar import request_grammar
 from omni_stream.text.stage import text_generation_stage, with_tool_calls
 from omni_stream.text.tool_parsers import ToolFormat
+from omni_stream.text.tools import FunctionTool
 from omni_stream.validation.text import fit_prompt, prompt_field
 
 log = logging.getLogger(__name__)
@@ -112,6 +114,7 @@ class CausalLMFamily:
         self.sampling = self.defaults.sampling
         self.grammars = Grammars(self.tokenizer.hf, cfg.vocab_size, self.defaults.eos_token_ids)
         self.tag_tokens = self.tokenizer.is_token("<tool_call>")  # Qwen3's call tags are tokens of their own
+        self._tool_tokens: dict[tuple[FunctionTool, ...], int] = {}
         self.max_context = self.runner.max_len
         self.info = TextInfo(ckpt.name, cfg.model_type, ModelKind.TEXT, max_context=self.max_context)
         if self.embedded:
@@ -122,6 +125,14 @@ class CausalLMFamily:
             )
 
     # --- requests -------------------------------------------------------------------------------------------
+
+    def count_tool_tokens(self, tools: tuple[FunctionTool, ...]) -> int:
+        """Prompt tokens the chat template spends on offering ``tools`` (blocking: call it off the loop)."""
+        if tools not in self._tool_tokens:
+            probe = TextRequest(messages=(ChatMessage(Role.USER, "x"),))
+            with_tools = self.tokenizer.encode(dataclasses.replace(probe, tools=tools))
+            self._tool_tokens[tools] = max(0, len(with_tools) - len(self.tokenizer.encode(probe)))
+        return self._tool_tokens[tools]
 
     def count_text_tokens(self, text: str) -> int:
         """Tokens of ``text`` under the checkpoint's tokenizer (blocking: call it off the loop for long text)."""
