@@ -3,10 +3,11 @@
 The handshake accepts what the official SDK sends (``Authorization`` header, ``?model=``: the text model's name, or
 none; any other name gets an ``error`` event with code ``model_not_found`` and a 1008 close) and what browsers
 send (subprotocols ``realtime`` and ``openai-insecure-api-key.KEY``: the key-free one is echoed; the key is
-checked by the API-key middleware like on every ``/v1`` route). Then one task reads client messages into the
-session while another writes the session's events out; either side ending ends both, and leaving the session
-frees everything it held (:mod:`omni_stream.realtime.agent.session`). ``?intent=transcription`` starts a
-transcription session.
+checked by the API-key middleware like on every ``/v1`` route). The connection runs in the one WebSocket shell
+(:mod:`omni_stream.realtime.common.ws_shell`: accept, the registry of open sessions, shutdown with 1001, close
+codes). Then one task reads client messages into the session while another writes the session's events out; either
+side ending ends both, and leaving the session frees everything it held (:mod:`omni_stream.realtime.agent.session`).
+``?intent=transcription`` starts a transcription session.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from omni_stream.realtime.agent.events import SessionType
 from omni_stream.realtime.agent.outputs import ServerEvent
 from omni_stream.realtime.agent.session import RealtimeSession, SessionClose
 from omni_stream.realtime.common.close_codes import CloseCode
-from omni_stream.realtime.common.ws_sessions import accept, close_quietly, is_gone, registered, shutdown
+from omni_stream.realtime.common.ws_shell import Socket, is_gone, serve_websocket
 from omni_stream.realtime.state import ServerState
 
 log = logging.getLogger("omni_stream.realtime.ws")
@@ -67,24 +68,39 @@ def working(session: RealtimeSession) -> bool:
 
 
 async def realtime_endpoint(websocket: WebSocket) -> None:
-    state: ServerState = websocket.app.state.omni
-    await accept(websocket)
-    intent = websocket.query_params.get("intent")
+    await serve_websocket(websocket, "realtime", _open)
+
+
+async def _open(socket: Socket, state: ServerState) -> RealtimeSocket | None:
+    """The session ``?intent=`` and ``?model=`` ask for; a model this server does not serve is refused (1008)."""
+    intent = socket.query_params.get("intent")
     kind = SessionType.TRANSCRIPTION if intent == "transcription" else SessionType.REALTIME
-    model = websocket.query_params.get("model") or None  # ?model= with nothing after it: not named
+    model = socket.query_params.get("model") or None  # ?model= with nothing after it: not named
     served = served_models(state, kind)
     if model is not None and model not in served:
         try:
-            await websocket.send_text(model_not_found(model, served))
+            await socket.send_text(model_not_found(model, served))
         except Exception as exc:
             if not is_gone(exc):
                 raise
-        await close_quietly(websocket, CloseCode.POLICY)
-        return
-    session = RealtimeSession(state.ready_engine, state.settings, session_type=kind, model=model)
-    close_code: int | None = None
-    abandoned = False  # the client left while the session had model work in progress
-    async with registered(state, session, "realtime"):
+        await socket.close(CloseCode.POLICY)
+        return None
+    return RealtimeSocket(state, RealtimeSession(state.ready_engine, state.settings, session_type=kind, model=model))
+
+
+class RealtimeSocket:
+    """The voice agent's session on one WebSocket: client messages in, the session's server events out."""
+
+    def __init__(self, state: ServerState, session: RealtimeSession) -> None:
+        self.state = state
+        self.session = session
+        self.finished = anyio.Event()  # set once the session has ended (server shutdown waits on it)
+
+    async def serve(self, socket: Socket) -> int | None:
+        """Until either side ends: the session's close code, or None when the client left."""
+        session = self.session
+        close_code: int | None = None
+        abandoned = False  # the client left while the session had model work in progress
         try:
             async with session, anyio.create_task_group() as tg:
 
@@ -97,22 +113,16 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
                         big = item.audio is not None and len(item.audio) > ENCODE_OFF_LOOP_BYTES
                         text = await anyio.to_thread.run_sync(to_json, item) if big else to_json(item)
                         try:
-                            await websocket.send_text(text)
+                            await socket.send_text(text)
                         except Exception as exc:
                             abandoned = is_gone(exc) and working(session)
                             raise
                     tg.cancel_scope.cancel()
 
-                async def until_shutdown() -> None:
-                    nonlocal close_code
-                    await shutdown(state)
-                    close_code = CloseCode.GOING_AWAY
-                    tg.cancel_scope.cancel()
-
                 tg.start_soon(send_events)
-                tg.start_soon(until_shutdown)
                 while True:
-                    message = await websocket.receive()
+                    message = await socket.receive()
+                    assert message is not None  # no timeout: the session keeps its own deadlines
                     if message["type"] == "websocket.disconnect":
                         abandoned = working(session)
                         break
@@ -121,9 +131,14 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
                 tg.cancel_scope.cancel()
         except Exception as exc:
             if not is_gone(exc):
-                log.exception("realtime session failed")
-                close_code = CloseCode.INTERNAL
-    if abandoned:
-        state.metrics.disconnects.labels("realtime").inc()
-    if close_code is not None:
-        await close_quietly(websocket, close_code)
+                raise
+        finally:
+            if abandoned:
+                self.state.metrics.disconnects.labels("realtime").inc()
+        return close_code
+
+    async def shutting_down(self, socket: Socket) -> None:
+        """Nothing to say: leaving the session stopped its work, and the shell closes with 1001."""
+
+    async def failed(self, socket: Socket, exc: BaseException) -> None:
+        """Nothing to say: the shell closes with 1011."""

@@ -19,33 +19,12 @@ from anyio.abc import TaskGroup
 from omni_stream.engine import AsyncEngine, SpeechStream
 from omni_stream.realtime.common.audio_out import encode_whole, first_chunk_and_output, with_first
 from omni_stream.realtime.common.streams import close_stream
-from omni_stream.realtime.speech.params import SpeechOptions
-from omni_stream.requests import SpeechRequest, next_request_id
+from omni_stream.realtime.speech.stream_protocol import UnitSpec
+from omni_stream.requests import next_request_id
 
 log = logging.getLogger("omni_stream.realtime.ws")
 
 CHANNEL_CHUNKS = 8  # encoded chunks a job may hold ahead of the socket
-
-
-@dataclass(slots=True, frozen=True)
-class UnitSpec:
-    """One piece of text to synthesize, with the config that was current when it was queued."""
-
-    utterance: int
-    sentence: int
-    text: str
-    epoch: int
-    opts: SpeechOptions
-    template: SpeechRequest
-
-
-@dataclass(slots=True, frozen=True)
-class UtteranceEnd:
-    """Marks the end of an utterance in the send order (``input.done``, or ``input.cancel`` when ``cancelled``)."""
-
-    utterance: int
-    epoch: int
-    cancelled: bool = False
 
 
 @dataclass(slots=True, frozen=True)

@@ -1,9 +1,11 @@
 """WS /v1/realtime/video: the anyio shell around :class:`~omni_stream.realtime.video.protocol.VideoProtocol`.
 
-One task group per connection: the receiver feeds client messages (and the protocol's timers) to the protocol;
-once ``session.start`` is accepted, a generator task streams the engine's :class:`~omni_stream.video.spec.VideoChunk` s,
-encodes each off the event loop (:class:`~omni_stream.codecs.video.VideoStreamEncoder`) and sends its metadata and
-bytes as one pair. Both perform the actions the protocol returns.
+The connection runs in the one WebSocket shell (:mod:`omni_stream.realtime.common.ws_shell`: accept, the registry of
+open sessions, shutdown, close codes). Inside it, one task group per connection: the receiver feeds client messages
+(and the protocol's timers) to the protocol; once ``session.start`` is accepted, a generator task streams the
+engine's :class:`~omni_stream.video.spec.VideoChunk` s, encodes each off the event loop
+(:class:`~omni_stream.codecs.video.VideoStreamEncoder`) and sends its metadata and bytes as one pair. Both perform
+the actions the protocol returns.
 
 Buffering bound. The generator task takes chunk k + 1 from the engine only after the socket took chunk k's bytes,
 and the engine's stage starts chunk k + 2 only after chunk k + 1 was taken (:mod:`omni_stream.models.helios.family`).
@@ -32,7 +34,7 @@ from omni_stream.engine import RequestStream
 from omni_stream.errors import InvalidRequestError, RequestCancelled
 from omni_stream.family import ModelKind
 from omni_stream.realtime.common.errors import from_exception
-from omni_stream.realtime.common.ws_sessions import accept, close_quietly, is_gone, registered, shutdown
+from omni_stream.realtime.common.ws_shell import CLOSE_GRACE, Socket, is_gone, serve_websocket
 from omni_stream.realtime.state import ServerState
 from omni_stream.realtime.video.protocol import (
     Action,
@@ -48,16 +50,15 @@ from omni_stream.video.spec import VideoFamily, VideoRequest
 
 log = logging.getLogger("omni_stream.realtime.video")
 
-CLOSE_GRACE = 2.0  # seconds a closing session may spend on its last messages (a stalled reader takes none)
 MAX_IMAGE_PIXELS = 4096 * 4096
 
 
 async def video_stream(websocket: WebSocket) -> None:
-    state: ServerState = websocket.app.state.omni
-    await accept(websocket)
-    session = VideoSession(websocket, state)
-    async with registered(state, session, "video"):
-        await session.run()
+    await serve_websocket(websocket, "video", _open)
+
+
+async def _open(socket: Socket, state: ServerState) -> VideoSession:
+    return VideoSession(socket, state)
 
 
 def decode_image(url: str) -> np.ndarray:
@@ -94,8 +95,8 @@ class VideoSession:
     """One video connection; ``generated``, ``sent``, ``sent_progress``, ``peak_unsent_bytes`` and ``encoded_bytes``
     count its chunks and bytes."""
 
-    def __init__(self, websocket: WebSocket, state: ServerState, clock: Callable[[], float] = time.monotonic) -> None:
-        self.ws = websocket
+    def __init__(self, socket: Socket, state: ServerState, clock: Callable[[], float] = time.monotonic) -> None:
+        self.socket = socket
         self.state = state
         self.clock = clock
         self.engine = state.ready_engine
@@ -121,7 +122,6 @@ class VideoSession:
         self.peak_unsent_bytes = 0  # the largest encoded chunk held while the socket takes it
         self.encoded_bytes = 0  # all bytes encoded for this session (sent, being sent, or in socket buffers)
         self.closed = False
-        self._send_lock = anyio.Lock()
         self._scope: anyio.CancelScope | None = None
         self._encoder: VideoStreamEncoder | None = None
 
@@ -139,16 +139,16 @@ class VideoSession:
 
     # --- life ---
 
-    async def run(self) -> None:
+    async def serve(self, socket: Socket) -> int | None:
+        """The session until it ends (the protocol's actions close the socket; see ws_shell.SocketSession)."""
         try:
             async with anyio.create_task_group() as tg:
                 self._scope = tg.cancel_scope
-                tg.start_soon(self._watch_shutdown)
                 await self._receive_loop(tg)
                 tg.cancel_scope.cancel()
         except Exception as exc:
             if not is_gone(exc):
-                log.exception("video session failed")
+                raise
         finally:
             if self.stream is not None:
                 self.stream.abort()  # the request is released before the worker's next step
@@ -156,18 +156,18 @@ class VideoSession:
             if self._encoder is not None:
                 with anyio.CancelScope(shield=True):  # a cancelled session still closes its muxer (milliseconds)
                     await anyio.to_thread.run_sync(self._encoder.close)
+        return None
 
-    async def _watch_shutdown(self) -> None:
-        await shutdown(self.state)
+    async def shutting_down(self, socket: Socket) -> None:
         await self._perform(self.protocol.shutdown())
+
+    async def failed(self, socket: Socket, exc: BaseException) -> None:
+        """Nothing more to say: the shell closes with 1011."""
 
     async def _receive_loop(self, tg: Any) -> None:
         while not self.closed:
             deadline = self.protocol.deadline()
-            wait = math.inf if deadline is None else max(0.0, deadline - self.clock())
-            message = None
-            with anyio.move_on_after(wait):
-                message = await self.ws.receive()
+            message = await self.socket.receive(None if deadline is None else deadline - self.clock())
             if message is None:
                 await self._perform(self.protocol.timeout(self.clock()), tg)
                 continue
@@ -211,12 +211,7 @@ class VideoSession:
         if not sends:
             return True
         try:
-            async with self._send_lock:
-                for action in sends:
-                    if isinstance(action, SendText):
-                        await self.ws.send_text(action.text)
-                    else:
-                        await self.ws.send_bytes(action.data)
+            await self.socket.send([a.text if isinstance(a, SendText) else a.data for a in sends])
         except Exception as exc:
             if not is_gone(exc) and not isinstance(exc, RuntimeError):
                 raise
@@ -234,7 +229,7 @@ class VideoSession:
             self._scope.cancel()
 
     async def _close(self, code: int) -> None:
-        await close_quietly(self.ws, code)
+        await self.socket.close(code)
 
     async def _start(self, action: StartGeneration, tg: Any) -> None:
         request = action.request
