@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import json
 import os
@@ -50,16 +51,19 @@ import numpy as np
 import torch
 from tts_bench import (
     CONTINUITY_S,
+    Driver,
     StepTimer,
     base_result,
     free_port,
     load_engine,
+    mode_tag,
     out_dir,
     server_process,
     server_stats,
     wait_healthy,
     write_checkpoint,
 )
+from tts_bench import drive as drive_bursts
 from tts_clients import (
     FRAME_S,
     TEXT,
@@ -235,6 +239,11 @@ async def run_rate(transport: Transport, rate: float, args: argparse.Namespace, 
     if transport.timer is not None:
         level.update(transport.timer.summary(-1))
         transport.timer.reset()
+        family = transport.engine.models.speech()
+        level["talker"] = {"step_ahead": family.runner.ahead, "admit_after_collect": family.scheduler.settles,
+                           "first_window_wait_ms": 1000 * family.scheduler.due_wait,
+                           "prefill_budget": family.runner.prefill_budget,
+                           "voice_cache": family.voice_cache.size if family.voice_cache is not None else 0}  # fmt: skip
     else:
         level.update(server_stats(before, after))
     return level
@@ -315,24 +324,73 @@ def result_path(tag: str, transport: str) -> Path:
     return out_dir() / f"tts_load_{tag}_{transport}.json"
 
 
-async def drive(transport: Transport, args: argparse.Namespace, arm: str, env: dict[str, str], info: dict) -> None:
+async def drive(
+    transport: Transport, args: argparse.Namespace, arm: str, env: dict[str, str], info: dict, new_client=None
+) -> None:
+    """Warm up, then every lengths spec at every rate (in process, each ``--retune`` arm in turn at each rate, on the
+    same engine), then the ``--bursts`` levels; saves after each rate."""
     fields = transport.fields
+    family = transport.engine.models.speech() if transport.engine is not None else None
+    retunes = [(name, transport.engine.tuning.with_assignments(a, "--retune")) for name, a in args.retunes] if (
+        family is not None and args.retunes) else [("", None)]  # fmt: skip
     for i in range(2):  # warm-up, not measured: a lone request and a small burst of this mode
         await asyncio.gather(*(transport.request(Spoken(k, TEXT, WARMUP_FRAMES)) for k in range(1 + 3 * i)))
     if transport.timer is not None:
         transport.timer.reset()
     for lengths in args.lengths:
-        tag = tag_of(args, fields.mode, lengths, arm)
-        result = base_result(args, transport.name, fields) | info
-        result |= {"size": tag, "benchmark": "open loop (Poisson arrivals)", "arm": arm or None, "arm_env": env,
-                   "lengths_s": [lengths.lo, lengths.hi], "seed": args.seed, "sample_ms": args.sample_ms}  # fmt: skip
-        result.pop("levels")
-        result["rates"] = []
+        results = {}
+        for name, tuning in retunes:
+            tag = tag_of(args, fields.mode, lengths, "_".join(filter(None, (arm, name))))
+            result = base_result(args, transport.name, fields) | info
+            result |= {
+                "size": tag, "benchmark": "open loop (Poisson arrivals)", "arm": arm or None, "arm_env": env,
+                "retune": name or None, "tuning": tuning.describe() if tuning is not None else None,
+                "lengths_s": [lengths.lo, lengths.hi], "seed": args.seed, "sample_ms": args.sample_ms,
+            }  # fmt: skip
+            result.pop("levels")
+            result["rates"] = []
+            results[name] = (tag, result)
         for rate in args.rates:
-            level = await run_rate(transport, rate, args, lengths)
-            result["rates"].append(level)
-            print_rate(tag, transport.name, level)
-            result_path(tag, transport.name).write_text(json.dumps(result, indent=2) + "\n")
+            for name, tuning in retunes:  # the arms take turns at each rate: drift over the run hits them alike
+                if tuning is not None:
+                    await retune(family, tuning)
+                tag, result = results[name]
+                level = await run_rate(transport, rate, args, lengths)
+                result["rates"].append(level)
+                print_rate(tag, transport.name, level)
+                result_path(tag, transport.name).write_text(json.dumps(result, indent=2) + "\n")
+    if args.bursts:
+        await bursts(transport, args, arm, retunes, info, new_client)
+
+
+async def retune(family, tuning) -> None:
+    """Apply an arm's tuning once the talker is idle: a finished request's sequence is released by the worker's next
+    round, just after its stream ends (a benchmark-side wait on the scheduler's counts, bounded)."""
+    t0 = time.perf_counter()
+    while family.runner.num_active or any(family.scheduler.live().values()):
+        if time.perf_counter() - t0 > 30:
+            raise RuntimeError(f"the talker is still busy 30 s after a level: {family.scheduler.live()}")
+        await asyncio.sleep(0.01)
+    family.retune(tuning)
+
+
+async def bursts(transport: Transport, args: argparse.Namespace, arm: str, retunes, info: dict, new_client) -> None:
+    """``--bursts`` levels of ``--burst-frames`` each, as ``tts_bench.py`` measures them, on this server or engine
+    (``tts_bench_<tag>[_<transport>].json``)."""
+    family = transport.engine.models.speech() if transport.engine is not None else None
+    driver = Driver(transport.name, transport.fields, engine=transport.engine, url=transport.url,
+                    client=transport.client, new_client=new_client)  # fmt: skip
+    for name, tuning in retunes:
+        if tuning is not None:
+            await retune(family, tuning)
+        bench_args = argparse.Namespace(**vars(args))
+        bench_args.levels, bench_args.frames = args.bursts, args.burst_frames
+        suffix = "_".join(filter(None, (arm, name)))
+        result = base_result(args, transport.name, transport.fields) | info
+        result["size"] = mode_tag(args, transport.fields.mode) + (f"_{suffix}" if suffix else "")
+        result["samples_per_frame"] = transport.samples_per_frame
+        result["retune"] = tuning.describe() if tuning is not None else None
+        await drive_bursts(driver, result, bench_args, transport.timer)
 
 
 async def run_inproc(ckpt: Path, args: argparse.Namespace, arm: str, env: dict[str, str]) -> None:
@@ -381,7 +439,8 @@ async def run_server(ckpt: Path, args: argparse.Namespace, arm: str, env: dict[s
                         spf = round(model["sample_rate"] * FRAME_S)
                         transport = Transport(name, fields, spf, url=url, client=pool)
                         info = {"server_ready_s": ready_s, "voice_upload_s": upload_s}
-                        await drive(transport, args, arm, env, info)
+                        fresh = functools.partial(httpx.AsyncClient, limits=limits, timeout=timeout)
+                        await drive(transport, args, arm, env, info, fresh)
 
 
 async def run_all(args: argparse.Namespace) -> None:
@@ -472,6 +531,22 @@ def parse_arm(spec: str) -> tuple[str, dict[str, str]]:
     return name, env
 
 
+def parse_retune(spec: str) -> tuple[str, list[str]]:
+    """``NAME:field=value,...``: a name and tuning assignments (checked now: a field and value ``--tune`` takes)."""
+    from omni_stream.errors import ConfigError
+    from omni_stream.runtime.settings import Tuning
+
+    name, _, assigns = spec.partition(":")
+    if not name.isidentifier():
+        raise ValueError(f"{spec!r}: give NAME:field=value[,...] with NAME a word")
+    assignments = [a.strip() for a in assigns.split(",") if a.strip()]
+    try:
+        Tuning().with_assignments(assignments, "--retune")
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    return name, assignments
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", choices=("0.6b", "1.7b"), default="1.7b")
@@ -486,6 +561,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ref-pool", type=int, default=0, help="reference clips in turn (0: every request its own)")
     ap.add_argument("--initial-frames", type=int, default=None, help="initial_codec_chunk_frames of every request")
     ap.add_argument("--arm", action="append", default=[], help="NAME:OMNI_STREAM_VAR=VALUE[,...] (repeatable)")
+    ap.add_argument(
+        "--retune",
+        action="append",
+        default=[],
+        help="in process: NAME:field=value[,...] (tuning fields, as serve --tune), arms on one engine (repeatable)",
+    )
+    ap.add_argument("--bursts", default="", help="burst levels (tts_bench.py) after the open loop, e.g. 1,32,128")
+    ap.add_argument("--burst-frames", type=int, default=150, help="frames per burst request (150 = 12 s)")
+    ap.add_argument("--levels", default="", help=argparse.SUPPRESS)  # tts_bench's, unused here
     ap.add_argument("--sample-ms", type=float, default=250.0, help="the engine's live batch, sampled this often")
     ap.add_argument("--max-batch", type=int, default=128, help="engine batch size (the server's --max-concurrency)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -501,6 +585,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--lengths": lambda: [Lengths.parse(x.strip()) for x in args.lengths.split(",") if x.strip()],
         "--voice-mode": lambda: [m.strip() for m in args.voice_mode.split(",") if m.strip()],
         "--arm": lambda: [parse_arm(a) for a in args.arm] or [("", {})],
+        "--retune": lambda: [parse_retune(a) for a in args.retune],
+        "--bursts": lambda: [int(c) for c in args.bursts.split(",") if c.strip()],
     }
     parsed = {}
     for option, check in checks.items():
@@ -510,12 +596,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 args.kind = mode_kind(parsed[option])
         except ValueError as exc:
             ap.error(f"{option}: {exc}")
-    args.rates, args.lengths, args.modes, args.arms = (parsed[k] for k in checks)
+    args.rates, args.lengths, args.modes, args.arms, args.retunes, args.bursts = (parsed[k] for k in checks)
     if any(r <= 0 for r in args.rates):
         ap.error(f"--rates: arrivals per second must be positive, got {args.rates}")
     args.transports = [t.strip() for t in args.transport.split(",") if t.strip()]
     if not args.transports or set(args.transports) - set(TRANSPORTS):
         ap.error(f"--transport: choose from {', '.join(TRANSPORTS)}")
+    if args.retunes and set(args.transports) != {"inproc"}:
+        ap.error("--retune: arms on one engine are in process only (--transport inproc); --arm starts servers")
     if args.dtype is None:
         args.dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
     args.tag = f"tiny-{args.size}" if args.tiny else args.size

@@ -32,7 +32,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from collections.abc import Sequence as PySequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -149,10 +149,10 @@ class Scheduler:
         self.name = name
         self.admission = admission
         self.hold = hold
-        pipelined = model if isinstance(model, PipelinedModel) else None
-        self._settle = pipelined.settle if pipelined is not None and settle else None
-        self._jobs_due = pipelined.jobs_due if pipelined is not None and due_wait > 0 else None
-        self.due_wait = due_wait
+        self._settle: Callable[[], None] | None = None
+        self._jobs_due: Callable[[], int] | None = None
+        self.due_wait = 0.0
+        self.pipelining(settle, due_wait)
         self._work_class = work_class
         self.max_defer = max_defer
         self._row_cost: float | None = None  # throughput: seconds of a decode step per sequence (EMA)
@@ -168,6 +168,21 @@ class Scheduler:
         self._ids = itertools.count()
         self._closed = False
         worker.attach(self)
+
+    def pipelining(self, settle: bool, due_wait: float) -> None:
+        """Set ``settle`` and ``due_wait`` (see the constructor); for a model that is not a
+        :class:`~omni_stream.batch_model.PipelinedModel` both stay off. Takes effect from the next step."""
+        if due_wait < 0:
+            raise ValueError(f"due_wait must be >= 0 s, got {due_wait}")
+        pipelined = self.model if isinstance(self.model, PipelinedModel) else None
+        self._settle = pipelined.settle if pipelined is not None and settle else None
+        self._jobs_due = pipelined.jobs_due if pipelined is not None and due_wait > 0 else None
+        self.due_wait = due_wait
+
+    @property
+    def settles(self) -> bool:
+        """Whether the model's ``settle()`` runs before each batch is picked (:meth:`pipelining`)."""
+        return self._settle is not None
 
     # --- event loop side ---
 

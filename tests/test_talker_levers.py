@@ -10,6 +10,7 @@ tiny Qwen3-TTS by step logs and event order, with codes and audio equal to the s
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import anyio
 import numpy as np
@@ -73,7 +74,17 @@ async def test_each_lever_reaches_the_runner_the_scheduler_or_the_family(cv):
     async with await AsyncEngine.from_pretrained(cv[0], progress=False, tuning=Tuning()) as engine:
         fam = engine.models.speech()
         assert fam.scheduler._settle is None and fam.scheduler._jobs_due is None
-        assert fam.runner.prefill_budget == 0 and fam.voice_cache is None
+        assert fam.runner.prefill_budget == 0 and fam.voice_cache is None and not fam.runner.ahead
+        # the same fields on the loaded engine, for A/B on one engine: only while the talker is idle
+        fam.retune(tuning)
+        assert fam.scheduler.settles and fam.scheduler.due_wait == 0.003 and fam.runner.prefill_budget == 64
+        assert fam.voice_cache is not None and fam.voice_cache.size == 8 and not fam.runner.ahead
+        fam.retune(replace(tuning, step_ahead=True, admit_after_collect=False, voice_cache=0))
+        assert fam.runner.ahead and not fam.scheduler.settles and fam.voice_cache is None
+        async with engine.speech("Hello world, this is a test.", voice="ryan", max_new_tokens=30) as stream:
+            await anext(stream)
+            with pytest.raises(RuntimeError, match="idle talker"):
+                fam.retune(Tuning())
 
 
 # --- admit_after_collect ---

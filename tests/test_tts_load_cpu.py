@@ -139,3 +139,25 @@ def test_bad_arguments_are_refused_naming_the_option():
                        (["--lengths", "5-2"], "lengths"), (["--rates", "0"], "--rates")):  # fmt: skip
         proc = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and word in proc.stderr, (args, proc.stderr)
+
+
+def test_retune_arms_take_turns_on_one_engine_and_each_runs_the_bursts_too(tmp_path):
+    log = run(tmp_path, "--transport", "inproc", "--rates", "4", "--duration", "1", "--lengths", "0.32",
+              "--retune", "plain:", "--retune", "levers:step_ahead=on,admit_after_collect=on,first_window_wait_ms=20",
+              "--bursts", "1,2", "--burst-frames", "4")  # fmt: skip
+    assert log.count("loaded in") == 1  # one engine for both arms
+    for arm, ahead in (("plain", False), ("levers", True)):
+        res = load(tmp_path, f"tiny-0.6b_0.32s_{arm}_inproc")
+        assert res["retune"] == arm and "admit_after_collect=" in res["tuning"]
+        (lv,) = res["rates"]
+        assert lv["completed"] == lv["requests"] > 0
+        assert lv["talker"] == {
+            "step_ahead": ahead,
+            "admit_after_collect": ahead,
+            "first_window_wait_ms": 20.0 if ahead else 0.0,
+            "prefill_budget": 0,
+            "voice_cache": 0,
+        }
+        bursts = json.loads((tmp_path / f"tts_bench_tiny-0.6b_{arm}.json").read_text())
+        assert [b["concurrency"] for b in bursts["levels"]] == [1, 2]
+        assert all(b["exact_length_rate"] == 1.0 for b in bursts["levels"])

@@ -44,6 +44,7 @@ from omni_stream.runtime.decoder_kernels import default_kernels
 from omni_stream.runtime.gil import shorten_switch_interval
 from omni_stream.runtime.gpu_completions import Completions
 from omni_stream.runtime.offload import run_prepare
+from omni_stream.runtime.settings import Tuning
 from omni_stream.runtime.weights import parse_dtype
 from omni_stream.scheduler import Scheduler
 from omni_stream.speech.admission import PlaybackAdmission
@@ -240,6 +241,18 @@ class Qwen3TTSFamily:
         if key is not None and self.voice_cache is not None:
             self.voice_cache.put(key, prompt)
         return prompt
+
+    def retune(self, tuning: Tuning) -> None:
+        """Apply ``tuning``'s talker fields (``step_ahead``, ``admit_after_collect``, ``first_window_wait_ms``,
+        ``prefill_budget``, ``voice_cache``) to this loaded family, so one engine measures them A/B
+        (``benchmarks/tts_load.py --retune``). Only while no request is in the talker: a RuntimeError otherwise."""
+        if self.runner.num_active or self.scheduler.waiting:
+            raise RuntimeError("retune needs an idle talker: requests are running or waiting")
+        self.runner.ahead = self.runner.device.type == "cuda" if tuning.step_ahead is None else tuning.step_ahead
+        self.runner.prefill_budget = tuning.prefill_budget
+        self.scheduler.pipelining(tuning.admit_after_collect, tuning.first_window_wait_ms / 1000)
+        if (self.voice_cache.size if self.voice_cache is not None else 0) != tuning.voice_cache:
+            self.voice_cache = VoiceCache(tuning.voice_cache) if tuning.voice_cache else None
 
     async def aclose(self) -> None:
         """Nothing to stop: models are freed with the family, the worker releases sequences and device jobs."""
