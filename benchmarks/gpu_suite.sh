@@ -21,6 +21,21 @@
 #   image  ~45 / 120  image_bench.py --device cuda: InstructPix2Pix 512 px, 20 steps, c = 1, 4, 16
 #   video  ~95 / 180  video_bench.py --gpu: Helios-Base (~38 GB), 320x192, 2 chunks, c = 1, 2, 4, 8
 #
+# Speech under open-loop load (tts_load.py), voice cloning and the talker's levers: only when named in SUITE_ONLY, as
+# one device call each (expected seconds on one H200: server or engine start ~80, then the levels; cap):
+#
+#   load_cv         ~290 / 420  CustomVoice, Poisson 5-80 /s x 12 s, lengths 2-20 s, HTTP then WebSocket
+#   load_fixed      ~270 / 330  the same at 12 s every request (as the bursts), then bursts c = 1, 32, 128 (150 frames)
+#   peers           ~110 / 150  run_peers.py --systems faster: faster-qwen3-tts beside our c=1 (after load_fixed)
+#   load_base_ws    ~330 / 420  Base: clone, voice, clone-xvec, voice-xvec at 5-40 /s over WebSocket, bursts c = 1, 64
+#   load_base_http  ~200 / 240  Base: clone, voice at 5-40 /s over HTTP, bursts c = 1, 64
+#   levers_base     ~230 / 240  in process, Base clone (8 references): default, prefill_budget, voice_cache, all
+#   levers_cv       ~340 / 420  in process, CustomVoice: default, admit_after_collect, first_window_wait_ms, both,
+#                               step_ahead off, taking turns at 5-40 /s on one engine; bursts c = 1, 32 per arm
+#   load_http       ~330 / 420  two servers: uvicorn's h11 against httptools, HTTP and WebSocket at 10-40 /s
+#
+#   calls: SUITE_ONLY=load_cv | load_fixed,peers | load_base_ws | load_base_http,levers_base | levers_cv | load_http
+#
 # Each gets min(its cap, what is left of SUITE_BUDGET_S) and is skipped when less than it needs is left; `timeout`
 # signals its whole process group (the benchmark and any server it started). What comes back ($OUT, 3 files):
 # suite.log (this output), suite.json (status of each benchmark and every result JSON inside), suite.tgz
@@ -85,6 +100,10 @@ pack() {
 }
 
 # bench NAME CAP_S NEED_S SCRIPT ARGS...: run one benchmark under min(CAP_S, budget left); skip below NEED_S.
+# named NAME ...: the same, for a benchmark that runs only when SUITE_ONLY names it.
+named() {
+  if [[ ",$ONLY," == *",$1,"* ]]; then bench "$@"; fi
+}
 bench() {
   local name=$1 cap=$2 need=$3; shift 3
   if [[ -n "$ONLY" && ",$ONLY," != *",$name,"* ]]; then return; fi
@@ -108,6 +127,56 @@ bench() {
   grep -v -e "it/s\]" -e "s/it\]" -e "part/s\]" "$WORK/logs/$name.log" | tail -n 12 | cut -c1-240 | sed 's/^/    /'
   pack
 }
+
+LOAD=("$B/tts_load.py")
+LEVERS_CV=(--retune default: --retune admit:admit_after_collect=on --retune wait:first_window_wait_ms=3
+  --retune both:admit_after_collect=on,first_window_wait_ms=3 --retune sync:step_ahead=off)
+LEVERS_BASE=(--voice-mode clone --ref-pool 8 --retune default: --retune budget:prefill_budget=128
+  --retune cache:voice_cache=64 --retune all:prefill_budget=128,voice_cache=64,admit_after_collect=on,first_window_wait_ms=3)
+BASE_MODES=(--voice-mode clone,voice,clone-xvec,voice-xvec)
+PARSERS=(--arm h11:--http=h11 --arm httptools:--http=httptools)
+if [[ $SMOKE == 1 ]]; then
+  TINY=(--device cpu --tiny --size 1.7b --server-timeout 300)
+  named load_cv        400 30 "${LOAD[@]}" "${TINY[@]}" --transport http,ws --rates 2,4 --duration 1.5 --lengths 0.4-0.8
+  named load_fixed     400 30 "${LOAD[@]}" "${TINY[@]}" --transport ws,http --rates 3 --duration 1.5 --lengths 0.48 \
+    --bursts 1,2 --burst-frames 4
+  if [[ ",$ONLY," == *",peers,"* ]]; then
+    python3 -m omni_stream.cli make-checkpoint --tiny --size 1.7b "$WORK/tiny-ckpt" > "$WORK/logs/tiny-ckpt.log" 2>&1
+  fi
+  named peers          300 20 "$B/peers/run_peers.py" --checkpoint "$WORK/tiny-ckpt" --tag tiny-1.7b --device cpu \
+    --frames 4 --reps 1 --stream-reps 1
+  named load_base_ws   500 30 "${LOAD[@]}" "${TINY[@]}" "${BASE_MODES[@]}" --transport ws --rates 3 --duration 1.5 \
+    --lengths 0.4-0.8 --ref-seconds 1.5 --bursts 1,2 --burst-frames 4
+  named load_base_http 400 30 "${LOAD[@]}" "${TINY[@]}" --voice-mode clone,voice --transport http --rates 3 \
+    --duration 1.5 --lengths 0.4-0.8 --ref-seconds 1.5 --bursts 1,2 --burst-frames 4
+  named levers_base    400 30 "${LOAD[@]}" "${TINY[@]}" "${LEVERS_BASE[@]}" --transport inproc --rates 3 --duration 1.5 \
+    --lengths 0.4-0.8 --ref-seconds 1.5 --bursts 1,2 --burst-frames 4
+  named levers_cv      400 30 "${LOAD[@]}" "${TINY[@]}" "${LEVERS_CV[@]}" --transport inproc --rates 3 --duration 1.5 \
+    --lengths 0.4-0.8 --bursts 1,2 --burst-frames 4
+  named load_http      400 30 "${LOAD[@]}" "${TINY[@]}" "${PARSERS[@]}" --transport http,ws --rates 3 --duration 1.5 \
+    --lengths 0.4-0.8
+else
+  named load_cv        420 200 "${LOAD[@]}" --size 1.7b --transport http,ws --rates 5,10,20,40,80 --duration 12 \
+    --lengths 2-20
+  named load_fixed     330 200 "${LOAD[@]}" --size 1.7b --transport ws,http --rates 5,10,20,40,80 --duration 10 \
+    --lengths 12 --bursts 1,32,128
+  named peers          150 90 "$B/peers/run_peers.py" --size 1.7b --systems faster --stream-reps 2
+  named load_base_ws   420 200 "${LOAD[@]}" --size 1.7b "${BASE_MODES[@]}" --transport ws --rates 5,10,20,40 \
+    --duration 10 --lengths 2-20 --bursts 1,64
+  named load_base_http 240 150 "${LOAD[@]}" --size 1.7b --voice-mode clone,voice --transport http --rates 5,10,20,40 \
+    --duration 10 --lengths 2-20 --bursts 1,64
+  named levers_base    240 150 "${LOAD[@]}" --size 1.7b "${LEVERS_BASE[@]}" --transport inproc --rates 5,10,20 \
+    --duration 10 --lengths 2-20 --bursts 1,64
+  named levers_cv      420 200 "${LOAD[@]}" --size 1.7b "${LEVERS_CV[@]}" --transport inproc --rates 5,10,20,40 \
+    --duration 10 --lengths 2-20 --bursts 1,32
+  named load_http      420 200 "${LOAD[@]}" --size 1.7b "${PARSERS[@]}" --transport http,ws --rates 10,20,40 \
+    --duration 10 --lengths 2-20
+fi
+if [[ -n "$(ls "$WORK"/results/tts_load_*.json 2>/dev/null)" ]]; then  # the table and the plot of TTFA p95 vs rate
+  OUT=$WORK/results python3 "$B/tts_load.py" --summarize > "$WORK/logs/tts_load_summary.log" 2>&1
+  tail -n 60 "$WORK/logs/tts_load_summary.log" | cut -c1-240
+  [[ -f "$WORK/results/tts_load.png" ]] && cp "$WORK/results/tts_load.png" "$OUT/tts_load.png"
+fi
 
 if [[ $SMOKE == 1 ]]; then
   bench tts   300 30 "$B/tts_bench.py" --device cpu --tiny --size 1.7b --levels 1,2 --frames 6 --transport http

@@ -17,7 +17,10 @@ from typing import Any
 # Result files by benchmark (the prefix each script writes) and the figures printed per level: (label, key path).
 PREFIX = {"tts": "tts_bench", "text": "text_bench", "grammar": "constrained_bench", "asr": "asr_bench",
           "chat": "chat_bench",
-          "voice": "voice_bench", "image": "image_bench", "video": "video_bench"}  # fmt: skip
+          "voice": "voice_bench", "image": "image_bench", "video": "video_bench", "peers": "peers"}  # fmt: skip
+# tts_load.py's runs (their bursts write tts_bench_*.json beside them: in suite.tgz)
+PREFIX |= {name: "tts_load" for name in ("load_cv", "load_fixed", "load_base_ws", "load_base_http", "levers_base",
+                                         "levers_cv", "load_http")}  # fmt: skip
 FIGURES: dict[str, list[tuple[str, str]]] = {
     "tts": [("c", "concurrency"), ("TTFA p50 ms", "ttfa_p50_ms"), ("TTFA p95 ms", "ttfa_p95_ms"),
             ("xRT/stream", "xrt_per_stream_p50"), ("agg xRT", "aggregate_xrt"), ("underrun p99 ms", "underrun_p99_ms"),

@@ -23,11 +23,16 @@ mkdir -p .whl
 # abi3 wheel for glibc 2.31 and later, hence that platform tag), and for the `-m gpu` tests the plugin
 # that runs their `async def` tests (pytest-asyncio: the image has pytest but not it, and pytest fails an async
 # test it cannot run).
+# httptools: uvicorn's C HTTP parser (serve --http auto picks it when installed; tts_load.py --arm compares it with
+# h11). The peers of benchmarks/peers (run_peers.py: faster-qwen3-tts, the reference qwen-tts-hf, and what they
+# import beyond the image: benchmarks/peers/README.md).
 wheels=(
   starlette==1.10.0 uvicorn==0.54.0 websockets==17.4 python-multipart==0.0.34 platformdirs==4.14.8
   soundfile==0.14.0 cffi==2.1.1 pycparser==3.12 av==18.1.0 lameenc==1.9.0
   diffusers==0.42.1 ftfy==6.3.1 wcwidth==0.9.4 greenlet==3.5.6 httpx-sse==0.4.3 pytest-asyncio==1.5.0
-  llguidance==1.9.1
+  llguidance==1.9.1 httptools==0.9.0
+  faster-qwen3-tts==0.5.4 qwen-tts-hf==0.1.1.post1 sox==1.4.1 librosa==0.11.0 audioread==3.1.0 decorator==5.3.1
+  pooch==1.9.0 soxr==1.1.0
 )
 SILERO=silero-vad==6.2.3
 PIPECAT=pipecat-ai==1.14.0

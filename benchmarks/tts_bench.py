@@ -480,12 +480,14 @@ def server_process(
 ) -> Iterator[subprocess.Popen]:
     """``omni-stream serve`` on ``ckpt`` with dummy weights and benchmark fields; SIGTERM (then kill) on exit.
 
-    ``env``: variables set for the server beside this process's (an arm of an A/B run)."""
+    ``env``: variables set for the server beside this process's, and ``--flag`` keys: ``serve`` flags (an arm of an
+    A/B run)."""
     cmd = [sys.executable, "-m", "omni_stream.cli", "serve", "--model", str(ckpt), "--load-format", "dummy",
            "--enable-benchmark-fields", "--device", args.device, "--dtype", args.dtype,
            "--max-concurrency", str(args.max_batch), "--host", "127.0.0.1", "--port", str(port),
            "--voices-dir", str(voices), "--log-level", "warning"]  # fmt: skip
-    extra = env or {}
+    extra = {k: v for k, v in (env or {}).items() if not k.startswith("--")}
+    cmd += [part for k, v in (env or {}).items() if k.startswith("--") for part in (k, v)]  # serve flags
     env = {**os.environ, **extra, "OMNI_STREAM_API_KEY": "", "PYTHONUNBUFFERED": "1"}
     print("$ " + " ".join(f"{k}={v}" for k, v in extra.items()) + (" " if extra else "") + " ".join(cmd), flush=True)
     # Start outside the repository: `python -m` puts the working directory first on sys.path, and the source tree's

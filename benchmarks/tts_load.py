@@ -19,9 +19,13 @@ sample (over the server from ``/metrics``; in process from the scheduler), with 
 in flight at the same moments. In process it adds what the worker spent (``tts_bench.StepTimer``: steps holding
 newcomers against steps of running rows alone, voice-prompt extractions).
 
-``--arm NAME:VAR=VALUE[,VAR=VALUE]`` (repeatable) runs everything once per arm on its own server (or engine), the
-variables set for it, so a lever's on and off are measured in one call against the same arrivals; results are
-tagged ``_NAME``. Writes ``tts_load_<size>[-<mode>]_<lengths>[_<arm>]_<transport>.json`` under ``$OUT`` (else
+``--arm NAME:VAR=VALUE[,...]`` (repeatable) runs everything once per arm on its own server (or engine), the
+variables (or ``serve`` flags, ``--flag=VALUE``) set for it, so a switch's on and off are measured in one call
+against the same arrivals; results are tagged ``_NAME``. ``--retune NAME:field=value[,...]`` (in process) gives
+arms that take turns at each rate on one engine (``Qwen3TTSFamily.retune``: the talker's tuning fields), and
+``--bursts`` runs ``tts_bench.py``'s burst levels on the same server or engine after the open loop.
+
+Writes ``tts_load_<size>[-<mode>]_<lengths>[_<arm>]_<transport>.json`` under ``$OUT`` (else
 ``benchmarks/results``); ``--summarize`` prints a table of every such file there and plots TTFA p95 (and p50),
 delivered audio and the underrun share against the rate (``tts_load.png``).
 
@@ -519,12 +523,14 @@ def summarize() -> int:
 
 
 def parse_arm(spec: str) -> tuple[str, dict[str, str]]:
+    """``NAME:ASSIGN,...``: each ASSIGN a variable of the arm's engine (``OMNI_STREAM_VAR=VALUE``) or a flag of its
+    server (``--flag=VALUE``, e.g. ``--http=h11``)."""
     name, _, assigns = spec.partition(":")
     env = {}
     for item in filter(None, (a.strip() for a in assigns.split(","))):
         key, eq, value = item.partition("=")
-        if not eq or not key.startswith("OMNI_STREAM_"):
-            raise ValueError(f"--arm {spec!r}: give NAME:OMNI_STREAM_VAR=VALUE[,...]")
+        if not eq or not key.startswith(("OMNI_STREAM_", "--")):
+            raise ValueError(f"--arm {spec!r}: give NAME:OMNI_STREAM_VAR=VALUE or NAME:--serve-flag=VALUE[,...]")
         env[key] = value
     if not name.isidentifier():
         raise ValueError(f"--arm {spec!r}: NAME must be a word (letters, digits, _)")
@@ -602,6 +608,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.transports = [t.strip() for t in args.transport.split(",") if t.strip()]
     if not args.transports or set(args.transports) - set(TRANSPORTS):
         ap.error(f"--transport: choose from {', '.join(TRANSPORTS)}")
+    if "inproc" in args.transports and any(k.startswith("--") for _, env in args.arms for k in env):
+        ap.error("--arm: server flags (--flag=VALUE) need a server transport, not inproc")
     if args.retunes and set(args.transports) != {"inproc"}:
         ap.error("--retune: arms on one engine are in process only (--transport inproc); --arm starts servers")
     if args.dtype is None:

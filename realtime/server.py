@@ -82,6 +82,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--log-level", default="info", help="uvicorn log level (default: %(default)s)")
     parser.add_argument(
+        "--http",
+        choices=HTTP_PARSERS,
+        default="auto",
+        help="uvicorn's HTTP/1.1 parser: auto (httptools when installed, else h11), h11 or httptools "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
         "--ws-deflate",
         action="store_true",
         help="let WebSocket clients negotiate per-message deflate (default: off; audio and video frames hardly "
@@ -242,7 +249,9 @@ def run(args: argparse.Namespace) -> int:
         return engine
 
     app = create_app(load, settings)
-    config = uvicorn_config(app, host=args.host, port=args.port, log_level=args.log_level, ws_deflate=args.ws_deflate)
+    config = uvicorn_config(
+        app, host=args.host, port=args.port, log_level=args.log_level, ws_deflate=args.ws_deflate, http=args.http
+    )
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal: end with status 0 instead.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -250,6 +259,9 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     return 0
+
+
+HTTP_PARSERS = ("auto", "h11", "httptools")
 
 
 def uvicorn_config(
@@ -260,12 +272,15 @@ def uvicorn_config(
     log_level: str = "info",
     ws_deflate: bool = False,
     timeout_graceful_shutdown: int = 10,
+    http: str = "auto",
 ) -> uvicorn.Config:
     """uvicorn's settings for an app of :func:`omni_stream.realtime.app.create_app` (``serve`` and the tests).
 
     Per-message deflate (uvicorn's default, and what browsers and ``websockets`` clients offer) stays off unless
     ``ws_deflate``: PCM, Opus, fMP4 and base64 audio hardly compress, and every message would be compressed on
-    the event loop thread that also serves every other stream (``benchmarks/ws_deflate.py``).
+    the event loop thread that also serves every other stream (``benchmarks/ws_deflate.py``). ``http``: the HTTP/1.1
+    parser (``auto``: httptools, a C parser, when it is installed, else the pure-Python h11, which parses every
+    request on the event loop that also serves the streams; ``benchmarks/tts_load.py --arm`` compares them).
     """
     import uvicorn
 
@@ -278,6 +293,7 @@ def uvicorn_config(
         timeout_graceful_shutdown=timeout_graceful_shutdown,
         ws_max_size=32 * 1024 * 1024,  # a 15 MiB realtime audio append is 20 MiB of base64 in one message
         ws_per_message_deflate=ws_deflate,
+        http=http,
     )
 
 

@@ -122,3 +122,31 @@ def test_streaming_audio_out_close_releases_the_encoder(exploding_encoders):
     out.close()
     out.close()  # idempotent: the response and its generator may both close it
     assert exploding_encoders[0].state is EncoderState.CLOSED and exploding_encoders[0]._closed
+
+
+@pytest.mark.parametrize(
+    ("fmt", "dst", "on_loop"), [("pcm", None, True), ("wav", None, True), ("pcm", 16000, False), ("mp3", None, False)]
+)
+async def test_raw_pcm_and_wav_at_the_model_rate_are_encoded_on_the_loop_and_the_rest_in_a_thread(
+    monkeypatch, fmt, dst, on_loop
+):
+    """Opening and encoding raw PCM or WAV at the model's rate hands nothing to a thread (a cast per chunk); anything
+    resampled or compressed still goes to one. The bytes are the same either way."""
+    hops = []
+    run_sync = audio_out.anyio.to_thread.run_sync
+
+    async def counted(fn, *args, **kwargs):
+        hops.append(fn)
+        return await run_sync(fn, *args, **kwargs)
+
+    monkeypatch.setattr(audio_out.anyio.to_thread, "run_sync", counted)
+    chunks = [np.sin(np.arange(n) / 7).astype(np.float32) * 0.5 for n in (1920, 3840, 7680)]
+    out = await AudioOut.open(fmt, RATE, dst)
+    data = b"".join([await out.encode(c) for c in chunks]) + await out.finish()
+    out.close()
+    assert (hops == []) is on_loop and out.inline is on_loop
+    if not on_loop:
+        assert len(hops) == 1 + len(chunks) + 1  # open, each chunk, the finish
+    ref = AudioOut(fmt, RATE, dst)
+    assert data == b"".join(ref.encode_sync(c) for c in chunks) + ref.finish_sync()
+    ref.close()

@@ -136,7 +136,10 @@ def test_arms_load_their_own_engine_with_their_switches(tmp_path):
 
 def test_bad_arguments_are_refused_naming_the_option():
     for args, word in ((["--voice-mode", "custom,clone"], "--voice-mode"), (["--arm", "x:PATH=1"], "--arm"),
-                       (["--lengths", "5-2"], "lengths"), (["--rates", "0"], "--rates")):  # fmt: skip
+                       (["--lengths", "5-2"], "lengths"), (["--rates", "0"], "--rates"),
+                       (["--retune", "x:bogus=1", "--transport", "inproc"], "bogus"),
+                       (["--retune", "x:step_ahead=on"], "--retune"),
+                       (["--arm", "x:--http=h11", "--transport", "inproc"], "--arm")):  # fmt: skip
         proc = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and word in proc.stderr, (args, proc.stderr)
 
@@ -161,3 +164,13 @@ def test_retune_arms_take_turns_on_one_engine_and_each_runs_the_bursts_too(tmp_p
         bursts = json.loads((tmp_path / f"tts_bench_tiny-0.6b_{arm}.json").read_text())
         assert [b["concurrency"] for b in bursts["levels"]] == [1, 2]
         assert all(b["exact_length_rate"] == 1.0 for b in bursts["levels"])
+
+
+def test_a_server_arm_starts_its_server_with_its_flags(tmp_path):
+    log = run(tmp_path, "--transport", "http", "--rates", "4", "--duration", "1", "--lengths", "0.32",
+              "--arm", "h11:--http=h11,OMNI_STREAM_BURST_HOLD_MS=0")  # fmt: skip
+    assert "OMNI_STREAM_BURST_HOLD_MS=0 " in log and " --http h11" in log  # the server's command line
+    res = load(tmp_path, "tiny-0.6b_0.32s_h11_http")
+    assert res["arm_env"] == {"--http": "h11", "OMNI_STREAM_BURST_HOLD_MS": "0"}
+    (lv,) = res["rates"]
+    assert lv["completed"] == lv["requests"] > 0

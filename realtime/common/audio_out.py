@@ -1,4 +1,7 @@
-"""One response's audio path: optional resampling, then the wire encoder; all of it off the event loop."""
+"""One response's audio path: optional resampling, then the wire encoder; off the event loop, but for raw PCM and WAV
+at the model's rate, whose encoding is a cast of each chunk to 16-bit (tens of microseconds for a window of up to 2 s
+of audio: less than the loop's own share of handing it to a thread and back, which also waited its turn at the GIL
+behind the device worker before a stream's first bytes could go out)."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from omni_stream.codecs.formats import coding_rate
 from omni_stream.realtime.speech.stretch import time_stretch
 
 BIT_DEPTH = 16  # the PCM the encoders are fed
+INLINE_FORMATS = ("pcm", "wav")  # encoded on the loop when no resampling is needed (the module docstring says why)
 
 
 def audio_headers(sample_rate: int, requested: int | None = None) -> dict[str, str]:
@@ -43,6 +47,11 @@ def output_rate(fmt: str, src_rate: int, dst_rate: int | None = None) -> int:
     return DECODED_RATES.get(fmt, coding_rate(fmt, dst_rate or src_rate))
 
 
+def inline(fmt: str, src_rate: int, dst_rate: int | None) -> bool:
+    """Whether ``fmt`` audio made at ``src_rate`` is opened and encoded on the loop (raw PCM or WAV, no resampling)."""
+    return fmt in INLINE_FORMATS and (dst_rate or src_rate) == src_rate
+
+
 class AudioOut:
     """Resample (when ``dst_rate`` differs) and encode float32 mono chunks into ``fmt`` bytes.
 
@@ -57,10 +66,13 @@ class AudioOut:
         self._resampler: Any = codecs.Resampler(src_rate, rate) if rate != src_rate else None
         self._encoder: Any = codecs.open_encoder(fmt, rate, 1, streaming=streaming)
         self.sample_rate: int = DECODED_RATES.get(fmt, self._encoder.sample_rate)
+        self.inline = inline(fmt, src_rate, dst_rate)
 
     @classmethod
     async def open(cls, fmt: str, src_rate: int, dst_rate: int | None = None, *, streaming: bool = True) -> AudioOut:
-        """Build off the loop (some encoders load codec libraries)."""
+        """Build off the loop (some encoders load codec libraries); raw PCM and WAV at the source rate here."""
+        if inline(fmt, src_rate, dst_rate):
+            return cls(fmt, src_rate, dst_rate, streaming=streaming)
         return await anyio.to_thread.run_sync(lambda: cls(fmt, src_rate, dst_rate, streaming=streaming))
 
     @property
@@ -85,9 +97,13 @@ class AudioOut:
         self._encoder.close()
 
     async def encode(self, samples: np.ndarray) -> bytes:
+        if self.inline:
+            return self.encode_sync(samples)
         return await anyio.to_thread.run_sync(self.encode_sync, samples)
 
     async def finish(self) -> bytes:
+        if self.inline:
+            return self.finish_sync()
         return await anyio.to_thread.run_sync(self.finish_sync)
 
 
