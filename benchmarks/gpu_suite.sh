@@ -137,7 +137,7 @@ BASE_MODES=(--voice-mode clone,voice,clone-xvec,voice-xvec)
 PARSERS=(--arm h11:--http=h11 --arm httptools:--http=httptools)
 if [[ $SMOKE == 1 ]]; then
   TINY=(--device cpu --tiny --size 1.7b --server-timeout 300)
-  named load_cv        400 30 "${LOAD[@]}" "${TINY[@]}" --transport http,ws --rates 2,4 --duration 1.5 --lengths 0.4-0.8
+  named load_cv        400 30 "${LOAD[@]}" "${TINY[@]}" --transport http,ws --rates 3,6 --duration 1.5 --lengths 0.4-0.8
   named load_fixed     400 30 "${LOAD[@]}" "${TINY[@]}" --transport ws,http --rates 3 --duration 1.5 --lengths 0.48 \
     --bursts 1,2 --burst-frames 4
   if [[ ",$ONLY," == *",peers,"* ]]; then

@@ -77,6 +77,8 @@ def test_every_rate_sends_its_poisson_arrivals_and_reports_the_figures(custom, s
             assert 0 < lv["ttfa_p50_ms"] <= lv["ttfa_p95_ms"] <= lv["ttfa_p99_ms"] <= lv["ttfa_max_ms"] < 60_000
             assert 0 <= lv["underrun_share"] <= 1 and 0 <= lv["continuity_ok_rate"] <= 1
             assert lv["audio_s_per_s"] > 0 and lv["in_flight_mean"] > 0 and lv["send_lag_ms_p99"] < 1000
+            # every request's audio came back, over at least the window it was offered in
+            assert lv["audio_s_per_s"] <= lv["offered_audio_s_per_s"] * (1 + 1e-9)
             # the engine's live batch over time, beside the client's own count of requests in flight
             assert lv["timeline"] and all(p["running"] is not None and p["batch_mean"] >= 0 for p in lv["timeline"])
             assert max(p["batch_mean"] for p in lv["timeline"]) >= 1
