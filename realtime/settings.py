@@ -9,7 +9,7 @@ from typing import Any
 
 import platformdirs
 
-from omni_stream.realtime.agent.events import MAX_TEXT_CHARS
+from omni_stream.realtime.agent.limits import MAX_TEXT_CHARS
 
 SPEECH_FORMATS = ("wav", "pcm", "flac", "mp3", "opus", "aac")
 STREAM_FORMATS = ("pcm", "wav")

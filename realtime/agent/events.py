@@ -19,15 +19,13 @@ from enum import Enum, StrEnum
 from typing import Any, TypeAlias
 
 from omni_stream.errors import InvalidRequestError
+from omni_stream.realtime.agent.limits import MAX_APPEND_BYTES, MAX_TEXT_CHARS
 from omni_stream.realtime.agent.truncation import Truncation, TruncationType
 from omni_stream.realtime.chat.tool_fields import parse_tool_choice, parse_tools
 from omni_stream.realtime.common.json_fields import FieldError, boolean, integer, number, obj, string, type_name
 from omni_stream.text.tools import FunctionTool, ToolChoice
 from omni_stream.turns.rules import Eagerness, TurnRule, TurnType
 from omni_stream.turns.vad import VadParams
-
-MAX_APPEND_BYTES = 15 * 1024 * 1024  # decoded audio per input_audio_buffer.append (OpenAI's limit)
-MAX_TEXT_CHARS = 32_768  # characters of one text part of a conversation item (as for instructions)
 
 
 class RealtimeError(Exception):
