@@ -62,3 +62,20 @@ async def test_graph_decode_equals_eager_decode(lm):
     assert [len(r.tokens) for r in with_graphs] == [r.max_tokens for r in reqs]
     assert graphed.graph_steps > 0 and graphed.eager_steps == 0 and eager.graph_steps == 0
     assert graphed.num_active == eager.num_active == 0
+
+
+async def test_a_lone_newcomers_graphed_prefill_equals_its_eager_padded_prefill(lm):
+    """One newcomer at a time: the graphs' lone prefill (captured at load) replays at bucket lengths and gives the
+    eager bucketed prefill's tokens; no prefill ran eagerly at a new length."""
+    reqs = requests(lm.config.vocab_size)
+    join = [0, 60, 120, 180, 240]  # each alone
+    graphed = CausalLMRunner(lm, no_text, max_batch_size=4, max_len=512, graphs=True, record=True)
+    graphed.capture_graphs()
+    assert len(graphed.prefill_graphs) == len(graphed.prefill_buckets)
+    eager = CausalLMRunner(lm, no_text, max_batch_size=4, max_len=512, graphs=False, record=True)
+    eager.pad_eager = eager.pad_lone_prefill = True
+    with_graphs = await drive(graphed, reqs, join)
+    without = await drive(eager, reqs, join)
+    assert [r.tokens for r in with_graphs] == [r.tokens for r in without]
+    assert [kind for _, _, kind in graphed.prefill_log] == ["graph"] * len(reqs)
+    assert {t for _, t, _ in graphed.prefill_log} <= set(graphed.prefill_buckets)

@@ -158,3 +158,25 @@ async def test_decode_steps_at_graph_bucket_shapes_give_the_exact_shape_tokens(l
     assert [p.tokens for p in padded] == [e.tokens for e in exact]
     assert {b for b, _ in widths} <= set(padded_runner.batch_buckets) and {s for _, s in widths} == {256}
     assert any(b == 4 for b, _ in widths)  # three live rows padded to the bucket of four
+
+
+async def test_a_lone_newcomer_prefills_at_a_length_bucket_and_its_tokens_do_not_change(lm):
+    """The prefill a CUDA graph replays for a lone newcomer (padded to its length bucket, padding masked) gives the
+    exact-length prefill's tokens; every lone prefill runs at a bucket length, never at a new one."""
+    requests = mixed(lm)
+    joins = [0, 40, 80, 120, 160]  # one at a time: each is a lone newcomer
+    exact = await drive(lm.runner(slots=3), requests, join_steps=joins)
+    padded_runner = lm.runner(slots=3)
+    padded_runner.pad_lone_prefill = True
+    padded = await drive(padded_runner, requests, join_steps=joins)
+    assert [p.tokens for p in padded] == [e.tokens for e in exact]
+    log = padded_runner.prefill_log
+    assert len(log) == len(requests) and all(n == 1 for n, _, _ in log)
+    assert {t for _, t, _ in log} <= set(padded_runner.prefill_buckets)
+    unbucketed = {len(r.prompt_ids) for r in requests} - set(padded_runner.prefill_buckets)
+    assert unbucketed and not unbucketed & {t for _, t, _ in log}  # those prompts ran padded, at bucket shapes
+    # several newcomers at once still prefill together, at their own length
+    together = lm.runner(slots=6)
+    together.pad_lone_prefill = True
+    await drive(together, requests)
+    assert together.prefill_log[0][0] == len(requests)

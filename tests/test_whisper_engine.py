@@ -271,3 +271,41 @@ def test_the_embedded_default_is_built_once_atomically(tmp_path, monkeypatch, ca
             assert math.isclose(usage["transcription"].input_tokens, 50)
 
     anyio.run(load)
+
+
+async def test_newcomers_encode_at_a_batch_bucket_and_padding_changes_no_token(engine):
+    """The encoder runs at bucketed batch sizes only (what a CUDA graph replays; the padding rows encode silence into
+    a spare slot): three newcomers encode as a batch of four and decode the tokens each gets alone."""
+    from omni_stream.batch_model import Batch, Sequence
+
+    family = engine.models.get(ModelKind.TRANSCRIPTION)
+    runner = family.runner
+    runner.record = True
+    payloads = [
+        family._prepare(audio, TranscriptionRequest(audio, 16000, max_tokens=10), None)
+        for audio in (utterance("noise", 1.0, seed=1), utterance("tone440", 0.7), utterance("noise", 2.0, seed=2))
+    ]
+
+    def transcribe(group: list[int]) -> dict[int, str]:
+        seqs = [Sequence(i, payloads[i], slot=k) for k, i in enumerate(group)]
+        texts = dict.fromkeys(group, "")
+        batch, live = Batch(prefill=tuple(seqs)), list(seqs)
+        while live:
+            for out in runner.step(batch):
+                if out.item is not None:
+                    texts[out.seq_id] += out.item.text
+                if out.finished:
+                    live = [s for s in live if s.seq_id != out.seq_id]
+            batch = Batch(decode=tuple(live))
+        for seq in seqs:
+            runner.release(seq)
+        return texts
+
+    alone = {i: transcribe([i])[i] for i in range(3)}
+    runner.log.clear()
+    together = transcribe([0, 1, 2])
+    assert together == alone
+    encodes = [e for e in runner.log if e[0] == "encode"]
+    assert encodes == [("encode", 3, 4, "eager")]  # CPU: the same static-buffer encoder, eagerly
+    assert all(b in runner.encode_buckets for _, _, b, _ in encodes)
+    assert not runner.live

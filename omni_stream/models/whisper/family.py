@@ -77,6 +77,8 @@ class WhisperFamily:
                 model = model.eval().requires_grad_(False)
             bar.update(1)
             self.runner = WhisperRunner(model, self.tokens, self.tokenizer, opts.max_batch_size)
+            # On CUDA the encoder replays per-batch-bucket graphs; capturing them here keeps it out of requests.
+            self.capture_seconds = self.runner.capture_graphs()
             self.scheduler = Scheduler(
                 self.runner,
                 load.worker,

@@ -4,7 +4,11 @@ It runs the modules of a ``transformers`` ``WhisperForConditionalGeneration`` (t
 layer by layer over slot-indexed static caches). One step:
 
 1. encodes the newcomers' log-mel features together and stores each one's cross-attention keys and values in
-   its slot (``[layers, slots, heads, 1500, head_dim]``; the encoder never runs again for that request);
+   its slot (``[layers, slots, heads, 1500, head_dim]``; the encoder never runs again for that request). The
+   encoder runs at a bucketed batch size (powers of two up to ``max_batch_size``; the padding rows encode silence
+   into a spare slot), from static buffers, so on CUDA each bucket is a CUDA graph captured at load
+   (:meth:`WhisperRunner.capture_graphs`): a burst of a size seen for the first time costs what it costs the
+   tenth time;
 2. advances every running row by one decoder call: rows with several pending inputs (a prompt) in one padded
    call, rows with one (the last token) in another; self-attention keys and values go to the row's slot at its
    own positions (``[layers, slots, heads, positions + 1, head_dim]``, the extra position takes padding);
@@ -33,6 +37,7 @@ from omni_stream.batch_model import Batch, SeqOutput, Sequence
 from omni_stream.chunks import TextDelta
 from omni_stream.models.whisper.detokenizer import Detokenizer
 from omni_stream.models.whisper.prompt import WhisperPrompt, WhisperTokens
+from omni_stream.runtime.cuda_graphs import GraphSet, batch_buckets, pick
 from omni_stream.runtime.step_record import StepRecord
 
 
@@ -65,12 +70,23 @@ class _Row:
 class WhisperRunner(StepRecord):
     """Batched greedy Whisper (see module docstring).
 
-    ``record=True`` logs ``("step", prefill_ids, decode_ids)``, ``("admit", seq_id, request_id)``, ``("language",
+    ``record=True`` logs ``("step", prefill_ids, decode_ids)``, ``("encode", newcomers, batch, "graph"|"eager")``,
+    ``("admit", seq_id, request_id)``, ``("language",
     seq_id, token)``, ``("token", seq_id, token)`` and ``("release", seq_id)`` events to ``log`` and counts
     releases (tests).
     """
 
-    def __init__(self, model: Any, tokens: WhisperTokens, tokenizer: Any, max_batch_size: int, *, record: bool = False):
+    def __init__(
+        self,
+        model: Any,
+        tokens: WhisperTokens,
+        tokenizer: Any,
+        max_batch_size: int,
+        *,
+        record: bool = False,
+        graphs: bool | None = None,
+    ):
+        """``graphs``: replay CUDA graphs of the encoder per batch bucket (None: on CUDA devices)."""
         cfg = model.config
         self.encoder = model.model.encoder
         self.decoder = model.model.decoder
@@ -88,7 +104,9 @@ class WhisperRunner(StepRecord):
         layers = cfg.decoder_layers
         kw = dict(device=self.device, dtype=self.dtype)
         shape_self = (layers, max_batch_size, self.heads, self.positions + 1, self.head_dim)
-        shape_cross = (layers, max_batch_size, self.heads, cfg.max_source_positions, self.head_dim)
+        # One spare slot past the real ones: a bucket's padding rows write their keys and values there.
+        self.spare = max_batch_size
+        shape_cross = (layers, max_batch_size + 1, self.heads, cfg.max_source_positions, self.head_dim)
         self.self_k, self.self_v = torch.zeros(shape_self, **kw), torch.zeros(shape_self, **kw)
         self.cross_k, self.cross_v = torch.zeros(shape_cross, **kw), torch.zeros(shape_cross, **kw)
         vocab = cfg.vocab_size
@@ -100,6 +118,13 @@ class WhisperRunner(StepRecord):
         self.begin_suppress = torch.zeros(vocab, dtype=torch.bool, device=self.device)
         self.begin_suppress[list(tokens.begin_suppress)] = True
         self.lang_ids = torch.tensor(sorted(tokens.languages.values()) or [tokens.eot], device=self.device)
+        # The encoder's static inputs (graphs replay over them) and its batch buckets
+        self.encode_buckets = batch_buckets(max_batch_size)
+        frames = 2 * cfg.max_source_positions  # log-mel frames of the 30 s window (the convolutions halve them)
+        self._enc_in = torch.zeros(max_batch_size, cfg.num_mel_bins, frames, **kw)
+        self._enc_slots = torch.full((max_batch_size,), self.spare, dtype=torch.long, device=self.device)
+        use_graphs = self.device.type == "cuda" if graphs is None else graphs
+        self.encode_graphs = GraphSet(self._encode, self.device) if use_graphs else None
 
     @property
     def max_batch_size(self) -> int:
@@ -135,19 +160,33 @@ class WhisperRunner(StepRecord):
 
     # --- admission ------------------------------------------------------------------------------------------
 
+    def capture_graphs(self) -> float:
+        """Capture the encoder for every batch bucket, largest first; returns seconds (0 without graphs)."""
+        if self.encode_graphs is None:
+            return 0.0
+        self._enc_slots.fill_(self.spare)  # a capture writes the spare slot only
+        missing = [(b,) for b in self.encode_buckets if (b,) not in self.encode_graphs]
+        with torch.inference_mode():
+            return self.encode_graphs.capture_all(missing, desc="capturing encoder graphs")
+
     def _admit(self, seqs: tuple[Sequence, ...]) -> None:
-        """Encode the newcomers together; their cross-attention keys and values go to their slots."""
-        slots = self._upload([s.slot for s in seqs])
+        """Encode the newcomers together at their batch bucket; their cross-attention keys and values go to their
+        slots (the padding rows' to the spare one)."""
+        n = len(seqs)
+        b = pick(self.encode_buckets, n)
+        assert b is not None  # the scheduler admits at most max_batch_size
         features = torch.stack([s.payload.features for s in seqs])
         if self.device.type == "cuda":
             features = features.pin_memory()
-        features = features.to(self.device, self.dtype, non_blocking=True)
-        encoded = self.encoder(features).last_hidden_state  # [n, 1500, d]
-        n = len(seqs)
-        for i, layer in enumerate(self.decoder.layers):
-            attn = layer.encoder_attn
-            self.cross_k[i, slots] = self._heads(attn.k_proj(encoded), n)
-            self.cross_v[i, slots] = self._heads(attn.v_proj(encoded), n)
+        self._enc_in[:n].copy_(features, non_blocking=True)
+        self._enc_in[n:b].zero_()
+        self._enc_slots[:n].copy_(self._upload([s.slot for s in seqs]))
+        self._enc_slots[n:b].fill_(self.spare)
+        replayed = self.encode_graphs is not None and self.encode_graphs.replay((b,))
+        if not replayed:
+            self._encode(b)
+        if self.record:
+            self.log.append(("encode", n, b, "graph" if replayed else "eager"))
         for seq in seqs:
             payload: WhisperInput = seq.payload
             prompt = payload.prompt
@@ -159,6 +198,15 @@ class WhisperRunner(StepRecord):
             self.live.add(seq.seq_id)
             if self.record:
                 self.log.append(("admit", seq.seq_id, seq.request_id))
+
+    def _encode(self, b: int) -> None:
+        """The encoder over the first ``b`` static inputs, keys and values into their slots (static tensors only)."""
+        encoded = self.encoder(self._enc_in[:b]).last_hidden_state  # [b, 1500, d]
+        slots = self._enc_slots[:b]
+        for i, layer in enumerate(self.decoder.layers):
+            attn = layer.encoder_attn
+            self.cross_k[i].index_copy_(0, slots, self._heads(attn.k_proj(encoded), b))
+            self.cross_v[i].index_copy_(0, slots, self._heads(attn.v_proj(encoded), b))
 
     def _upload(self, values: list[Any], dtype: torch.dtype = torch.long) -> torch.Tensor:
         """A small host list on the device; on CUDA through pinned memory, so the copy does not wait for the
