@@ -12,6 +12,7 @@ import asyncio
 import json
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -93,15 +94,46 @@ def wait_until(check, timeout: float = 15.0) -> bool:
     return check()
 
 
+def real_checkpoints(root: Path) -> dict[str, Path]:
+    """The real tiny families: Qwen3-TTS CustomVoice, Qwen3, Whisper (random weights)."""
+    from omni_stream.models.causal_lm.checkpoint import write_tiny_checkpoint as tiny_lm
+    from omni_stream.models.qwen3_tts.checkpoint import write_tiny_checkpoint as tiny_tts
+    from omni_stream.models.whisper.checkpoint import write_tiny_checkpoint as tiny_whisper
+
+    return {"tts": tiny_tts(root / "tts"), "lm": tiny_lm(root / "lm"), "asr": tiny_whisper(root / "asr")}
+
+
 def main() -> None:
+    real = "--real" in sys.argv  # the real tiny families, Silero and Smart Turn (the handler picks semantic_vad)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         speech = framed(espeak("Hello there, how are you today?"), lead_ms=500, tail_ms=2500)
         wav = root / "mic48k.wav"
         sf.write(wav, resample(speech.astype(np.float32) / 32768, 24000, 48000), 48000, subtype="PCM_16")
-        settings = Settings(vad_factory=vad_factory(), rtc_concurrency_limit=1, api_key=KEY)
-        with running_server(None, settings, load=agent_loader(agent_checkpoints(root))) as live:
-            found = asyncio.run(call(live.url, wav, want_frames=25, wait_s=25))
+        if real:
+            settings = Settings(rtc_concurrency_limit=1, api_key=KEY)
+            assert settings.turn_model_factory is not None, "Smart Turn (pipecat-ai) and onnxruntime are needed"
+            checkpoints = real_checkpoints(root)
+        else:
+            settings = Settings(vad_factory=vad_factory(), rtc_concurrency_limit=1, api_key=KEY)
+            checkpoints = agent_checkpoints(root)
+        with running_server(None, settings, load=agent_loader(checkpoints)) as live:
+            seen: set[str] = set()
+            calling = threading.Event()
+
+            def watch() -> None:  # the turn detection of the sessions the call opens
+                while not calling.is_set():
+                    for session in list(live.state.sessions):
+                        td = session.protocol.config.turn_detection
+                        seen.add(td.type.value if td is not None else "none")
+                    time.sleep(0.05)
+
+            watcher = threading.Thread(target=watch, daemon=True)
+            watcher.start()
+            found = asyncio.run(call(live.url, wav, want_frames=25, wait_s=60 if real else 25))
+            calling.set()
+            watcher.join()
+            found["turn_detection"] = sorted(seen)
             found["sessions_freed"] = wait_until(lambda: not live.state.sessions)
             found["connections_freed"] = wait_until(lambda: not live.state.rtc.connections and not live.state.rtc.pcs)
             models = live.engine.models

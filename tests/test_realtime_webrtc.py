@@ -51,6 +51,25 @@ def test_an_aiortc_client_talks_to_the_agent_and_closing_frees_everything():
     assert found["sessions_freed"] and found["connections_freed"] and found["schedulers_idle"]
 
 
+@pytest.mark.skipif(not netns_available(), reason="needs unshare -n (root) for a private loopback network")
+def test_the_agent_on_the_real_tiny_families_talks_over_webrtc_with_semantic_vad():
+    """Silero from its wheel, Smart Turn from pipecat-ai's, the tiny Whisper, Qwen3 and Qwen3-TTS: the handler's
+    session takes semantic_vad, a spoken question gets spoken audio back, and closing frees every model's slot."""
+    run = subprocess.run(
+        ["unshare", "-n", "sh", "-c", f'ip link set lo up && exec "{sys.executable}" "{SCRIPT}" --real'],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    assert found["connection"] == "connected"
+    assert "semantic_vad" in found["turn_detection"]  # set by the handler once the session opens
+    assert found["logs"][:3] == ["started_talking", "pause_detected", "response_starting"]
+    assert found["loud_frames"] >= 25  # half a second of the agent's speech came back
+    assert found["sessions_freed"] and found["connections_freed"] and found["schedulers_idle"]
+
+
 @pytest.fixture(scope="module")
 def rtc_server(tmp_path_factory):
     settings = Settings(vad_factory=vad_factory(), rtc_ice_servers=("stun:stun.example.test:3478",))
