@@ -29,7 +29,7 @@
 #   peers           ~110 / 150  run_peers.py --systems faster: faster-qwen3-tts beside our c=1 (after load_fixed)
 #   load_base_ws    ~330 / 420  Base: clone, voice, clone-xvec, voice-xvec at 5-40 /s over WebSocket, bursts c = 1, 64
 #   load_base_http  ~200 / 240  Base: clone, voice at 5-40 /s over HTTP, bursts c = 1, 64
-#   levers_base     ~230 / 240  in process, Base clone (8 references): default, prefill_budget, voice_cache, all
+#   levers_base     ~190 / 240  in process, Base clone (8 references): default, prefill_budget, voice_cache
 #   levers_cv       ~340 / 420  in process, CustomVoice: default, admit_after_collect, first_window_wait_ms, both,
 #                               step_ahead off, taking turns at 5-40 /s on one engine; bursts c = 1, 32 per arm
 #   load_http       ~330 / 420  two servers: uvicorn's h11 against httptools, HTTP and WebSocket at 10-40 /s
@@ -132,7 +132,7 @@ LOAD=("$B/tts_load.py")
 LEVERS_CV=(--retune default: --retune admit:admit_after_collect=on --retune wait:first_window_wait_ms=3
   --retune both:admit_after_collect=on,first_window_wait_ms=3 --retune sync:step_ahead=off)
 LEVERS_BASE=(--voice-mode clone --ref-pool 8 --retune default: --retune budget:prefill_budget=128
-  --retune cache:voice_cache=64 --retune all:prefill_budget=128,voice_cache=64,admit_after_collect=on,first_window_wait_ms=3)
+  --retune cache:voice_cache=64)
 BASE_MODES=(--voice-mode clone,voice,clone-xvec,voice-xvec)
 PARSERS=(--arm h11:--http=h11 --arm httptools:--http=httptools)
 if [[ $SMOKE == 1 ]]; then
