@@ -79,7 +79,7 @@ BUILDS = {  # --build dummy: real sizes from these configs
     "lm": CONFIGS / "qwen3-0.6b",
     "asr": CONFIGS / "whisper-large-v3-turbo",
 }
-SILERO = "omni_stream.realtime.settings:silero_vad"
+SILERO = "omni_stream.models.silero_vad:SileroVad"  # VadParams -> detector, the server's default
 ENERGY = "realtime_doubles:energy_vad"
 
 

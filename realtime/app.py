@@ -97,6 +97,8 @@ def create_app(engine: AsyncEngine | EngineFactory, settings: Settings | None = 
             log.info("restored %d uploaded voice(s) from %s", restored, settings.voices_dir)
         if settings.vad_factory is not None:  # a detector's network loads here, not in a session's first event
             await anyio.to_thread.run_sync(settings.vad_factory, VadParams())
+        if settings.turn_model_factory is not None:  # so does semantic_vad's end-of-turn model (and its first run)
+            await anyio.to_thread.run_sync(settings.turn_model_factory)
         owned = not isinstance(engine, AsyncEngine)
         loaded = engine if isinstance(engine, AsyncEngine) else await engine()
         loaded.use_voices(state.voices)  # uploaded voices: the engine resolves voice names through the store

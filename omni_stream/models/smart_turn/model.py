@@ -89,9 +89,11 @@ _MODEL: SmartTurn | None = None
 
 
 def load_smart_turn() -> SmartTurn:
-    """The model, loaded once per process (then shared: it holds no stream state)."""
+    """The model, loaded and run once per process (then shared: it holds no stream state)."""
     global _MODEL
     with _LOCK:
         if _MODEL is None:
-            _MODEL = SmartTurn()
+            model = SmartTurn()
+            model.probability(np.zeros(SAMPLE_RATE, np.float32))  # onnxruntime plans its first run: not in a turn
+            _MODEL = model
         return _MODEL
