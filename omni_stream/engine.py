@@ -70,22 +70,28 @@ from omni_stream.worker import DeviceWorker
 T = TypeVar("T")
 
 
-def throughput_stream(device: str) -> Callable[[], AbstractContextManager[Any]] | None:
-    """On CUDA, a context that makes a side stream of its own current (made on first use, on the worker thread):
-    image and video steps launch there, so their kernels may run beside the speech models' (on the default stream,
-    the codec's side stream) instead of queueing behind them. None elsewhere."""
+def throughput_stream(device: str) -> tuple[Callable[[], AbstractContextManager[Any]] | None, ...]:
+    """On CUDA, two contexts: one that makes a side stream of its own current (made on first use, on the worker
+    thread), for image and video steps, so their kernels may run beside the speech models' (on the default stream,
+    the codec's side stream) instead of queueing behind them; one that makes the default stream current again,
+    for realtime work run at a yield point inside such a step. (None, None) elsewhere."""
     if not device.startswith("cuda"):
-        return None
+        return None, None
     made: list[Any] = []
 
-    def context() -> AbstractContextManager[Any]:
+    def side() -> AbstractContextManager[Any]:
         import torch
 
         if not made:
             made.append(torch.cuda.Stream(device))
         return torch.cuda.stream(made[0])
 
-    return context
+    def default() -> AbstractContextManager[Any]:
+        import torch
+
+        return torch.cuda.stream(torch.cuda.default_stream(device))
+
+    return side, default
 
 
 @dataclass(slots=True, frozen=True)
@@ -233,9 +239,14 @@ class AsyncEngine:
             kinds = await anyio.to_thread.run_sync(lambda: [k for k in default_kinds() if default_available(k)])
             sources = {kind: ModelSource(kind=kind) for kind in kinds}
         policy = device_policy if device_policy is not None else DevicePolicy.from_tuning(tuning)
-        side = throughput_stream(device) if policy.throughput_stream else None
+        side, default = throughput_stream(device) if policy.throughput_stream else (None, None)
         worker = DeviceWorker(
-            name=f"omni-stream-{device}", threads=tuning.threads, policy=policy, throughput_context=side, record=record
+            name=f"omni-stream-{device}",
+            threads=tuning.threads,
+            policy=policy,
+            throughput_context=side,
+            realtime_context=default,
+            record=record,
         ).start()
         metrics = EngineMetrics()
         models = ModelSet()

@@ -10,6 +10,10 @@ Several models share the device, so each round the worker orders what runs by cl
 or ``THROUGHPUT`` (denoising steps, video chunks), and a realtime source says by when its most urgent stream runs
 dry (``urgency``). Jobs are realtime. No piece of work is longer than one step of its model, so a realtime step
 waits at most one throughput step; a throughput source waits at most the policy's ``max_wait`` (never starved).
+Inside a throughput step, the model's blocks call :meth:`DeviceWorker.yield_point` (the throughput families hook
+it before every block of their denoiser and VAE): realtime work that falls due meanwhile runs there, nested in
+the step, so on CPU, where one step of a large model is hundreds of milliseconds of host time, a speech frame
+waits for one block rather than for the whole step.
 With ``record=True`` the worker logs every job, batch and step it runs (:attr:`DeviceWorker.log`, tests).
 
 A job whose future is already done when the worker picks it up (its waiter was cancelled or ran past its
@@ -26,7 +30,9 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -102,6 +108,8 @@ class WorkRecord:
 
 LOG_SIZE = 50_000
 COST_EMA = 0.3  # weight of the newest throughput step in its source's cost estimate
+YIELD_CHECK_S = 0.002  # a throughput step's yield points look for due realtime work at most this often
+HOLD_S = 0.02  # a held yield point looks again at least this often (a submission wakes it sooner)
 
 
 @dataclass(slots=True)
@@ -144,6 +152,7 @@ class DeviceWorker:
         threads: int | None = None,
         policy: DevicePolicy | None = None,
         throughput_context: Callable[[], AbstractContextManager[Any]] | None = None,
+        realtime_context: Callable[[], AbstractContextManager[Any]] | None = None,
         record: bool = False,
     ) -> None:
         """``init`` runs first on the worker thread (thread-local device state, e.g. its own CUDA stream).
@@ -151,7 +160,8 @@ class DeviceWorker:
         ``threads``: torch intra-op threads, set when the thread starts (None: :func:`intra_op_threads` of the
         usable cores; the engine passes ``Tuning.threads``).
         ``policy``: how work of several models is ordered (default :class:`DevicePolicy`).
-        ``throughput_context``: entered around every throughput step on the worker thread (a side CUDA stream).
+        ``throughput_context``: entered around every throughput step on the worker thread (a side CUDA stream);
+        ``realtime_context``: around realtime work run at a yield point inside one (the default stream again).
         ``record``: keep :attr:`log` (the last ``LOG_SIZE`` pieces of work run; tests).
         """
         self.name = name
@@ -169,6 +179,11 @@ class DeviceWorker:
         self._thread: threading.Thread | None = None
         self.policy = policy if policy is not None else DevicePolicy()
         self._throughput_context = throughput_context
+        self._realtime_context = realtime_context
+        self._in_throughput = False  # a throughput step runs (worker thread only)
+        self._nested = 0.0  # seconds of realtime work run at its yield points (worker thread only)
+        self._stepping: StepSource | None = None  # the throughput source whose step runs
+        self._next_yield_check = 0.0
         self.record = record
         self.log: deque[WorkRecord] = deque(maxlen=LOG_SIZE)
         self._log_seq = itertools.count()
@@ -377,22 +392,96 @@ class DeviceWorker:
         work_class = _class_of(source)
         self.note("step", _name_of(source), work_class, *((why,) if why else ()))
         t0 = time.perf_counter()
+        throughput = work_class is WorkClass.THROUGHPUT
+        if throughput:
+            self._in_throughput, self._nested, self._stepping = True, 0.0, source
         try:
-            if work_class is WorkClass.THROUGHPUT and self._throughput_context is not None:
+            if throughput and self._throughput_context is not None:
                 with self._throughput_context():
                     source.run_step()
             else:
                 source.run_step()
         except Exception:  # a scheduler bug; keep the device alive for the other requests
             log.exception("step source %r failed", source)
-        if work_class is WorkClass.THROUGHPUT:
+        finally:
+            if throughput:
+                self._in_throughput = False
+        if throughput:
             now = time.perf_counter()
             key = id(source)
             with self.cond:
                 previous = self._cost.get(key)
-                spent = now - t0
+                spent = now - t0 - self._nested  # its own time: not the realtime work run at its yield points
                 self._cost[key] = spent if previous is None else previous + COST_EMA * (spent - previous)
                 self._since[key] = now
+
+    def yield_point(self) -> None:
+        """Called by a throughput model between its blocks (worker thread): run the realtime work that is due now.
+
+        Outside a throughput step, under plain rounds, more often than every ``YIELD_CHECK_S``, and nested, it
+        returns at once. Due: any pending job, and each runnable realtime source under the policy's
+        ``yield_slack`` (the ones the worker's rounds put before throughput work). With none runnable while a live
+        stream is within ``margin`` of running dry (a request whose first audio is being made: its next job is on
+        the event loop), the step waits here for it, woken by its submission, as the worker would between steps.
+        All of this takes at most ``max_wait`` of one step (the fairness bound holds inside a step too); then the
+        step runs to its end.
+        """
+        if not (self._in_throughput and self.policy.deadlines) or threading.get_ident() != self.thread_id:
+            return  # plain rounds (comparisons) run a step to its end
+        if _in_greenlet():
+            return
+        t0 = time.perf_counter()
+        if t0 < self._next_yield_check or self._nested >= self.policy.max_wait:
+            return  # the step has given realtime work its share: it runs to its end (the fairness bound)
+        self._next_yield_check = t0 + YIELD_CHECK_S
+        self._in_throughput = False  # no yield point inside what runs here
+        try:
+            while True:
+                with self.cond:
+                    if self._closed:
+                        return
+                    now = time.perf_counter()
+                    due, demand = self._due_realtime(now)
+                    jobs, groups = list(self._jobs), list(self._groups.items())
+                    held = self._nested + now - t0
+                    if held >= self.policy.max_wait:
+                        return
+                    if not (due or jobs or groups):
+                        if demand is None or demand - now >= self.policy.margin:
+                            return
+                        self.cond.wait(min(self.policy.max_wait - held, HOLD_S))
+                        continue
+                    self._jobs.clear()
+                    self._groups.clear()
+                    self._urgent = 0
+                context = self._realtime_context() if self._realtime_context is not None else contextlib.nullcontext()
+                with context:
+                    self.note("yield", "", WorkClass.REALTIME)
+                    for job in jobs:
+                        self._run_job(job)
+                    for key, group in groups:
+                        self._run_group(key, group)
+                    for source in due:
+                        self._step(source, "")
+        finally:
+            self._nested += time.perf_counter() - t0
+            self._in_throughput = True
+
+    def _due_realtime(self, now: float) -> tuple[list[StepSource], float | None]:
+        """Runnable realtime sources under ``yield_slack``, earliest deadline first, and the live streams' earliest
+        deadline (lock held; inside a throughput step)."""
+        due: list[tuple[float, StepSource]] = []
+        demand: float | None = None
+        for source in self._sources:
+            if source is self._stepping or _class_of(source) is not WorkClass.REALTIME:
+                continue
+            deadline = _urgency(source, now)
+            if deadline is not None:
+                demand = deadline if demand is None else min(demand, deadline)
+            slack = -math.inf if deadline is None else deadline - now
+            if slack < self.policy.yield_slack and source.has_work():
+                due.append((slack, source))
+        return [s for _, s in sorted(due, key=lambda d: d[0])], demand
 
     def _run_job(self, job: _Job) -> None:
         if job.future.done():  # cancelled or expired before pickup: its request has moved on
@@ -457,3 +546,10 @@ def _urgency(source: StepSource, now: float) -> float | None:
         deadline: float | None = urgency(now)
         return deadline
     return now if source.has_work() else None
+
+
+def _in_greenlet() -> bool:
+    """Whether this runs in a greenlet other than the thread's main one (a throughput job's own code, between
+    its model calls: realtime work never runs there, it returns to the step's own greenlet)."""
+    greenlet = sys.modules.get("greenlet")
+    return greenlet is not None and greenlet.getcurrent().parent is not None

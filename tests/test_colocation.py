@@ -70,7 +70,8 @@ def wait_on_device(condition, what: str) -> None:
 
 
 async def speak(engine: AsyncEngine, frames: int = 20):
-    async with engine.speech(SpeechRequest("Hello there, how are you?", max_new_tokens=frames)) as stream:
+    request = SpeechRequest("Hello there, how are you?", max_new_tokens=frames, ignore_eos=True)  # exactly `frames`
+    async with engine.speech(request) as stream:
         async for _ in stream:
             pass
     return stream.timings
@@ -119,6 +120,38 @@ async def test_a_speech_request_is_stepped_between_two_denoising_steps_and_its_f
     assert timings.first_chunk is not None and timings.first_chunk < denoise[2].at
     steps = [r for r in engine.worker.log if r.kind == "step" and r.name == "image"]
     assert {r.detail for r in steps if r.work_class is WorkClass.THROUGHPUT} == {("spare",)}  # none was forced
+
+
+async def test_a_speech_request_that_arrives_during_a_denoising_step_runs_between_the_unets_blocks(
+    speech_checkpoint, pix2pix_checkpoint
+):
+    policy = DevicePolicy(max_wait=600.0)
+    async with await load(policy, speech=speech_checkpoint, image=pix2pix_checkpoint) as engine:
+        image = engine.models.get(ModelKind.IMAGE)
+        talker = engine.models.speech().scheduler
+        loop = asyncio.get_running_loop()
+        request = ImageRequest("make it snowy", images=(picture(),), steps=4, seed=1)
+        spoken: list = []
+
+        def first_block(module, args):  # inside the image's second step: a speech request arrives
+            if calls_of(image, request.request_id) == 2 and not spoken:
+                spoken.append(asyncio.run_coroutine_threadsafe(speak(engine), loop))
+                wait_on_device(lambda: queued(talker), "the speech request to queue")
+
+        hook = image.pipe.unet.down_blocks[0].register_forward_pre_hook(first_block)
+        try:
+            await paint(engine, request)
+            await asyncio.wrap_future(spoken[0])
+        finally:
+            hook.remove()
+    log = list(engine.worker.log)
+    second = records(engine, "denoise", "image")[1]
+    after = [r for r in log if r.seq > second.seq]
+    step_end = next(r.seq for r in after if r.kind == "step" and r.name == "image")  # the image's next step
+    inside = [r for r in after if r.seq < step_end]
+    # the talker's newcomer ran at a yield point of that UNet call, before the call (and so the step) ended
+    assert any(r.kind == "yield" for r in inside)
+    assert any(r.kind == "step" and r.name == "talker" for r in inside)
 
 
 async def test_throughput_work_progresses_under_a_speech_load_that_never_spares_a_step(

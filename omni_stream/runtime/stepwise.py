@@ -19,6 +19,11 @@ resume, on the worker thread. So:
 - a request's state lives in its greenlet's frames between steps, and releasing it (:meth:`release`) kills the
   greenlet, which unwinds the pipeline and frees its latents before the next step.
 
+Yield points: with ``yield_point`` (the device worker's), every block of an intercepted model (each element of
+its ``ModuleList`` s: the denoiser's down, mid and up blocks or transformer blocks, the VAE decoder's blocks; and
+each convolution) calls it before it runs, so realtime work that falls due during one large step runs between two
+of its blocks.
+
 Calls made outside these greenlets (a direct pipeline call, a test) pass through unchanged. Every request gets
 its own copy of the pipeline object with its own noise scheduler (:func:`own_scheduler`): a pipeline keeps its
 loop's state on itself (the scheduler's step index, ``_guidance_scale``).
@@ -56,12 +61,14 @@ class Intercept:
     """A model call that parks the request making it: ``owner.method`` (``forward`` of a denoiser, ``decode`` of a
     VAE), logged as ``name``. ``batched``: the arguments stacked along dim 0 across requests (a 0-d tensor, a
     timestep, is expanded to the request's rows); every other argument must be equal for two calls to share one.
-    Empty ``batched``: each request's calls run alone (still one call per step)."""
+    Empty ``batched``: each request's calls run alone (still one call per step). ``fine``: yield points before
+    every leaf module of ``owner``, not only its blocks and convolutions."""
 
     name: str
     owner: Any
     method: str
     batched: tuple[str, ...] = ()
+    fine: bool = False  # yield points before every leaf module (a VAE: long elementwise passes at full size)
 
 
 @dataclass(eq=False)
@@ -135,6 +142,30 @@ def own_scheduler(pipe: Any) -> Any:
     return twin
 
 
+def hook_blocks(models: Sequence[Any], yield_point: Callable[[], None], *, fine: Sequence[Any] = ()) -> int:
+    """Call ``yield_point`` before every block of ``models``, once each: every element of a ``ModuleList`` in them
+    (blocks, layers) and every convolution; in ``fine`` models, every leaf module (a VAE decoder's norms and
+    activations at full size take as long as its convolutions). Returns how many modules were hooked."""
+    seen: set[int] = set()
+
+    def hook(module: torch.nn.Module) -> None:
+        if id(module) not in seen:
+            seen.add(id(module))
+            module.register_forward_pre_hook(lambda _module, _args: yield_point())
+
+    for model in models:
+        if not isinstance(model, torch.nn.Module):
+            continue
+        every = any(model is f for f in fine)
+        for module in model.modules():
+            if isinstance(module, torch.nn.ModuleList):
+                for block in module:
+                    hook(block)
+            elif isinstance(module, torch.nn.modules.conv._ConvNd) or (every and not any(module.children())):
+                hook(module)
+    return len(seen)
+
+
 def _freeze(value: Any) -> Hashable:
     """A hashable stand-in for an unbatched argument: two calls share a batch only when these are equal."""
     if isinstance(value, torch.Tensor):
@@ -193,9 +224,11 @@ class StepwiseModel:
         max_batch_size: int = 32,
         note: Callable[[str, tuple[str, ...]], None] | None = None,
         guard: AbstractContextManager[Any] | None = None,
+        yield_point: Callable[[], None] | None = None,
     ) -> None:
         """``guard`` (the worker's lock) is held while a step picks its jobs and logs them, so that a release
-        logged under it is never followed by a step of that job in the log."""
+        logged under it is never followed by a step of that job in the log. ``yield_point``: called before every
+        block of the intercepted models (the module docstring)."""
         import greenlet
 
         self._greenlet = greenlet
@@ -210,11 +243,15 @@ class StepwiseModel:
         self.on_call: Callable[[str, tuple[str, ...]], None] | None = None
         self.calls = 0
         self._guard = guard if guard is not None else nullcontext()
+        self._calling: tuple[str, ...] = ()
         for index, spec in enumerate(self.intercepts):
             original = getattr(spec.owner, spec.method)
             self._originals.append(original)
             self._signatures.append(inspect.signature(original))
             setattr(spec.owner, spec.method, self._interceptor(index, original))
+        if yield_point is not None:
+            owners = [spec.owner for spec in self.intercepts]
+            hook_blocks(owners, yield_point, fine=[spec.owner for spec in self.intercepts if spec.fine])
 
     @property
     def max_batch_size(self) -> int:
@@ -229,6 +266,10 @@ class StepwiseModel:
         """The label of the job whose greenlet runs now (None outside jobs; worker thread)."""
         running = self._by_greenlet.get(self._greenlet.getcurrent())
         return None if running is None else running.job.label
+
+    def current_call(self) -> tuple[str, ...]:
+        """The labels of the jobs whose batched call runs now (empty between calls; worker thread)."""
+        return self._calling
 
     def _record(self, kind: str, labels: tuple[str, ...]) -> None:
         self.log.add(kind, labels)
@@ -329,12 +370,15 @@ class StepwiseModel:
             self._record(spec.name, labels)
         parks: list[_Park] = [s.model_state.park for s in group]
         self.calls += 1
+        self._calling = labels
         try:
             results = self._batched_call(parks)
         except Exception as exc:  # the call failed: every request of it fails, at its parked call
             resumes = [(_Resume.ERROR, exc)] * len(group)
         else:
             resumes = [(_Resume.VALUE, r) for r in results]
+        finally:
+            self._calling = ()
         outputs = [
             self._resume(seq, seq.model_state, value)
             for seq, value in zip(group, resumes, strict=True)

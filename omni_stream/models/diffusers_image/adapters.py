@@ -79,7 +79,7 @@ class Adapter:
         """The model calls a request parks at: one denoising step, and the VAE decode."""
         return [
             Intercept("denoise", self.pipe.unet, "forward", UNET_ROWS),
-            Intercept("decode", self.pipe.vae, "decode", ("z",)),
+            Intercept("decode", self.pipe.vae, "decode", ("z",), fine=True),
         ]
 
     @property
@@ -216,7 +216,7 @@ class QwenImageEditAdapter(Adapter):
         as its own call; the VAE decode batches."""
         return [
             Intercept("denoise", self.pipe.transformer, "forward"),
-            Intercept("decode", self.pipe.vae, "decode", ("z",)),
+            Intercept("decode", self.pipe.vae, "decode", ("z",), fine=True),
         ]
 
     @property

@@ -101,7 +101,9 @@ class DiffusersImageFamily:
         def note(kind: str, labels: tuple[str, ...]) -> None:
             worker.note(kind, "image", WorkClass.THROUGHPUT, *labels)
 
-        self.runner = ImageRunner(self.adapter, self.preview, max_batch_size=opts.max_batch_size, note=note)
+        self.runner = ImageRunner(
+            self.adapter, self.preview, max_batch_size=opts.max_batch_size, note=note, yield_point=worker.yield_point
+        )
         self.scheduler = Scheduler(
             self.runner.model,
             load.worker,

@@ -54,10 +54,13 @@ class ImageRunner:
         *,
         max_batch_size: int = 32,
         note: Callable[[str, tuple[str, ...]], None] | None = None,
+        yield_point: Callable[[], None] | None = None,
     ) -> None:
         self.adapter = adapter
         self.preview = preview
-        self.model = StepwiseModel(adapter.intercepts(), max_batch_size=max_batch_size, note=note)
+        self.model = StepwiseModel(
+            adapter.intercepts(), max_batch_size=max_batch_size, note=note, yield_point=yield_point
+        )
 
     @property
     def log(self) -> StepLog:

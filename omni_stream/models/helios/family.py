@@ -82,6 +82,7 @@ class HeliosFamily:
             max_batch_size=opts.max_batch_size,
             lock=worker.cond,
             note=note,
+            yield_point=worker.yield_point,
         )
         self.scheduler = Scheduler(
             self.runner.model,

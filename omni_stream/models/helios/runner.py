@@ -134,7 +134,8 @@ class HeliosRunner:
     """Runs chunk jobs of a ``HeliosPipeline``: :attr:`model` is the batch model of the family's ``video`` scheduler.
 
     ``lock``: held while steps are logged (the device worker's lock); ``note(kind, labels)``: a copy of every
-    step event (the worker's log). :meth:`generate_chunk` also runs directly (tests), as one call.
+    step event (the worker's log); ``yield_point``: the worker's, called between the models' blocks.
+    :meth:`generate_chunk` also runs directly (tests), as one call.
     """
 
     def __init__(
@@ -146,6 +147,7 @@ class HeliosRunner:
         max_batch_size: int = 32,
         lock: AbstractContextManager[Any] | None = None,
         note: Any = None,
+        yield_point: Any = None,
     ) -> None:
         self.pipe = pipe
         self.device = device
@@ -156,9 +158,11 @@ class HeliosRunner:
         self._note = note
         intercepts = [
             Intercept("denoise", pipe.transformer, "forward", TRANSFORMER_ROWS),
-            Intercept("decode", pipe.vae, "decode", ("z",)),
+            Intercept("decode", pipe.vae, "decode", ("z",), fine=True),
         ]
-        self.model = StepwiseModel(intercepts, max_batch_size=max_batch_size, note=self._step, guard=self.lock)
+        self.model = StepwiseModel(
+            intercepts, max_batch_size=max_batch_size, note=self._step, guard=self.lock, yield_point=yield_point
+        )
 
     def _step(self, kind: str, labels: tuple[str, ...]) -> None:
         """A stepwise event (under the lock for steps): one log entry per request it concerned."""

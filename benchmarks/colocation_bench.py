@@ -1,0 +1,591 @@
+"""Co-location: speech streams, voice agents, image edits and video sessions on one engine behind one server.
+
+One ``omni-stream serve`` process (one engine, one device worker for every model) and real clients over its wire:
+
+- ``speech_http`` / ``speech_ws``: ``c`` streams over ``POST /v1/audio/speech`` (raw PCM) or ``WS
+  /v1/audio/speech/stream`` (``benchmarks/tts_clients.py``; each exactly ``--speech-frames`` 80 ms frames, EOS
+  suppressed): time to first audio (TTFA) and underrun on the playback clock (a stream is *continuous* when its
+  player never waits more than 0.1 s);
+- ``agent``: voice-agent sessions over ``WS /v1/realtime`` (a recorded question spoken in real time, server VAD):
+  voice-to-voice, from the end of the question to the first audio of the answer;
+- ``image``: edits over ``POST /v1/images/edits`` (SSE, one preview): first preview and final image latency;
+- ``video``: sessions over ``WS /v1/realtime/video``: time to first chunk, x real time (video seconds per second
+  from the start to the last chunk) and underrun.
+
+Scenarios: ``alone`` (each workload by itself), ``together`` (all start at once) and ``apart`` (speech and agents
+first, image and video ``--stagger`` seconds later: the issue's "started 0.3 s in"); each mixed figure is reported
+beside the same workload alone. ``probe``: the issue's CPU repro, one short speech request at a time (``Hi
+there.``, 20 frames, TTFA over HTTP) alone, during one image edit and during one video session.
+
+``--policy deadlines|rounds|both``: the device worker's order (``Tuning.device_policy``): by class and deadline
+(default), or the old plain rounds (every model stepped once per round), for comparison.
+
+Modes:
+
+- ``--smoke``: CPU, the server with no arguments (every kind's embedded tiny model), tiny sizes, a minute or so
+  (``tests/test_colocation_bench_cpu.py``);
+- default (CPU): the embedded default at the issue's repro sizes: probes beside a 512 px, 60-step edit and a
+  256 px, 8-step, 330-frame video session; the mixed scenarios at small sizes. ~5 min on 2 cores;
+- ``--gpu``: random weights at real sizes (``load_format="dummy"``, bf16): Qwen3-TTS 1.7B CustomVoice,
+  InstructPix2Pix (512 px, 20 steps), Helios-Base (320x192, 2 steps), and for the agents Qwen3-0.6B and Whisper
+  large-v3-turbo; speech at c=16 and 32. Run one transport per command (each well under 8 minutes on an H200):
+  ``python3 benchmarks/colocation_bench.py --gpu --transports http`` and ``... --transports ws``.
+
+Writes ``colocation_bench_<mode>[_<transports>].json`` under ``$OUT`` (or ``benchmarks/results``; ``--smoke``
+writes only under ``$OUT``) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import wave
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from provenance import git_commit  # noqa: E402
+from tts_clients import TEXT, RequestFields, Spoken, http_request, ws_request  # noqa: E402
+
+from omni_stream.metrics import percentile, underrun_of  # noqa: E402
+
+CONFIGS = HERE / "configs"
+RATE = 24000
+MIC_CHUNK = RATE // 10  # 100 ms microphone appends
+CONTINUITY_S = 0.1  # a stream whose player waited at most this long is continuous (as tts_bench.py)
+PROBE_TEXT = "Hi there."
+IMAGE_PROMPT = "make the sky look like a snowy winter evening"
+VIDEO_PROMPT = "A red kite over a green hill at sunset, the camera slowly panning right."
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    """One mode's workloads."""
+
+    speech_levels: tuple[int, ...]
+    speech_frames: int
+    agents: int
+    agent_reply_tokens: int
+    images: int
+    image_side: int
+    image_steps: int
+    videos: int
+    video_width: int
+    video_height: int
+    video_frames: int
+    video_steps: int
+    probes: int
+    probe_image_side: int
+    probe_image_steps: int
+    probe_video_side: int
+    probe_video_frames: int
+    probe_video_steps: int
+
+
+SMOKE = Sizes((2,), 12, 1, 8, 1, 64, 3, 1, 32, 32, 66, 1, 3, 128, 8, 64, 330, 2)
+CPU = Sizes((4,), 25, 1, 16, 4, 64, 4, 2, 64, 64, 99, 2, 8, 512, 60, 256, 330, 8)
+GPU = Sizes((16, 32), 50, 4, 48, 4, 512, 20, 2, 320, 192, 165, 2, 8, 512, 20, 320, 330, 2)
+
+
+# --- the server ------------------------------------------------------------------------------------------------
+
+
+def build_gpu_models(root: Path) -> list[str]:
+    """Real-size layouts without weights (the server builds random ones): TTS 1.7B, the agent's LM and ASR."""
+    import torch
+
+    from omni_stream.models.causal_lm.checkpoint import write_dummy_checkpoint as lm_dummy
+    from omni_stream.models.qwen3_tts.checkpoint import write_dummy_checkpoint as tts_dummy
+    from omni_stream.models.whisper.checkpoint import write_dummy_checkpoint as asr_dummy
+
+    bf16 = torch.bfloat16
+    return [
+        str(tts_dummy(CONFIGS / "qwen3-tts-12hz-1.7b-customvoice", root / "tts", dtype=bf16, weights=False)),
+        str(lm_dummy(CONFIGS / "qwen3-0.6b", root / "lm", dtype=bf16, weights=False)),
+        str(asr_dummy(CONFIGS / "whisper-large-v3-turbo", root / "asr", dtype=bf16, weights=False)),
+        str(CONFIGS / "instruct-pix2pix"),
+        str(CONFIGS / "helios-base"),
+    ]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def server(models: list[str], policy: str, args: argparse.Namespace) -> Iterator[str]:
+    """``omni-stream serve`` (no ``--model``: every kind's embedded default) with benchmark fields; its URL."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "omni_stream.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+           "--enable-benchmark-fields", "--log-level", "warning", "--tune", f"device_policy={policy}",
+           "--max-concurrency", "64"]  # fmt: skip
+    for model in models:
+        cmd += ["--model", model]
+    if args.gpu:
+        cmd += ["--device", "cuda", "--load-format", "dummy", "--dtype", "bfloat16"]
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir())
+    url = f"http://127.0.0.1:{port}"
+    try:
+        asyncio.run(wait_healthy(url, proc, args.server_timeout))
+        yield url
+    except BaseException:
+        log.seek(0)
+        sys.stderr.write(log.read().decode(errors="replace")[-4000:])
+        raise
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+async def wait_healthy(url: str, proc: subprocess.Popen, limit_s: float) -> None:
+    import httpx
+
+    t0 = time.perf_counter()
+    async with httpx.AsyncClient() as client:
+        # The server is another process: its health endpoint is the only readiness signal there is, so poll it.
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited with status {proc.returncode} before it was ready")
+            if time.perf_counter() - t0 > limit_s:
+                raise RuntimeError(f"the server was not ready after {limit_s:.0f} s")
+            with contextlib.suppress(httpx.HTTPError):
+                if (await client.get(f"{url}/health", timeout=2.0)).status_code == 200:
+                    return
+            await asyncio.sleep(0.25)
+
+
+# --- clients -----------------------------------------------------------------------------------------------------
+
+
+async def speech(url: str, transport: str, c: int, frames: int, text: str = TEXT) -> list[dict]:
+    """``c`` streams at once over ``transport``; each record has its TTFA, underrun and x real time."""
+    import httpx
+
+    fields = RequestFields()
+    spoken = [Spoken(i, text, frames) for i in range(c)]
+    if transport == "http":
+        limits = httpx.Limits(max_connections=c + 4)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
+            return await asyncio.gather(*(http_request(client, url, s, fields) for s in spoken))
+    start = asyncio.Barrier(c)
+    return await asyncio.gather(*(ws_request("ws" + url.removeprefix("http"), s, fields, start) for s in spoken))
+
+
+def speech_samples() -> np.ndarray:
+    with wave.open(str(HERE / "speech" / "question.wav"), "rb") as w:
+        return np.frombuffer(w.readframes(w.getnframes()), "<i2").copy()
+
+
+async def agent(url: str, reply_tokens: int, limit_s: float) -> dict:
+    """One voice-agent session: the recorded question in real time, then silence until the answer is done."""
+    from websockets.asyncio.client import connect
+
+    loop = asyncio.get_running_loop()
+    question = speech_samples()
+    marks: dict[str, float] = {}
+    done = asyncio.Event()
+    async with connect("ws" + url.removeprefix("http") + "/v1/realtime", max_size=None) as ws:
+        vad = {"type": "server_vad", "silence_duration_ms": 500, "prefix_padding_ms": 300}
+        session = {"type": "realtime", "audio": {"input": {"turn_detection": vad}}, "max_output_tokens": reply_tokens}
+        await ws.send(json.dumps({"type": "session.update", "session": session}))
+        while json.loads(await ws.recv())["type"] != "session.updated":
+            pass
+        t0 = loop.time()
+        sent = 0
+
+        async def send(samples: np.ndarray) -> None:
+            nonlocal sent
+            for i in range(0, samples.size, MIC_CHUNK):
+                chunk = samples[i : i + MIC_CHUNK]
+                await asyncio.sleep(max(0.0, t0 + (sent + chunk.size) / RATE - loop.time()))  # real time
+                audio = base64.b64encode(chunk.astype("<i2").tobytes()).decode()
+                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+                sent += chunk.size
+
+        async def speak() -> None:
+            await send(np.zeros(3 * MIC_CHUNK, np.int16))
+            await send(question)
+            marks["speech_end"] = t0 + sent / RATE
+            while not done.is_set():
+                await send(np.zeros(MIC_CHUNK, np.int16))
+
+        async def listen() -> None:
+            async for raw in ws:
+                event = json.loads(raw)
+                if event["type"] == "response.output_audio.delta":
+                    marks.setdefault("first_audio", loop.time())
+                elif event["type"] == "response.done" and "first_audio" in marks:
+                    break
+                elif event["type"] == "error":
+                    raise RuntimeError(f"realtime error: {event['error']}")
+            done.set()
+
+        async with asyncio.timeout(limit_s):
+            await asyncio.gather(speak(), listen())
+    return {"v2v": marks["first_audio"] - marks["speech_end"]}
+
+
+def png(side: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (side, side, 3), dtype=np.uint8)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+async def image(url: str, side: int, steps: int, seed: int) -> dict:
+    """One edit over SSE with one preview: seconds to the first preview and to the final image."""
+    import httpx
+
+    data = {"prompt": IMAGE_PROMPT, "size": f"{side}x{side}", "num_inference_steps": str(steps), "stream": "true",
+            "partial_images": "1", "seed": str(seed)}  # fmt: skip
+    files = {"image": ("in.png", png(side), "image/png")}
+    marks: dict[str, float] = {}
+    async with httpx.AsyncClient(timeout=httpx.Timeout(1200.0)) as client:
+        t0 = time.perf_counter()
+        async with client.stream("POST", f"{url}/v1/images/edits", data=data, files=files) as response:
+            if response.status_code != 200:
+                raise RuntimeError(f"HTTP {response.status_code}: {(await response.aread()).decode()[:300]}")
+            async for line in response.aiter_lines():
+                if "partial_image" in line:
+                    marks.setdefault("preview", time.perf_counter() - t0)
+                elif "completed" in line:
+                    marks["final"] = time.perf_counter() - t0
+    if "final" not in marks:
+        raise RuntimeError("the edit ended without its image")
+    return marks
+
+
+async def video(url: str, width: int, height: int, frames: int, steps: int, seed: int) -> dict:
+    """One video session: time to first chunk, x real time, underrun."""
+    from websockets.asyncio.client import connect
+
+    fps = 16
+    start = {"type": "session.start", "prompt": VIDEO_PROMPT, "width": width, "height": height, "fps": fps,
+             "num_frames": frames, "num_inference_steps": steps, "guidance_scale": 1.0, "seed": seed}  # fmt: skip
+    arrivals: list[float] = []
+    durations: list[float] = []
+    async with connect("ws" + url.removeprefix("http") + "/v1/realtime/video", max_size=None) as ws:
+        t0 = time.perf_counter()
+        await ws.send(json.dumps(start))
+        meta: dict[str, Any] = {}
+        async for message in ws:
+            if isinstance(message, bytes):
+                arrivals.append(time.perf_counter() - t0)
+                durations.append(meta["num_frames"] / fps)
+                continue
+            meta = json.loads(message)
+            if meta["type"] == "session.done":
+                break
+            if meta["type"] == "error":
+                raise RuntimeError(f"video session failed: {meta}")
+    if not arrivals:
+        raise RuntimeError("a video session returned no chunk")
+    return {"ttfc": arrivals[0], "xrt": sum(durations) / arrivals[-1], "underrun": underrun_of(arrivals, durations)}
+
+
+# --- scenarios ---------------------------------------------------------------------------------------------------
+
+
+async def outcomes(tasks: list[Awaitable[Any]]) -> tuple[list[Any], list[str]]:
+    done = await asyncio.gather(*tasks, return_exceptions=True)
+    records: list[Any] = []
+    errors: list[str] = []
+    for item in done:
+        if isinstance(item, BaseException):
+            errors.append(f"{type(item).__name__}: {item}"[:200])
+        elif isinstance(item, list):
+            records.extend(item)
+        else:
+            records.append(item)
+    return records, errors
+
+
+def stat(values: list[float], scale: float = 1.0, digits: int = 1) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p95": None, "max": None}
+    return {k: round(scale * v, digits) for k, v in
+            (("p50", percentile(values, 50)), ("p95", percentile(values, 95)), ("max", max(values)))}  # fmt: skip
+
+
+def summarize(name: str, records: list[dict], errors: list[str]) -> dict:
+    out: dict[str, Any] = {"n": len(records), "errors": errors[:3]}
+    if name.startswith("speech") or name == "probe":
+        out["ttfa_ms"] = stat([r["ttfa"] for r in records], 1000)
+        out["underrun_ms"] = stat([r["underrun"] for r in records], 1000)
+        out["continuous"] = sum(r["underrun"] <= CONTINUITY_S for r in records)
+        out["xrt_p50"] = round(percentile([r["xrt"] for r in records], 50), 2) if records else None
+    elif name == "agent":
+        out["v2v_ms"] = stat([r["v2v"] for r in records], 1000)
+    elif name == "image":
+        out["first_preview_s"] = stat([r["preview"] for r in records if "preview" in r], 1, 2)
+        out["final_s"] = stat([r["final"] for r in records], 1, 2)
+    elif name == "video":
+        out["ttfc_s"] = stat([r["ttfc"] for r in records], 1, 2)
+        out["xrt"] = stat([r["xrt"] for r in records], 1, 2)
+        out["underrun_s"] = stat([r["underrun"] for r in records], 1, 2)
+    return out
+
+
+def workloads(url: str, sizes: Sizes, transport: str, c: int, args: argparse.Namespace) -> dict[str, Callable]:
+    """Each workload as a coroutine factory (the realtime ones first)."""
+    speech_name = f"speech_{transport}"
+    return {
+        speech_name: lambda: speech(url, transport, c, sizes.speech_frames),
+        "agent": lambda: [agent(url, sizes.agent_reply_tokens, args.session_timeout) for _ in range(sizes.agents)],
+        "image": lambda: [image(url, sizes.image_side, sizes.image_steps, i) for i in range(sizes.images)],
+        "video": lambda: [
+            video(url, sizes.video_width, sizes.video_height, sizes.video_frames, sizes.video_steps, i)
+            for i in range(sizes.videos)
+        ],
+    }
+
+
+THROUGHPUT = ("image", "video")
+
+
+def tasks_of(work: dict[str, Callable], name: str) -> list[Awaitable[Any]]:
+    made = work[name]()
+    return made if isinstance(made, list) else [made]
+
+
+async def alone(work: dict[str, Callable], names: list[str]) -> dict:
+    """Each of ``names`` by itself, one after another."""
+    return {name: summarize(name, *await outcomes(tasks_of(work, name))) for name in names}
+
+
+async def mixed(kind: str, work: dict[str, Callable], stagger: float) -> dict:
+    """``together``: every workload at once; ``apart``: the throughput ones ``stagger`` seconds later."""
+
+    async def later(name: str) -> tuple[list[Any], list[str]]:
+        await asyncio.sleep(stagger if kind == "apart" and name in THROUGHPUT else 0.0)
+        return await outcomes(tasks_of(work, name))
+
+    gathered = await asyncio.gather(*(later(name) for name in work))
+    return {name: summarize(name, *got) for name, got in zip(work, gathered, strict=True)}
+
+
+async def probes(url: str, sizes: Sizes, under: str | None) -> dict:
+    """The issue's repro: short speech requests one at a time, alone or during one image edit or video session."""
+    background: asyncio.Task | None = None
+    if under == "image":
+        background = asyncio.create_task(image(url, sizes.probe_image_side, sizes.probe_image_steps, 0))
+    elif under == "video":
+        side, frames = sizes.probe_video_side, sizes.probe_video_frames
+        background = asyncio.create_task(video(url, side, side, frames, sizes.probe_video_steps, 0))
+    records: list[dict] = []
+    errors: list[str] = []
+    if background is not None:
+        await asyncio.sleep(1.0)  # it is running (as the repro's "sleep 2": past its join step)
+    for _ in range(sizes.probes):
+        if background is not None and background.done():
+            break  # the probes measure speech beside it, not after it
+        got, failed = await outcomes([speech(url, "http", 1, 20, PROBE_TEXT)])
+        records += got
+        errors += failed
+        await asyncio.sleep(0.3)
+    out = summarize("probe", records, errors)
+    if background is not None:
+        out["during"] = under if not background.done() else f"{under} (ended before the last probe)"
+        background.cancel()  # the probes are what is measured; closing it aborts it on the server
+        await asyncio.gather(background, return_exceptions=True)
+    return out
+
+
+def compare(alone: dict, mixed: dict) -> dict:
+    """The mixed figure beside the one alone, per workload: ratios (TTFA, image latency), deltas (v2v)."""
+    out: dict[str, Any] = {}
+    for name, m in mixed.items():
+        a = alone.get(name)
+        if not a or not a["n"] or not m["n"]:
+            continue
+        if "ttfa_ms" in m:
+            out[name] = {"ttfa_p95_ratio": _ratio(m["ttfa_ms"]["p95"], a["ttfa_ms"]["p95"]),
+                         "continuous": f"{m['continuous']}/{m['n']}"}  # fmt: skip
+        elif "v2v_ms" in m:
+            out[name] = {"v2v_p95_delta_ms": _delta(m["v2v_ms"]["p95"], a["v2v_ms"]["p95"])}
+        elif "final_s" in m:
+            out[name] = {"final_p50_ratio": _ratio(m["final_s"]["p50"], a["final_s"]["p50"])}
+        elif "xrt" in m:
+            out[name] = {"xrt_p50_ratio": _ratio(m["xrt"]["p50"], a["xrt"]["p50"])}
+    return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else round(a / b, 2)
+
+
+def _delta(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else round(a - b, 1)
+
+
+async def run_policy(url: str, sizes: Sizes, args: argparse.Namespace) -> dict:
+    result: dict[str, Any] = {"probe": {}, "alone": {}, "levels": []}
+    # warm-up: every route once (first calls fill caches and pick kernels)
+    await mixed("together", workloads(url, replace(sizes, agents=min(1, sizes.agents)), "http", 1, args), 0.0)
+    await speech(url, "http", 1, 20, PROBE_TEXT)
+    if args.probe:
+        for under in (None, "image", "video"):
+            result["probe"][under or "alone"] = await probes(url, sizes, under)
+        by_itself = result["probe"]["alone"]["ttfa_ms"]["p50"]
+        for under in ("image", "video"):
+            during = result["probe"][under]["ttfa_ms"]["p50"]
+            result["probe"][f"ttfa_p50_ratio_{under}"] = _ratio(during, by_itself)
+    # the agent, image and video workloads alone do not depend on the speech level: once
+    if args.mixed:
+        result["alone"] = await alone(workloads(url, sizes, "http", 1, args), ["agent", "image", "video"])
+    for transport in args.transports:
+        for c in sizes.speech_levels:
+            work = workloads(url, sizes, transport, c, args)
+            level: dict[str, Any] = {"transport": transport, "speech_c": c}
+            level["alone"] = await alone(work, [f"speech_{transport}"])
+            reference = result["alone"] | level["alone"]
+            for kind in ("together", "apart"):
+                level[kind] = await mixed(kind, work, args.stagger)
+                level[f"{kind}_vs_alone"] = compare(reference, level[kind])
+            result["levels"].append(level)
+    return result
+
+
+# --- report ------------------------------------------------------------------------------------------------------
+
+
+def table(result: dict) -> str:
+    rows = [f"colocation_bench {result['mode']} ({result['device_name']}), commit {result['commit']}"]
+    for policy, body in result["policies"].items():
+        rows.append(f"policy {policy}")
+        probe = body["probe"]
+        if probe:
+            parts = [f"{k} {v['ttfa_ms']['p50']} ms" for k, v in probe.items() if isinstance(v, dict)]
+            rows.append(
+                "  probe TTFA p50: " + ", ".join(parts)
+                + f"  (x alone: image {probe['ttfa_p50_ratio_image']}, video {probe['ttfa_p50_ratio_video']})"
+            )  # fmt: skip
+        for level in body["levels"]:
+            rows.append(f"  speech {level['transport']} c={level['speech_c']}")
+            for kind in ("alone", "together", "apart"):
+                cells = []
+                figures = body["alone"] | level["alone"] if kind == "alone" else level[kind]
+                for name, s in figures.items():
+                    if "ttfa_ms" in s:
+                        cells.append(f"{name} TTFA p50/p95 {s['ttfa_ms']['p50']}/{s['ttfa_ms']['p95']} ms "
+                                     f"cont {s['continuous']}/{s['n']}")  # fmt: skip
+                    elif "v2v_ms" in s:
+                        cells.append(f"agent v2v p50/p95 {s['v2v_ms']['p50']}/{s['v2v_ms']['p95']} ms")
+                    elif "final_s" in s:
+                        cells.append(f"image final p50 {s['final_s']['p50']} s")
+                    elif "xrt" in s:
+                        cells.append(f"video xrt p50 {s['xrt']['p50']}")
+                    if s["errors"]:
+                        cells.append(f"{name} errors {s['errors']}")
+                rows.append(f"    {kind:>8}: " + "; ".join(cells))
+    return "\n".join(rows)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny sizes, about a minute (tests)")
+    ap.add_argument("--gpu", action="store_true", help="real sizes with random weights on CUDA")
+    ap.add_argument(
+        "--policy",
+        choices=("deadlines", "rounds", "both"),
+        default=None,
+        help="the device worker's order (default: both on CPU, deadlines on GPU and in --smoke)",
+    )
+    ap.add_argument("--transports", default="http,ws", help="speech transports (default: http,ws)")
+    ap.add_argument("--stagger", type=float, default=0.3, help="apart: image and video start this late (s)")
+    ap.add_argument(
+        "--scenarios",
+        default="probe,mixed",
+        help="probe (the one-request speech probes), mixed (alone / together / apart); default: both",
+    )
+    ap.add_argument("--session-timeout", type=float, default=300.0)
+    ap.add_argument("--server-timeout", type=float, default=900.0)
+    args = ap.parse_args(argv)
+    args.transports = [t for t in args.transports.split(",") if t]
+    if not set(args.transports) <= {"http", "ws"}:
+        ap.error("--transports takes http and/or ws")
+    scenarios = {x for x in args.scenarios.split(",") if x}
+    if not scenarios or not scenarios <= {"probe", "mixed"}:
+        ap.error("--scenarios takes probe and/or mixed")
+    args.probe, args.mixed = "probe" in scenarios, "mixed" in scenarios
+    if not args.mixed:
+        args.transports = []
+    if args.policy is None:
+        args.policy = "deadlines" if args.smoke or args.gpu else "both"
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse(argv)
+    sizes = SMOKE if args.smoke else GPU if args.gpu else CPU
+    mode = "smoke" if args.smoke else "gpu" if args.gpu else "cpu"
+    policies = ["deadlines", "rounds"] if args.policy == "both" else [args.policy]
+    result: dict[str, Any] = {
+        "benchmark": "colocation_bench",
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "mode": mode,
+        "device_name": _device_name(args.gpu),
+        "sizes": asdict(sizes),
+        "stagger_s": args.stagger,
+        "policies": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="colocation-") as tmp:
+        models = build_gpu_models(Path(tmp)) if args.gpu else []
+        for policy in policies:
+            with server(models, policy, args) as url:
+                result["policies"][policy] = asyncio.run(run_policy(url, sizes, args))
+    print(table(result))
+    name = f"colocation_bench_{mode}"
+    if not args.mixed:
+        name += "_probe"
+    elif args.transports != ["http", "ws"]:
+        name += "_" + "_".join(args.transports)
+    targets = [Path(os.environ["OUT"])] if os.environ.get("OUT") else []
+    if not args.smoke:
+        targets.append(HERE / "results")
+    for folder in targets:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {folder / name}.json")
+    return result
+
+
+def _device_name(gpu: bool) -> str:
+    if gpu:
+        import torch
+
+        return torch.cuda.get_device_name()
+    return platform.processor() or platform.machine()
+
+
+if __name__ == "__main__":
+    main()

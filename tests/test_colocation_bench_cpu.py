@@ -1,0 +1,44 @@
+"""benchmarks/colocation_bench.py --smoke: one server with every kind's embedded tiny model, speech over HTTP and
+WebSocket, a voice agent, an image edit and a video session, alone, together and apart, and the one-request
+speech probes alone and beside an image edit and a video session: every figure is measured (no timing is
+asserted: the benchmark prints them)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("diffusers")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import colocation_bench
+
+
+@pytest.mark.timeout(1200)
+def test_the_smoke_run_measures_every_workload_in_every_scenario(tmp_path, monkeypatch):
+    monkeypatch.setenv("OUT", str(tmp_path))
+    result = colocation_bench.main(["--smoke"])
+    assert result["mode"] == "smoke" and list(result["policies"]) == ["deadlines"]
+    body = result["policies"]["deadlines"]
+    probe = body["probe"]
+    for under in ("alone", "image", "video"):
+        assert probe[under]["n"] >= 1 and not probe[under]["errors"] and probe[under]["ttfa_ms"]["p50"] > 0
+    assert probe["ttfa_p50_ratio_image"] > 0 and probe["ttfa_p50_ratio_video"] > 0
+    assert set(body["alone"]) == {"agent", "image", "video"}
+    assert [(lv["transport"], lv["speech_c"]) for lv in body["levels"]] == [("http", 2), ("ws", 2)]
+    for level in body["levels"]:
+        speech = f"speech_{level['transport']}"
+        figures = [body["alone"] | level["alone"], level["together"], level["apart"]]
+        for figure in figures:
+            assert set(figure) == {speech, "agent", "image", "video"}
+            assert all(not f["errors"] and f["n"] >= 1 for f in figure.values()), figure
+            assert figure[speech]["n"] == 2 and figure[speech]["ttfa_ms"]["p95"] > 0
+            assert figure["agent"]["v2v_ms"]["p50"] is not None
+            assert figure["image"]["final_s"]["p50"] > 0 and figure["video"]["xrt"]["p50"] > 0
+        for kind in ("together_vs_alone", "apart_vs_alone"):
+            assert set(level[kind]) == {speech, "agent", "image", "video"}
+            assert level[kind][speech]["ttfa_p95_ratio"] > 0
+    assert (tmp_path / "colocation_bench_smoke.json").is_file()
+    assert "probe TTFA p50" in colocation_bench.table(result)
