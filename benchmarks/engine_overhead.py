@@ -41,7 +41,14 @@ from provenance import git_commit
 
 from omni_stream.engine import AsyncEngine
 from omni_stream.metrics import percentile
-from omni_stream.models.synthetic import write_checkpoint
+
+# The synthetic families live with the tests (they are no part of the package): zero-cost steps show the engine's
+# own overhead, which a real model's step would hide.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import synthetic
+from synthetic import write_checkpoint
+
+synthetic.register()
 
 ROOT = Path(__file__).resolve().parent
 SPF = 1920

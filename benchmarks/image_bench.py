@@ -7,11 +7,11 @@ Also: ``--model qwen-image-edit`` (GPU only: 20B + 8B parameters, ~60 GB in bf16
 What runs: the engine in process (no HTTP), the ``image`` pipeline: a text model rewrites the instruction (its
 deltas stream), then the diffusion stage edits a 512 px (GPU) or 64 px (CPU) image with ``--partial-images``
 previews. CPU: InstructPix2Pix-tiny (random weights, the embedded default's sizes). GPU: random weights at the
-published sizes of ``benchmarks/configs/<model>`` (``load_format="dummy"``). The text model is the synthetic one
-(it echoes the prompt, one word per step; ``--lm-step-ms`` emulates device time per token) unless ``--llm`` names
-a real text checkpoint. At each concurrency ``c``, ``c`` requests start together, ``--rounds`` times; requests of
-one size share each model call (one denoising step or the VAE decode; ``calls``). Times are from the request's
-start, in ms: p50 and max over requests.
+published sizes of ``benchmarks/configs/<model>`` (``load_format="dummy"``). The text model is the tests' synthetic
+one (``tests/synthetic``: it echoes the prompt, one word per step; ``--lm-step-ms`` emulates device time per token)
+unless ``--llm`` names a real text checkpoint. At each concurrency ``c``, ``c`` requests start together,
+``--rounds`` times; requests of one size share each model call (one denoising step or the VAE decode; ``calls``).
+Times are from the request's start, in ms: p50 and max over requests.
 
 Writes ``benchmarks/results/image_bench_<device>_<model>.json`` (and under ``$OUT`` when set).
 """
@@ -109,7 +109,11 @@ def image_source(args: argparse.Namespace, tmp: Path) -> ModelSource:
 
 
 async def main(args: argparse.Namespace) -> dict:
-    from omni_stream.models.synthetic.lm_family import write_lm_checkpoint
+    sys.path.insert(0, str(ROOT.parent / "tests"))  # the synthetic echo LM lives with the tests
+    import synthetic
+    from synthetic.lm_family import write_lm_checkpoint
+
+    synthetic.register()
 
     with tempfile.TemporaryDirectory() as tmp:
         llm = args.llm or write_lm_checkpoint(Path(tmp) / "lm", step_cost_ms=args.lm_step_ms, reply_prefix="Picture:")

@@ -32,9 +32,16 @@ from omni_stream.chunks import Audio, TextDelta
 from omni_stream.engine import AsyncEngine, ModelSource
 from omni_stream.family import ModelKind
 from omni_stream.metrics import percentile
-from omni_stream.models.synthetic import write_checkpoint
-from omni_stream.models.synthetic.lm_family import write_lm_checkpoint
 from omni_stream.requests import ChatMessage, ChatRequest, Role, SpokenReply, TextRequest
+
+# The synthetic families live with the tests (they are no part of the package): zero-cost steps show the engine's
+# own overhead, which a real model's step would hide.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import synthetic
+from synthetic import write_checkpoint
+from synthetic.lm_family import write_lm_checkpoint
+
+synthetic.register()
 
 ROOT = Path(__file__).resolve().parent
 SENTENCE = "We keep on talking here."  # 5 words, 24 characters: 12 frames of synthetic speech

@@ -23,18 +23,18 @@ model Smart Turn v3.2 from pipecat-ai's wheel (on the GPU image: the model file 
 carries); ``semantic_vad`` sessions speak the recorded utterances in every mode (Smart Turn judges speech, not
 tones).
 
-CPU mode (default): synthetic TTS and LM with emulated device time per step (``--tts-step-ms``, ``--lm-step-ms``)
-and the test doubles for VAD and ASR (``tests/realtime_doubles.py``: an energy detector and a tone-naming
-recognizer; the utterances are tones it names). The tiny random Qwen3-TTS never stops speaking and runs slower
-than real time on CPU, so it is not used there. GPU mode: pass real checkpoints (``--tts``, ``--lm``/``--lm-family``,
-``--asr``, ``--vad module:attr``, ``--device cuda``), or ``--build dummy``: the benchmark writes Qwen3-TTS 0.6B
-CustomVoice, Qwen3-0.6B and Whisper large-v3-turbo at their real sizes from ``benchmarks/configs`` (configs and
-tokenizers; ``load_format="dummy"``, random weights, bf16 on CUDA) and serves them with the server's silero VAD
-(``--build tiny``: the tiny random checkpoints, for a CPU dry run of the same path). Whenever the ASR is not the
+CPU mode (default): the tests' synthetic TTS and LM (``tests/synthetic``) with emulated device time per step
+(``--tts-step-ms``, ``--lm-step-ms``) and the test doubles for VAD and ASR (``tests/realtime_doubles.py``: an energy
+detector and a tone-naming recognizer; the utterances are tones it names). The tiny random Qwen3-TTS never stops
+speaking and runs slower than real time on CPU, so it is not used there. GPU mode: pass real checkpoints (``--tts``,
+``--lm``/``--lm-family``, ``--asr``, ``--vad module:attr``, ``--device cuda``), or ``--build dummy``: the benchmark
+writes Qwen3-TTS 0.6B CustomVoice, Qwen3-0.6B and Whisper large-v3-turbo at their real sizes from ``benchmarks/configs``
+(configs and tokenizers; ``load_format="dummy"``, random weights, bf16 on CUDA) and serves them with the server's silero
+VAD (``--build tiny``: the tiny random checkpoints, for a CPU dry run of the same path). Whenever the ASR is not the
 tone double, the utterances are recorded speech (``benchmarks/speech/*.wav``, espeak-ng at 24 kHz; silero hears no
 speech in tones). ``--max-output-tokens`` bounds each reply and, with benchmark fields on, makes a random-weight LM
-ignore EOS; ``--asr-max-tokens`` bounds each transcript (a random-weight Whisper never ends one, and the response
-waits for it; ``--build`` sets 24, about what a real model writes for the question).
+ignore EOS; ``--asr-max-tokens`` bounds each transcript (a random-weight Whisper never ends one, and the response waits
+for it; ``--build`` sets 24, about what a real model writes for the question).
 
 GPU run, one command per turn detection (about 4 minutes each on one H200, builds and graph captures included):
 ``python3 benchmarks/voice_bench.py --build dummy --device cuda --turns semantic_vad`` and ``... --turns
@@ -66,7 +66,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(REPO / "tests"))  # the VAD and ASR test doubles (CPU mode)
+sys.path.insert(0, str(REPO / "tests"))  # the synthetic families and the VAD and ASR test doubles (CPU mode)
 sys.path.insert(0, str(HERE))
 
 RATE = 24000
@@ -111,15 +111,17 @@ def build_checkpoints(kind: str, root: Path) -> dict[str, str]:
 def serve(args: argparse.Namespace) -> None:
     import importlib
 
+    import synthetic
     import uvicorn
+    from synthetic import write_checkpoint
+    from synthetic.lm_family import write_lm_checkpoint
 
     from omni_stream.engine import AsyncEngine, ModelSource
     from omni_stream.family import ModelKind
-    from omni_stream.models.synthetic import write_checkpoint
-    from omni_stream.models.synthetic.lm_family import write_lm_checkpoint
     from omni_stream.realtime.app import create_app
     from omni_stream.realtime.settings import Settings
 
+    synthetic.register()  # the tests' synthetic families (no part of the package), for the CPU mode
     tmp = Path(tempfile.mkdtemp(prefix="voice-bench-"))
     if args.tts == "synthetic":
         tts = ModelSource(write_checkpoint(tmp / "tts", step_cost_ms=args.tts_step_ms))

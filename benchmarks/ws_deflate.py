@@ -6,8 +6,8 @@ Run: ``python benchmarks/ws_deflate.py`` (CPU only; writes ``ws_deflate.json`` t
 1. The compressor alone: the extension uvicorn negotiates when a client offers deflate (websockets'
    ``ServerPerMessageDeflateFactory`` with its defaults, context takeover on) encoding the binary messages of
    a PCM stream, 16-bit 24 kHz, in the codec windows' sizes (1-8 frames of 80 ms). Three signals: the
-   synthetic model's tone, a speech-like signal (a voiced glide through formant-shaped harmonics with breath
-   noise and pauses) and white noise (what random weights say). Printed: microseconds a message, MB/s, the
+   synthetic model's tone (a plain sine), a speech-like signal (a voiced glide through formant-shaped harmonics with
+   breath noise and pauses) and white noise (what random weights say). Printed: microseconds a message, MB/s, the
    compressed size, and the share of one core the compressor takes at 100x, 250x and 400x real time in all.
 2. End to end: ``omni-stream serve`` on the embedded tiny Qwen3-TTS (random weights: its audio is noise-like,
    as a real-size checkpoint with dummy weights) as a subprocess, ``--sessions`` WebSocket sessions streaming
@@ -38,10 +38,10 @@ from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFact
 from websockets.frames import Frame, Opcode
 
 from omni_stream.models.qwen3_tts.family import embedded_default_checkpoint
-from omni_stream.models.synthetic import SyntheticConfig, tone_samples
 
 ROOT = Path(__file__).resolve().parent
 RATE = 24000
+FRAME = 1920  # samples in one 80 ms frame
 BYTES_PER_RT_SECOND = RATE * 2  # 16-bit mono
 
 
@@ -65,9 +65,9 @@ def speech_like(seconds: float, seed: int = 0) -> np.ndarray:
 
 
 def signals(seconds: float) -> dict[str, np.ndarray]:
-    cfg = SyntheticConfig()
-    frames = int(seconds * RATE) // cfg.samples_per_frame
-    tone = (tone_samples(cfg, 3, 0, frames) * 32767).astype(np.int16)
+    # the sine the tests' synthetic TTS speaks for one voice: 260 Hz at a quarter of full scale, whole 80 ms frames
+    n = int(seconds * RATE) // FRAME * FRAME
+    tone = (0.25 * np.sin(2 * np.pi * 260.0 * np.arange(n) / RATE) * 32767).astype(np.int16)
     noise = (np.random.default_rng(1).uniform(-0.3, 0.3, int(seconds * RATE)) * 32767).astype(np.int16)
     return {"synthetic tone": tone, "speech-like": speech_like(seconds), "white noise": noise}
 
@@ -155,7 +155,7 @@ def main() -> int:
     args = ap.parse_args()
     result: dict = {"git_commit": git_commit(), "machine": platform.processor() or platform.machine(),
                     "cpus": os.cpu_count(), "compressor": {}, "end_to_end": []}  # fmt: skip
-    spf = SyntheticConfig().samples_per_frame
+    spf = FRAME
     print("== the compressor alone (zlib through websockets' permessage-deflate, context takeover)")
     for name, pcm in signals(args.seconds).items():
         for frames in (1, 2, 4, 8):

@@ -6,7 +6,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from omni_stream.chunks import Audio, Chunk, CodecFrames, Image, Latents, TextDelta, VideoFrame
+    from omni_stream.chunks import Audio, Chunk, CodecFrames, Image, TextDelta, VideoChunk
     from omni_stream.requests import SamplingParams, SpeechRequest, TaskType, VoicePrompt
 
 __version__ = "0.1.0"
@@ -17,9 +17,8 @@ _EXPORTS = {
     "Chunk": "omni_stream.chunks",
     "CodecFrames": "omni_stream.chunks",
     "Image": "omni_stream.chunks",
-    "Latents": "omni_stream.chunks",
     "TextDelta": "omni_stream.chunks",
-    "VideoFrame": "omni_stream.chunks",
+    "VideoChunk": "omni_stream.chunks",
     "SamplingParams": "omni_stream.requests",
     "SpeechRequest": "omni_stream.requests",
     "TaskType": "omni_stream.requests",
@@ -31,12 +30,11 @@ __all__ = [
     "Chunk",
     "CodecFrames",
     "Image",
-    "Latents",
     "SamplingParams",
     "SpeechRequest",
     "TaskType",
     "TextDelta",
-    "VideoFrame",
+    "VideoChunk",
     "VoicePrompt",
     "__version__",
 ]

@@ -4,20 +4,25 @@ Every stage consumes and produces these; they are frozen and slotted so a chunk 
 between tasks and threads without copying or locking. Array payloads are never mutated after a
 chunk is built (producers hand over fresh arrays).
 
-Every kind says whether it is the last chunk of its stage (``final``; for images, a non-partial image), so a
-consumer of several stages' outputs knows when each stage is done without waiting for the next chunk.
+:data:`Chunk` lists every kind a stage produces (a video chunk's prompt record, ``ChunkPrompt``, is the video
+pipeline's own: :mod:`omni_stream.video.spec`). Every kind says whether it is the last chunk of its stage
+(``final``; for images, a non-partial image), so a consumer of several stages' outputs knows when each stage is
+done without waiting for the next chunk.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import numpy as np
 import torch
 
 from omni_stream.text.logprobs import TokenLogprob
 from omni_stream.text.tools import ToolCallDelta
+
+if TYPE_CHECKING:
+    from omni_stream.video.spec import ChunkPrompt
 
 
 @dataclass(slots=True, frozen=True)
@@ -46,15 +51,6 @@ class CodecFrames:
     @property
     def n_frames(self) -> int:
         return int(self.codes.shape[0])
-
-
-@dataclass(slots=True, frozen=True)
-class Latents:
-    """Continuous latents (diffusion / flow stages): any shape, any dtype."""
-
-    data: torch.Tensor
-    step: int = 0
-    final: bool = False  # previews come from latents; a diffusion stage's last chunk is an Image
 
 
 @dataclass(slots=True, frozen=True)
@@ -108,15 +104,39 @@ class Image:
 
 
 @dataclass(slots=True, frozen=True)
-class VideoFrame:
-    """One video frame as uint8 ``(h, w, c)`` with its presentation time in seconds."""
+class VideoChunk:
+    """One generated chunk: uint8 ``frames`` ``(n, h, w, 3)``, its ``index`` and first frame number, the playback
+    rate (``fps``), the prompt it was generated with; ``final`` on the last chunk of the video."""
 
-    pixels: np.ndarray
-    pts: float
+    frames: np.ndarray
+    index: int
+    start_frame: int
+    fps: int
+    prompt: ChunkPrompt
     final: bool = False
 
+    def __post_init__(self) -> None:
+        f = self.frames
+        if f.dtype != np.uint8 or f.ndim != 4 or f.shape[3] != 3 or f.shape[0] < 1:
+            raise ValueError(f"VideoChunk.frames must be uint8 (n, h, w, 3), got {f.dtype} {f.shape}")
 
-Chunk = TextDelta | CodecFrames | Latents | Audio | Image | VideoFrame
+    @property
+    def num_frames(self) -> int:
+        return int(self.frames.shape[0])
+
+    @property
+    def pts(self) -> float:
+        """Presentation time of the first frame, seconds."""
+        return self.start_frame / self.fps
+
+    @property
+    def duration(self) -> float:
+        """Seconds of video in this chunk."""
+        return self.num_frames / self.fps
+
+
+Chunk = TextDelta | CodecFrames | Audio | Image | VideoChunk
+"""What a stage yields: text (AR text, ASR), codec codes and audio (speech), images, video chunks."""
 
 C = TypeVar("C")
 

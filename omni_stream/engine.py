@@ -23,8 +23,8 @@ can be generated and not yet delivered is at most ``max_buffered_frames`` in the
 high watermark: the request pauses there, keeping its batch slot), one frame in the talker stage's hands (speech
 pipelines run with unbuffered edges: a sender waits for its receiver), and in the codec stage one window plus the
 frame after it (a window that ends on the frames received so far is handed on once the next frame says it is not
-the last, :func:`omni_stream.speech.stages.codec_stage`): with the defaults 25 + 1 + 8 + 1 = 35 frames (2.8 s) for the
-synthetic family, 25 + 1 + 25 + 1 = 52 (4.2 s) for Qwen3-TTS.
+the last, :func:`omni_stream.speech.stages.codec_stage`): with the defaults 25 + 1 + 25 + 1 = 52 frames (4.2 s) for
+Qwen3-TTS (a family whose longest codec window is 8 frames: 25 + 1 + 8 + 1 = 35).
 Streamed text (an LLM feeding TTS) adds one more unit's speech request and one unit of text in hand
 (:mod:`omni_stream.speech.text_stream`) before the text model's own watermark.
 

@@ -1,4 +1,5 @@
-"""Test-wide settings: one torch thread (these machines have two noisy cores), offline hub."""
+"""Test-wide settings: one torch thread (these machines have two noisy cores), offline hub; the synthetic families of
+``tests/synthetic`` declared to the engine's registry (they are no part of the installed package)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
+import synthetic
 import torch
 
 torch.set_num_threads(1)
+synthetic.register()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -10,9 +10,9 @@ import pytest
 pytest.importorskip("diffusers")
 
 from image_helpers import REWRITE_PREFIX
+from synthetic.lm_family import write_lm_checkpoint
 
 from omni_stream.models.diffusers_image.checkpoint import write_tiny_checkpoint
-from omni_stream.models.synthetic.lm_family import write_lm_checkpoint
 
 
 @pytest.fixture(scope="session")

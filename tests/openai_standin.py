@@ -32,10 +32,10 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from synthetic.lm_family import write_lm_checkpoint
 
 from omni_stream.engine import AsyncEngine
 from omni_stream.errors import InvalidRequestError
-from omni_stream.models.synthetic.lm_family import write_lm_checkpoint
 from omni_stream.requests import GREEDY, ChatMessage, SamplingParams, TextRequest
 
 MODEL = "synthetic-lm"

@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 import soundfile as sf
 from realtime_doubles import energy_vad, write_tone_asr
+from synthetic import write_checkpoint
+from synthetic.lm_family import write_lm_checkpoint
 
 from omni_stream.codecs.resample import resample
 from omni_stream.engine import AsyncEngine, ModelSource
 from omni_stream.family import ModelKind
-from omni_stream.models.synthetic import write_checkpoint
-from omni_stream.models.synthetic.lm_family import write_lm_checkpoint
 
 REAL_MODELS = bool(os.environ.get("OMNI_STREAM_TEST_ASR"))  # exact transcripts hold for the doubles only
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from serving_helpers import LiveServer, make_checkpoint, running_server
+from synthetic import subprocess_env
 
 from omni_stream.realtime.settings import Settings
 
@@ -15,6 +16,12 @@ from omni_stream.realtime.settings import Settings
 @pytest.fixture(scope="session")
 def synthetic_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_checkpoint(tmp_path_factory.mktemp("synthetic"))
+
+
+@pytest.fixture(scope="session")
+def synthetic_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Environment additions under which ``omni-stream serve`` in a subprocess serves synthetic checkpoints."""
+    return subprocess_env(tmp_path_factory.mktemp("synthetic-site"))
 
 
 @pytest.fixture(scope="session")

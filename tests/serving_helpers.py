@@ -22,12 +22,12 @@ import numpy as np
 import pytest
 import soundfile as sf
 import uvicorn
+from synthetic import SyntheticConfig, tone_samples, write_checkpoint
 from websockets.exceptions import ConnectionClosed
 
 from omni_stream.codecs.pcm import to_int16
 from omni_stream.engine import AsyncEngine, ModelSource
 from omni_stream.family import ModelKind
-from omni_stream.models.synthetic import SyntheticConfig, tone_samples, write_checkpoint
 from omni_stream.realtime.app import create_app
 from omni_stream.realtime.graceful import GracefulServer
 from omni_stream.realtime.server import uvicorn_config

@@ -7,10 +7,10 @@ import time
 
 import anyio
 import pytest
+from synthetic import SyntheticConfig, SyntheticTalker, TalkerInput
 from test_scheduler import make, read_all, settle, step, steps_in
 
 from omni_stream.context import RequestContext
-from omni_stream.models.synthetic import SyntheticConfig, SyntheticTalker, TalkerInput
 from omni_stream.scheduler import Scheduler
 from omni_stream.speech.admission import PlaybackAdmission, hold_newcomers
 from omni_stream.worker import DeviceWorker

@@ -12,9 +12,9 @@ import threading
 
 import anyio
 import numpy as np
+from synthetic import SyntheticConfig, tone_samples, write_checkpoint
 
 from omni_stream.engine import AsyncEngine
-from omni_stream.models.synthetic import SyntheticConfig, tone_samples, write_checkpoint
 from omni_stream.requests import RequestState
 
 CONFIG = SyntheticConfig()

@@ -8,10 +8,10 @@ from collections import Counter
 
 import anyio
 import anyio.lowlevel
+from synthetic import write_checkpoint
 
 from omni_stream.engine import AsyncEngine
 from omni_stream.errors import DeadlineExceeded
-from omni_stream.models.synthetic import write_checkpoint
 
 MODES = ("aclose", "task_cancel", "scope_cancel", "consumer_error", "deadline", "break", "complete")
 

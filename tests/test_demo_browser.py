@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from browser_helpers import chromium, skip_without_browser
 from serving_helpers import LiveServer, make_checkpoint, running_server
+from synthetic import SyntheticConfig
 
-from omni_stream.models.synthetic import SyntheticConfig
 from omni_stream.realtime.app import STATIC_DIR
 from omni_stream.realtime.settings import Settings
 from omni_stream.speech.text_split import Granularity, split_text

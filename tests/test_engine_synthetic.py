@@ -10,6 +10,7 @@ import anyio
 import numpy as np
 import pytest
 from prometheus_client import generate_latest
+from synthetic import SyntheticConfig, SyntheticFault, tone_samples, write_checkpoint
 
 from omni_stream.chunks import Audio
 from omni_stream.engine import AsyncEngine
@@ -24,7 +25,6 @@ from omni_stream.errors import (
 )
 from omni_stream.family import SpeechInfo
 from omni_stream.family_registry import register_family, resolve_family
-from omni_stream.models.synthetic import SyntheticConfig, SyntheticFault, tone_samples, write_checkpoint
 from omni_stream.requests import SpeechRequest, TaskType
 
 CONFIG = SyntheticConfig()
@@ -295,7 +295,7 @@ async def test_no_default_model_is_a_clear_error(monkeypatch):
 
 
 async def test_register_family_accepts_a_callable(tmp_path):
-    from omni_stream.models.synthetic import load_family
+    from synthetic import load_family
 
     seen = []
 

@@ -15,12 +15,11 @@ import pytest
 from lm_helpers import tiny_lm_checkpoint
 from serving_helpers import LiveServer, text_server
 from test_serving_cli import free_port, wait_healthy
+from tiny_models import tiny_tts
 
 from omni_stream.errors import ConfigError
 from omni_stream.models.vllm_text.params import engine_args
 from omni_stream.realtime import llm_flags, server
-
-pytest_plugins = ("serving_fixtures",)
 
 SCALE_OUT = [
     "--llm-arg", "tensor_parallel_size=2",
@@ -121,12 +120,12 @@ def lm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         yield server
 
 
-def test_serve_with_an_llm_endpoint_loads_the_remote_model(synthetic_checkpoint, lm_server, tmp_path):
+def test_serve_with_an_llm_endpoint_loads_the_remote_model(lm_server, tmp_path):
     """``omni-stream serve --model TTS --llm-endpoint URL`` as a subprocess: both models load."""
     model = lm_server.engine.models.text().info.model_name
     port = free_port()
     cmd = [sys.executable, "-m", "omni_stream.cli", "serve", "--port", str(port), "--log-level", "warning"]
-    cmd += ["--model", str(synthetic_checkpoint), "--voices-dir", str(tmp_path / "voices")]
+    cmd += ["--model", str(tiny_tts()), "--voices-dir", str(tmp_path / "voices")]
     cmd += ["--llm-endpoint", lm_server.url + "/v1", "--llm-model", model, "--llm-arg", "connect_timeout=3"]
     proc = subprocess.Popen(cmd, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -138,7 +137,7 @@ def test_serve_with_an_llm_endpoint_loads_the_remote_model(synthetic_checkpoint,
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out
-    assert f"{model} (text, openai)" in out and "synthetic-tts (speech, synthetic_tts)" in out, out
+    assert f"{model} (text, openai)" in out and "(speech, qwen3_tts)" in out, out
 
 
 def test_serve_refuses_unknown_remote_options_at_start(lm_server):

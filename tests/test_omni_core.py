@@ -8,13 +8,13 @@ import threading
 
 import numpy as np
 import pytest
+from synthetic import SyntheticConfig, tone_samples, write_checkpoint
+from synthetic.lm_family import write_lm_checkpoint
 
 from omni_stream.chunks import Audio, StageOutput, TextDelta
 from omni_stream.engine import AsyncEngine, ModelSource
 from omni_stream.errors import InvalidRequestError, RequestCancelled
 from omni_stream.family import ModelKind
-from omni_stream.models.synthetic import SyntheticConfig, tone_samples, write_checkpoint
-from omni_stream.models.synthetic.lm_family import write_lm_checkpoint
 from omni_stream.pipeline_specs import MissingModelError
 from omni_stream.requests import ChatMessage, ChatRequest, Role, SpeechRequest, SpokenReply, TextRequest
 from omni_stream.scheduler import Scheduler

@@ -153,6 +153,24 @@ def test_unset_sampling_takes_the_checkpoint_defaults(cv) -> None:
     assert prepare_request(SpeechRequest(text="Hello.", voice="ryan", sampling=mine), cfg, tok).sampling == mine
 
 
+def test_the_checkpoint_bounds_the_default_frame_budget_and_a_request_its_own(cv) -> None:
+    """``generation_config.json``'s ``max_new_tokens`` caps what a request that names no bound generates (as the
+    reference's generate() defaults to it); a request's own ``max_new_tokens`` is kept as asked."""
+    from omni_stream.models.qwen3_tts.config import GenerationDefaults
+    from omni_stream.models.qwen3_tts.prompt import prepare_request
+    from omni_stream.speech.limits import frame_budget
+
+    cfg, tok, _ = cv
+    text = "Hello there, a sentence of some length."
+    assert prepare_request(SpeechRequest(text=text), cfg, tok).max_new_tokens == frame_budget(text)
+    capped = GenerationDefaults(max_new_tokens=7)
+    assert prepare_request(SpeechRequest(text=text), cfg, tok, defaults=capped).max_new_tokens == 7
+    asked = SpeechRequest(text=text, max_new_tokens=30)
+    assert prepare_request(asked, cfg, tok, defaults=capped).max_new_tokens == 30
+    roomy = GenerationDefaults(max_new_tokens=8192)
+    assert prepare_request(SpeechRequest(text=text), cfg, tok, defaults=roomy).max_new_tokens == frame_budget(text)
+
+
 def _prompts_of_every_layout(cv, base) -> list[tuple[tuple, list]]:
     """CustomVoice prompts (speaker ids, a dialect, instructions) and Base ones (x-vector alone, in-context with
     short and long references), each streaming and not."""

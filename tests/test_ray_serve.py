@@ -1,5 +1,11 @@
 """The real app as a Ray Serve deployment on a local cluster (loopback): 2 replicas of the synthetic model.
 
+Why the synthetic TTS (``tests/synthetic``, found by the replicas through its entry point on ``PYTHONPATH``) and
+not the tiny Qwen3-TTS: these tests hold paced streams of 8 to 16 s of audio, drain them through a redeploy and
+check every byte, so the replicas must speak faster than real time, exactly as long as asked, on two shared cores;
+the tiny random Qwen3-TTS runs at about real time there. ``tests/test_ray_cli.py`` serves the tiny Qwen3-TTS
+through ``omni-stream serve --ray``.
+
 Each test talks to Ray's HTTP proxy with real clients (httpx, websockets). ``x-omni-stream-replica`` tells
 which replica answered; a replica's own /metrics is read by asking until that replica answers.
 Runs in its own CI tier (``.ci/run``: a venv with ``.[dev,ray]``); skipped where Ray is not installed.
@@ -28,6 +34,7 @@ import ray
 from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 from serving_helpers import expected_tone, make_checkpoint, pcm16, wav_bytes
+from synthetic import subprocess_env
 from websockets.sync.client import connect
 
 from omni_stream.realtime.ray_serve import APP_NAME, EngineSpec, RayOptions, build_application
@@ -86,6 +93,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     voices = tmp_path_factory.mktemp("ray-voices")
     port = _free_port()
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
+    # the replicas are Ray's worker processes: they inherit the environment that finds the synthetic families
+    os.environ.update(subprocess_env(tmp_path_factory.mktemp("synthetic-site")))
     ray.init(
         address="local",
         num_cpus=2,

@@ -7,11 +7,11 @@ from contextlib import AsyncExitStack
 
 import anyio
 import pytest
+from synthetic import SyntheticConfig, SyntheticFault, SyntheticTalker, TalkerInput
+from synthetic.config import Faults
 
 from omni_stream.context import RequestContext
 from omni_stream.errors import DeadlineExceeded, EngineClosed
-from omni_stream.models.synthetic import SyntheticConfig, SyntheticFault, SyntheticTalker, TalkerInput
-from omni_stream.models.synthetic.config import Faults
 from omni_stream.requests import RequestState
 from omni_stream.scheduler import Scheduler
 from omni_stream.worker import DeviceWorker

@@ -9,9 +9,9 @@ import numpy as np
 import openai
 import pytest
 from serving_helpers import running_server
+from synthetic import SyntheticConfig, tone_samples, write_checkpoint
+from synthetic.lm_family import write_lm_checkpoint
 
-from omni_stream.models.synthetic import SyntheticConfig, tone_samples, write_checkpoint
-from omni_stream.models.synthetic.lm_family import write_lm_checkpoint
 from omni_stream.realtime.settings import Settings
 
 CONFIG = SyntheticConfig()

@@ -60,10 +60,11 @@ def serve(args: list[str], env: dict[str, str], sig: int = signal.SIGINT) -> tup
     return out, [m["id"] for m in models["data"]]
 
 
-def test_serve_subcommand_stops_cleanly_on_sigterm(synthetic_checkpoint, tmp_path):
+def test_serve_subcommand_stops_cleanly_on_sigterm(synthetic_checkpoint, synthetic_env, tmp_path):
     args = ["--model", str(synthetic_checkpoint), "--voices-dir", str(tmp_path / "voices"), "--threads", "2"]
     args += ["--tune", "step_ahead=off"]
-    out, models = serve(args, {"OMNI_STREAM_API_KEY": "k", "OMNI_STREAM_ADMISSION": "on"}, signal.SIGTERM)
+    env = {"OMNI_STREAM_API_KEY": "k", "OMNI_STREAM_ADMISSION": "on", **synthetic_env}
+    out, models = serve(args, env, signal.SIGTERM)
     assert models == [MODEL] and "loaded synthetic-tts" in out
     assert (tmp_path / "voices").is_dir()
     assert "API key required on /v1 routes" in out and "; API key required;" in out  # the banner says auth is on
@@ -149,7 +150,7 @@ def test_serve_reports_a_missing_model_without_downloading(tmp_path):
     assert str(tmp_path / "hub") in proc.stderr and not (tmp_path / "hub" / "models--omni-stream-tests").exists()
 
 
-def test_sigterm_with_an_http_stream_and_an_open_websocket(tmp_path):
+def test_sigterm_with_an_http_stream_and_an_open_websocket(synthetic_env, tmp_path):
     """Shutdown lets the in-flight HTTP stream finish, closes the WebSocket with 1001, and exits 0 promptly."""
     from serving_helpers import make_checkpoint
     from websockets.exceptions import ConnectionClosed
@@ -159,7 +160,8 @@ def test_sigterm_with_an_http_stream_and_an_open_websocket(tmp_path):
     port = free_port()
     cmd = [sys.executable, "-m", "omni_stream.cli", "serve", "--port", str(port), "--log-level", "warning"]
     cmd += ["--model", str(checkpoint), "--voices-dir", str(tmp_path / "voices")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {**os.environ, **synthetic_env}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     text = "A long sentence that keeps the stream busy for a while. " * 5
     try:
         url = f"http://127.0.0.1:{port}"

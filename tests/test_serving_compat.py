@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 from serving_helpers import MODEL, RATE, expected_tone, make_checkpoint, pcm16, running_server, wav_bytes
+from synthetic.config import SyntheticConfig, tone_samples
+from synthetic.family import _prompt_tone
 
-from omni_stream.models.synthetic.config import SyntheticConfig, tone_samples
-from omni_stream.models.synthetic.family import _prompt_tone
 from omni_stream.realtime.common.errors import ApiError
 from omni_stream.realtime.settings import Settings
 from omni_stream.realtime.speech.batch import merge_items

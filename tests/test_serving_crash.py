@@ -1,4 +1,6 @@
-"""A server killed (SIGKILL) during a voice upload leaves no half-written voice; a restart restores the rest."""
+"""A server killed (SIGKILL) during a voice upload leaves no half-written voice; a restart restores the rest.
+
+The server is ``omni-stream serve`` on the tiny Qwen3-TTS Base checkpoint (the family that clones uploaded voices)."""
 
 from __future__ import annotations
 
@@ -11,8 +13,7 @@ import sys
 import httpx
 from serving_helpers import wav_bytes
 from test_serving_cli import free_port, wait_healthy
-
-pytest_plugins = ("serving_fixtures",)
+from tiny_models import tiny_tts
 
 BOUNDARY = "omni-stream-test-boundary"
 
@@ -38,11 +39,12 @@ def _start(checkpoint, voices_dir, port: int) -> subprocess.Popen:
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def test_sigkill_mid_upload_leaves_no_half_voice_and_restart_restores(synthetic_checkpoint, tmp_path):
+def test_sigkill_mid_upload_leaves_no_half_voice_and_restart_restores(tmp_path):
+    checkpoint = tiny_tts("base")
     voices_dir = tmp_path / "voices"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = _start(synthetic_checkpoint, voices_dir, port)
+    proc = _start(checkpoint, voices_dir, port)
     try:
         wait_healthy(url, proc)
         ok = httpx.post(
@@ -71,7 +73,7 @@ def test_sigkill_mid_upload_leaves_no_half_voice_and_restart_restores(synthetic_
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = _start(synthetic_checkpoint, voices_dir, port)
+    proc = _start(checkpoint, voices_dir, port)
     try:
         wait_healthy(url, proc)
         listing = httpx.get(f"{url}/v1/audio/voices", timeout=10).json()

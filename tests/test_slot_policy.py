@@ -11,12 +11,12 @@ from contextlib import AsyncExitStack
 
 import anyio
 import pytest
+from synthetic import TalkerInput
 from test_scheduler import make, read_all, settle, step
 
 from omni_stream.engine import AsyncEngine
 from omni_stream.models.qwen3_tts.checkpoint import write_tiny_checkpoint
 from omni_stream.models.qwen3_tts.options import Qwen3TTSOptions
-from omni_stream.models.synthetic import TalkerInput
 from omni_stream.requests import GREEDY, SpeechRequest
 
 

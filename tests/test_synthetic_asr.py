@@ -7,19 +7,19 @@ from collections import Counter
 
 import numpy as np
 import pytest
-
-from omni_stream.chunks import Audio
-from omni_stream.engine import AsyncEngine, ModelSource
-from omni_stream.errors import ConfigError, InvalidRequestError
-from omni_stream.family import ModelKind
-from omni_stream.models.synthetic import tone_hz, write_checkpoint
-from omni_stream.models.synthetic.asr_family import (
+from synthetic import tone_hz, write_checkpoint
+from synthetic.asr_family import (
     Segment,
     SyntheticASRFault,
     segments,
     transcript_words,
     write_asr_checkpoint,
 )
+
+from omni_stream.chunks import Audio
+from omni_stream.engine import AsyncEngine, ModelSource
+from omni_stream.errors import ConfigError, InvalidRequestError
+from omni_stream.family import ModelKind
 from omni_stream.transcription.spec import TranscriptionRequest
 
 

@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from omni_stream.chunks import VideoChunk
 from omni_stream.context import RequestContext
 from omni_stream.errors import InvalidRequestError
 from omni_stream.family import ModelInfo, ModelKind
@@ -270,38 +271,6 @@ class PromptSchedule:
 
 
 # --- chunks, the family protocol, the pipeline ------------------------------------------------------------------
-
-
-@dataclass(slots=True, frozen=True)
-class VideoChunk:
-    """One generated chunk: uint8 ``frames`` ``(n, h, w, 3)``, its ``index`` and first frame number, the playback
-    rate (``fps``), the prompt it was generated with; ``final`` on the last chunk of the video."""
-
-    frames: np.ndarray
-    index: int
-    start_frame: int
-    fps: int
-    prompt: ChunkPrompt
-    final: bool = False
-
-    def __post_init__(self) -> None:
-        f = self.frames
-        if f.dtype != np.uint8 or f.ndim != 4 or f.shape[3] != 3 or f.shape[0] < 1:
-            raise ValueError(f"VideoChunk.frames must be uint8 (n, h, w, 3), got {f.dtype} {f.shape}")
-
-    @property
-    def num_frames(self) -> int:
-        return int(self.frames.shape[0])
-
-    @property
-    def pts(self) -> float:
-        """Presentation time of the first frame, seconds."""
-        return self.start_frame / self.fps
-
-    @property
-    def duration(self) -> float:
-        """Seconds of video in this chunk."""
-        return self.num_frames / self.fps
 
 
 @runtime_checkable

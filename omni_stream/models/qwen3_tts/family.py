@@ -180,7 +180,9 @@ class Qwen3TTSFamily:
                 with ctx.fail_after("voice prompt extraction"):
                     voice_prompt = await self.create_voice_prompt(request.ref_audio, request.ref_sample_rate, ref_text)
             talker_request = await run_prepare(
-                lambda: prepare_request(request, self.config, self.tokenizer, voice_prompt=voice_prompt)
+                lambda: prepare_request(
+                    request, self.config, self.tokenizer, voice_prompt=voice_prompt, defaults=self.defaults
+                )
             )
             prompt = talker_request.prompt
             frames = fit_context(prompt.prefill_len, talker_request.max_new_tokens, context, explicit=explicit)

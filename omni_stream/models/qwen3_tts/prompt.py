@@ -200,7 +200,9 @@ def prepare_request(
     defaults: GenerationDefaults | None = None,
 ) -> TalkerRequest:
     """:func:`build_prompt` plus the request's generation settings; unset sampling comes from ``defaults``
-    (the checkpoint's ``generation_config.json``; None: the reference defaults). The request's
+    (the checkpoint's ``generation_config.json``; None: the reference defaults), and so does the ceiling of the
+    default frame budget (its ``max_new_tokens``: a request that names none generates at most the smaller of that
+    and :func:`~omni_stream.speech.limits.frame_budget` of its text; one that names it gets it). The request's
     :class:`~.options.Qwen3TTSOptions` give the code predictor's sampling and the prompt layout (``non_streaming``
     overrides it)."""
     if not isinstance(request.text, str):
@@ -209,9 +211,12 @@ def prepare_request(
     layout = options.non_streaming_mode if non_streaming is None else non_streaming
     prompt = build_prompt(request, cfg, tokenizer, voice_prompt=voice_prompt, non_streaming=layout)
     gen = defaults or GenerationDefaults()
+    frames = resolved_max_new_tokens(request.text, request.max_new_tokens)
+    if request.max_new_tokens is None:
+        frames = min(frames, gen.max_new_tokens)
     return TalkerRequest(
         prompt=prompt,
-        max_new_tokens=resolved_max_new_tokens(request.text, request.max_new_tokens),
+        max_new_tokens=frames,
         sampling=request.sampling or gen.talker_sampling(),
         subtalker_sampling=options.subtalker_sampling or gen.subtalker_sampling(),
         seed=request.seed,

@@ -16,20 +16,20 @@ import numpy as np
 from omni_stream.context import RequestContext
 from omni_stream.family import LoadContext, ModelKind, SpeechInfo
 from omni_stream.metrics import EngineMetrics
-from omni_stream.models.synthetic.config import Faults, SyntheticConfig
-from omni_stream.models.synthetic.model import (
-    SyntheticCodec,
-    SyntheticFault,
-    SyntheticTalker,
-    TalkerInput,
-    parse_faults,
-)
 from omni_stream.pipeline import Stage
 from omni_stream.requests import SpeechRequest, TaskType, VoicePrompt
 from omni_stream.scheduler import Scheduler
 from omni_stream.speech.limits import MAX_INPUT_CHARS, resolved_max_new_tokens
 from omni_stream.speech.stages import CodecWindow, WindowDecode, codec_stage, talker_stage
 from omni_stream.worker import DeviceWorker
+from synthetic.config import Faults, SyntheticConfig
+from synthetic.model import (
+    SyntheticCodec,
+    SyntheticFault,
+    SyntheticTalker,
+    TalkerInput,
+    parse_faults,
+)
 
 _X_VECTOR_DIM = 8
 

@@ -27,13 +27,13 @@ from omni_stream.context import RequestContext
 from omni_stream.errors import ConfigError
 from omni_stream.family import LoadContext, ModelKind
 from omni_stream.metrics import EngineMetrics
-from omni_stream.models.synthetic.config import check_keys, write_config
 from omni_stream.pipeline import Stage
 from omni_stream.runtime.step_record import StepRecord
 from omni_stream.scheduler import Scheduler
 from omni_stream.transcription.spec import TranscriptionInfo, TranscriptionRequest
 from omni_stream.transcription.stage import batched_transcription_stage, check_samples
 from omni_stream.worker import DeviceWorker
+from synthetic.config import check_keys, write_config
 
 MODEL_TYPE = "synthetic_asr"
 

@@ -18,9 +18,9 @@ import torch
 
 from omni_stream.batch_model import Batch, SeqOutput
 from omni_stream.chunks import CodecFrames
-from omni_stream.models.synthetic.config import Faults, SyntheticConfig, tone_samples
 from omni_stream.runtime.step_record import StepRecord
 from omni_stream.speech.stages import CodecWindow
+from synthetic.config import Faults, SyntheticConfig, tone_samples
 
 
 class SyntheticFault(RuntimeError):

@@ -22,7 +22,6 @@ from omni_stream.context import RequestContext
 from omni_stream.errors import ConfigError
 from omni_stream.family import LoadContext, ModelKind, TextInfo
 from omni_stream.metrics import EngineMetrics
-from omni_stream.models.synthetic.config import check_keys, write_config
 from omni_stream.pipeline import Stage
 from omni_stream.requests import Role, TextRequest
 from omni_stream.runtime.step_record import StepRecord
@@ -30,6 +29,7 @@ from omni_stream.scheduler import Scheduler
 from omni_stream.text.stage import text_generation_stage
 from omni_stream.validation.text import fit_prompt, prompt_field
 from omni_stream.worker import DeviceWorker
+from synthetic.config import check_keys, write_config
 
 MODEL_TYPE = "synthetic_lm"
 _WORD = re.compile(r"\s*\S+")
