@@ -9,15 +9,18 @@ step source has a :class:`WorkClass`:
   that has not produced its first audio yet, or produces no audio (text), now.
 - ``THROUGHPUT``: work measured in items per second (denoising steps of images, video chunks). No listener waits
   on one step of it, so it runs when the realtime streams can spare the time: when every live realtime stream keeps
-  more slack than the throughput step is expected to take (``margin`` on top), or when it has waited ``max_wait``
-  (the fairness bound: it is never starved, even under a full realtime load).
+  more slack than the step holds the device (``margin`` on top: the longest stretch of it between two yield points,
+  where realtime work that falls due runs, see :meth:`~omni_stream.worker.DeviceWorker.yield_point`; its whole
+  step where it has none), or when it has waited ``max_wait`` (the fairness bound: it is never starved, even under
+  a full realtime load).
 
 A realtime source whose streams all hold ``yield_slack`` seconds or more yields to a throughput step (a stream
 with seconds buffered waits for one that is about to underrun, and for throughput work); among realtime sources
 the earliest deadline runs first. Jobs (one-off and batched; the codec's windows, prompt preparation) are realtime.
 
 A step is the unit: no job holds the device longer than one step of its model (one decode step, one denoising
-step, one VAE decode), so a realtime step waits at most one throughput step.
+step, one VAE decode), so a realtime step waits at most one throughput step, and where the model has yield points
+only until the next one.
 
 Its switches are fields of the tuning object (:class:`~omni_stream.runtime.settings.Tuning`: ``device_policy``,
 ``throughput_wait_ms``, ``throughput_stream``); :meth:`DevicePolicy.from_tuning` reads them.
@@ -85,7 +88,7 @@ class DevicePolicy:
 class Ready:
     """A runnable step source as the policy sees it. ``deadline``: realtime, when its most urgent stream runs dry
     (``perf_counter`` s; None: as soon as possible). ``since``: throughput, when it last ran or became runnable.
-    ``cost``: throughput, the seconds one step is expected to take."""
+    ``cost``: throughput, the seconds one step is expected to hold the device without a yield point."""
 
     key: Hashable
     deadline: float | None = None

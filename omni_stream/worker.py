@@ -188,7 +188,11 @@ class DeviceWorker:
         self.log: deque[WorkRecord] = deque(maxlen=LOG_SIZE)
         self._log_seq = itertools.count()
         self._since: dict[int, float] = {}  # id(throughput source) -> when it last ran or became runnable
-        self._cost: dict[int, float] = {}  # id(throughput source) -> its step's expected seconds
+        # id(throughput source) -> the longest its step keeps the device without a yield point (seconds, an EMA):
+        # what a realtime stream must be able to spare for it to run (its whole step where it has none)
+        self._cost: dict[int, float] = {}
+        self._last_yield = 0.0  # the step's start or its last live yield point (worker thread only)
+        self._max_gap = 0.0
 
     @property
     def closed(self) -> bool:
@@ -395,6 +399,7 @@ class DeviceWorker:
         throughput = work_class is WorkClass.THROUGHPUT
         if throughput:
             self._in_throughput, self._nested, self._stepping = True, 0.0, source
+            self._last_yield, self._max_gap = t0, 0.0
         try:
             if throughput and self._throughput_context is not None:
                 with self._throughput_context():
@@ -411,8 +416,8 @@ class DeviceWorker:
             key = id(source)
             with self.cond:
                 previous = self._cost.get(key)
-                spent = now - t0 - self._nested  # its own time: not the realtime work run at its yield points
-                self._cost[key] = spent if previous is None else previous + COST_EMA * (spent - previous)
+                held = max(self._max_gap, now - self._last_yield)
+                self._cost[key] = held if previous is None else previous + COST_EMA * (held - previous)
                 self._since[key] = now
 
     def yield_point(self) -> None:
@@ -431,6 +436,8 @@ class DeviceWorker:
         if _in_greenlet():
             return
         t0 = time.perf_counter()
+        self._max_gap = max(self._max_gap, t0 - self._last_yield)
+        self._last_yield = t0
         if t0 < self._next_yield_check or self._nested >= self.policy.max_wait:
             return  # the step has given realtime work its share: it runs to its end (the fairness bound)
         self._next_yield_check = t0 + YIELD_CHECK_S
@@ -464,7 +471,8 @@ class DeviceWorker:
                     for source in due:
                         self._step(source, "")
         finally:
-            self._nested += time.perf_counter() - t0
+            self._last_yield = time.perf_counter()
+            self._nested += self._last_yield - t0
             self._in_throughput = True
 
     def _due_realtime(self, now: float) -> tuple[list[StepSource], float | None]:
