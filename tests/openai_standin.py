@@ -246,7 +246,9 @@ class StandIn:
 def running_standin(directory: Path, api_key: str | None = None) -> Iterator[StandIn]:
     """Serve the stand-in on 127.0.0.1 until the block ends."""
     checkpoint = write_lm_checkpoint(directory / "synthetic-lm", max_context=MAX_CONTEXT)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio turns Nagle's algorithm off only on sockets that say TCP (with it on, a kept-alive
+    # client waits 40 ms for each response's second segment, the delayed ACK)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     standin = StandIn(f"http://127.0.0.1:{sock.getsockname()[1]}", api_key)

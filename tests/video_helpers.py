@@ -30,7 +30,9 @@ def video_server(checkpoint: Path, settings: Settings | None = None, sndbuf: int
         return await AsyncEngine.from_pretrained(checkpoint, progress=False)
 
     app = create_app(load, settings or Settings())
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio turns Nagle's algorithm off only on sockets that say TCP (with it on, a kept-alive
+    # client waits 40 ms for each response's second segment, the delayed ACK)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if sndbuf is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)

@@ -64,13 +64,30 @@ class PrivateState:
         return self.state
 
 
+Codes = torch.Tensor | tuple[torch.Tensor, ...]
+"""A window's codes ``[n, 16]``: one tensor, or the talker's pieces in frame order, joined by the worker's job."""
+Context = torch.Tensor | np.ndarray | None
+"""ICL reference codes ``[T, 16]`` to feed before a request's first window (made a tensor by the worker's job)."""
+
+
+def _joined(codes: Codes) -> torch.Tensor:
+    """A window's codes as one tensor: the pieces are joined here, in the worker's job, never on the event loop."""
+    if isinstance(codes, torch.Tensor):
+        return codes
+    return codes[0] if len(codes) == 1 else torch.cat(codes)
+
+
+def _context(context: Context) -> torch.Tensor | None:
+    return None if context is None else torch.as_tensor(context, dtype=torch.long)
+
+
 @dataclass(slots=True, eq=False)
 class CodecWindow:
     """One request's next window: ``codes [n, 16]``; ``context`` frames are fed first without output (ICL)."""
 
     state: PrivateState
-    codes: torch.Tensor
-    context: torch.Tensor | None = None
+    codes: Codes
+    context: Context = None
 
 
 @dataclass(slots=True, eq=False)
@@ -78,9 +95,9 @@ class SlotWindow:
     """One request's next window on a :class:`CodecWindows` row; ``fresh`` marks its first window."""
 
     slot: int
-    codes: torch.Tensor
+    codes: Codes
     fresh: bool
-    context: torch.Tensor | None = None
+    context: Context = None
     first: bool = False  # the request's first window: its job is waited for at once
     final: bool = False  # the request's last window: the row is not decoded again (it may be padded)
     audio: concurrent.futures.Future[np.ndarray] = field(default_factory=concurrent.futures.Future)
@@ -98,7 +115,7 @@ class LiveCount:
 def _prime_contexts(pool: CodecWindows, jobs: list[SlotWindow]) -> None:
     for job in jobs:
         if job.context is not None:
-            pool.prime(job.slot, job.context)
+            pool.prime(job.slot, _context(job.context))
             job.context, job.fresh = None, False
 
 
@@ -106,7 +123,7 @@ def decode_slot_windows(pool: CodecWindows, jobs: list[SlotWindow]) -> list[np.n
     """Batched job (device worker): equal-length windows of several requests, each on its own state row."""
     _prime_contexts(pool, jobs)
     return pool.decode(
-        [j.slot for j in jobs], [j.codes for j in jobs], [j.fresh for j in jobs], [j.final for j in jobs]
+        [j.slot for j in jobs], [_joined(j.codes) for j in jobs], [j.fresh for j in jobs], [j.final for j in jobs]
     )
 
 
@@ -130,7 +147,7 @@ def issue_slot_windows(
     the job is its request's first (the wait is then the first chunk's latency, which nothing should add to)."""
     _prime_contexts(pool, jobs)
     pending = pool.issue(
-        [j.slot for j in jobs], [j.codes for j in jobs], [j.fresh for j in jobs], [j.final for j in jobs]
+        [j.slot for j in jobs], [_joined(j.codes) for j in jobs], [j.fresh for j in jobs], [j.final for j in jobs]
     )
 
     def then(error: BaseException | None) -> None:
@@ -165,11 +182,12 @@ def decode_codec_windows(decoder: CodecDecoder, windows: list[CodecWindow]) -> l
     """Batched job (device worker): decode equal-length windows of several requests, each with its own state."""
     states = [w.state.get(decoder) for w in windows]
     for w, state in zip(windows, states, strict=True):
-        if w.context is not None:
-            prime(decoder, w.context.T.unsqueeze(0), state)
+        context = _context(w.context)
+        if context is not None:
+            prime(decoder, context.T.unsqueeze(0), state)
             w.context = None
     device = next(decoder.parameters()).device
-    codes = [w.codes.T.unsqueeze(0).to(device) for w in windows]
+    codes = [_joined(w.codes).T.unsqueeze(0).to(device) for w in windows]
     audio = decode_windows(decoder, codes, states)
     return [a[0].cpu().numpy().astype(np.float32, copy=False) for a in audio]
 
@@ -229,10 +247,12 @@ def codec_stage(
         state = PrivateState() if slot is None else None
 
         async def decode(ctx: RequestContext, window: SharedWindow) -> np.ndarray:
-            codes, n = window.codes(), window.n_frames
-            context = None
+            # The window's pieces and the reference go to the worker as they are: joining and converting them is
+            # tensor work, which runs in the job, not here on the event loop.
+            codes, n = window.pieces, window.n_frames
+            context: Context = None
             if window.index == 0 and reference is not None and reference.codes is not None:
-                context = torch.as_tensor(reference.codes, dtype=torch.long)  # set by the talker's prompt
+                context = reference.codes  # set by the talker's prompt
             first = window.index == 0
             with ctx.fail_after("codec decode"):
                 if slot is None:
