@@ -114,8 +114,9 @@ class LiveCount:
 
 def _prime_contexts(pool: CodecWindows, jobs: list[SlotWindow]) -> None:
     for job in jobs:
-        if job.context is not None:
-            pool.prime(job.slot, _context(job.context))
+        context = _context(job.context)
+        if context is not None:
+            pool.prime(job.slot, context)
             job.context, job.fresh = None, False
 
 
