@@ -1,5 +1,6 @@
-"""Serving test fixtures (load with ``pytest_plugins = ("serving_fixtures",)``): a synthetic checkpoint and a
-shared live server, both session-scoped."""
+"""Serving test fixtures (load with ``pytest_plugins = ("serving_fixtures",)``), session-scoped: the shared server
+on the tiny Qwen3-TTS (``tts_server``), and the synthetic checkpoint and its server (``live_server``) for the tests
+that need the synthetic TTS's tones or fault markers."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from serving_helpers import LiveServer, make_checkpoint, running_server
+from serving_helpers import LiveServer, make_checkpoint, running_server, tts_checkpoint
 from synthetic import subprocess_env
 
 from omni_stream.realtime.settings import Settings
@@ -28,4 +29,14 @@ def synthetic_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def live_server(synthetic_checkpoint: Path) -> Iterator[LiveServer]:
     """The shared server: default settings, no auth, voices in memory only."""
     with running_server(synthetic_checkpoint, Settings(ws_config_timeout=2.0, ws_idle_timeout=5.0)) as live:
+        yield live
+
+
+@pytest.fixture(scope="session")
+def tts_server() -> Iterator[LiveServer]:
+    """The shared server on the tiny Qwen3-TTS CustomVoice (``serving_helpers.tts_checkpoint``): default settings
+    but short socket timeouts and the benchmark fields (``ignore_eos``: an exact number of frames), no auth, voices
+    in memory only."""
+    settings = Settings(ws_config_timeout=2.0, ws_idle_timeout=5.0, enable_benchmark_fields=True)
+    with running_server(tts_checkpoint(), settings) as live:
         yield live

@@ -1,7 +1,10 @@
 """Serving test helpers: a real uvicorn server on 127.0.0.1 (random free port, background thread), real engine.
 
-The engine is built inside the server's lifespan from a synthetic checkpoint (deterministic tones), so
-tests can check every sample; ``LiveServer.family`` exposes its scheduler and talker for step counts.
+The engine is built inside the server's lifespan. The speech tests serve the tiny Qwen3-TTS CustomVoice checkpoint
+of :func:`tts_checkpoint` (greedy, :data:`TTS_FRAMES` frames when a request names no bound: the same text in the
+same voice gives the same audio, so two ways of asking are compared sample by sample); the tests that keep the
+synthetic TTS (``tests/synthetic``: deterministic tones, fault markers) say why. ``LiveServer.family`` exposes the
+speech family (its scheduler for step counts and step hooks, :func:`step_hook`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import numpy as np
 import pytest
 import soundfile as sf
@@ -36,6 +40,16 @@ from omni_stream.realtime.settings import Settings
 MODEL = "synthetic-tts"
 RATE = 24000
 VOICE_TONES = {"alice": 1, "bob": 2, "carol": 3, "dave": 4}
+FRAME = 1920  # samples per 80 ms codec frame at 24 kHz (Qwen3-TTS and the synthetic TTS alike)
+TTS_FRAMES = 9  # frames the tests' Qwen3-TTS speaks for a request without max_new_tokens (greedy, capped)
+
+
+def tts_checkpoint() -> Path:
+    """The tiny Qwen3-TTS CustomVoice checkpoint of the speech route tests (``tiny_models.tiny_tts``: greedy both
+    code predictors, ``max_new_tokens`` ``TTS_FRAMES + 1`` in its generation config, built once per machine)."""
+    from tiny_models import tiny_tts
+
+    return tiny_tts("custom_voice", greedy_frames=TTS_FRAMES + 1)
 
 
 @dataclass
@@ -164,12 +178,50 @@ def encoder_meets_first_step(live: LiveServer, monkeypatch: pytest.MonkeyPatch) 
             met.append(("step", open_began.wait(10.0)))
 
     monkeypatch.setattr(AudioOut, "open", classmethod(meeting_open))
-    talker = live.family.talker
-    talker.before_step = meeting_step
-    try:
+    with step_hook(live, meeting_step):
         yield met
+
+
+@contextlib.contextmanager
+def step_hook(live: LiveServer, before: Any, kind: str = "speech") -> Iterator[None]:
+    """``before(batch)`` runs on the device worker at the start of every step of the ``kind`` model's scheduler
+    (raise from it to fail the step's batch), until the block ends."""
+    model = live.engine.models.get(kind).scheduler.model
+    step = model.step
+
+    def hooked(batch: Any) -> Any:
+        before(batch)
+        return step(batch)
+
+    model.step = hooked
+    try:
+        yield
     finally:
-        talker.before_step = None
+        del model.step  # the class's own method again
+
+
+_SPOKEN: dict[tuple[str, str, str, str], bytes] = {}
+
+
+def spoken(live: LiveServer, voice: str, text: str, **fields: Any) -> bytes:
+    """The PCM16 bytes ``live`` speaks for ``text`` in ``voice`` (and the request ``fields``) when asked for a whole
+    PCM body over HTTP (asked once per server). On the tests' greedy Qwen3-TTS every other way of asking (a stream,
+    a WebSocket unit, SSE) gives these samples: a route's audio is checked against them."""
+    key = (live.url, voice, text, json.dumps(fields, sort_keys=True))
+    if key not in _SPOKEN:
+        body = {"input": text, "voice": voice, "response_format": "pcm", **fields}
+        r = httpx.post(f"{live.url}/v1/audio/speech", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        _SPOKEN[key] = r.content
+    return _SPOKEN[key]
+
+
+def assert_same_pcm(got: bytes, want: bytes) -> None:
+    """PCM16 ``got`` is ``want`` but for one 16-bit step a sample: what a request batched with others gives (its
+    rows computed in other shapes round differently), where one alone gives ``want`` to the byte."""
+    a, b = np.frombuffer(got, "<i2").astype(np.int32), np.frombuffer(want, "<i2").astype(np.int32)
+    assert a.size == b.size and a.size > 0, (a.size, b.size)
+    assert int(np.abs(a - b).max()) <= 1
 
 
 def make_checkpoint(directory: Path, **options: Any) -> Path:

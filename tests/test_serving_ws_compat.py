@@ -1,11 +1,12 @@
-"""The speech WebSocket's vLLM-Omni session fields: text_input_mode, word_timestamps, unknown fields and values."""
+"""The speech WebSocket's vLLM-Omni session fields: text_input_mode, word_timestamps, unknown fields and values, on
+the tiny Qwen3-TTS (each unit's audio compared with what the model says for its text over HTTP)."""
 
 from __future__ import annotations
 
 import contextlib
 
 import pytest
-from serving_helpers import Session, expected_tone, pcm16, units_of
+from serving_helpers import FRAME, Session, assert_same_pcm, spoken, units_of
 from websockets.sync.client import connect
 
 from omni_stream.realtime.speech.text_commit import TextCommitter, commit_text, forced_cut
@@ -21,6 +22,11 @@ _open = contextlib.ExitStack()
 def _close_clients():
     yield
     _open.close()
+
+
+@pytest.fixture(scope="module")
+def live_server(tts_server):
+    return tts_server
 
 
 def session(live_server, **config) -> Session:
@@ -65,7 +71,7 @@ def test_committer_buffers_like_the_splitter():
 
 
 def test_committed_spans_are_synthesized_as_they_arrive(live_server):
-    s = session(live_server, voice="alice", response_format="pcm", text_input_mode="commitment", language="English")
+    s = session(live_server, voice="vivian", response_format="pcm", text_input_mode="commitment", language="English")
     s.send(type="input.text", text="Hello there, how are")
     first = s.until("audio.done")  # before input.done: the committed span is already speaking
     assert first[0][1]["sentence_text"] == "Hello there," and first[0][1]["sentence_index"] == 0
@@ -77,8 +83,9 @@ def test_committed_spans_are_synthesized_as_they_arrive(live_server):
     units = units_of(first + second + rest)
     assert [u["start"]["sentence_text"] for u in units] == ["Hello there,", "how are you today?", "Fine"]
     assert rest[-1][1] == {"type": "session.done", "utterance_index": 0, "total_sentences": 3}
-    for u in units:
-        assert b"".join(u["frames"]) == pcm16(expected_tone("alice", u["start"]["sentence_text"]))
+    for u in units:  # a unit may be batched with the next one: to one 16-bit step
+        want = spoken(live_server, "vivian", u["start"]["sentence_text"], language="English")
+        assert_same_pcm(b"".join(u["frames"]), want)
 
 
 @pytest.mark.parametrize(
@@ -96,11 +103,11 @@ def test_committed_spans_are_synthesized_as_they_arrive(live_server):
         ({"split_granularity": "word"}, ["split_granularity"]),
         ({"sample_rate": "fast"}, ["sample_rate"]),
         ({"spead": 1.5}, ["Unknown session.config field 'spead'"]),
-        ({"non_streaming_mode": True}, ["non_streaming_mode"]),  # the synthetic family has one prompt layout
+        ({"non_streaming_mode": "yes"}, ["non_streaming_mode"]),
     ],
 )
 def test_bad_session_fields_are_errors_naming_the_field(live_server, config, words):
-    s = session(live_server, voice="alice", **config)
+    s = session(live_server, voice="vivian", **config)
     kind, message = s.recv()
     assert kind == "json" and message["type"] == "error", message
     assert message["message"].startswith("Invalid session config: ")
@@ -109,15 +116,15 @@ def test_bad_session_fields_are_errors_naming_the_field(live_server, config, wor
 
 
 def test_word_timestamps_on_a_later_config_keeps_the_session(live_server):
-    s = session(live_server, voice="bob", response_format="pcm")
-    s.send(type="session.config", voice="bob", word_timestamps=True)
+    s = session(live_server, voice="ryan", response_format="pcm")
+    s.send(type="session.config", voice="ryan", word_timestamps=True)
     _kind, message = s.recv()
     assert message["type"] == "error" and "word_timestamps" in message["message"]
     s.send(type="input.text", text="Still here.")
     s.send(type="input.done")
     units = units_of(s.until("session.done"))
-    assert b"".join(units[0]["frames"]) == pcm16(expected_tone("bob", "Still here."))
-    s.send(type="session.config", voice="bob", word_timestamps=False)  # false is simply the default
+    assert b"".join(units[0]["frames"]) == spoken(live_server, "ryan", "Still here.")
+    s.send(type="session.config", voice="ryan", word_timestamps=False)  # false is simply the default
     s.send(type="input.text", text="Again.")
     s.send(type="input.done")
     assert [m[1]["type"] for m in s.until("session.done") if m[0] == "json"][-1] == "session.done"
@@ -126,8 +133,8 @@ def test_word_timestamps_on_a_later_config_keeps_the_session(live_server):
 def test_vllm_omni_session_fields_are_accepted(live_server):
     s = session(
         live_server,
-        model="synthetic-tts",
-        speaker="carol",
+        model=live_server.engine.speech_info.model_name,
+        speaker="serena",
         task_type="CustomVoice",
         language="Auto",
         response_format="pcm",
@@ -137,9 +144,13 @@ def test_vllm_omni_session_fields_are_accepted(live_server):
         text_input_mode="buffered",
         word_timestamps=False,
         seed=3,
-        max_new_tokens=200,
+        max_new_tokens=6,
+        non_streaming_mode=True,
     )
     s.send(type="input.text", text="All known fields.")
     s.send(type="input.done")
     units = units_of(s.until("session.done"))
-    assert b"".join(units[0]["frames"]) == pcm16(expected_tone("carol", "All known fields."))
+    audio = b"".join(units[0]["frames"])
+    assert len(audio) == 5 * FRAME * 2  # max_new_tokens 6: five frames (the runner's length rule)
+    fields = {"language": "Auto", "seed": 3, "max_new_tokens": 6, "non_streaming_mode": True}
+    assert audio == spoken(live_server, "serena", "All known fields.", **fields)
