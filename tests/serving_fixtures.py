@@ -1,6 +1,6 @@
 """Serving test fixtures (load with ``pytest_plugins = ("serving_fixtures",)``), session-scoped: the shared server
-on the tiny Qwen3-TTS (``tts_server``), and the synthetic checkpoint and its server (``live_server``) for the tests
-that need the synthetic TTS's tones or fault markers."""
+on the tiny Qwen3-TTS (``live_server``), and the synthetic checkpoint and its server (``synthetic_server``) for the
+tests that need the synthetic TTS's tones or fault markers."""
 
 from __future__ import annotations
 
@@ -26,14 +26,14 @@ def synthetic_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def live_server(synthetic_checkpoint: Path) -> Iterator[LiveServer]:
-    """The shared server: default settings, no auth, voices in memory only."""
+def synthetic_server(synthetic_checkpoint: Path) -> Iterator[LiveServer]:
+    """The synthetic TTS's shared server: default settings, no auth, voices in memory only."""
     with running_server(synthetic_checkpoint, Settings(ws_config_timeout=2.0, ws_idle_timeout=5.0)) as live:
         yield live
 
 
 @pytest.fixture(scope="session")
-def tts_server() -> Iterator[LiveServer]:
+def live_server() -> Iterator[LiveServer]:
     """The shared server on the tiny Qwen3-TTS CustomVoice (``serving_helpers.tts_checkpoint``): default settings
     but short socket timeouts and the benchmark fields (``ignore_eos``: an exact number of frames), no auth, voices
     in memory only."""

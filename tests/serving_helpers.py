@@ -182,6 +182,47 @@ def encoder_meets_first_step(live: LiveServer, monkeypatch: pytest.MonkeyPatch) 
         yield met
 
 
+@dataclass
+class StepLog:
+    """What the ``kind`` model ran while :func:`step_log` was open: ``("step", prefill_ids, decode_ids)`` per step
+    and ``("release", seq_id)`` per release, in order; ``released`` counts each sequence's releases."""
+
+    events: list[tuple[Any, ...]]
+    released: dict[int, int]
+
+    def steps_of(self, seq_id: int) -> int:
+        return sum(1 for e in self.events if e[0] == "step" and seq_id in e[1] + e[2])
+
+    def seq_ids(self) -> set[int]:
+        return {s for e in self.events if e[0] == "step" for s in e[1] + e[2]}
+
+
+@contextlib.contextmanager
+def step_log(live: LiveServer, before: Any = None, kind: str = "speech") -> Iterator[StepLog]:
+    """Record the ``kind`` model's steps and releases (and run ``before(batch)`` at each step's start, on the device
+    worker) until the block ends: the scheduler's own calls into the model, whatever the family."""
+    model = live.engine.models.get(kind).scheduler.model
+    log = StepLog([], {})
+    release = model.release
+
+    def record(batch: Any) -> None:
+        if before is not None:
+            before(batch)
+        log.events.append(("step", tuple(s.seq_id for s in batch.prefill), tuple(s.seq_id for s in batch.decode)))
+
+    def recorded_release(seq: Any) -> None:
+        log.events.append(("release", seq.seq_id))
+        log.released[seq.seq_id] = log.released.get(seq.seq_id, 0) + 1
+        release(seq)
+
+    model.release = recorded_release
+    try:
+        with step_hook(live, record, kind):
+            yield log
+    finally:
+        del model.release
+
+
 @contextlib.contextmanager
 def step_hook(live: LiveServer, before: Any, kind: str = "speech") -> Iterator[None]:
     """``before(batch)`` runs on the device worker at the start of every step of the ``kind`` model's scheduler

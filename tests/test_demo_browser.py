@@ -1,5 +1,7 @@
 """The demo page at ``/`` in headless Chromium: it speaks over the WebSocket and plays through its AudioWorklet.
 
+The server is the tiny Qwen3-TTS (the tests' greedy checkpoint: each sentence is a unit of 9 frames).
+
 The page tests need Debian's Chromium at /usr/bin/chromium and the ``playwright`` Python package (no
 downloaded browsers); the worklet's sample-exact tests run its source under Node.js with stub audio globals.
 Set ``OMNI_STREAM_DEMO_SCREENSHOT=path.png`` to keep a screenshot of the page after speaking.
@@ -18,8 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 from browser_helpers import chromium, skip_without_browser
-from serving_helpers import LiveServer, make_checkpoint, running_server
-from synthetic import SyntheticConfig
+from serving_helpers import FRAME, RATE, TTS_FRAMES, LiveServer, running_server, tts_checkpoint
 
 from omni_stream.realtime.app import STATIC_DIR
 from omni_stream.realtime.settings import Settings
@@ -27,9 +28,7 @@ from omni_stream.speech.text_split import Granularity, split_text
 
 pytestmark = pytest.mark.browser
 
-STEP_COST_MS = 10.0  # slow enough that Stop lands mid-utterance, fast enough for short tests
 TIMEOUT_MS = 20_000
-RATE = SyntheticConfig().sample_rate
 WORKLET = STATIC_DIR / "pcm-player-worklet.js"
 
 # --- the page in Chromium ---
@@ -37,8 +36,7 @@ WORKLET = STATIC_DIR / "pcm-player-worklet.js"
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    checkpoint = make_checkpoint(tmp_path_factory.mktemp("demo-synthetic"), step_cost_ms=STEP_COST_MS)
-    with running_server(checkpoint, Settings(ws_idle_timeout=10.0)) as server:
+    with running_server(tts_checkpoint(), Settings(ws_idle_timeout=10.0)) as server:
         yield server
 
 
@@ -95,19 +93,17 @@ def open_page(browser: Any, live: LiveServer) -> Iterator[Any]:
 
 
 def expected_bytes(text: str) -> int:
-    """PCM16 bytes the synthetic model speaks for ``text`` split into sentences."""
-    config = SyntheticConfig()
+    """PCM16 bytes the tests' Qwen3-TTS speaks for ``text`` split into sentences (9 frames a sentence)."""
     units, _ = split_text(text, Granularity.SENTENCE, final=True)
-    frames = sum(max(1, round(len(unit.strip()) * config.frames_per_char)) for unit in units)
-    return frames * config.samples_per_frame * 2
+    return len(units) * TTS_FRAMES * FRAME * 2
 
 
-def test_page_lists_model_and_voices(open_page: Any) -> None:
+def test_page_lists_model_and_voices(open_page: Any, live: LiveServer) -> None:
     page = open_page()
-    assert "synthetic-tts" in page.text("#model")
+    assert live.engine.speech_info.model_name in page.text("#model")
     options = page.page.locator("#voice option").evaluate_all("els => els.map(e => e.value)")
-    assert options == ["", "alice", "bob", "carol", "dave"]
-    assert page.page.get_by_label("Voice").input_value() == "alice"
+    assert options == ["", *sorted(live.engine.speech_info.voices)]
+    assert page.page.get_by_label("Voice").input_value() == options[1]  # the first voice listed
     assert page.page.get_by_role("button", name="Stop").is_disabled()
     assert page.problems == []
 
@@ -271,8 +267,7 @@ def test_worklet_buffer_grows_past_ten_seconds_and_flush_silences_it(harness: Pa
 
 
 def test_api_key_goes_in_the_header_and_the_websocket_subprotocol(browser: Any, tmp_path: Path) -> None:
-    checkpoint = make_checkpoint(tmp_path / "ckpt")
-    with running_server(checkpoint, Settings(api_key="s3cret-key")) as server:
+    with running_server(tts_checkpoint(), Settings(api_key="s3cret-key")) as server:
         page = Page(browser, server.url + "/", wait_for_voices=False)
         try:
             page.wait("d.errors.length > 0")

@@ -1,5 +1,5 @@
 """API-key auth: Bearer header on /v1 HTTP and WebSocket and the WebRTC offer, the browser subprotocol, open /health,
-/metrics and /rtc/config."""
+/metrics and /rtc/config (servers on the tiny Qwen3-TTS)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import httpx
 import openai
 import pytest
-from serving_helpers import MODEL, running_server
+from serving_helpers import running_server, tts_checkpoint
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
@@ -16,17 +16,15 @@ from omni_stream.realtime.settings import Settings
 
 KEY = "s3cret-key"
 
-pytest_plugins = ("serving_fixtures",)
-
 
 @pytest.fixture(scope="module")
-def live(synthetic_checkpoint):
-    with running_server(synthetic_checkpoint, Settings(api_key=KEY)) as server:
+def live():
+    with running_server(tts_checkpoint(), Settings(api_key=KEY)) as server:
         yield server
 
 
 def test_http_needs_the_key(live):
-    body = {"input": "Hi.", "voice": "alice", "response_format": "pcm"}
+    body = {"input": "Hi.", "voice": "vivian", "response_format": "pcm"}
     with httpx.Client(base_url=live.url) as c:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"}):
             r = c.post("/v1/audio/speech", json=body, headers=headers)
@@ -42,15 +40,17 @@ def test_http_needs_the_key(live):
 
 
 def test_sdk_with_and_without_key(live):
+    model = live.engine.speech_info.model_name
     ok = openai.OpenAI(base_url=f"{live.url}/v1", api_key=KEY, max_retries=0)
-    assert [m.id for m in ok.models.list()] == [MODEL]
+    assert [m.id for m in ok.models.list()] == [model]
+    assert ok.audio.speech.create(model=model, voice="vivian", input="Hi.", response_format="pcm").content
     bad = openai.OpenAI(base_url=f"{live.url}/v1", api_key="nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
-        bad.audio.speech.create(model=MODEL, voice="alice", input="Hi.")
+        bad.audio.speech.create(model=model, voice="vivian", input="Hi.")
 
 
 def say_hi(ws) -> dict:
-    ws.send(json.dumps({"type": "session.config", "voice": "alice", "response_format": "pcm"}))
+    ws.send(json.dumps({"type": "session.config", "voice": "vivian", "response_format": "pcm"}))
     ws.send(json.dumps({"type": "input.text", "text": "Hi."}))
     ws.send(json.dumps({"type": "input.done"}))
     return json.loads(ws.recv(timeout=10))
@@ -78,9 +78,9 @@ def test_websocket_auth(live):
         assert say_hi(ws)["type"] == "audio.start"
 
 
-def test_demo_page_is_served_at_root_without_a_key(synthetic_checkpoint, tmp_path):
+def test_demo_page_is_served_at_root_without_a_key(tmp_path):
     (tmp_path / "index.html").write_text("<html>demo</html>")
-    with running_server(synthetic_checkpoint, Settings(api_key=KEY, static_dir=tmp_path)) as server:
+    with running_server(tts_checkpoint(), Settings(api_key=KEY, static_dir=tmp_path)) as server:
         r = httpx.get(f"{server.url}/")
         assert (
             r.status_code == 200 and r.text == "<html>demo</html>" and r.headers["content-type"].startswith("text/html")

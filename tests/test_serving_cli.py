@@ -14,11 +14,9 @@ import time
 
 import httpx
 import pytest
-from serving_helpers import MODEL, expected_tone
+from serving_helpers import FRAME, tts_checkpoint
 
 from omni_stream.family_registry import default_available, default_kinds
-
-pytest_plugins = ("serving_fixtures",)
 
 
 def free_port() -> int:
@@ -60,12 +58,13 @@ def serve(args: list[str], env: dict[str, str], sig: int = signal.SIGINT) -> tup
     return out, [m["id"] for m in models["data"]]
 
 
-def test_serve_subcommand_stops_cleanly_on_sigterm(synthetic_checkpoint, synthetic_env, tmp_path):
-    args = ["--model", str(synthetic_checkpoint), "--voices-dir", str(tmp_path / "voices"), "--threads", "2"]
+def test_serve_subcommand_stops_cleanly_on_sigterm(tmp_path):
+    checkpoint = tts_checkpoint()
+    args = ["--model", str(checkpoint), "--voices-dir", str(tmp_path / "voices"), "--threads", "2"]
     args += ["--tune", "step_ahead=off"]
-    env = {"OMNI_STREAM_API_KEY": "k", "OMNI_STREAM_ADMISSION": "on", **synthetic_env}
+    env = {"OMNI_STREAM_API_KEY": "k", "OMNI_STREAM_ADMISSION": "on"}
     out, models = serve(args, env, signal.SIGTERM)
-    assert models == [MODEL] and "loaded synthetic-tts" in out
+    assert models == [checkpoint.name] and f"loaded {checkpoint.name}" in out, out
     assert (tmp_path / "voices").is_dir()
     assert "API key required on /v1 routes" in out and "; API key required;" in out  # the banner says auth is on
     assert "2 torch threads" in out  # --threads, as the device worker's thread reports it
@@ -150,23 +149,23 @@ def test_serve_reports_a_missing_model_without_downloading(tmp_path):
     assert str(tmp_path / "hub") in proc.stderr and not (tmp_path / "hub" / "models--omni-stream-tests").exists()
 
 
-def test_sigterm_with_an_http_stream_and_an_open_websocket(synthetic_env, tmp_path):
+def test_sigterm_with_an_http_stream_and_an_open_websocket(tmp_path):
     """Shutdown lets the in-flight HTTP stream finish, closes the WebSocket with 1001, and exits 0 promptly."""
-    from serving_helpers import make_checkpoint
     from websockets.exceptions import ConnectionClosed
     from websockets.sync.client import connect
 
-    checkpoint = make_checkpoint(tmp_path / "slow", step_cost_ms=10.0)  # ~1.5 s of steps for the long text
+    frames = 60  # exactly this many (ignore_eos): several seconds of generation, so both are mid-stream
     port = free_port()
     cmd = [sys.executable, "-m", "omni_stream.cli", "serve", "--port", str(port), "--log-level", "warning"]
-    cmd += ["--model", str(checkpoint), "--voices-dir", str(tmp_path / "voices")]
-    env = {**os.environ, **synthetic_env}
+    cmd += ["--model", str(tts_checkpoint()), "--voices-dir", str(tmp_path / "voices"), "--enable-benchmark-fields"]
+    env = {k: v for k, v in os.environ.items() if k != "OMNI_STREAM_API_KEY"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    text = "A long sentence that keeps the stream busy for a while. " * 5
+    text = "A long sentence that keeps the stream busy for a while."
+    long = {"max_new_tokens": frames, "ignore_eos": True}
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, proc)
-        body = {"input": text, "voice": "alice", "response_format": "pcm", "stream_format": "audio"}
+        body = {"input": text, "voice": "vivian", "response_format": "pcm", "stream_format": "audio", **long}
         with (
             httpx.Client(base_url=url, timeout=30) as http,
             http.stream("POST", "/v1/audio/speech", json=body) as stream,
@@ -175,8 +174,8 @@ def test_sigterm_with_an_http_stream_and_an_open_websocket(synthetic_env, tmp_pa
             assert ws.protocol.extensions == []  # the offered deflate declined: serve's default
             chunks = stream.iter_bytes()
             received = len(next(chunks))  # the stream is in flight
-            config = {"type": "session.config", "voice": "bob", "response_format": "pcm", "stream_audio": True}
-            ws.send(json.dumps(config))
+            config = {"type": "session.config", "voice": "ryan", "response_format": "pcm", "stream_audio": True}
+            ws.send(json.dumps({**config, **long}))
             ws.send(json.dumps({"type": "input.text", "text": text}))
             ws.send(json.dumps({"type": "input.done"}))
             while not isinstance(ws.recv(timeout=10), bytes):  # audio is flowing on the socket too
@@ -195,7 +194,7 @@ def test_sigterm_with_an_http_stream_and_an_open_websocket(synthetic_env, tmp_pa
             proc.kill()
     assert proc.returncode == 0, out
     assert elapsed < 15, elapsed  # well inside uvicorn's 10 s grace plus the session grace
-    assert received == expected_tone("alice", text).size * 2  # the whole utterance, 16-bit samples
+    assert received == frames * FRAME * 2  # the whole utterance, 16-bit samples
 
 
 LOG_RECORD = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) omni_stream|\[transformers\]|\[diffusers\]")

@@ -43,11 +43,6 @@ pytest_plugins = ("serving_fixtures",)
 
 
 @pytest.fixture(scope="module")
-def live_server(tts_server):
-    return tts_server
-
-
-@pytest.fixture(scope="module")
 def http(live_server):
     with httpx.Client(base_url=live_server.url, timeout=60) as c:
         yield c

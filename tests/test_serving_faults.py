@@ -20,8 +20,8 @@ pytest_plugins = ("serving_fixtures",)
 
 
 @pytest.fixture(scope="module")
-def http(live_server):
-    with httpx.Client(base_url=live_server.url, timeout=30) as c:
+def http(synthetic_server):
+    with httpx.Client(base_url=synthetic_server.url, timeout=30) as c:
         yield c
 
 
@@ -67,8 +67,8 @@ def test_raw_stream_failure_after_start_cuts_the_body(http):
             r.read()  # never a clean end: the client can tell the audio is incomplete
 
 
-def test_a_websocket_unit_failure_is_reported_and_the_session_continues(live_server):
-    with connect(live_server.ws_url + "/v1/audio/speech/stream", open_timeout=10) as ws:
+def test_a_websocket_unit_failure_is_reported_and_the_session_continues(synthetic_server):
+    with connect(synthetic_server.ws_url + "/v1/audio/speech/stream", open_timeout=10) as ws:
         s = Session(ws)
         s.send(type="session.config", voice="alice", response_format="pcm", stream_audio=True)
         s.send(type="input.text", text="This unit fails [[fail:stage@1]] after its first chunk.")
@@ -86,9 +86,9 @@ def test_a_websocket_unit_failure_is_reported_and_the_session_continues(live_ser
         assert unit["done"]["error"] is False
 
 
-def test_a_model_step_fault_is_a_non_fatal_unit_error(live_server):
+def test_a_model_step_fault_is_a_non_fatal_unit_error(synthetic_server):
     """PROTOCOLS.md: errors after a valid config are non-fatal; a failed generation is one unit's error."""
-    with connect(live_server.ws_url + "/v1/audio/speech/stream", open_timeout=10) as ws:
+    with connect(synthetic_server.ws_url + "/v1/audio/speech/stream", open_timeout=10) as ws:
         s = Session(ws)
         s.send(type="session.config", voice="alice", response_format="wav")
         s.send(type="input.text", text="A step fails [[fail:step@1]] here.")

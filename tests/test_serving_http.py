@@ -31,8 +31,8 @@ pytest_plugins = ("serving_fixtures",)
 
 
 @pytest.fixture(scope="module")
-def live(tts_server):
-    return tts_server
+def live(live_server):
+    return live_server
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,13 @@
-"""Request body limits: refused with a 400 in the error shape while reading, chunked transfer included."""
+"""Request body limits: refused with a 400 in the error shape while reading, chunked transfer included (servers on
+the tiny Qwen3-TTS: CustomVoice for speech bodies, Base for voice uploads)."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
-from serving_helpers import running_server, wav_bytes
+from serving_helpers import TTS_FRAMES, running_server, tts_checkpoint, wav_bytes
 from starlette.requests import Request
+from tiny_models import tiny_tts
 
 from omni_stream.realtime.common.body_limit import BodyTooLarge, drain, read_body
 from omni_stream.realtime.settings import Settings
@@ -18,8 +20,17 @@ BOUNDARY = "omnistreamtestboundary"
 
 
 @pytest.fixture(scope="module")
-def small(synthetic_checkpoint):
-    with running_server(synthetic_checkpoint, Settings(max_upload_bytes=UPLOAD_LIMIT)) as live:
+def small():
+    with running_server(tts_checkpoint(), Settings(max_upload_bytes=UPLOAD_LIMIT)) as live:
+        with httpx.Client(base_url=live.url, timeout=30) as client:
+            yield live, client
+
+
+@pytest.fixture(scope="module")
+def small_base():
+    """A Base model (it takes uploads) with the same limit."""
+    base = tiny_tts("base", greedy_frames=TTS_FRAMES + 1)
+    with running_server(base, Settings(max_upload_bytes=UPLOAD_LIMIT)) as live:
         with httpx.Client(base_url=live.url, timeout=30) as client:
             yield live, client
 
@@ -63,7 +74,7 @@ def test_speech_body_over_the_limit_chunked(small):
     assert "content-length" not in r.request.headers and r.request.headers["transfer-encoding"] == "chunked"
     assert_too_large(r, limit)
     # A body just under the limit is read (and then judged on its content).
-    body = b'{"input": "Hi.", "voice": "alice"}'
+    body = b'{"input": "Hi.", "voice": "vivian"}'
     r = client.post("/v1/audio/speech", content=iter([body + b" " * (limit - len(body))]))
     assert r.status_code == 200
 
@@ -79,8 +90,8 @@ def multipart(audio: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("chunked", [False, True])
-def test_voice_upload_over_the_limit(small, chunked):
-    live, client = small
+def test_voice_upload_over_the_limit(small_base, chunked):
+    live, client = small_base
     limit = UPLOAD_LIMIT + FORM_OVERHEAD
     body = multipart(b"\0" * (limit + 1024))
     content = (body[i : i + 8192] for i in range(0, len(body), 8192)) if chunked else body

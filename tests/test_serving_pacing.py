@@ -1,4 +1,5 @@
-"""Paced streams in the serving layer (``Settings.pace_streams_seconds``), on a live server with a fake clock.
+"""Paced streams in the serving layer (``Settings.pace_streams_seconds``), on a live server of the tiny Qwen3-TTS
+with a fake clock.
 
 The pacer's clock is replaced by one that moves only when the pacer sleeps, so what pacing does is exact:
 with a producer faster than real time, a stream of ``total`` seconds whose last chunk lasts ``last`` seconds
@@ -13,7 +14,7 @@ import json
 import anyio
 import httpx
 import pytest
-from serving_helpers import expected_tone, pcm16, running_server
+from serving_helpers import FRAME, TTS_FRAMES, running_server, spoken, tts_checkpoint
 from websockets.sync.client import connect
 
 from omni_stream.realtime.common import stream_pacing
@@ -23,7 +24,8 @@ from omni_stream.realtime.state import ServerState
 from omni_stream.speech.pacing import Pacer
 
 AHEAD = 1.0
-TEXT = "x" * 100  # 50 frames: 4 s of audio in chunks of 1, 2, 4, 8, 8, 8, 8, 8 and 3 frames
+TEXT = "A sentence long enough to speak for a while."
+LONG = {"max_new_tokens": 50, "ignore_eos": True}  # exactly 50 frames: 4 s of audio, in the codec's windows
 RATE = 24000
 
 pytest_plugins = ("serving_fixtures",)
@@ -65,9 +67,11 @@ class Recorder:
 
 
 @pytest.fixture(scope="module")
-def paced_server(synthetic_checkpoint):
-    settings = Settings(pace_streams_seconds=AHEAD, ws_config_timeout=5, ws_idle_timeout=10)
-    with running_server(synthetic_checkpoint, settings) as live:
+def paced_server():
+    settings = Settings(
+        pace_streams_seconds=AHEAD, ws_config_timeout=5, ws_idle_timeout=10, enable_benchmark_fields=True
+    )
+    with running_server(tts_checkpoint(), settings) as live:
         yield live
 
 
@@ -78,8 +82,8 @@ def recorder(monkeypatch) -> Recorder:
     return recorder
 
 
-def total_seconds(text: str, voice: str) -> float:
-    return expected_tone(voice, text).size / RATE
+def seconds(frames: int) -> float:
+    return frames * FRAME / RATE
 
 
 def sent_seconds(client: httpx.Client, transport: str) -> float:
@@ -90,25 +94,26 @@ def sent_seconds(client: httpx.Client, transport: str) -> float:
 
 
 def test_raw_http_stream_is_paced_and_complete(paced_server, recorder):
-    with httpx.Client(base_url=paced_server.url, timeout=30) as c:
+    with httpx.Client(base_url=paced_server.url, timeout=60) as c:
         before = sent_seconds(c, "http")
-        body = {"input": TEXT, "voice": "alice", "response_format": "pcm", "stream_format": "audio"}
+        body = {"input": TEXT, "voice": "vivian", "response_format": "pcm", "stream_format": "audio", **LONG}
         r = c.post("/v1/audio/speech", json=body)
-        assert r.status_code == 200 and r.content == pcm16(expected_tone("alice", TEXT))
-        assert sent_seconds(c, "http") - before == pytest.approx(total_seconds(TEXT, "alice"))
-    recorder.check(total_seconds(TEXT, "alice"))
-    assert recorder.durations[:3] == pytest.approx([0.08, 0.16, 0.32])
+        assert r.status_code == 200 and r.content == spoken(paced_server, "vivian", TEXT, **LONG)
+        assert sent_seconds(c, "http") - before == pytest.approx(seconds(50))
+    recorder.check(seconds(50))
+    assert len(recorder.durations) > 2  # streamed in several chunks, each a whole number of frames
+    assert all(d / seconds(1) == pytest.approx(round(d / seconds(1))) for d in recorder.durations)
 
 
 def test_sse_stream_is_paced_and_complete(paced_server, recorder):
-    with httpx.Client(base_url=paced_server.url, timeout=30) as c:
-        body = {"input": TEXT, "voice": "bob", "response_format": "pcm", "stream": True}
+    with httpx.Client(base_url=paced_server.url, timeout=60) as c:
+        body = {"input": TEXT, "voice": "ryan", "response_format": "pcm", "stream": True, **LONG}
         r = c.post("/v1/audio/speech", json=body)
     events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
     assert events[-1]["type"] == "speech.audio.done"
     audio = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
-    assert audio == pcm16(expected_tone("bob", TEXT))
-    recorder.check(total_seconds(TEXT, "bob"))
+    assert audio == spoken(paced_server, "ryan", TEXT, **LONG)
+    recorder.check(seconds(50))
 
 
 def run_session(url: str, config: dict, texts: list[str]) -> list[bytes]:
@@ -128,31 +133,33 @@ def run_session(url: str, config: dict, texts: list[str]) -> list[bytes]:
 
 def test_websocket_units_share_one_playback_clock(paced_server, recorder):
     """Two sentences play back to back: one pacer spans both, so the lead stays bounded across them."""
-    first, second = TEXT + ". ", "y" * 60 + "."
-    config = {"voice": "carol", "response_format": "pcm", "stream_audio": True, "split_granularity": "sentence"}
-    frames = run_session(paced_server.ws_url, config, [first + second])
-    want = pcm16(expected_tone("carol", first.strip())) + pcm16(expected_tone("carol", second))
-    assert b"".join(frames) == want
-    recorder.check(len(want) / 2 / RATE)
+    first, second = "The first sentence of two.", "And the second."
+    config = {"voice": "serena", "response_format": "pcm", "stream_audio": True, "split_granularity": "sentence"}
+    frames = run_session(
+        paced_server.ws_url, {**config, "max_new_tokens": 20, "ignore_eos": True}, [f"{first} {second}"]
+    )
+    want = [spoken(paced_server, "serena", text, max_new_tokens=20, ignore_eos=True) for text in (first, second)]
+    assert len(b"".join(frames)) == len(b"".join(want)) == 2 * 20 * FRAME * 2
+    recorder.check(seconds(40))
 
 
 def test_websocket_whole_file_units_are_paced_by_their_playing_time(paced_server, recorder):
-    config = {"voice": "dave", "response_format": "wav", "split_granularity": "sentence"}
-    texts = ["a" * 40 + ". ", "b" * 40 + ". ", "c" * 40 + "."]
+    config = {"voice": "aiden", "response_format": "wav", "split_granularity": "sentence"}
+    texts = ["The first one. ", "The second one. ", "The third one."]
     frames = run_session(paced_server.ws_url, config, ["".join(texts)])
     assert len(frames) == 3 and all(f[:4] == b"RIFF" for f in frames)
-    each = total_seconds("a" * 40 + ".", "dave")
+    each = seconds(TTS_FRAMES)
     assert recorder.durations == pytest.approx([each] * 3)
     # each file after the first waits until the lead has fallen back to the bound
     recorder.check(3 * each)
 
 
 def test_unpaced_server_counts_sent_audio_without_pacing(live_server, recorder):
-    with httpx.Client(base_url=live_server.url, timeout=30) as c:
+    with httpx.Client(base_url=live_server.url, timeout=60) as c:
         before = sent_seconds(c, "http")
-        body = {"input": TEXT, "voice": "alice", "response_format": "pcm", "stream_format": "audio"}
+        body = {"input": TEXT, "voice": "vivian", "response_format": "pcm", "stream_format": "audio", **LONG}
         assert c.post("/v1/audio/speech", json=body).status_code == 200
-        assert sent_seconds(c, "http") - before == pytest.approx(total_seconds(TEXT, "alice"))
+        assert sent_seconds(c, "http") - before == pytest.approx(seconds(50))
     assert recorder.durations == [] and recorder.clock.sleeps == []
 
 

@@ -8,7 +8,7 @@ import argparse
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from serving_helpers import running_server
+from serving_helpers import running_server, tts_checkpoint
 from uvicorn.config import Config
 from uvicorn.lifespan.on import LifespanOn
 from websockets.sync.client import connect
@@ -90,9 +90,9 @@ def test_shortfall_names_what_the_cluster_lacks():
     assert "CPU" in shortfall(RayOptions(replicas=4, cpus_per_replica=1.0), {"CPU": 2.0})
 
 
-async def test_the_health_check_follows_the_apps_lifespan(synthetic_checkpoint):
+async def test_the_health_check_follows_the_apps_lifespan():
     """Ray runs the ASGI lifespan with uvicorn's LifespanOn, then calls check_health: the same path here."""
-    replica = OmniReplica(EngineSpec(models=(str(synthetic_checkpoint),)), Settings(), replica_id="r1")
+    replica = OmniReplica(EngineSpec(models=(str(tts_checkpoint()),)), Settings(), replica_id="r1")
     with pytest.raises(RuntimeError, match="not built"):
         await replica.check_health()
     app = replica.__serve_build_asgi_app__()
@@ -110,11 +110,11 @@ async def test_the_health_check_follows_the_apps_lifespan(synthetic_checkpoint):
         await replica.check_health()
 
 
-def test_replica_header_and_metrics_label(synthetic_checkpoint):
-    with running_server(synthetic_checkpoint, Settings(replica_id="replica-7")) as live:
+def test_replica_header_and_metrics_label():
+    with running_server(tts_checkpoint(), Settings(replica_id="replica-7")) as live:
         with httpx.Client(base_url=live.url, timeout=30) as c:
             assert c.get("/health").headers[HEADER] == "replica-7"
-            speech = c.post("/v1/audio/speech", json={"input": "hi", "voice": "alice", "response_format": "pcm"})
+            speech = c.post("/v1/audio/speech", json={"input": "hi", "voice": "vivian", "response_format": "pcm"})
             assert speech.headers[HEADER] == "replica-7"
             assert c.post("/v1/audio/speech", json={}).headers[HEADER] == "replica-7"  # errors too
             samples = [s for f in text_string_to_metric_families(c.get("/metrics").text) for s in f.samples]

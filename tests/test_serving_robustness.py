@@ -1,4 +1,6 @@
-"""Odd client input never gives a 5xx: undecodable data URLs, lone surrogates, bad file paths, wrong types."""
+"""Odd client input never gives a 5xx: undecodable data URLs, lone surrogates, bad file paths, wrong types. On the
+tiny Qwen3-TTS: CustomVoice for the fields of a plain request, Base (a cloning model) where the input is a
+reference or an upload."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from serving_helpers import running_server, wav_bytes
+from serving_helpers import TTS_FRAMES, running_server, wav_bytes
+from tiny_models import tiny_tts
 
 from omni_stream.realtime.settings import Settings
 
@@ -58,7 +61,21 @@ ODD_VALUES = (
 
 @pytest.fixture(scope="module")
 def http(live_server):
-    with httpx.Client(base_url=live_server.url, timeout=30) as c:
+    with httpx.Client(base_url=live_server.url, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def base_checkpoint():
+    return tiny_tts("base", greedy_frames=TTS_FRAMES + 1)
+
+
+@pytest.fixture(scope="module")
+def base_http(base_checkpoint, tmp_path_factory):
+    with (
+        running_server(base_checkpoint, Settings(voices_dir=tmp_path_factory.mktemp("voices"))) as live,
+        httpx.Client(base_url=live.url, timeout=60) as c,
+    ):
         yield c
 
 
@@ -75,10 +92,10 @@ def post_raw(http: httpx.Client, raw: str) -> httpx.Response:
     return http.post(SPEECH, content=raw.encode(), headers={"content-type": "application/json"})
 
 
-def test_percent_encoded_data_url_is_decoded_as_bytes(http):
-    error_400(http.post(SPEECH, json={"input": "Hi.", "ref_audio": "data:audio/wav,%E2%82%AC"}), "ref_audio")
+def test_percent_encoded_data_url_is_decoded_as_bytes(base_http):
+    error_400(base_http.post(SPEECH, json={"input": "Hi.", "ref_audio": "data:audio/wav,%E2%82%AC"}), "ref_audio")
     url = "data:audio/wav," + quote(wav_bytes(1.5))  # every byte percent-encoded: must survive as is
-    r = http.post(SPEECH, json={"input": "Hi.", "ref_audio": url, "ref_text": "hi", "response_format": "pcm"})
+    r = base_http.post(SPEECH, json={"input": "Hi.", "ref_audio": url, "ref_text": "hi", "response_format": "pcm"})
     assert r.status_code == 200 and r.content
 
 
@@ -95,13 +112,13 @@ def test_lone_surrogate_voice_object(http):
     error_400(post_raw(http, json.dumps({"input": "Hi.", "voice": {"id": "\udfff"}})), "voice")
 
 
-def test_file_url_path_problems_are_400(synthetic_checkpoint, tmp_path):
+def test_file_url_path_problems_are_400(base_checkpoint, tmp_path):
     media = tmp_path / "media"
     media.mkdir()
     (media / "ok.wav").write_bytes(wav_bytes(1.5))
     os.symlink(media / "loop", media / "loop")  # resolving it loops
     settings = Settings(allowed_local_media_path=media)
-    with running_server(synthetic_checkpoint, settings) as live, httpx.Client(base_url=live.url, timeout=30) as c:
+    with running_server(base_checkpoint, settings) as live, httpx.Client(base_url=live.url, timeout=60) as c:
         for ref in (
             f"file://{media}/a%00b.wav",
             f"file://{media}/%00",
@@ -119,7 +136,7 @@ def test_file_url_path_problems_are_400(synthetic_checkpoint, tmp_path):
 @pytest.mark.parametrize("field", FIELDS)
 def test_odd_values_in_every_field_never_5xx(http, field):
     for value in ODD_VALUES:
-        body = {"input": "Hi.", "voice": "alice", "response_format": "pcm", field: value}
+        body = {"input": "Hi.", "voice": "vivian", "response_format": "pcm", field: value}
         r = http.post(SPEECH, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
         assert r.status_code < 500, (field, value, r.text)
         if r.status_code != 200:
@@ -143,9 +160,9 @@ def test_odd_bodies_are_400(http, raw):
     error_400(http.post(SPEECH, content=raw, headers={"content-type": "application/json"}))
 
 
-def test_oversized_base64_reference_is_refused_before_decoding(synthetic_checkpoint):
+def test_oversized_base64_reference_is_refused_before_decoding(base_checkpoint):
     settings = Settings(max_upload_bytes=32 * 1024)
-    with running_server(synthetic_checkpoint, settings) as live, httpx.Client(base_url=live.url, timeout=30) as c:
+    with running_server(base_checkpoint, settings) as live, httpx.Client(base_url=live.url, timeout=30) as c:
         payload = base64.b64encode(b"\0" * (40 * 1024)).decode()  # fits the body limit, not the audio limit
         for ref in (payload, "data:audio/wav;base64," + payload, "data:audio/wav," + "%00" * (33 * 1024)):
             error = error_400(c.post(SPEECH, json={"input": "Hi.", "ref_audio": ref}), "ref_audio")
@@ -164,8 +181,8 @@ def test_oversized_base64_reference_is_refused_before_decoding(synthetic_checkpo
         ({"name": "ok", "consent": "yes"}, {"name": ("n.txt", b"file as name", "text/plain")}),
     ],
 )
-def test_odd_voice_uploads_are_400(http, fields, files):
-    error_400(http.post("/v1/audio/voices", data=fields, files=files or None))
+def test_odd_voice_uploads_are_400(base_http, fields, files):
+    error_400(base_http.post("/v1/audio/voices", data=fields, files=files or None))
 
 
 @pytest.mark.parametrize("name", ["%00", "..", "x" * 5000, "%ED%A0%80", "%FF"])
@@ -186,6 +203,6 @@ def test_odd_voice_deletes_are_404(http, name):
         wav_bytes(40.0, rate=8000),
     ],
 )
-def test_undecodable_or_out_of_range_references_are_400(http, data):
+def test_undecodable_or_out_of_range_references_are_400(base_http, data):
     ref = "data:audio/wav;base64," + base64.b64encode(data).decode()
-    error_400(http.post(SPEECH, json={"input": "Hi.", "ref_audio": ref}), "ref_audio")
+    error_400(base_http.post(SPEECH, json={"input": "Hi.", "ref_audio": ref}), "ref_audio")

@@ -1,16 +1,16 @@
 """A voices directory shared by several servers (replicas): uploads, replacements and deletions made through one
-are seen by the others, at the store and through two live servers."""
+are seen by the others, at the store and through two live servers (the tiny Qwen3-TTS Base checkpoint, greedy:
+the same voice speaks the same audio on both)."""
 
 from __future__ import annotations
 
 import httpx
 import numpy as np
-from serving_helpers import running_server, wav_bytes
+from serving_helpers import TTS_FRAMES, running_server, wav_bytes
+from tiny_models import tiny_tts
 
 from omni_stream.realtime.settings import Settings
 from omni_stream.realtime.speech.voice_store import StoredVoice, VoiceStore
-
-pytest_plugins = ("serving_fixtures",)
 
 
 def voice(name: str, seconds: float) -> StoredVoice:
@@ -64,11 +64,12 @@ def test_sync_lists_what_the_directory_holds(tmp_path):
     assert [v.key for v in b.voices()] == ["three", "two"]
 
 
-def test_a_voice_uploaded_through_one_server_speaks_through_another(synthetic_checkpoint, tmp_path):
+def test_a_voice_uploaded_through_one_server_speaks_through_another(tmp_path):
+    base = tiny_tts("base", greedy_frames=TTS_FRAMES + 1)
     settings = Settings(voices_dir=tmp_path / "voices")
     speak = {"input": "In a shared voice.", "voice": "Mine", "response_format": "pcm"}
-    with running_server(synthetic_checkpoint, settings) as one, running_server(synthetic_checkpoint, settings) as two:
-        with httpx.Client(base_url=one.url, timeout=30) as a, httpx.Client(base_url=two.url, timeout=30) as b:
+    with running_server(base, settings) as one, running_server(base, settings) as two:
+        with httpx.Client(base_url=one.url, timeout=60) as a, httpx.Client(base_url=two.url, timeout=60) as b:
             assert b.post("/v1/audio/speech", json=speak).status_code == 400
             files = {"audio_sample": ("v.wav", wav_bytes(2.0, hz=300.0), "audio/wav")}
             assert a.post("/v1/audio/voices", data={"name": "Mine", "consent": "yes"}, files=files).status_code == 200

@@ -58,11 +58,6 @@ def _close_clients():
     _open.close()
 
 
-@pytest.fixture(scope="module")
-def live_server(tts_server):
-    return tts_server
-
-
 def test_happy_path_one_wav_per_utterance(live_server):
     s = open_session(live_server.ws_url, voice="vivian")
     s.send(type="input.text", text="Hello world. How are you? ")

@@ -24,11 +24,6 @@ def _close_clients():
     _open.close()
 
 
-@pytest.fixture(scope="module")
-def live_server(tts_server):
-    return tts_server
-
-
 def session(live_server, **config) -> Session:
     s = Session(_open.enter_context(connect(live_server.ws_url + PATH, open_timeout=10)))
     s.send(type="session.config", **config)

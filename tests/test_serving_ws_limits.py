@@ -21,11 +21,6 @@ pytest_plugins = ("serving_fixtures",)
 PATH = "/v1/audio/speech/stream"
 
 
-@pytest.fixture(scope="module")
-def live_server(tts_server):
-    return tts_server
-
-
 @pytest.fixture
 def open_ws():
     """``open_ws(url, **config)``: a configured session (no config when ``config`` is None), closed after the test."""
