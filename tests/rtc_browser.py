@@ -24,10 +24,14 @@ from browser_helpers import chromium  # noqa: E402
 from realtime_doubles import spoken_words  # noqa: E402
 from realtime_fixtures import agent_checkpoints, agent_loader, vad_factory  # noqa: E402
 from serving_helpers import running_server  # noqa: E402
+from synthetic import register as register_synthetic  # noqa: E402
 
 from omni_stream.realtime.settings import Settings  # noqa: E402
 
 KEY = "rtc-page-key"
+
+
+register_synthetic()  # a plain subprocess: the test session's conftest did not declare the doubles here
 
 
 def main() -> None:

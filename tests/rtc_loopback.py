@@ -31,6 +31,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription  #
 from aiortc.contrib.media import MediaPlayer  # noqa: E402
 from realtime_fixtures import agent_checkpoints, agent_loader, espeak, framed, vad_factory  # noqa: E402
 from serving_helpers import running_server  # noqa: E402
+from synthetic import register as register_synthetic  # noqa: E402
 
 from omni_stream.codecs.resample import resample  # noqa: E402
 from omni_stream.realtime.settings import Settings  # noqa: E402
@@ -101,6 +102,9 @@ def real_checkpoints(root: Path) -> dict[str, Path]:
     from omni_stream.models.whisper.checkpoint import write_tiny_checkpoint as tiny_whisper
 
     return {"tts": tiny_tts(root / "tts"), "lm": tiny_lm(root / "lm"), "asr": tiny_whisper(root / "asr")}
+
+
+register_synthetic()  # a plain subprocess: the test session's conftest did not declare the doubles here
 
 
 def main() -> None:
