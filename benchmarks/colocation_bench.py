@@ -15,7 +15,8 @@ One ``omni-stream serve`` process (one engine, one device worker for every model
 Scenarios: ``alone`` (each workload by itself), ``together`` (all start at once) and ``apart`` (speech and agents
 first, image and video ``--stagger`` seconds later: the issue's "started 0.3 s in"); each mixed figure is reported
 beside the same workload alone. ``probe``: the issue's CPU repro, one short speech request at a time (``Hi
-there.``, 20 frames, TTFA over HTTP) alone, during one image edit and during one video session.
+there.``, 20 frames, TTFA over HTTP) during one image edit and during one video session, and alone before each and
+after the last (pooled: on a shared machine the load drifts over minutes).
 
 ``--policy deadlines|rounds|both``: the device worker's order (``Tuning.device_policy``): by class and deadline
 (default), or the old plain rounds (every model stepped once per round), for comparison.
@@ -98,8 +99,8 @@ class Sizes:
     probe_video_steps: int
 
 
-SMOKE = Sizes((2,), 12, 1, 8, 1, 64, 3, 1, 32, 32, 66, 1, 3, 128, 8, 64, 330, 2)
-CPU = Sizes((4,), 25, 1, 16, 4, 64, 4, 2, 64, 64, 99, 2, 8, 512, 60, 256, 330, 8)
+SMOKE = Sizes((2,), 12, 1, 8, 1, 64, 3, 1, 32, 32, 66, 1, 3, 256, 40, 64, 330, 2)
+CPU = Sizes((4,), 25, 1, 16, 4, 64, 4, 2, 64, 64, 99, 2, 10, 512, 60, 256, 330, 8)
 GPU = Sizes((16, 32), 50, 4, 48, 4, 512, 20, 2, 320, 192, 165, 2, 8, 512, 20, 320, 330, 2)
 
 
@@ -392,8 +393,17 @@ async def mixed(kind: str, work: dict[str, Callable], stagger: float) -> dict:
     return {name: summarize(name, *got) for name, got in zip(work, gathered, strict=True)}
 
 
-async def probes(url: str, sizes: Sizes, under: str | None) -> dict:
+async def probes(url: str, sizes: Sizes, under: str | None) -> list[dict]:
     """The issue's repro: short speech requests one at a time, alone or during one image edit or video session."""
+    records, errors, _ = await probe_outcomes(url, sizes, under)
+    if errors:
+        raise RuntimeError(f"probes failed: {errors}")
+    return records
+
+
+async def probe_outcomes(url: str, sizes: Sizes, under: str | None) -> tuple[list[dict], list[str], bool]:
+    """The probes' records and errors, and whether the background ended before the last probe (they stop then:
+    they measure speech beside it)."""
     background: asyncio.Task | None = None
     if under == "image":
         background = asyncio.create_task(image(url, sizes.probe_image_side, sizes.probe_image_steps, 0))
@@ -402,21 +412,21 @@ async def probes(url: str, sizes: Sizes, under: str | None) -> dict:
         background = asyncio.create_task(video(url, side, side, frames, sizes.probe_video_steps, 0))
     records: list[dict] = []
     errors: list[str] = []
+    early = False
     if background is not None:
         await asyncio.sleep(1.0)  # it is running (as the repro's "sleep 2": past its join step)
     for _ in range(sizes.probes):
         if background is not None and background.done():
-            break  # the probes measure speech beside it, not after it
+            early = True
+            break
         got, failed = await outcomes([speech(url, "http", 1, 20, PROBE_TEXT)])
         records += got
         errors += failed
         await asyncio.sleep(0.3)
-    out = summarize("probe", records, errors)
     if background is not None:
-        out["during"] = under if not background.done() else f"{under} (ended before the last probe)"
         background.cancel()  # the probes are what is measured; closing it aborts it on the server
         await asyncio.gather(background, return_exceptions=True)
-    return out
+    return records, errors, early
 
 
 def compare(alone: dict, mixed: dict) -> dict:
@@ -452,8 +462,14 @@ async def run_policy(url: str, sizes: Sizes, args: argparse.Namespace) -> dict:
     await mixed("together", workloads(url, replace(sizes, agents=min(1, sizes.agents)), "http", 1, args), 0.0)
     await speech(url, "http", 1, 20, PROBE_TEXT)
     if args.probe:
-        for under in (None, "image", "video"):
-            result["probe"][under or "alone"] = await probes(url, sizes, under)
+        # alone before each background and after the last, pooled: a shared machine's load drifts over minutes
+        records: list[dict] = []
+        for under in ("image", "video"):
+            records += await probes(url, sizes, None)
+            got, errors, early = await probe_outcomes(url, sizes, under)
+            result["probe"][under] = summarize("probe", got, errors) | {"background_ended_early": early}
+        records += await probes(url, sizes, None)
+        result["probe"]["alone"] = summarize("probe", records, [])
         by_itself = result["probe"]["alone"]["ttfa_ms"]["p50"]
         for under in ("image", "video"):
             during = result["probe"][under]["ttfa_ms"]["p50"]

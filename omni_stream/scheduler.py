@@ -282,6 +282,11 @@ class Scheduler:
     # --- worker thread side ---
 
     @property
+    def declared_class(self) -> WorkClass:
+        """The class this scheduler was made with (its steps' class whenever they run a model)."""
+        return self._work_class
+
+    @property
     def work_class(self) -> WorkClass:
         """The class of this scheduler's next step (lock held): a throughput scheduler whose step would only hand
         released sequences back to the model steps as realtime work (it frees memory and takes no model time)."""

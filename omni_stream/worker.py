@@ -32,7 +32,6 @@ import itertools
 import logging
 import math
 import os
-import sys
 import threading
 import time
 from collections import deque
@@ -433,8 +432,6 @@ class DeviceWorker:
         """
         if not (self._in_throughput and self.policy.deadlines) or threading.get_ident() != self.thread_id:
             return  # plain rounds (comparisons) run a step to its end
-        if _in_greenlet():
-            return
         t0 = time.perf_counter()
         self._max_gap = max(self._max_gap, t0 - self._last_yield)
         self._last_yield = t0
@@ -481,6 +478,10 @@ class DeviceWorker:
         due: list[tuple[float, StepSource]] = []
         demand: float | None = None
         for source in self._sources:
+            # Never a throughput model's step, not even one that only releases (it may end greenlets, and this may
+            # run inside one of a step's): realtime models only.
+            if getattr(source, "declared_class", WorkClass.REALTIME) is not WorkClass.REALTIME:
+                continue
             if source is self._stepping or _class_of(source) is not WorkClass.REALTIME:
                 continue
             deadline = _urgency(source, now)
@@ -554,10 +555,3 @@ def _urgency(source: StepSource, now: float) -> float | None:
         deadline: float | None = urgency(now)
         return deadline
     return now if source.has_work() else None
-
-
-def _in_greenlet() -> bool:
-    """Whether this runs in a greenlet other than the thread's main one (a throughput job's own code, between
-    its model calls: realtime work never runs there, it returns to the step's own greenlet)."""
-    greenlet = sys.modules.get("greenlet")
-    return greenlet is not None and greenlet.getcurrent().parent is not None

@@ -156,6 +156,7 @@ class HeliosRunner:
         self.lock: AbstractContextManager[Any] = lock if lock is not None else threading.RLock()
         self.frames_per_chunk = (LATENT_FRAMES_PER_CHUNK - 1) * pipe.vae_scale_factor_temporal + 1
         self._note = note
+        self._yield: Any = yield_point if yield_point is not None else (lambda: None)
         intercepts = [
             Intercept("denoise", pipe.transformer, "forward", TRANSFORMER_ROWS),
             Intercept("decode", pipe.vae, "decode", ("z",), fine=True),
@@ -294,5 +295,8 @@ class HeliosRunner:
             state.history = torch.cat([state.history, latents], dim=2)
         state.history = state.history[:, :, -HISTORY_FRAMES:]
         state.chunk += 1
-        frames = (video[0, :keep].permute(0, 2, 3, 1) * 255).round().clamp(0, 255).to(torch.uint8)
-        return ChunkResult(frames.cpu().numpy(), tokens)
+        self._yield()  # full-size elementwise passes follow, outside any model's blocks
+        frames = video[0, :keep].mul(255).round_().clamp_(0, 255).to(torch.uint8)  # (n, 3, h, w), 1/4 the size
+        result = ChunkResult(frames.permute(0, 2, 3, 1).contiguous().cpu().numpy(), tokens)
+        self._yield()
+        return result
