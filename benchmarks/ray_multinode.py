@@ -5,11 +5,12 @@ every process it starts ends with it:
 
     unshare -n -p -f --mount-proc bash -c 'ip link set lo up && python benchmarks/ray_multinode.py'
 
-It starts the nodes with ``ray start``, deploys the serving app (synthetic checkpoint, 2 replicas, one GPU each,
-engines on CPU) through :func:`omni_stream.realtime.ray_serve.build_application`, checks that the replicas sit
-on the two GPU nodes with ``CUDA_VISIBLE_DEVICES`` set by Ray, streams through the head's proxy, and prints
-(and writes, with ``--out``) the figures as JSON. Inside the namespace the only interface is ``lo``, so Ray
-advertises 127.0.0.1; token auth is off (nothing outside the namespace can connect).
+It starts the nodes with ``ray start``, deploys the serving app (the tests' synthetic TTS, ``tests/synthetic``,
+found by every node through its entry point on ``PYTHONPATH``; 2 replicas, one GPU each, engines on CPU) through
+:func:`omni_stream.realtime.ray_serve.build_application`, checks that the replicas sit on the two GPU nodes with
+``CUDA_VISIBLE_DEVICES`` set by Ray, streams through the head's proxy, and prints (and writes, with ``--out``) the
+figures as JSON. Inside the namespace the only interface is ``lo``, so Ray advertises 127.0.0.1; token auth is off
+(nothing outside the namespace can connect).
 """
 
 from __future__ import annotations
@@ -61,9 +62,12 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled", OMP_NUM_THREADS="1")
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from synthetic import subprocess_env
+
     figures: dict = {"commit": _commit()}
     total = time.monotonic()
     temp = tempfile.mkdtemp(prefix="raymn", dir="/tmp")
+    os.environ.update(subprocess_env(Path(temp) / "synthetic-site"))  # every node's workers find the synthetic TTS
     figures["head_start_s"] = _ray_start(
         [
             "--head",

@@ -1,5 +1,6 @@
 """Image test fixtures (``pytest_plugins = ("image_fixtures",)``): tiny diffusers checkpoints written once per run
-and a synthetic text model that rewrites a prompt deterministically."""
+and the synthetic echo LM (``tests/synthetic``) as a rewriter, for the engine tests that must know the rewritten
+prompt exactly (that the diffusion paints from it); the serving tests put the tiny Qwen3 chat model there."""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
-"""Realtime test fixtures: a voice-agent engine (synthetic TTS + synthetic LM + an ASR model), spoken test audio.
+"""Realtime test fixtures: the voice agent's engine on the real tiny families (:func:`real_agent_loader`: the tests'
+greedy Qwen3-TTS, the tiny Qwen3 chat model, the tiny Whisper; the server's own Silero VAD), the same on doubles
+(:func:`agent_checkpoints`: synthetic TTS + echo LM + an ASR model, for the tests that need an exact transcript and
+answer), spoken test audio.
 
-The speech-input models are chosen by environment so the same tests run on the real ones:
+The doubles' speech-input models are chosen by environment so the same tests run on the real ones:
 ``OMNI_STREAM_TEST_VAD`` names a VAD factory (``module:attr``, a ``VadParams -> VoiceActivityDetector``) and
 ``OMNI_STREAM_TEST_ASR`` an ASR checkpoint directory; unset, the deterministic doubles of
 :mod:`realtime_doubles` serve.
@@ -59,6 +62,15 @@ def agent_loader(checkpoints: dict[str, Path], **options: Any) -> Any:
         return await AsyncEngine.load(sources, progress=False, **options)
 
     return load
+
+
+def real_agent_loader(**options: Any) -> Any:
+    """An async factory of the agent's engine on the real tiny families (checkpoints built once per machine)."""
+    from serving_helpers import tts_checkpoint
+    from tiny_models import tiny_asr, tiny_lm
+
+    checkpoints = {"tts": tts_checkpoint(), "lm": tiny_lm(), "asr": tiny_asr()}
+    return agent_loader(checkpoints, **options)
 
 
 def espeak(text: str, rate: int = 24000) -> np.ndarray:

@@ -1,9 +1,10 @@
 """A WebRTC round trip on loopback, run inside a private network namespace (``unshare -n``) by the webrtc tests.
 
-Starts the server (the voice agent with the test doubles) and an aiortc client that opens a data channel, sends
-espeak-ng speech as its microphone track and records the agent audio and data-channel logs it gets back; then
-closes and checks that the server freed everything. The server runs behind an API key, which the client sends
-with its offer (an offer without it is refused first). Prints one JSON line of findings.
+Starts the server (the voice agent with the test doubles, or with ``--real`` on the real tiny families) and an
+aiortc client that opens a data channel, sends espeak-ng speech as its microphone track and records the agent audio
+and data-channel logs it gets back; then closes and checks that the server freed everything. The server runs behind
+an API key, which the client sends with its offer (an offer without it is refused first). Prints one JSON line of
+findings.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import soundfile as sf
 aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: ["127.0.0.1"] if use_ipv4 else []
 
 sys.path.insert(0, str(Path(__file__).parent))
-
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription  # noqa: E402
 from aiortc.contrib.media import MediaPlayer  # noqa: E402
 from realtime_fixtures import agent_checkpoints, agent_loader, espeak, framed, vad_factory  # noqa: E402

@@ -1,4 +1,7 @@
-"""Admission paced by playback deadlines: the pure rule, and the scheduler stepping running streams first."""
+"""Admission paced by playback deadlines: the pure rule, and the scheduler stepping running streams first.
+
+The batch model is the synthetic talker (``tests/synthetic``): a step makes exactly the frames the test counts, at
+no cost, so deadlines and the order of steps are exact; a real model's step time would make them a race."""
 
 from __future__ import annotations
 

@@ -3,6 +3,10 @@ run-ahead bound the engine documents, and resuming loses and duplicates nothing.
 
 To make the bound's worst case happen on every run, each model step first lets the event loop run until
 every task is blocked: the stages take all the frames they can before the worker produces the next one.
+
+Why the synthetic TTS (``tests/synthetic``): every frame's samples are known, so a lost or duplicated sample shows,
+and the bound is counted in its frames at no step cost; the same bound on the tiny Qwen3-TTS's serving paths is
+in ``test_serving_disconnect.py``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Requests aborted at random points in every way a client can leave leave no per-request state behind."""
+"""Requests aborted at random points in every way a client can leave leave no per-request state behind.
+
+Why the synthetic families (``tests/synthetic``): hundreds of random aborts at zero step cost, with the model's
+release log; the real families' aborts are in ``test_causal_lm_aborts.py``, ``test_serving_disconnect.py`` and the
+image and video tests."""
 
 from __future__ import annotations
 

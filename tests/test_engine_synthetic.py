@@ -1,4 +1,7 @@
-"""AsyncEngine end to end on the synthetic family: loading, streaming, validation, errors, loop health."""
+"""AsyncEngine end to end on the synthetic family: loading, streaming, validation, errors, loop health.
+
+Why the synthetic TTS (``tests/synthetic``): faults at a chosen step, audio exact to the sample and the event loop's
+health at zero step cost; the engine on the tiny Qwen3-TTS is in ``test_qwen3_engine.py``."""
 
 from __future__ import annotations
 

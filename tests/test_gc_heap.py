@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 
+from serving_helpers import tts_checkpoint
 from uvicorn.config import Config
 from uvicorn.lifespan.on import LifespanOn
 
@@ -12,14 +13,12 @@ from omni_stream.realtime.app import create_app
 from omni_stream.realtime.settings import Settings
 from omni_stream.runtime import gc_heap
 
-pytest_plugins = ("serving_fixtures",)
 
-
-async def test_an_app_stopping_leaves_the_engine_it_was_given_frozen(synthetic_checkpoint, monkeypatch) -> None:
+async def test_an_app_stopping_leaves_the_engine_it_was_given_frozen(monkeypatch) -> None:
     # Only this test's holders count (a session's shared live server may hold the heap in this process).
     monkeypatch.setattr(gc_heap, "_holders", 0)
     gc.unfreeze()
-    async with await AsyncEngine.from_pretrained(synthetic_checkpoint, progress=False) as engine:
+    async with await AsyncEngine.from_pretrained(tts_checkpoint(), progress=False) as engine:
         assert gc_heap._holders == 1 and gc.get_freeze_count() > 0
         lifespan = LifespanOn(Config(create_app(engine, Settings()), lifespan="on"))
         await lifespan.startup()

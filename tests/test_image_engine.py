@@ -4,6 +4,10 @@ Order of outputs, the rewritten prompt reaching the diffusion, previews, batchin
 share each denoiser call, a request joins a running batch at the next step and paints what it paints alone),
 cancellation between steps (the step log), random aborts, masks, the three pipeline classes (InstructPix2Pix,
 Stable Diffusion, Qwen-Image-Edit), dummy weights and the embedded default.
+
+The rewriting text model is the synthetic echo LM (``tests/synthetic``): the test that the diffusion paints from the
+rewritten prompt compares it with a request given that exact prompt, which no random model writes; the routes run
+the tiny Qwen3 there (``test_image_serving.py``).
 """
 
 from __future__ import annotations

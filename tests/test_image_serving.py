@@ -1,5 +1,10 @@
 """POST /v1/images/edits and /v1/images/generations on a real server: the unchanged openai SDK, httpx on the
-vLLM-Omni dialect, in-band errors, a client leaving mid-denoise, random aborts, and every bad input a 400."""
+vLLM-Omni dialect, in-band errors, a client leaving mid-denoise, random aborts, and every bad input a 400.
+
+The edit server puts the tiny Qwen3 chat model (random weights: it rewrites the prompt into babble, bounded by what
+the image model's text encoder reads) before InstructPix2Pix-tiny, so the checks are on the stream's shape and on
+the rewrite's deltas joining to the revised prompt; the engine tests of ``test_image_engine.py`` check that the
+diffusion paints from the rewritten prompt, with the synthetic echo LM (an exact rewrite)."""
 
 from __future__ import annotations
 
@@ -14,7 +19,6 @@ import numpy as np
 import openai
 import pytest
 from image_helpers import (
-    REWRITE_PREFIX,
     call_hooks,
     calls_of,
     decode_b64_image,
@@ -24,6 +28,7 @@ from image_helpers import (
 )
 from serving_helpers import running_server
 from starlette.requests import Request
+from tiny_models import tiny_lm
 
 from omni_stream.family import ModelKind
 from omni_stream.realtime.common.body_limit import BodyTooLarge
@@ -36,11 +41,11 @@ PNG = png_bytes(picture())
 
 
 @pytest.fixture(scope="module")
-def ar_server(pix2pix_checkpoint, rewriting_lm):
-    """A text model in front of InstructPix2Pix-tiny (the AR + diffusion pipeline)."""
+def ar_server(pix2pix_checkpoint):
+    """The tiny Qwen3 chat model in front of InstructPix2Pix-tiny (the AR + diffusion pipeline)."""
 
     async def load():
-        return await load_engine(pix2pix_checkpoint, rewriting_lm)
+        return await load_engine(pix2pix_checkpoint, tiny_lm())
 
     with running_server(None, load=load) as live:
         yield live
@@ -106,7 +111,7 @@ def test_the_openai_sdk_streams_text_deltas_then_two_previews_then_the_image(ar_
     types = [e.type for e in events]
     n_text = types.count("image_edit.text_delta")
     assert types == ["image_edit.text_delta"] * n_text + ["image_edit.partial_image"] * 2 + ["image_edit.completed"]
-    assert "".join(e.delta for e in events[:n_text]) == f"{REWRITE_PREFIX} make it snowy"
+    assert n_text >= 1 and "".join(e.delta for e in events[:n_text]).strip()  # the rewrite streamed first
     assert [e.partial_image_index for e in events[n_text:-1]] == [0, 1]
     done = events[-1]
     assert decode_b64_image(done.b64_json).size == (64, 48) and done.size == "64x48" and done.output_format == "png"
@@ -118,7 +123,7 @@ def test_the_openai_sdk_streams_text_deltas_then_two_previews_then_the_image(ar_
 
 def test_the_openai_sdk_without_stream_gets_one_decodable_image(ar_server):
     result = client(ar_server).images.edit(model=MODEL, image=("in.png", PNG, "image/png"), prompt="make it snowy")
-    assert len(result.data) == 1 and result.data[0].revised_prompt == f"{REWRITE_PREFIX} make it snowy"
+    assert len(result.data) == 1 and result.data[0].revised_prompt.strip()  # what the text model wrote
     assert decode_b64_image(result.data[0].b64_json).size == (64, 64)
     assert result.usage.total_tokens == result.usage.input_tokens + result.usage.output_tokens > 0
     jpeg = client(ar_server).images.edit(
@@ -150,7 +155,7 @@ def test_the_vllm_dialect_streams_ar_deltas_one_image_then_done(ar_server):
     for delta in datas[:n]:
         assert set(delta) == {"object", "type", "delta", "index", "created", "model"}
         assert delta["object"] == "image.edit.chunk" and delta["index"] == 0 and delta["model"] == MODEL
-    assert "".join(d["delta"] for d in datas[:n]) == f"{REWRITE_PREFIX} make it snowy"
+    assert "".join(d["delta"] for d in datas[:n]).strip()  # the rewrite, streamed before the image
     image = datas[n]
     assert set(image) == {"object", "type", "data", "output_format", "size", "created", "model"}
     assert [set(item) for item in image["data"]] == [{"b64_json", "url", "revised_prompt"}]
@@ -373,7 +378,7 @@ async def test_the_form_reader_stops_at_the_file_limit_without_reading_on():
         await read_form(declared, FormLimits(max_file_bytes=limit, max_files=1))
 
 
-async def test_serve_loads_an_image_model_beside_a_text_model(pix2pix_checkpoint, rewriting_lm):
+async def test_serve_loads_an_image_model_beside_a_text_model(pix2pix_checkpoint):
     import argparse
 
     from omni_stream.engine import AsyncEngine
@@ -381,7 +386,7 @@ async def test_serve_loads_an_image_model_beside_a_text_model(pix2pix_checkpoint
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = parser.parse_args(["--model", str(pix2pix_checkpoint), "--llm", str(rewriting_lm)])
+    args = parser.parse_args(["--model", str(pix2pix_checkpoint), "--llm", str(tiny_lm())])
     async with await AsyncEngine.from_pretrained(args.model, llm=args.llm, progress=False) as engine:
         assert sorted(engine.models.kinds) == [ModelKind.IMAGE, ModelKind.TEXT]
 

@@ -1,4 +1,8 @@
-"""The omni core: generate() over any pipeline, two-model pipelines (LLM -> TTS), streamed text input, abort by id."""
+"""The omni core: generate() over any pipeline, two-model pipelines (LLM -> TTS), streamed text input, abort by id.
+
+Why the synthetic families (``tests/synthetic``): the pipeline's mechanics are checked on a reply of known text and
+audio exact to the sample, at zero step cost; the same pair on the tiny Qwen3 and Qwen3-TTS is in
+``test_serving_chat.py``."""
 
 from __future__ import annotations
 

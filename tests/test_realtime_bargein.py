@@ -1,5 +1,9 @@
 """Barge-in, proved by the models' step logs: speech during a response releases its TTS and LLM requests before
-their next step, and no audio of the response follows its ``response.done``."""
+their next step, and no audio of the response follows its ``response.done``.
+
+Why the doubles (``realtime_doubles``, ``tests/synthetic``): the answer must still be generating when the user
+speaks (forty sentences the echo LM is told to say) and the interruption's onset must be exact (the energy VAD on
+tones). A barge-in on the real families is in ``test_realtime_agent_real.py``."""
 
 from __future__ import annotations
 

@@ -3,6 +3,11 @@ agent answers through WS /v1/realtime and the page plays it, with no console err
 
 Needs Debian's Chromium at /usr/bin/chromium and the ``playwright`` package (no downloaded browsers). Set
 ``OMNI_STREAM_REALTIME_SCREENSHOT=path.png`` to keep a screenshot of the page after the answer.
+
+Why the doubles (``realtime_doubles``, ``tests/synthetic``): the page asks for no reply bound, so a random LM would
+answer at length before the page could play the answer out, and the turn and answer are checked word for word.
+The agent's route on the real families is in ``test_realtime_sdk.py``; the page over WebRTC on them in the WebRTC
+tier.
 """
 
 from __future__ import annotations

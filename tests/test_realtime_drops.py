@@ -1,4 +1,8 @@
-"""100 realtime sessions dropped at random points leave no state in any scheduler, detector or buffer."""
+"""100 realtime sessions dropped at random points leave no state in any scheduler, detector or buffer.
+
+Why the doubles (``realtime_doubles``, ``tests/synthetic``): a hundred sessions at zero step cost on two shared
+cores, and the energy VAD's live detectors counted; the real families' sessions end clean in
+``test_realtime_sdk.py``, ``test_realtime_agent_real.py`` and ``test_realtime_preemptive.py``."""
 
 from __future__ import annotations
 

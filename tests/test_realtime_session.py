@@ -1,4 +1,7 @@
-"""The voice-agent session driver on a real engine, without a transport: run-ahead pacing on a fake clock."""
+"""The voice-agent session driver on a real engine, without a transport: run-ahead pacing on a fake clock.
+
+Why the synthetic TTS and echo LM (``tests/synthetic``): the run-ahead test needs an answer longer than the bound
+and chunks of known length, produced faster than real time; the transcript bound runs the tiny Whisper."""
 
 from __future__ import annotations
 

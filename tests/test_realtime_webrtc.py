@@ -1,5 +1,9 @@
 """WebRTC through fastrtc (the ``[webrtc]`` extra): an aiortc client on loopback in a private network namespace
-talks to the voice agent; closing it frees everything. Skipped without fastrtc, aiortc or ``unshare``."""
+talks to the voice agent; closing it frees everything. Skipped without fastrtc, aiortc or ``unshare``.
+
+One call runs on the real tiny families (Silero, Smart Turn, Whisper, Qwen3, Qwen3-TTS); the others run on the
+doubles (``realtime_doubles``, ``tests/synthetic``), where the call must be quick and its turn exact: the
+concurrency limit, the key, the page's fake microphone."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Batch scheduler, stepped by hand on the test's thread so every assertion is about step counts and order."""
+"""Batch scheduler, stepped by hand on the test's thread so every assertion is about step counts and order.
+
+The batch model is the synthetic talker (``tests/synthetic``): its faults at chosen steps and its zero step cost
+make every count exact."""
 
 from __future__ import annotations
 
