@@ -41,6 +41,7 @@ DEFAULT_MAX_WAIT_S = 0.5
 DEFAULT_MARGIN_S = 0.05
 DEFAULT_YIELD_SLACK_S = 1.0
 DEFAULT_STEP_COST_S = 0.05  # a throughput source's step cost before one was measured
+DEFAULT_MIN_PROGRESS_S = 0.1  # after realtime work held a step max_wait at a yield point, it runs this long first
 
 
 class WorkClass(StrEnum):
@@ -57,6 +58,8 @@ class DevicePolicy:
     ``max_wait``: the fairness bound, the longest a runnable throughput source waits for a step (default 0.5).
     ``margin``: slack a realtime stream keeps beyond a throughput step's expected cost (default 0.05).
     ``yield_slack``: a realtime source whose streams all hold this much slack yields to throughput (default 1.0).
+    ``min_progress``: once realtime work has held a throughput step ``max_wait`` at one of its yield points, the
+    step runs at least this long before its next one (default 0.1).
     ``throughput_stream``: on CUDA, throughput steps launch on a low-priority side stream so their kernels overlap
     the realtime models' (default True; no effect on CPU).
     """
@@ -66,10 +69,11 @@ class DevicePolicy:
     margin: float = DEFAULT_MARGIN_S
     yield_slack: float = DEFAULT_YIELD_SLACK_S
     default_cost: float = DEFAULT_STEP_COST_S
+    min_progress: float = DEFAULT_MIN_PROGRESS_S
     throughput_stream: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("max_wait", "margin", "yield_slack", "default_cost"):
+        for name in ("max_wait", "margin", "yield_slack", "default_cost", "min_progress"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0 s, got {getattr(self, name)}")
 

@@ -180,7 +180,6 @@ class DeviceWorker:
         self._throughput_context = throughput_context
         self._realtime_context = realtime_context
         self._in_throughput = False  # a throughput step runs (worker thread only)
-        self._nested = 0.0  # seconds of realtime work run at its yield points (worker thread only)
         self._stepping: StepSource | None = None  # the throughput source whose step runs
         self._next_yield_check = 0.0
         self.record = record
@@ -397,8 +396,8 @@ class DeviceWorker:
         t0 = time.perf_counter()
         throughput = work_class is WorkClass.THROUGHPUT
         if throughput:
-            self._in_throughput, self._nested, self._stepping = True, 0.0, source
-            self._last_yield, self._max_gap = t0, 0.0
+            self._in_throughput, self._stepping = True, source
+            self._last_yield, self._max_gap, self._next_yield_check = t0, 0.0, 0.0
         try:
             if throughput and self._throughput_context is not None:
                 with self._throughput_context():
@@ -427,16 +426,17 @@ class DeviceWorker:
         ``yield_slack`` (the ones the worker's rounds put before throughput work). With none runnable while a live
         stream is within ``margin`` of running dry (a request whose first audio is being made: its next job is on
         the event loop), the step waits here for it, woken by its submission, as the worker would between steps.
-        All of this takes at most ``max_wait`` of one step (the fairness bound holds inside a step too); then the
-        step runs to its end.
+        The fairness bound holds inside a step too: once realtime work has held it ``max_wait`` at one yield point,
+        the step runs at least ``min_progress`` before its next one (under a full realtime load it still gets
+        ``min_progress`` in every ``max_wait + min_progress``).
         """
         if not (self._in_throughput and self.policy.deadlines) or threading.get_ident() != self.thread_id:
             return  # plain rounds (comparisons) run a step to its end
         t0 = time.perf_counter()
         self._max_gap = max(self._max_gap, t0 - self._last_yield)
         self._last_yield = t0
-        if t0 < self._next_yield_check or self._nested >= self.policy.max_wait:
-            return  # the step has given realtime work its share: it runs to its end (the fairness bound)
+        if t0 < self._next_yield_check:
+            return
         self._next_yield_check = t0 + YIELD_CHECK_S
         self._in_throughput = False  # no yield point inside what runs here
         try:
@@ -447,8 +447,9 @@ class DeviceWorker:
                     now = time.perf_counter()
                     due, demand = self._due_realtime(now)
                     jobs, groups = list(self._jobs), list(self._groups.items())
-                    held = self._nested + now - t0
-                    if held >= self.policy.max_wait:
+                    held = now - t0
+                    if held >= self.policy.max_wait:  # the fairness bound: the step goes on for a while first
+                        self._next_yield_check = now + self.policy.min_progress
                         return
                     if not (due or jobs or groups):
                         if demand is None or demand - now >= self.policy.margin:
@@ -469,7 +470,6 @@ class DeviceWorker:
                         self._step(source, "")
         finally:
             self._last_yield = time.perf_counter()
-            self._nested += self._last_yield - t0
             self._in_throughput = True
 
     def _due_realtime(self, now: float) -> tuple[list[StepSource], float | None]:
