@@ -14,6 +14,7 @@ import functools
 import io
 import json
 import re
+import threading
 
 import httpx
 import numpy as np
@@ -212,9 +213,20 @@ def test_the_early_encoder_is_closed_when_the_stream_fails_or_the_client_leaves(
     from omni_stream.realtime.common.audio_out import AudioOut, first_chunk_and_output
     from omni_stream.realtime.common.errors import ApiError
 
-    closed: list[AudioOut] = []
-    close = AudioOut.close
-    monkeypatch.setattr(AudioOut, "close", lambda self: (closed.append(self), close(self))[1])
+    # Only this test's outputs count: the shared server's thread may still be closing an earlier request's.
+    me, opened, closed = threading.get_ident(), [], []
+    original_open, close = AudioOut.open.__func__, AudioOut.close  # type: ignore[attr-defined]
+
+    async def recording_open(cls, *args, **kwargs):
+        out = await original_open(cls, *args, **kwargs)
+        if threading.get_ident() == me:
+            opened.append(out)
+        return out
+
+    monkeypatch.setattr(AudioOut, "open", classmethod(recording_open))
+    monkeypatch.setattr(
+        AudioOut, "close", lambda self: (closed.append(self) if self in opened else None, close(self))[1]
+    )
 
     async def failing():
         raise ApiError(400, "bad voice")
@@ -227,10 +239,10 @@ def test_the_early_encoder_is_closed_when_the_stream_fails_or_the_client_leaves(
     async def main() -> None:
         with pytest.raises(ApiError, match="bad voice"):
             await first_chunk_and_output(failing(), "mp3", RATE, None)
-        assert len(closed) == 1
+        assert len(closed) == len(opened) == 1
         with anyio.move_on_after(0.5):
             await first_chunk_and_output(silent(), "pcm", RATE, None)
-        assert len(closed) == 2
+        assert len(closed) == len(opened) == 2
 
     anyio.run(main)
 
