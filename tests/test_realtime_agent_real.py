@@ -26,13 +26,11 @@ REPLY_TOKENS = 8
 
 
 @pytest.fixture(scope="module")
-def real_agent(tmp_path_factory):
-    from omni_stream.models.causal_lm.checkpoint import write_tiny_checkpoint as tiny_lm
-    from omni_stream.models.qwen3_tts.checkpoint import write_tiny_checkpoint as tiny_tts
-    from omni_stream.models.whisper.checkpoint import write_tiny_checkpoint as tiny_whisper
+def real_agent():
+    from tiny_models import tiny_asr, tiny_lm, tiny_tts
 
-    root = tmp_path_factory.mktemp("real-agent")
-    paths = {"tts": tiny_tts(root / "tts"), "lm": tiny_lm(root / "lm"), "asr": tiny_whisper(root / "asr")}
+    # the embedded defaults (built once per machine, not per run)
+    paths = {"tts": tiny_tts(), "lm": tiny_lm(), "asr": tiny_asr()}
 
     async def load() -> AsyncEngine:
         sources = {
