@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator
 import anyio
 import numpy as np
 import pytest
-from asr_helpers import utterance
+import torch
+from asr_helpers import step_together, utterance
 
 from omni_stream.chunks import Audio, TextDelta
 from omni_stream.codecs.resample import resample
@@ -101,14 +102,15 @@ async def test_a_stream_without_a_final_chunk_ends_with_its_iterator(engine):
 async def test_a_transcript_stops_at_end_of_text(tiny_whisper):
     async with await AsyncEngine.from_pretrained(tiny_whisper, progress=False) as engine:
         runner = engine.models.get(ModelKind.TRANSCRIPTION).runner
-        real_decode, eot = runner._decode, runner.tokens.eot
+        real_run, eot = runner._run, runner.tokens.eot
+        assert runner.decode_graphs is None  # the CPU runs the decoder call itself, so it can be wrapped
 
-        def eot_wins(seqs):  # end of text scores best; the first token may not be it (begin suppression)
-            logits = real_decode(seqs)
-            logits[:, eot] = logits.max() + 1.0
-            return logits
+        def eot_wins(b, w, span):  # end of text is picked, but not first (begin suppression masks it there)
+            real_run(b, w, span)
+            first = runner._inputs(runner._dec_in, b, w)[:, 2].bool()
+            runner._picks[:b, 0] = torch.where(first, runner._picks[:b, 0], eot)
 
-        runner._decode = eot_wins
+        runner._run = eot_wins
         text, deltas, usage = await transcript(engine, TranscriptionRequest(utterance("noise", 1.0), language="en"))
     assert text and [d.finish_reason for d in deltas if d.final] == ["stop"]
     assert usage["transcription"].output_tokens == 2  # one text token, then end of text
@@ -276,8 +278,6 @@ def test_the_embedded_default_is_built_once_atomically(tmp_path, monkeypatch, ca
 async def test_newcomers_encode_at_a_batch_bucket_and_padding_changes_no_token(engine):
     """The encoder runs at bucketed batch sizes only (what a CUDA graph replays; the padding rows encode silence into
     a spare slot): three newcomers encode as a batch of four and decode the tokens each gets alone."""
-    from omni_stream.batch_model import Batch, Sequence
-
     family = engine.models.get(ModelKind.TRANSCRIPTION)
     runner = family.runner
     runner.record = True
@@ -285,27 +285,94 @@ async def test_newcomers_encode_at_a_batch_bucket_and_padding_changes_no_token(e
         family._prepare(audio, TranscriptionRequest(audio, 16000, max_tokens=10), None)
         for audio in (utterance("noise", 1.0, seed=1), utterance("tone440", 0.7), utterance("noise", 2.0, seed=2))
     ]
-
-    def transcribe(group: list[int]) -> dict[int, str]:
-        seqs = [Sequence(i, payloads[i], slot=k) for k, i in enumerate(group)]
-        texts = dict.fromkeys(group, "")
-        batch, live = Batch(prefill=tuple(seqs)), list(seqs)
-        while live:
-            for out in runner.step(batch):
-                if out.item is not None:
-                    texts[out.seq_id] += out.item.text
-                if out.finished:
-                    live = [s for s in live if s.seq_id != out.seq_id]
-            batch = Batch(decode=tuple(live))
-        for seq in seqs:
-            runner.release(seq)
-        return texts
-
-    alone = {i: transcribe([i])[i] for i in range(3)}
+    alone = [step_together(runner, [p])[0] for p in payloads]
     runner.log.clear()
-    together = transcribe([0, 1, 2])
+    together = step_together(runner, payloads)
     assert together == alone
     encodes = [e for e in runner.log if e[0] == "encode"]
     assert encodes == [("encode", 3, 4, "eager")]  # CPU: the same static-buffer encoder, eagerly
     assert all(b in runner.encode_buckets for _, _, b, _ in encodes)
     assert not runner.live
+
+
+def decoder_payloads(family, n: int) -> list:
+    """``n`` requests of every kind a decoder call meets: a named language, language detection, a context prompt
+    (a wide prompt), long and short budgets (spans past the smallest bucket)."""
+    out = []
+    for i in range(n):
+        audio = utterance("noise" if i % 2 else f"tone{300 + 100 * i}", 0.4 + 0.3 * i, seed=i)
+        kind = i % 4
+        request = TranscriptionRequest(
+            audio,
+            16000,
+            language=(None if kind == 1 else "en"),
+            prompt=("hello world this is a speech test and this is a voice" if kind == 2 else None),
+            max_tokens=(80 if kind == 3 else 6 + i),
+        )
+        out.append(family._prepare(audio, request, family.tokens.language_id(request.language)))
+    return out
+
+
+async def test_every_decoder_call_runs_at_a_captured_shape_and_gives_the_unbucketed_tokens(tiny_whisper):
+    """Each batch size 1..8 (and rows in scattered slots): every decoder call runs at a shape of the set captured as
+    CUDA graphs at load (no other shape, so no eager path for a size seen for the first time), and each request's
+    tokens equal those of the same decode at each step's exact shape."""
+    async with await AsyncEngine.from_pretrained(tiny_whisper, progress=False, max_batch_size=8) as engine:
+        family = engine.models.get(ModelKind.TRANSCRIPTION)
+        runner = family.runner
+        runner.record = True
+        keys = set(runner.shapes.keys())
+        payloads = decoder_payloads(family, 8)
+        groups = [(list(range(n)), None) for n in range(1, 9)] + [([0, 1, 2], [0, 3, 6]), ([3, 2], [5, 1])]
+        seen, padded = set(), 0
+        for group, slots in groups:
+            batch = [payloads[i] for i in group]
+            runner.pad_shapes, mark = True, len(runner.log)
+            bucketed = step_together(runner, batch, slots)
+            calls = [e[2:5] for e in runner.log[mark:] if e[0] == "decode"]
+            runner.pad_shapes, mark = False, len(runner.log)
+            exact = step_together(runner, batch, slots)
+            exact_calls = [e[2:5] for e in runner.log[mark:] if e[0] == "decode"]
+            assert bucketed == exact
+            assert all(tokens for _, tokens in bucketed)
+            assert set(calls) <= keys, set(calls) - keys
+            assert len(calls) == len(exact_calls)
+            for (b, w, span), (eb, ew, espan) in zip(calls, exact_calls, strict=True):
+                assert (b, w, span) == runner.shapes.pick(eb, ew, espan)
+            assert exact_calls[0][0] == max(slots or group) + 1  # rows up to the highest slot
+            padded += sum(c != e for c, e in zip(calls, exact_calls, strict=True))
+            seen |= set(calls)
+        assert padded > 0.9 * sum(1 for e in runner.log if e[0] == "decode") / 2  # nearly every call was padded
+        assert all(e[-1] == "eager" for e in runner.log if e[0] == "decode")  # CPU: no graphs, the same shapes
+        # The mix reached every kind of call: tokens alone at the first two spans, a plain prompt, a context prompt
+        assert {(1, 64), (1, 128), (4, 448)} <= {(w, span) for _, w, span in seen}
+        assert any(w > 4 for _, w, _ in seen) and {b for b, _, _ in seen} == {1, 2, 4, 8}
+        assert not runner.live
+
+
+async def test_a_paused_row_keeps_its_cache_while_calls_run_over_its_slot(engine):
+    """A row the scheduler leaves out of some steps (its reader is slow) sits idle in calls that cover its slot:
+    it feeds nothing and its cache stays as it was, so its transcript is the one it gets alone."""
+    from omni_stream.batch_model import Batch, Sequence
+
+    family = engine.models.get(ModelKind.TRANSCRIPTION)
+    runner = family.runner
+    runner.record = True
+    payloads = decoder_payloads(family, 4)[2:]  # a context prompt, then a long budget
+    alone = [step_together(runner, [p])[0][1] for p in payloads]
+    mark = len(runner.log)
+    paused, other = Sequence(0, payloads[0], slot=0), Sequence(1, payloads[1], slot=1)
+    runner.step(Batch(prefill=(paused, other)))
+    runner.step(Batch(decode=(paused, other)))
+    for _ in range(4):  # slot 0 idle below slot 1
+        runner.step(Batch(decode=(other,)))
+    live = [paused, other]
+    while live:
+        outs = runner.step(Batch(decode=tuple(live)))
+        live = [s for s, o in zip(live, outs, strict=True) if not o.finished]
+    for seq in (paused, other):
+        runner.release(seq)
+    tokens = [[e[2] for e in runner.log[mark:] if e[0] == "token" and e[1] == i] for i in (0, 1)]
+    assert tokens == alone
+    calls = [e for e in runner.log[mark:] if e[0] == "decode"]
+    assert [e[1:3] for e in calls[2:6]] == [(1, 2)] * 4  # one live row in a call over two slots

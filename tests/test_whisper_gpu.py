@@ -1,54 +1,118 @@
-"""GPU only: the Whisper encoder's CUDA graphs (one per batch bucket, captured at load) give the eager encoder's
-transcripts, and a burst of a new size replays a graph instead of running eagerly."""
+"""GPU only: Whisper's CUDA graphs, captured at load (the encoder per batch bucket, the decoder call per shape),
+give the eager paths' transcripts, and a batch of a size seen for the first time replays graphs: nothing is
+captured, and nothing runs eagerly, at request time."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
-from asr_helpers import utterance
+from asr_helpers import step_together, utterance
 
-from omni_stream.batch_model import Batch, Sequence
 from omni_stream.engine import AsyncEngine
 from omni_stream.family import ModelKind
+from omni_stream.runtime.cuda_graphs import GraphSet
 from omni_stream.transcription.spec import TranscriptionRequest
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 pytest_plugins = ("asr_fixtures",)
 
-
-def transcribe(runner, payloads, group: list[int]) -> dict[int, str]:
-    seqs = [Sequence(i, payloads[i], slot=k) for k, i in enumerate(group)]
-    texts = dict.fromkeys(group, "")
-    batch, live = Batch(prefill=tuple(seqs)), list(seqs)
-    while live:
-        for out in runner.step(batch):
-            if out.item is not None:
-                texts[out.seq_id] += out.item.text
-            if out.finished:
-                live = [s for s in live if s.seq_id != out.seq_id]
-        batch = Batch(decode=tuple(live))
-    for seq in seqs:
-        runner.release(seq)
-    return texts
+N = 8  # slots: batch sizes 1..N
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def engine(tiny_whisper):
+    return AsyncEngine.from_pretrained(tiny_whisper, device="cuda", dtype="float32", max_batch_size=N, progress=False)
+
+
+def payloads(family, n: int) -> list:
+    """Named language, detection, a context prompt (a wide prompt call), a long budget (a wider span), in turn."""
+    out = []
+    for i in range(n):
+        audio = utterance("noise" if i % 2 else f"tone{300 + 100 * i}", 0.4 + 0.3 * i, seed=i)
+        kind = i % 4
+        request = TranscriptionRequest(
+            audio,
+            16000,
+            language=None if kind == 1 else "en",
+            prompt="hello world this is a speech test and this is a voice" if kind == 2 else None,
+            max_tokens=80 if kind == 3 else 6 + i,
+        )
+        out.append(family._prepare(audio, request, family.tokens.language_id(request.language)))
+    return out
+
+
 async def test_encoder_graphs_equal_the_eager_encoder_at_every_bucket(tiny_whisper):
-    async with await AsyncEngine.from_pretrained(
-        tiny_whisper, device="cuda", dtype="float32", max_batch_size=8, progress=False
-    ) as engine:
-        family = engine.models.get(ModelKind.TRANSCRIPTION)
+    async with await engine(tiny_whisper) as eng:
+        family = eng.models.get(ModelKind.TRANSCRIPTION)
         runner = family.runner
         assert runner.encode_graphs is not None and len(runner.encode_graphs) == len(runner.encode_buckets)
         runner.record = True
-        audios = [utterance("noise", 0.5 + 0.3 * i, seed=i) for i in range(5)]
-        payloads = [family._prepare(a, TranscriptionRequest(a, 16000, max_tokens=8), None) for a in audios]
-        graphed = transcribe(runner, payloads, [0, 1, 2, 3, 4])  # five newcomers: the bucket of eight
+        batch = payloads(family, 5)
+        graphed = step_together(runner, batch)  # five newcomers: the bucket of eight
         encodes = [e for e in runner.log if e[0] == "encode"]
         assert encodes == [("encode", 5, 8, "graph")]
         graphs, runner.encode_graphs = runner.encode_graphs, None
         try:
-            eager = transcribe(runner, payloads, [0, 1, 2, 3, 4])
+            eager = step_together(runner, batch)
         finally:
             runner.encode_graphs = graphs
         assert graphed == eager
+
+
+async def test_decoder_graphs_give_the_eager_tokens_at_every_batch_size(tiny_whisper):
+    """Batch sizes 1..N: the graphed decoder's tokens equal the eager decoder's at the same shapes and at each
+    step's exact (unbucketed) shape, and every decoder call replayed a graph."""
+    async with await engine(tiny_whisper) as eng:
+        family = eng.models.get(ModelKind.TRANSCRIPTION)
+        runner = family.runner
+        keys = runner.shapes.keys()
+        assert runner.decode_graphs is not None and len(runner.decode_graphs) == len(keys)
+        runner.record = True
+        every = payloads(family, N)
+        for n in range(1, N + 1):
+            batch = every[:n]
+            mark = len(runner.log)
+            graphed = step_together(runner, batch)
+            calls = [e for e in runner.log[mark:] if e[0] == "decode"]
+            assert calls and all(e[-1] == "graph" for e in calls), calls
+            graphs, runner.decode_graphs = runner.decode_graphs, None
+            try:
+                eager = step_together(runner, batch)  # the same shapes, eagerly
+                runner.pad_shapes = False
+                exact = step_together(runner, batch)  # each step's exact shape, eagerly
+            finally:
+                runner.decode_graphs, runner.pad_shapes = graphs, True
+            assert graphed == eager == exact, n
+            assert all(tokens for _, tokens in graphed)
+
+
+async def test_a_batch_size_seen_for_the_first_time_replays_graphs(tiny_whisper, monkeypatch):
+    """Through the engine: bursts of 1, 3, 5 and 8 requests (each size new) run every encoder pass and decoder
+    call from a graph captured at load; no capture happens while they run."""
+    async with await engine(tiny_whisper) as eng:
+        family = eng.models.get(ModelKind.TRANSCRIPTION)
+        runner = family.runner
+        counts = (len(runner.encode_graphs), len(runner.decode_graphs))
+        assert counts == (len(runner.encode_buckets), len(runner.shapes.keys()))
+
+        def no_capture(self, key):
+            raise AssertionError(f"a CUDA graph captured at request time: {key}")
+
+        monkeypatch.setattr(GraphSet, "capture", no_capture)
+        runner.record = True
+        clips = [utterance("noise", 0.5 + 0.2 * i, seed=40 + i) for i in range(N)]
+
+        async def one(audio) -> str:
+            request = TranscriptionRequest(audio, language="en", max_tokens=60)  # long enough to overlap
+            return "".join([out.chunk.text async for out in eng.generate(request)])
+
+        for size in (1, 3, 5, 8):
+            texts = await asyncio.gather(*(one(a) for a in clips[:size]))
+            assert all(texts)
+        encodes = [e for e in runner.log if e[0] == "encode"]
+        calls = [e for e in runner.log if e[0] == "decode"]
+        assert encodes and all(e[-1] == "graph" for e in encodes), encodes
+        assert calls and all(e[-1] == "graph" for e in calls), [e for e in calls if e[-1] != "graph"]
+        assert len({e[2] for e in calls}) >= 3  # calls over several row buckets, each met for the first time
+        assert (len(runner.encode_graphs), len(runner.decode_graphs)) == counts

@@ -149,6 +149,10 @@ async def test_a_newcomer_joining_a_running_batch_gets_its_solo_transcript(tiny_
         steps = [e for e in runner.log if e[0] == "step"]
         # One step encoded every newcomer while the first request decoded its next token.
         assert any(len(prefill) == len(clips) - 1 and first_seq in decode for _, prefill, decode in steps)
+        # Every decoder call, the newcomers' prompts beside the running token included, ran at a shape captured
+        # as a CUDA graph at load (a prompt call: width 4, every position; a token call: width 1).
+        calls = {e[2:5] for e in runner.log if e[0] == "decode"}
+        assert calls <= set(runner.shapes.keys()) and {w for _, w, _ in calls} == {1, 4}
 
 
 async def test_rows_in_scattered_slots_decode_as_in_consecutive_ones(tiny_whisper):

@@ -1,4 +1,5 @@
-"""Whisper's prompt and text pieces: language names and codes, prompts, incremental detokenization."""
+"""Whisper's prompt and text pieces: language names and codes, prompts, incremental detokenization, and the shapes
+of the decoder call (the buckets captured as CUDA graphs)."""
 
 from __future__ import annotations
 
@@ -75,3 +76,34 @@ def test_flush_sends_an_unfinished_character_at_the_end(tokenizer):
     detok = Detokenizer(tokenizer.backend_tokenizer.decode, EOT)
     assert [detok.push(i) for i in first_byte][-1] == ""
     assert detok.flush() == "\ufffd"  # the stream ended inside a character: sent as the replacement character
+
+
+def test_the_longest_prompt_keeps_half_the_positions_of_context(tokens):
+    assert tokens.max_context == 223
+    longest = tokens.prompt(EN, (7,) * tokens.max_context)
+    assert tokens.max_prompt_length == longest.length == 228 == len(longest.tokens())
+    english = WhisperTokens.from_generation_config(generation_config(tiny_config(False), multilingual=False), 448)
+    assert english.max_prompt_length == 1 + 223 + 1 + 1  # <|startofprev|>, context, sot, no-timestamps
+
+
+@pytest.mark.parametrize("slots", [1, 3, 8, 32])
+def test_every_decoder_call_shape_is_one_of_the_captured_keys(slots):
+    """Every (rows, width, span) a decoder call can need picks a bucket that covers it and is among the keys
+    captured at load; nothing else is captured."""
+    from omni_stream.models.whisper.shapes import DecodeShapes
+
+    shapes = DecodeShapes.build(slots, 448, 228)
+    keys = set(shapes.keys())
+    assert len(keys) == len(shapes.keys())
+    picked = set()
+    for rows in range(1, slots + 1):
+        for width in range(1, 229):
+            for span in {width, width + 1, 63, 64, 65, 200, 300, 448} - set(range(width)):
+                b, w, s = shapes.pick(rows, width, span)
+                assert (b, w, s) in keys and b >= rows and w >= width and s >= span
+                picked.add((b, w, s))
+    assert picked == keys
+    assert shapes.pick(slots + 1, 1, 1) is None and shapes.pick(1, 229, 229) is None and shapes.pick(1, 1, 449) is None
+    assert shapes.widths == (1, 4, 8, 16, 32, 64, 128, 228) and shapes.spans == (64, 128, 256, 448)
+    if slots == 32:
+        assert len(keys) == 6 * (4 + 7)  # the module's count

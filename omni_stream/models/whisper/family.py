@@ -77,7 +77,8 @@ class WhisperFamily:
                 model = model.eval().requires_grad_(False)
             bar.update(1)
             self.runner = WhisperRunner(model, self.tokens, self.tokenizer, opts.max_batch_size)
-            # On CUDA the encoder replays per-batch-bucket graphs; capturing them here keeps it out of requests.
+            # On CUDA the encoder (per batch bucket) and the decoder step (per shape) replay graphs; capturing them
+            # here keeps capture out of requests.
             self.capture_seconds = self.runner.capture_graphs()
             self.scheduler = Scheduler(
                 self.runner,
@@ -125,9 +126,9 @@ class WhisperFamily:
         """Log-mel features and the prompt (blocking: runs in a thread)."""
         features = self.features(samples, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features[0]
         context: tuple[int, ...] = ()
-        if request.prompt and request.prompt.strip():
+        if request.prompt and request.prompt.strip() and self.tokens.max_context:
             ids = self.tokenizer(" " + request.prompt.strip(), add_special_tokens=False).input_ids
-            context = tuple(int(i) for i in ids if i < self.tokens.eot)[-(self.tokens.max_length // 2 - 1) :]
+            context = tuple(int(i) for i in ids if i < self.tokens.eot)[-self.tokens.max_context :]
         prompt = self.tokens.prompt(language, context)
         budget = self.tokens.max_length - prompt.length
         return WhisperInput(features, prompt, min(request.max_tokens or budget, budget))

@@ -75,6 +75,16 @@ class WhisperTokens:
             max_length=min(int(gen.get("max_length") or max_target_positions), max_target_positions),
         )
 
+    @property
+    def max_context(self) -> int:
+        """Context text ids a prompt keeps (the last ones of ``TranscriptionRequest.prompt``): half the positions."""
+        return max(0, self.max_length // 2 - 1)
+
+    @property
+    def max_prompt_length(self) -> int:
+        """The longest prompt :meth:`prompt` makes (a full context, a language token where the model has them)."""
+        return self.prompt(None, (self.eot,) * self.max_context).length
+
     def language_id(self, language: str | None) -> int | None:
         """The language token of ``language`` (a code ``"en"``, a name ``"English"`` or ``"<|en|>"``); None: detect
         (or, on an English-only model, no language token). InvalidRequestError names ``language`` otherwise."""

@@ -4,17 +4,24 @@ It runs the modules of a ``transformers`` ``WhisperForConditionalGeneration`` (t
 layer by layer over slot-indexed static caches). One step:
 
 1. encodes the newcomers' log-mel features together and stores each one's cross-attention keys and values in
-   its slot (``[layers, slots, heads, 1500, head_dim]``; the encoder never runs again for that request). The
+   its slot (``[layers, slots + 1, heads, 1500, head_dim]``; the encoder never runs again for that request). The
    encoder runs at a bucketed batch size (powers of two up to ``max_batch_size``; the padding rows encode silence
-   into a spare slot), from static buffers, so on CUDA each bucket is a CUDA graph captured at load
-   (:meth:`WhisperRunner.capture_graphs`): a burst of a size seen for the first time costs what it costs the
-   tenth time;
-2. advances every running row by one decoder call: rows with several pending inputs (a prompt) in one padded
-   call, rows with one (the last token) in another; self-attention keys and values go to the row's slot at its
-   own positions (``[layers, slots, heads, positions + 1, head_dim]``, the extra position takes padding);
+   into the spare slot past the real ones), from static buffers;
+2. advances every running row by one decoder call over the slots ``0..rows-1`` (a row per slot, so both caches
+   are read as views, never gathered; idle slots below the highest live one compute along and feed nothing):
+   each row feeds its pending inputs (a prompt, or the last token) at its own positions, keys and values going
+   to its slot of the self-attention cache (``[layers, slots, heads, positions + 1, head_dim]``; inputs past a
+   row's own, and idle rows, write the extra position, which no query reads);
 3. picks each row's next token greedily on the device (the checkpoint's suppressed tokens and every timestamp
    token masked, the first one's begin suppression too; language detection takes the best language token),
    with one device-to-host copy per step.
+
+The decoder call reads its inputs from one static buffer and writes its picks to another, and runs at a bucketed
+shape (rows, inputs a row, self-attention span: :class:`~omni_stream.models.whisper.shapes.DecodeShapes`). So on
+CUDA the encoder of each batch bucket and the decoder call of each shape are CUDA graphs captured at load
+(:meth:`WhisperRunner.capture_graphs`) and replayed: a burst, or a batch, of a size seen for the first time costs
+what it costs the tenth time. Elsewhere the same functions run eagerly at the same shapes (``pad_shapes=False``:
+the decoder at each step's exact shape, for comparisons).
 
 A multilingual request with no language spends its first step on detection (from ``<|startoftranscript|>``
 alone, as ``generate()`` does), then decodes its full prompt. Each output is one generated token's
@@ -37,8 +44,11 @@ from omni_stream.batch_model import Batch, SeqOutput, Sequence
 from omni_stream.chunks import TextDelta
 from omni_stream.models.whisper.detokenizer import Detokenizer
 from omni_stream.models.whisper.prompt import WhisperPrompt, WhisperTokens
+from omni_stream.models.whisper.shapes import DecodeShapes
 from omni_stream.runtime.cuda_graphs import GraphSet, batch_buckets, pick
 from omni_stream.runtime.step_record import StepRecord
+
+META = 3  # values before a row's inputs in the decoder call's input buffer: start, count, first-token flag
 
 
 @dataclass(slots=True, frozen=True)
@@ -71,9 +81,9 @@ class WhisperRunner(StepRecord):
     """Batched greedy Whisper (see module docstring).
 
     ``record=True`` logs ``("step", prefill_ids, decode_ids)``, ``("encode", newcomers, batch, "graph"|"eager")``,
-    ``("admit", seq_id, request_id)``, ``("language",
-    seq_id, token)``, ``("token", seq_id, token)`` and ``("release", seq_id)`` events to ``log`` and counts
-    releases (tests).
+    ``("decode", rows, b, width, span, "graph"|"eager")`` (the decoder call's live rows and its shape),
+    ``("admit", seq_id, request_id)``, ``("language", seq_id, token)``, ``("token", seq_id, token)`` and
+    ``("release", seq_id)`` events to ``log`` and counts releases (tests).
     """
 
     def __init__(
@@ -86,7 +96,8 @@ class WhisperRunner(StepRecord):
         record: bool = False,
         graphs: bool | None = None,
     ):
-        """``graphs``: replay CUDA graphs of the encoder per batch bucket (None: on CUDA devices)."""
+        """``graphs``: replay CUDA graphs of the encoder per batch bucket and of the decoder call per shape
+        (None: on CUDA devices)."""
         cfg = model.config
         self.encoder = model.model.encoder
         self.decoder = model.model.decoder
@@ -125,6 +136,20 @@ class WhisperRunner(StepRecord):
         self._enc_slots = torch.full((max_batch_size,), self.spare, dtype=torch.long, device=self.device)
         use_graphs = self.device.type == "cuda" if graphs is None else graphs
         self.encode_graphs = GraphSet(self._encode, self.device) if use_graphs else None
+        # The decoder call's static inputs: a call of b rows and width w reads the first b * (META + w) values as
+        # [b, META + w] (start position, inputs fed, first-token flag, then the inputs), so each shape's graph has
+        # its own fixed view and one contiguous copy fills it. Its picks ([slots, 2]: text, language) come back.
+        self.shapes = DecodeShapes.build(max_batch_size, self.positions, tokens.max_prompt_length)
+        width = max(tokens.max_prompt_length, self.shapes.widths[-1])
+        self._dec_in = torch.zeros(max_batch_size * (META + width), dtype=torch.long, device=self.device)
+        cuda = self.device.type == "cuda"
+        self._dec_host = torch.zeros_like(self._dec_in, device="cpu").pin_memory() if cuda else self._dec_in
+        self._picks = torch.zeros(max_batch_size, 2, dtype=torch.long, device=self.device)
+        self._offsets = torch.arange(width, device=self.device)
+        self._key_positions = torch.arange(self.positions, device=self.device)
+        self._rows = torch.arange(max_batch_size, device=self.device)
+        self.pad_shapes = True
+        self.decode_graphs = GraphSet(self._run, self.device) if use_graphs else None
 
     @property
     def max_batch_size(self) -> int:
@@ -138,36 +163,48 @@ class WhisperRunner(StepRecord):
         if batch.prefill:
             self._admit(batch.prefill)
         seqs = [s for s in (*batch.prefill, *batch.decode) if isinstance(s.model_state, _Row)]
-        # Prompts (several inputs) and single tokens go in separate calls: padding a lone token to a prompt's
-        # length would cost the whole batch that many positions.
-        # Within a call, rows go in slot order: consecutive slots read the caches as views, not copies.
-        seqs.sort(key=lambda s: s.slot)
-        groups = [
-            [s for s in seqs if len(s.model_state.pending) > 1],
-            [s for s in seqs if len(s.model_state.pending) == 1],
-        ]
-        order = [s for g in groups for s in g]
-        if not order:
+        if not seqs:
             return []
-        logits = torch.cat([self._decode(g) for g in groups if g])
-        first = self._upload([s.model_state.generated == 0 for s in order], torch.bool)
-        masked = logits.masked_fill(self.suppress, -math.inf)
-        masked = masked.masked_fill(first[:, None] & self.begin_suppress, -math.inf)
-        text_next = masked.argmax(-1)
-        lang_next = self.lang_ids[logits[:, self.lang_ids].argmax(-1)]
-        picks = torch.stack((text_next, lang_next), 1).cpu().tolist()  # the step's one device-to-host copy
-        return [self._advance(seq, text, lang) for seq, (text, lang) in zip(order, picks, strict=True)]
+        # One call a step: a newcomer's prompt widens that step's call for every row (once per request), which
+        # costs less than a second call over the same slots would.
+        rows: list[_Row] = [s.model_state for s in seqs]
+        exact = (
+            max(s.slot for s in seqs) + 1,
+            max(len(r.pending) for r in rows),
+            max(r.position + len(r.pending) for r in rows),
+        )
+        shape = self.shapes.pick(*exact) if self.pad_shapes else None
+        b, w, span = shape or exact
+        self._fill(seqs, b, w)
+        replayed = shape is not None and self.decode_graphs is not None and self.decode_graphs.replay(shape)
+        if not replayed:
+            self._run(b, w, span)
+        if self.record:
+            self.log.append(("decode", len(seqs), b, w, span, "graph" if replayed else "eager"))
+        picks = self._picks[:b].tolist()  # the step's one device-to-host copy
+        for row in rows:
+            row.position += len(row.pending)
+        return [self._advance(seq, *picks[seq.slot]) for seq in seqs]
 
-    # --- admission ------------------------------------------------------------------------------------------
+    # --- CUDA graphs ----------------------------------------------------------------------------------------
 
     def capture_graphs(self) -> float:
-        """Capture the encoder for every batch bucket, largest first; returns seconds (0 without graphs)."""
-        if self.encode_graphs is None:
-            return 0.0
-        self._enc_slots.fill_(self.spare)  # a capture writes the spare slot only
-        missing = [(b,) for b in self.encode_buckets if (b,) not in self.encode_graphs]
+        """Capture the encoder for every batch bucket and the decoder call for every shape
+        (:meth:`DecodeShapes.keys`), largest first; returns seconds (0 without graphs). Needs no running
+        sequence: a capture writes only the spare slot (encoder) and each row's extra position (decoder)."""
+        seconds = 0.0
         with torch.inference_mode():
-            return self.encode_graphs.capture_all(missing, desc="capturing encoder graphs")
+            if self.encode_graphs is not None:
+                self._enc_slots.fill_(self.spare)
+                missing = [(b,) for b in self.encode_buckets if (b,) not in self.encode_graphs]
+                seconds += self.encode_graphs.capture_all(missing, desc="capturing encoder graphs")
+            if self.decode_graphs is not None:
+                self._dec_in.zero_()  # every row idle: it feeds nothing
+                keys = [k for k in self.shapes.keys() if k not in self.decode_graphs]
+                seconds += self.decode_graphs.capture_all(keys, desc="capturing decoder graphs")
+        return seconds
+
+    # --- admission ------------------------------------------------------------------------------------------
 
     def _admit(self, seqs: tuple[Sequence, ...]) -> None:
         """Encode the newcomers together at their batch bucket; their cross-attention keys and values go to their
@@ -219,56 +256,67 @@ class WhisperRunner(StepRecord):
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
         return x.view(n, -1, self.heads, self.head_dim).transpose(1, 2)
 
-    # --- one decoder call over rows -------------------------------------------------------------------------
+    # --- one decoder call over the slots --------------------------------------------------------------------
 
-    def _decode(self, seqs: list[Sequence]) -> torch.Tensor:
-        """Feed each row its pending inputs at its own positions; the logits after each row's last input."""
-        rows: list[_Row] = [s.model_state for s in seqs]
-        n, width = len(rows), max(len(r.pending) for r in rows)
-        dev = self.device
-        tokens = self._upload([r.pending + [self.tokens.eot] * (width - len(r.pending)) for r in rows])
-        start = self._upload([r.position for r in rows])
-        lengths = self._upload([len(r.pending) for r in rows])
-        offsets = torch.arange(width, device=dev)
-        positions = start[:, None] + offsets  # [n, width]
-        valid = offsets[None] < lengths[:, None]
-        writes = torch.where(valid, positions, self.positions)  # padding lands on the spare position
-        keys = max(r.position + len(r.pending) for r in rows)
-        mask = (torch.arange(keys, device=dev)[None, None] <= positions[:, :, None])[:, None]  # [n, 1, width, keys]
-        slots = [s.slot for s in seqs]
-        slot_idx = self._upload(slots)
-        contiguous = slots == list(range(slots[0], slots[0] + n))
+    def _inputs(self, buffer: torch.Tensor, b: int, w: int) -> torch.Tensor:
+        return buffer[: b * (META + w)].view(b, META + w)
 
-        def rows_of(buf: torch.Tensor) -> torch.Tensor:
-            return buf[slots[0] : slots[0] + n] if contiguous else buf.index_select(0, slot_idx)
+    def _fill(self, seqs: list[Sequence], b: int, w: int) -> None:
+        """The call's inputs for rows ``0..b-1`` (a row per slot; slots without a sequence feed nothing), one
+        host-to-device copy from pinned memory."""
+        host = self._inputs(self._dec_host, b, w)
+        table = host.numpy()
+        table[:, :META] = 0
+        table[:, META:] = self.tokens.eot  # any id: inputs past a row's own are never read
+        for seq in seqs:
+            row: _Row = seq.model_state
+            n = len(row.pending)
+            table[seq.slot, :META] = (row.position, n, row.generated == 0)
+            table[seq.slot, META : META + n] = row.pending
+        if self._dec_host is not self._dec_in:  # CUDA: the pinned host buffer's copy (on the CPU they are one)
+            self._inputs(self._dec_in, b, w).copy_(host, non_blocking=True)
 
+    def _run(self, b: int, w: int, span: int) -> None:
+        """One decoder call over slots ``0..b-1``, ``w`` inputs a row, self-attention over ``span`` positions, from
+        the static inputs to the static picks (static tensors only, no host sync: what a CUDA graph captures).
+
+        Row ``i`` feeds its ``count`` inputs at positions ``start..start+count-1``; its keys and values go there in
+        slot ``i`` (the rest of the row's inputs write position ``positions``, which no query reads), each query
+        attends the positions up to its own, and the logits after the row's last input pick its next text token
+        and its best language token."""
+        x = self._inputs(self._dec_in, b, w)
+        start, count, first = x[:, 0], x[:, 1], x[:, 2].bool()
+        offsets = self._offsets[:w]
+        positions = start[:, None] + offsets  # [b, w]
+        writes = torch.where(offsets[None] < count[:, None], positions, self.positions)
+        mask = (self._key_positions[:span] <= positions[:, :, None])[:, None]  # [b, 1, w, span]
+        rows = self._rows[:b]
         dec = self.decoder
         h = (
-            dec.embed_tokens(tokens) * self.embed_scale
+            dec.embed_tokens(x[:, META:]) * self.embed_scale
             + dec.embed_positions.weight[positions.clamp(max=self.positions - 1)]
         )
         for i, layer in enumerate(dec.layers):
             attn = layer.self_attn
-            x = layer.self_attn_layer_norm(h)
-            q = self._heads(attn.q_proj(x) * attn.scaling, n)
-            k = attn.k_proj(x).view(n, width, self.heads, self.head_dim)
-            v = attn.v_proj(x).view(n, width, self.heads, self.head_dim)
-            self.self_k[i][slot_idx[:, None], :, writes] = k
-            self.self_v[i][slot_idx[:, None], :, writes] = v
-            k_all, v_all = rows_of(self.self_k[i])[:, :, :keys], rows_of(self.self_v[i])[:, :, :keys]
-            out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, scale=1.0)
-            h = h + attn.out_proj(out.transpose(1, 2).reshape(n, width, -1))
+            y = layer.self_attn_layer_norm(h)
+            q = self._heads(attn.q_proj(y) * attn.scaling, b)
+            self.self_k[i][rows[:, None], :, writes] = attn.k_proj(y).view(b, w, self.heads, self.head_dim)
+            self.self_v[i][rows[:, None], :, writes] = attn.v_proj(y).view(b, w, self.heads, self.head_dim)
+            keys, values = self.self_k[i][:b, :, :span], self.self_v[i][:b, :, :span]
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=1.0)
+            h = h + attn.out_proj(out.transpose(1, 2).reshape(b, w, -1))
             cross = layer.encoder_attn
-            x = layer.encoder_attn_layer_norm(h)
-            q = self._heads(cross.q_proj(x) * cross.scaling, n)
-            out = F.scaled_dot_product_attention(q, rows_of(self.cross_k[i]), rows_of(self.cross_v[i]), scale=1.0)
-            h = h + cross.out_proj(out.transpose(1, 2).reshape(n, width, -1))
-            x = layer.final_layer_norm(h)
-            h = h + layer.fc2(layer.activation_fn(layer.fc1(x)))
-        h = dec.layer_norm(h[torch.arange(n, device=dev), lengths - 1])
-        for row in rows:
-            row.position += len(row.pending)
-        return self.proj_out(h).float()
+            y = layer.encoder_attn_layer_norm(h)
+            q = self._heads(cross.q_proj(y) * cross.scaling, b)
+            out = F.scaled_dot_product_attention(q, self.cross_k[i][:b], self.cross_v[i][:b], scale=1.0)
+            h = h + cross.out_proj(out.transpose(1, 2).reshape(b, w, -1))
+            y = layer.final_layer_norm(h)
+            h = h + layer.fc2(layer.activation_fn(layer.fc1(y)))
+        logits = self.proj_out(dec.layer_norm(h[rows, (count - 1).clamp(min=0)])).float()
+        masked = logits.masked_fill(self.suppress, -math.inf)
+        masked = masked.masked_fill(first[:, None] & self.begin_suppress, -math.inf)
+        self._picks[:b, 0] = masked.argmax(-1)
+        self._picks[:b, 1] = self.lang_ids[logits[:, self.lang_ids].argmax(-1)]
 
     # --- after the pick -------------------------------------------------------------------------------------
 
