@@ -4,41 +4,51 @@ A model that is batched across requests implements :class:`BatchModel`. Its meth
 device worker thread only, never on the event loop, and never touch asyncio objects. The scheduler
 owns slot numbers (``0 .. max_batch_size - 1``); a model indexes its static per-slot state (KV cache
 rows, sampler state) by ``Sequence.slot``.
+
+The contract is generic in what crosses it: ``P``, the payload a stage prepares for the model (a tokenized
+prompt, a diffusion job), and ``O``, the item one step hands back for one sequence (a ``CodecFrames``, a
+``TextDelta``). A model is a ``BatchModel[P, O]``; the scheduler that batches it is a ``Scheduler[P, O]``, so a
+stage's ``session(payload)`` takes a ``P`` and streams ``O`` items (:mod:`omni_stream.scheduler`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 from omni_stream.requests import RequestState
 
+P = TypeVar("P")  # the payload a model admits
+O = TypeVar("O")  # the item one step makes for one sequence
+O_co = TypeVar("O_co", covariant=True)
+
 
 @dataclass(slots=True, eq=False)
-class Sequence:
+class Sequence(Generic[P]):
     """One request's life inside a scheduler. Mutable; owned by the scheduler.
 
     ``payload`` is the model's prepared input (built off the loop before admission). ``model_state`` is
-    free for the model to use between steps (on the worker thread only).
+    free for the model to use between steps (on the worker thread only): opaque to the scheduler, so a model
+    narrows it to its own state type where it reads it.
     """
 
     seq_id: int
-    payload: Any
+    payload: P
     slot: int = -1
     state: RequestState = RequestState.WAITING
     num_steps: int = 0
-    model_state: Any = None
+    model_state: object = None
     # Set by the scheduler under its lock; read by the worker between steps.
     abort_requested: bool = False
     request_id: str = ""
 
 
 @dataclass(slots=True, frozen=True)
-class Batch:
+class Batch(Generic[P]):
     """What one step runs: newcomers to prefill (each already holds a slot) and running sequences to decode."""
 
-    prefill: tuple[Sequence, ...] = ()
-    decode: tuple[Sequence, ...] = ()
+    prefill: tuple[Sequence[P], ...] = ()
+    decode: tuple[Sequence[P], ...] = ()
 
     @property
     def size(self) -> int:
@@ -49,7 +59,7 @@ class Batch:
 
 
 @dataclass(slots=True, frozen=True)
-class SeqOutput:
+class SeqOutput(Generic[O_co]):
     """One sequence's result of one step.
 
     ``item``: the chunk produced for this sequence (or None when the step produced nothing for it).
@@ -57,20 +67,21 @@ class SeqOutput:
     """
 
     seq_id: int
-    item: Any = None
+    item: O_co | None = None
     finished: bool = False
     error: BaseException | None = None
 
 
-class BatchModel(Protocol):
-    """A model the scheduler batches across requests. Every method runs on the device worker thread."""
+class BatchModel(Protocol[P, O]):
+    """A model the scheduler batches across requests: it admits ``P`` payloads and makes ``O`` items. Every method
+    runs on the device worker thread."""
 
     @property
     def max_batch_size(self) -> int:
         """Number of slots (the largest batch one step may run)."""
         ...
 
-    def step(self, batch: Batch) -> list[SeqOutput]:
+    def step(self, batch: Batch[P]) -> list[SeqOutput[O]]:
         """Prefill ``batch.prefill`` and advance ``batch.decode`` by one step; one output per sequence.
 
         Raising fails every sequence in this batch (and no other); report a single sequence's failure
@@ -78,7 +89,7 @@ class BatchModel(Protocol):
         """
         ...
 
-    def release(self, seq: Sequence) -> None:
+    def release(self, seq: Sequence[P]) -> None:
         """Free everything the model holds for ``seq`` (KV rows, sampler state). Called once per admitted sequence."""
         ...
 

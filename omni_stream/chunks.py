@@ -138,15 +138,15 @@ class VideoChunk:
 Chunk = TextDelta | CodecFrames | Audio | Image | VideoChunk
 """What a stage yields: text (AR text, ASR), codec codes and audio (speech), images, video chunks."""
 
-C = TypeVar("C")
+C_co = TypeVar("C_co", covariant=True)
 
 
 @dataclass(slots=True, frozen=True)
-class StageOutput(Generic[C]):
+class StageOutput(Generic[C_co]):
     """One chunk a pipeline hands its consumer: which ``stage`` made it, and whether it is that stage's ``last``."""
 
     stage: str
-    chunk: C
+    chunk: C_co
     last: bool
 
 

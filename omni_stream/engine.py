@@ -10,9 +10,12 @@ async with await AsyncEngine.from_pretrained(tts_dir, llm=lm_dir) as engine:
 
 An engine holds at most one model per kind (speech, text, ...; :mod:`omni_stream.family`), every model on the one
 device worker, each with its own scheduler. :meth:`AsyncEngine.generate` runs any request through the first
-pipeline that serves it (:mod:`omni_stream.pipeline_specs`) and streams typed :class:`StageOutput` items;
-:meth:`AsyncEngine.speech` is the typed wrapper that yields :class:`~omni_stream.chunks.Audio`. The engine names
-no model family: families come from the registry by ``config.json`` ``model_type``.
+pipeline that serves it (:mod:`omni_stream.pipeline_specs`) and streams typed :class:`StageOutput` items: its
+overloads say, per request type, which chunks its pipelines yield (a ``RequestStream[TextDelta | Audio]`` for a
+ChatRequest; a request of a plugin kind streams ``StageOutput[object]``; a pipeline registered for a built-in request
+type must yield that type's chunks); :meth:`AsyncEngine.speech` is the typed wrapper that yields
+:class:`~omni_stream.chunks.Audio`. The engine names no model family: families come from the registry by
+``config.json`` ``model_type``.
 
 Validation. Every request is resolved and checked once, before its pipeline runs, by its pipeline's ``resolve``
 (:mod:`omni_stream.validation`): invalid requests raise InvalidRequestError naming the field, before anything
@@ -42,17 +45,18 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 import anyio
 import numpy as np
 
-from omni_stream.chunks import Audio, StageOutput, TextDelta
+from omni_stream.chunks import Audio, Image, StageOutput, TextDelta, VideoChunk
 from omni_stream.context import RequestContext, TokenCount
 from omni_stream.device_policy import DevicePolicy
 from omni_stream.errors import ConfigError, EngineClosed, InvalidRequestError, RequestCancelled
 from omni_stream.family import Family, LoadContext, LoadOptions, ModelKind, SpeechInfo, read_config
 from omni_stream.family_registry import default_available, default_kinds, embedded_checkpoint, resolve_family
+from omni_stream.images.spec import ImageRequest
 from omni_stream.kinds import check_family, find_pipeline
 from omni_stream.metrics import EngineMetrics
 from omni_stream.pipeline import PipelineStream
@@ -63,11 +67,15 @@ from omni_stream.runtime.gc_heap import freeze_loaded_heap, release_loaded_heap
 from omni_stream.runtime.load_display import library_bars_off, log_lines_above_bars, quiet_pil_fallback
 from omni_stream.runtime.offload import preparer
 from omni_stream.runtime.settings import Tuning
+from omni_stream.transcription.spec import TranscriptionRequest
 from omni_stream.validation.speech import check_reference, check_task
 from omni_stream.validation.voices import VoiceCatalog, voice_name
+from omni_stream.video.spec import VideoRequest
 from omni_stream.worker import DeviceWorker
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+C_co = TypeVar("C_co", covariant=True)
 
 
 def throughput_stream(device: str) -> tuple[Callable[[], AbstractContextManager[Any]] | None, ...]:
@@ -190,7 +198,7 @@ class AsyncEngine:
         self.voices: VoiceCatalog | None = None  # uploaded voices (use_voices)
         self._closed = False
         self._holds_heap = False  # froze the loaded heap (gc_heap); released on close
-        self._streams: weakref.WeakValueDictionary[str, EngineStream[Any]] = weakref.WeakValueDictionary()
+        self._streams: weakref.WeakValueDictionary[str, EngineStream[object]] = weakref.WeakValueDictionary()
 
     @classmethod
     async def load(
@@ -329,20 +337,57 @@ class AsyncEngine:
         uploaded); InvalidRequestError naming ``voice`` and the voices there are when there is none."""
         return voice_name(self.speech_info, self.voices, name)
 
-    def generate(self, request: Any, /, *, pipeline: str | None = None, timeout: float | None = None) -> RequestStream:
+    @overload
+    def generate(
+        self, request: SpeechRequest, /, *, pipeline: str | None = None, timeout: float | None = None
+    ) -> RequestStream[Audio | TextDelta]: ...
+
+    @overload
+    def generate(
+        self, request: ChatRequest, /, *, pipeline: str | None = None, timeout: float | None = None
+    ) -> RequestStream[TextDelta | Audio]: ...
+
+    @overload
+    def generate(
+        self, request: TranscriptionRequest, /, *, pipeline: str | None = None, timeout: float | None = None
+    ) -> RequestStream[TextDelta]: ...
+
+    @overload
+    def generate(
+        self, request: ImageRequest, /, *, pipeline: str | None = None, timeout: float | None = None
+    ) -> RequestStream[TextDelta | Image]: ...
+
+    @overload
+    def generate(
+        self, request: VideoRequest, /, *, pipeline: str | None = None, timeout: float | None = None
+    ) -> RequestStream[VideoChunk]: ...
+
+    @overload
+    def generate(
+        self, request: object, /, *, pipeline: str | None = None, timeout: float | None = None
+    ) -> RequestStream[object]: ...
+
+    def generate(
+        self, request: object, /, *, pipeline: str | None = None, timeout: float | None = None
+    ) -> RequestStream[object]:
         """Stream ``request`` through its pipeline as :class:`StageOutput` items; ``timeout`` s for the whole request.
 
-        Invalid requests raise here, before anything streams. The stream starts on first iteration.
+        Invalid requests raise here, before anything streams. The stream starts on first iteration. What the items
+        hold by request type: speech, ``Audio`` (streamed text: each unit's transcript ``TextDelta`` before its
+        audio); chat, ``TextDelta`` (and ``Audio`` when the reply is spoken); transcription, ``TextDelta``; images,
+        the rewrite's ``TextDelta`` and the ``Image`` s; video, ``VideoChunk``.
         """
         spec = find_pipeline(request, self.models, pipeline)
         ctx = self._context(request, timeout)
         request = spec.check(self.models, request, self.voices)
         plan = spec.plan(self.models, request, ctx)
-        stream = RequestStream(plan.pipeline().run(ctx, plan.source), self.metrics, spec.name)
+        stream: RequestStream[object] = RequestStream(plan.pipeline().run(ctx, plan.source), self.metrics, spec.name)
         self._track(stream)
         return stream
 
-    def chat(self, request: ChatRequest | TextRequest, /, *, timeout: float | None = None) -> RequestStream:
+    def chat(
+        self, request: ChatRequest | TextRequest, /, *, timeout: float | None = None
+    ) -> RequestStream[TextDelta | Audio]:
         """Stream a chat reply (:meth:`generate` of a ChatRequest; a bare TextRequest is not spoken)."""
         return self.generate(request if isinstance(request, ChatRequest) else ChatRequest(request), timeout=timeout)
 
@@ -381,7 +426,7 @@ class AsyncEngine:
         stream.abort(exc if exc is not None else RequestCancelled(f"request {request_id} was aborted"))
         return True
 
-    def _context(self, request: Any, timeout: float | None) -> RequestContext:
+    def _context(self, request: object, timeout: float | None) -> RequestContext:
         if self._closed:
             raise EngineClosed("engine is closed")
         request_id = getattr(request, "request_id", None)
@@ -391,7 +436,7 @@ class AsyncEngine:
             timeout, request_id=request_id, wait_timeout=self.wait_timeout, guard=self.worker.cond
         )
 
-    def _track(self, stream: EngineStream[Any]) -> None:
+    def _track(self, stream: EngineStream[object]) -> None:
         self._streams[stream.request_id] = stream
 
     async def create_voice_prompt(
@@ -441,9 +486,9 @@ class AsyncEngine:
         await self.aclose()
 
 
-class EngineStream(Generic[T]):
-    """One running request: outcome, metrics, abort and close around a :class:`PipelineStream` (the base of
-    :class:`RequestStream` and :class:`SpeechStream`)."""
+class EngineStream(Generic[T_co]):
+    """One running request whose items are ``T_co``: outcome, metrics, abort and close around a
+    :class:`PipelineStream` (the base of :class:`RequestStream` and :class:`SpeechStream`)."""
 
     def __init__(self, request_id: str, stream: PipelineStream, metrics: EngineMetrics | None) -> None:
         self._request_id = request_id
@@ -502,8 +547,9 @@ class EngineStream(Generic[T]):
         self._finish("cancelled")
 
 
-class RequestStream(EngineStream[StageOutput[Any]]):
-    """The outputs of every emitting stage of one request, in arrival order; ``usage`` by model kind."""
+class RequestStream(EngineStream[StageOutput[C_co]]):
+    """The outputs of every emitting stage of one request, in arrival order (their chunks are ``C_co``: the
+    overloads of :meth:`AsyncEngine.generate`); ``usage`` by model kind."""
 
     def __init__(self, stream: PipelineStream, metrics: EngineMetrics | None, pipeline: str) -> None:
         super().__init__(stream.ctx.request_id, stream, metrics)
@@ -513,18 +559,18 @@ class RequestStream(EngineStream[StageOutput[Any]]):
     def usage(self) -> dict[str, Usage]:
         return {kind: Usage.of(count) for kind, count in self.ctx.usage.items()}
 
-    def __aiter__(self) -> RequestStream:
+    def __aiter__(self) -> RequestStream[C_co]:
         return self
 
-    async def __anext__(self) -> StageOutput[Any]:
-        out: StageOutput[Any] = await self._next()
+    async def __anext__(self) -> StageOutput[C_co]:
+        out: StageOutput[C_co] = await self._next()
         if isinstance(out.chunk, Audio):
             self.timings.record_chunk(out.chunk.duration)
         if self.timings.first_output is None:
             self.timings.first_output = time.perf_counter()
         return out
 
-    async def __aenter__(self) -> RequestStream:
+    async def __aenter__(self) -> RequestStream[C_co]:
         await self._stream.__aenter__()
         return self
 

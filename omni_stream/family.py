@@ -26,7 +26,7 @@ model, under the worker's lock at once: :mod:`omni_stream.context`).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -34,9 +34,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from omni_stream.chunks import Audio, TextDelta
 from omni_stream.context import RequestContext
 from omni_stream.errors import ConfigError
 from omni_stream.metrics import EngineMetrics
+from omni_stream.pipeline import Chain, Stage
 from omni_stream.requests import SpeechRequest, TaskType, TextRequest, VoicePrompt
 from omni_stream.runtime.settings import Tuning
 from omni_stream.worker import DeviceWorker
@@ -137,15 +139,12 @@ class Family(Protocol):
     async def aclose(self) -> None: ...
 
 
-# A stage: ``stage(ctx, upstream) -> async iterator of chunks`` (see omni_stream.pipeline).
-StageFn = Callable[[RequestContext, AsyncIterator[Any]], AsyncIterator[Any]]
-
-
 @runtime_checkable
 class SpeechFamily(Protocol):
     """``kind == "speech"``: text in, :class:`~omni_stream.chunks.Audio` out.
 
-    ``speech_stages`` returns the stages of one request, resolved and checked by the engine before
+    ``speech_stages`` returns the stages of one request (a :class:`~omni_stream.pipeline.Chain` from a first stage
+    that ignores its upstream to one that yields Audio: talker, then codec), resolved and checked by the engine before
     (:func:`omni_stream.validation.speech.resolve_speech`: its task, voice and language are set and valid); they
     count usage in ``ctx.tokens("speech")`` (text tokens in,
     codec frames out; tokenization runs off the loop inside the stages) and the last one yields ``Audio``, its last
@@ -154,7 +153,7 @@ class SpeechFamily(Protocol):
 
     info: SpeechInfo
 
-    def speech_stages(self, request: SpeechRequest, ctx: RequestContext) -> Sequence[StageFn]: ...
+    def speech_stages(self, request: SpeechRequest, ctx: RequestContext) -> Chain[object, Audio]: ...
 
     async def create_voice_prompt(
         self, audio: np.ndarray, sample_rate: int, ref_text: str | None = None
@@ -169,7 +168,7 @@ class SpeechFamily(Protocol):
 
 @runtime_checkable
 class TextFamily(Protocol):
-    """``kind == "text"``: a text generator. ``text_stage`` returns one stage yielding TextDelta.
+    """``kind == "text"``: a text generator. ``text_stage`` returns one ``Stage[object, TextDelta]``.
 
     ``max_tokens`` has been checked against ``info.max_context`` by the engine; the stage fits the tokenized prompt
     to the context with :func:`omni_stream.validation.text.fit_prompt`. The stage ignores its upstream, counts
@@ -179,7 +178,7 @@ class TextFamily(Protocol):
 
     info: TextInfo
 
-    def text_stage(self, request: TextRequest, ctx: RequestContext) -> StageFn: ...
+    def text_stage(self, request: TextRequest, ctx: RequestContext) -> Stage[object, TextDelta]: ...
 
     def count_text_tokens(self, text: str) -> int: ...
 

@@ -1,9 +1,12 @@
 """Pipelines: a request's stages run in one task group, joined by bounded channels.
 
-A stage is an async generator function ``stage(ctx, upstream) -> AsyncIterator[Out]`` (typed ``Stage[In, Out]``).
-The first stage's upstream is the pipeline's source (an empty iterator when there is none). :meth:`Pipeline.run`
-returns a :class:`PipelineStream`: iterate it for the last stage's chunks; ``aclose()`` (or leaving ``async with``,
-or cancelling the consumer) cancels every stage and waits until their ``finally`` blocks have run.
+A stage is an async generator function ``stage(ctx, upstream) -> AsyncIterator[Out]`` (typed ``Stage[In, Out]``; a
+stage that ignores its upstream is a ``Stage[object, Out]``). A :class:`Chain` is stages one after another typed at
+its ends (``Chain(talker).then(codec)``: a ``Chain[object, Audio]``): what a family hands out when its requests run
+several stages, each next one checked to read what the one before yields. The first stage's upstream is the
+pipeline's source (an empty iterator when there is none). :meth:`Pipeline.run` returns a :class:`PipelineStream`:
+iterate it for the last stage's chunks; ``aclose()`` (or leaving ``async with``, or cancelling the consumer) cancels
+every stage and waits until their ``finally`` blocks have run.
 
 Outputs of several stages. With ``emit`` the consumer gets :class:`~omni_stream.chunks.StageOutput` items instead:
 every chunk of every emitting stage (the last stage always emits), tagged with its stage and whether it is that
@@ -34,7 +37,7 @@ import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from enum import StrEnum
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, Generic, TypeAlias, TypeVar, overload
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -45,11 +48,44 @@ from omni_stream.errors import DeadlineExceeded, RequestCancelled
 
 In = TypeVar("In")
 Out = TypeVar("Out")
+Next = TypeVar("Next")
 
 Stage: TypeAlias = Callable[[RequestContext, AsyncIterator[In]], AsyncIterator[Out]]
 """``Stage[In, Out]``: consumes an async iterator of ``In`` chunks, yields ``Out`` chunks."""
 
 AnyStage: TypeAlias = Callable[[RequestContext, AsyncIterator[Any]], AsyncIterator[Any]]
+"""A stage of a pipeline's own list, whose neighbours differ in type (checked where the list was made: a
+:class:`Chain`, a plan's builder)."""
+
+
+class Chain(Sequence[AnyStage], Generic[In, Out]):
+    """Stages run one after another, typed at the ends: the first reads ``In`` chunks, each next one reads what the
+    one before it yields, the last yields ``Out`` chunks. ``Chain(first).then(second)`` checks each join; the chain
+    is the sequence of its stages (what :class:`Pipeline` runs)."""
+
+    __slots__ = ("_stages",)
+
+    def __init__(self, first: Stage[In, Out]) -> None:
+        self._stages: tuple[AnyStage, ...] = (first,)
+
+    def then(self, stage: Stage[Out, Next]) -> Chain[In, Next]:
+        """This chain with ``stage`` after its last stage."""
+        chain: Chain[In, Next] = Chain(self._stages[0])
+        chain._stages = (*self._stages, stage)
+        return chain
+
+    @overload
+    def __getitem__(self, index: int) -> AnyStage: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[AnyStage, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> AnyStage | tuple[AnyStage, ...]:
+        return self._stages[index]
+
+    def __len__(self) -> int:
+        return len(self._stages)
+
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from collections.abc import Sequence as PySequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Generic, TypeVar
 
 from omni_stream.batch_model import Batch, BatchModel, PipelinedModel, SeqOutput, Sequence
 from omni_stream.context import RequestContext
@@ -53,6 +53,9 @@ _DONE = (RequestState.FINISHED, RequestState.ABORTED)
 DEFAULT_MAX_DEFER_S = 10.0  # a throughput newcomer waits for capacity at most this long
 _COST_EMA = 0.3
 
+P = TypeVar("P")  # the payload the model admits
+O = TypeVar("O")  # the item one step makes for one sequence
+
 
 @dataclass(slots=True)
 class SchedulerStats:
@@ -65,38 +68,38 @@ class SchedulerStats:
     max_batch: int = 0
 
 
-class _Session:
+class _Session(Generic[P, O]):
     """Delivery state of one sequence; fields change under the scheduler's lock."""
 
     __slots__ = ("buffer", "continuing", "ctx", "done", "error", "loop", "queued", "seq", "waiter")
 
-    def __init__(self, seq: Sequence, ctx: RequestContext, loop: asyncio.AbstractEventLoop | None) -> None:
+    def __init__(self, seq: Sequence[P], ctx: RequestContext, loop: asyncio.AbstractEventLoop | None) -> None:
         self.seq = seq
         self.ctx = ctx
         self.loop = loop
         self.queued = time.perf_counter()
-        self.buffer: deque[Any] = deque()
+        self.buffer: deque[O] = deque()
         self.done = False
         self.error: BaseException | None = None
         self.waiter: asyncio.Future[None] | None = None  # created and resolved on the loop only
         self.continuing = False  # a throughput request's next part: admitted ahead of new requests
 
 
-def _wake(sessions: list[_Session]) -> None:
+def _wake(sessions: list[_Session[P, O]]) -> None:
     for sess in sessions:
         if sess.waiter is not None and not sess.waiter.done():
             sess.waiter.set_result(None)
 
 
-class Arrival:
+class Arrival(Generic[P, O]):
     """A request being prepared for a scheduler (:meth:`Scheduler.arriving`): newcomers already waiting may wait
     for it (:func:`~omni_stream.speech.admission.hold_newcomers`). It stops counting once its session opens or its
     preparation ends any other way."""
 
     __slots__ = ("_live", "_sched")
 
-    def __init__(self, scheduler: Scheduler) -> None:
-        self._sched = scheduler
+    def __init__(self, scheduler: Scheduler[P, O]) -> None:
+        self._sched: Scheduler[P, O] = scheduler
         self._live = True
 
     def _end_locked(self) -> None:
@@ -110,12 +113,14 @@ class Arrival:
             self._end_locked()
 
 
-class Scheduler:
-    """Batches ``model`` across requests; at most ``high_watermark`` undelivered items per sequence (default 32)."""
+class Scheduler(Generic[P, O]):
+    """Batches ``model`` across requests; at most ``high_watermark`` undelivered items per sequence (default 32).
+
+    A ``Scheduler[P, O]`` batches a ``BatchModel[P, O]``: its sessions take ``P`` payloads and stream ``O`` items."""
 
     def __init__(
         self,
-        model: BatchModel,
+        model: BatchModel[P, O],
         worker: DeviceWorker,
         *,
         high_watermark: int = 32,
@@ -158,13 +163,13 @@ class Scheduler:
         self._row_cost: float | None = None  # throughput: seconds of a decode step per sequence (EMA)
         self._arriving = 0  # requests being prepared (Arrival), under the lock
         self.stats = SchedulerStats()
-        self.waiting: deque[Sequence] = deque()
-        self.running: dict[int, Sequence] = {}
+        self.waiting: deque[Sequence[P]] = deque()
+        self.running: dict[int, Sequence[P]] = {}
         # A heap: the lowest free slot goes out first, so the rows a step computes (0..max slot) follow the
         # live batch; last-freed-first would leave a lone request after a burst in a high slot for good.
         self.free_slots = list(range(model.max_batch_size))
-        self._sessions: dict[int, _Session] = {}
-        self._released: list[Sequence] = []  # left the batch; model.release pending on the worker
+        self._sessions: dict[int, _Session[P, O]] = {}
+        self._released: list[Sequence[P]] = []  # left the batch; model.release pending on the worker
         self._ids = itertools.count()
         self._closed = False
         worker.attach(self)
@@ -187,12 +192,12 @@ class Scheduler:
     # --- event loop side ---
 
     @contextmanager
-    def arriving(self) -> Iterator[Arrival]:
+    def arriving(self) -> Iterator[Arrival[P, O]]:
         """Count a request as being prepared for this scheduler until its session opens (pass the arrival to
         :meth:`session`) or the block ends, whichever comes first."""
         with self.lock:
             self._arriving += 1
-        arrival = Arrival(self)
+        arrival: Arrival[P, O] = Arrival(self)
         try:
             yield arrival
         finally:
@@ -200,8 +205,12 @@ class Scheduler:
 
     @asynccontextmanager
     async def session(
-        self, payload: Any, ctx: RequestContext | None = None, arrival: Arrival | None = None, continuing: bool = False
-    ) -> AsyncIterator[SeqStream]:
+        self,
+        payload: P,
+        ctx: RequestContext | None = None,
+        arrival: Arrival[P, O] | None = None,
+        continuing: bool = False,
+    ) -> AsyncIterator[SeqStream[P, O]]:
         """Queue a sequence for ``payload``; yield the stream of its items; release it on exit, any exit.
 
         ``arrival``: this request's :meth:`arriving` count, ended as the sequence queues (in one step, so a
@@ -216,13 +225,13 @@ class Scheduler:
 
     def open(
         self,
-        payload: Any,
+        payload: P,
         ctx: RequestContext | None = None,
         *,
         offline: bool = False,
-        arrival: Arrival | None = None,
+        arrival: Arrival[P, O] | None = None,
         continuing: bool = False,
-    ) -> _Session:
+    ) -> _Session[P, O]:
         """Queue a sequence (pair with :meth:`release`; prefer :meth:`session`).
 
         ``offline``: no event loop waits for it (:func:`run_offline` steps the scheduler and reads the buffers).
@@ -234,7 +243,7 @@ class Scheduler:
             if self._closed:
                 raise EngineClosed(f"scheduler {self.name} is closed")
             seq = Sequence(seq_id=next(self._ids), payload=payload, request_id=ctx.request_id)
-            sess = _Session(seq, ctx, None if offline else asyncio.get_running_loop())
+            sess: _Session[P, O] = _Session(seq, ctx, None if offline else asyncio.get_running_loop())
             sess.continuing = continuing
             self._sessions[seq.seq_id] = sess
             if continuing:  # behind the other continuing ones, ahead of every new request
@@ -248,7 +257,7 @@ class Scheduler:
             self.lock.notify()
         return sess
 
-    def release(self, sess: _Session) -> None:
+    def release(self, sess: _Session[P, O]) -> None:
         """Synchronous: drop the sequence's buffer and hand its slot back before the next step."""
         with self.lock:
             seq = sess.seq
@@ -385,9 +394,9 @@ class Scheduler:
         t3 = time.perf_counter()
         self._account(batch, t1 - t0 - settled + t3 - t2, t2 - t1 + settled, len(outputs))
 
-    def schedule(self) -> tuple[Batch, int]:
+    def schedule(self) -> tuple[Batch[P], int]:
         """Admit waiting sequences into free slots (prefill) and decode the running ones that are not paused."""
-        prefill: list[Sequence] = []
+        prefill: list[Sequence[P]] = []
         budget = 0 if self._holding(time.perf_counter()) else self._admission_budget()
         while self.waiting and self.free_slots and len(prefill) < budget:
             seq = self.waiting.popleft()
@@ -399,7 +408,8 @@ class Scheduler:
             timings.admitted = time.perf_counter()
             if self.metrics is not None:
                 self.metrics.observe_admission(timings.admitted - timings.created)
-        decode, n_paused = [], 0
+        decode: list[Sequence[P]] = []
+        n_paused = 0
         for seq in self.running.values():
             if seq.state is RequestState.RUNNING and seq.num_steps > 0:
                 decode.append(seq)
@@ -437,7 +447,9 @@ class Scheduler:
         ages = [now - self._sessions[seq.seq_id].ctx.timings.created for seq in self.waiting]
         return self.admission.budget(len(self.free_slots), ages, slacks)
 
-    def postprocess(self, batch: Batch, outputs: list[SeqOutput], error: BaseException | None) -> list[_Session]:
+    def postprocess(
+        self, batch: Batch[P], outputs: list[SeqOutput[O]], error: BaseException | None
+    ) -> list[_Session[P, O]]:
         """Buffer each sequence's item; pause those at the high watermark; end finished and failed ones."""
         by_id = {out.seq_id: out for out in outputs}
         touched = []
@@ -447,8 +459,9 @@ class Scheduler:
             if sess is None or seq.abort_requested:
                 continue  # its consumer left; the release is queued already
             out = by_id.get(seq.seq_id)
-            if error is not None or (out is not None and out.error is not None):
-                self._end(seq, sess, error if error is not None else out.error)  # type: ignore[union-attr]
+            failed = error if error is not None else out.error if out is not None else None
+            if failed is not None:
+                self._end(seq, sess, failed)
             elif out is not None:
                 if out.item is not None:
                     sess.buffer.append(out.item)
@@ -461,7 +474,7 @@ class Scheduler:
             touched.append(sess)
         return touched
 
-    def _end(self, seq: Sequence, sess: _Session, error: BaseException | None) -> None:
+    def _end(self, seq: Sequence[P], sess: _Session[P, O], error: BaseException | None) -> None:
         seq.state = RequestState.FINISHED if error is None else RequestState.ABORTED
         sess.done = True
         sess.error = error
@@ -500,8 +513,8 @@ class Scheduler:
         if self.metrics is not None:
             self.metrics.observe_queues(*self._queue_counts())
 
-    def _wake(self, sessions: list[_Session]) -> None:
-        by_loop: dict[asyncio.AbstractEventLoop, list[_Session]] = {}
+    def _wake(self, sessions: list[_Session[P, O]]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Session[P, O]]] = {}
         for sess in sessions:
             if sess.loop is not None:
                 by_loop.setdefault(sess.loop, []).append(sess)
@@ -511,7 +524,7 @@ class Scheduler:
             except RuntimeError:  # loop closed: nobody waits
                 pass
 
-    def _account(self, batch: Batch, overhead: float, model_time: float, n_items: int) -> None:
+    def _account(self, batch: Batch[P], overhead: float, model_time: float, n_items: int) -> None:
         stats = self.stats
         stats.steps += 1
         stats.items += n_items
@@ -554,16 +567,20 @@ class Scheduler:
 
 
 @dataclass(slots=True)
-class OfflineResult:
+class OfflineResult(Generic[O]):
     """One payload's items, in order, and what failed it (None: it finished)."""
 
-    items: list[Any]
+    items: list[O]
     error: BaseException | None = None
 
 
 def run_offline(
-    model: BatchModel, payloads: PySequence[Any], join_steps: PySequence[int] | None = None, *, name: str = "offline"
-) -> list[OfflineResult]:
+    model: BatchModel[P, O],
+    payloads: PySequence[P],
+    join_steps: PySequence[int] | None = None,
+    *,
+    name: str = "offline",
+) -> list[OfflineResult[O]]:
     """Run ``payloads`` to completion through a :class:`Scheduler` on this thread (tests, offline use).
 
     The same admission, batching and release code as serving, stepped here without a worker thread or an event
@@ -574,8 +591,8 @@ def run_offline(
     if len(join) != len(payloads):
         raise ValueError("join_steps must match payloads one to one")
     sched = Scheduler(model, DeviceWorker(name=name), high_watermark=1 << 30, name=name)  # the worker never starts
-    results = [OfflineResult([]) for _ in payloads]
-    sessions: dict[int, _Session] = {}
+    results: list[OfflineResult[O]] = [OfflineResult([]) for _ in payloads]
+    sessions: dict[int, _Session[P, O]] = {}
     pending = list(range(len(payloads)))
     step = 0
     try:
@@ -601,17 +618,17 @@ def run_offline(
     return results
 
 
-class SeqStream:
-    """The items of one sequence, in order; ends when the model finishes it, raises what failed it."""
+class SeqStream(Generic[P, O]):
+    """The ``O`` items of one sequence, in order; ends when the model finishes it, raises what failed it."""
 
     __slots__ = ("_sched", "_sess")
 
-    def __init__(self, scheduler: Scheduler, sess: _Session) -> None:
+    def __init__(self, scheduler: Scheduler[P, O], sess: _Session[P, O]) -> None:
         self._sched = scheduler
         self._sess = sess
 
     @property
-    def seq(self) -> Sequence:
+    def seq(self) -> Sequence[P]:
         return self._sess.seq
 
     @property
@@ -619,10 +636,10 @@ class SeqStream:
         """Items produced and not yet taken."""
         return len(self._sess.buffer)
 
-    def __aiter__(self) -> SeqStream:
+    def __aiter__(self) -> SeqStream[P, O]:
         return self
 
-    async def __anext__(self) -> Any:
+    async def __anext__(self) -> O:
         sched, sess = self._sched, self._sess
         while True:
             with sched.lock:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import socket
-from typing import Any
 
 import uvicorn
+
+from omni_stream.realtime.state import ServerState
 
 SESSION_GRACE = 2.0  # seconds sessions get to send their close frame before uvicorn closes what is left (1012)
 
@@ -17,7 +18,7 @@ class GracefulServer(uvicorn.Server):
     seconds; sessions here are told first and close with 1001 (going away), stopping their generation.
     """
 
-    def __init__(self, config: uvicorn.Config, state: Any) -> None:
+    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
         super().__init__(config)
         self._state = state
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -13,16 +13,28 @@ from omni_stream.family import ModelKind
 from omni_stream.realtime.settings import Settings
 from omni_stream.realtime.speech.voice_store import VoiceStore
 
+if TYPE_CHECKING:
+    from fastrtc import Stream  # the webrtc extra
+
+
+class OpenSession(Protocol):
+    """An open WebSocket or WebRTC session, as a shutdown waits for it."""
+
+    @property
+    def finished(self) -> anyio.Event:
+        """Set once the session has ended."""
+        ...
+
 
 @dataclass(slots=True)
 class HttpMetrics:
     """Serving-layer counters, in their own registry (exposed on /metrics beside the engine's)."""
 
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
-    requests: Any = None
-    streams: Any = None
-    disconnects: Any = None
-    audio_sent: Any = None
+    requests: Counter = field(init=False)
+    streams: Gauge = field(init=False)
+    disconnects: Counter = field(init=False)
+    audio_sent: Counter = field(init=False)
 
     def __post_init__(self) -> None:
         self.requests = Counter(
@@ -61,9 +73,9 @@ class ServerState:
     engine: AsyncEngine | None = None
     metrics: HttpMetrics = field(default_factory=HttpMetrics)
     ready: bool = False
-    stopping: Any = None  # anyio.Event (made in the lifespan), set when the server begins to shut down
-    sessions: set[Any] = field(default_factory=set)  # open WebSocket sessions, each with a ``finished`` event
-    rtc: Any = None  # the fastrtc Stream behind /rtc (when the webrtc extra is installed)
+    stopping: anyio.Event | None = None  # made in the lifespan, set when the server begins to shut down
+    sessions: set[OpenSession] = field(default_factory=set)  # open WebSocket and WebRTC sessions
+    rtc: Stream | None = None  # the fastrtc Stream behind /rtc (when the webrtc extra is installed)
 
     async def begin_shutdown(self, grace: float) -> None:
         """Ask open WebSocket sessions to close (1001) and wait up to ``grace`` s for them to finish."""

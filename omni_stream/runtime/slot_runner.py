@@ -45,6 +45,8 @@ class SlotState(Protocol):
     length: int
 
 
+P = TypeVar("P")  # the payload the runner admits
+O = TypeVar("O")  # the item one step makes for one sequence
 S = TypeVar("S", bound=SlotState)
 T = TypeVar("T")
 # (q, k, v, mask) -> attention output; mask None: the function's own causal rule
@@ -67,9 +69,10 @@ def padded_causal_mask(lengths: torch.Tensor, t: int) -> torch.Tensor:
     return (causal[None] & (pos[None, :] < lengths[:, None])[:, None, :])[:, None]
 
 
-class SlotKVRunner(Generic[S]):
-    """The shared skeleton (see the module docstring); subclasses set :attr:`state_type` (their per-sequence
-    state) and call :meth:`_init_slots` from ``__init__``."""
+class SlotKVRunner(Generic[P, O, S]):
+    """The shared skeleton (see the module docstring) of a runner admitting ``P`` payloads and making ``O`` items
+    (a ``BatchModel[P, O]``); subclasses set :attr:`state_type` (their per-sequence state ``S``) and call
+    :meth:`_init_slots` from ``__init__``."""
 
     state_type: type[S]
     kv: SlotKVCache
@@ -128,7 +131,7 @@ class SlotKVRunner(Generic[S]):
         """Slots currently holding a sequence."""
         return len(self._states)
 
-    def release(self, seq: Sequence) -> None:
+    def release(self, seq: Sequence[P]) -> None:
         """Free the sequence's slot state; the static rows are simply reused by the slot's next owner."""
         st = seq.model_state
         if isinstance(st, self.state_type) and self._states.get(st.slot) is st:
@@ -137,13 +140,13 @@ class SlotKVRunner(Generic[S]):
 
     # -- slots ------------------------------------------------------------------------------------------
 
-    def _state(self, seq: Sequence) -> S:
+    def _state(self, seq: Sequence[P]) -> S:
         st = seq.model_state
         if not isinstance(st, self.state_type):
             raise RuntimeError(f"sequence {seq.seq_id} was not prefilled by this runner")
         return st
 
-    def _take_slot(self, seq: Sequence, payload_type: type[T]) -> T:
+    def _take_slot(self, seq: Sequence[P], payload_type: type[P]) -> P:
         """The newcomer's payload, checked to be a ``payload_type``, and its slot, checked to be in range and
         free (the caller then sets :meth:`_hold`)."""
         req = seq.payload
@@ -156,12 +159,12 @@ class SlotKVRunner(Generic[S]):
             raise RuntimeError(f"slot {slot} is still held by another sequence")
         return req
 
-    def _hold(self, seq: Sequence, st: S) -> None:
+    def _hold(self, seq: Sequence[P], st: S) -> None:
         """``seq`` holds ``st.slot`` with its host-side state ``st``."""
         self._states[st.slot] = st
         seq.model_state = st
 
-    def _reject(self, seq: Sequence, exc: Exception, outputs: dict[int, SeqOutput]) -> None:
+    def _reject(self, seq: Sequence[P], exc: Exception, outputs: dict[int, SeqOutput[O]]) -> None:
         """End a newcomer with ``exc`` and free its slot state; other rows are untouched."""
         if not isinstance(exc, InvalidRequestError):
             log.error("prefill of sequence %s failed", seq.seq_id, exc_info=exc)
@@ -177,11 +180,11 @@ class SlotKVRunner(Generic[S]):
 
     def _prefill_each(
         self,
-        seqs: list[Sequence],
+        seqs: list[Sequence[P]],
         items: list[T],
         prefill: Callable[[list[T]], None],
-        outputs: dict[int, SeqOutput],
-    ) -> list[Sequence]:
+        outputs: dict[int, SeqOutput[O]],
+    ) -> list[Sequence[P]]:
         """``prefill(items)`` for the newcomers ``seqs`` together; returns those that joined the step. A failing
         joint prefill falls back to one per newcomer, so only the failing ones end (the K/V it wrote lies in the
         newcomers' own slots, overwritten by each one's own prefill)."""

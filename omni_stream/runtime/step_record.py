@@ -9,25 +9,28 @@ request ends, is what the abort tests prove).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Generic, TypeVar
 
 from omni_stream.batch_model import Batch, Sequence
 
+P = TypeVar("P")
 
-class StepRecord:
-    """A base for BatchModels: call ``record_step(batch)`` first in ``step``; ``release`` is complete as it is."""
+
+class StepRecord(Generic[P]):
+    """A base for BatchModels of ``P`` payloads: call ``record_step(batch)`` first in ``step``; ``release`` is
+    complete as it is."""
 
     def __init__(self, *, record: bool = False) -> None:
         self.record = record
-        self.log: list[tuple[Any, ...]] = []
+        self.log: list[tuple[object, ...]] = []  # (kind, ids and counts...)
         self.released: Counter[int] = Counter()
         self.live: set[int] = set()
 
-    def record_step(self, batch: Batch) -> None:
+    def record_step(self, batch: Batch[P]) -> None:
         if self.record:
             self.log.append(("step", tuple(s.seq_id for s in batch.prefill), tuple(s.seq_id for s in batch.decode)))
 
-    def release(self, seq: Sequence) -> None:
+    def release(self, seq: Sequence[P]) -> None:
         self.live.discard(seq.seq_id)
         seq.model_state = None
         if self.record:

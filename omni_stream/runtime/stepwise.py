@@ -41,7 +41,7 @@ from collections.abc import Callable, Hashable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -53,7 +53,10 @@ log = logging.getLogger(__name__)
 LOG_SIZE = 20_000
 _SMALL = 1024  # elements: an unbatched tensor argument this small is compared by value (index tensors)
 
-Emit = Callable[[Any], None]
+O = TypeVar("O")  # what a job hands out
+
+Emit = Callable[[O], None]
+"""``Emit[O]``: hands an item out at the end of the step that made it."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -72,13 +75,13 @@ class Intercept:
 
 
 @dataclass(eq=False)
-class StepJob:
+class StepJob(Generic[O]):
     """One request's work for :class:`StepwiseModel`: ``run(emit)`` runs in its own greenlet; ``emit(item)`` hands
     an item out at the end of the step that made it (a preview); ``run``'s return value, if not None, is the last
     item. ``label`` names it in the step log (a request id)."""
 
     label: str
-    run: Callable[[Emit], Any]
+    run: Callable[[Emit[O]], O | None]
 
 
 @dataclass(slots=True, frozen=True)
@@ -128,11 +131,11 @@ class _Park:
 
 
 @dataclass(slots=True, eq=False)
-class _Running:
-    job: StepJob
-    greenlet: Any
+class _Running(Generic[O]):
+    job: StepJob[O]
+    greenlet: Any  # a greenlet.greenlet (imported when the model is made: an optional dependency)
     park: _Park | None = None
-    items: list[Any] = field(default_factory=list)
+    items: list[O] = field(default_factory=list)
 
 
 def own_scheduler(pipe: Any) -> Any:
@@ -208,8 +211,9 @@ def _split(out: Any, sizes: Sequence[int]) -> list[Any]:
     return [out] * len(sizes)
 
 
-class StepwiseModel:
-    """A :class:`~omni_stream.batch_model.BatchModel` whose sequences are :class:`StepJob` payloads.
+class StepwiseModel(Generic[O]):
+    """A ``BatchModel[StepJob[O], tuple[O, ...]]``: its payloads are :class:`StepJob` s, and a step hands out what
+    each job emitted in it (one tuple per job, None when it emitted nothing).
 
     A step with newcomers starts them (each runs up to its first model call: text encoding, input latents); any
     other step makes one batched call, for the group of compatible parked calls holding the longest-parked one
@@ -236,7 +240,7 @@ class StepwiseModel:
         self.intercepts = list(intercepts)
         self._originals: list[Callable[..., Any]] = []
         self._signatures: list[inspect.Signature] = []
-        self._by_greenlet: dict[Any, _Running] = {}
+        self._by_greenlet: dict[Any, _Running[O]] = {}
         self._tickets = itertools.count()
         self.log = StepLog()
         self.note = note
@@ -287,7 +291,7 @@ class StepwiseModel:
 
         return call
 
-    def _park(self, running: _Running, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _park(self, running: _Running[O], index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         spec = self.intercepts[index]
         bound = self._signatures[index].bind(*args, **kwargs)
         rows, shapes = 0, list[Hashable]()
@@ -309,7 +313,7 @@ class StepwiseModel:
 
     # --- the worker thread ---
 
-    def step(self, batch: Batch) -> list[SeqOutput]:
+    def step(self, batch: Batch[StepJob[O]]) -> list[SeqOutput[tuple[O, ...]]]:
         grad = torch.is_grad_enabled()
         try:
             with torch.no_grad():
@@ -323,15 +327,17 @@ class StepwiseModel:
         finally:
             torch.set_grad_enabled(grad)  # a parked pipeline left its no_grad() open on this thread
 
-    def _start(self, seq: Seq) -> SeqOutput:
-        job: StepJob = seq.payload
+    def _start(self, seq: Seq[StepJob[O]]) -> SeqOutput[tuple[O, ...]]:
+        job = seq.payload
         running = _Running(job, None)
         running.greenlet = self._greenlet.greenlet(lambda: job.run(lambda item: running.items.append(item)))
         seq.model_state = running
         self._by_greenlet[running.greenlet] = running
         return self._resume(seq, running, None)
 
-    def _resume(self, seq: Seq, running: _Running, value: tuple[_Resume, Any] | None) -> SeqOutput:
+    def _resume(
+        self, seq: Seq[StepJob[O]], running: _Running[O], value: tuple[_Resume, Any] | None
+    ) -> SeqOutput[tuple[O, ...]]:
         running.park = None
         try:
             result = running.greenlet.switch() if value is None else running.greenlet.switch(value)
@@ -347,28 +353,27 @@ class StepwiseModel:
         return SeqOutput(seq.seq_id, self._take(running))
 
     @staticmethod
-    def _take(running: _Running) -> tuple[Any, ...] | None:
+    def _take(running: _Running[O]) -> tuple[O, ...] | None:
         items, running.items = running.items, []
         return tuple(items) if items else None
 
-    def _forget(self, running: _Running) -> None:
+    def _forget(self, running: _Running[O]) -> None:
         self._by_greenlet.pop(running.greenlet, None)
 
-    def _call_group(self, decode: Sequence[Seq]) -> list[SeqOutput]:
-        parked = [s for s in decode if isinstance(s.model_state, _Running) and s.model_state.park is not None]
+    def _call_group(self, decode: Sequence[Seq[StepJob[O]]]) -> list[SeqOutput[tuple[O, ...]]]:
+        parked = [(s, r, r.park) for s in decode if isinstance(r := s.model_state, _Running) and r.park is not None]
         if not parked:
             return []
         with self._guard:  # a job released from now on is not in this call's log entry, nor in the call
-            parked = [s for s in parked if not s.abort_requested]
+            parked = [p for p in parked if not p[0].abort_requested]
             if not parked:
                 return []
-            first = min(parked, key=lambda s: s.model_state.park.ticket)
-            key = first.model_state.park.key
-            group = [s for s in parked if s.model_state.park.key == key]
-            spec = self.intercepts[first.model_state.park.intercept]
-            labels = tuple(s.model_state.job.label for s in group)
+            first = min(parked, key=lambda p: p[2].ticket)[2]
+            group = [p for p in parked if p[2].key == first.key]
+            spec = self.intercepts[first.intercept]
+            labels = tuple(r.job.label for _, r, _ in group)
             self._record(spec.name, labels)
-        parks: list[_Park] = [s.model_state.park for s in group]
+        parks = [park for _, _, park in group]
         self.calls += 1
         self._calling = labels
         try:
@@ -380,8 +385,8 @@ class StepwiseModel:
         finally:
             self._calling = ()
         outputs = [
-            self._resume(seq, seq.model_state, value)
-            for seq, value in zip(group, resumes, strict=True)
+            self._resume(seq, running, value)
+            for (seq, running, _), value in zip(group, resumes, strict=True)
             if not seq.abort_requested  # released during the call: its release kills it before the next step
         ]
         if self.on_call is not None:
@@ -402,7 +407,7 @@ class StepwiseModel:
                 merged.arguments[name] = torch.cat([_rows(v, n) for v, n in zip(values, sizes, strict=True)])
         return _split(original(*merged.args, **merged.kwargs), sizes)
 
-    def release(self, seq: Seq) -> None:
+    def release(self, seq: Seq[StepJob[O]]) -> None:
         """Kill the job's greenlet (its pipeline unwinds; its tensors are freed) unless it has finished."""
         running = seq.model_state
         seq.model_state = None

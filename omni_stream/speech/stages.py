@@ -7,7 +7,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -18,13 +18,15 @@ from omni_stream.errors import StageError
 from omni_stream.pipeline import Stage
 from omni_stream.scheduler import Scheduler
 
+P = TypeVar("P")
+
 
 def talker_stage(
-    scheduler: Scheduler,
-    prepare: Callable[[RequestContext], Awaitable[Any]],
+    scheduler: Scheduler[P, CodecFrames],
+    prepare: Callable[[RequestContext], Awaitable[P]],
     name: str = "talker",
     kind: str = "speech",
-) -> Stage[Any, CodecFrames]:
+) -> Stage[object, CodecFrames]:
     """Admit the request to ``scheduler`` and yield its items (codec frames) as steps produce them.
 
     ``await prepare(ctx)`` runs first and returns the scheduler payload (prompt building, voice prompts); while
@@ -32,7 +34,7 @@ def talker_stage(
     ``ctx.tokens(kind).output_tokens`` and one step into ``ctx.timings.steps``.
     """
 
-    async def talker(ctx: RequestContext, upstream: AsyncIterator[Any]) -> AsyncIterator[CodecFrames]:
+    async def talker(ctx: RequestContext, upstream: AsyncIterator[object]) -> AsyncIterator[CodecFrames]:
         # counted as arriving while prepared: newcomers of the same burst wait for it, so they prefill together
         with scheduler.arriving() as arrival:
             payload = await prepare(ctx)

@@ -44,7 +44,7 @@ UNIT_MAX_CHARS = 2000  # a unit longer than this is cut (at a sentence end, else
 
 def text_units(
     split: Granularity | str = Granularity.SENTENCE, max_chars: int = UNIT_MAX_CHARS, *, first_clause: bool = False
-) -> Stage:
+) -> Stage[TextDelta, TextDelta]:
     """Join upstream text deltas into units; the last unit (possibly empty) is marked ``final``; ``first_clause``:
     the first unit ends at the first clause boundary (:class:`~omni_stream.speech.text_split.TextSplitter`).
 
@@ -88,7 +88,7 @@ UnitRequest = Callable[[str, str], SpeechRequest]
 """``make(text, request_id) -> SpeechRequest`` for one unit."""
 
 
-def speak_units(family: SpeechFamily, make: UnitRequest, *, lookahead: int = 1) -> Stage:
+def speak_units(family: SpeechFamily, make: UnitRequest, *, lookahead: int = 1) -> Stage[TextDelta, TextDelta | Audio]:
     """Synthesize each upstream unit on ``family`` as its own request; yield its transcript, then its audio."""
     if lookahead < 0:
         raise ValueError(f"lookahead must be >= 0, got {lookahead}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
-from typing import Any
+from typing import TypeVar
 
 from omni_stream.chunks import TextDelta
 from omni_stream.context import RequestContext
@@ -14,13 +14,15 @@ from omni_stream.scheduler import Scheduler
 from omni_stream.text.tool_parsers import ToolCallParser, ToolFormat
 from omni_stream.text.tools import ToolCallDelta
 
+P = TypeVar("P")
+
 
 def text_generation_stage(
-    scheduler: Scheduler,
-    prepare: Callable[[RequestContext], Awaitable[Any]],
+    scheduler: Scheduler[P, TextDelta],
+    prepare: Callable[[RequestContext], Awaitable[P]],
     name: str = "text",
     kind: str = "text",
-) -> Stage[Any, TextDelta]:
+) -> Stage[object, TextDelta]:
     """Admit the request to ``scheduler`` and yield its text deltas (one item per generated token).
 
     ``await prepare(ctx)`` returns the payload (tokenized prompt) and counts the prompt tokens. Each item is one
@@ -28,7 +30,7 @@ def text_generation_stage(
     character, held back) are not passed on unless they are the last.
     """
 
-    async def text(ctx: RequestContext, upstream: AsyncIterator[Any]) -> AsyncIterator[TextDelta]:
+    async def text(ctx: RequestContext, upstream: AsyncIterator[object]) -> AsyncIterator[TextDelta]:
         payload = await prepare(ctx)
         usage = ctx.tokens(kind)
         async with scheduler.session(payload, ctx) as tokens:
@@ -42,7 +44,9 @@ def text_generation_stage(
     return text
 
 
-def with_tool_calls(stage: Stage[Any, TextDelta], format: ToolFormat, parallel: bool = True) -> Stage[Any, TextDelta]:
+def with_tool_calls(
+    stage: Stage[object, TextDelta], format: ToolFormat, parallel: bool = True
+) -> Stage[object, TextDelta]:
     """``stage``'s deltas with the tool calls in its text parsed out (:mod:`omni_stream.text.tool_parsers`).
 
     A call is handed out whole, as one :class:`~omni_stream.text.tools.ToolCallDelta` (its id, name and all of its
@@ -50,7 +54,7 @@ def with_tool_calls(stage: Stage[Any, TextDelta], format: ToolFormat, parallel: 
     ``finish_reason="tool_calls"``.
     """
 
-    async def text(ctx: RequestContext, upstream: AsyncIterator[Any]) -> AsyncIterator[TextDelta]:
+    async def text(ctx: RequestContext, upstream: AsyncIterator[object]) -> AsyncIterator[TextDelta]:
         parser = ToolCallParser(format, parallel)
         async for delta in stage(ctx, upstream):
             shown, calls = parser.push(delta.text)

@@ -13,7 +13,7 @@ Leaving the stage any way releases the sequence (its batch slot is free before t
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TypeVar
 
 import anyio
 import numpy as np
@@ -25,6 +25,8 @@ from omni_stream.family import ModelKind
 from omni_stream.pipeline import Stage
 from omni_stream.scheduler import Scheduler
 from omni_stream.transcription.spec import TranscriptionRequest
+
+P = TypeVar("P")
 
 
 def _mono(samples: np.ndarray) -> np.ndarray:
@@ -87,9 +89,9 @@ async def collect_utterance(
 
 
 def batched_transcription_stage(
-    scheduler: Scheduler,
+    scheduler: Scheduler[P, TextDelta],
     request: TranscriptionRequest,
-    prepare: Callable[[RequestContext, np.ndarray], Awaitable[Any]],
+    prepare: Callable[[RequestContext, np.ndarray], Awaitable[P]],
     *,
     sample_rate: int,
     max_seconds: float,

@@ -22,7 +22,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -282,7 +282,7 @@ class VideoFamily(Protocol):
 
     info: VideoInfo
 
-    def video_stage(self, request: VideoRequest, ctx: RequestContext) -> Stage[Any, VideoChunk]: ...
+    def video_stage(self, request: VideoRequest, ctx: RequestContext) -> Stage[object, VideoChunk]: ...
 
     async def aclose(self) -> None: ...
 

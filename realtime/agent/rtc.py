@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -26,13 +26,17 @@ from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from omni_stream.realtime.common.auth import offered_subprotocols, select_subprotocol
+from omni_stream.realtime.state import ServerState
+
+if TYPE_CHECKING:
+    from fastrtc import Stream
 
 log = logging.getLogger("omni_stream.realtime.rtc")
 
 
-def ice_servers(urls: tuple[str, ...]) -> list[dict[str, Any]]:
+def ice_servers(urls: tuple[str, ...]) -> list[dict[str, str]]:
     """``--rtc-ice-servers`` URLs (``stun:host:port``, ``turn:user:pass@host:port``) as RTCIceServer dicts."""
-    servers: list[dict[str, Any]] = []
+    servers: list[dict[str, str]] = []
     for url in urls:
         scheme, _, rest = url.partition(":")
         if scheme in ("turn", "turns") and "@" in rest:
@@ -44,7 +48,7 @@ def ice_servers(urls: tuple[str, ...]) -> list[dict[str, Any]]:
     return servers
 
 
-def make_stream(state: Any) -> Any:
+def make_stream(state: ServerState) -> Stream:
     """The fastrtc Stream of the voice agent (ImportError without fastrtc)."""
     from fastrtc import Stream
 
@@ -63,7 +67,7 @@ def make_stream(state: Any) -> Any:
     )
 
 
-def routes(state: Any) -> list[BaseRoute]:
+def routes(state: ServerState) -> list[BaseRoute]:
     """The ``/rtc`` mount, or nothing when fastrtc is not installed."""
     try:
         stream = make_stream(state)

@@ -34,6 +34,7 @@ from omni_stream.realtime.agent.events import (
     TurnDetection,
 )
 from omni_stream.realtime.agent.session import RealtimeSession, SessionClose
+from omni_stream.realtime.state import ServerState
 from omni_stream.turns.rules import TurnType
 
 log = logging.getLogger("omni_stream.realtime.rtc")
@@ -47,7 +48,7 @@ APPEND_FRAMES = 5  # frames joined into one append (100 ms)
 class VoiceAgentHandler(AsyncStreamHandler):
     """One WebRTC peer's voice-agent session (see the module docstring); ``state`` is the server's ServerState."""
 
-    def __init__(self, state: Any) -> None:
+    def __init__(self, state: ServerState) -> None:
         super().__init__(expected_layout="mono", output_sample_rate=RATE, input_sample_rate=RATE)
         self.state = state
         self.inq: asyncio.Queue[np.ndarray] = asyncio.Queue(INPUT_FRAMES)

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import numpy as np
 
+from omni_stream.chunks import Audio, CodecFrames
 from omni_stream.context import RequestContext
 from omni_stream.family import LoadContext, ModelKind, SpeechInfo
 from omni_stream.metrics import EngineMetrics
-from omni_stream.pipeline import Stage
+from omni_stream.pipeline import Chain, Stage
 from omni_stream.requests import SpeechRequest, TaskType, VoicePrompt
 from omni_stream.scheduler import Scheduler
 from omni_stream.speech.limits import MAX_INPUT_CHARS, resolved_max_new_tokens
@@ -82,7 +83,7 @@ class SyntheticFamily:
         """Byte-level tokens: one per UTF-8 byte."""
         return len(text.encode("utf-8"))
 
-    def speech_stages(self, request: SpeechRequest, ctx: RequestContext) -> Sequence[Stage]:
+    def speech_stages(self, request: SpeechRequest, ctx: RequestContext) -> Chain[object, Audio]:
         task = TaskType(request.task_type or self.info.default_task)  # resolved by the engine
         assert isinstance(request.text, str), "streamed text is split into units before it reaches a family"
         text, faults = parse_faults(request.text) if self.config.fault_markers else (request.text, Faults())
@@ -102,7 +103,7 @@ class SyntheticFamily:
                 if len(ramp) > 1
                 else (request.initial_codec_chunk_frames, ramp[0])
             )
-        return [self._talker_stage(request, task, n_frames, faults), self._codec_stage(faults, ramp)]
+        return Chain(self._talker_stage(request, task, n_frames, faults)).then(self._codec_stage(faults, ramp))
 
     async def _tone(self, request: SpeechRequest, task: TaskType, ctx: RequestContext) -> int:
         if task is TaskType.CUSTOM_VOICE:
@@ -120,13 +121,15 @@ class SyntheticFamily:
         assert prompt is not None
         return _prompt_tone(prompt)
 
-    def _talker_stage(self, request: SpeechRequest, task: TaskType, n_frames: int, faults: Faults) -> Stage:
+    def _talker_stage(
+        self, request: SpeechRequest, task: TaskType, n_frames: int, faults: Faults
+    ) -> Stage[object, CodecFrames]:
         async def prepare(ctx: RequestContext) -> TalkerInput:
             return TalkerInput(n_frames=n_frames, tone=await self._tone(request, task, ctx), faults=faults)
 
         return talker_stage(self.scheduler, prepare)
 
-    def _codec_stage(self, faults: Faults, ramp: tuple[int, ...]) -> Stage:
+    def _codec_stage(self, faults: Faults, ramp: tuple[int, ...]) -> Stage[CodecFrames, Audio]:
         """The shared windowed codec stage over the synthetic codec (batched worker jobs per window size)."""
         worker, codec = self.worker, self.codec
 

@@ -138,7 +138,7 @@ class CausalLMFamily:
         """Tokens of ``text`` under the checkpoint's tokenizer (blocking: call it off the loop for long text)."""
         return self.tokenizer.count(text)
 
-    def text_stage(self, request: TextRequest, ctx: RequestContext) -> Stage[Any, TextDelta]:
+    def text_stage(self, request: TextRequest, ctx: RequestContext) -> Stage[object, TextDelta]:
         """The stage of ``request`` (a chat without a template is refused now; the prompt is fitted to the context
         in the stage, before any delta)."""
         if request.messages and not self.tokenizer.has_chat_template:

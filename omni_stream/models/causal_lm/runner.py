@@ -109,6 +109,10 @@ class LMRequest:
         return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias)
 
 
+LMSeq = Sequence[LMRequest]
+LMOut = SeqOutput[TextDelta]
+
+
 @dataclass(slots=True)
 class _SlotState:
     """Host-side mirror of one running sequence (worker thread only)."""
@@ -147,7 +151,7 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
 
-class CausalLMRunner(SlotKVRunner[_SlotState]):
+class CausalLMRunner(SlotKVRunner[LMRequest, TextDelta, _SlotState]):
     """Batched decoding over a slot-indexed static KV cache (see module docstring; the skeleton every slot-KV
     runner shares: :class:`~omni_stream.runtime.slot_runner.SlotKVRunner`)."""
 
@@ -247,11 +251,11 @@ class CausalLMRunner(SlotKVRunner[_SlotState]):
     # -- BatchModel -------------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def step(self, batch: Batch) -> list[SeqOutput]:
+    def step(self, batch: Batch[LMRequest]) -> list[LMOut]:
         """Prefill ``batch.prefill``, then give every row of the batch its next token."""
         self._join_masks()  # before any slot changes hands: the job writes the rows it was given
-        outputs: dict[int, SeqOutput] = {}
-        admitted: list[tuple[Sequence, torch.Tensor]] = []
+        outputs: dict[int, LMOut] = {}
+        admitted: list[tuple[LMSeq, torch.Tensor]] = []
         for seq in batch.prefill:
             try:
                 admitted.append((seq, self._admit(seq)))
@@ -282,7 +286,7 @@ class CausalLMRunner(SlotKVRunner[_SlotState]):
 
     # -- admission and prefill --------------------------------------------------------------------------
 
-    def _admit(self, seq: Sequence) -> torch.Tensor:
+    def _admit(self, seq: LMSeq) -> torch.Tensor:
         """Check the request, take its slot and set the slot's sampling state; returns the prompt ids ``[n]``."""
         req = self._take_slot(seq, LMRequest)
         slot = seq.slot
@@ -322,9 +326,7 @@ class CausalLMRunner(SlotKVRunner[_SlotState]):
         self._hold(seq, st)
         return ids
 
-    def _prefill_all(
-        self, admitted: list[tuple[Sequence, torch.Tensor]], outputs: dict[int, SeqOutput]
-    ) -> list[Sequence]:
+    def _prefill_all(self, admitted: list[tuple[LMSeq, torch.Tensor]], outputs: dict[int, LMOut]) -> list[LMSeq]:
         """Prefill the admitted newcomers together (one by one when that fails); returns those that joined."""
         seqs = [seq for seq, _ in admitted]
         return self._prefill_each(seqs, [(seq.slot, ids) for seq, ids in admitted], self._prefill, outputs)
@@ -432,7 +434,7 @@ class CausalLMRunner(SlotKVRunner[_SlotState]):
         lengths += inc
         self.tokens_out[:b] = token
 
-    def _emit(self, seq: Sequence, st: _SlotState, token: int, logprob: TokenLogprob | None = None) -> SeqOutput:
+    def _emit(self, seq: LMSeq, st: _SlotState, token: int, logprob: TokenLogprob | None = None) -> LMOut:
         """The row's delta for ``token``, and whether the row is done."""
         st.generated += 1
         st.length += 1

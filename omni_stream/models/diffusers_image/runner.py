@@ -58,7 +58,7 @@ class ImageRunner:
     ) -> None:
         self.adapter = adapter
         self.preview = preview
-        self.model = StepwiseModel(
+        self.model: StepwiseModel[Image] = StepwiseModel(
             adapter.intercepts(), max_batch_size=max_batch_size, note=note, yield_point=yield_point
         )
 
@@ -66,10 +66,10 @@ class ImageRunner:
     def log(self) -> StepLog:
         return self.model.log
 
-    def job(self, request_id: str, paint: Paint) -> StepJob:
+    def job(self, request_id: str, paint: Paint) -> StepJob[Image]:
         return StepJob(request_id, functools.partial(self._paint, paint))
 
-    def _paint(self, paint: Paint, emit: Emit) -> None:
+    def _paint(self, paint: Paint, emit: Emit[Image]) -> None:
         """One request's pipeline call (in its greenlet): previews as its steps finish, then its images."""
         adapter = self.adapter.fork()
         shape, count = paint.shape, len(paint.rows)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
 from omni_stream.context import RequestContext
 from omni_stream.device_policy import WorkClass
@@ -113,7 +112,7 @@ class HeliosFamily:
         """Per-request state still held: requests with a generation state, the scheduler's, started chunk calls."""
         return {"requests": len(self._live), **self.scheduler.live(), "calls": self.runner.model.running}
 
-    def video_stage(self, request: VideoRequest, ctx: RequestContext) -> Stage[Any, VideoChunk]:
+    def video_stage(self, request: VideoRequest, ctx: RequestContext) -> Stage[object, VideoChunk]:
         """The stage of ``request``, resolved by the engine (video.spec.resolve_request)."""
         assert request.num_frames is not None and request.fps is not None
         assert request.width is not None and request.height is not None
@@ -125,7 +124,7 @@ class HeliosFamily:
         width, height = request.width, request.height
         steps, guidance = request.num_inference_steps, request.guidance_scale
 
-        async def video(ctx: RequestContext, upstream: AsyncIterator[Any]) -> AsyncIterator[VideoChunk]:
+        async def video(ctx: RequestContext, upstream: AsyncIterator[object]) -> AsyncIterator[VideoChunk]:
             state = runner.new_state(
                 request.request_id, width=width, height=height, steps=steps, guidance=guidance,
                 seed=request.seed, negative_prompt=request.negative_prompt, image=request.image,

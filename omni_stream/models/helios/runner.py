@@ -161,7 +161,7 @@ class HeliosRunner:
             Intercept("denoise", pipe.transformer, "forward", TRANSFORMER_ROWS),
             Intercept("decode", pipe.vae, "decode", ("z",), fine=True),
         ]
-        self.model = StepwiseModel(
+        self.model: StepwiseModel[ChunkResult] = StepwiseModel(
             intercepts, max_batch_size=max_batch_size, note=self._step, guard=self.lock, yield_point=yield_point
         )
 
@@ -175,12 +175,12 @@ class HeliosRunner:
         if self._note is not None:
             self._note(kind, labels)
 
-    def job(self, state: ChunkState, prompt: ChunkPrompt, keep: int) -> StepJob:
+    def job(self, state: ChunkState, prompt: ChunkPrompt, keep: int) -> StepJob[ChunkResult]:
         """``state``'s next chunk as a step job (its result: the :class:`ChunkResult`)."""
         run = functools.partial(self._chunk_job, state, prompt, keep)
         return StepJob(f"{state.request_id}/{state.chunk}", run)
 
-    def _chunk_job(self, state: ChunkState, prompt: ChunkPrompt, keep: int, emit: Emit) -> ChunkResult:
+    def _chunk_job(self, state: ChunkState, prompt: ChunkPrompt, keep: int, emit: Emit[ChunkResult]) -> ChunkResult:
         return self.generate_chunk(state, prompt, keep)
 
     def new_state(

@@ -105,11 +105,11 @@ class OpenAITextFamily:
             )
         return self._client
 
-    def text_stage(self, request: TextRequest, ctx: RequestContext) -> Stage[Any, TextDelta]:
+    def text_stage(self, request: TextRequest, ctx: RequestContext) -> Stage[object, TextDelta]:
         """The stage of ``request``; the prompt's fit is the server's to check (its tokenizer is there)."""
         path, body = request_body(request, self.model)
 
-        async def text(ctx: RequestContext, upstream: AsyncIterator[Any]) -> AsyncIterator[TextDelta]:
+        async def text(ctx: RequestContext, upstream: AsyncIterator[object]) -> AsyncIterator[TextDelta]:
             client = self._http()
             usage = ctx.tokens(ModelKind.TEXT)
             call = client.build_request("POST", path, json=body, headers={"Accept": "text/event-stream"})

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from omni_stream.chunks import Audio, CodecFrames
 from omni_stream.context import RequestContext
 from omni_stream.models.qwen3_tts.codec import CodecDecoder
 from omni_stream.models.qwen3_tts.codec_graphs import CodecWindows
@@ -207,7 +208,7 @@ def codec_stage(
     live: LiveCount | None = None,
     first_window: Callable[[int], int] = first_window_frames,
     decided: FirstWindow | None = None,
-) -> Stage:
+) -> Stage[CodecFrames, Audio]:
     """The shared windowed codec stage over this decoder, with exact streaming state and a doubling ramp.
 
     ``initial_frames``: the first window (None: ``first_window(load)`` with ``load`` the requests counted in

@@ -13,7 +13,6 @@ is given: it speaks noise, and the loader says so.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Literal
@@ -22,6 +21,7 @@ import anyio
 import numpy as np
 import torch
 
+from omni_stream.chunks import Audio
 from omni_stream.context import RequestContext
 from omni_stream.errors import ConfigError
 from omni_stream.family import LoadContext, ModelKind, SpeechInfo
@@ -37,7 +37,7 @@ from omni_stream.models.qwen3_tts.runner import Qwen3TTSRunner
 from omni_stream.models.qwen3_tts.speaker_encoder import load_speaker_encoder
 from omni_stream.models.qwen3_tts.tokenizer import TextTokenizer
 from omni_stream.models.qwen3_tts.voice_cache import VoiceCache, voice_key
-from omni_stream.pipeline import Stage
+from omni_stream.pipeline import Chain
 from omni_stream.requests import SpeechRequest, TaskType, VoicePrompt
 from omni_stream.runtime.cache import EMBEDDED_MARKER, embedded_checkpoint_dir
 from omni_stream.runtime.decoder_kernels import default_kernels
@@ -161,7 +161,7 @@ class Qwen3TTSFamily:
         """The longest ``input`` the talker's context holds with its default frame budget (characters)."""
         return max_input_chars(self.runner.max_len)
 
-    def speech_stages(self, request: SpeechRequest, ctx: RequestContext) -> Sequence[Stage]:
+    def speech_stages(self, request: SpeechRequest, ctx: RequestContext) -> Chain[object, Audio]:
         task = TaskType(request.task_type or self.task)
         explicit = request.max_new_tokens is not None
         assert isinstance(request.text, str), "streamed text is split into units before it reaches a family"
@@ -194,8 +194,7 @@ class Qwen3TTSFamily:
             reference.codes = prompt.ref_codes
             return talker_request
 
-        return [
-            talker_stage(self.scheduler, prepare),
+        return Chain(talker_stage(self.scheduler, prepare)).then(
             codec_stage(
                 self.speech_tokenizer.decoder,
                 self.worker,
@@ -208,8 +207,8 @@ class Qwen3TTSFamily:
                 completions=self.completions,
                 live=self.live,
                 decided=first,
-            ),
-        ]
+            )
+        )
 
     # --- voices ---------------------------------------------------------------------------------------------
 

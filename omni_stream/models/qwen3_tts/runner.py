@@ -84,6 +84,9 @@ PREFILL_BUCKETS = (32, 64, 128, 256)  # prompt positions of the prefill graphs; 
 PREFILL_GRAPH_BATCH = 8
 SMALLEST_SPAN = 128  # attention span of the smallest decode graph (the talker attention at B=128 reads the span)
 
+TalkerSeq = Sequence[TalkerRequest]
+TalkerOut = SeqOutput[CodecFrames]
+
 
 @dataclass(slots=True)
 class _SlotState:
@@ -114,13 +117,13 @@ class _SlotState:
 class _InFlight:
     """A decode step launched and not yet collected: its rows, and the event after its codes' copy to the host."""
 
-    seqs: list[Sequence]
+    seqs: list[TalkerSeq]
     states: list[_SlotState]
     b: int  # rows computed (slots 0..b-1)
     event: torch.cuda.Event | None  # None: the step ran synchronously (CPU)
 
 
-class Qwen3TTSRunner(SlotKVRunner[_SlotState]):
+class Qwen3TTSRunner(SlotKVRunner[TalkerRequest, CodecFrames, _SlotState]):
     """Batched talker decoding over a slot-indexed static KV cache (see module docstring; the skeleton every
     slot-KV runner shares: :class:`~omni_stream.runtime.slot_runner.SlotKVRunner`)."""
 
@@ -247,17 +250,17 @@ class Qwen3TTSRunner(SlotKVRunner[_SlotState]):
     # -- BatchModel -------------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def step(self, batch: Batch) -> list[SeqOutput]:
+    def step(self, batch: Batch[TalkerRequest]) -> list[TalkerOut]:
         """Prefill ``batch.prefill``, then advance every row by one frame.
 
         With ``ahead``, a row's frame is the one the previous call launched (a newcomer's first comes with the
         next call): the decode step is launched before this call hands out its outputs and returns, so the
         host's work between steps (outputs, the scheduler, codec jobs) runs while the device computes.
         """
-        outputs: dict[int, SeqOutput] = {}
+        outputs: dict[int, TalkerOut] = {}
         self._due = 0
         self._collect()
-        claimed: list[Sequence] = []
+        claimed: list[TalkerSeq] = []
         for seq in batch.prefill:
             try:
                 self._admit(seq)
@@ -283,7 +286,7 @@ class Qwen3TTSRunner(SlotKVRunner[_SlotState]):
             self.after_step()
         return [outputs[seq.seq_id] for seq in (*batch.prefill, *batch.decode)]
 
-    def _hand_out(self, seq: Sequence) -> SeqOutput:
+    def _hand_out(self, seq: TalkerSeq) -> TalkerOut:
         """The row's collected frame, if any; finished once it has no frame left to draw."""
         st = self._state(seq)
         pending, st.pending = st.pending, None
@@ -304,7 +307,7 @@ class Qwen3TTSRunner(SlotKVRunner[_SlotState]):
             self._due += 1  # this frame completes the request's first window: its codec job comes next
         return SeqOutput(seq.seq_id, item=frame, finished=final)
 
-    def _launch(self, seqs: list[Sequence]) -> None:
+    def _launch(self, seqs: list[TalkerSeq]) -> None:
         """Launch one decode step over ``seqs`` (not waited for on CUDA; :meth:`_collect` takes its codes)."""
         states = [self._state(seq) for seq in seqs]
         b = self._decode(states)
@@ -351,7 +354,7 @@ class Qwen3TTSRunner(SlotKVRunner[_SlotState]):
 
     # -- internals --------------------------------------------------------------------------------------
 
-    def _admit(self, seq: Sequence) -> None:
+    def _admit(self, seq: TalkerSeq) -> None:
         """Check the request and take its slot (its prompt is embedded with the step's other newcomers)."""
         req = self._take_slot(seq, TalkerRequest)
         slot = seq.slot
@@ -368,8 +371,8 @@ class Qwen3TTSRunner(SlotKVRunner[_SlotState]):
         self._hold(seq, _SlotState(slot, n, 0, max_frames, 0, req.ignore_eos, samples))
 
     def _embed_all(
-        self, seqs: list[Sequence], outputs: dict[int, SeqOutput]
-    ) -> tuple[list[Sequence], list[tuple[int, torch.Tensor]]]:
+        self, seqs: list[TalkerSeq], outputs: dict[int, TalkerOut]
+    ) -> tuple[list[TalkerSeq], list[tuple[int, torch.Tensor]]]:
         """Embed the admitted newcomers' prompts together and store their trailing text; returns the newcomers
         that remain with (slot, prefill embeddings ``[n, H]``) each. When the joint embedding fails, each prompt
         is embedded alone, so only the failing ones end."""
@@ -382,7 +385,7 @@ class Qwen3TTSRunner(SlotKVRunner[_SlotState]):
                 self._reject(seqs[0], exc, outputs)
                 return [], []
             embedded = None
-        kept: list[Sequence] = []
+        kept: list[TalkerSeq] = []
         admitted: list[tuple[int, torch.Tensor]] = []
         trailing_lens: list[int] = []
         for i, seq in enumerate(seqs):
@@ -402,7 +405,7 @@ class Qwen3TTSRunner(SlotKVRunner[_SlotState]):
         self._write_rows(kept, trailing_lens)
         return kept, admitted
 
-    def _write_rows(self, seqs: list[Sequence], trailing_lens: list[int]) -> None:
+    def _write_rows(self, seqs: list[TalkerSeq], trailing_lens: list[int]) -> None:
         """The newcomers' per-slot state, for all of them at once: a value written into a CUDA tensor from Python
         is a blocking copy, and the 16 of each newcomer cost 12 ms for 56 newcomers on the H200 (run 22)."""
         if not seqs:
@@ -423,18 +426,18 @@ class Qwen3TTSRunner(SlotKVRunner[_SlotState]):
         self.cp_params.write_rows(rows, [r.subtalker_sampling for r in reqs])
 
     def _prefill_all(
-        self, seqs: list[Sequence], admitted: list[tuple[int, torch.Tensor]], outputs: dict[int, SeqOutput]
-    ) -> list[Sequence]:
+        self, seqs: list[TalkerSeq], admitted: list[tuple[int, torch.Tensor]], outputs: dict[int, TalkerOut]
+    ) -> list[TalkerSeq]:
         """Prefill the admitted newcomers together (one by one when that fails); returns those that joined."""
         return self._prefill_each(seqs, admitted, self._prefill, outputs)
 
     def _prefill_in_budget(
         self,
-        newcomers: list[Sequence],
+        newcomers: list[TalkerSeq],
         admitted: list[tuple[int, torch.Tensor]],
-        running: Seq[Sequence],
-        outputs: dict[int, SeqOutput],
-    ) -> list[Sequence]:
+        running: Seq[TalkerSeq],
+        outputs: dict[int, TalkerOut],
+    ) -> list[TalkerSeq]:
         """Prefill at most ``prefill_budget`` prompt positions this call: first the chunks of prompts begun in earlier
         calls (oldest first), then newcomers whose whole prompt fits what is left (together, as without a budget),
         then the first chunk of the next. Returns the rows to hand out (every newcomer and running row still held).
@@ -444,9 +447,9 @@ class Qwen3TTSRunner(SlotKVRunner[_SlotState]):
             st = self._state(seq)
             if st.prompt is not None and left > 0:
                 left -= self._prefill_chunk(seq, st, left, outputs)
-        whole: list[Sequence] = []
+        whole: list[TalkerSeq] = []
         items: list[tuple[int, torch.Tensor]] = []
-        chunked: list[Sequence] = []
+        chunked: list[TalkerSeq] = []
         for seq, (slot, x) in zip(newcomers, admitted, strict=True):
             if not chunked and x.shape[0] <= left:
                 whole.append(seq)
@@ -463,7 +466,7 @@ class Qwen3TTSRunner(SlotKVRunner[_SlotState]):
         rows += [seq for seq in chunked if seq.seq_id not in outputs]
         return rows + [seq for seq in running if seq.seq_id not in outputs]
 
-    def _prefill_chunk(self, seq: Sequence, st: _SlotState, most: int, outputs: dict[int, SeqOutput]) -> int:
+    def _prefill_chunk(self, seq: TalkerSeq, st: _SlotState, most: int, outputs: dict[int, TalkerOut]) -> int:
         """The next ``most`` positions (at most) of a chunked prompt, attending to the positions already written;
         the last chunk sets the row's hidden state, so it decodes from the next launch. Returns positions used."""
         assert st.prompt is not None

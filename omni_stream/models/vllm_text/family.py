@@ -159,7 +159,7 @@ class VllmTextFamily:
             raise InvalidRequestError(f"the model's chat template rejects these messages: {exc}", "messages") from exc
         return list(self.tokenizer.encode(text, add_special_tokens=False)), text
 
-    def text_stage(self, request: TextRequest, ctx: RequestContext) -> Stage[Any, TextDelta]:
+    def text_stage(self, request: TextRequest, ctx: RequestContext) -> Stage[object, TextDelta]:
         from vllm import SamplingParams
         from vllm.inputs import tokens_input
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
@@ -179,7 +179,7 @@ class VllmTextFamily:
             raise mapped from exc
         engine, aborts = self.engine, self._aborts
 
-        async def text(ctx: RequestContext, upstream: AsyncIterator[Any]) -> AsyncIterator[TextDelta]:
+        async def text(ctx: RequestContext, upstream: AsyncIterator[object]) -> AsyncIterator[TextDelta]:
             ids, prompt = await run_prepare(self._prompt, request)
             fit_prompt(len(ids), request.max_tokens, max_context, prompt_field(request))
             usage = ctx.tokens(ModelKind.TEXT)

@@ -77,7 +77,10 @@ class _Row:
     detok: Detokenizer
 
 
-class WhisperRunner(StepRecord):
+WhisperSeq = Sequence[WhisperInput]
+
+
+class WhisperRunner(StepRecord[WhisperInput]):
     """Batched greedy Whisper (see module docstring).
 
     ``record=True`` logs ``("step", prefill_ids, decode_ids)``, ``("encode", newcomers, batch, "graph"|"eager")``,
@@ -95,7 +98,7 @@ class WhisperRunner(StepRecord):
         *,
         record: bool = False,
         graphs: bool | None = None,
-    ):
+    ) -> None:
         """``graphs``: replay CUDA graphs of the encoder per batch bucket and of the decoder call per shape
         (None: on CUDA devices)."""
         cfg = model.config
@@ -158,33 +161,33 @@ class WhisperRunner(StepRecord):
     # --- BatchModel -----------------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def step(self, batch: Batch) -> list[SeqOutput]:
+    def step(self, batch: Batch[WhisperInput]) -> list[SeqOutput[TextDelta]]:
         self.record_step(batch)
         if batch.prefill:
             self._admit(batch.prefill)
-        seqs = [s for s in (*batch.prefill, *batch.decode) if isinstance(s.model_state, _Row)]
-        if not seqs:
+        live = [(s, s.model_state) for s in (*batch.prefill, *batch.decode) if isinstance(s.model_state, _Row)]
+        if not live:
             return []
         # One call a step: a newcomer's prompt widens that step's call for every row (once per request), which
         # costs less than a second call over the same slots would.
-        rows: list[_Row] = [s.model_state for s in seqs]
+        rows = [row for _, row in live]
         exact = (
-            max(s.slot for s in seqs) + 1,
+            max(s.slot for s, _ in live) + 1,
             max(len(r.pending) for r in rows),
             max(r.position + len(r.pending) for r in rows),
         )
         shape = self.shapes.pick(*exact) if self.pad_shapes else None
         b, w, span = shape or exact
-        self._fill(seqs, b, w)
+        self._fill(live, b, w)
         replayed = shape is not None and self.decode_graphs is not None and self.decode_graphs.replay(shape)
         if not replayed:
             self._run(b, w, span)
         if self.record:
-            self.log.append(("decode", len(seqs), b, w, span, "graph" if replayed else "eager"))
+            self.log.append(("decode", len(live), b, w, span, "graph" if replayed else "eager"))
         picks = self._picks[:b].tolist()  # the step's one device-to-host copy
         for row in rows:
             row.position += len(row.pending)
-        return [self._advance(seq, *picks[seq.slot]) for seq in seqs]
+        return [self._advance(seq, row, *picks[seq.slot]) for seq, row in live]
 
     # --- CUDA graphs ----------------------------------------------------------------------------------------
 
@@ -206,7 +209,7 @@ class WhisperRunner(StepRecord):
 
     # --- admission ------------------------------------------------------------------------------------------
 
-    def _admit(self, seqs: tuple[Sequence, ...]) -> None:
+    def _admit(self, seqs: tuple[WhisperSeq, ...]) -> None:
         """Encode the newcomers together at their batch bucket; their cross-attention keys and values go to their
         slots (the padding rows' to the spare one)."""
         n = len(seqs)
@@ -225,7 +228,7 @@ class WhisperRunner(StepRecord):
         if self.record:
             self.log.append(("encode", n, b, "graph" if replayed else "eager"))
         for seq in seqs:
-            payload: WhisperInput = seq.payload
+            payload = seq.payload
             prompt = payload.prompt
             phase, pending = (
                 (_Phase.DETECT, [self.tokens.sot]) if prompt.detect else (_Phase.DECODE, [*prompt.tokens()])
@@ -245,7 +248,7 @@ class WhisperRunner(StepRecord):
             self.cross_k[i].index_copy_(0, slots, self._heads(attn.k_proj(encoded), b))
             self.cross_v[i].index_copy_(0, slots, self._heads(attn.v_proj(encoded), b))
 
-    def _upload(self, values: list[Any], dtype: torch.dtype = torch.long) -> torch.Tensor:
+    def _upload(self, values: list[int], dtype: torch.dtype = torch.long) -> torch.Tensor:
         """A small host list on the device; on CUDA through pinned memory, so the copy does not wait for the
         kernels already queued."""
         host = torch.tensor(values, dtype=dtype)
@@ -261,15 +264,14 @@ class WhisperRunner(StepRecord):
     def _inputs(self, buffer: torch.Tensor, b: int, w: int) -> torch.Tensor:
         return buffer[: b * (META + w)].view(b, META + w)
 
-    def _fill(self, seqs: list[Sequence], b: int, w: int) -> None:
+    def _fill(self, live: list[tuple[WhisperSeq, _Row]], b: int, w: int) -> None:
         """The call's inputs for rows ``0..b-1`` (a row per slot; slots without a sequence feed nothing), one
         host-to-device copy from pinned memory."""
         host = self._inputs(self._dec_host, b, w)
         table = host.numpy()
         table[:, :META] = 0
         table[:, META:] = self.tokens.eot  # any id: inputs past a row's own are never read
-        for seq in seqs:
-            row: _Row = seq.model_state
+        for seq, row in live:
             n = len(row.pending)
             table[seq.slot, :META] = (row.position, n, row.generated == 0)
             table[seq.slot, META : META + n] = row.pending
@@ -320,14 +322,12 @@ class WhisperRunner(StepRecord):
 
     # --- after the pick -------------------------------------------------------------------------------------
 
-    def _advance(self, seq: Sequence, token: int, language: int) -> SeqOutput:
-        row: _Row = seq.model_state
+    def _advance(self, seq: WhisperSeq, row: _Row, token: int, language: int) -> SeqOutput[TextDelta]:
         if self.record:
             self.log.append(("language" if row.phase is _Phase.DETECT else "token", seq.seq_id,
                              language if row.phase is _Phase.DETECT else token))  # fmt: skip
         if row.phase is _Phase.DETECT:
-            payload: WhisperInput = seq.payload
-            row.phase, row.pending, row.position = _Phase.DECODE, [*payload.prompt.tokens(language)], 0
+            row.phase, row.pending, row.position = _Phase.DECODE, [*seq.payload.prompt.tokens(language)], 0
             return SeqOutput(seq.seq_id)  # no text this step
         row.generated += 1
         if token == self.tokens.eot:
