@@ -23,6 +23,8 @@ import torch
 from omni_stream.errors import ConfigError
 from omni_stream.family import LoadOptions
 
+# mypy reads diffusers' top-level names from its __init__'s TYPE_CHECKING branch, the dummy_pt_objects classes (no
+# torch.nn.Module or DiffusionPipeline methods): calls of those methods carry a narrow attr-defined ignore.
 INDEX = "model_index.json"
 SKIPPED = ("safety_checker", "feature_extractor", "image_encoder")
 LIBRARIES = ("diffusers", "transformers")
@@ -230,7 +232,7 @@ def load_pipeline(path: Path, options: LoadOptions, dtype: torch.dtype) -> Any:
     if missing:
         raise ConfigError(f"{path}: {index['_class_name']} needs {', '.join(missing)} ({INDEX} does not list it)")
     pipe = pipeline_cls(**{k: v for k, v in components.items() if k in params})
-    pipe.set_progress_bar_config(disable=True)
+    pipe.set_progress_bar_config(disable=True)  # type: ignore[attr-defined]  # a diffusers dummy class to mypy
     return pipe
 
 
