@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 
@@ -45,7 +45,7 @@ class TokenCount:
         return self.input_tokens + self.output_tokens
 
 
-def _expire(future: asyncio.Future[Any], request_id: str, what: str, budget: float) -> None:
+def _expire(future: asyncio.Future[T], request_id: str, what: str, budget: float) -> None:
     if not future.done():
         future.set_exception(DeadlineExceeded(f"request {request_id}: {what} took longer than {budget:.3f} s"))
 
@@ -69,7 +69,7 @@ class RequestContext:
     cancelled: bool = False
     # Held while the releases run (the device worker's lock, reentrant): all of them, children's included, take
     # effect between two steps of the worker.
-    guard: AbstractContextManager[Any] | None = field(default=None, repr=False)
+    guard: AbstractContextManager[object] | None = field(default=None, repr=False)
     _releases: dict[int, Callable[[], None]] = field(default_factory=dict, repr=False)
 
     def tokens(self, kind: str) -> TokenCount:
@@ -117,10 +117,20 @@ class RequestContext:
                 release()
 
     @classmethod
-    def with_timeout(cls, timeout: float | None, **kwargs: Any) -> RequestContext:
-        """A context whose deadline is ``timeout`` seconds from now (None: no deadline)."""
+    def with_timeout(
+        cls,
+        timeout: float | None,
+        *,
+        request_id: str | None = None,
+        wait_timeout: float | None = 120.0,
+        guard: AbstractContextManager[object] | None = None,
+    ) -> RequestContext:
+        """A context whose deadline is ``timeout`` seconds from now (None: no deadline); ``request_id`` None: a new
+        one; the other fields as the constructor's."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        return cls(deadline=deadline, **kwargs)
+        if request_id is None:
+            return cls(deadline=deadline, wait_timeout=wait_timeout, guard=guard)
+        return cls(request_id=request_id, deadline=deadline, wait_timeout=wait_timeout, guard=guard)
 
     def remaining(self) -> float:
         """Seconds until the request's deadline (``inf`` when it has none); may be negative."""

@@ -49,6 +49,7 @@ from typing import Any, Generic, TypeVar, overload
 
 import anyio
 import numpy as np
+import torch
 
 from omni_stream.chunks import Audio, Image, StageOutput, TextDelta, VideoChunk
 from omni_stream.context import RequestContext, TokenCount
@@ -78,25 +79,21 @@ T_co = TypeVar("T_co", covariant=True)
 C_co = TypeVar("C_co", covariant=True)
 
 
-def throughput_stream(device: str) -> tuple[Callable[[], AbstractContextManager[Any]] | None, ...]:
+def throughput_stream(device: str) -> tuple[Callable[[], AbstractContextManager[object]] | None, ...]:
     """On CUDA, two contexts: one that makes a side stream of its own current (made on first use, on the worker
     thread), for image and video steps, so their kernels may run beside the speech models' (on the default stream,
     the codec's side stream) instead of queueing behind them; one that makes the default stream current again,
     for realtime work run at a yield point inside such a step. (None, None) elsewhere."""
     if not device.startswith("cuda"):
         return None, None
-    made: list[Any] = []
+    made: list[torch.cuda.Stream] = []
 
-    def side() -> AbstractContextManager[Any]:
-        import torch
-
+    def side() -> AbstractContextManager[object]:
         if not made:
             made.append(torch.cuda.Stream(device))
         return torch.cuda.stream(made[0])
 
-    def default() -> AbstractContextManager[Any]:
-        import torch
-
+    def default() -> AbstractContextManager[object]:
         return torch.cuda.stream(torch.cuda.default_stream(device))
 
     return side, default
@@ -206,11 +203,11 @@ class AsyncEngine:
         sources: Mapping[str, ModelSource] | None = None,
         *,
         device: str = "cpu",
-        dtype: Any = None,
+        dtype: torch.dtype | str | None = None,
         load_format: str = "auto",
         max_batch_size: int = 32,
         progress: bool = True,
-        backend_args: Mapping[str, Any] | None = None,
+        backend_args: Mapping[str, object] | None = None,
         tuning: Tuning | None = None,
         # Limits
         max_buffered_frames: int = 25,
@@ -487,10 +484,10 @@ class AsyncEngine:
 
 
 class EngineStream(Generic[T_co]):
-    """One running request whose items are ``T_co``: outcome, metrics, abort and close around a
-    :class:`PipelineStream` (the base of :class:`RequestStream` and :class:`SpeechStream`)."""
+    """One running request: outcome, metrics, abort and close around a :class:`PipelineStream` of ``T_co`` items
+    (the base of :class:`RequestStream` and :class:`SpeechStream`)."""
 
-    def __init__(self, request_id: str, stream: PipelineStream, metrics: EngineMetrics | None) -> None:
+    def __init__(self, request_id: str, stream: PipelineStream[T_co], metrics: EngineMetrics | None) -> None:
         self._request_id = request_id
         self._stream = stream
         self._metrics = metrics
@@ -513,7 +510,7 @@ class EngineStream(Generic[T_co]):
         """``ok``, ``error``, ``cancelled`` or ``deadline`` once the request has ended; None while it runs."""
         return self._outcome
 
-    async def _next(self) -> Any:
+    async def _next(self) -> T_co:
         try:
             return await self._stream.__anext__()
         except StopAsyncIteration:
@@ -551,7 +548,7 @@ class RequestStream(EngineStream[StageOutput[C_co]]):
     """The outputs of every emitting stage of one request, in arrival order (their chunks are ``C_co``: the
     overloads of :meth:`AsyncEngine.generate`); ``usage`` by model kind."""
 
-    def __init__(self, stream: PipelineStream, metrics: EngineMetrics | None, pipeline: str) -> None:
+    def __init__(self, stream: PipelineStream[StageOutput[C_co]], metrics: EngineMetrics | None, pipeline: str) -> None:
         super().__init__(stream.ctx.request_id, stream, metrics)
         self.pipeline = pipeline
 
@@ -563,7 +560,7 @@ class RequestStream(EngineStream[StageOutput[C_co]]):
         return self
 
     async def __anext__(self) -> StageOutput[C_co]:
-        out: StageOutput[C_co] = await self._next()
+        out = await self._next()
         if isinstance(out.chunk, Audio):
             self.timings.record_chunk(out.chunk.duration)
         if self.timings.first_output is None:
@@ -578,10 +575,13 @@ class RequestStream(EngineStream[StageOutput[C_co]]):
         await self.aclose()
 
 
-class SpeechStream(EngineStream[Audio]):
-    """Audio chunks of one speech request; ``usage`` and ``timings`` fill in as it streams."""
+class SpeechStream(EngineStream[Audio | TextDelta]):
+    """Audio chunks of one speech request (streamed text's unit transcripts between them are left out); ``usage``
+    and ``timings`` fill in as it streams."""
 
-    def __init__(self, request: SpeechRequest, stream: PipelineStream, metrics: EngineMetrics | None = None) -> None:
+    def __init__(
+        self, request: SpeechRequest, stream: PipelineStream[Audio | TextDelta], metrics: EngineMetrics | None = None
+    ) -> None:
         super().__init__(request.request_id, stream, metrics)
         self.request = request
 

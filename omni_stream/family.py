@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+import torch
 
 from omni_stream.chunks import Audio, TextDelta
 from omni_stream.context import RequestContext
@@ -40,6 +41,7 @@ from omni_stream.errors import ConfigError
 from omni_stream.metrics import EngineMetrics
 from omni_stream.pipeline import Chain, Stage
 from omni_stream.requests import SpeechRequest, TaskType, TextRequest, VoicePrompt
+from omni_stream.runtime.load_display import ProgressBar
 from omni_stream.runtime.settings import Tuning
 from omni_stream.worker import DeviceWorker
 
@@ -102,19 +104,20 @@ class LoadOptions:
     """
 
     device: str = "cpu"
-    dtype: Any = None  # None: the family's default for the device
+    dtype: torch.dtype | str | None = None  # None: the family's default for the device
     load_format: str = "auto"  # "auto" | "safetensors" | "dummy" (random weights at real sizes)
     max_batch_size: int = 32
     max_buffered_frames: int = 25  # the scheduler's high watermark: 2 s of 80 ms speech frames
     progress: bool = True
-    backend_args: tuple[tuple[str, Any], ...] = ()
+    backend_args: tuple[tuple[str, object], ...] = ()
     tuning: Tuning = field(default_factory=Tuning)
 
-    def progress_bar(self, total: int | None = None, desc: str = "loading", unit: str = "it") -> Any:
+    def progress_bar(self, total: int | None = None, desc: str = "loading", unit: str = "it") -> ProgressBar:
         """A tqdm bar (disabled when ``progress`` is False); use it as a context manager."""
         from tqdm.auto import tqdm
 
-        return tqdm(total=total, desc=desc, unit=unit, disable=not self.progress, leave=False)
+        bar: ProgressBar = tqdm(total=total, desc=desc, unit=unit, disable=not self.progress, leave=False)
+        return bar
 
 
 @dataclass(slots=True, frozen=True)

@@ -6,7 +6,9 @@ its ends (``Chain(talker).then(codec)``: a ``Chain[object, Audio]``): what a fam
 several stages, each next one checked to read what the one before yields. The first stage's upstream is the
 pipeline's source (an empty iterator when there is none). :meth:`Pipeline.run` returns a :class:`PipelineStream`:
 iterate it for the last stage's chunks; ``aclose()`` (or leaving ``async with``, or cancelling the consumer) cancels
-every stage and waits until their ``finally`` blocks have run.
+every stage and waits until their ``finally`` blocks have run. A pipeline's own list holds stages of different types,
+so its stream's items are typed where the stages were: :meth:`Chain.run` streams ``Out``, the engine's streams what
+each request type's pipelines yield.
 
 Outputs of several stages. With ``emit`` the consumer gets :class:`~omni_stream.chunks.StageOutput` items instead:
 every chunk of every emitting stage (the last stage always emits), tagged with its stage and whether it is that
@@ -37,7 +39,7 @@ import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from enum import StrEnum
-from typing import Any, Generic, TypeAlias, TypeVar, overload
+from typing import Any, Generic, Never, NoReturn, TypeAlias, TypeVar, overload
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -74,6 +76,13 @@ class Chain(Sequence[AnyStage], Generic[In, Out]):
         chain._stages = (*self._stages, stage)
         return chain
 
+    def run(
+        self, ctx: RequestContext | None = None, source: AsyncIterator[In] | None = None, *, channel_size: int = 4
+    ) -> PipelineStream[Out]:
+        """Run the chain as one pipeline (:meth:`Pipeline.run`): its stream yields the last stage's ``Out`` chunks."""
+        stream: PipelineStream[Out] = Pipeline(self, channel_size=channel_size).run(ctx, source)
+        return stream
+
     @overload
     def __getitem__(self, index: int) -> AnyStage: ...
 
@@ -102,7 +111,7 @@ def stage_name(stage: AnyStage) -> str:
     return getattr(stage, "__name__", type(stage).__name__)
 
 
-async def empty_source() -> AsyncIterator[Any]:
+async def empty_source() -> AsyncIterator[Never]:
     """An upstream with no chunks (what the first stage gets when the pipeline has no source)."""
     return
     yield  # pragma: no cover
@@ -146,8 +155,11 @@ class Pipeline:
             raise ValueError("emit must match stages one to one")
         self.emit = (*flags[:-1], True)
 
-    def run(self, ctx: RequestContext | None = None, source: AsyncIterator[Any] | None = None) -> PipelineStream:
-        """Start lazily (on first iteration or ``async with``) and stream the last stage's chunks."""
+    def run(
+        self, ctx: RequestContext | None = None, source: AsyncIterator[object] | None = None
+    ) -> PipelineStream[Any]:
+        """Start lazily (on first iteration or ``async with``) and stream the last stage's chunks (StageOutput items
+        when tagged); typed where the stages were (:class:`Chain`, the engine's streams)."""
         return PipelineStream(self, ctx if ctx is not None else RequestContext(), source)
 
 
@@ -242,7 +254,7 @@ async def _drive(
 
 
 async def _host(
-    run: _Run, pipeline: Pipeline, source: AsyncIterator[Any] | None, out: MemoryObjectSendStream[Any]
+    run: _Run, pipeline: Pipeline, source: AsyncIterator[object] | None, out: MemoryObjectSendStream[Any]
 ) -> None:
     streams: list[Any] = [out]
     try:
@@ -252,7 +264,7 @@ async def _host(
             if run.ctx.cancelled:
                 scope.cancel()
             async with anyio.create_task_group() as tg:
-                upstream: AsyncIterator[Any] = source if source is not None else empty_source()
+                upstream: AsyncIterator[object] = source if source is not None else empty_source()
                 last = len(pipeline.stages) - 1
                 for i, (stage, name) in enumerate(zip(pipeline.stages, pipeline.names, strict=True)):
                     tap = None
@@ -287,17 +299,17 @@ async def _host(
             stream.close()
 
 
-class PipelineStream:
-    """One running request: an async iterator of the last stage's chunks and an async context manager."""
+class PipelineStream(Generic[Out]):
+    """One running request: an async iterator of the last stage's ``Out`` chunks and an async context manager."""
 
-    def __init__(self, pipeline: Pipeline, ctx: RequestContext, source: AsyncIterator[Any] | None) -> None:
+    def __init__(self, pipeline: Pipeline, ctx: RequestContext, source: AsyncIterator[object] | None) -> None:
         self.pipeline = pipeline
         self.ctx = ctx
         self.state = StreamState.IDLE
         self._source = source
         self._run = _Run(ctx)
         self._host: asyncio.Task[None] | None = None
-        self._out: MemoryObjectReceiveStream[Any] | None = None
+        self._out: MemoryObjectReceiveStream[Out] | None = None
 
     @property
     def error(self) -> BaseException | None:
@@ -311,7 +323,7 @@ class PipelineStream:
         """Start the stages now (otherwise the first ``__anext__`` does). Must run on the event loop."""
         if self.state is not StreamState.IDLE:
             return
-        send, self._out = anyio.create_memory_object_stream[Any](self.pipeline.channel_size)
+        send, self._out = anyio.create_memory_object_stream[Out](self.pipeline.channel_size)
         loop = asyncio.get_running_loop()
         self._host = loop.create_task(_host(self._run, self.pipeline, self._source, send))
         self._source = None
@@ -356,10 +368,10 @@ class PipelineStream:
                 JOIN_TIMEOUT,
             )
 
-    def __aiter__(self) -> PipelineStream:
+    def __aiter__(self) -> PipelineStream[Out]:
         return self
 
-    async def __anext__(self) -> Any:
+    async def __anext__(self) -> Out:
         if self.state not in (StreamState.IDLE, StreamState.RUNNING):
             raise StopAsyncIteration
         if self._run.error is not None:  # failed, or aborted with an error before it started
@@ -385,14 +397,14 @@ class PipelineStream:
             return await self._raise_error()
         return chunk
 
-    async def _raise_error(self) -> Any:
+    async def _raise_error(self) -> NoReturn:
         self.state = StreamState.FAILED
         self.cancel()
         await self._join()
         assert self._run.error is not None
         raise self._run.error
 
-    async def __aenter__(self) -> PipelineStream:
+    async def __aenter__(self) -> PipelineStream[Out]:
         if self.state is StreamState.IDLE:
             self.start()
         return self

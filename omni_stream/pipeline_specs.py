@@ -20,7 +20,7 @@ audio reader pauses the speech request, whose full input pauses the text request
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
@@ -64,7 +64,7 @@ class ModelSet:
     def __contains__(self, kind: object) -> bool:
         return kind in self._by_kind
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[Family]:
         return iter(self._by_kind.values())
 
     def __len__(self) -> int:
@@ -99,7 +99,7 @@ class Plan:
     """What one request runs: its stages, the pipeline's source (streamed input), chunks per edge."""
 
     stages: tuple[StagePlan, ...]
-    source: AsyncIterator[Any] | None = None
+    source: AsyncIterator[object] | None = None
     channel_size: int = 0
 
     def pipeline(self, tagged: bool = True) -> Pipeline:
@@ -112,7 +112,7 @@ class Plan:
         )
 
 
-def _always(request: Any) -> bool:
+def _always(request: object) -> bool:
     return True
 
 

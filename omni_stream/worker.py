@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, TypeVarTuple
 
 import anyio
 
@@ -46,6 +46,10 @@ from omni_stream.device_policy import JOBS, DevicePolicy, Ready, WorkClass, plan
 from omni_stream.errors import EngineClosed
 
 log = logging.getLogger(__name__)
+
+R = TypeVar("R")  # what a job returns
+I = TypeVar("I")  # one item of a batched job
+Ts = TypeVarTuple("Ts")  # a job's arguments
 
 CLOSE_TIMEOUT = 60.0  # seconds aclose() waits for the step in progress (model steps take milliseconds)
 
@@ -101,7 +105,7 @@ class WorkRecord:
     kind: str
     name: str
     work_class: WorkClass
-    detail: tuple[Any, ...] = ()
+    detail: tuple[object, ...] = ()
     at: float = 0.0
 
 
@@ -135,7 +139,9 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
         future.set_result(result)
 
 
-def _deliver(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], result: Any, error: BaseException | None):
+def _deliver(
+    loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], result: Any, error: BaseException | None
+) -> None:
     with contextlib.suppress(RuntimeError):  # loop closed: nobody is waiting any more
         loop.call_soon_threadsafe(_settle, future, result, error)
 
@@ -150,8 +156,8 @@ class DeviceWorker:
         *,
         threads: int | None = None,
         policy: DevicePolicy | None = None,
-        throughput_context: Callable[[], AbstractContextManager[Any]] | None = None,
-        realtime_context: Callable[[], AbstractContextManager[Any]] | None = None,
+        throughput_context: Callable[[], AbstractContextManager[object]] | None = None,
+        realtime_context: Callable[[], AbstractContextManager[object]] | None = None,
         record: bool = False,
     ) -> None:
         """``init`` runs first on the worker thread (thread-local device state, e.g. its own CUDA stream).
@@ -215,7 +221,7 @@ class DeviceWorker:
             self._since.pop(id(source), None)
             self._cost.pop(id(source), None)
 
-    def note(self, kind: str, name: str, work_class: WorkClass, *detail: Any) -> None:
+    def note(self, kind: str, name: str, work_class: WorkClass, *detail: object) -> None:
         """Add an entry to :attr:`log` when recording (a source's finer steps: which requests a denoising step ran)."""
         if self.record:
             self.log.append(WorkRecord(next(self._log_seq), kind, name, work_class, detail, time.perf_counter()))
@@ -236,10 +242,10 @@ class DeviceWorker:
     def on_worker_thread(self) -> bool:
         return threading.get_ident() == self.thread_id
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+    def submit(self, fn: Callable[[*Ts], R], *args: *Ts) -> asyncio.Future[R]:
         """Run ``fn(*args)`` on the worker thread; await the returned future for its result or exception."""
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
+        future: asyncio.Future[R] = loop.create_future()
         with self.cond:
             if self._closed:
                 raise EngineClosed(f"device worker {self.name} is closed")
@@ -248,15 +254,15 @@ class DeviceWorker:
         return future
 
     def submit_batched(
-        self, key: Hashable, item: Any, batch_fn: Callable[[list[Any]], Sequence[Any]], *, urgent: bool = False
-    ) -> asyncio.Future[Any]:
+        self, key: Hashable, item: I, batch_fn: Callable[[list[I]], Sequence[R]], *, urgent: bool = False
+    ) -> asyncio.Future[R]:
         """Queue ``item``; every item of ``key`` pending at pickup goes to one ``batch_fn(items) -> results`` call.
 
         Jobs of one key must share ``batch_fn``. If it raises, every item of that call gets the exception.
         ``urgent``: counted for :meth:`wait_for_urgent` (a request's first output waits on it).
         """
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
+        future: asyncio.Future[R] = loop.create_future()
         with self.cond:
             if self._closed:
                 raise EngineClosed(f"device worker {self.name} is closed")

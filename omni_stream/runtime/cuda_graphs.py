@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from omni_stream.runtime.load_display import ProgressFactory
+
 log = logging.getLogger(__name__)
 
 
@@ -109,7 +111,7 @@ class GraphSet:
         self,
         keys: Iterable[tuple[Any, ...]],
         *,
-        progress: Callable[..., Any] | None = None,
+        progress: ProgressFactory | None = None,
         desc: str = "capturing CUDA graphs",
     ) -> float:
         """Capture ``keys`` largest first (descending tuples); returns the seconds it took."""

@@ -8,6 +8,8 @@ lines of their own.
 - :func:`log_lines_above_bars`: while an engine loads, log records that reach the root logger's console handlers
   are written through tqdm, which clears the bar being drawn, writes the record on its own line and draws the bar
   again below it.
+- :class:`ProgressBar` / :class:`ProgressFactory`: what a loader may do with a bar (tqdm's, or a disabled one) and
+  what makes one (``LoadOptions.progress_bar``, passed on to graph captures).
 - :func:`quiet_pil_fallback`: transformers says, once per image processor, that it falls back to the processor's
   PIL backend because torchvision is not installed. The PIL backend is the one wanted here (torchvision is no
   dependency of this package; the diffusers pipelines' image processors run on PIL), so that notice is dropped;
@@ -21,9 +23,30 @@ import importlib
 import importlib.util
 import logging
 from collections.abc import Iterator
+from typing import Protocol
 
 _LIBRARIES = ("transformers", "diffusers")  # each has utils.logging.{is,enable,disable}_progress_bar
 _IMPORT_LOGGER = "transformers.utils.import_utils"  # where the PIL fallback notice is logged
+
+
+class ProgressBar(Protocol):
+    """The part of a tqdm bar loaders use; a context manager that closes it."""
+
+    def update(self, n: float = 1) -> object: ...
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> ProgressBar: ...
+
+    def __exit__(self, *exc_info: object) -> object: ...
+
+
+class ProgressFactory(Protocol):
+    """``progress(total=, desc=, unit=)``: a new bar (``LoadOptions.progress_bar``)."""
+
+    def __call__(self, total: int | None = None, desc: str = "loading", unit: str = "it") -> ProgressBar: ...
 
 
 def _drop_pil_fallback(record: logging.LogRecord) -> bool:

@@ -34,6 +34,7 @@ from omni_stream.runtime import rng
 from omni_stream.runtime.cuda_graphs import GraphSet, batch_buckets, idle_rows, length_buckets, pick
 from omni_stream.runtime.decoder_kernels import DecodeKernels, default_kernels
 from omni_stream.runtime.kv_cache import Attend, KVShape, SlotKVCache, attention
+from omni_stream.runtime.load_display import ProgressFactory
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +265,7 @@ class SlotKVRunner(Generic[P, O, S]):
         self.eager_steps += 1
         return b
 
-    def _capture_decode(self, modes: tuple[tuple[Any, ...], ...], progress: Callable[..., Any] | None) -> float:
+    def _capture_decode(self, modes: tuple[tuple[Any, ...], ...], progress: ProgressFactory | None) -> float:
         """Capture the decode step for every (batch, span) bucket and mode, largest first; seconds (0 without
         graphs). Needs no running sequence: every row is idle while it is captured."""
         if self.graphs is None:

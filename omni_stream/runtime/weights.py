@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -29,7 +28,7 @@ _DTYPES = {
 }
 
 
-def parse_dtype(dtype: Any, device: str) -> torch.dtype:
+def parse_dtype(dtype: torch.dtype | str | None, device: str) -> torch.dtype:
     """``None`` -> float32 on CPU, bfloat16 on GPU; strings as in ``--dtype`` (others raise ConfigError)."""
     if dtype is None:
         return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16

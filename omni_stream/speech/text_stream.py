@@ -35,7 +35,7 @@ import numpy as np
 from omni_stream.chunks import Audio, TextDelta
 from omni_stream.context import RequestContext
 from omni_stream.family import SpeechFamily
-from omni_stream.pipeline import Pipeline, PipelineStream, Stage
+from omni_stream.pipeline import PipelineStream, Stage
 from omni_stream.requests import SpeechRequest
 from omni_stream.speech.text_split import Granularity, TextSplitter
 
@@ -95,7 +95,7 @@ def speak_units(family: SpeechFamily, make: UnitRequest, *, lookahead: int = 1) 
     rate = family.info.sample_rate
 
     async def speak(ctx: RequestContext, upstream: AsyncIterator[TextDelta]) -> AsyncIterator[TextDelta | Audio]:
-        open_units: deque[tuple[TextDelta, PipelineStream]] = deque()
+        open_units: deque[tuple[TextDelta, PipelineStream[Audio]]] = deque()
         unit_task: asyncio.Future[TextDelta] | None = None
         chunk_task: asyncio.Future[Audio] | None = None  # the next chunk of the oldest open unit
         upstream_done = False
@@ -108,8 +108,7 @@ def speak_units(family: SpeechFamily, make: UnitRequest, *, lookahead: int = 1) 
             child = ctx.child(f"{ctx.request_id}.{index}")
             index += 1
             request = make(unit.text.strip(), child.request_id)
-            stages = family.speech_stages(request, child)
-            stream = Pipeline(stages, channel_size=0).run(child)
+            stream = family.speech_stages(request, child).run(child, channel_size=0)
             stream.start()  # synthesis begins now, while earlier units stream
             open_units.append((unit, stream))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -78,7 +78,7 @@ class TranscriptionFamily(Protocol):
 def build_transcription(models: ModelSet, request: TranscriptionRequest, ctx: RequestContext) -> Plan:
     family = models.get(ModelKind.TRANSCRIPTION)
     assert isinstance(family, TranscriptionFamily)
-    source: Any = request.audio if request.streamed else None
+    source = None if isinstance(request.audio, np.ndarray) else request.audio  # streamed: the stage's upstream
     return Plan((StagePlan("transcription", family.transcription_stage(request, ctx)),), source=source)
 
 

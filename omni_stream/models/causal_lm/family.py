@@ -19,7 +19,6 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -59,7 +58,7 @@ class _Args:
     max_model_len: int | None = None
 
 
-def _backend_args(items: tuple[tuple[str, Any], ...]) -> _Args:
+def _backend_args(items: tuple[tuple[str, object], ...]) -> _Args:
     args = dict(items)
     unknown = sorted(set(args) - set(BACKEND_ARGS))
     if unknown:

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +62,7 @@ from omni_stream.runtime import rng
 from omni_stream.runtime.cuda_graphs import GraphSet, length_buckets, pick
 from omni_stream.runtime.decoder_kernels import DecodeKernels
 from omni_stream.runtime.kv_cache import KVShape, attention
+from omni_stream.runtime.load_display import ProgressFactory
 from omni_stream.runtime.sampling import (
     SamplingTensors,
     apply_bitmask,
@@ -231,7 +231,7 @@ class CausalLMRunner(SlotKVRunner[LMRequest, TextDelta, _SlotState]):
 
     # -- CUDA graphs ------------------------------------------------------------------------------------
 
-    def capture_graphs(self, progress: Callable[..., object] | None = None) -> float:
+    def capture_graphs(self, progress: ProgressFactory | None = None) -> float:
         """Capture the decode step for every (batch, span, mode) bucket, largest first; returns seconds (0 without
         graphs). Needs no running sequence: every row is idle while it is captured."""
         seconds = self._capture_decode(((FULL,), (0,)), progress)

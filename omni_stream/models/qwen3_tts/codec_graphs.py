@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -34,6 +33,7 @@ import torch
 from omni_stream.models.qwen3_tts.codec import CodecDecoder
 from omni_stream.models.qwen3_tts.codec_stream import CodecStatePool
 from omni_stream.runtime.cuda_graphs import GraphSet, batch_buckets, pick
+from omni_stream.runtime.load_display import ProgressFactory
 
 DEFAULT_WINDOWS = (1, 2, 4, 8, 16, 25)
 
@@ -157,7 +157,7 @@ class CodecWindows:
         codes, slots = self._static(b, n)
         self._out[(b, n)] = self.pool.decode(codes, slots)
 
-    def capture_graphs(self, progress: Callable[..., Any] | None = None) -> float:
+    def capture_graphs(self, progress: ProgressFactory | None = None) -> float:
         """Capture every (batch bucket, window) graph, largest first; returns seconds (0 without graphs)."""
         if self.graphs is None:
             return 0.0

@@ -54,7 +54,6 @@ from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -69,6 +68,7 @@ from omni_stream.runtime import rng
 from omni_stream.runtime.cuda_graphs import GraphSet, pick
 from omni_stream.runtime.decoder_kernels import DecodeKernels
 from omni_stream.runtime.kv_cache import KVShape
+from omni_stream.runtime.load_display import ProgressFactory
 from omni_stream.runtime.sampling import SamplingTensors, apply_repetition_penalty, mask_tokens
 from omni_stream.runtime.slot_runner import SlotKVRunner, padded_causal_mask, select_kernels
 from omni_stream.scheduler import run_offline
@@ -220,7 +220,7 @@ class Qwen3TTSRunner(SlotKVRunner[TalkerRequest, CodecFrames, _SlotState]):
 
     # -- CUDA graphs ------------------------------------------------------------------------------------
 
-    def capture_graphs(self, progress: Callable[..., Any] | None = None) -> float:
+    def capture_graphs(self, progress: ProgressFactory | None = None) -> float:
         """Capture the decode step for every (batch, span) bucket, largest first, and the prefill for every
         (newcomer-count, prompt-length) bucket; returns seconds (0 without graphs).
 

@@ -238,7 +238,7 @@ class VllmTextFamily:
         self.engine = None
 
 
-def build_engine(checkpoint: Path, backend_args: Mapping[str, Any]) -> Any:
+def build_engine(checkpoint: Path, backend_args: Mapping[str, object]) -> Any:
     """``AsyncLLM.from_engine_args(AsyncEngineArgs(model=checkpoint, **backend_args))``; blocking (minutes)."""
     try:
         from vllm.engine.arg_utils import AsyncEngineArgs

@@ -19,7 +19,7 @@ from omni_stream.validation.sampling import openai_sampling
 TOOL_FORMATS = {"qwen3": ToolFormat.HERMES, "qwen2": ToolFormat.HERMES, "llama": ToolFormat.LLAMA_JSON}
 
 
-def engine_args(checkpoint: Path, backend_args: Mapping[str, Any]) -> dict[str, Any]:
+def engine_args(checkpoint: Path, backend_args: Mapping[str, object]) -> dict[str, object]:
     """Keyword arguments of ``AsyncEngineArgs``: ``model`` is the checkpoint, everything else passes unchanged.
 
     ``tensor_parallel_size``, ``pipeline_parallel_size``, ``distributed_executor_backend``,
