@@ -12,7 +12,8 @@ bare loader still registers it under the entry's name), then whatever :func:`dec
 - which tiny checkpoint each kind serves when no model is given (:func:`embedded_checkpoint`, at most one family
   per kind declares one; :func:`default_kinds`, in :class:`~omni_stream.family.ModelKind` order);
 - which checkpoint kinds ``omni-stream make-checkpoint --kind`` writes (:func:`checkpoint_writers`);
-- the serving layer's defaults that families provide by role, e.g. ``"vad"`` (:func:`serving_default`).
+- the serving layer's defaults that families provide by role, each a typed :class:`ServingRole` (:data:`VAD`,
+  :data:`TURN_MODEL`; :func:`serving_default`).
 
 Declarations are read once per process on first use; ``"module[:attr]"`` targets are imported only when asked for.
 """
@@ -26,10 +27,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from omni_stream.errors import ConfigError
 from omni_stream.family import FamilyDeclaration, FamilyLoader, ModelKind, Target
+
+if TYPE_CHECKING:
+    from omni_stream.turns.detector import TurnModelFactory
+    from omni_stream.turns.vad import VadFactory
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -223,13 +230,26 @@ def checkpoint_writer(name: str) -> Callable[..., Path]:
     return _import(checkpoint_writers()[name], "make")
 
 
-def serving_default(role: str) -> Any:
+@dataclass(slots=True, frozen=True)
+class ServingRole(Generic[T]):
+    """A default the serving layer asks families for: ``name`` is the key of a declaration's ``serves``, ``T`` what
+    its provider returns."""
+
+    name: str
+
+
+VAD: ServingRole[VadFactory] = ServingRole("vad")
+"""The realtime server's voice activity detector factory (``VadParams -> VoiceActivityDetector``)."""
+TURN_MODEL: ServingRole[TurnModelFactory] = ServingRole("turn_model")
+"""The end-of-turn model of ``semantic_vad`` (``() -> EndOfTurnModel``)."""
+
+
+def serving_default(role: ServingRole[T]) -> T | None:
     """What the family that serves ``role`` provides for it (its declared provider's result; None when no family
-    declares the role or the provider says it is unavailable here). Roles: ``"vad"`` (the realtime server's voice
-    activity detector factory, ``VadParams -> VoiceActivityDetector``), ``"turn_model"`` (``() -> EndOfTurnModel``
-    for ``semantic_vad``)."""
+    declares the role or the provider says it is unavailable here)."""
     for declaration in reversed(declarations()):
-        provider = declaration.serves.get(role)
+        provider = declaration.serves.get(role.name)
         if provider is not None:
-            return _import(provider, role)()
+            # a provider declared for a role returns that role's type (the declaration's contract)
+            return cast("T | None", _import(provider, role.name)())
     return None

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import platformdirs
 
 from omni_stream.realtime.agent.limits import MAX_TEXT_CHARS
+
+if TYPE_CHECKING:  # numpy and the codecs: not for `serve --help`
+    from omni_stream.turns.detector import TurnModelFactory
+    from omni_stream.turns.vad import VadFactory
 
 SPEECH_FORMATS = ("wav", "pcm", "flac", "mp3", "opus", "aac")
 STREAM_FORMATS = ("pcm", "wav")
@@ -18,19 +21,19 @@ STREAM_FORMATS = ("pcm", "wav")
 BATCH_MAX_ITEMS = 32  # items of one POST /v1/audio/speech/batch (vLLM-Omni's default)
 
 
-def default_vad() -> Callable[[Any], Any] | None:
+def default_vad() -> VadFactory | None:
     """The server VAD some family provides (role ``"vad"``: Silero VAD's folder declares it), one per session."""
-    from omni_stream.family_registry import serving_default  # the registry imports torch: not for `serve --help`
+    from omni_stream.family_registry import VAD, serving_default  # the registry imports torch: not for `serve --help`
 
-    return serving_default("vad")
+    return serving_default(VAD)
 
 
-def default_turn_model() -> Callable[[], Any] | None:
+def default_turn_model() -> TurnModelFactory | None:
     """The end-of-turn model some family provides for ``semantic_vad`` (role ``"turn_model"``: Smart Turn's folder
     declares it where its model file and onnxruntime are installed), else None (no ``semantic_vad``)."""
-    from omni_stream.family_registry import serving_default
+    from omni_stream.family_registry import TURN_MODEL, serving_default
 
-    return serving_default("turn_model")
+    return serving_default(TURN_MODEL)
 
 
 def default_voices_dir(cache_dir: Path | None = None) -> Path:
@@ -89,9 +92,9 @@ class Settings:
     legacy_stream_raw: bool = False
     # Realtime sessions (WS /v1/realtime and WebRTC)
     # VadParams -> VoiceActivityDetector for server_vad turn detection; None: manual commits only
-    vad_factory: Callable[[Any], Any] | None = field(default_factory=default_vad)
+    vad_factory: VadFactory | None = field(default_factory=default_vad)
     # () -> EndOfTurnModel for semantic_vad (beside vad_factory's detector); None: semantic_vad is refused
-    turn_model_factory: Callable[[], Any] | None = field(default_factory=default_turn_model)
+    turn_model_factory: TurnModelFactory | None = field(default_factory=default_turn_model)
     realtime_max_append_bytes: int = 15 * 1024 * 1024  # decoded audio per input_audio_buffer.append
     realtime_max_buffer_seconds: float = 300.0  # input audio a session holds before a commit
     realtime_max_items: int = 256  # conversation items kept (the oldest go first)

@@ -22,9 +22,10 @@ work: run them off the event loop (a realtime session's driver does).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
 import numpy as np
 
@@ -57,6 +58,10 @@ class EndOfTurnModel(Protocol):
     def sample_rate(self) -> int: ...
 
     def probability(self, turn: np.ndarray) -> float: ...
+
+
+TurnModelFactory: TypeAlias = Callable[[], EndOfTurnModel]
+"""Gives the end-of-turn model (the serving role ``"turn_model"``: :data:`omni_stream.family_registry.TURN_MODEL`)."""
 
 
 class TurnDetector:

@@ -9,9 +9,10 @@ before the start belong to the turn. ``feed`` is blocking CPU work (a small mode
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
 import numpy as np
 
@@ -59,3 +60,7 @@ class VoiceActivityDetector(Protocol):
     def reset(self) -> None:
         """Forget the stream so far (a cleared input buffer); positions restart at 0."""
         ...
+
+
+VadFactory: TypeAlias = Callable[[VadParams], VoiceActivityDetector]
+"""Makes one stream's detector (the serving role ``"vad"``: :data:`omni_stream.family_registry.VAD`)."""

@@ -14,11 +14,10 @@ from omni_stream.realtime.agent.events import AudioFormat, Modality, SessionType
 from omni_stream.realtime.agent.truncation import Truncation
 from omni_stream.requests import ChatMessage
 from omni_stream.text.tools import AUTO, FunctionTool, ToolChoice
-from omni_stream.turns.detector import EndOfTurnModel
-from omni_stream.turns.vad import VadParams, VoiceActivityDetector
+from omni_stream.turns.detector import TurnModelFactory
+from omni_stream.turns.vad import VadFactory
 
-VadFactory: TypeAlias = Callable[[VadParams], VoiceActivityDetector]
-TurnModelFactory: TypeAlias = Callable[[], EndOfTurnModel]
+__all__ = ["TurnModelFactory", "VadFactory"]  # the turns' own aliases, re-exported where sessions are configured
 
 
 @dataclass(slots=True, frozen=True)

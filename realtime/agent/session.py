@@ -200,8 +200,10 @@ class RealtimeSession:
         self._stack = contextlib.AsyncExitStack()
         self._responses: dict[str, anyio.CancelScope] = {}
         self._held: dict[str, Held] = {}  # preemptive responses not adopted yet, by their own id
-        self._streams: dict[str, RequestStream] = {}  # response id -> its engine request
-        self._asr_streams: dict[tuple[str, int], RequestStream] = {}  # (item id, content index) -> its request
+        self._streams: dict[str, RequestStream[TextDelta | Audio]] = {}  # response id -> its engine request
+        self._asr_streams: dict[
+            tuple[str, int], RequestStream[TextDelta]
+        ] = {}  # (item id, content index) -> its request
         self._transcriptions: dict[str, list[anyio.CancelScope]] = {}
         self.finished = anyio.Event()  # set once the session has ended (server shutdown waits on it)
         self.closed = False

@@ -114,7 +114,7 @@ class _Reply:
         }
 
 
-def usage_body(stream: RequestStream, speaks: bool) -> dict[str, Any]:
+def usage_body(stream: RequestStream[TextDelta | Audio], speaks: bool) -> dict[str, Any]:
     usage = stream.usage
     text = usage.get(ModelKind.TEXT)
     prompt, completion = (text.input_tokens, text.output_tokens) if text is not None else (0, 0)
@@ -161,7 +161,9 @@ async def _create(request: Request, state: ServerState) -> Response:
     return ClosingStreamingResponse(gen, on_close=release, media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS)
 
 
-async def _then(first: StageOutput[Any] | None, stream: RequestStream) -> AsyncGenerator[StageOutput[Any]]:
+async def _then(
+    first: StageOutput[TextDelta | Audio] | None, stream: RequestStream[TextDelta | Audio]
+) -> AsyncGenerator[StageOutput[TextDelta | Audio]]:
     if first is None:
         return
     yield first
@@ -172,9 +174,9 @@ async def _then(first: StageOutput[Any] | None, stream: RequestStream) -> AsyncG
 async def _sse(
     state: ServerState,
     opts: ChatOptions,
-    stream: RequestStream,
+    stream: RequestStream[TextDelta | Audio],
     reply: _Reply,
-    first: StageOutput[Any] | None,
+    first: StageOutput[TextDelta | Audio] | None,
     out: AudioOut | None,
 ) -> AsyncGenerator[bytes]:
     gauge = state.metrics.streams.labels("chat")
@@ -223,9 +225,9 @@ async def _whole(
     request: Request,
     state: ServerState,
     opts: ChatOptions,
-    stream: RequestStream,
+    stream: RequestStream[TextDelta | Audio],
     reply: _Reply,
-    first: StageOutput[Any] | None,
+    first: StageOutput[TextDelta | Audio] | None,
 ) -> Response:
     text: list[str] = []
     calls: list[ToolCallDelta] = []

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off", "")
 
@@ -29,7 +30,7 @@ class FieldError(ValueError):
         self.param = param
 
 
-def type_name(value: Any) -> str:
+def type_name(value: object) -> str:
     """The JSON name of ``value``'s type (``boolean``, ``integer``, ``number``, ``string``, ``array``, ``object``);
     the non-finite numbers Python's JSON reader accepts are named as written (``NaN``, ``Infinity``, ``-Infinity``)."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -62,7 +63,13 @@ def unicode(value: str, key: str) -> str:
 
 
 def string(
-    value: Any, key: str, *, limit: int | None = None, non_empty: bool = False, utf8: bool = False, form: bool = False
+    value: object,
+    key: str,
+    *,
+    limit: int | None = None,
+    non_empty: bool = False,
+    utf8: bool = False,
+    form: bool = False,
 ) -> str:
     """A string of at most ``limit`` characters (``non_empty``: with more than white space; ``utf8``: that UTF-8 can
     carry); ``form``: a number is taken as its text."""
@@ -77,7 +84,7 @@ def string(
     return unicode(value, key) if utf8 else value
 
 
-def boolean(value: Any, key: str, *, form: bool = False) -> bool:
+def boolean(value: object, key: str, *, form: bool = False) -> bool:
     """``true`` or ``false``; ``form``: also their spellings in a form (``1``/``0``, ``yes``/``no``, ``on``/``off``)."""
     if isinstance(value, bool):
         return value
@@ -87,7 +94,7 @@ def boolean(value: Any, key: str, *, form: bool = False) -> bool:
     raise FieldError(f"'{key}' must be a boolean (true or false), got {sent}", key)
 
 
-def integer(value: Any, key: str, lo: int | None = None, hi: int | None = None, *, form: bool = False) -> int:
+def integer(value: object, key: str, lo: int | None = None, hi: int | None = None, *, form: bool = False) -> int:
     """An integer within ``lo..hi`` (``2.0`` counts as 2); ``form``: also its digits as a string."""
     if form and isinstance(value, str):
         try:
@@ -102,7 +109,7 @@ def integer(value: Any, key: str, lo: int | None = None, hi: int | None = None, 
     return value
 
 
-def number(value: Any, key: str, lo: float | None = None, hi: float | None = None, *, form: bool = False) -> float:
+def number(value: object, key: str, lo: float | None = None, hi: float | None = None, *, form: bool = False) -> float:
     """A finite number within ``lo..hi``; ``form``: also its text as a string."""
     if form and isinstance(value, str):
         try:
@@ -117,7 +124,7 @@ def number(value: Any, key: str, lo: float | None = None, hi: float | None = Non
     return float(value)
 
 
-def choice(value: Any, key: str, allowed: tuple[str, ...], *, form: bool = False) -> str:
+def choice(value: object, key: str, allowed: tuple[str, ...], *, form: bool = False) -> str:
     """One of the ``allowed`` strings (``form``: compared trimmed and lower-cased)."""
     text = value.strip().lower() if form and isinstance(value, str) else value
     if not isinstance(text, str) or text not in allowed:
@@ -126,19 +133,25 @@ def choice(value: Any, key: str, allowed: tuple[str, ...], *, form: bool = False
     return text
 
 
-def obj(value: Any, key: str) -> dict[str, Any]:
+def obj(value: object, key: str) -> dict[str, Any]:
     """A JSON object."""
     if not isinstance(value, dict):
         raise FieldError(f"'{key}' must be an object, got {type_name(value)}", key)
     return value
 
 
-def optional(body: Mapping[str, Any], key: str, read: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
+def optional(
+    body: Mapping[str, object],
+    key: str,
+    read: Callable[Concatenate[object, str, P], T],
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> T | None:
     """``read(body[key], key, ...)``, or None when the field is absent or null."""
     value = body.get(key)
     return None if value is None else read(value, key, *args, **kwargs)
 
 
-def int_field(body: Mapping[str, Any], key: str, lo: int | None = None, hi: int | None = None) -> int | None:
+def int_field(body: Mapping[str, object], key: str, lo: int | None = None, hi: int | None = None) -> int | None:
     """``body[key]`` as an integer within ``lo..hi`` (None when absent or null)."""
     return optional(body, key, integer, lo, hi)

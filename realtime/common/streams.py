@@ -14,7 +14,7 @@ from omni_stream.engine import EngineStream
 T = TypeVar("T")
 
 
-async def close_stream(stream: EngineStream[Any] | None) -> None:
+async def close_stream(stream: EngineStream[object] | None) -> None:
     """Release an engine stream's batch slots now, even from a cancelled ``finally``.
 
     A client disconnect cancels the response task, and every ``await`` in a ``finally`` is then cancelled

@@ -201,7 +201,9 @@ def _stopped(chunk: TextDelta) -> bool:
     return chunk.finish_reason == PROMPT_LIMIT
 
 
-async def _chain(first: StageOutput[Any] | None, rest: AsyncIterator[StageOutput[Any]]) -> AsyncIterator[Any]:
+async def _chain(
+    first: StageOutput[TextDelta | Image] | None, rest: AsyncIterator[StageOutput[TextDelta | Image]]
+) -> AsyncIterator[StageOutput[TextDelta | Image]]:
     if first is None:
         return
     yield first
@@ -211,8 +213,8 @@ async def _chain(first: StageOutput[Any] | None, rest: AsyncIterator[StageOutput
 
 async def _events(
     state: ServerState,
-    stream: RequestStream,
-    outputs: AsyncIterator[StageOutput[Any]],
+    stream: RequestStream[TextDelta | Image],
+    outputs: AsyncIterator[StageOutput[TextDelta | Image]],
     params: ImageParams,
     events: ImageEvents,
 ) -> AsyncGenerator[bytes]:
@@ -257,7 +259,7 @@ async def _events(
         await close_stream(stream)
 
 
-async def _collect(stream: RequestStream) -> list[StageOutput[Any]]:
+async def _collect(stream: RequestStream[TextDelta | Image]) -> list[StageOutput[TextDelta | Image]]:
     return [out async for out in stream]
 
 
@@ -266,7 +268,11 @@ def _encode_all(pictures: list[Image], params: ImageParams) -> list[str]:
 
 
 async def _whole(
-    request: Request, state: ServerState, stream: RequestStream, params: ImageParams, events: ImageEvents
+    request: Request,
+    state: ServerState,
+    stream: RequestStream[TextDelta | Image],
+    params: ImageParams,
+    events: ImageEvents,
 ) -> Response:
     try:
         finished, outputs = await until_disconnect(request.receive, lambda: _collect(stream))

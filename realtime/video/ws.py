@@ -29,6 +29,7 @@ import anyio
 import numpy as np
 from starlette.websockets import WebSocket
 
+from omni_stream.chunks import VideoChunk
 from omni_stream.codecs.video import VideoStreamEncoder
 from omni_stream.engine import RequestStream
 from omni_stream.errors import InvalidRequestError, RequestCancelled
@@ -114,7 +115,7 @@ class VideoSession:
             ),
             now=clock(),
         )
-        self.stream: RequestStream | None = None
+        self.stream: RequestStream[VideoChunk] | None = None
         self.finished = anyio.Event()  # set once the session has ended (server shutdown waits on it)
         self.generated = 0  # chunks taken from the engine
         self.sent = 0  # chunks whose bytes the socket took
@@ -254,7 +255,7 @@ class VideoSession:
         if not self.closed:
             tg.start_soon(self._generate, self.stream, self._encoder)
 
-    async def _generate(self, stream: RequestStream, encoder: VideoStreamEncoder) -> None:
+    async def _generate(self, stream: RequestStream[VideoChunk], encoder: VideoStreamEncoder) -> None:
         try:
             async for out in stream:
                 chunk = out.chunk

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from omni_stream.family import FamilyDeclaration
 
+if TYPE_CHECKING:
+    from omni_stream.turns.vad import VadFactory
 
-def default_vad() -> Callable[..., Any]:
+
+def default_vad() -> VadFactory:
     """``VadParams -> SileroVad``, one detector per stream (the wheel ships the network: always available)."""
     from omni_stream.models.silero_vad.detector import SileroVad
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from omni_stream.family import FamilyDeclaration
 
+if TYPE_CHECKING:
+    from omni_stream.turns.detector import TurnModelFactory
 
-def default_turn_model() -> Callable[[], Any] | None:
+
+def default_turn_model() -> TurnModelFactory | None:
     """``() -> SmartTurn`` (loaded once per process) where its model file and onnxruntime are installed, else None
     (then ``semantic_vad`` is refused)."""
     from omni_stream.models.smart_turn.model import available, load_smart_turn
