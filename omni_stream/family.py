@@ -190,8 +190,8 @@ class TextFamily(Protocol):
 
 # --- declaring a family -----------------------------------------------------------------------------------------
 
-FamilyLoader = Callable[[LoadContext], Any]
-Target = str | Callable[..., Any]  # an object, or the "module[:attr]" path it is imported from when first asked for
+FamilyLoader = Callable[[LoadContext], Family]
+Target = str | Callable[..., object]  # an object, or the "module[:attr]" path it is imported from when first asked for
 
 
 @dataclass(slots=True, frozen=True)
@@ -212,7 +212,7 @@ class FamilyDeclaration:
     label: str
     kind: str | None = None
     model_types: tuple[str, ...] = ()
-    loader: Target | None = None
+    loader: FamilyLoader | str | None = None
     embedded_default: Target | None = None
     writers: Mapping[str, Target] = field(default_factory=dict)
     serves: Mapping[str, Target] = field(default_factory=dict)

@@ -75,9 +75,15 @@ class TranscriptionFamily(Protocol):
     async def aclose(self) -> None: ...
 
 
-def build_transcription(models: ModelSet, request: TranscriptionRequest, ctx: RequestContext) -> Plan:
+def transcription_family(models: ModelSet) -> TranscriptionFamily:
+    """The loaded transcription model (MissingModelError without one)."""
     family = models.get(ModelKind.TRANSCRIPTION)
-    assert isinstance(family, TranscriptionFamily)
+    assert isinstance(family, TranscriptionFamily)  # checked when it was loaded
+    return family
+
+
+def build_transcription(models: ModelSet, request: TranscriptionRequest, ctx: RequestContext) -> Plan:
+    family = transcription_family(models)
     source = None if isinstance(request.audio, np.ndarray) else request.audio  # streamed: the stage's upstream
     return Plan((StagePlan("transcription", family.transcription_stage(request, ctx)),), source=source)
 

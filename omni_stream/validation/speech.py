@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from omni_stream.errors import AudioDecodeError, InvalidRequestError, UnsupportedTaskError
 from omni_stream.family import SpeechInfo
@@ -46,7 +47,7 @@ def check_task(info: SpeechInfo, task: TaskType) -> None:
         raise UnsupportedTaskError(message, "task_type")
 
 
-def family_options(info: SpeechInfo, **fields: Any) -> object | None:
+def family_options(info: SpeechInfo, **fields: object) -> object | None:
     """The family's own options (``SpeechRequest.options``) from wire fields of the same names (None values are
     left out; none left: None); a field its options type does not have is refused, naming it."""
     given = {name: value for name, value in fields.items() if value is not None}
@@ -73,7 +74,7 @@ def check_options(info: SpeechInfo, options: object | None) -> None:
         )
 
 
-def check_reference(audio: Any, sample_rate: int, param: str = "ref_audio") -> np.ndarray:
+def check_reference(audio: npt.ArrayLike, sample_rate: int, param: str = "ref_audio") -> np.ndarray:
     """Reference audio for cloning as float32 mono samples: non-empty, finite, ``sample_rate`` > 0, and
     :data:`~omni_stream.speech.limits.MIN_REF_SECONDS` to ``MAX_REF_SECONDS`` long."""
     samples = np.asarray(audio)

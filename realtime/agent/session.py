@@ -78,7 +78,7 @@ from omni_stream.realtime.settings import Settings
 from omni_stream.requests import ChatMessage, ChatRequest, SpokenReply, TextRequest
 from omni_stream.speech.pacing import AnyioClock, Clock, Pacer
 from omni_stream.text.tools import ToolMode
-from omni_stream.transcription.spec import TranscriptionRequest
+from omni_stream.transcription.spec import TranscriptionRequest, transcription_family
 from omni_stream.turns.detector import EndOfTurnModel, TurnDetector
 from omni_stream.turns.rules import TurnType
 
@@ -481,7 +481,7 @@ class RealtimeSession:
                 if not cmd.samples.size:
                     await self._apply(self.protocol.transcription_done, item, index, 0, 0)
                     return
-                rate = self.engine.models.get(ModelKind.TRANSCRIPTION).info.sample_rate  # type: ignore[attr-defined]
+                rate = transcription_family(self.engine.models).info.sample_rate
                 audio = await anyio.to_thread.run_sync(_asr_input, cmd.samples, rate)
                 request = TranscriptionRequest(audio, rate, language=cmd.language, prompt=cmd.prompt,
                                                max_tokens=self.settings.realtime_transcription_max_tokens)  # fmt: skip
