@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 from provenance import git_commit
-from tts_bench import CONFIGS, TEXT, VOICES, out_dir
+from tts_bench import CONFIGS, TEXT, VOICES, n_frames, out_dir
 
 from omni_stream.metrics import percentile
 
@@ -53,7 +53,7 @@ class Timeline:
             def timed(first, jobs, _original=original):
                 t0 = time.perf_counter()
                 out = _original(first, jobs)
-                self.events.append(("codec", t0, time.perf_counter(), len(jobs), int(jobs[0].codes.shape[0])))
+                self.events.append(("codec", t0, time.perf_counter(), len(jobs), n_frames(jobs[0].codes)))
                 return out
 
             setattr(stages, name, timed)
@@ -63,7 +63,7 @@ class Timeline:
             # the codec on its own stream: the worker's part of a job is its launch (the audio comes back later)
             t0 = time.perf_counter()
             out = issue(pool, jobs, completions)
-            self.events.append(("codec", t0, time.perf_counter(), len(jobs), int(jobs[0].codes.shape[0])))
+            self.events.append(("codec", t0, time.perf_counter(), len(jobs), n_frames(jobs[0].codes)))
             return out
 
         stages.issue_slot_windows = timed_issue

@@ -34,6 +34,9 @@
 #                               step_ahead off, taking turns at 5-40 /s on one engine; bursts c = 1, 32 per arm
 #   load_http       ~330 / 420  two servers: uvicorn's h11 against httptools, HTTP and WebSocket at 10-40 /s
 #
+# colocation      ~330 / 420  colocation_bench.py --gpu --transports ws: speech c=16/32, agents, 4 image edits, 2 video
+#                               sessions, alone, together and 0.3 s apart, on one server (only when named)
+#
 #   calls: SUITE_ONLY=load_cv | load_fixed,peers | load_base_ws | load_base_http,levers_base | levers_cv | load_http
 #
 # Each gets min(its cap, what is left of SUITE_BUDGET_S) and is skipped when less than it needs is left; `timeout`
@@ -185,6 +188,7 @@ if [[ $SMOKE == 1 ]]; then
   bench asr   200 20 "$B/asr_bench.py" --smoke
   bench chat  300 30 "$B/chat_bench.py" --smoke
   bench voice 400 60 "$B/voice_bench.py" --build tiny --smoke --turns semantic_vad --arrivals at-once
+  named colocation 400 60 "$B/colocation_bench.py" --smoke --transports ws
   bench image 200 20 "$B/image_bench.py" --smoke
   bench video 200 20 "$B/video_bench.py" --smoke --transport inproc
 else
@@ -195,6 +199,7 @@ else
   bench chat  130 60 "$B/chat_bench.py"
   bench voice 170 80 "$B/voice_bench.py" --build dummy --device cuda --levels 1,16,32 --max-batch 32 \
     --turns semantic_vad --arrivals at-once
+  named colocation 420 200 "$B/colocation_bench.py" --gpu --transports ws
   bench image 120 50 "$B/image_bench.py" --device cuda
   bench video 180 80 "$B/video_bench.py" --gpu
 fi

@@ -94,6 +94,12 @@ from tts_clients import (
 
 from omni_stream.metrics import percentile
 
+
+def n_frames(codes) -> int:
+    """Frames in a codec window's codes: one ``[n, 16]`` tensor, or its pieces in frame order."""
+    return int(codes.shape[0]) if hasattr(codes, "shape") else sum(int(piece.shape[0]) for piece in codes)
+
+
 ROOT = Path(__file__).resolve().parent
 CONFIGS = {  # CustomVoice
     "0.6b": ROOT / "configs" / "qwen3-tts-12hz-0.6b-customvoice",
@@ -176,7 +182,7 @@ class StepTimer:
         def timed_decode(decoder, windows):
             t0 = time.perf_counter()
             out = decode(decoder, windows)
-            self.codec.append((len(windows), int(windows[0].codes.shape[0]), time.perf_counter() - t0))
+            self.codec.append((len(windows), n_frames(windows[0].codes), time.perf_counter() - t0))
             return out
 
         stages.decode_codec_windows = timed_decode
@@ -185,7 +191,7 @@ class StepTimer:
         def timed_slot_decode(pool, jobs):
             t0 = time.perf_counter()
             out = slot_decode(pool, jobs)
-            self.codec.append((len(jobs), int(jobs[0].codes.shape[0]), time.perf_counter() - t0))
+            self.codec.append((len(jobs), n_frames(jobs[0].codes), time.perf_counter() - t0))
             return out
 
         stages.decode_slot_windows = timed_slot_decode
@@ -195,7 +201,7 @@ class StepTimer:
             # Overlapped codec: the worker's own time per job is the launch (the audio comes back later).
             t0 = time.perf_counter()
             out = slot_issue(pool, jobs, completions)
-            self.codec.append((len(jobs), int(jobs[0].codes.shape[0]), time.perf_counter() - t0))
+            self.codec.append((len(jobs), n_frames(jobs[0].codes), time.perf_counter() - t0))
             return out
 
         stages.issue_slot_windows = timed_slot_issue
