@@ -51,7 +51,9 @@ def read(report: Path) -> Counts:
             counts.errors += 1
         elif (skipped := case.find("skipped")) is not None:
             counts.skipped += 1
-            counts.skip_reasons.append(skipped.get("message") or skipped.get("type") or "")
+            # a skip at collection (importorskip at module level) has the message "collection skipped" and its
+            # reason in the element's text; a test's skip has its reason in the message
+            counts.skip_reasons.append(" ".join(filter(None, (skipped.get("message"), skipped.text))))
     return counts
 
 

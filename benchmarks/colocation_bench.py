@@ -401,15 +401,26 @@ async def probes(url: str, sizes: Sizes, under: str | None) -> list[dict]:
     return records
 
 
+async def one_after_another(run: Callable[[], Awaitable[Any]]) -> None:
+    """The probes' background: one edit or video session at a time, the next as soon as one ends, until the probes
+    are done (a machine fast enough to finish one before the first probe still probes beside one)."""
+    while True:
+        await run()
+
+
 async def probe_outcomes(url: str, sizes: Sizes, under: str | None) -> tuple[list[dict], list[str], bool]:
-    """The probes' records and errors, and whether the background ended before the last probe (they stop then:
-    they measure speech beside it)."""
+    """The probes' records and errors, and whether the background ended before the last probe (it runs until they
+    are done, so only by failing: they stop then, since they measure speech beside it)."""
     background: asyncio.Task | None = None
     if under == "image":
-        background = asyncio.create_task(image(url, sizes.probe_image_side, sizes.probe_image_steps, 0))
+        background = asyncio.create_task(
+            one_after_another(lambda: image(url, sizes.probe_image_side, sizes.probe_image_steps, 0))
+        )
     elif under == "video":
         side, frames = sizes.probe_video_side, sizes.probe_video_frames
-        background = asyncio.create_task(video(url, side, side, frames, sizes.probe_video_steps, 0))
+        background = asyncio.create_task(
+            one_after_another(lambda: video(url, side, side, frames, sizes.probe_video_steps, 0))
+        )
     records: list[dict] = []
     errors: list[str] = []
     early = False
@@ -425,7 +436,9 @@ async def probe_outcomes(url: str, sizes: Sizes, under: str | None) -> tuple[lis
         await asyncio.sleep(0.3)
     if background is not None:
         background.cancel()  # the probes are what is measured; closing it aborts it on the server
-        await asyncio.gather(background, return_exceptions=True)
+        (ended,) = await asyncio.gather(background, return_exceptions=True)
+        if early and isinstance(ended, Exception):
+            errors.append(f"{under}: {ended!r}")
     return records, errors, early
 
 

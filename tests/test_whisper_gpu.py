@@ -15,7 +15,7 @@ from omni_stream.family import ModelKind
 from omni_stream.runtime.cuda_graphs import GraphSet
 from omni_stream.transcription.spec import TranscriptionRequest
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 pytest_plugins = ("asr_fixtures",)
 
 N = 8  # slots: batch sizes 1..N
