@@ -105,3 +105,22 @@ def test_first_clause_ends_the_first_unit_at_a_clause_then_splits_by_sentence():
     assert whole.feed("No clause here. Next, one.") == ["No clause here."]  # a sentence end ends it too
     assert whole.flush() == ["Next, one."]
     assert TextSplitter(Granularity.NONE, first_clause=True).flush() == []  # NONE stays one unit
+
+
+def test_the_first_unit_ends_after_its_twelfth_complete_word_when_no_clause_ends_sooner():
+    from omni_stream.speech.text_split import FIRST_UNIT_MAX_WORDS, Granularity, TextSplitter, end_of_words
+
+    words = [f"w{i}" for i in range(20)]
+    splitter = TextSplitter(Granularity.SENTENCE, first_clause=True)
+    assert splitter.feed(" ".join(words[:12])) == []  # the twelfth word may go on: not complete yet
+    assert splitter.feed(" " + " ".join(words[12:15])) == [" ".join(words[:FIRST_UNIT_MAX_WORDS])]
+    assert splitter.feed(" and the rest. Then") == [" ".join(words[12:15]) + " and the rest."]  # sentences after
+    assert splitter.flush() == ["Then"]
+    short = TextSplitter(Granularity.SENTENCE, first_clause=True)
+    assert short.feed("Sure, " + " ".join(words)) == ["Sure,"]  # a clause within twelve words ends it first
+    long_clause = TextSplitter(Granularity.SENTENCE, first_clause=True)
+    assert long_clause.feed(" ".join(words) + ", then") == [" ".join(words[:12])]  # a later comma does not
+    later = TextSplitter(Granularity.SENTENCE, first_clause=True)
+    assert later.feed(" ".join(words[:3])) == [] and later.flush() == [" ".join(words[:3])]
+    assert end_of_words("我想一想然后回答你", 1) is None and end_of_words("a  b ", 2) == 4
+    assert TextSplitter(Granularity.SENTENCE).feed(" ".join(words) + " ") == []  # only a spoken reply's first unit

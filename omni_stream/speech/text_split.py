@@ -5,6 +5,11 @@ split and a unit at the end of the buffer waits for more text; common abbreviati
 ``e.g.``) and single-letter initials do not end a unit; CJK, Devanagari and Arabic terminators end a unit at
 once. Runs of terminators (``?!``, ``...``) and closing quotes or brackets stay with their unit. ``clause``
 adds ``,`` and ``;`` (before whitespace) and ``，；、،`` (at once).
+
+A spoken reply's first unit (``first_clause``) ends at its first clause boundary, its first sentence end or its
+:data:`FIRST_UNIT_MAX_WORDS`-th complete word, whichever comes first: its first audio waits for a few words, never
+for a long clause (a reply that opens with twenty words and no comma would otherwise be spoken only once all twenty
+are written).
 """
 
 from __future__ import annotations
@@ -34,6 +39,23 @@ def _terminators(granularity: Granularity) -> tuple[frozenset[str], frozenset[st
     if granularity is Granularity.CLAUSE:
         return _ASCII_SENTENCE | _ASCII_CLAUSE, _WIDE_SENTENCE | _WIDE_CLAUSE
     return _ASCII_SENTENCE, _WIDE_SENTENCE
+
+
+FIRST_UNIT_MAX_WORDS = 12
+
+
+def end_of_words(text: str, n: int) -> int | None:
+    """Index just past the ``n``-th complete word of ``text`` (a word is complete once whitespace follows it), or
+    None while fewer are complete (text without spaces, as Chinese or Japanese, never completes one)."""
+    count, in_word = 0, False
+    for i, ch in enumerate(text):
+        if not ch.isspace():
+            in_word = True
+        elif in_word:
+            count, in_word = count + 1, False
+            if count == n:
+                return i
+    return None
 
 
 def _is_abbreviation(text: str, dot: int) -> bool:
@@ -138,12 +160,17 @@ class TextSplitter:
         if not self.first_clause or self._started or self.granularity is Granularity.NONE:
             return split_text(text, self.granularity, final)
         units, rest = split_text(text, Granularity.CLAUSE, final)
-        if not units:
+        end = text.find(units[0]) + len(units[0]) if units else None  # units are stripped pieces of the text
+        cut = end_of_words(text, FIRST_UNIT_MAX_WORDS)
+        if cut is not None and (end is None or cut < end):
+            first, end = text[:cut].strip(), cut
+        elif units and end is not None:
+            first = units[0]
+        else:
             return units, rest
         self._started = True
-        end = text.find(units[0]) + len(units[0])  # units are stripped pieces of the text, in order
         more, rest = split_text(text[end:], self.granularity, final)
-        return [units[0], *more], rest
+        return [first, *more], rest
 
     def clear(self) -> None:
         self._buffer = ""
