@@ -10,6 +10,7 @@ so streamed output equals one-shot output bit for bit and joins cannot click.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from functools import cache
 
 import numpy as np
@@ -84,10 +85,26 @@ class Resampler:
         if self._passthrough:
             return self._shape_out(x)
         self._buf = np.concatenate((self._buf, x), axis=1) if x.shape[1] else self._buf
-        # Output k needs inputs up to floor(k * down / up) + half.
-        avail = self._n_in - self._half
-        k_end = -(-avail * self._up // self._down) if avail > 0 else 0
-        return self._shape_out(self._emit(k_end))
+        return self._shape_out(self._emit(self._k_end(self._n_in)))
+
+    def process_pieces(self, pieces: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """What ``process`` gives each of consecutive ``pieces``, from one pass over them all: which outputs a piece
+        completes depends only on how many inputs have arrived, never on how they were cut."""
+        if len(pieces) < 2:
+            return [self.process(piece) for piece in pieces]
+        first = self._n_in if self._passthrough else self._k  # outputs given so far (a passthrough gives its inputs)
+        arrived, ends = self._n_in, []
+        for piece in pieces:
+            arrived += np.asarray(piece).shape[0]
+            ends.append(max(first, arrived if self._passthrough else self._k_end(arrived)) - first)
+        whole = self.process(np.concatenate(pieces))
+        return np.split(whole, ends[:-1])
+
+    def _k_end(self, n_in: int) -> int:
+        """Outputs complete once ``n_in`` inputs have arrived: output k needs inputs up to floor(k * down / up) +
+        half."""
+        avail = n_in - self._half
+        return -(-avail * self._up // self._down) if avail > 0 else 0
 
     def flush(self) -> np.ndarray:
         """Emit the tail (the stream is treated as zero after its end); the resampler is finished afterwards."""

@@ -90,3 +90,19 @@ def test_rejects_bad_rates_and_use_after_flush() -> None:
     r.flush()
     with pytest.raises(ValueError, match="flush"):
         r.process(np.zeros(10, dtype=np.float32))
+
+
+@pytest.mark.parametrize(("src", "dst"), [(24000, 16000), (16000, 24000), (44100, 16000), (16000, 16000)])
+def test_process_pieces_gives_each_piece_what_process_would(src: int, dst: int) -> None:
+    x = speech_like(1.3, src, seed=3)
+    pieces = [x[s] for s in random_splits(x.size, seed=4, high=700)]
+    pieces.insert(2, x[:0])  # an empty piece gets nothing
+    one_by_one, together = Resampler(src, dst), Resampler(src, dst)
+    head = x[:333]  # both part-way through a stream
+    np.testing.assert_allclose(together.process(head), one_by_one.process(head), atol=1e-6)
+    expected = [one_by_one.process(p) for p in pieces]
+    got = together.process_pieces(pieces)
+    assert [g.size for g in got] == [e.size for e in expected]
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_allclose(g, e, atol=1e-6)
+    np.testing.assert_allclose(together.flush(), one_by_one.flush(), atol=1e-6)

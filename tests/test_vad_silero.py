@@ -224,3 +224,44 @@ def test_pause_detector_defaults_to_fastrtcs_options_and_serves_threads_at_once(
     for t in threads:
         t.join()
     assert results == [expected] * 8
+
+
+def test_feed_pieces_judges_as_feeding_the_pieces_one_by_one(sentence):
+    """The turn detector's path: 20 ms pieces judged in one network call give each piece the events (and the
+    stream the state) that feeding them one at a time gives."""
+    audio, rate = sentence
+    x = np.concatenate([np.zeros(int(LEAD * rate), np.int16), audio, np.zeros(int(TAIL * rate), np.int16)])
+    step = rate // 50
+    appends = [x[i : i + 5 * step] for i in range(0, x.size, 5 * step)]  # 100 ms appends of five pieces
+    one_by_one, together = SileroVad(VadParams(), rate), SileroVad(VadParams(), rate)
+    expected, got = [], []
+    for append in appends:
+        pieces = [append[i : i + step] for i in range(0, append.size, step)]
+        expected += [one_by_one.feed(p) for p in pieces]
+        got += together.feed_pieces(pieces)
+    assert got == expected
+    assert [e.kind for events in got for e in events] == [STARTED, STOPPED]
+
+
+def test_the_network_runs_on_one_intra_op_thread_and_gives_the_caller_its_own_back(monkeypatch):
+    net = load_silero_net()
+    seen: list[int] = []
+    real = net._probabilities
+
+    def recording(chunks, state):
+        seen.append(torch.get_num_threads())
+        return real(chunks, state)
+
+    monkeypatch.setattr(net, "_probabilities", recording)
+    chunks = torch.zeros(2, CHUNK)
+    result: dict[str, int] = {}
+
+    def in_a_thread() -> None:
+        torch.set_num_threads(2)  # per thread under OpenMP: a session's thread with a team of two
+        net.probabilities(chunks, SileroState.initial())
+        result["after"] = torch.get_num_threads()
+
+    worker = threading.Thread(target=in_a_thread)
+    worker.start()
+    worker.join()
+    assert seen == [1] and result["after"] == 2

@@ -31,7 +31,7 @@ import numpy as np
 
 from omni_stream.codecs.resample import Resampler, resample
 from omni_stream.turns.rules import TurnRule
-from omni_stream.turns.vad import VadEventKind, VoiceActivityDetector
+from omni_stream.turns.vad import PiecewiseVad, VadEventKind, VoiceActivityDetector
 
 RATE = 24000
 SLICE_MS = 20  # the detector is fed this much at a time: the resolution of pause timing
@@ -87,7 +87,8 @@ class TurnDetector:
         vad_rate = self.vad.sample_rate
         self._to_vad = Resampler(self.rate, vad_rate) if vad_rate != self.rate else None
         self.origin = self.fed = position
-        self._recent = np.zeros(0, np.int16)  # the last samples fed, ending at self.fed
+        self._recent = np.zeros(0, np.int16)  # the last samples fed, ending at self._recent_end
+        self._recent_end = position
         self._turn_start: int | None = None
         self._paused_at: int | None = None  # the open pause's position
         self._noticed = 0  # samples fed when the open pause was noticed
@@ -102,15 +103,15 @@ class TurnDetector:
     def feed(self, samples: np.ndarray) -> list[TurnEvent]:
         """The next samples (int16 mono at ``rate``); the turn events they complete, in order."""
         samples = np.asarray(samples, np.int16).reshape(-1)
+        self._remember(samples)
+        slices = [samples[i : i + self._slice] for i in range(0, samples.size, self._slice)]
+        floats = [piece.astype(np.float32) / 32768.0 for piece in slices]
+        for_vad = self._to_vad.process_pieces(floats) if self._to_vad is not None else floats
+        judged = self.vad.feed_pieces(for_vad) if isinstance(self.vad, PiecewiseVad) else None
         events: list[TurnEvent] = []
-        for i in range(0, samples.size, self._slice):
-            piece = samples[i : i + self._slice]
-            self._remember(piece)
-            x = piece.astype(np.float32) / 32768.0
-            if self._to_vad is not None:
-                x = self._to_vad.process(x)
+        for k, piece in enumerate(slices):
             self.fed += piece.size
-            for event in self.vad.feed(x):
+            for event in judged[k] if judged is not None else self.vad.feed(for_vad[k]):
                 position = self.origin + round(event.sample * self.rate / self.vad.sample_rate)
                 if event.kind is VadEventKind.SPEECH_STARTED:
                     events.extend(self._started(position))
@@ -120,9 +121,11 @@ class TurnDetector:
                 events.append(self._stop())
         return events
 
-    def _remember(self, piece: np.ndarray) -> None:
-        recent = np.concatenate((self._recent, piece))
+    def _remember(self, samples: np.ndarray) -> None:
+        """Keep the last seconds fed (for the end-of-turn model), ending at stream position ``_recent_end``."""
+        recent = np.concatenate((self._recent, samples))
         self._recent = recent[-self._keep :] if recent.size > self._keep else recent
+        self._recent_end += samples.size
 
     @property
     def judging(self) -> bool:
@@ -164,7 +167,7 @@ class TurnDetector:
     def _turn_audio(self, end: int) -> np.ndarray:
         """The turn's last seconds up to ``end``, float32 at the model's rate."""
         assert self.model is not None and self._turn_start is not None
-        first = self.fed - self._recent.size
+        first = self._recent_end - self._recent.size
         lo = max(self._turn_start, end - self.rate * MODEL_SECONDS, first)
         x = self._recent[lo - first : max(lo, end) - first].astype(np.float32) / 32768.0
         return x if self.model.sample_rate == self.rate else resample(x, self.rate, self.model.sample_rate)

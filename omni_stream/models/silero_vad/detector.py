@@ -9,6 +9,7 @@ turn rule (:mod:`.turns`). Event positions are reported in input samples. ``feed
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -18,7 +19,7 @@ from omni_stream.codecs.resample import Resampler
 from omni_stream.errors import InvalidRequestError
 from omni_stream.models.silero_vad.net import CHUNK, SAMPLE_RATE, SileroNet, SileroState, load_silero_net
 from omni_stream.models.silero_vad.turns import TurnRule, TurnState, advance
-from omni_stream.turns.vad import VadEvent, VadParams, VoiceActivityDetector
+from omni_stream.turns.vad import PiecewiseVad, VadEvent, VadParams
 
 
 def as_mono_float(samples: np.ndarray) -> np.ndarray:
@@ -75,22 +76,39 @@ class SileroVad:
 
     def feed(self, samples: np.ndarray) -> list[VadEvent]:
         """Take the next samples (float32 or int16, mono or (n, channels)); the turn events they complete."""
-        x = as_mono_float(samples)
-        if self._resampler is not None:
-            x = self._resampler.process(x)
-        held = np.concatenate((self._held, x)) if self._held.size else x
-        n = held.size // CHUNK
-        self._held = held[n * CHUNK :].copy()
-        if n == 0:
-            return []
-        chunks = torch.from_numpy(np.ascontiguousarray(held[: n * CHUNK])).reshape(n, CHUNK)
-        probs, self._state = self._net.probabilities(chunks, self._state)
-        self._turn, events = advance(self._turn, probs.tolist(), self._rule)
-        return [VadEvent(e.kind, self._to_input(e.sample)) for e in events]
+        return self.feed_pieces([samples])[0]
+
+    def feed_pieces(self, pieces: Sequence[np.ndarray]) -> list[list[VadEvent]]:
+        """The events each of consecutive ``pieces`` completes, as ``feed`` one piece after another would give them,
+        from one network call over all their chunks (the chunks' features are independent; the LSTM runs in order)."""
+        held, counts, whole = self._held, [], []
+        for samples in pieces:
+            x = as_mono_float(samples)
+            if self._resampler is not None:
+                x = self._resampler.process(x)
+            held = np.concatenate((held, x)) if held.size else x
+            n = held.size // CHUNK
+            counts.append(n)
+            if n:
+                whole.append(held[: n * CHUNK])
+                held = held[n * CHUNK :]
+        self._held = held.copy()
+        if not whole:
+            return [[] for _ in counts]
+        samples_16k = np.ascontiguousarray(np.concatenate(whole) if len(whole) > 1 else whole[0])
+        probs, self._state = self._net.probabilities(torch.from_numpy(samples_16k).reshape(-1, CHUNK), self._state)
+        values = probs.tolist()
+        events: list[list[VadEvent]] = []
+        start = 0
+        for n in counts:
+            self._turn, judged = advance(self._turn, values[start : start + n], self._rule)
+            start += n
+            events.append([VadEvent(e.kind, self._to_input(e.sample)) for e in judged])
+        return events
 
     def _to_input(self, sample: int) -> int:
         return sample if self._rate == SAMPLE_RATE else round(sample * self._rate / SAMPLE_RATE)
 
 
 if TYPE_CHECKING:  # the type checker proves SileroVad satisfies the protocol a realtime session drives
-    _detector: VoiceActivityDetector = SileroVad()
+    _detector: PiecewiseVad = SileroVad()

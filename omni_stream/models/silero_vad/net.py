@@ -84,10 +84,26 @@ class SileroNet(nn.Module):
 
     @torch.inference_mode()
     def probabilities(self, chunks: torch.Tensor, state: SileroState) -> tuple[torch.Tensor, SileroState]:
-        """Speech probabilities of consecutive ``[n, CHUNK]`` chunks of one stream, and the state after them."""
+        """Speech probabilities of consecutive ``[n, CHUNK]`` chunks of one stream, and the state after them.
+
+        Runs on one intra-op thread of the calling thread: every session feeds its VAD from its own thread, and
+        these shapes are too small to share; with the default (every core) for each of them, sixteen sessions'
+        OpenMP teams spun on the cores the device worker needed (the setting is per thread under OpenMP, so the
+        caller's own is put back)."""
         n = chunks.shape[0]
         if n == 0:
             return torch.zeros(0), state
+        threads = torch.get_num_threads()
+        if threads == 1:
+            return self._probabilities(chunks, state)
+        torch.set_num_threads(1)
+        try:
+            return self._probabilities(chunks, state)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _probabilities(self, chunks: torch.Tensor, state: SileroState) -> tuple[torch.Tensor, SileroState]:
+        n = chunks.shape[0]
         stream = torch.cat((state.context, chunks.reshape(-1)))
         windows = stream.unfold(0, CONTEXT + CHUNK, CHUNK)  # chunk i with the 64 samples before it
         feats = self.features(windows)  # the convolutions run once for all n chunks
