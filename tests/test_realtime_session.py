@@ -152,3 +152,38 @@ async def test_a_transcript_stops_at_the_configured_token_bound(tmp_path, cap):
         assert event.body["usage"]["output_tokens"] == cap
     finally:
         await engine.aclose()
+
+
+async def test_turn_detection_runs_on_the_loops_preparation_threads(checkpoints):
+    """Every session's VAD feed goes to the few preparation threads (with the other appends of the same pass),
+    not to a thread of its own."""
+    import threading
+
+    from realtime_doubles import energy_vad
+
+    threads: list[str] = []
+    fed = threading.Event()
+
+    class RecordingVad:
+        def __init__(self, params) -> None:
+            self.inner = energy_vad(params)
+            self.sample_rate = self.inner.sample_rate
+
+        def feed(self, samples):
+            threads.append(threading.current_thread().name)
+            fed.set()
+            return self.inner.feed(samples)
+
+        def reset(self) -> None:
+            self.inner.reset()
+
+    engine = await agent_loader(checkpoints)()
+    try:
+        session = RealtimeSession(engine, Settings(vad_factory=RecordingVad))
+        async with session:
+            for _ in range(3):
+                await session.client_event(InputAudioAppend(None, np.zeros(2400, np.int16).tobytes()))
+            assert await anyio.to_thread.run_sync(fed.wait, 30)
+        assert threads and all(name.startswith("omni-stream-prepare") for name in threads), threads
+    finally:
+        await engine.aclose()

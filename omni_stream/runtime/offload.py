@@ -1,4 +1,5 @@
-"""Short Python-bound request jobs (building and tokenizing a prompt) off the event loop, on few threads.
+"""Short Python-bound request jobs (building and tokenizing a prompt, a realtime session's turn detection over its
+latest audio) off the event loop, on few threads.
 
 Preparing a prompt is ~0.1 ms of Python that holds the GIL. Through anyio's default pool up to 40 such jobs
 run at once, so a burst of 128 requests first started up to 40 threads (each start blocks the event loop's

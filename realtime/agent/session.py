@@ -76,6 +76,7 @@ from omni_stream.realtime.agent.protocol import RealtimeProtocol
 from omni_stream.realtime.agent.truncation import ContextExceeded, fit
 from omni_stream.realtime.settings import Settings
 from omni_stream.requests import ChatMessage, ChatRequest, SpokenReply, TextRequest
+from omni_stream.runtime.offload import run_prepare
 from omni_stream.speech.pacing import AnyioClock, Clock, Pacer
 from omni_stream.text.tools import ToolMode
 from omni_stream.transcription.spec import TranscriptionRequest, transcription_family
@@ -557,7 +558,10 @@ class RealtimeSession:
             return
         if position != detector.fed:  # a gap (never expected): the detector restarts where the audio is
             detector.reset(position)
-        events = await anyio.to_thread.run_sync(detector.feed, samples)
+        # On the loop's few preparation threads with the other sessions' appends of the same pass, never a thread
+        # per session: sixteen sessions' feeds on sixteen threads took turns at the GIL with the event loop and
+        # the device worker (the prompt-preparation finding of omni_stream.runtime.offload, for the same reason)
+        events = await run_prepare(detector.feed, samples)
         await self._apply(self.protocol.turn_events, epoch, events, detector.fed)
         if detector.judging:  # the end-of-turn model after the pause's event went out: work started there overlaps it
             events = await anyio.to_thread.run_sync(detector.judge)
