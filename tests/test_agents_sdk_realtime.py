@@ -89,7 +89,8 @@ async def test_a_realtime_voice_agent_calls_its_tool_and_speaks_the_answer(serve
                 if audio_after_tool >= 3:  # the answer is being spoken (leaving cancels the rest)
                     break
             history = session._history  # the SDK's view of the conversation
-    assert len(calls) == 1 and calls[0][0] in ("Paris", "Rome", "Oslo") and 1 <= calls[0][1] <= 14
+    # one call or more: a response may hold parallel calls, and a random model may start another after the first
+    assert calls and all(city in ("Paris", "Rome", "Oslo") and 1 <= days <= 14 for city, days in calls)
     assert seen.index("tool_start") < seen.index("tool_end")
     assert audio_after_tool > 0, "the answer after the tool's output was not spoken"
     kinds = [getattr(item, "type", None) for item in history]

@@ -65,12 +65,21 @@ async def test_a_forced_call_its_output_the_next_response_and_an_out_of_band_one
         )
         await conn.response.create()
         events = await until(conn, "response.done")
-        deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
-        (done,) = [e for e in events if e.type == "response.function_call_arguments.done"]
-        assert "".join(deltas) == done.arguments and done.name == "get_weather"
-        jsonschema.validate(json.loads(done.arguments), SCHEMA)
+        calls = [e for e in events if e.type == "response.function_call_arguments.done"]
+        assert calls and all(c.name == "get_weather" for c in calls)
+        for c in calls:
+            deltas = [
+                e.delta for e in events if e.type == "response.function_call_arguments.delta" and e.call_id == c.call_id
+            ]
+            assert "".join(deltas) == c.arguments
+            jsonschema.validate(json.loads(c.arguments), SCHEMA)
         response = events[-1].response
-        assert response.status == "completed"
+        # the grammar allows more calls after the first (parallel calls): a random model may start one it has no
+        # tokens left to finish, and only then is the response incomplete
+        assert response.status == "completed" or (
+            response.status == "incomplete" and response.status_details.reason == "max_output_tokens"
+        ), response.status_details
+        done = calls[0]
         call = next(o for o in response.output if o.type == "function_call")
         assert (call.call_id, call.arguments, call.status) == (done.call_id, done.arguments, "completed")
         added = [e.item for e in events if e.type == "conversation.item.added"]

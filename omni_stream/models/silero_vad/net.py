@@ -86,10 +86,10 @@ class SileroNet(nn.Module):
     def probabilities(self, chunks: torch.Tensor, state: SileroState) -> tuple[torch.Tensor, SileroState]:
         """Speech probabilities of consecutive ``[n, CHUNK]`` chunks of one stream, and the state after them.
 
-        Runs on one intra-op thread of the calling thread: every session feeds its VAD from its own thread, and
-        these shapes are too small to share; with the default (every core) for each of them, sixteen sessions'
-        OpenMP teams spun on the cores the device worker needed (the setting is per thread under OpenMP, so the
-        caller's own is put back)."""
+        Runs on one intra-op thread of the calling thread: streams are fed from threads beside the device
+        worker's and these shapes are too small to share; with the default (every core) for each feeding thread,
+        sixteen sessions' OpenMP teams spun on the cores the device worker needed (the setting is per thread under
+        OpenMP, so the caller's own is put back)."""
         n = chunks.shape[0]
         if n == 0:
             return torch.zeros(0), state
