@@ -92,6 +92,7 @@ class TextInfo(ModelInfo):
 
     max_context: int = 2048
     context_known: bool = True
+    sees_images: bool = False  # takes images in user messages (ChatMessage.images)
 
 
 @dataclass(slots=True, frozen=True)

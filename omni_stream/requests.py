@@ -142,12 +142,15 @@ class Role(StrEnum):
 @dataclass(slots=True, frozen=True)
 class ChatMessage:
     """One turn of a conversation (text content); an assistant turn may carry ``tool_calls``, a tool turn answers
-    the call ``tool_call_id``."""
+    the call ``tool_call_id``. A user turn may show ``images`` (decoded uint8 RGB ``(h, w, 3)`` arrays, as
+    :class:`~omni_stream.images.spec.ImageRequest` takes them), which come before its text; only a model that
+    sees takes them (the engine refuses them for the others)."""
 
     role: Role
     content: str
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
+    images: tuple[np.ndarray, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.role, Role):
@@ -162,10 +165,21 @@ class ChatMessage:
             raise InvalidRequestError("only assistant messages carry tool calls", "messages")
         if (self.role is Role.TOOL) != (self.tool_call_id is not None):
             raise InvalidRequestError("a tool message answers one call: it needs tool_call_id, and only it", "messages")
+        if not isinstance(self.images, tuple):
+            object.__setattr__(self, "images", tuple(self.images))
+        if self.images and self.role is not Role.USER:
+            raise InvalidRequestError("only user messages show images", "messages")
+        for image in self.images:
+            if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3 or 0 in image.shape:
+                raise InvalidRequestError("a message's images must be non-empty uint8 RGB arrays (h, w, 3)", "messages")
 
     def template(self) -> dict[str, object]:
-        """The message as chat templates (and OpenAI's wire) take it."""
-        out: dict[str, object] = {"role": self.role.value, "content": self.content}
+        """The message as chat templates (and OpenAI's wire) take it: with images, the content is a list of parts,
+        one ``{"type": "image"}`` per image, then the text (the shape multimodal chat templates read)."""
+        content: object = self.content
+        if self.images:
+            content = [{"type": "image"} for _ in self.images] + [{"type": "text", "text": self.content}]
+        out: dict[str, object] = {"role": self.role.value, "content": content}
         if self.tool_calls:
             out["tool_calls"] = [c.template() for c in self.tool_calls]
         if self.tool_call_id is not None:

@@ -205,3 +205,23 @@ def test_sampling_in_openais_words_both_ways():
         "top_k": 5,
         "repetition_penalty": 1.1,
     }
+
+
+@shared_engine
+async def test_images_to_a_text_model_that_does_not_see_are_refused_before_the_pipeline(engine):
+    picture = np.zeros((8, 8, 3), np.uint8)
+    with pytest.raises(InvalidRequestError) as error:
+        engine.chat(TextRequest(messages=(ChatMessage(Role.USER, "what is this?", images=(picture,)),), max_tokens=4))
+    assert error.value.param == "messages" and "does not take images" in error.value.message
+
+
+def test_a_messages_images_are_user_turns_of_rgb_pixels_shown_before_its_text():
+    picture = np.zeros((8, 8, 3), np.uint8)
+    shown = ChatMessage(Role.USER, "what is this?", images=[picture, picture])
+    parts = [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "what is this?"}]
+    assert shown.template()["content"] == parts
+    assert ChatMessage(Role.USER, "hi").template()["content"] == "hi"
+    with pytest.raises(InvalidRequestError, match="only user messages"):
+        ChatMessage(Role.ASSISTANT, "it is", images=(picture,))
+    with pytest.raises(InvalidRequestError, match="uint8 RGB"):
+        ChatMessage(Role.USER, "grey?", images=(np.zeros((8, 8), np.uint8),))

@@ -53,9 +53,17 @@ def fit_prompt(prompt_tokens: int, max_tokens: int | None, max_context: int, fie
     return max_tokens if max_tokens is not None else room
 
 
+def check_images(info: TextInfo, request: TextRequest) -> None:
+    """Images only go to a model that sees them."""
+    if not info.sees_images and any(m.images for m in request.messages):
+        raise InvalidRequestError(f"the text model {info.model_name!r} does not take images", "messages")
+
+
 def resolve_text(models: ModelSet, request: TextRequest) -> TextRequest:
     """A text request checked against the loaded text model."""
-    check_max_tokens(models.text().info, request.max_tokens)
+    info = models.text().info
+    check_max_tokens(info, request.max_tokens)
+    check_images(info, request)
     return request
 
 
