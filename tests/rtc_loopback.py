@@ -37,6 +37,7 @@ from omni_stream.codecs.resample import resample  # noqa: E402
 from omni_stream.realtime.settings import Settings  # noqa: E402
 
 KEY = "rtc-loopback-key"
+ASKS = 3  # times the real tiny families' call asks its question (8 s apart) until the agent's speech comes back
 
 
 async def call(url: str, wav: Path, want_frames: int, wait_s: float) -> dict:
@@ -111,7 +112,10 @@ def main() -> None:
     real = "--real" in sys.argv  # the real tiny families, Silero and Smart Turn (the handler picks semantic_vad)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        speech = framed(espeak("Hello there, how are you today?"), lead_ms=500, tail_ms=2500)
+        question = espeak("Hello there, how are you today?")
+        speech = framed(question, lead_ms=500, tail_ms=2500)
+        if real:  # random weights may answer with nothing or a word: a user who hears no answer asks again
+            speech = np.concatenate([framed(question, lead_ms=500, tail_ms=8000)] * (ASKS - 1) + [speech])
         wav = root / "mic48k.wav"
         sf.write(wav, resample(speech.astype(np.float32) / 32768, 24000, 48000), 48000, subtype="PCM_16")
         if real:

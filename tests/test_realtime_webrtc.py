@@ -58,7 +58,9 @@ def test_an_aiortc_client_talks_to_the_agent_and_closing_frees_everything():
 @pytest.mark.skipif(not netns_available(), reason="needs unshare -n (root) for a private loopback network")
 def test_the_agent_on_the_real_tiny_families_talks_over_webrtc_with_semantic_vad():
     """Silero from its wheel, Smart Turn from pipecat-ai's, the tiny Whisper, Qwen3 and Qwen3-TTS: the handler's
-    session takes semantic_vad, a spoken question gets spoken audio back, and closing frees every model's slot."""
+    session takes semantic_vad, a spoken question gets spoken audio back, and closing frees every model's slot.
+    Random weights may answer with nothing (the LM's first token an end of text) or a word: the caller asks up to
+    three times, 8 s apart, until half a second of speech came back."""
     run = subprocess.run(
         ["unshare", "-n", "sh", "-c", f'ip link set lo up && exec "{sys.executable}" "{SCRIPT}" --real'],
         capture_output=True,
