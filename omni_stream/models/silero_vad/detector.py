@@ -82,10 +82,10 @@ class SileroVad:
         """The events each of consecutive ``pieces`` completes, as ``feed`` one piece after another would give them,
         from one network call over all their chunks (the chunks' features are independent; the LSTM runs in order)."""
         held, counts, whole = self._held, [], []
-        for samples in pieces:
-            x = as_mono_float(samples)
-            if self._resampler is not None:
-                x = self._resampler.process(x)
+        floats = [as_mono_float(samples) for samples in pieces]
+        # One resampler pass over the pieces (each one's outputs as process gives them): per piece, the resampler's
+        # Python was a third of a 100 ms append's cost.
+        for x in self._resampler.process_pieces(floats) if self._resampler is not None else floats:
             held = np.concatenate((held, x)) if held.size else x
             n = held.size // CHUNK
             counts.append(n)
