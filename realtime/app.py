@@ -33,6 +33,7 @@ from omni_stream.realtime.speech import voices
 from omni_stream.realtime.speech.voice_store import VoiceStore
 from omni_stream.realtime.state import ServerState
 from omni_stream.realtime.video import ws as video_ws
+from omni_stream.realtime.video_chat import ws as video_chat_ws
 from omni_stream.runtime.gc_heap import freeze_loaded_heap, release_loaded_heap
 from omni_stream.turns.vad import VadParams
 
@@ -69,6 +70,7 @@ def _routes(static_dir: Path | None) -> list[BaseRoute]:
         Route(images.EDITS_ROUTE, images.create_edit, methods=["POST"]),
         Route(images.GENERATIONS_ROUTE, images.create_generation, methods=["POST"]),
         WebSocketRoute("/v1/realtime/video", video_ws.video_stream),
+        WebSocketRoute(video_chat_ws.ROUTE, video_chat_ws.video_chat_stream),
         WebSocketRoute("/v1/realtime", realtime_ws.realtime_endpoint),
     ]
     if static_dir is not None and static_dir.is_dir():

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import platformdirs
 
 from omni_stream.realtime.agent.limits import MAX_TEXT_CHARS
+from omni_stream.vision.limits import FrameLimits
 
 if TYPE_CHECKING:  # numpy and the codecs: not for `serve --help`
     from omni_stream.turns.detector import TurnModelFactory
@@ -85,6 +86,13 @@ class Settings:
     # generation progress nor a client ping for video_stall_timeout seconds is ended with a stall error
     video_start_timeout: float = 10.0
     video_stall_timeout: float = 60.0
+    # Images and video frames a client shows a text model that sees (WS /v1/video/chat/stream, input_image parts
+    # on WS /v1/realtime): bytes, pixels, the resolution cap, the rate cap, the window (omni_stream.vision.frames)
+    frame_limits: FrameLimits = field(default_factory=FrameLimits)
+    # WS /v1/video/chat/stream: a session with no message for this many seconds while no reply runs is ended
+    # (vLLM-Omni's 60 s); a reply's tokens unless the session's sampling sets max_tokens (None: the model's context)
+    video_chat_idle_timeout: float = 60.0
+    video_chat_max_tokens: int | None = None
     # Benchmark-only request fields (``ignore_eos``): off on production servers, where they are a 400
     enable_benchmark_fields: bool = False
     # vLLM-Omni compatibility: ``stream=true`` without ``stream_format`` streams raw audio bytes, as vLLM-Omni
@@ -124,7 +132,8 @@ class Settings:
             raise ValueError("realtime_transcription_max_tokens must be at least 1")
         if self.max_ws_uncommitted_chars < 1:
             raise ValueError("max_ws_uncommitted_chars must be positive")
-        timeouts = (self.ws_config_timeout, self.ws_idle_timeout, self.video_start_timeout, self.video_stall_timeout)
+        timeouts = (self.ws_config_timeout, self.ws_idle_timeout, self.video_start_timeout, self.video_stall_timeout,
+                    self.video_chat_idle_timeout)  # fmt: skip
         if min(timeouts) <= 0:
             raise ValueError("WebSocket timeouts must be positive")
         if self.pace_streams_seconds is not None and self.pace_streams_seconds < 0:

@@ -8,6 +8,7 @@ import io
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from omni_stream.errors import InvalidRequestError
 from omni_stream.vision.frames import (
@@ -20,9 +21,6 @@ from omni_stream.vision.frames import (
     difference,
     split_data_url,
 )
-
-PIL = pytest.importorskip("PIL")
-from PIL import Image  # noqa: E402
 
 
 def encode(pixels: np.ndarray, fmt: str = "PNG") -> bytes:

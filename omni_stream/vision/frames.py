@@ -40,32 +40,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from omni_stream.errors import InvalidRequestError
+from omni_stream.vision.limits import FrameLimits
 
 FORMATS = ("JPEG", "PNG", "WEBP")  # what PIL calls the image formats a frame may come in
 THUMB = 32  # the near-duplicate filter's thumbnail side, in pixels
-
-
-@dataclass(slots=True, frozen=True)
-class FrameLimits:
-    """Bounds on the frames of one session. Bytes, pixels, frames per second, frames.
-
-    ``max_bytes``: an encoded image (10 MiB, vLLM-Omni's per-frame bound); ``max_pixels``: width x height of a
-    picture, refused above (4096 x 4096); ``max_side``: the longer side a picture is scaled down to (1024; the
-    model's own processor may scale further); ``max_fps`` and ``burst``: the rate cap's token bucket (8 frames per
-    second, bursts of 64, vLLM-Omni's client's default clip); ``max_window``: the most frames a session may ask to
-    keep (256, vLLM-Omni's ``max_frames`` bound).
-    """
-
-    max_bytes: int = 10 * 1024 * 1024
-    max_pixels: int = 4096 * 4096
-    max_side: int = 1024
-    max_fps: float = 8.0
-    burst: int = 64
-    max_window: int = 256
-
-    def __post_init__(self) -> None:
-        if min(self.max_bytes, self.max_pixels, self.max_side, self.burst, self.max_window) < 1 or self.max_fps <= 0:
-            raise ValueError("frame limits must be positive")
 
 
 @dataclass(slots=True, frozen=True, eq=False)
@@ -78,12 +56,16 @@ class Frame:
     source: tuple[int, int]
 
 
+class FrameTooLargeError(InvalidRequestError):
+    """A frame over the byte or pixel cap."""
+
+
 def decode_base64(text: object, limits: FrameLimits, param: str) -> Frame:
     """:func:`decode_frame` of base64 text (a data URL's payload, or bare base64); its size is checked first."""
     if not isinstance(text, str) or not text:
         raise InvalidRequestError(f"{param} must be a non-empty base64 string (a JPEG, PNG or WebP image)", param)
     if len(text) // 4 * 3 > limits.max_bytes + 2:
-        raise InvalidRequestError(f"{param} is larger than {limits.max_bytes} bytes (one image at most)", param)
+        raise FrameTooLargeError(f"{param} is larger than {limits.max_bytes} bytes (one image at most)", param)
     try:
         data = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
@@ -109,12 +91,12 @@ def decode_frame(data: bytes, limits: FrameLimits, param: str) -> Frame:
     from PIL import Image, UnidentifiedImageError
 
     if len(data) > limits.max_bytes:
-        raise InvalidRequestError(f"{param} is larger than {limits.max_bytes} bytes (one image at most)", param)
+        raise FrameTooLargeError(f"{param} is larger than {limits.max_bytes} bytes (one image at most)", param)
     try:
         with Image.open(io.BytesIO(data), formats=FORMATS) as image:
             width, height = image.size
             if width * height > limits.max_pixels:
-                raise InvalidRequestError(f"{param} is {width}x{height}: more than {limits.max_pixels} pixels", param)
+                raise FrameTooLargeError(f"{param} is {width}x{height}: more than {limits.max_pixels} pixels", param)
             scale = limits.max_side / max(width, height)
             size = (width, height)
             if scale < 1:
@@ -122,7 +104,7 @@ def decode_frame(data: bytes, limits: FrameLimits, param: str) -> Frame:
                 image.draft("RGB", size)  # JPEG: decode at a reduced scale when it can (the sizes it gives are >=)
             rgb = image.convert("RGB")
     except Image.DecompressionBombError:
-        raise InvalidRequestError(f"{param} has more than {limits.max_pixels} pixels", param) from None
+        raise FrameTooLargeError(f"{param} has more than {limits.max_pixels} pixels", param) from None
     except UnidentifiedImageError:  # its message shows the buffer object, not the data: say what was expected
         raise InvalidRequestError(f"{param} is not a JPEG, PNG or WebP image", param) from None
     except OSError as exc:  # truncated or corrupt data
