@@ -9,6 +9,8 @@ FAMILIES = (
         name="qwen_vl",
         label="Qwen2.5-VL",
         kind=ModelKind.TEXT,
+        model_types=("qwen2_5_vl",),
+        loader="omni_stream.models.qwen_vl.family:load_family",
         writers={"vl": "omni_stream.models.qwen_vl.checkpoint:make"},
     ),
 )

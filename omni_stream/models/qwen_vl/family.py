@@ -1,0 +1,150 @@
+"""The Qwen2.5-VL text family (``model_type: qwen2_5_vl``): a text model that sees images, on our batch scheduler.
+
+Loading (off the event loop) follows the causal LM's (:mod:`omni_stream.models.causal_lm.family`): configs, the
+tokenizer with its chat template, the model (safetensors, or ``load_format="dummy"`` at real sizes), the runner
+with its slot KV cache and its scheduler; ``preprocessor_config.json`` gives the image policy.
+``LoadOptions.backend_args`` may set ``max_model_len`` (default ``min(max_position_embeddings, 4096)``).
+
+Requests are the causal LM's (:class:`~omni_stream.requests.TextRequest`: tools, grammars, sampling, stops), and
+user turns may show images (``ChatMessage.images``: uint8 RGB arrays). The stage's prepare step runs on the loop's
+preparation threads: the chat template and tokenization, each image resized, normalized and cut into patches, its
+``<|image_pad|>`` token repeated once per merged patch, the prompt's multimodal positions; then the prompt, images
+included, is fitted to the context (errors name ``messages`` or ``max_tokens``, before any delta). The vision tower
+runs on the device worker, in the prefill of the step that admits the request.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from omni_stream.chunks import TextDelta
+from omni_stream.context import RequestContext
+from omni_stream.errors import ConfigError, InvalidRequestError
+from omni_stream.family import LoadContext, ModelKind, TextInfo
+from omni_stream.models.causal_lm.config import load_generation_defaults
+from omni_stream.models.causal_lm.constraint import Grammars
+from omni_stream.models.causal_lm.family import DEFAULT_MAX_MODEL_LEN, CausalLMFamily, _backend_args
+from omni_stream.models.causal_lm.tokenizer import ChatTokenizer
+from omni_stream.models.qwen_vl.config import load_config, load_image_spec
+from omni_stream.models.qwen_vl.model import load_vl
+from omni_stream.models.qwen_vl.prompt import VLPrompt, encode_prompt
+from omni_stream.models.qwen_vl.runner import QwenVLRunner, VLRequest
+from omni_stream.pipeline import Stage
+from omni_stream.requests import TextRequest
+from omni_stream.runtime.offload import run_prepare
+from omni_stream.runtime.weights import parse_dtype
+from omni_stream.scheduler import Scheduler
+from omni_stream.text.grammar import request_grammar
+from omni_stream.text.stage import text_generation_stage, with_tool_calls
+from omni_stream.text.tool_parsers import ToolFormat
+from omni_stream.validation.text import fit_prompt, prompt_field
+
+log = logging.getLogger(__name__)
+
+TOOL_FORMAT = ToolFormat.HERMES  # Qwen2.5's tool calls: <tool_call>{"name", "arguments"}</tool_call>
+
+
+class QwenVLFamily(CausalLMFamily):
+    """A loaded Qwen2.5-VL. ``runner``, ``scheduler`` and ``tokenizer`` are public for tests and benchmarks."""
+
+    def __init__(self, load: LoadContext) -> None:  # the causal LM's loading, with this family's parts
+        opts = load.options
+        ckpt = load.checkpoint
+        if opts.load_format not in ("auto", "safetensors", "dummy"):
+            raise ConfigError(f"load_format: must be auto, safetensors or dummy, got {opts.load_format!r}")
+        args = _backend_args(opts.backend_args)
+        dtype = parse_dtype(opts.dtype, opts.device)
+        self.embedded = False
+        with opts.progress_bar(total=3, desc=f"loading {ckpt.name}", unit="part") as bar:
+            self.vl_config = vl = load_config(ckpt)
+            self.config = cfg = vl.text
+            self.image_spec = load_image_spec(ckpt, vl.vision)
+            self.defaults = load_generation_defaults(ckpt, cfg)
+            self.tokenizer = ChatTokenizer(ckpt)
+            bar.update(1)
+            model = load_vl(ckpt, device=opts.device, dtype=dtype, load_format=opts.load_format, config=vl)
+            bar.update(1)
+            max_len = args.max_model_len or min(cfg.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+            if max_len > cfg.max_position_embeddings:
+                raise ConfigError(
+                    f"backend_args max_model_len: {max_len} exceeds the model's {cfg.max_position_embeddings} positions"
+                )
+            self.runner = QwenVLRunner(
+                model,
+                self.tokenizer.decode,
+                eos_token_ids=self.defaults.eos_token_ids,
+                max_batch_size=opts.max_batch_size,
+                max_len=max_len,
+            )
+            self.capture_seconds = self.runner.capture_graphs(progress=opts.progress_bar)
+            self.scheduler = Scheduler(
+                self.runner,
+                load.worker,
+                high_watermark=opts.max_buffered_frames,
+                metrics=load.metrics.scheduler("text"),
+                name="text",
+            )
+            bar.update(1)
+        self.sampling = self.defaults.sampling
+        self.grammars = Grammars(self.tokenizer.hf, cfg.vocab_size, self.defaults.eos_token_ids)
+        self.tag_tokens = self.tokenizer.is_token("<tool_call>")
+        self._tool_tokens = {}
+        self.max_context = self.runner.max_len
+        self.info = TextInfo(ckpt.name, vl.text.model_type, ModelKind.TEXT, max_context=self.max_context,
+                             sees_images=True)  # fmt: skip
+
+    def encode_prompt(self, request: TextRequest) -> VLPrompt:
+        """The runner's prompt of ``request`` (blocking: call it off the loop)."""
+        return encode_prompt(self.tokenizer, self.vl_config, self.image_spec, request)
+
+    def text_stage(self, request: TextRequest, ctx: RequestContext) -> Stage[object, TextDelta]:
+        """The stage of ``request`` (as the causal LM's; its prompt may show images)."""
+        if request.messages and not self.tokenizer.has_chat_template:
+            raise InvalidRequestError("this model has no chat template: send a raw prompt instead", "messages")
+        sampling = request.sampling or self.sampling
+        bad = [t for t, _ in request.logit_bias if t >= self.config.vocab_size]
+        if bad:
+            raise InvalidRequestError(
+                f"logit_bias names token {bad[0]}, outside the vocabulary of {self.config.vocab_size}", "logit_bias"
+            )
+        grammar = request_grammar(
+            request.offered_tools,
+            request.tool_choice,
+            request.response_format,
+            TOOL_FORMAT,
+            request.parallel_tool_calls,
+            self.tag_tokens,
+        )
+        grammar_field = "tools" if request.tool_choice.forces_call else "response_format"
+
+        async def prepare(ctx: RequestContext) -> VLRequest:
+            prompt = await run_prepare(self.encode_prompt, request)
+            max_tokens = fit_prompt(len(prompt.ids), request.max_tokens, self.max_context, prompt_field(request))
+            matcher = None if grammar is None else await run_prepare(self.grammars.matcher, grammar, grammar_field)
+            ctx.tokens(ModelKind.TEXT).input_tokens = len(prompt.ids)
+            return VLRequest(
+                prompt.ids,
+                max_tokens,
+                sampling,
+                request.seed,
+                request.stop,
+                request.ignore_eos,
+                matcher=matcher,
+                presence_penalty=request.presence_penalty,
+                frequency_penalty=request.frequency_penalty,
+                logit_bias=request.logit_bias,
+                logprobs=request.logprobs,
+                images=prompt.images,
+                positions=prompt.positions,
+                rope_delta=prompt.rope_delta,
+            )
+
+        stage = text_generation_stage(self.scheduler, prepare)
+        if request.offered_tools:
+            stage = with_tool_calls(stage, TOOL_FORMAT, request.parallel_tool_calls)
+        return stage
+
+
+def load_family(load: LoadContext) -> QwenVLFamily:
+    """Family loader for ``model_type: qwen2_5_vl`` (runs off the event loop)."""
+    return QwenVLFamily(load)
