@@ -26,6 +26,7 @@ from omni_stream.realtime.common.json_fields import FieldError, boolean, integer
 from omni_stream.text.tools import FunctionTool, ToolChoice
 from omni_stream.turns.rules import Eagerness, TurnRule, TurnType
 from omni_stream.turns.vad import VadParams
+from omni_stream.vision.frames import split_data_url
 
 
 class RealtimeError(Exception):
@@ -169,18 +170,21 @@ class ResponseOptions:
 class PartType(StrEnum):
     INPUT_TEXT = "input_text"
     INPUT_AUDIO = "input_audio"
+    INPUT_IMAGE = "input_image"  # a picture the user shows (a base64 data URL's payload, decoded with the item)
     OUTPUT_TEXT = "output_text"
     OUTPUT_AUDIO = "output_audio"  # an assistant's speech (audio and its transcript), replayed into the conversation
 
 
 @dataclass(slots=True, frozen=True)
 class NewPart:
-    """One content part of a client-created item: text, or audio bytes in the session's input format."""
+    """One content part of a client-created item: text, audio bytes in the session's input format, or a picture
+    (``image``: its base64, from a ``data:`` URL; decoded, and checked against the frame limits, with the item)."""
 
     type: PartType
     text: str = ""
     audio: bytes = b""
     transcript: str | None = None
+    image: str = ""
 
 
 @dataclass(slots=True, frozen=True)
@@ -513,11 +517,20 @@ def _part(value: Any, param: str, max_bytes: int, max_text: int) -> NewPart:
         audio = decode_audio_field(body.get("audio"), f"{param}.audio", max_bytes)
         transcript = body.get("transcript")
         return NewPart(PartType.INPUT_AUDIO, audio=audio, transcript=_opt_str(transcript, f"{param}.transcript"))
+    if kind == "input_image":  # OpenAI GA: {"type": "input_image", "image_url": "data:image/png;base64,...", "detail"}
+        detail = body.get("detail", "auto")
+        if detail not in ("auto", "low", "high"):
+            raise RealtimeError("invalid_value", f"{param}.detail must be auto, low or high", f"{param}.detail")
+        try:
+            image = split_data_url(body.get("image_url"), f"{param}.image_url")
+        except InvalidRequestError as exc:
+            raise RealtimeError("invalid_value", exc.message, exc.param) from None
+        return NewPart(PartType.INPUT_IMAGE, image=image)
     if kind == "output_audio":
         audio = b"" if body.get("audio") is None else decode_audio_field(body["audio"], f"{param}.audio", max_bytes)
         transcript = string(body.get("transcript", ""), f"{param}.transcript", limit=max_text)
         return NewPart(PartType.OUTPUT_AUDIO, audio=audio, transcript=transcript)
-    kinds = "input_text, input_audio, output_text, output_audio"
+    kinds = "input_text, input_audio, input_image, output_text, output_audio"
     raise RealtimeError("invalid_value", f"content type {kind!r} is not supported ({kinds})", param)
 
 
@@ -569,7 +582,7 @@ def _message_item(body: dict[str, Any], max_bytes: int, max_text: int, param: st
         raise RealtimeError("invalid_value", f"{param}.content must be a non-empty list", f"{param}.content")
     parts = tuple(_part(p, f"{param}.content[{i}]", max_bytes, max_text) for i, p in enumerate(content))
     for i, part in enumerate(parts):
-        allowed: tuple[PartType, ...] = (PartType.INPUT_TEXT, PartType.INPUT_AUDIO)
+        allowed: tuple[PartType, ...] = (PartType.INPUT_TEXT, PartType.INPUT_AUDIO, PartType.INPUT_IMAGE)
         if role == "assistant":
             allowed = (PartType.OUTPUT_TEXT, PartType.OUTPUT_AUDIO)
         if role == "system":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from omni_stream.errors import InvalidRequestError
 from omni_stream.realtime.agent.audio import InputDecoder, decode_whole
 from omni_stream.realtime.agent.events import (
     ItemCreate,
@@ -20,6 +21,7 @@ from omni_stream.realtime.agent.outputs import CancelTranscription, Outputs
 from omni_stream.realtime.agent.protocol_state import ProtocolState, samples_ms
 from omni_stream.requests import Role
 from omni_stream.text.tools import ToolCall
+from omni_stream.vision.frames import decode_base64
 
 
 class ItemEditing(ProtocolState):
@@ -96,11 +98,25 @@ class ItemEditing(ProtocolState):
                 ms = samples_ms(decode_whole(part.audio, self.config.output_format).size) if part.audio else 0
                 units = [(0, part.transcript)] if part.transcript else []
                 content.append(Content(ContentType.OUTPUT_AUDIO, transcript=part.transcript, audio_ms=ms, units=units))
+            elif part.type is PartType.INPUT_IMAGE:
+                content.append(Content(ContentType.INPUT_IMAGE, image=self._picture(part.image, i)))
             elif part.type is PartType.OUTPUT_TEXT:
                 content.append(Content(ContentType.OUTPUT_TEXT, text=part.text))
             else:
                 content.append(Content(ContentType.INPUT_TEXT, text=part.text))
         return Item(new.id or self._id("item"), Role(new.role), content), decoded
+
+    def _picture(self, image: str, index: int) -> np.ndarray:
+        """An ``input_image`` part's pixels (a CPU job: the session applies items with pictures off the loop)."""
+        param = f"item.content[{index}].image_url"
+        if not self.caps.sees:
+            raise RealtimeError(
+                "invalid_value", f"the text model {self.caps.model!r} does not take images (input_image)", param
+            )
+        try:
+            return decode_base64(image, self.limits.frames, param).pixels
+        except InvalidRequestError as exc:
+            raise RealtimeError("invalid_value", exc.message, exc.param) from None
 
     def _delete_item(self, item_id: str) -> Outputs:
         item = self._item(item_id)

@@ -2,7 +2,10 @@
 chat history (a ``function_call`` item joins the assistant turn before it as one of its tool calls; a
 ``function_call_output`` item is a tool turn answering its call).
 
-User audio is not kept once it is transcribed (only its duration and transcript); assistant audio is kept as its
+A picture the user shows (``input_image``) is kept decoded (RGB pixels within the frame limits' resolution cap), and
+goes to the text model as its message's images; the item's wire form does not echo it back (its ``image_url`` is
+null), since the conversation's events would otherwise carry every picture again. User audio is not kept once it is
+transcribed (only its duration and transcript); assistant audio is kept as its
 length and, per spoken unit (sentence), where the unit's audio starts, so a truncation at ``audio_end_ms`` can cut
 the transcript to what the user heard.
 """
@@ -12,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+import numpy as np
 
 from omni_stream.requests import ChatMessage, Role
 from omni_stream.text.tools import ToolCall
@@ -26,29 +31,36 @@ class ItemStatus(StrEnum):
 class ContentType(StrEnum):
     INPUT_TEXT = "input_text"
     INPUT_AUDIO = "input_audio"
+    INPUT_IMAGE = "input_image"
     OUTPUT_TEXT = "output_text"
     OUTPUT_AUDIO = "output_audio"
 
 
 @dataclass(slots=True)
 class Content:
-    """One content part. Audio parts: ``audio_ms`` of audio; assistant audio: ``units`` (start ms, text)."""
+    """One content part. Audio parts: ``audio_ms`` of audio; assistant audio: ``units`` (start ms, text); a
+    picture: ``image`` (uint8 RGB ``(h, w, 3)``)."""
 
     type: ContentType
     text: str = ""
     transcript: str | None = None
     audio_ms: int = 0
     units: list[tuple[int, str]] = field(default_factory=list)
+    image: np.ndarray | None = None
 
     def wire(self) -> dict[str, Any]:
         if self.type in (ContentType.INPUT_TEXT, ContentType.OUTPUT_TEXT):
             return {"type": self.type.value, "text": self.text}
+        if self.type is ContentType.INPUT_IMAGE:
+            return {"type": self.type.value, "image_url": None, "detail": "auto"}
         return {"type": self.type.value, "transcript": self.transcript}
 
     def spoken_text(self) -> str:
-        """What the part says, for the chat history (a pending transcript counts as nothing)."""
+        """What the part says, for the chat history (a pending transcript counts as nothing; a picture says nothing)."""
         if self.type in (ContentType.INPUT_TEXT, ContentType.OUTPUT_TEXT):
             return self.text
+        if self.type is ContentType.INPUT_IMAGE:
+            return ""
         return self.transcript or ""
 
     def truncate(self, audio_end_ms: int) -> None:
@@ -99,7 +111,8 @@ class Item:
             assert self.call is not None
             return ChatMessage(Role.TOOL, self.output, tool_call_id=self.call.id)
         text = " ".join(t for t in (c.spoken_text().strip() for c in self.content) if t)
-        return ChatMessage(self.role, text) if text else None
+        images = tuple(c.image for c in self.content if c.image is not None)
+        return ChatMessage(self.role, text, images=images) if text or images else None
 
 
 def function_call(item_id: str, call: ToolCall, status: ItemStatus = ItemStatus.COMPLETED) -> Item:

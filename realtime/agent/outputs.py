@@ -16,6 +16,7 @@ from omni_stream.requests import ChatMessage
 from omni_stream.text.tools import AUTO, FunctionTool, ToolChoice
 from omni_stream.turns.detector import TurnModelFactory
 from omni_stream.turns.vad import VadFactory
+from omni_stream.vision.limits import FrameLimits
 
 __all__ = ["TurnModelFactory", "VadFactory"]  # the turns' own aliases, re-exported where sessions are configured
 
@@ -37,6 +38,7 @@ class Capabilities:
     vad: bool = False  # server_vad: a voice activity detector
     semantic: bool = False  # semantic_vad: an end-of-turn model beside the detector
     output_rate: int = RATE  # the speech model's sample rate (Hz)
+    sees: bool = False  # the text model takes images (input_image content)
 
 
 @dataclass(slots=True, frozen=True)
@@ -49,6 +51,7 @@ class Limits:
     max_instructions: int = 32_768
     session_seconds: float = 3600.0
     vad_lookback_ms: int = 2000  # kept before the detector's report of a start (it reports late)
+    frames: FrameLimits = field(default_factory=FrameLimits)  # input_image content: bytes, pixels, resolution
 
 
 @dataclass(slots=True, frozen=True)

@@ -140,6 +140,7 @@ def capabilities(
         vad=vad_factory is not None,
         semantic=vad_factory is not None and turn_model_factory is not None,
         output_rate=speech.sample_rate if speech is not None else 24000,
+        sees=ModelKind.TEXT in models and models.text().info.sees_images,
     )
 
 
@@ -149,6 +150,7 @@ def limits(settings: Settings) -> Limits:
         max_buffer_seconds=settings.realtime_max_buffer_seconds,
         max_items=settings.realtime_max_items,
         session_seconds=settings.realtime_session_seconds,
+        frames=settings.frame_limits,
     )
 
 
@@ -279,11 +281,12 @@ class RealtimeSession:
         )
 
     async def client_event(self, event: ClientEvent) -> None:
-        # Off the loop: large appends and items with audio (decoding grows with the audio).
+        # Off the loop: large appends and items with audio or images (decoding grows with the audio; pictures are
+        # decoded there).
         heavy = (isinstance(event, InputAudioAppend) and len(event.audio) > AUDIO_OFF_LOOP_BYTES) or (
             isinstance(event, ItemCreate)
             and isinstance(event.item, NewItem)
-            and any(p.audio for p in event.item.content)
+            and any(p.audio or p.image for p in event.item.content)
         )
         await self._apply(self.protocol.receive, event, heavy=heavy)
 

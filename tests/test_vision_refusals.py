@@ -1,6 +1,7 @@
-"""WS /v1/video/chat/stream end to end with ``websockets`` on a real server, bad input first: the refusals need no
-model that sees, so they run against the tiny random Qwen3 (a text model that does not see), whose refusal of a
-query's frames is itself one of them. The replies of a model that sees are in test_video_chat_vl.py."""
+"""Pictures refused end to end on a real server: WS /v1/video/chat/stream with ``websockets`` and ``input_image``
+items on WS /v1/realtime with the ``openai`` SDK. The refusals need no model that sees, so they run against the
+tiny random Qwen3 (a text model that does not see), whose refusal of pictures is itself one of them. The replies
+of a model that sees are in test_vision_serving.py."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import json
 import numpy as np
 import pytest
 import websockets
+from openai import AsyncOpenAI
 from PIL import Image
 from serving_helpers import running_server
 
@@ -121,3 +123,29 @@ def test_bad_frames_and_a_model_that_does_not_see(lm_server) -> None:
 
     asyncio.run(run())
     assert not any(lm_server.wait_idle(kind=ModelKind.TEXT).values())
+
+
+def test_realtime_image_item_refused_by_a_model_that_does_not_see(lm_server) -> None:
+    model = lm_server.engine.models.text().info.model_name
+    client = AsyncOpenAI(api_key="x", base_url=f"{lm_server.url}/v1", websocket_base_url=f"{lm_server.ws_url}/v1")
+    url = "data:image/jpeg;base64," + picture(3)
+
+    async def run() -> None:
+        async with client.realtime.connect(model=model) as conn:
+            await conn.conversation.item.create(
+                item={"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": url}]}
+            )
+            await conn.conversation.item.create(
+                item={"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": "x"}]}
+            )
+            errors = []
+            async for event in conn:
+                if event.type == "error":
+                    errors.append(event.error)
+                    if len(errors) == 2:
+                        break
+                assert event.type in ("session.created", "conversation.created", "error"), event.type
+            assert errors[0].param == "item.content[0].image_url" and "does not take images" in errors[0].message
+            assert errors[1].param == "item.content[0].image_url" and "data: URL" in errors[1].message
+
+    asyncio.run(run())
