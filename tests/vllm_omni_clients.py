@@ -1,4 +1,5 @@
-"""vLLM-Omni's own speech clients, taken unchanged from its source distributions on PyPI (never committed here).
+"""vLLM-Omni's own speech and video chat clients, taken unchanged from its source distributions on PyPI (never
+committed here).
 
 ``python tests/vllm_omni_clients.py fetch [DEST]`` downloads the sdists with pip (no dependencies, nothing
 installed) and extracts only the client scripts into DEST (default ``.vendor/vllm-omni``, ignored by git);
@@ -32,6 +33,7 @@ CLIENTS = {
     ),
     "batch_speech_client.py": ("0.20.0", "examples/online_serving/text_to_speech/qwen3_tts/batch_speech_client.py"),
     "bench_tts_serve.py": ("0.18.0", "benchmarks/qwen3-tts/vllm_omni/bench_tts_serve.py"),
+    "streaming_video_client.py": ("0.20.0", "examples/online_serving/qwen3_omni/streaming_video_client.py"),
 }
 
 
