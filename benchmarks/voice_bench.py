@@ -16,6 +16,11 @@ server, and the two rounds are reported apart: ``cold`` (the level's batch sizes
 - barge-in: start of the interrupting speech -> the last audio byte of the interrupted response (what a client
   plays at most after the user starts talking, before it even flushes its own buffer).
 
+And on the server, per level: where the device worker's time went while it ran (``work`` in the JSON, a line under
+the level's row): its busy share and seconds per scheduler step, job and batch (``omni_stream.runtime.work_profile``
+over the worker's log, read from the benchmark server's ``GET /bench/work``). A slow part with an idle worker waited
+on something other than the device.
+
 The server runs in a child process (``--serve``) so client and server do not share one interpreter.
 
 The VAD is Silero from its wheel (the tone double's energy detector in CPU mode) and ``semantic_vad``'s end-of-turn
@@ -113,6 +118,7 @@ def serve(args: argparse.Namespace) -> None:
 
     import synthetic
     import uvicorn
+    from starlette.routing import Route
     from synthetic import write_checkpoint
     from synthetic.lm_family import write_lm_checkpoint
 
@@ -147,12 +153,18 @@ def serve(args: argparse.Namespace) -> None:
             "asr": ModelSource(asr.path, kind=ModelKind.TRANSCRIPTION),
         }
         return await AsyncEngine.load(
-            sources, device=args.device, load_format=args.load_format, max_batch_size=args.max_batch, progress=False
+            sources,
+            device=args.device,
+            load_format=args.load_format,
+            max_batch_size=args.max_batch,
+            progress=False,
+            record=True,  # the worker's log, for each level's work profile
         )
 
     settings = Settings(vad_factory=vad_factory, enable_benchmark_fields=args.max_output_tokens is not None,
                         realtime_transcription_max_tokens=args.asr_max_tokens)  # fmt: skip
     app = create_app(load, settings)
+    app.router.routes.insert(0, Route("/bench/work", work_route(app)))
     config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", ws_max_size=32 << 20)
 
     class Server(uvicorn.Server):
@@ -161,6 +173,39 @@ def serve(args: argparse.Namespace) -> None:
             print("READY", flush=True)  # the engine is loaded (lifespan) and the socket listens
 
     Server(config).run()
+
+
+def work_route(app: Any) -> Any:
+    """``GET /bench/work`` (this benchmark's server only): the device worker's work profile since the last call
+    (:mod:`omni_stream.runtime.work_profile`): where its time went while the level ran, idle included."""
+    from starlette.responses import JSONResponse
+
+    from omni_stream.runtime.work_profile import work_profile
+
+    read = {"seq": -1, "at": time.perf_counter()}
+
+    async def work(request: Any) -> Any:
+        log = list(app.state.omni.engine.worker.log)
+        now = time.perf_counter()
+        profile = work_profile(log, read["at"], now, after_seq=read["seq"])
+        read["seq"], read["at"] = (log[-1].seq if log else read["seq"]), now
+        return JSONResponse(profile.summary())
+
+    return work
+
+
+def fetch_work(port: int) -> dict[str, Any]:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/bench/work", timeout=30) as response:
+        return json.loads(response.read())
+
+
+def work_line(work: dict[str, Any], top: int = 5) -> str:
+    """The profile in one line: busy share, then the largest pieces (seconds)."""
+    seconds = sorted(work["seconds"].items(), key=lambda kv: -kv[1])[:top]
+    parts = ", ".join(f"{name} {value:.2f}" for name, value in seconds)
+    return f"    worker busy {100 * work['busy_fraction']:.0f}% of {work['span_s']:.1f} s: {parts}"
 
 
 @contextlib.contextmanager
@@ -478,8 +523,11 @@ def main(argv: list[str] | None = None) -> int:
             for arrivals in args.arrivals.split(","):
                 for n in levels:
                     for round_ in ("cold", "warm"):
+                        fetch_work(port)  # the profile's window starts with the level
                         results.append(asyncio.run(run_level(url, n, args, turns, arrivals, round_)))
+                        results[-1]["work"] = fetch_work(port)
                         print(table(results[-1:]).splitlines()[-1], flush=True)
+                        print(work_line(results[-1]["work"]), flush=True)
     report = {
         "benchmark": "voice_bench",
         "mode": mode,

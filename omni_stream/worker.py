@@ -99,7 +99,12 @@ class WorkRecord:
     """One entry of the worker's log: ``kind`` is ``job``, ``batch`` or ``step`` (a step source's), or what a
     source notes itself (:meth:`DeviceWorker.note`); ``name`` the job's function, batch key or source name;
     ``at`` its ``perf_counter`` time. A throughput step's ``detail`` says why it ran: ``spare`` (the realtime
-    streams could spare it), ``overdue`` (it had waited the policy's ``max_wait``) or ``round`` (plain rounds)."""
+    streams could spare it), ``overdue`` (it had waited the policy's ``max_wait``) or ``round`` (plain rounds).
+
+    The worker does one thing at a time, so an entry's work lasts until the next entry: ``idle`` marks the worker
+    waiting for work, ``yield`` realtime work run at a throughput step's yield point (each piece with its own
+    entry), ``hold`` a yield point waiting for a stream's next job, and ``resume`` the throughput step going on
+    after them (:mod:`omni_stream.runtime.work_profile` sums the log that way)."""
 
     seq: int
     kind: str
@@ -375,6 +380,7 @@ class DeviceWorker:
                     order, wait = self._plan(time.perf_counter())
                     if order:
                         break
+                    self.note("idle", "", WorkClass.REALTIME)  # the log's pieces last until the next entry
                     self.cond.wait(wait)
                 if self._closed:
                     break
@@ -445,6 +451,7 @@ class DeviceWorker:
             return
         self._next_yield_check = t0 + YIELD_CHECK_S
         self._in_throughput = False  # no yield point inside what runs here
+        noted = False  # the log has an entry of this yield point: the step's own work resumes after it
         try:
             while True:
                 with self.cond:
@@ -460,6 +467,8 @@ class DeviceWorker:
                     if not (due or jobs or groups):
                         if demand is None or demand - now >= self.policy.margin:
                             return
+                        self.note("hold", "", WorkClass.REALTIME)
+                        noted = True
                         self.cond.wait(min(self.policy.max_wait - held, HOLD_S))
                         continue
                     self._jobs.clear()
@@ -468,6 +477,7 @@ class DeviceWorker:
                 context = self._realtime_context() if self._realtime_context is not None else contextlib.nullcontext()
                 with context:
                     self.note("yield", "", WorkClass.REALTIME)
+                    noted = True
                     for job in jobs:
                         self._run_job(job)
                     for key, group in groups:
@@ -475,6 +485,8 @@ class DeviceWorker:
                     for source in due:
                         self._step(source, "")
         finally:
+            if noted and self._stepping is not None:
+                self.note("resume", _name_of(self._stepping), WorkClass.THROUGHPUT)
             self._last_yield = time.perf_counter()
             self._in_throughput = True
 

@@ -152,6 +152,9 @@ async def test_a_speech_request_that_arrives_during_a_denoising_step_runs_betwee
     # the talker's newcomer ran at a yield point of that UNet call, before the call (and so the step) ended
     assert any(r.kind == "yield" for r in inside)
     assert any(r.kind == "step" and r.name == "talker" for r in inside)
+    # ... and the log says when the image's step went on after it (work_profile counts that time the image's again)
+    talker = next(r.seq for r in inside if r.kind == "step" and r.name == "talker")
+    assert any(r.kind == "resume" and r.name == "image" and r.seq > talker for r in inside)
 
 
 async def test_throughput_work_progresses_under_a_speech_load_that_never_spares_a_step(

@@ -42,7 +42,13 @@ def test_the_smoke_run_measures_voice_to_voice_its_split_and_barge_in(tmp_path):
         if level["concurrency"] == 1:
             assert abs(sum(parts[p]["p50"] for p in parts) - v2v["p50"]) < 1.0, level
         assert level["barge_in_ms"]["p50"] is not None
-    assert "barge p50" in proc.stdout and "semantic_vad" in proc.stdout
+        work = level["work"]  # the server's worker while the level ran: the talker stepped, the LM too
+        assert work["complete"] and 0 < work["busy_fraction"] < 1, work
+        assert work["counts"]["step:talker"] > 0 and any(
+            k.startswith("step:") and k != "step:talker" for k in work["counts"]
+        )
+        assert abs(sum(work["seconds"].values()) - work["span_s"]) < 0.01 * len(work["seconds"])  # rounded to ms
+    assert "barge p50" in proc.stdout and "semantic_vad" in proc.stdout and "worker busy" in proc.stdout
 
 
 def test_the_recorded_utterances_are_one_turn_each_for_the_silero_vad():
