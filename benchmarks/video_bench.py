@@ -128,17 +128,44 @@ async def run_inproc(checkpoint: Path, args: argparse.Namespace) -> list[dict]:
     from omni_stream.engine import AsyncEngine
 
     engine = await AsyncEngine.from_pretrained(
-        checkpoint, device=args.device, load_format="dummy" if args.gpu else "auto", progress=False
+        checkpoint, device=args.device, load_format="dummy" if args.gpu else "auto", progress=False, record=True
     )
     async with engine:
         await inproc_session(engine, args, 0)  # warm-up: first-call costs stay out of the figures
         levels = []
         for c in args.levels:
+            seen = engine.worker.log[-1].seq if engine.worker.log else -1
             t0 = time.perf_counter()
             sessions = await asyncio.gather(*(inproc_session(engine, args, i + 1) for i in range(c)))
-            levels.append(level_summary(c, list(sessions), time.perf_counter() - t0))
+            t1 = time.perf_counter()
+            levels.append(level_summary(c, list(sessions), t1 - t0))
+            levels[-1]["model_calls"] = model_calls(list(engine.worker.log), t0, t1, seen)
             print_level("inproc", levels[-1])
     return levels
+
+
+def model_calls(log: list, start: float, end: float, after_seq: int) -> dict[str, dict[str, float]]:
+    """The video model's calls while a level ran, per kind (the transformer's ``denoise``, the VAE's ``decode``):
+    how many, the sessions batched in each (mean and largest) and milliseconds per call (the worker's log:
+    :mod:`omni_stream.runtime.work_profile`). Whether sessions batch, and what a bigger batch costs a call."""
+    from omni_stream.runtime.work_profile import work_profile
+
+    profile = work_profile(log, start, end, after_seq)
+    seconds = {(s.kind, s.name): s.seconds for s in profile.shares}
+    calls: dict[str, list[int]] = {}
+    for record in log:
+        if record.seq > after_seq and start <= record.at < end and record.name == "video":
+            if record.kind not in ("step", "resume", "join", "done", "release"):
+                calls.setdefault(record.kind, []).append(len(record.detail))
+    return {
+        kind: {
+            "calls": len(rows),
+            "mean_rows": round(sum(rows) / len(rows), 2),
+            "max_rows": max(rows),
+            "ms_per_call": round(1000 * seconds.get((kind, "video"), 0.0) / len(rows), 2),
+        }
+        for kind, rows in sorted(calls.items())
+    }
 
 
 # --- over the server -----------------------------------------------------------------------------------------------
@@ -226,6 +253,9 @@ def print_level(transport: str, level: dict) -> None:
         f"{level['frames_per_s']:.1f} frames/s",
         flush=True,
     )
+    for kind, c in level.get("model_calls", {}).items():
+        print(f"         {kind}: {c['calls']} calls of {c['mean_rows']} sessions (max {c['max_rows']}), "
+              f"{c['ms_per_call']} ms a call", flush=True)  # fmt: skip
 
 
 def summarize() -> None:

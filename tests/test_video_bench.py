@@ -30,6 +30,12 @@ def test_the_smoke_run_measures_every_level_of_both_transports(tmp_path, monkeyp
             assert level["chunk_playback_s"] == pytest.approx(33 / 16)
             assert 0 < level["ttfc_p50_s"] <= level["ttfc_max_s"] < level["wall_s"]
             assert level["gap_p50_s"] > 0 and level["frames_per_s"] > 0 and level["bytes_per_session"] > 0
+            if transport == "inproc":  # the model's calls from the worker's log: a session's 2 chunks, 1 step each
+                calls = level["model_calls"]
+                assert calls, level
+                for kind in calls.values():
+                    assert kind["calls"] >= 2 and 1 <= kind["mean_rows"] <= kind["max_rows"] <= level["concurrency"]
+                    assert kind["ms_per_call"] > 0
     assert "ttfc p50" in capsys.readouterr().out
     assert video_bench.main(["--summarize"]) == 0
     assert "video_bench_cpu_tiny_ws.json" in capsys.readouterr().out
