@@ -142,3 +142,17 @@ def test_only_user_items_show_images() -> None:
     }
     error = error_of(send(proto, type="conversation.item.create", item=item))
     assert error["param"] == "item.content[0].type"
+
+
+def test_a_response_input_takes_images_by_reference_only() -> None:
+    proto = make()
+    part = {"type": "input_image", "image_url": data_url(noise())}
+    inline = {"type": "message", "role": "user", "content": [part]}
+    error = error_of(send(proto, type="response.create", response={"conversation": "none", "input": [inline]}))
+    assert error["param"] == "response.input[0].content[0].type" and "item_reference" in error["message"]
+    send(proto, **image_item(part, {"type": "input_text", "text": "this one"}))
+    item_id = proto.conversation.items[-1].id
+    ref = {"type": "item_reference", "id": item_id}
+    out = send(proto, type="response.create", response={"conversation": "none", "input": [ref]})
+    (start,) = [c for c in out.commands if isinstance(c, StartResponse)]
+    assert [(m.content, len(m.images)) for m in start.messages if m.role is Role.USER] == [("this one", 1)]

@@ -36,6 +36,7 @@ from vllm_omni_clients import client
 from omni_stream.engine import AsyncEngine, ModelSource
 from omni_stream.family import ModelKind
 from omni_stream.realtime.settings import Settings
+from omni_stream.requests import ChatMessage, Role, TextRequest
 
 ROUTE = "/v1/video/chat/stream"
 REPLY_TOKENS = 8
@@ -195,3 +196,54 @@ def test_random_aborts_free_every_row(vl_server) -> None:
     # some sockets were left with their reply running (the disconnect counter counts those)
     metrics = httpx.get(f"{vl_server.url}/metrics").text
     assert re.search(r'omni_stream_client_disconnects_total\{transport="video_chat"\} [1-9]', metrics), metrics
+
+
+def test_image_tokens_are_counted_as_the_prompt_spends_them(vl_server) -> None:
+    family = vl_server.engine.models.text()
+    text_only = len(family.encode_prompt(TextRequest(messages=(ChatMessage(Role.USER, "x"),))).ids)
+    for h, w in ((30, 40), (64, 96), (500, 120), (28, 28)):
+        image = np.zeros((h, w, 3), np.uint8)
+        shown = family.encode_prompt(TextRequest(messages=(ChatMessage(Role.USER, "x", images=(image,)),)))
+        # the template adds <|vision_start|><|image_pad|><|vision_end|>, the pad repeated per merged patch
+        assert len(shown.ids) - text_only == family.count_image_tokens(image), (h, w)
+
+
+@pytest.fixture(scope="module")
+def small_vl_server(tmp_path_factory):
+    path = tiny_vl_checkpoint(tmp_path_factory)
+
+    async def load() -> AsyncEngine:
+        sources = {"vl": ModelSource(path, kind=ModelKind.TEXT)}
+        return await AsyncEngine.load(sources, progress=False, backend_args={"max_model_len": 192})
+
+    settings = Settings(vad_factory=None, turn_model_factory=None)
+    with running_server(None, settings, load=load) as live:
+        yield live
+
+
+def test_realtime_truncation_counts_the_images(small_vl_server) -> None:
+    """Ten pictures of 26 prompt tokens each do not fit a context of 192: the oldest items leave the prompt (their
+    text alone would fit, so counting only text would keep them all and the model would refuse the prompt)."""
+    live = small_vl_server
+    sdk = AsyncOpenAI(api_key="x", base_url=f"{live.url}/v1", websocket_base_url=f"{live.ws_url}/v1")
+
+    async def run() -> None:
+        async with sdk.realtime.connect(model=model_name(live)) as conn:
+            await conn.session.update(session={"type": "realtime", "output_modalities": ["text"],
+                                               "audio": {"input": {"turn_detection": None}}})  # fmt: skip
+            for i in range(10):
+                url = "data:image/jpeg;base64," + b64(picture(i, (112, 84)))
+                await conn.conversation.item.create(
+                    item={"type": "message", "role": "user", "content": [
+                        {"type": "input_image", "image_url": url}, {"type": "input_text", "text": f"picture {i}"}]}
+                )  # fmt: skip
+            await conn.response.create(response={"max_output_tokens": 4})
+            async for event in conn:
+                assert event.type != "error", event
+                if event.type == "response.done":
+                    assert event.response.status in ("completed", "incomplete"), event.response.status_details
+                    assert event.response.usage.input_tokens <= 192 - 4
+                    break
+
+    asyncio.run(run())
+    assert not any(live.wait_idle(kind=ModelKind.TEXT).values())

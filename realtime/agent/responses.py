@@ -92,6 +92,11 @@ class Responding(ProtocolState):
             else:
                 content = []
                 for j, part in enumerate(entry.content):
+                    if part.type is PartType.INPUT_IMAGE:  # decoded only with conversation items (off the loop)
+                        message = (
+                            "a response's input takes no input_image: add the item, then name it by item_reference"
+                        )
+                        raise RealtimeError("invalid_value", message, f"response.input[{i}].content[{j}].type")
                     if part.type is PartType.INPUT_AUDIO and part.transcript is None:
                         message = "audio in a response's input needs its transcript"
                         raise RealtimeError("invalid_value", message, f"response.input[{i}].content[{j}].transcript")

@@ -447,6 +447,10 @@ class RealtimeSession:
             return cmd.messages
         said = [m.content + "".join(c.name + c.arguments for c in m.tool_calls) for m in cmd.messages]  # calls too
         tokens = [self.engine.count_text_tokens(text, ModelKind.TEXT) for text in said]
+        count_image = getattr(family, "count_image_tokens", None)  # a model that sees: its messages' images too
+        if count_image is not None:
+            images = [sum(count_image(image) for image in m.images) for m in cmd.messages]
+            tokens = [n + k for n, k in zip(tokens, images, strict=True)]
         count_tools = getattr(family, "count_tool_tokens", None)  # the tools' part of the prompt, where it is known
         if cmd.tools and cmd.tool_choice.mode is not ToolMode.NONE and count_tools is not None:
             context -= min(context - 1, int(count_tools(cmd.tools)))

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
+
 from omni_stream.chunks import TextDelta
 from omni_stream.context import RequestContext
 from omni_stream.errors import ConfigError, InvalidRequestError
@@ -29,6 +31,7 @@ from omni_stream.models.qwen_vl.config import load_config, load_image_spec
 from omni_stream.models.qwen_vl.model import load_vl
 from omni_stream.models.qwen_vl.prompt import VLPrompt, encode_prompt
 from omni_stream.models.qwen_vl.runner import QwenVLRunner, VLRequest
+from omni_stream.models.qwen_vl.vision import smart_resize
 from omni_stream.pipeline import Stage
 from omni_stream.requests import TextRequest
 from omni_stream.runtime.offload import run_prepare
@@ -92,6 +95,13 @@ class QwenVLFamily(CausalLMFamily):
         self.max_context = self.runner.max_len
         self.info = TextInfo(ckpt.name, vl.text.model_type, ModelKind.TEXT, max_context=self.max_context,
                              sees_images=True)  # fmt: skip
+
+    def count_image_tokens(self, image: np.ndarray) -> int:
+        """Prompt tokens ``image`` (uint8 RGB ``(h, w, 3)``) takes: its pads, one per merged patch, and the vision
+        start and end markers around them (for fitting a conversation to the context before it is encoded)."""
+        spec = self.image_spec
+        h, w = smart_resize(image.shape[0], image.shape[1], spec.factor, spec.min_pixels, spec.max_pixels)
+        return (h // spec.patch_size) * (w // spec.patch_size) // spec.merge_size**2 + 2
 
     def encode_prompt(self, request: TextRequest) -> VLPrompt:
         """The runner's prompt of ``request`` (blocking: call it off the loop)."""
