@@ -7,7 +7,9 @@ messages (and the protocol's timers) to the protocol and decodes the frames it a
 next message is read once the frame is in, so a client that floods frames is slowed to the decoder's pace, and
 frames are offered in the order they came); a query task runs each reply: the audio's transcript, if any, then
 the text model's reply (with its speech, when the session asks for audio), whose events it feeds back to the
-protocol. Leaving the session, however it ends, aborts the running requests (released before the next model step).
+protocol. The two call the protocol one transition at a time (a lock), so events go out in the protocol's order;
+messages over 64 KiB (a frame's base64, audio) are parsed in a worker thread too. Leaving the session, however it
+ends, aborts the running requests (released before the next model step).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ log = logging.getLogger("omni_stream.realtime.video_chat")
 
 ROUTE = "/v1/video/chat/stream"
 LABEL = "video_chat"  # the stream gauge's and the disconnect counter's transport label
+PARSE_OFF_LOOP_CHARS = 64 * 1024  # client messages longer than this are parsed in a worker thread
 
 
 async def video_chat_stream(websocket: WebSocket) -> None:
@@ -103,6 +106,7 @@ class VideoChatSession:
         self.closed = False
         self._scope: anyio.CancelScope | None = None
         self._tg: TaskGroup | None = None
+        self._lock = anyio.Lock()  # one protocol transition at a time (see _step)
 
     # --- life ---
 
@@ -122,7 +126,7 @@ class VideoChatSession:
         return None
 
     async def shutting_down(self, socket: Socket) -> None:
-        await self._perform(self.protocol.shutdown())
+        await self._step(self.protocol.shutdown)
 
     async def failed(self, socket: Socket, exc: BaseException) -> None:
         """Nothing more to say: the shell closes with 1011."""
@@ -132,21 +136,32 @@ class VideoChatSession:
             deadline = self.protocol.deadline()
             message = await self.socket.receive(None if deadline is None else deadline - self.clock())
             if message is None:
-                await self._perform(self.protocol.timeout(self.clock()))
+                await self._step(self.protocol.timeout, self.clock())
                 continue
             if message["type"] == "websocket.disconnect":
                 if self.streams:
                     self.state.metrics.disconnects.labels(LABEL).inc()
-                await self._perform(self.protocol.disconnected())
+                await self._step(self.protocol.disconnected)
                 return
             text = message.get("text")
             if text is not None:
-                actions = self.protocol.receive_text(text, self.clock())
+                heavy = len(text) > PARSE_OFF_LOOP_CHARS  # a frame's base64, audio: parsed in a worker thread
+                await self._step(self.protocol.receive_text, text, self.clock(), heavy=heavy)
             else:
-                actions = self.protocol.receive_binary(message.get("bytes") or b"", self.clock())
-            await self._perform(actions)
+                await self._step(self.protocol.receive_binary, message.get("bytes") or b"", self.clock())
 
     # --- actions ---
+
+    async def _step(self, transition: Callable[..., list[Action]], *args: Any, heavy: bool = False) -> None:
+        """Apply one protocol transition (``heavy``: in a worker thread) and perform its actions, one transition at a
+        time: the receiver's and the query task's never interleave, so their events go out in the protocol's
+        order. A frame to decode is decoded after the lock is released (its result is a transition of its own)."""
+        async with self._lock:
+            actions = await anyio.to_thread.run_sync(transition, *args) if heavy else transition(*args)
+            await self._perform([a for a in actions if not isinstance(a, DecodeFrame)])
+        for action in actions:
+            if isinstance(action, DecodeFrame) and not self.closed:
+                await self._decode(action)
 
     async def _perform(self, actions: Sequence[Action]) -> None:
         """Carry out ``actions`` in order. A closing call gets :data:`CLOSE_GRACE` seconds in all: a reader that
@@ -161,8 +176,6 @@ class VideoChatSession:
                     if not await self._send(action.text):
                         self._end()  # the client is gone
                         return
-                elif isinstance(action, DecodeFrame):
-                    await self._decode(action)
                 elif isinstance(action, StartQuery):
                     assert self._tg is not None
                     self.streams[action.query.query_id] = []
@@ -185,9 +198,9 @@ class VideoChatSession:
         try:
             frame = await anyio.to_thread.run_sync(decode_base64, action.data, self.limits.frames, "data")
         except InvalidRequestError as exc:
-            await self._perform(self.protocol.frame_refused(exc))
+            await self._step(self.protocol.frame_refused, exc)
             return
-        await self._perform(self.protocol.frame_decoded(frame))
+        await self._step(self.protocol.frame_decoded, frame)
 
     def _cancel(self, query_id: int) -> None:
         for stream in self.streams.pop(query_id, ()):
@@ -210,29 +223,29 @@ class VideoChatSession:
                 return  # stopped meanwhile
             stream = self.engine.generate(query.request(transcript))
             self.streams[qid].append(stream)
-            await self._perform(self.protocol.query_started(qid))
+            await self._step(self.protocol.query_started, qid)
             async with stream:
                 async for out in stream:
                     chunk = out.chunk
                     if out.stage == "text" and isinstance(chunk, TextDelta):
-                        await self._perform(self.protocol.query_text(qid, chunk.text))
+                        await self._step(self.protocol.query_text, qid, chunk.text)
                         if out.last:
-                            await self._perform(self.protocol.query_text_done(qid))
+                            await self._step(self.protocol.query_text_done, qid)
                     elif isinstance(chunk, Audio) and chunk.samples.size:
                         wav = await anyio.to_thread.run_sync(wav_file, chunk)
-                        await self._perform(self.protocol.query_audio(qid, wav))
+                        await self._step(self.protocol.query_audio, qid, wav)
         except RequestCancelled:
             return  # stopped: a newer query, the client gone, or the server stopping
         except InvalidRequestError as exc:
-            await self._perform(self.protocol.query_failed(qid, "invalid_request", exc.message, exc.param))
+            await self._step(self.protocol.query_failed, qid, "invalid_request", exc.message, exc.param)
             return
         except Exception as exc:
             log.exception("a video chat query failed")
-            await self._perform(self.protocol.query_failed(qid, "generation_failed", from_exception(exc).message))
+            await self._step(self.protocol.query_failed, qid, "generation_failed", from_exception(exc).message)
             return
         finally:
             self.streams.pop(qid, None)
-        await self._perform(self.protocol.query_done(qid))
+        await self._step(self.protocol.query_done, qid)
 
     async def _transcribe(self, query: Query) -> str:
         """The transcript of the audio streamed before the query."""
