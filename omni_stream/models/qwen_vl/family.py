@@ -16,6 +16,7 @@ runs on the device worker, in the prefill of the step that admits the request.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -29,8 +30,9 @@ from omni_stream.models.causal_lm.family import DEFAULT_MAX_MODEL_LEN, CausalLMF
 from omni_stream.models.causal_lm.tokenizer import ChatTokenizer
 from omni_stream.models.qwen_vl.config import load_config, load_image_spec
 from omni_stream.models.qwen_vl.model import load_vl
-from omni_stream.models.qwen_vl.prompt import VLPrompt, encode_prompt
+from omni_stream.models.qwen_vl.prompt import VLPrompt, encode_prompt, session_prefix
 from omni_stream.models.qwen_vl.runner import QwenVLRunner, VLRequest
+from omni_stream.models.qwen_vl.session import FrameSession
 from omni_stream.models.qwen_vl.vision import smart_resize
 from omni_stream.pipeline import Stage
 from omni_stream.requests import TextRequest
@@ -45,19 +47,44 @@ from omni_stream.validation.text import fit_prompt, prompt_field
 log = logging.getLogger(__name__)
 
 TOOL_FORMAT = ToolFormat.HERMES  # Qwen2.5's tool calls: <tool_call>{"name", "arguments"}</tool_call>
+DEFAULT_MAX_SESSIONS = 2
+
+
+@dataclass(slots=True, frozen=True)
+class _SessionArgs:
+    max_sessions: int = DEFAULT_MAX_SESSIONS
+    session_rows: int | None = None
+
+
+def _session_args(items: tuple[tuple[str, object], ...]) -> tuple[_SessionArgs, tuple[tuple[str, object], ...]]:
+    """``max_sessions`` (frame sessions held at once, default 2) and ``session_rows`` (cache rows of each, default
+    half of ``max_model_len``) out of ``backend_args``; the rest is the causal LM's."""
+    values = dict(items)
+    for key in ("max_sessions", "session_rows"):
+        n = values.get(key)
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < (0 if key == "max_sessions" else 1)):
+            raise ConfigError(f"backend_args {key}: must be a non-negative integer, got {n!r}")
+    max_sessions = values.pop("max_sessions", DEFAULT_MAX_SESSIONS)
+    rows = values.pop("session_rows", None)
+    assert isinstance(max_sessions, int) and (rows is None or isinstance(rows, int))
+    return _SessionArgs(max_sessions, rows), tuple(values.items())
 
 
 class QwenVLFamily(CausalLMFamily):
     """A loaded Qwen2.5-VL. ``runner``, ``scheduler`` and ``tokenizer`` are public for tests and benchmarks."""
+
+    runner: QwenVLRunner
 
     def __init__(self, load: LoadContext) -> None:  # the causal LM's loading, with this family's parts
         opts = load.options
         ckpt = load.checkpoint
         if opts.load_format not in ("auto", "safetensors", "dummy"):
             raise ConfigError(f"load_format: must be auto, safetensors or dummy, got {opts.load_format!r}")
-        args = _backend_args(opts.backend_args)
+        sessions, rest = _session_args(opts.backend_args)
+        args = _backend_args(rest)
         dtype = parse_dtype(opts.dtype, opts.device)
         self.embedded = False
+        self.worker = load.worker
         with opts.progress_bar(total=3, desc=f"loading {ckpt.name}", unit="part") as bar:
             self.vl_config = vl = load_config(ckpt)
             self.config = cfg = vl.text
@@ -78,6 +105,8 @@ class QwenVLFamily(CausalLMFamily):
                 eos_token_ids=self.defaults.eos_token_ids,
                 max_batch_size=opts.max_batch_size,
                 max_len=max_len,
+                max_sessions=sessions.max_sessions,
+                session_rows=sessions.session_rows,
             )
             self.capture_seconds = self.runner.capture_graphs(progress=opts.progress_bar)
             self.scheduler = Scheduler(
@@ -104,8 +133,20 @@ class QwenVLFamily(CausalLMFamily):
         return (h // spec.patch_size) * (w // spec.patch_size) // spec.merge_size**2 + 2
 
     def encode_prompt(self, request: TextRequest) -> VLPrompt:
-        """The runner's prompt of ``request`` (blocking: call it off the loop)."""
-        return encode_prompt(self.tokenizer, self.vl_config, self.image_spec, request)
+        """The runner's prompt of ``request``, continuing a frame session's rows where its images are that
+        session's frames (blocking: call it off the loop)."""
+        views = tuple(self.runner.views.values())
+        return encode_prompt(self.tokenizer, self.vl_config, self.image_spec, request, views)
+
+    def frame_session(self, *, max_frames: int = 8, system: str | None = None) -> FrameSession:
+        """A session whose frames are prefilled into a held cache as they arrive (``async with``; see
+        :class:`~.session.FrameSession`). ``max_frames``: the window (oldest out); ``system``: the system turn its
+        queries start with (None: none)."""
+        return FrameSession(self, max_frames=max_frames, system=system)
+
+    def session_prefix(self, system: str | None) -> tuple[int, ...]:
+        """Ids of a session's prompt up to its user turn's first frame (blocking: the chat template)."""
+        return session_prefix(self.tokenizer, self.vl_config, system)
 
     def text_stage(self, request: TextRequest, ctx: RequestContext) -> Stage[object, TextDelta]:
         """The stage of ``request`` (as the causal LM's; its prompt may show images)."""
@@ -147,6 +188,7 @@ class QwenVLFamily(CausalLMFamily):
                 images=prompt.images,
                 positions=prompt.positions,
                 rope_delta=prompt.rope_delta,
+                cached=prompt.cached,
             )
 
         stage = text_generation_stage(self.scheduler, prepare)

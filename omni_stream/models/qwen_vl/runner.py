@@ -13,6 +13,15 @@ positions:
 
 A lone newcomer is not padded to a prefill bucket (no prefill graphs: the vision tower's shapes follow the
 images anyway).
+
+Frame sessions (``max_sessions`` of them, each up to ``session_rows`` cache rows, in a cache of their own): a
+session's frames go through the vision tower and are prefilled into its rows as they arrive
+(:meth:`session_append`: only the new frame's tokens run through the layers), so a query whose prompt starts with
+the session's rows (:class:`~.frames.SessionView`) copies those rows into its slot and prefills only its own
+tokens. A session holds at most ``max_frames`` frames and ``session_rows`` rows: past either, the oldest frames
+leave (down to three quarters of ``max_frames``, so a rebuild comes once every quarter window of frames, not with
+every frame) and the remaining frames' rows are rebuilt from their stored features in one forward (the vision tower
+does not run again). Every path gives the tokens of the whole prompt prefilled at once.
 """
 
 from __future__ import annotations
@@ -22,21 +31,37 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from omni_stream.errors import InvalidRequestError
 from omni_stream.models.causal_lm.detokenize import Decode
 from omni_stream.models.causal_lm.runner import CausalLMRunner, LMOut, LMRequest, LMSeq, prefill_attention
+from omni_stream.models.qwen_vl.frames import EncodedFrame, SessionView
 from omni_stream.models.qwen_vl.model import QwenVLForGeneration
-from omni_stream.models.qwen_vl.vision import PreparedImage
+from omni_stream.models.qwen_vl.vision import PreparedImage, rope_positions
+from omni_stream.runtime.kv_cache import KVShape, SlotKVCache
 from omni_stream.runtime.slot_runner import padded_causal_mask
 
 
 @dataclass(slots=True, frozen=True)
 class VLRequest(LMRequest):
-    """An :class:`LMRequest` whose prompt may show images: ``images`` in prompt order, ``positions`` ``[3, n]``
-    (None: a text prompt, positions 0..n-1) and the decode positions' ``rope_delta``."""
+    """An :class:`LMRequest` whose prompt may show images: ``images`` in prompt order (patches for the vision tower,
+    or a session's frames already encoded), ``positions`` ``[3, n]`` (None: a text prompt, positions 0..n-1), the
+    decode positions' ``rope_delta``, and ``cached``: the session view whose rows the prompt starts with."""
 
-    images: tuple[PreparedImage, ...] = ()
+    images: tuple[PreparedImage | EncodedFrame, ...] = ()
     positions: np.ndarray | None = None
     rope_delta: int = 0
+    cached: SessionView | None = None
+
+
+@dataclass(slots=True)
+class _Session:
+    """A frame session's state (worker thread only): its prefix ids, frames and the view last published."""
+
+    sid: int
+    prefix: tuple[int, ...]
+    max_frames: int
+    frames: list[EncodedFrame]
+    view: SessionView
 
 
 class QwenVLRunner(CausalLMRunner):
@@ -52,7 +77,11 @@ class QwenVLRunner(CausalLMRunner):
         max_len: int = 2048,
         graphs: bool | None = None,
         record: bool = False,
+        max_sessions: int = 0,
+        session_rows: int | None = None,
     ) -> None:
+        """``max_sessions``: frame sessions held at once; ``session_rows``: cache rows of each (default half of
+        ``max_len``, the other half left to queries and replies)."""
         super().__init__(
             model,
             decode,
@@ -70,11 +99,49 @@ class QwenVLRunner(CausalLMRunner):
         self.rope_delta = torch.zeros(self.max_batch_size, dtype=torch.long, device=self.device)
         model.position_offset = self.rope_delta
         self.images_encoded = 0  # images through the vision tower (tests, metrics)
+        self.tokens_prefilled = 0  # prompt and frame tokens run through the layers (tests, metrics)
+        self.session_rebuilds = 0
+        self.session_rows = session_rows if session_rows is not None else self.max_len // 2
+        if not 0 < self.session_rows <= self.max_len:
+            raise ValueError(f"session_rows must be in 1..{self.max_len}, got {self.session_rows}")
+        cfg = model.config
+        shape = KVShape(cfg.num_hidden_layers, max_sessions, cfg.num_key_value_heads, self.session_rows, cfg.head_dim)
+        self.session_kv = SlotKVCache(shape, dtype=self.dtype, device=self.device) if max_sessions else None
+        self._sessions: dict[int, _Session] = {}
+        self._free_sessions = list(range(max_sessions))
+        self._generations = 0
+        # What prepare threads read: replaced whole (never mutated) on every change, so a reader sees one state.
+        self.views: dict[int, SessionView] = {}
 
     def _prefill_all(self, admitted: list[tuple[LMSeq, torch.Tensor]], outputs: dict[int, LMOut]) -> list[LMSeq]:
-        seqs = [seq for seq, _ in admitted]
-        items = [(seq.slot, ids, seq.payload) for seq, ids in admitted]
-        return self._prefill_each(seqs, items, self._prefill_vl, outputs)
+        fresh, continued = [], []
+        for seq, ids in admitted:
+            view = seq.payload.cached if isinstance(seq.payload, VLRequest) else None
+            live = self._sessions.get(view.sid) if view is not None else None
+            if view is not None and live is not None and live.view.generation == view.generation:
+                continued.append((seq, ids))
+            else:  # no session, or its rows were rebuilt since the prompt matched them: the whole prompt
+                fresh.append((seq, ids))
+        joined = self._prefill_each(
+            [seq for seq, _ in fresh], [(seq.slot, ids, seq.payload) for seq, ids in fresh], self._prefill_vl, outputs
+        )
+        for seq, ids in continued:
+            joined += self._prefill_each([seq], [(seq.slot, ids, seq.payload)], self._prefill_continued, outputs)
+        return joined
+
+    def _features(self, images: list[PreparedImage | EncodedFrame]) -> torch.Tensor:
+        """LM embeddings ``[tokens, H]`` of ``images`` in order: stored features as they are, the others through
+        the vision tower in one call."""
+        dev = self.device
+        todo = [im for im in images if isinstance(im, PreparedImage)]
+        encoded: list[torch.Tensor] = []
+        if todo:
+            patches = torch.from_numpy(np.concatenate([im.patches for im in todo])).to(dev)
+            grids = torch.tensor([im.grid for im in todo], dtype=torch.long, device=dev)
+            encoded = list(self.vl.encode_images(patches, grids).split([im.tokens for im in todo]))
+            self.images_encoded += len(todo)
+        it = iter(encoded)
+        return torch.cat([next(it) if isinstance(im, PreparedImage) else im.features for im in images])
 
     def _prefill_vl(self, prompts: list[tuple[int, torch.Tensor, LMRequest]]) -> None:
         """One forward over every newcomer's prompt, images spliced in; K/V rows to each one's slot."""
@@ -84,7 +151,7 @@ class QwenVLRunner(CausalLMRunner):
         ids = torch.nn.utils.rnn.pad_sequence([ids for _, ids, _ in prompts], batch_first=True)
         x = self.lm.embed(ids)
         positions = torch.arange(t, device=dev)[None, None].repeat(3, len(prompts), 1)
-        images: list[PreparedImage] = []
+        images: list[PreparedImage | EncodedFrame] = []
         deltas = []
         for i, (_, prompt, req) in enumerate(prompts):
             vl = req if isinstance(req, VLRequest) else None
@@ -96,14 +163,11 @@ class QwenVLRunner(CausalLMRunner):
                 raise ValueError("an image prompt needs its positions [3, n]")
             positions[:, i, : prompt.shape[0]] = torch.from_numpy(vl.positions).to(dev)
         if images:
-            patches = torch.from_numpy(np.concatenate([im.patches for im in images])).to(dev)
-            grids = torch.tensor([im.grid for im in images], dtype=torch.long, device=dev)
-            features = self.vl.encode_images(patches, grids)
+            features = self._features(images)
             where = ids == self.image_token_id
             if int(where.sum()) != features.shape[0]:
                 raise ValueError(f"{int(where.sum())} image tokens in the prompts for {features.shape[0]} features")
             x[where] = features.to(x.dtype)  # row-major: each prompt's images in order, prompts in order
-            self.images_encoded += len(images)
         slots = torch.tensor([slot for slot, _, _ in prompts], dtype=torch.long, device=dev)
         lens = torch.tensor(lengths, dtype=torch.long, device=dev)
         self.rope_delta[slots] = torch.tensor(deltas, dtype=torch.long, device=dev)
@@ -111,5 +175,108 @@ class QwenVLRunner(CausalLMRunner):
         attend = self._prefill_attend(slots, t, mask, prefill_attention)
         hidden = self.lm(x, positions, attend)
         self.hidden[slots] = hidden[torch.arange(len(prompts), device=dev), lens - 1]
+        self.tokens_prefilled += sum(lengths)
         if self.record:
             self.prefill_log.append((len(prompts), t, "eager"))
+
+    def _prefill_continued(self, prompts: list[tuple[int, torch.Tensor, LMRequest]]) -> None:
+        """A prompt that starts with its session's rows: those rows copied into its slot, its own tokens prefilled
+        after them."""
+        ((slot, ids, req),) = prompts
+        assert isinstance(req, VLRequest) and req.cached is not None and req.positions is not None
+        assert self.session_kv is not None
+        start, sid = req.cached.length, req.cached.sid
+        self.kv.k[:, slot, :, :start] = self.session_kv.k[:, sid, :, :start]
+        self.kv.v[:, slot, :, :start] = self.session_kv.v[:, sid, :, :start]
+        rest = ids[start:]
+        if bool((rest == self.image_token_id).any()):
+            raise ValueError("a prompt continuing a session's rows has images of its own")
+        positions = torch.from_numpy(req.positions[:, start:]).to(self.device)[:, None]
+        hidden = self.lm(self.lm.embed(rest[None]), positions, self.kv.prefill(slot, start))
+        self.hidden[slot] = hidden[0, -1]
+        self.rope_delta[slot] = req.rope_delta
+        self.tokens_prefilled += rest.shape[0]
+        if self.record:
+            self.prefill_log.append((1, rest.shape[0], "continued"))
+
+    # -- frame sessions (worker thread) ------------------------------------------------------------------
+
+    def _publish(self) -> None:
+        self.views = {sid: s.view for sid, s in self._sessions.items()}
+
+    def session_open(self, prefix: tuple[int, ...], max_frames: int) -> SessionView:
+        """A session whose rows start with ``prefix`` (its template's turns up to the user turn's frames)."""
+        if not self._free_sessions:
+            raise InvalidRequestError(
+                f"all {len(self._sessions)} frame sessions of this model are open (backend_args max_sessions)",
+                "session",
+            )
+        if max_frames < 1:
+            raise InvalidRequestError(f"max_frames must be >= 1, got {max_frames}", "max_frames")
+        if len(prefix) >= self.session_rows:
+            raise InvalidRequestError(f"the session's prompt leaves no room in {self.session_rows} rows", "session")
+        sid = self._free_sessions.pop(0)
+        self._generations += 1  # unique across sessions: a view of a closed session never matches its successor
+        session = self._sessions[sid] = _Session(
+            sid, prefix, max_frames, [], SessionView(sid, self._generations, (), ())
+        )
+        self._write_session(session, 0, rebuilt=False)
+        return session.view
+
+    def session_close(self, sid: int) -> None:
+        """Free the session's rows (queries that matched it prefill their whole prompt)."""
+        if self._sessions.pop(sid, None) is not None:
+            self._free_sessions.append(sid)
+            self._free_sessions.sort()
+            self._publish()
+
+    @torch.no_grad()
+    def session_append(self, sid: int, image: np.ndarray, key: bytes, prepared: PreparedImage) -> SessionView:
+        """Encode one frame and prefill its tokens after the session's rows; past the window the oldest frames
+        leave and the rest are rebuilt (see the module docstring). Returns the view now published."""
+        s = self._sessions.get(sid)
+        if s is None:
+            raise InvalidRequestError("the frame session is closed", "session")
+        frame_rows = prepared.tokens + 2  # <|vision_start|> pads <|vision_end|>
+        if len(s.prefix) + frame_rows > self.session_rows:
+            raise InvalidRequestError(
+                f"a frame of {prepared.tokens} tokens does not fit the session's {self.session_rows} rows", "image"
+            )
+        features = self._features([prepared])
+        s.frames.append(EncodedFrame(image, key, prepared.grid, features))
+        keep = max(1, s.max_frames - s.max_frames // 4)
+        rebuild = len(s.frames) > s.max_frames
+        while len(s.frames) > (keep if rebuild else s.max_frames) or self._rows_used(s) > self.session_rows:
+            s.frames.pop(0)
+            rebuild = True
+        self._write_session(s, 0 if rebuild else s.view.length, rebuilt=rebuild)
+        return s.view
+
+    def _rows_used(self, s: _Session) -> int:
+        return len(s.prefix) + sum(f.tokens + 2 for f in s.frames)
+
+    def _write_session(self, s: _Session, start: int, rebuilt: bool) -> None:
+        """The session's ids over its frames, prefilled into its rows from ``start`` on (0 and ``rebuilt``: the
+        rows rewritten, a new generation); publishes the new view."""
+        assert self.session_kv is not None
+        cfg = self.vl.vl_config
+        ids = list(s.prefix)
+        for f in s.frames:
+            ids += [cfg.vision_start_token_id, *[self.image_token_id] * f.tokens, cfg.vision_end_token_id]
+        if rebuilt:
+            self._generations += 1
+            self.session_rebuilds += 1
+        generation = self._generations if rebuilt else s.view.generation
+        s.view = SessionView(s.sid, generation, tuple(ids), tuple(s.frames))
+        new = torch.tensor(ids[start:], dtype=torch.long, device=self.device)
+        grids = [f.grid for f in s.frames]
+        positions, _ = rope_positions(ids, self.image_token_id, grids, cfg.vision.spatial_merge_size)
+        x = self.lm.embed(new[None])
+        where = new[None] == self.image_token_id
+        if bool(where.any()):
+            written = s.frames if start == 0 else s.frames[-1:]  # an append writes the newest frame alone
+            x[where] = torch.cat([f.features for f in written]).to(x.dtype)
+        pos = torch.from_numpy(positions[:, start:]).to(self.device)[:, None]
+        self.lm(x, pos, self.session_kv.prefill(s.sid, start))
+        self.tokens_prefilled += new.shape[0]
+        self._publish()

@@ -1,0 +1,205 @@
+"""Frame sessions of Qwen2.5-VL (tiny random checkpoint, fp32, one torch thread): frames prefilled into a held
+cache as they arrive, a question prefilling only its own tokens, the window dropping the oldest frames; every path
+gives the tokens of the whole prompt prefilled at once."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import anyio
+import numpy as np
+import pytest
+import torch
+from lm_helpers import drive
+from vl_helpers import tiny_vl_checkpoint
+
+from omni_stream.engine import AsyncEngine, ModelSource
+from omni_stream.errors import InvalidRequestError
+from omni_stream.family import ModelKind
+from omni_stream.models.causal_lm.config import load_generation_defaults
+from omni_stream.models.causal_lm.tokenizer import ChatTokenizer
+from omni_stream.models.qwen_vl.config import load_config, load_image_spec
+from omni_stream.models.qwen_vl.frames import image_key
+from omni_stream.models.qwen_vl.model import load_vl
+from omni_stream.models.qwen_vl.prompt import encode_prompt, session_prefix
+from omni_stream.models.qwen_vl.runner import QwenVLRunner, VLRequest
+from omni_stream.models.qwen_vl.vision import prepare_image
+from omni_stream.requests import GREEDY, ChatMessage, Role, TextRequest
+
+torch.set_num_threads(1)
+MAX_TOKENS = 6
+
+
+def frame(i: int) -> np.ndarray:
+    """A 56 x 84 frame: 6 image tokens, 8 cache rows."""
+    return np.random.default_rng(100 + i).integers(0, 256, (56, 84, 3), dtype=np.uint8)
+
+
+def question(messages: tuple[ChatMessage, ...], **fields) -> TextRequest:
+    return TextRequest(messages=messages, max_tokens=MAX_TOKENS, sampling=GREEDY, ignore_eos=True, **fields)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return tiny_vl_checkpoint(tmp_path_factory)
+
+
+async def load(ckpt, **backend_args):
+    source = {"llm": ModelSource(ckpt, kind=ModelKind.TEXT)}
+    return await AsyncEngine.load(source, progress=False, max_batch_size=4, backend_args=backend_args)
+
+
+async def tokens(engine: AsyncEngine, request: TextRequest) -> list[int]:
+    runner = engine.models.text().runner  # type: ignore[attr-defined]
+    runner.record = True
+    async with engine.chat(request) as stream:
+        async for _ in stream:
+            pass
+    await engine.worker.submit(lambda: None)
+    (out,) = runner.recorded.values()
+    runner.recorded.clear()
+    return out
+
+
+async def test_a_question_prefills_only_its_own_tokens_and_answers_as_the_whole_prompt(ckpt):
+    async with await load(ckpt) as engine:
+        family = engine.models.text()
+        runner = family.runner
+        async with family.frame_session(max_frames=4, system="You watch a camera.") as session:
+            for i in range(3):
+                await session.add_frame(frame(i))
+            assert len(session.frames) == 3 and runner.images_encoded == 3
+            encoded, prefilled = runner.images_encoded, runner.tokens_prefilled
+            messages = session.messages("What changed?")
+            prompt = family.encode_prompt(question(messages))
+            assert prompt.cached is not None and prompt.ids[: prompt.cached.length] == prompt.cached.ids
+            image_pad = family.vl_config.image_token_id
+            assert image_pad in prompt.cached.ids and image_pad not in prompt.ids[prompt.cached.length :]
+            incremental = await tokens(engine, question(messages))
+            assert runner.prefill_log[-1][2] == "continued"
+            assert runner.tokens_prefilled - prefilled == len(prompt.ids) - prompt.cached.length  # the question
+            assert runner.images_encoded == encoded  # the frames were not encoded again
+            # The same frames as other arrays (equal pixels) match too.
+            same = tuple(f.copy() for f in session.frames)
+            copies = (*messages[:1], ChatMessage(Role.USER, "What changed?", images=same))
+            assert await tokens(engine, question(copies)) == incremental
+        assert runner.views == {}
+        # The session closed: the whole prompt, frames through the vision tower again.
+        rebuilt = await tokens(engine, question(messages))
+        assert rebuilt == incremental and runner.images_encoded == encoded + 3
+        assert runner.prefill_log[-1][2] == "eager"
+
+
+async def test_the_window_drops_the_oldest_frames_and_the_rows_stay_bounded(ckpt):
+    async with await load(ckpt, session_rows=48) as engine:  # the prompt's 3 rows and 5 frames of 8 rows fit
+        family = engine.models.text()
+        runner = family.runner
+        async with family.frame_session(max_frames=8) as session:
+            sent = [frame(i) for i in range(7)]
+            for image in sent[:5]:
+                await session.add_frame(image)
+            assert session.frames == tuple(sent[:5]) and runner.session_rebuilds == 0
+            await session.add_frame(sent[5])  # 6 frames would need 51 rows: down to 6 of 8 frames' quarter
+            view = runner.views[min(runner.views)]
+            assert view.length <= 48 and runner.session_rebuilds == 1
+            assert session.frames == tuple(sent[6 - len(session.frames) : 6]) and len(session.frames) < 6
+            await session.add_frame(sent[6])
+            assert session.frames[-1] is sent[6] and runner.views[view.sid].length <= 48
+            kept = session.frames
+            incremental = await tokens(engine, question(session.messages("Describe them.")))
+            assert runner.prefill_log[-1][2] == "continued"
+        rebuilt = await tokens(engine, question((ChatMessage(Role.USER, "Describe them.", images=kept),)))
+        assert rebuilt == incremental
+        with pytest.raises(InvalidRequestError, match="max_frames"):
+            async with family.frame_session(max_frames=0):
+                pass
+
+
+async def test_sessions_are_bounded_and_closing_frees_one(ckpt):
+    async with await load(ckpt, max_sessions=1) as engine:
+        family = engine.models.text()
+        async with family.frame_session() as first:
+            await first.add_frame(frame(0))
+            with pytest.raises(InvalidRequestError, match="max_sessions"):
+                async with family.frame_session():
+                    pass
+            with pytest.raises(InvalidRequestError, match="uint8 RGB") as err:
+                await first.add_frame(np.zeros((56, 56), dtype=np.uint8))
+            assert err.value.param == "image" and len(first.frames) == 1
+        async with family.frame_session() as second:
+            assert second.frames == ()
+
+
+async def test_a_question_matched_before_a_rebuild_prefills_its_whole_prompt(ckpt):
+    """The real scheduler stepped by hand: a question matched a session's rows, the window then rebuilt them
+    before the question was admitted: it prefills its whole prompt from the stored features (no vision tower)."""
+    cfg = load_config(ckpt)
+    tok = ChatTokenizer(ckpt)
+    spec = load_image_spec(ckpt, cfg.vision)
+    eos = load_generation_defaults(ckpt, cfg.text).eos_token_ids
+    runner = QwenVLRunner(load_vl(ckpt, dtype=torch.float32), tok.decode, eos_token_ids=eos, max_batch_size=4,
+                          max_len=256, record=True, max_sessions=1)  # fmt: skip
+
+    def vl_request(request: TextRequest, views=()) -> VLRequest:
+        p = encode_prompt(tok, cfg, spec, request, views)
+        return VLRequest(p.ids, MAX_TOKENS, GREEDY, ignore_eos=True, images=p.images, positions=p.positions,
+                         rope_delta=p.rope_delta, cached=p.cached)  # fmt: skip
+
+    def append(image: np.ndarray) -> None:
+        runner.session_append(0, image, image_key(image), prepare_image(image, spec))
+
+    runner.session_open(session_prefix(tok, cfg, None), max_frames=2)
+    frames = [frame(i) for i in range(4)]
+    for image in frames[:2]:
+        append(image)
+    early = question((ChatMessage(Role.USER, "And now?", images=tuple(frames[:2])),))
+    stale = vl_request(early, tuple(runner.views.values()))
+    assert stale.cached is not None
+    append(frames[2])  # past the window: rebuilt
+    assert runner.session_rebuilds == 1 and runner.views[0].generation != stale.cached.generation
+    late = question((ChatMessage(Role.USER, "And now?", images=tuple(frames[1:3])),))
+    current = vl_request(late, tuple(runner.views.values()))
+    encoded = runner.images_encoded
+    runs = await drive(runner, [stale, current])
+    assert runner.images_encoded == encoded  # both from stored features
+    assert sorted(kind for _, _, kind in runner.prefill_log[-2:]) == ["continued", "eager"]
+    whole = await drive(runner, [vl_request(early), vl_request(late)])  # no session: patches, the vision tower
+    assert [r.tokens for r in runs] == [r.tokens for r in whole]
+    assert runner.images_encoded == encoded + 4
+
+
+async def test_random_aborts_of_questions_beside_arriving_frames_free_every_row(ckpt):
+    async with await load(ckpt) as engine:
+        family = engine.models.text()
+        runner, sched = family.runner, family.scheduler
+        rng = random.Random(1204)
+        outcomes: Counter[str] = Counter()
+        async with family.frame_session(max_frames=4) as session:
+            await session.add_frame(frame(0))
+
+            async def ask(k: int) -> None:
+                request = question(session.messages("What is new?"))
+                async with engine.chat(request) as stream:
+                    n = 0
+                    async for _ in stream:
+                        n += 1
+                        if n >= k:
+                            outcomes["break"] += 1
+                            break
+                    else:
+                        outcomes["complete"] += 1
+
+            async with anyio.create_task_group() as tg:
+                for i in range(12):
+                    tg.start_soon(ask, rng.randint(1, MAX_TOKENS + 1))
+                    if i % 3 == 0:
+                        await session.add_frame(frame(i + 1))
+            await engine.worker.submit(lambda: None)
+            await engine.worker.submit(lambda: None)
+            assert outcomes["break"] > 0 and outcomes["complete"] > 0
+            assert sched.live() == dict.fromkeys(sched.live(), 0) and runner._states == {}
+            incremental = await tokens(engine, question(session.messages("Last one?")))
+            kept = session.frames
+        rebuilt = await tokens(engine, question((ChatMessage(Role.USER, "Last one?", images=kept),)))
+        assert incremental == rebuilt and runner.views == {}
