@@ -156,3 +156,20 @@ def test_a_response_input_takes_images_by_reference_only() -> None:
     out = send(proto, type="response.create", response={"conversation": "none", "input": [ref]})
     (start,) = [c for c in out.commands if isinstance(c, StartResponse)]
     assert [(m.content, len(m.images)) for m in start.messages if m.role is Role.USER] == [("this one", 1)]
+
+
+def test_the_conversation_keeps_a_bounded_number_of_pictures() -> None:
+    proto = make(limits=Limits(frames=FrameLimits(max_conversation_pictures=3)))
+    send(proto, **image_item({"type": "input_text", "text": "words"}))
+    ids = []
+    for seed in range(4):
+        two = [{"type": "input_image", "image_url": data_url(noise(seed=s))} for s in (seed, seed + 10)]
+        out = send(proto, **image_item(*two))
+        ids.append(proto.conversation.items[-1].id)
+        deleted = [e.body["item_id"] for e in out.events if e.type == "conversation.item.deleted"]
+        # two pictures an item: each new item makes the one before it leave (the text item stays)
+        assert deleted == ([] if seed == 0 else [ids[seed - 1]])
+    assert [len(i.content) for i in proto.conversation.items] == [1, 2]
+    error = error_of(send(proto, **image_item(*({"type": "input_image", "image_url": data_url(noise(seed=s))}
+                                                for s in range(4)))))  # fmt: skip
+    assert error["param"] == "item.content" and "at most 3 pictures" in error["message"]

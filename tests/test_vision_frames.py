@@ -209,3 +209,14 @@ def test_bad_window_settings_name_their_field() -> None:
     assert info.value.param == "threshold"
     with pytest.raises(ValueError):
         FrameLimits(max_fps=0)
+
+
+def test_window_is_bounded_in_pixels_too() -> None:
+    window = FrameWindow(FrameLimits(max_window_pixels=3 * 64 * 48), max_frames=10, threshold=None)
+    frames = [frame_of(flat(v)) for v in range(6)]  # 64 x 48 each
+    for frame in frames:
+        window.offer(frame)
+    assert window.frames == tuple(frames[-3:]) and window.evicted == 3
+    big = decode_frame(encode(noise(11, 200, 100)), LIMITS, "data")  # over the whole budget alone: kept alone
+    window.offer(big)
+    assert window.frames == (big,)

@@ -25,7 +25,8 @@ error: the scene did not change). ``threshold`` is a similarity in [0, 1], as vL
 dropped); higher keeps more frames (1.0 drops only frames whose thumbnails match exactly); None turns the filter
 off.
 
-Window: at most ``max_frames`` frames are kept; a frame kept beyond it evicts the oldest (the window never grows).
+Window: at most ``max_frames`` frames are kept, and at most ``FrameLimits.max_window_pixels`` decoded pixels in
+all; a frame kept beyond either evicts the oldest (the newest always stays: the window never grows).
 """
 
 from __future__ import annotations
@@ -116,6 +117,11 @@ def decode_frame(data: bytes, limits: FrameLimits, param: str) -> Frame:
     return Frame(pixels, np.asarray(grey, dtype=np.float32), (width, height))
 
 
+def pixels(frame: Frame) -> int:
+    """A frame's decoded pixels (width x height)."""
+    return int(frame.pixels.shape[0] * frame.pixels.shape[1])
+
+
 def difference(a: np.ndarray, b: np.ndarray) -> float:
     """Mean absolute difference of two thumbnails, in grey levels (0-255)."""
     return float(np.mean(np.abs(a - b)))
@@ -142,6 +148,7 @@ class FrameWindow:
     _last: Frame | None = None  # the last frame kept (it may have left the window since)
     _tokens: float = -1.0  # the rate bucket (-1: full, before the first frame)
     _at: float = 0.0  # when the bucket was last filled
+    _pixels: int = 0  # the window's decoded pixels
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_frames <= self.limits.max_window:
@@ -184,10 +191,13 @@ class FrameWindow:
                 self.duplicates += 1
                 return False
         self._frames.append(frame)
+        self._pixels += pixels(frame)
         self._last = frame
         self.kept += 1
-        while len(self._frames) > self.max_frames:
-            self._frames.popleft()
+        while len(self._frames) > 1 and (
+            len(self._frames) > self.max_frames or self._pixels > self.limits.max_window_pixels
+        ):
+            self._pixels -= pixels(self._frames.popleft())
             self.evicted += 1
         return True
 

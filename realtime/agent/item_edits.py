@@ -84,6 +84,10 @@ class ItemEditing(ProtocolState):
         """A client's message item, and the input audio of its parts (decoded; to be transcribed)."""
         decoded: dict[int, np.ndarray] = {}
         content = []
+        shown = sum(p.type is PartType.INPUT_IMAGE for p in new.content)
+        if shown > self.limits.frames.max_conversation_pictures:
+            limit = self.limits.frames.max_conversation_pictures
+            raise RealtimeError("invalid_value", f"an item shows at most {limit} pictures, got {shown}", "item.content")
         for i, part in enumerate(new.content):
             if part.type is PartType.INPUT_AUDIO:
                 InputDecoder(self.config.input_format).check(part.audio, f"item.content[{i}].audio")

@@ -115,6 +115,11 @@ class Item:
         return ChatMessage(self.role, text, images=images) if text or images else None
 
 
+def pictures(item: Item) -> int:
+    """How many pictures ``item`` shows."""
+    return sum(c.image is not None for c in item.content)
+
+
 def function_call(item_id: str, call: ToolCall, status: ItemStatus = ItemStatus.COMPLETED) -> Item:
     return Item(item_id, Role.ASSISTANT, [], status, ItemType.FUNCTION_CALL, call)
 
@@ -125,12 +130,14 @@ def function_output(item_id: str, call_id: str, output: str) -> Item:
 
 
 class Conversation:
-    """Items in order, by id, at most ``max_items`` (the oldest go first)."""
+    """Items in order, by id, at most ``max_items`` (the oldest go first), and items holding at most ``max_pictures``
+    pictures in all (the oldest items with pictures go first; an item is never dropped for its own pictures)."""
 
-    def __init__(self, max_items: int) -> None:
+    def __init__(self, max_items: int, max_pictures: int = 16) -> None:
         if max_items < 2:
             raise ValueError("max_items must be >= 2")
         self.max_items = max_items
+        self.max_pictures = max_pictures
         self.items: list[Item] = []
         self.by_id: dict[str, Item] = {}
 
@@ -164,6 +171,12 @@ class Conversation:
             oldest = self.items[0] if self.items[0] is not item else self.items[1]
             self.remove(oldest.id)
             dropped.append(oldest)
+        while sum(pictures(i) for i in self.items) > self.max_pictures:
+            shown = [i for i in self.items if i is not item and pictures(i)]
+            if not shown:
+                break
+            self.remove(shown[0].id)
+            dropped.append(shown[0])
         return dropped
 
     def remove(self, item_id: str) -> Item:

@@ -128,7 +128,7 @@ class ProtocolState:
             voice=caps.default_voice,
             turn_detection=TurnDetection() if self.caps.vad else None,
         )
-        self.conversation = Conversation(self.limits.max_items)
+        self.conversation = Conversation(self.limits.max_items, self.limits.frames.max_conversation_pictures)
         self.buffer = InputBuffer()
         self.decoder = InputDecoder(self.config.input_format)
         self.turn_epoch = 0  # bumped whenever the driver's turn detector restarts; older turn events are stale
