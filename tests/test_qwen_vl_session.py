@@ -23,7 +23,7 @@ from omni_stream.models.qwen_vl.config import load_config, load_image_spec
 from omni_stream.models.qwen_vl.frames import image_key
 from omni_stream.models.qwen_vl.model import load_vl
 from omni_stream.models.qwen_vl.prompt import encode_prompt, session_prefix
-from omni_stream.models.qwen_vl.runner import QwenVLRunner, VLRequest
+from omni_stream.models.qwen_vl.runner import FrameIn, QwenVLRunner, VLRequest
 from omni_stream.models.qwen_vl.vision import prepare_image
 from omni_stream.requests import GREEDY, ChatMessage, Role, TextRequest
 
@@ -167,6 +167,43 @@ async def test_a_question_matched_before_a_rebuild_prefills_its_whole_prompt(ckp
     whole = await drive(runner, [vl_request(early), vl_request(late)])  # no session: patches, the vision tower
     assert [r.tokens for r in runs] == [r.tokens for r in whole]
     assert runner.images_encoded == encoded + 4
+
+
+def test_frames_of_several_sessions_are_encoded_together_and_prefilled_as_one_by_one(ckpt):
+    cfg = load_config(ckpt)
+    tok = ChatTokenizer(ckpt)
+    spec = load_image_spec(ckpt, cfg.vision)
+    prefix = session_prefix(tok, cfg, None)
+
+    def runner_with_two_sessions() -> QwenVLRunner:
+        runner = QwenVLRunner(load_vl(ckpt, dtype=torch.float32), tok.decode, max_batch_size=2, max_len=256,
+                              max_sessions=3)  # fmt: skip
+        runner.session_open(prefix, max_frames=2)
+        runner.session_open(prefix, max_frames=2)
+        return runner
+
+    def frame_in(sid: int, i: int) -> FrameIn:
+        image = frame(i)
+        return FrameIn(sid, image, image_key(image), prepare_image(image, spec))
+
+    order = [(0, 0), (1, 1), (0, 2), (2, 9), (1, 3), (0, 4)]  # session 2 is not open; session 0 passes its window
+    together = runner_with_two_sessions()
+    out = together.session_append_many([frame_in(sid, i) for sid, i in order])
+    assert together.vision_calls == 1 and together.images_encoded == 5
+    assert isinstance(out[3], InvalidRequestError) and out[3].param == "session"
+    one_by_one = runner_with_two_sessions()
+    for sid, i in order:
+        if sid != 2:
+            one_by_one.session_append(sid, frame(i), image_key(frame(i)), prepare_image(frame(i), spec))
+    assert one_by_one.vision_calls == 5
+    for sid in (0, 1):
+        a, b = together.views[sid], one_by_one.views[sid]
+        assert a.ids == b.ids and [f.key for f in a.frames] == [f.key for f in b.frames]
+        n = a.length
+        torch.testing.assert_close(together.session_kv.k[:, sid, :, :n], one_by_one.session_kv.k[:, sid, :, :n])
+        torch.testing.assert_close(together.session_kv.v[:, sid, :, :n], one_by_one.session_kv.v[:, sid, :, :n])
+    assert [f.key for f in together.views[0].frames] == [image_key(frame(2)), image_key(frame(4))]
+    assert together.session_rebuilds == one_by_one.session_rebuilds == 1
 
 
 async def test_random_aborts_of_questions_beside_arriving_frames_free_every_row(ckpt):

@@ -21,7 +21,9 @@ the session's rows (:class:`~.frames.SessionView`) copies those rows into its sl
 tokens. A session holds at most ``max_frames`` frames and ``session_rows`` rows: past either, the oldest frames
 leave (down to three quarters of ``max_frames``, so a rebuild comes once every quarter window of frames, not with
 every frame) and the remaining frames' rows are rebuilt from their stored features in one forward (the vision tower
-does not run again). Every path gives the tokens of the whole prompt prefilled at once.
+does not run again). Every path gives the tokens of the whole prompt prefilled at once. Frames of several
+sessions that wait for the worker together (:meth:`session_append_many`) go through the vision tower in one call;
+each session's rows are then written in turn.
 """
 
 from __future__ import annotations
@@ -51,6 +53,16 @@ class VLRequest(LMRequest):
     positions: np.ndarray | None = None
     rope_delta: int = 0
     cached: SessionView | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class FrameIn:
+    """One frame for a session: the image, its key (:func:`~.frames.image_key`) and its patches."""
+
+    sid: int
+    image: np.ndarray
+    key: bytes
+    prepared: PreparedImage
 
 
 @dataclass(slots=True)
@@ -99,6 +111,7 @@ class QwenVLRunner(CausalLMRunner):
         self.rope_delta = torch.zeros(self.max_batch_size, dtype=torch.long, device=self.device)
         model.position_offset = self.rope_delta
         self.images_encoded = 0  # images through the vision tower (tests, metrics)
+        self.vision_calls = 0
         self.tokens_prefilled = 0  # prompt and frame tokens run through the layers (tests, metrics)
         self.session_rebuilds = 0
         self.session_rows = session_rows if session_rows is not None else self.max_len // 2
@@ -136,6 +149,7 @@ class QwenVLRunner(CausalLMRunner):
         todo = [im for im in images if isinstance(im, PreparedImage)]
         encoded: list[torch.Tensor] = []
         if todo:
+            self.vision_calls += 1
             patches = torch.from_numpy(np.concatenate([im.patches for im in todo])).to(dev)
             grids = torch.tensor([im.grid for im in todo], dtype=torch.long, device=dev)
             encoded = list(self.vl.encode_images(patches, grids).split([im.tokens for im in todo]))
@@ -234,16 +248,41 @@ class QwenVLRunner(CausalLMRunner):
     def session_append(self, sid: int, image: np.ndarray, key: bytes, prepared: PreparedImage) -> SessionView:
         """Encode one frame and prefill its tokens after the session's rows; past the window the oldest frames
         leave and the rest are rebuilt (see the module docstring). Returns the view now published."""
-        s = self._sessions.get(sid)
-        if s is None:
-            raise InvalidRequestError("the frame session is closed", "session")
-        frame_rows = prepared.tokens + 2  # <|vision_start|> pads <|vision_end|>
-        if len(s.prefix) + frame_rows > self.session_rows:
-            raise InvalidRequestError(
-                f"a frame of {prepared.tokens} tokens does not fit the session's {self.session_rows} rows", "image"
-            )
-        features = self._features([prepared])
-        s.frames.append(EncodedFrame(image, key, prepared.grid, features))
+        (out,) = self.session_append_many([FrameIn(sid, image, key, prepared)])
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    @torch.no_grad()
+    def session_append_many(self, frames: list[FrameIn]) -> list[SessionView | InvalidRequestError]:
+        """:meth:`session_append` of frames of any sessions (the worker's batch of them): their images through the
+        vision tower in one call, then each session's rows in arrival order. A frame that cannot be taken (its
+        session closed, too many tokens) gets its error and the others go on."""
+        out: list[SessionView | InvalidRequestError] = []
+        valid: list[FrameIn] = []
+        for f in frames:
+            s = self._sessions.get(f.sid)
+            if s is None:
+                out.append(InvalidRequestError("the frame session is closed", "session"))
+            elif len(s.prefix) + f.prepared.tokens + 2 > self.session_rows:  # <|vision_start|> pads <|vision_end|>
+                msg = f"a frame of {f.prepared.tokens} tokens does not fit the session's {self.session_rows} rows"
+                out.append(InvalidRequestError(msg, "image"))
+            else:
+                valid.append(f)
+                out.append(s.view)  # replaced below
+        if not valid:
+            return out
+        features = self._features([f.prepared for f in valid]).split([f.prepared.tokens for f in valid])
+        encoded = iter(zip(valid, features, strict=True))
+        for i, result in enumerate(out):
+            if isinstance(result, Exception):
+                continue
+            f, feats = next(encoded)
+            out[i] = self._append(self._sessions[f.sid], EncodedFrame(f.image, f.key, f.prepared.grid, feats))
+        return out
+
+    def _append(self, s: _Session, frame: EncodedFrame) -> SessionView:
+        s.frames.append(frame)
         keep = max(1, s.max_frames - s.max_frames // 4)
         rebuild = len(s.frames) > s.max_frames
         while len(s.frames) > (keep if rebuild else s.max_frames) or self._rows_used(s) > self.session_rows:

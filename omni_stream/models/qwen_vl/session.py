@@ -20,6 +20,7 @@ import numpy as np
 
 from omni_stream.errors import InvalidRequestError
 from omni_stream.models.qwen_vl.frames import image_key
+from omni_stream.models.qwen_vl.runner import FrameIn
 from omni_stream.models.qwen_vl.vision import PreparedImage, prepare_image
 from omni_stream.requests import ChatMessage, Role
 from omni_stream.runtime.offload import run_prepare
@@ -41,7 +42,8 @@ class FrameSession:
 
     async def __aenter__(self) -> FrameSession:
         prefix = await run_prepare(self._family.session_prefix, self.system)
-        view = await self._family.worker.submit(self._runner.session_open, prefix, self.max_frames)
+        with anyio.CancelScope(shield=True):  # an open session is closed by its owner: it must learn its id
+            view = await self._family.worker.submit(self._runner.session_open, prefix, self.max_frames)
         self._sid = view.sid
         return self
 
@@ -64,7 +66,11 @@ class FrameSession:
         if self._sid is None:
             raise RuntimeError("the frame session is not open")
         prepared, key = await run_prepare(self._prepare, image)
-        await self._family.worker.submit(self._runner.session_append, self._sid, image, key, prepared)
+        # Frames of every session pending when the worker picks them up go through the vision tower together.
+        frame = FrameIn(self._sid, image, key, prepared)
+        out = await self._family.worker.submit_batched(self._runner, frame, self._runner.session_append_many)
+        if isinstance(out, Exception):
+            raise out
 
     @property
     def frames(self) -> tuple[np.ndarray, ...]:
