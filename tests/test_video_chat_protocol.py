@@ -15,9 +15,11 @@ from PIL import Image
 from omni_stream.errors import InvalidRequestError
 from omni_stream.realtime.common.close_codes import CloseCode
 from omni_stream.realtime.video_chat.protocol import (
+    CacheFrame,
     CancelQuery,
     Close,
     DecodeFrame,
+    OpenCache,
     Phase,
     SendText,
     StartQuery,
@@ -299,3 +301,26 @@ def test_disconnect_and_shutdown_stop_the_running_query() -> None:
     assert out[0] == CancelQuery(start.query.query_id) and out[-1] == Close(CloseCode.GOING_AWAY)
     assert error_of(out)["code"] == "server_shutdown"
     assert p.query_text(start.query.query_id, "x") == []
+
+
+def test_a_model_that_caches_frames_gets_them_as_they_are_kept() -> None:
+    p = VideoChatProtocol(caches=True)
+    assert p.receive_text(msg("session.config", num_frames=3, system_prompt="Be brief."), 0.0) == [
+        OpenCache(3, "Be brief.")
+    ]
+    assert feed_frames(p, p.receive_text(msg("video.frame", data=picture(1)), 0.0)) == []  # not open yet
+    assert p.cache_opened() == [] and p.caching
+    out = feed_frames(p, p.receive_text(msg("video.frame", data=picture(2)), 0.1))
+    assert len(out) == 1 and isinstance(out[0], CacheFrame) and out[0].frame is p.window.frames[-1]
+    assert feed_frames(p, p.receive_text(msg("video.frame", data=picture(2)), 0.2)) == []  # a duplicate: dropped
+    error = error_of(p.frame_not_cached(InvalidRequestError("the frame does not fit the session's rows", "image")))
+    assert (error["code"], error["param"]) == ("invalid_frame", "data")
+    (start,) = p.receive_text(msg("video.query", text="one?"), 1.0)
+    assert start.query.cached
+    p.query_done(start.query.query_id)
+    (start,) = p.receive_text(msg("video.query", text="two?"), 2.0)
+    cached = tuple(np.zeros((4, 4, 3), np.uint8) for _ in range(2))
+    messages = start.query.request("", cached).text.messages
+    # no history between the system turn and the frames: the prompt starts with the session's cached rows
+    assert [(m.role, m.content) for m in messages] == [(Role.SYSTEM, "Be brief."), (Role.USER, "two?")]
+    assert messages[-1].images == cached

@@ -193,6 +193,7 @@ def test_random_aborts_free_every_row(vl_server) -> None:
     for kind in (ModelKind.TEXT, ModelKind.SPEECH, ModelKind.TRANSCRIPTION):
         assert not any(vl_server.wait_idle(kind=kind).values()), kind
     assert not vl_server.state.sessions
+    assert not vl_server.engine.models.text().runner.views  # every frame session closed, its rows free
     # some sockets were left with their reply running (the disconnect counter counts those)
     metrics = httpx.get(f"{vl_server.url}/metrics").text
     assert re.search(r'omni_stream_client_disconnects_total\{transport="video_chat"\} [1-9]', metrics), metrics
@@ -247,3 +248,43 @@ def test_realtime_truncation_counts_the_images(small_vl_server) -> None:
 
     asyncio.run(run())
     assert not any(live.wait_idle(kind=ModelKind.TEXT).values())
+
+
+def test_video_chat_frames_are_prefilled_as_they_arrive(vl_server) -> None:
+    """The text model keeps the session's frames in its cache: by the time a question comes, its frames' tokens
+    have run through the layers, and the question prefills only its own tokens."""
+    family = vl_server.engine.models.text()
+    runner = family.runner
+    frames = [picture(200 + i, (112, 84)) for i in range(3)]
+
+    async def pong(ws) -> None:  # messages are handled in order: once pong is back, every frame before it is in
+        await send(ws, "ping")
+        while json.loads(await asyncio.wait_for(ws.recv(), 60))["type"] != "pong":
+            pass
+
+    async def run() -> None:
+        async with websockets.connect(vl_server.ws_url + ROUTE) as ws:
+            await send(ws, "session.config", model=model_name(vl_server), modalities=["text"], num_frames=3,
+                       sampling_params_list=[{"temperature": 0, "max_tokens": 4}])  # fmt: skip
+            await pong(ws)
+            assert len(runner.views) == 1
+            before = runner.tokens_prefilled
+            for frame in frames:
+                await send(ws, "video.frame", data=b64(frame))
+            await pong(ws)
+            (view,) = runner.views.values()
+            assert len(view.frames) == 3
+            image_tokens = sum(f.tokens + 2 for f in view.frames)
+            assert runner.tokens_prefilled - before >= image_tokens  # the frames ran as they came
+            before = runner.tokens_prefilled
+            await send(ws, "video.query", text="What changed?")
+            events = await reply(ws, spoken=False)
+            assert events[0]["type"] == "response.start" and events[-1]["type"] == "response.text.done"
+            question = runner.tokens_prefilled - before
+            assert 0 < question < image_tokens, (question, image_tokens)  # the question's own tokens only
+            await send(ws, "video.done")
+            assert json.loads(await asyncio.wait_for(ws.recv(), 30)) == {"type": "session.done"}
+
+    asyncio.run(run())
+    assert not runner.views
+    assert not any(vl_server.wait_idle(kind=ModelKind.TEXT).values())

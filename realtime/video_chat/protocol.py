@@ -38,6 +38,13 @@ A query shows the model the chat history (the last ``history_turns`` turns, text
 and one user message: the sampled frames as its images (:class:`~omni_stream.requests.ChatMessage`), then the
 transcript of the audio streamed since the last query (if any), then the question.
 
+Where the text model keeps a session's frames in its cache (a frame session: Qwen2.5-VL's), the session opens one
+of ``num_frames`` frames after the config, each kept frame is prefilled into it as it arrives, and a query shows
+the frames the cache holds (the newest ones, up to ``num_frames``), so its prompt continues the cached rows and
+only its own tokens are prefilled. Its prompt then holds no history (the frames must come right after the system
+turn to continue the cache): a departure from vLLM-Omni, which keeps one turn and rebuilds the whole prompt per
+query. With no frame session free (the model holds a few), the session runs as above.
+
 :class:`VideoChatProtocol` holds no socket, no clock and no model: the shell
 (:mod:`omni_stream.realtime.video_chat.ws`) feeds it messages with the time, decodes the frames it asks for (off
 the event loop) and runs the queries it starts, and performs the :data:`Action` s it returns in order.
@@ -52,6 +59,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeAlias
+
+import numpy as np
 
 from omni_stream.errors import InvalidRequestError
 from omni_stream.realtime.common.close_codes import CloseCode
@@ -128,6 +137,24 @@ class DecodeFrame:
 
 
 @dataclass(slots=True, frozen=True)
+class OpenCache:
+    """Open the text model's frame session (its cache of the session's frames: ``max_frames`` of them, questions
+    starting with the ``system`` turn), then call :meth:`VideoChatProtocol.cache_opened` (left uncalled when the
+    model has no session free: the queries then show their frames in whole prompts)."""
+
+    max_frames: int
+    system: str | None
+
+
+@dataclass(slots=True, frozen=True)
+class CacheFrame:
+    """Prefill a kept frame into the frame session (off the event loop, on the device worker); a frame it refuses:
+    :meth:`VideoChatProtocol.frame_not_cached`."""
+
+    frame: Frame
+
+
+@dataclass(slots=True, frozen=True)
 class StartQuery:
     """Run query ``query_id``: transcribe ``audio`` (PCM16 16 kHz; empty: none) if any, then
     :meth:`Query.request` with the transcript, and feed the reply's events back."""
@@ -150,7 +177,7 @@ class Close:
     reason: str = ""
 
 
-Action: TypeAlias = SendText | DecodeFrame | StartQuery | CancelQuery | Close
+Action: TypeAlias = SendText | DecodeFrame | OpenCache | CacheFrame | StartQuery | CancelQuery | Close
 
 
 @dataclass(slots=True, frozen=True, eq=False)
@@ -164,12 +191,14 @@ class Query:
     audio: bytes
     config: VideoChatConfig
     max_tokens: int | None
+    cached: bool = False  # the frames are the frame session's: the shell shows the model the session's frames
 
-    def request(self, transcript: str = "") -> ChatRequest:
-        """The chat request: the history, then the frames as the user turn's images with the transcript and the
-        question as its text; spoken when the session's modalities ask for audio."""
+    def request(self, transcript: str = "", frames: tuple[np.ndarray, ...] | None = None) -> ChatRequest:
+        """The chat request: the history, then the frames (``frames``, else the query's) as the user turn's images
+        with the transcript and the question as its text; spoken when the session's modalities ask for audio."""
         text = " ".join(t for t in (transcript.strip(), self.question.strip()) if t)
-        user = ChatMessage(Role.USER, text, images=tuple(f.pixels for f in self.frames))
+        images = frames if frames is not None else tuple(f.pixels for f in self.frames)
+        user = ChatMessage(Role.USER, text, images=images)
         system = () if not self.config.system_prompt else (ChatMessage(Role.SYSTEM, self.config.system_prompt),)
         config = self.config
         request = TextRequest(
@@ -327,7 +356,8 @@ class VideoChatProtocol:
     actions to perform, in order; those taking ``now`` take monotonic seconds.
 
     ``models``: the names ``session.config``'s ``model`` may carry (any, when empty); ``speaks``: a speech model is
-    loaded; ``hears``: a transcription model is loaded (else ``audio.chunk`` is refused).
+    loaded; ``hears``: a transcription model is loaded (else ``audio.chunk`` is refused); ``caches``: the text model
+    keeps a session's frames in its cache as they arrive (see the module docstring).
     """
 
     def __init__(
@@ -336,12 +366,15 @@ class VideoChatProtocol:
         models: tuple[str, ...] = (),
         speaks: bool = False,
         hears: bool = False,
+        caches: bool = False,
         limits: VideoChatLimits | None = None,
         now: float = 0.0,
     ) -> None:
         self.models = models
         self.speaks = speaks
         self.hears = hears
+        self.caches = caches
+        self.caching = False  # the frame session is open: kept frames go into it
         self.limits = limits or VideoChatLimits()
         self.phase = Phase.AWAITING_CONFIG
         self.config: VideoChatConfig | None = None
@@ -419,6 +452,11 @@ class VideoChatProtocol:
         self.window = FrameWindow(self.limits.frames, config.max_frames, threshold)
         self.config = config
         self.phase = Phase.OPEN
+        return [OpenCache(config.num_frames, config.system_prompt or None)] if self.caches else []
+
+    def cache_opened(self) -> list[Action]:
+        """The frame session :class:`OpenCache` asked for is open."""
+        self.caching = self.phase is not Phase.CLOSED
         return []
 
     def _frame(self, body: Mapping[str, Any], now: float) -> list[Action]:
@@ -434,9 +472,15 @@ class VideoChatProtocol:
 
     def frame_decoded(self, frame: Frame) -> list[Action]:
         """A frame :class:`DecodeFrame` asked for was decoded: kept, or dropped as a near duplicate."""
-        if self.window is not None and self.phase is Phase.OPEN:
-            self.window.offer(frame)
+        if self.window is not None and self.phase is Phase.OPEN and self.window.offer(frame) and self.caching:
+            return [CacheFrame(frame)]
         return []
+
+    def frame_not_cached(self, exc: InvalidRequestError) -> list[Action]:
+        """The frame session refused a kept frame (it does not fit the session's rows, say)."""
+        if self.phase is Phase.CLOSED:
+            return []
+        return [error_action("invalid_frame", exc.message, "data")]
 
     def frame_refused(self, exc: InvalidRequestError) -> list[Action]:
         """A frame :class:`DecodeFrame` asked for is not an image, or is over a cap."""
@@ -473,7 +517,7 @@ class VideoChatProtocol:
         if self.query is not None:
             actions.append(CancelQuery(self.query.query_id))  # a new question stops the reply to the last one
         self.queries += 1
-        turns = self.limits.history_turns
+        turns = 0 if self.caching else self.limits.history_turns  # cached frames: the prompt must start with them
         query = Query(
             self.queries,
             question,
@@ -482,6 +526,7 @@ class VideoChatProtocol:
             bytes(self.audio),
             self.config,
             self.limits.max_reply_tokens,
+            cached=self.caching,
         )
         self.audio.clear()
         self.query, self.started, self.reply, self.spoke, self.text_done = query, False, [], False, False

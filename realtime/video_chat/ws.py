@@ -18,7 +18,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import anyio
 import numpy as np
@@ -38,9 +38,11 @@ from omni_stream.realtime.state import ServerState
 from omni_stream.realtime.video_chat.protocol import (
     AUDIO_RATE,
     Action,
+    CacheFrame,
     CancelQuery,
     Close,
     DecodeFrame,
+    OpenCache,
     Query,
     SendText,
     StartQuery,
@@ -55,6 +57,26 @@ log = logging.getLogger("omni_stream.realtime.video_chat")
 ROUTE = "/v1/video/chat/stream"
 LABEL = "video_chat"  # the stream gauge's and the disconnect counter's transport label
 PARSE_OFF_LOOP_CHARS = 64 * 1024  # client messages longer than this are parsed in a worker thread
+
+
+class FrameCache(Protocol):
+    """A text model's cache of one session's frames (Qwen2.5-VL's ``FrameSession``): ``async with`` it open."""
+
+    @property
+    def frames(self) -> tuple[np.ndarray, ...]: ...
+
+    async def __aenter__(self) -> Any: ...
+
+    async def add_frame(self, image: np.ndarray) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class CachesFrames(Protocol):
+    """A text family that keeps sessions' frames in its cache."""
+
+    def frame_session(self, *, max_frames: int, system: str | None) -> FrameCache: ...
 
 
 async def video_chat_stream(websocket: WebSocket) -> None:
@@ -94,10 +116,13 @@ class VideoChatSession:
             frames=settings.frame_limits,
         )
         models = self.engine.models
+        text = models.get(ModelKind.TEXT) if ModelKind.TEXT in models else None
+        self.caches = text if isinstance(text, CachesFrames) else None
         self.protocol = VideoChatProtocol(
             models=state.served_models(ModelKind.TEXT),
             speaks=ModelKind.SPEECH in models,
             hears=ModelKind.TRANSCRIPTION in models,
+            caches=self.caches is not None,
             limits=self.limits,
             now=clock(),
         )
@@ -107,6 +132,7 @@ class VideoChatSession:
         self._scope: anyio.CancelScope | None = None
         self._tg: TaskGroup | None = None
         self._lock = anyio.Lock()  # one protocol transition at a time (see _step)
+        self.cache: FrameCache | None = None  # the text model's frame session, once open
 
     # --- life ---
 
@@ -123,6 +149,9 @@ class VideoChatSession:
         finally:
             for query_id in list(self.streams):
                 self._cancel(query_id)
+            cache, self.cache = self.cache, None
+            if cache is not None:
+                await cache.aclose()  # shielded: the session's rows are freed however it ends
         return None
 
     async def shutting_down(self, socket: Socket) -> None:
@@ -158,10 +187,19 @@ class VideoChatSession:
         order. A frame to decode is decoded after the lock is released (its result is a transition of its own)."""
         async with self._lock:
             actions = await anyio.to_thread.run_sync(transition, *args) if heavy else transition(*args)
-            await self._perform([a for a in actions if not isinstance(a, DecodeFrame)])
-        for action in actions:
-            if isinstance(action, DecodeFrame) and not self.closed:
+            await self._perform([a for a in actions if not isinstance(a, DecodeFrame | OpenCache | CacheFrame)])
+        for action in actions:  # model work, after the lock (each result is a transition of its own)
+            if self.closed:
+                break
+            if isinstance(action, DecodeFrame):
                 await self._decode(action)
+            elif isinstance(action, OpenCache):
+                await self._open_cache(action)
+            elif isinstance(action, CacheFrame) and self.cache is not None:
+                try:
+                    await self.cache.add_frame(action.frame.pixels)
+                except InvalidRequestError as exc:
+                    await self._step(self.protocol.frame_not_cached, exc)
 
     async def _perform(self, actions: Sequence[Action]) -> None:
         """Carry out ``actions`` in order. A closing call gets :data:`CLOSE_GRACE` seconds in all: a reader that
@@ -202,6 +240,19 @@ class VideoChatSession:
             return
         await self._step(self.protocol.frame_decoded, frame)
 
+    async def _open_cache(self, action: OpenCache) -> None:
+        """Open the text model's frame session; without one free, queries show their frames in whole prompts."""
+        assert self.caches is not None
+        cache = self.caches.frame_session(max_frames=action.max_frames, system=action.system)
+        try:
+            with anyio.CancelScope(shield=True):  # opened and recorded together: serve() closes what was opened
+                await cache.__aenter__()
+                self.cache = cache
+        except InvalidRequestError as exc:
+            log.info("video chat without a frame session: %s", exc.message)
+            return
+        await self._step(self.protocol.cache_opened)
+
     def _cancel(self, query_id: int) -> None:
         for stream in self.streams.pop(query_id, ()):
             stream.abort(RequestCancelled(f"request {stream.request_id} was stopped"))
@@ -221,7 +272,8 @@ class VideoChatSession:
             transcript = await self._transcribe(query) if query.audio else ""
             if qid not in self.streams:
                 return  # stopped meanwhile
-            stream = self.engine.generate(query.request(transcript))
+            frames = self.cache.frames if query.cached and self.cache is not None else ()
+            stream = self.engine.generate(query.request(transcript, frames or None))
             self.streams[qid].append(stream)
             await self._step(self.protocol.query_started, qid)
             async with stream:
