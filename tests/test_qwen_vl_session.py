@@ -80,8 +80,13 @@ async def test_a_question_prefills_only_its_own_tokens_and_answers_as_the_whole_
             assert runner.prefill_log[-1][2] == "continued"
             assert runner.tokens_prefilled - prefilled == len(prompt.ids) - prompt.cached.length  # the question
             assert runner.images_encoded == encoded  # the frames were not encoded again
+            await session.add_frame(frame(3))  # a frame after the question was written: it still continues
+            assert await tokens(engine, question(messages)) == incremental
+            assert runner.prefill_log[-1][2] == "continued"
+            assert family.encode_prompt(question(messages)).cached.ids == prompt.cached.ids
+            encoded += 1
             # The same frames as other arrays (equal pixels) match too.
-            same = tuple(f.copy() for f in session.frames)
+            same = tuple(f.copy() for f in messages[-1].images)
             copies = (*messages[:1], ChatMessage(Role.USER, "What changed?", images=same))
             assert await tokens(engine, question(copies)) == incremental
         assert runner.views == {}

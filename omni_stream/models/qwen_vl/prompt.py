@@ -35,11 +35,13 @@ class VLPrompt:
 
 
 def matching_view(images: list[np.ndarray], views: tuple[SessionView, ...]) -> SessionView | None:
-    """The session whose frames are ``images``, in order (None: none)."""
+    """The view of the session whose first frames are ``images``, in order, cut to those frames (a question asked
+    while later frames arrived still continues the rows of the ones it shows); None: no session's."""
     for view in views:
-        if view.frames and len(view.frames) == len(images):
-            if all(f.matches(im) for f, im in zip(view.frames, images, strict=True)):
-                return view
+        k = len(images)
+        if 0 < k <= len(view.frames) and all(f.matches(im) for f, im in zip(view.frames, images, strict=False)):
+            rows = view.length - sum(f.tokens + 2 for f in view.frames[k:])  # each frame: pads and two markers
+            return SessionView(view.sid, view.generation, view.ids[:rows], view.frames[:k])
     return None
 
 

@@ -5,8 +5,9 @@ the question's tokens, not the frames'.
 frame on the loop's preparation threads, then on the device worker encodes it and prefills its tokens after the
 session's rows (past ``max_frames`` the oldest frames leave; :mod:`.runner`). A question is an ordinary chat
 request whose user turn shows the session's frames: ``engine.chat(TextRequest(messages=session.messages(text)))``
-(or any request whose last images are those frames, in order, after the same system turn): its prompt continues
-the session's rows, and its tokens are those of the whole prompt prefilled at once. Closing the session frees its
+(or any request whose images are the session's frames, or its first ones, in order, after the same system turn: a
+question written before later frames arrived still matches): its prompt continues the session's rows, and its
+tokens are those of the whole prompt prefilled at once. Closing the session frees its
 rows; a question still in flight then prefills its whole prompt from the frames' stored features.
 """
 
