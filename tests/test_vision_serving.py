@@ -21,6 +21,7 @@ import random
 import re
 import subprocess
 import sys
+import time
 
 import httpx
 import numpy as np
@@ -58,6 +59,16 @@ def vl_server(tmp_path_factory):
     with running_server(None, settings, load=load) as live:
         assert live.engine.models.text().info.sees_images
         yield live
+
+
+def eventually(condition, within: float = 10.0) -> bool:
+    """Whether ``condition()`` holds within ``within`` seconds (server-side teardown runs after the client's end)."""
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def model_name(live) -> str:
@@ -192,8 +203,11 @@ def test_random_aborts_free_every_row(vl_server) -> None:
     asyncio.run(run())
     for kind in (ModelKind.TEXT, ModelKind.SPEECH, ModelKind.TRANSCRIPTION):
         assert not any(vl_server.wait_idle(kind=kind).values()), kind
-    assert not vl_server.state.sessions
-    assert not vl_server.engine.models.text().runner.views  # every frame session closed, its rows free
+    # the server ends each session after its client has gone: its frame session closes on the device worker
+    assert eventually(lambda: not vl_server.state.sessions)
+    assert eventually(
+        lambda: not vl_server.engine.models.text().runner.views
+    )  # every frame session closed  # every frame session closed, its rows free
     # some sockets were left with their reply running (the disconnect counter counts those)
     metrics = httpx.get(f"{vl_server.url}/metrics").text
     assert re.search(r'omni_stream_client_disconnects_total\{transport="video_chat"\} [1-9]', metrics), metrics
@@ -286,5 +300,5 @@ def test_video_chat_frames_are_prefilled_as_they_arrive(vl_server) -> None:
             assert json.loads(await asyncio.wait_for(ws.recv(), 30)) == {"type": "session.done"}
 
     asyncio.run(run())
-    assert not runner.views
+    assert eventually(lambda: not runner.views)  # closed once the server ended the session, after session.done
     assert not any(vl_server.wait_idle(kind=ModelKind.TEXT).values())
