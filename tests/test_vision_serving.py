@@ -55,7 +55,10 @@ def vl_server(tmp_path_factory):
         }
         return await AsyncEngine.load(sources, progress=False)
 
-    settings = Settings(video_chat_max_tokens=REPLY_TOKENS, vad_factory=None, turn_model_factory=None)
+    # benchmark fields on: a realtime reply bounded by max_output_tokens runs to its bound (ignore_eos), so a random
+    # model cannot end it before the speech model has anything to say
+    settings = Settings(video_chat_max_tokens=REPLY_TOKENS, vad_factory=None, turn_model_factory=None,
+                        enable_benchmark_fields=True)  # fmt: skip
     with running_server(None, settings, load=load) as live:
         assert live.engine.models.text().info.sees_images
         yield live
