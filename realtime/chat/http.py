@@ -13,6 +13,8 @@ pieces (streamed) or ``message.tool_calls``, with ``finish_reason: "tool_calls"`
 and never its calls. The first output is awaited before the status line, so a
 request the model refuses (a prompt longer than its context) is a 400, not a broken stream; a failure after that
 is an in-band ``{"error": ...}`` chunk then ``[DONE]``. A client that leaves cancels every model's request.
+User turns may show images to a text model that sees (``image_url`` parts with data URLs; :mod:`.pictures`); a
+model that does not see refuses them with a 400 naming ``messages``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from omni_stream.chunks import Audio, StageOutput, TextDelta
 from omni_stream.engine import RequestStream
 from omni_stream.family import ModelKind
 from omni_stream.realtime.chat.params import ChatOptions, parse_chat
+from omni_stream.realtime.chat.pictures import show
 from omni_stream.realtime.common.audio_out import AudioOut, encode_whole
 from omni_stream.realtime.common.body_limit import drain, read_json
 from omni_stream.realtime.common.errors import ApiError, from_exception
@@ -61,8 +64,11 @@ async def create_chat_completion(request: Request) -> Response:
 
 
 async def _chat_request(state: ServerState, opts: ChatOptions) -> ChatRequest:
+    messages = opts.messages
+    if opts.pictures:  # image decodes, off the event loop
+        messages = await anyio.to_thread.run_sync(show, messages, opts.pictures, state.settings.frame_limits)
     text = TextRequest(
-        messages=opts.messages,
+        messages=messages,
         max_tokens=opts.max_tokens,
         sampling=opts.sampling,
         stop=opts.stop,

@@ -32,6 +32,7 @@ from omni_stream.realtime.settings import Settings
 from omni_stream.requests import ChatMessage, Role, SamplingParams
 from omni_stream.text.tools import AUTO, TEXT_FORMAT, FunctionTool, ResponseFormat, ToolChoice
 from omni_stream.validation.sampling import sampling_from_openai
+from omni_stream.vision.frames import split_data_url
 
 ROLES = {
     "system": Role.SYSTEM,
@@ -44,6 +45,7 @@ MODALITIES = ("text", "audio")
 AUDIO_FORMATS = ("pcm16", "wav", "mp3", "flac", "opus", "aac")
 STREAM_AUDIO_FORMATS = ("pcm16",)  # base64 PCM16 deltas; whole-file formats only fit a non-streamed reply
 MAX_STOP = 4
+DETAILS = ("auto", "low", "high")  # an image_url part's detail (OpenAI's values)
 MIN_SENTENCE_CHARS, MAX_SENTENCE_CHARS = 8, 4096
 MAX_TOKENS = 1 << 20  # a wire bound; the model's context is the real one
 # Fields OpenAI defines that this server does not implement: sent with a non-default value they are a 400,
@@ -61,6 +63,7 @@ class ChatOptions:
     """A validated chat request. ``sampling`` None: the model's defaults; ``audio_format`` None: text only."""
 
     messages: tuple[ChatMessage, ...]
+    pictures: tuple[PictureRef, ...] = ()  # the user turns' images, decoded into the messages when the request is built
     model: str | None = None
     max_tokens: int | None = None
     sampling: SamplingParams | None = None
@@ -86,14 +89,31 @@ class ChatOptions:
         return self.audio_format is not None
 
 
-def _content(value: Any, where: str) -> str:
+@dataclass(slots=True, frozen=True)
+class PictureRef:
+    """An ``image_url`` part of user message ``message``, still encoded: its base64 ``payload`` (a data URL's),
+    decoded off the event loop when the request is built (:func:`omni_stream.realtime.chat.pictures.show`);
+    ``param`` names the part in errors."""
+
+    message: int
+    payload: str
+    param: str
+
+
+def _content(value: Any, where: str, pictures: list[PictureRef] | None = None, message: int = 0) -> str:
+    """A message's text; with ``pictures`` (a user turn), its ``image_url`` parts are taken too, in order."""
     if isinstance(value, str):
         return unicode(value, where)
     if isinstance(value, list):
         parts = []
         for i, part in enumerate(value):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise bad_request(f'\'{where}[{i}]\' must be a text part {{"type": "text", "text": ...}}', where)
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "image_url" and pictures is not None:
+                pictures.append(_picture(part, f"{where}[{i}].image_url", message))
+                continue
+            if kind != "text" or not isinstance(part.get("text"), str):
+                shape = '{"type": "text", "text": ...}' + (" or an image_url part" if pictures is not None else "")
+                raise bad_request(f"'{where}[{i}]' must be a text part {shape}", where)
             parts.append(unicode(part["text"], where))
         return "".join(parts)
     if value is None:
@@ -101,9 +121,26 @@ def _content(value: Any, where: str) -> str:
     raise bad_request(f"'{where}' must be a string or a list of text parts, got {type_name(value)}", where)
 
 
-def _message(message: dict[str, Any], i: int) -> ChatMessage:
+def _picture(part: dict[str, Any], where: str, message: int) -> PictureRef:
+    """OpenAI's ``{"type": "image_url", "image_url": {"url": "data:image/png;base64,...", "detail": ...}}``; only
+    data URLs (nothing is fetched). ``detail`` is checked and otherwise left to the resolution cap (Settings'
+    ``frame_limits.max_side``), which every picture is scaled to."""
+    body = part.get("image_url")
+    if isinstance(body, str):  # some clients send the URL itself
+        body = {"url": body}
+    if not isinstance(body, dict):
+        raise bad_request(f"'{where}' must be an object with a 'url'", where)
+    detail = body.get("detail", "auto")
+    if detail not in DETAILS:
+        raise bad_request(f"'{where}.detail' must be one of {', '.join(DETAILS)}, got {detail!r}", where)
+    return PictureRef(message, _fields(split_data_url, body.get("url"), f"{where}.url"), f"{where}.url")
+
+
+def _message(message: dict[str, Any], i: int, pictures: list[PictureRef]) -> ChatMessage:
     role = ROLES[message["role"]]
     where = f"messages[{i}]"
+    if role is Role.USER:
+        return ChatMessage(role, _content(message.get("content"), f"{where}.content", pictures, i))
     if role is Role.ASSISTANT:
         calls = _fields(parse_tool_calls, message.get("tool_calls"), f"{where}.tool_calls")
         content = message.get("content")
@@ -125,16 +162,18 @@ def _fields(parse: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
         raise bad_request(exc.message, exc.param) from None
 
 
-def parse_messages(value: Any) -> tuple[ChatMessage, ...]:
+def parse_messages(value: Any, max_pictures: int = 0) -> tuple[tuple[ChatMessage, ...], tuple[PictureRef, ...]]:
     """The conversation: system/developer/user/assistant/tool turns with text content, at least one; assistant
-    turns may carry ``tool_calls``, tool turns answer one by ``tool_call_id``."""
+    turns may carry ``tool_calls``, tool turns answer one by ``tool_call_id``; user turns may show images
+    (``image_url`` parts, at most ``max_pictures`` in all), returned apart, still encoded."""
     if value is None:
         raise bad_request("'messages' is required", "messages")
     if not isinstance(value, list):
         raise bad_request(f"'messages' must be an array, got {type_name(value)}", "messages")
     if not value:
         raise bad_request("'messages' must hold at least one message", "messages")
-    out = []
+    out: list[ChatMessage] = []
+    pictures: list[PictureRef] = []
     for i, message in enumerate(value):
         if not isinstance(message, dict):
             raise bad_request(f"'messages[{i}]' must be an object, got {type_name(message)}", "messages")
@@ -142,8 +181,10 @@ def parse_messages(value: Any) -> tuple[ChatMessage, ...]:
         if role not in ROLES:
             allowed = ", ".join(f"'{r}'" for r in ROLES)
             raise bad_request(f"'messages[{i}].role' must be one of {allowed}, got {role!r}", "messages")
-        out.append(_message(message, i))
-    return tuple(out)
+        out.append(_message(message, i, pictures))
+    if len(pictures) > max_pictures:
+        raise bad_request(f"a request shows at most {max_pictures} images, got {len(pictures)}", "messages")
+    return tuple(out), tuple(pictures)
 
 
 def _sampling(body: dict[str, Any]) -> SamplingParams | None:
@@ -228,7 +269,7 @@ def parse_chat(body: Any, settings: Settings) -> ChatOptions:
     """Validate a chat completions body (see the module docstring)."""
     if not isinstance(body, dict):
         raise bad_request("Request body must be a JSON object")
-    messages = parse_messages(body.get("messages"))
+    messages, pictures = parse_messages(body.get("messages"), settings.frame_limits.max_conversation_pictures)
     for key, default in UNSUPPORTED.items():
         if body.get(key, default) not in (default, None, [], {}):
             raise bad_request(f"'{key}' is not supported by this server", key)
@@ -271,6 +312,7 @@ def parse_chat(body: Any, settings: Settings) -> ChatOptions:
             )
     return ChatOptions(
         messages=messages,
+        pictures=pictures,
         model=model,
         max_tokens=max_tokens,
         sampling=_sampling(body),

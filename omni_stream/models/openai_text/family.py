@@ -28,6 +28,9 @@ Loading reads ``GET {endpoint}/v1/models`` when the model name or the context le
 endpoint or model name fails at start-up. ``TextInfo.max_context`` is the server's ``max_model_len`` (vLLM
 reports it), else ``max_context`` from the backend args; with neither, 2048 is reported and ``max_tokens`` is
 left for the server to check.
+
+A user turn's images go as OpenAI's ``image_url`` parts (PNG data URLs, encoded in the stage off the event loop):
+whether the model sees them is the server's to say (a server that refuses them answers 400, which the client gets).
 """
 
 from __future__ import annotations
@@ -89,6 +92,7 @@ class OpenAITextFamily:
             ModelKind.TEXT,
             max_context=max_context or DEFAULT_CONTEXT,
             context_known=max_context is not None,
+            sees_images=True,  # passed through as image_url parts: whether the model sees is the server's to say
         )
         self._client: httpx.AsyncClient | None = None
 
@@ -107,9 +111,13 @@ class OpenAITextFamily:
 
     def text_stage(self, request: TextRequest, ctx: RequestContext) -> Stage[object, TextDelta]:
         """The stage of ``request``; the prompt's fit is the server's to check (its tokenizer is there)."""
-        path, body = request_body(request, self.model)
+        pictures = any(m.images for m in request.messages)
+        built = None if pictures else request_body(request, self.model)  # images are encoded in the stage
 
         async def text(ctx: RequestContext, upstream: AsyncIterator[object]) -> AsyncIterator[TextDelta]:
+            path, body = (
+                built if built is not None else await anyio.to_thread.run_sync(request_body, request, self.model)
+            )
             client = self._http()
             usage = ctx.tokens(ModelKind.TEXT)
             call = client.build_request("POST", path, json=body, headers={"Accept": "text/event-stream"})

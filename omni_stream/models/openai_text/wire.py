@@ -14,10 +14,11 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from omni_stream.errors import ConfigError, InvalidRequestError, OmniStreamError, UpstreamError
-from omni_stream.requests import TextRequest
+from omni_stream.requests import ChatMessage, TextRequest
 from omni_stream.text.logprobs import TokenLogprob
 from omni_stream.text.tools import ToolCallDelta, ToolMode
 from omni_stream.validation.sampling import openai_sampling
+from omni_stream.vision.encode import png_data_url
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
@@ -64,7 +65,8 @@ class RemoteOptions:
 
 
 def request_body(request: TextRequest, model: str) -> tuple[str, dict[str, Any]]:
-    """(path, JSON body) of the streaming request for ``request``."""
+    """(path, JSON body) of the streaming request for ``request``. With images it encodes them (PNG): then call it
+    off the event loop."""
     body: dict[str, Any] = {"model": model}
     if request.prompt is not None:
         path = COMPLETIONS_PATH
@@ -104,8 +106,12 @@ def request_body(request: TextRequest, model: str) -> tuple[str, dict[str, Any]]
     return path, body
 
 
-def _wire_message(message: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": message.role.value, "content": message.content}
+def _wire_message(message: ChatMessage) -> dict[str, Any]:
+    content: str | list[dict[str, Any]] = message.content
+    if message.images:  # OpenAI's parts: the pictures as PNG data URLs (the pixels exactly), then the text
+        content = [{"type": "image_url", "image_url": {"url": png_data_url(image)}} for image in message.images]
+        content.append({"type": "text", "text": message.content})
+    out: dict[str, Any] = {"role": message.role.value, "content": content}
     if message.tool_calls:
         out["tool_calls"] = [c.wire() for c in message.tool_calls]
         out["content"] = message.content or None
