@@ -56,7 +56,7 @@ async def next_event(ws, within: float = 30.0) -> dict:
 
 async def closed_with(ws) -> int | None:
     with pytest.raises(websockets.ConnectionClosed):
-        await asyncio.wait_for(ws.recv(), 10)
+        await asyncio.wait_for(ws.recv(), 60)
     return ws.close_code
 
 
@@ -122,7 +122,7 @@ def test_bad_frames_and_a_model_that_does_not_see(lm_server) -> None:
             assert await closed_with(ws) == 1000
 
     asyncio.run(run())
-    assert not any(lm_server.wait_idle(kind=ModelKind.TEXT).values())
+    assert not any(lm_server.wait_idle(timeout=60, kind=ModelKind.TEXT).values())
 
 
 def test_realtime_image_item_refused_by_a_model_that_does_not_see(lm_server) -> None:

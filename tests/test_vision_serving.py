@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import io
 import json
 import random
@@ -64,7 +65,7 @@ def vl_server(tmp_path_factory):
         yield live
 
 
-def eventually(condition, within: float = 10.0) -> bool:
+def eventually(condition, within: float = 60.0) -> bool:
     """Whether ``condition()`` holds within ``within`` seconds (server-side teardown runs after the client's end)."""
     deadline = time.monotonic() + within
     while not condition():
@@ -120,7 +121,7 @@ def test_vllm_omni_streaming_video_client_unchanged(vl_server) -> None:
     assert "Generated 10 synthetic frames" in out and "Sent all 10 frames" in out
     assert "Session complete." in out, out
     assert "Error:" not in out and "[unknown message]" not in out, out
-    assert not any(vl_server.wait_idle(kind=ModelKind.TEXT).values())
+    assert not any(vl_server.wait_idle(timeout=60, kind=ModelKind.TEXT).values())
 
 
 def test_video_chat_spoken_replies_with_audio_in(vl_server) -> None:
@@ -151,11 +152,11 @@ def test_video_chat_spoken_replies_with_audio_in(vl_server) -> None:
             kinds = [e["type"] for e in await reply(ws, spoken=True)]
             assert kinds[0] == "response.start" and kinds[-1] == "response.audio.done"
             await send(ws, "video.done")
-            assert json.loads(await asyncio.wait_for(ws.recv(), 30)) == {"type": "session.done"}
+            assert json.loads(await asyncio.wait_for(ws.recv(), 60)) == {"type": "session.done"}
 
     asyncio.run(run())
     for kind in (ModelKind.TEXT, ModelKind.SPEECH, ModelKind.TRANSCRIPTION):
-        assert not any(vl_server.wait_idle(kind=kind).values()), kind
+        assert not any(vl_server.wait_idle(timeout=60, kind=kind).values()), kind
 
 
 def test_realtime_image_item_gets_a_spoken_answer(vl_server) -> None:
@@ -184,7 +185,7 @@ def test_realtime_image_item_gets_a_spoken_answer(vl_server) -> None:
 
     asyncio.run(run())
     for kind in (ModelKind.TEXT, ModelKind.SPEECH):
-        assert not any(vl_server.wait_idle(kind=kind).values()), kind
+        assert not any(vl_server.wait_idle(timeout=60, kind=kind).values()), kind
 
 
 def test_random_aborts_free_every_row(vl_server) -> None:
@@ -196,8 +197,9 @@ def test_random_aborts_free_every_row(vl_server) -> None:
             for i in range(rng.randint(1, 4)):
                 await send(ws, "video.frame", data=b64(picture(seed * 10 + i)))
             await send(ws, "video.query", text="Quick, what is it?")
-            for _ in range(rng.randint(0, 6)):  # leave at a random point of the reply (or before it starts)
-                await asyncio.wait_for(ws.recv(), 60)
+            with contextlib.suppress(TimeoutError):  # a short reply may be over sooner: then leave after it
+                for _ in range(rng.randint(0, 6)):  # leave at a random point of the reply (or before it starts)
+                    await asyncio.wait_for(ws.recv(), 10)
         # the socket closed with the reply (text, speech) running
 
     async def run() -> None:
@@ -205,7 +207,7 @@ def test_random_aborts_free_every_row(vl_server) -> None:
 
     asyncio.run(run())
     for kind in (ModelKind.TEXT, ModelKind.SPEECH, ModelKind.TRANSCRIPTION):
-        assert not any(vl_server.wait_idle(kind=kind).values()), kind
+        assert not any(vl_server.wait_idle(timeout=60, kind=kind).values()), kind
     # the server ends each session after its client has gone: its frame session closes on the device worker
     assert eventually(lambda: not vl_server.state.sessions)
     assert eventually(
@@ -264,7 +266,7 @@ def test_realtime_truncation_counts_the_images(small_vl_server) -> None:
                     break
 
     asyncio.run(run())
-    assert not any(live.wait_idle(kind=ModelKind.TEXT).values())
+    assert not any(live.wait_idle(timeout=60, kind=ModelKind.TEXT).values())
 
 
 def test_video_chat_frames_are_prefilled_as_they_arrive(vl_server) -> None:
@@ -300,8 +302,8 @@ def test_video_chat_frames_are_prefilled_as_they_arrive(vl_server) -> None:
             question = runner.tokens_prefilled - before
             assert 0 < question < image_tokens, (question, image_tokens)  # the question's own tokens only
             await send(ws, "video.done")
-            assert json.loads(await asyncio.wait_for(ws.recv(), 30)) == {"type": "session.done"}
+            assert json.loads(await asyncio.wait_for(ws.recv(), 60)) == {"type": "session.done"}
 
     asyncio.run(run())
     assert eventually(lambda: not runner.views)  # closed once the server ended the session, after session.done
-    assert not any(vl_server.wait_idle(kind=ModelKind.TEXT).values())
+    assert not any(vl_server.wait_idle(timeout=60, kind=ModelKind.TEXT).values())
