@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -75,10 +76,8 @@ async def level(engine, n: int, args: argparse.Namespace) -> dict:
     family = engine.models.text()
     runner = family.runner
     frames = [frames_of(i, args.frames, args.size) for i in range(n)]
-    sessions = [family.frame_session(max_frames=args.frames) for _ in range(n)]
-    for s in sessions:
-        await s.__aenter__()
-    try:
+    async with contextlib.AsyncExitStack() as stack:  # every session opened is closed, however this ends
+        sessions = [await stack.enter_async_context(family.frame_session(max_frames=args.frames)) for _ in range(n)]
         per_session: list[float] = []
 
         async def feed(s, mine: list[np.ndarray]) -> None:
@@ -96,9 +95,6 @@ async def level(engine, n: int, args: argparse.Namespace) -> dict:
         held_rows = sum(v.length for v in runner.views.values()) / n
         held = await asyncio.gather(*(ask(engine, s.messages(QUESTION), args.tokens) for s in sessions))
         held_prefilled = (runner.tokens_prefilled - prefilled0) / n
-    finally:
-        for s in sessions:
-            await s.aclose()
     prefilled0 = runner.tokens_prefilled
     whole = [(ChatMessage(Role.USER, QUESTION, images=tuple(mine)),) for mine in frames]
     rebuilt = await asyncio.gather(*(ask(engine, m, args.tokens) for m in whole))

@@ -18,7 +18,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Self, runtime_checkable
 
 import anyio
 import numpy as np
@@ -60,12 +60,14 @@ PARSE_OFF_LOOP_CHARS = 64 * 1024  # client messages longer than this are parsed 
 
 
 class FrameCache(Protocol):
-    """A text model's cache of one session's frames (Qwen2.5-VL's ``FrameSession``): ``async with`` it open."""
+    """A text model's cache of one session's frames (Qwen2.5-VL's ``FrameSession``): ``async with`` it open.
+    ``aclose`` frees it even when its caller is cancelled meanwhile (an anyio scope or a plain ``task.cancel()``),
+    and one whose ``__aenter__`` was cancelled closes itself once open."""
 
     @property
     def frames(self) -> tuple[np.ndarray, ...]: ...
 
-    async def __aenter__(self) -> Any: ...
+    async def __aenter__(self) -> Self: ...
 
     async def add_frame(self, image: np.ndarray) -> None: ...
 

@@ -33,7 +33,7 @@ from omni_stream.models.qwen_vl.model import load_vl
 from omni_stream.models.qwen_vl.prompt import VLPrompt, encode_prompt, session_prefix
 from omni_stream.models.qwen_vl.runner import QwenVLRunner, VLRequest
 from omni_stream.models.qwen_vl.session import FrameSession
-from omni_stream.models.qwen_vl.vision import smart_resize
+from omni_stream.models.qwen_vl.vision import image_prompt_tokens, smart_resize
 from omni_stream.pipeline import Stage
 from omni_stream.requests import TextRequest
 from omni_stream.runtime.offload import run_prepare
@@ -60,10 +60,10 @@ def _session_args(items: tuple[tuple[str, object], ...]) -> tuple[_SessionArgs, 
     """``max_sessions`` (frame sessions held at once, default 2) and ``session_rows`` (cache rows of each, default
     half of ``max_model_len``) out of ``backend_args``; the rest is the causal LM's."""
     values = dict(items)
-    for key in ("max_sessions", "session_rows"):
+    for key, least in (("max_sessions", 0), ("session_rows", 1)):
         n = values.get(key)
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < (0 if key == "max_sessions" else 1)):
-            raise ConfigError(f"backend_args {key}: must be a non-negative integer, got {n!r}")
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < least):
+            raise ConfigError(f"backend_args {key}: must be an integer >= {least}, got {n!r}")
     max_sessions = values.pop("max_sessions", DEFAULT_MAX_SESSIONS)
     rows = values.pop("session_rows", None)
     assert isinstance(max_sessions, int) and (rows is None or isinstance(rows, int))
@@ -130,7 +130,7 @@ class QwenVLFamily(CausalLMFamily):
         start and end markers around them (for fitting a conversation to the context before it is encoded)."""
         spec = self.image_spec
         h, w = smart_resize(image.shape[0], image.shape[1], spec.factor, spec.min_pixels, spec.max_pixels)
-        return (h // spec.patch_size) * (w // spec.patch_size) // spec.merge_size**2 + 2
+        return image_prompt_tokens((h // spec.patch_size) * (w // spec.patch_size) // spec.merge_size**2)
 
     def encode_prompt(self, request: TextRequest) -> VLPrompt:
         """The runner's prompt of ``request``, continuing a frame session's rows where its images are that

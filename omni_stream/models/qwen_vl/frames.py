@@ -10,10 +10,18 @@ import numpy as np
 import torch
 
 
+def frozen(image: np.ndarray) -> np.ndarray:
+    """A read-only copy of ``image`` that nobody can make writable again (a view of a read-only base): what a
+    session keeps, so a caller that reuses its buffer for the next frame changes no stored frame."""
+    base = np.array(image, copy=True)
+    base.flags.writeable = False
+    return base.view()
+
+
 def image_key(image: np.ndarray) -> bytes:
-    """A digest of an image's shape and pixels (a frame sent again as another array still matches)."""
+    """A digest of an image's dtype, shape and pixels (a frame sent again as another array still matches)."""
     h = hashlib.blake2b(digest_size=16)
-    h.update(repr(image.shape).encode())
+    h.update(f"{image.dtype.str} {image.shape}".encode())
     h.update(np.ascontiguousarray(image).data)
     return h.digest()
 
@@ -21,7 +29,7 @@ def image_key(image: np.ndarray) -> bytes:
 @dataclass(slots=True, frozen=True, eq=False)
 class EncodedFrame:
     """A frame through the vision tower: ``features`` ``[tokens, H]`` on the device, its ``grid`` (t, h, w) in
-    patches, the ``image`` it came from and that image's :func:`image_key`."""
+    patches, the ``image`` it came from (:func:`frozen`: never changes) and that image's :func:`image_key`."""
 
     image: np.ndarray = field(repr=False)
     key: bytes
@@ -33,8 +41,11 @@ class EncodedFrame:
         return int(self.features.shape[0])
 
     def matches(self, image: np.ndarray) -> bool:
-        """Whether ``image`` is this frame (the same array, or the same pixels)."""
-        return image is self.image or (image.shape == self.image.shape and image_key(image) == self.key)
+        """Whether ``image`` is this frame (the stored read-only array itself, or the same dtype, shape and
+        pixels)."""
+        if image is self.image:
+            return True
+        return image.shape == self.image.shape and image.dtype == self.image.dtype and image_key(image) == self.key
 
 
 @dataclass(slots=True, frozen=True, eq=False)

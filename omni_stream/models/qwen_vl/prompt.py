@@ -16,7 +16,13 @@ from omni_stream.errors import InvalidRequestError
 from omni_stream.models.causal_lm.tokenizer import ChatTokenizer
 from omni_stream.models.qwen_vl.config import ImageSpec, QwenVLConfig
 from omni_stream.models.qwen_vl.frames import EncodedFrame, SessionView
-from omni_stream.models.qwen_vl.vision import PreparedImage, expand_image_pads, prepare_image, rope_positions
+from omni_stream.models.qwen_vl.vision import (
+    PreparedImage,
+    expand_image_pads,
+    image_prompt_tokens,
+    prepare_image,
+    rope_positions,
+)
 from omni_stream.requests import ChatMessage, Role, TextRequest
 from omni_stream.validation.text import prompt_field
 
@@ -40,7 +46,7 @@ def matching_view(images: list[np.ndarray], views: tuple[SessionView, ...]) -> S
     for view in views:
         k = len(images)
         if 0 < k <= len(view.frames) and all(f.matches(im) for f, im in zip(view.frames, images, strict=False)):
-            rows = view.length - sum(f.tokens + 2 for f in view.frames[k:])  # each frame: pads and two markers
+            rows = view.length - sum(image_prompt_tokens(f.tokens) for f in view.frames[k:])
             return SessionView(view.sid, view.generation, view.ids[:rows], view.frames[:k])
     return None
 

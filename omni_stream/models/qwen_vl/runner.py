@@ -33,12 +33,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from omni_stream.errors import InvalidRequestError
+from omni_stream.errors import ConfigError, InvalidRequestError
 from omni_stream.models.causal_lm.detokenize import Decode
 from omni_stream.models.causal_lm.runner import CausalLMRunner, LMOut, LMRequest, LMSeq, prefill_attention
 from omni_stream.models.qwen_vl.frames import EncodedFrame, SessionView
 from omni_stream.models.qwen_vl.model import QwenVLForGeneration
-from omni_stream.models.qwen_vl.vision import PreparedImage, rope_positions
+from omni_stream.models.qwen_vl.vision import PreparedImage, image_prompt_tokens, rope_positions
 from omni_stream.runtime.kv_cache import KVShape, SlotKVCache
 from omni_stream.runtime.slot_runner import padded_causal_mask
 
@@ -57,7 +57,8 @@ class VLRequest(LMRequest):
 
 @dataclass(slots=True, frozen=True)
 class FrameIn:
-    """One frame for a session: the image, its key (:func:`~.frames.image_key`) and its patches."""
+    """One frame for a session: the image (:func:`~.frames.frozen`), its key (:func:`~.frames.image_key`) and its
+    patches."""
 
     sid: int
     image: np.ndarray
@@ -67,13 +68,15 @@ class FrameIn:
 
 @dataclass(slots=True)
 class _Session:
-    """A frame session's state (worker thread only): its prefix ids, frames and the view last published."""
+    """A frame session's state (worker thread only): its prefix ids, frames and the view last published (its rows
+    hold the view's ids unless ``stale``)."""
 
     sid: int
     prefix: tuple[int, ...]
     max_frames: int
     frames: list[EncodedFrame]
     view: SessionView
+    stale: bool = False  # a rebuild failed part way: its rows are not the view's until a write succeeds
 
 
 class QwenVLRunner(CausalLMRunner):
@@ -116,7 +119,9 @@ class QwenVLRunner(CausalLMRunner):
         self.session_rebuilds = 0
         self.session_rows = session_rows if session_rows is not None else self.max_len // 2
         if not 0 < self.session_rows <= self.max_len:
-            raise ValueError(f"session_rows must be in 1..{self.max_len}, got {self.session_rows}")
+            raise ConfigError(
+                f"backend_args session_rows: must be in 1..{self.max_len} (max_model_len), got {self.session_rows}"
+            )
         cfg = model.config
         shape = KVShape(cfg.num_hidden_layers, max_sessions, cfg.num_key_value_heads, self.session_rows, cfg.head_dim)
         self.session_kv = SlotKVCache(shape, dtype=self.dtype, device=self.device) if max_sessions else None
@@ -131,7 +136,7 @@ class QwenVLRunner(CausalLMRunner):
         for seq, ids in admitted:
             view = seq.payload.cached if isinstance(seq.payload, VLRequest) else None
             live = self._sessions.get(view.sid) if view is not None else None
-            if view is not None and live is not None and live.view.generation == view.generation:
+            if view is not None and live is not None and not live.stale and live.view.generation == view.generation:
                 continued.append((seq, ids))
             else:  # no session, or its rows were rebuilt since the prompt matched them: the whole prompt
                 fresh.append((seq, ids))
@@ -219,7 +224,8 @@ class QwenVLRunner(CausalLMRunner):
         self.views = {sid: s.view for sid, s in self._sessions.items()}
 
     def session_open(self, prefix: tuple[int, ...], max_frames: int) -> SessionView:
-        """A session whose rows start with ``prefix`` (its template's turns up to the user turn's frames)."""
+        """A session whose rows start with ``prefix`` (its template's turns up to the user turn's frames). A write
+        that fails leaves the slot free."""
         if not self._free_sessions:
             raise InvalidRequestError(
                 f"all {len(self._sessions)} frame sessions of this model are open (backend_args max_sessions)",
@@ -229,13 +235,13 @@ class QwenVLRunner(CausalLMRunner):
             raise InvalidRequestError(f"max_frames must be >= 1, got {max_frames}", "max_frames")
         if len(prefix) >= self.session_rows:
             raise InvalidRequestError(f"the session's prompt leaves no room in {self.session_rows} rows", "session")
-        sid = self._free_sessions.pop(0)
+        sid = self._free_sessions[0]
+        ids = self._write_rows(sid, prefix, [], 0)
+        self._free_sessions.pop(0)
         self._generations += 1  # unique across sessions: a view of a closed session never matches its successor
-        session = self._sessions[sid] = _Session(
-            sid, prefix, max_frames, [], SessionView(sid, self._generations, (), ())
-        )
-        self._write_session(session, 0, rebuilt=False)
-        return session.view
+        self._sessions[sid] = _Session(sid, prefix, max_frames, [], SessionView(sid, self._generations, ids, ()))
+        self._publish()
+        return self._sessions[sid].view
 
     def session_close(self, sid: int) -> None:
         """Free the session's rows (queries that matched it prefill their whole prompt)."""
@@ -254,17 +260,17 @@ class QwenVLRunner(CausalLMRunner):
         return out
 
     @torch.no_grad()
-    def session_append_many(self, frames: list[FrameIn]) -> list[SessionView | InvalidRequestError]:
+    def session_append_many(self, frames: list[FrameIn]) -> list[SessionView | Exception]:
         """:meth:`session_append` of frames of any sessions (the worker's batch of them): their images through the
         vision tower in one call, then each session's rows in arrival order. A frame that cannot be taken (its
-        session closed, too many tokens) gets its error and the others go on."""
-        out: list[SessionView | InvalidRequestError] = []
+        session closed, too many tokens, its write failed) gets its error and the others go on."""
+        out: list[SessionView | Exception] = []
         valid: list[FrameIn] = []
         for f in frames:
             s = self._sessions.get(f.sid)
             if s is None:
                 out.append(InvalidRequestError("the frame session is closed", "session"))
-            elif len(s.prefix) + f.prepared.tokens + 2 > self.session_rows:  # <|vision_start|> pads <|vision_end|>
+            elif len(s.prefix) + image_prompt_tokens(f.prepared.tokens) > self.session_rows:
                 msg = f"a frame of {f.prepared.tokens} tokens does not fit the session's {self.session_rows} rows"
                 out.append(InvalidRequestError(msg, "image"))
             else:
@@ -278,44 +284,64 @@ class QwenVLRunner(CausalLMRunner):
             if isinstance(result, Exception):
                 continue
             f, feats = next(encoded)
-            out[i] = self._append(self._sessions[f.sid], EncodedFrame(f.image, f.key, f.prepared.grid, feats))
+            try:
+                out[i] = self._append(self._sessions[f.sid], EncodedFrame(f.image, f.key, f.prepared.grid, feats))
+            except Exception as exc:  # this frame's waiter alone: the batch's other frames are committed
+                out[i] = exc
         return out
 
     def _append(self, s: _Session, frame: EncodedFrame) -> SessionView:
-        s.frames.append(frame)
+        """Add ``frame`` to ``s``: the new window computed aside, its rows written, then committed. A write that
+        fails leaves the session's frames and view as they were; one that overwrote rows before failing (a
+        rebuild) marks the session stale: no query continues its rows until a later write rebuilds them."""
+        frames = [*s.frames, frame]
         keep = max(1, s.max_frames - s.max_frames // 4)
-        rebuild = len(s.frames) > s.max_frames
-        while len(s.frames) > (keep if rebuild else s.max_frames) or self._rows_used(s) > self.session_rows:
-            s.frames.pop(0)
+        rebuild = len(frames) > s.max_frames
+        while (
+            len(frames) > (keep if rebuild else s.max_frames) or self._rows_used(s.prefix, frames) > self.session_rows
+        ):
+            frames.pop(0)
             rebuild = True
-        self._write_session(s, 0 if rebuild else s.view.length, rebuilt=rebuild)
-        return s.view
-
-    def _rows_used(self, s: _Session) -> int:
-        return len(s.prefix) + sum(f.tokens + 2 for f in s.frames)
-
-    def _write_session(self, s: _Session, start: int, rebuilt: bool) -> None:
-        """The session's ids over its frames, prefilled into its rows from ``start`` on (0 and ``rebuilt``: the
-        rows rewritten, a new generation); publishes the new view."""
-        assert self.session_kv is not None
-        cfg = self.vl.vl_config
-        ids = list(s.prefix)
-        for f in s.frames:
-            ids += [cfg.vision_start_token_id, *[self.image_token_id] * f.tokens, cfg.vision_end_token_id]
-        if rebuilt:
+        rebuild = rebuild or s.stale
+        start = 0 if rebuild else s.view.length
+        try:
+            ids = self._write_rows(s.sid, s.prefix, frames, start)
+        except BaseException:
+            if start == 0:  # the published rows were partly overwritten
+                s.stale = True
+                self._generations += 1  # queries that matched the old view prefill their whole prompt
+                s.view = SessionView(s.sid, self._generations, s.view.ids, s.view.frames)
+                self._publish()
+            raise
+        if rebuild:
             self._generations += 1
             self.session_rebuilds += 1
-        generation = self._generations if rebuilt else s.view.generation
-        s.view = SessionView(s.sid, generation, tuple(ids), tuple(s.frames))
+        s.frames = frames
+        s.stale = False
+        s.view = SessionView(s.sid, self._generations if rebuild else s.view.generation, ids, tuple(frames))
+        self._publish()
+        return s.view
+
+    def _rows_used(self, prefix: tuple[int, ...], frames: list[EncodedFrame]) -> int:
+        return len(prefix) + sum(image_prompt_tokens(f.tokens) for f in frames)
+
+    def _write_rows(self, sid: int, prefix: tuple[int, ...], frames: list[EncodedFrame], start: int) -> tuple[int, ...]:
+        """Prefill the ids of ``prefix`` and ``frames`` (each frame's markers around its pads) into slot ``sid``'s
+        rows from ``start`` on (rows before ``start`` are left as they are: an append writes its newest frame);
+        returns the ids. Changes nothing else: the caller commits once this returns."""
+        assert self.session_kv is not None
+        cfg = self.vl.vl_config
+        ids = list(prefix)
+        for f in frames:
+            ids += [cfg.vision_start_token_id, *[self.image_token_id] * f.tokens, cfg.vision_end_token_id]
         new = torch.tensor(ids[start:], dtype=torch.long, device=self.device)
-        grids = [f.grid for f in s.frames]
-        positions, _ = rope_positions(ids, self.image_token_id, grids, cfg.vision.spatial_merge_size)
+        positions, _ = rope_positions(ids, self.image_token_id, [f.grid for f in frames], cfg.vision.spatial_merge_size)
         x = self.lm.embed(new[None])
         where = new[None] == self.image_token_id
         if bool(where.any()):
-            written = s.frames if start == 0 else s.frames[-1:]  # an append writes the newest frame alone
+            written = frames if start == 0 else frames[-1:]  # an append writes the newest frame alone
             x[where] = torch.cat([f.features for f in written]).to(x.dtype)
         pos = torch.from_numpy(positions[:, start:]).to(self.device)[:, None]
-        self.lm(x, pos, self.session_kv.prefill(s.sid, start))
+        self.lm(x, pos, self.session_kv.prefill(sid, start))
         self.tokens_prefilled += new.shape[0]
-        self._publish()
+        return tuple(ids)

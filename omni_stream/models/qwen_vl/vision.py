@@ -35,9 +35,17 @@ class PreparedImage:
     tokens: int
 
 
+def image_prompt_tokens(tokens: int) -> int:
+    """Prompt tokens (and a frame session's cache rows) of an image of ``tokens`` pads: the pads and the
+    ``<|vision_start|>`` and ``<|vision_end|>`` markers around them."""
+    return tokens + 2
+
+
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
     """Sides that are multiples of ``factor``, area within ``[min_pixels, max_pixels]``, aspect kept (pixels)."""
-    if min(height, width) < 1 or max(height, width) / min(height, width) > MAX_ASPECT:
+    if min(height, width) < 1:
+        raise InvalidRequestError(f"an image of {width}x{height} pixels: a side is zero", "messages")
+    if max(height, width) / min(height, width) > MAX_ASPECT:
         raise InvalidRequestError(
             f"an image of {width}x{height} pixels: its sides' ratio must be at most {MAX_ASPECT}", "messages"
         )
