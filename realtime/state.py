@@ -76,6 +76,7 @@ class ServerState:
     stopping: anyio.Event | None = None  # made in the lifespan, set when the server begins to shut down
     sessions: set[OpenSession] = field(default_factory=set)  # open WebSocket and WebRTC sessions
     rtc: Stream | None = None  # the fastrtc Stream behind /rtc (when the webrtc extra is installed)
+    rtc_camera: Stream | None = None  # the one behind /rtc/camera (the agent that sees)
 
     async def begin_shutdown(self, grace: float) -> None:
         """Ask open WebSocket sessions to close (1001) and wait up to ``grace`` s for them to finish."""

@@ -1,14 +1,21 @@
 """The voice-agent page over WebRTC in headless Chromium, run inside a private network namespace by the webrtc
 tests: a fake microphone (a WAV file) speaks, the page's peer connection reaches the fastrtc stream under /rtc,
 and the agent's audio comes back; the server runs behind an API key, typed into the page. Prints one JSON line of
-findings; ``argv[1]``, if given, is a screenshot path.
+findings; an argument other than ``--camera``, if given, is a screenshot path.
+
+``--camera``: the real tiny families with the text model that sees (Qwen2.5-VL, Qwen3-TTS, Whisper, Silero and
+Smart Turn from their wheels); Chromium's fake camera is on, the page's camera toggle is switched on, and the
+findings say whether the sessions' conversations held its picture. The fake microphone repeats an espeak question
+(random weights may answer with nothing: the user asks again).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -19,13 +26,14 @@ import soundfile as sf
 aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: ["127.0.0.1"] if use_ipv4 else []  # only lo exists
 
 sys.path.insert(0, str(Path(__file__).parent))
-
 from browser_helpers import chromium  # noqa: E402
 from realtime_doubles import spoken_words  # noqa: E402
-from realtime_fixtures import agent_checkpoints, agent_loader, vad_factory  # noqa: E402
+from realtime_fixtures import agent_checkpoints, agent_loader, espeak, framed, vad_factory  # noqa: E402
+from rtc_loopback import conversation_pictures, real_checkpoints  # noqa: E402
 from serving_helpers import running_server  # noqa: E402
 from synthetic import register as register_synthetic  # noqa: E402
 
+from omni_stream.codecs.resample import resample  # noqa: E402
 from omni_stream.realtime.settings import Settings  # noqa: E402
 
 KEY = "rtc-page-key"
@@ -35,22 +43,48 @@ register_synthetic()  # a plain subprocess: the test session's conftest did not 
 
 
 def main() -> None:
-    shot = sys.argv[1] if len(sys.argv) > 1 else None
+    camera = "--camera" in sys.argv[1:]
+    shot = next((a for a in sys.argv[1:] if a != "--camera"), None)
     found: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         mic = root / "mic.wav"
-        sf.write(mic, spoken_words(["three", "five"], lead_ms=1000, tail_ms=5000).astype(np.float32) / 32768, 48000)
+        if camera:  # asked again and again (the file loops) until the random weights say something
+            question = framed(espeak("Hello there, what do you see?"), lead_ms=500, tail_ms=6000)
+            sf.write(mic, resample(question.astype(np.float32) / 32768, 24000, 48000), 48000, subtype="PCM_16")
+        else:
+            words = spoken_words(["three", "five"], lead_ms=1000, tail_ms=5000)
+            sf.write(mic, words.astype(np.float32) / 32768, 48000)
         flags = (
             "--use-fake-ui-for-media-stream",
-            "--use-fake-device-for-media-stream",
-            f"--use-file-for-fake-audio-capture={mic}%noloop",
+            "--use-fake-device-for-media-stream",  # a fake camera too: a moving test pattern
+            f"--use-file-for-fake-audio-capture={mic}{'' if camera else '%noloop'}",
             "--allow-loopback-in-peer-connection",  # the namespace has only 127.0.0.1
             "--disable-features=WebRtcHideLocalIpsWithMdns",  # aiortc cannot resolve .local candidates
         )
         problems: list[str] = []
-        settings = Settings(vad_factory=vad_factory(), api_key=KEY)  # the page sends the key with its offer
-        with running_server(None, settings, load=agent_loader(agent_checkpoints(root))) as live:
+        if camera:
+            settings = Settings(api_key=KEY)  # Silero and Smart Turn from their wheels
+            checkpoints = real_checkpoints(root)
+            from omni_stream.models.qwen_vl.checkpoint import write_tiny_checkpoint as tiny_vl
+
+            checkpoints["lm"] = tiny_vl(root / "vl")
+        else:
+            settings = Settings(vad_factory=vad_factory(), api_key=KEY)  # the page sends the key with its offer
+            checkpoints = agent_checkpoints(root)
+        pictures: dict = {"held": 0, "before_speech": False}
+        with running_server(None, settings, load=agent_loader(checkpoints)) as live:
+            calling = threading.Event()
+
+            def watch() -> None:  # the pictures the sessions' conversations hold
+                while not calling.is_set():
+                    for session in list(live.state.sessions):
+                        with contextlib.suppress(RuntimeError, ValueError):
+                            conversation_pictures(session, pictures)
+                    time.sleep(0.05)
+
+            watcher = threading.Thread(target=watch, daemon=True)
+            watcher.start()
             with chromium(root / "profile", *flags) as context:
                 page = context.new_page()
                 # the browser's own reports of the requests refused before the key was typed are expected
@@ -66,20 +100,26 @@ def main() -> None:
                 page.get_by_label("API key (optional)").press("Tab")
                 page.wait_for_function("window.agent.model !== null", timeout=20_000)
                 page.select_option("#transport", "rtc")
+                if camera:
+                    page.get_by_label("Camera", exact=True).check()
                 page.get_by_role("button", name="Start talking").click()
                 try:
                     page.wait_for_function(
                         "window.agent.logs.includes('response_starting') && window.agent.loudFrames >= 10",
-                        timeout=30_000,
+                        timeout=90_000 if camera else 30_000,
                     )
                 except Exception as exc:  # report what was seen instead of a bare timeout
                     found["wait_error"] = type(exc).__name__
                 state = page.evaluate("() => JSON.parse(JSON.stringify(window.agent))")
                 if shot:
                     page.screenshot(path=shot, full_page=True)
+                preview = page.locator("#preview").is_visible()
                 page.get_by_role("button", name="Stop").click()
+            calling.set()
+            watcher.join()
+            streams = (live.state.rtc, live.state.rtc_camera)
             deadline = time.monotonic() + 20
-            while (live.state.sessions or live.state.rtc.connections) and time.monotonic() < deadline:
+            while (live.state.sessions or any(s.connections for s in streams)) and time.monotonic() < deadline:
                 time.sleep(0.05)
             found.update(
                 logs=state["logs"],
@@ -87,7 +127,10 @@ def main() -> None:
                 rtc_state=state["rtcState"],
                 errors=state["errors"],
                 problems=problems,
-                freed=not live.state.sessions and not live.state.rtc.connections,
+                camera=state["camera"],
+                preview=preview,
+                pictures=pictures,
+                freed=not live.state.sessions and not any(s.connections for s in streams),
                 idle=not any(live.wait_idle().values()),
             )
     print(json.dumps(found))

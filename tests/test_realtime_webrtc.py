@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
@@ -76,6 +77,94 @@ def test_the_agent_on_the_real_tiny_families_talks_over_webrtc_with_semantic_vad
     assert found["sessions_freed"] and found["connections_freed"] and found["schedulers_idle"]
 
 
+@pytest.mark.skipif(not netns_available(), reason="needs unshare -n (root) for a private loopback network")
+def test_a_camera_over_webrtc_shows_the_agent_that_sees_a_picture():
+    """The camera route on the real tiny families with the text model that sees (Qwen2.5-VL): an aiortc client
+    sends espeak speech and a synthetic camera track; the agent answers in speech, the session's conversation held
+    the camera's picture as an ``input_image`` item before the user's spoken item, the self-view came back, and
+    closing frees every session and scheduler. Random weights may answer with nothing: the caller asks again (as
+    the audio-only call does), and each new turn shows the camera's newer picture."""
+    run = subprocess.run(
+        ["unshare", "-n", "sh", "-c", f'ip link set lo up && exec "{sys.executable}" "{SCRIPT}" --real --camera'],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    assert found["connection"] == "connected"
+    assert found["logs"][:3] == ["started_talking", "pause_detected", "response_starting"]
+    assert "camera_ignored" not in found["logs"]
+    assert found["loud_frames"] >= 25  # half a second of the agent's speech came back
+    pictures = found["pictures"]
+    assert pictures["held"] >= 1 and pictures["before_speech"]
+    assert pictures["shape"] == [120, 160, 3] and 0.08 < pictures["bright"] < 0.2  # the camera's picture (JPEG'd)
+    assert found["views"] >= 1  # the self-view track carried the admitted frames back
+    assert found["second_offer"] == {"status": "failed", "meta": {"error": "concurrency_limit_reached", "limit": 1}}
+    assert found["offer_without_key"] == 401
+    assert found["sessions_freed"] and found["connections_freed"] and found["schedulers_idle"]
+
+
+@pytest.mark.skipif(not netns_available(), reason="needs unshare -n (root) for a private loopback network")
+def test_a_camera_to_a_text_model_that_does_not_see_is_ignored_and_the_agent_still_talks():
+    """The camera route with the doubles (their text model is blind): the data channel says ``camera_ignored``
+    once, no picture reaches the conversation, and the voice agent answers as on the audio-only route."""
+    run = subprocess.run(
+        ["unshare", "-n", "sh", "-c", f'ip link set lo up && exec "{sys.executable}" "{SCRIPT}" --camera'],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    assert found["connection"] == "connected"
+    assert found["logs"].count("camera_ignored") == 1
+    assert [log for log in found["logs"] if log != "camera_ignored"][:3] == [
+        "started_talking",
+        "pause_detected",
+        "response_starting",
+    ]
+    assert found["loud_frames"] >= 25 and found["pictures"]["held"] == 0
+    assert found["sessions_freed"] and found["connections_freed"] and found["schedulers_idle"]
+
+
+def test_the_camera_handler_samples_frames_through_the_frame_policy(monkeypatch):
+    """SeeingAgentHandler.video_receive on a fake clock: fastrtc's bgr24 becomes RGB, frames beyond the rate cap
+    (no burst) and near duplicates are not kept, the resolution cap applies, one frame is held, and the self-view
+    gets each frame kept (as bgr24)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from omni_stream.realtime.agent import rtc_camera
+    from omni_stream.vision.limits import FrameLimits
+
+    now = [100.0]
+    monkeypatch.setattr(rtc_camera.time, "monotonic", lambda: now[0])
+    state = SimpleNamespace(settings=Settings(frame_limits=FrameLimits(max_fps=2.0, max_side=64)))
+    handler = rtc_camera.SeeingAgentHandler(state).copy()
+
+    def bgr(blue: int, red: int) -> np.ndarray:
+        pixels = np.zeros((96, 128, 3), np.uint8)
+        pixels[..., 0], pixels[..., 2] = blue, red
+        return pixels
+
+    async def run() -> None:
+        await handler.video_receive(bgr(255, 0))  # kept: blue
+        view = await asyncio.wait_for(handler.video_emit(), 1)
+        assert view.shape == (48, 64, 3) and view[0, 0].tolist() == [255, 0, 0]  # bgr24 again, scaled to 64
+        await handler.video_receive(bgr(0, 255))  # at once: over 2 a second, not even decoded
+        now[0] += 0.5
+        await handler.video_receive(bgr(255, 0))  # a near duplicate of the kept one
+        now[0] += 0.5
+        await handler.video_receive(bgr(0, 255))  # red: kept, the blue one leaves
+        (kept,) = handler.window.frames
+        assert kept.pixels.shape == (48, 64, 3) and kept.pixels[0, 0].tolist() == [255, 0, 0]  # RGB red
+        assert (handler.window.kept, handler.window.refused, handler.window.duplicates) == (2, 1, 1)
+        assert (await asyncio.wait_for(handler.video_emit(), 1))[0, 0].tolist() == [0, 0, 255]
+
+    asyncio.run(run())
+
+
 @pytest.fixture(scope="module")
 def rtc_server(tmp_path_factory):
     settings = Settings(vad_factory=vad_factory(), rtc_ice_servers=("stun:stun.example.test:3478",))
@@ -87,8 +176,11 @@ def rtc_server(tmp_path_factory):
 def test_the_stream_is_mounted_with_the_configured_ice_servers_and_limit(rtc_server):
     stream = rtc_server.state.rtc
     assert stream.concurrency_limit == Settings().rtc_concurrency_limit
+    assert rtc_server.state.rtc_camera.modality == "audio-video"
+    assert rtc_server.state.rtc_camera.concurrency_limit == Settings().rtc_concurrency_limit
     config = httpx.get(f"{rtc_server.url}/rtc/config").json()
-    assert config == {"available": True, "iceServers": [{"urls": "stun:stun.example.test:3478"}]}
+    ice = [{"urls": "stun:stun.example.test:3478"}]
+    assert config == {"available": True, "iceServers": ice, "camera": True, "sees": False}  # the doubles are blind
 
 
 @pytest.fixture(scope="module")
@@ -145,5 +237,36 @@ def test_the_page_talks_to_the_agent_over_webrtc_in_chromium(tmp_path):
     assert found["rtc_state"] == "connected"
     assert found["logs"][:3] == ["started_talking", "pause_detected", "response_starting"]
     assert found["loud_frames"] >= 10  # the agent's track carried sound to the page
+    assert found["errors"] == [] and found["problems"] == []
+    assert found["freed"] and found["idle"]
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not netns_available(), reason="needs unshare -n (root) for a private loopback network")
+@pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Debian's chromium")
+def test_the_page_shows_the_agent_its_camera_over_webrtc_in_chromium():
+    """The page with Chromium's fake camera and microphone, its camera toggle on, on the real tiny families with the
+    text model that sees: the call goes to the camera route, the preview shows, the agent answers in speech and the
+    session's conversation held the camera's picture before the user's speech."""
+    pytest.importorskip("playwright")
+    script = Path(__file__).parent / "rtc_browser.py"
+    run = subprocess.run(
+        ["unshare", "-n", "sh", "-c", f'ip link set lo up && exec "{sys.executable}" "{script}" --camera'],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    assert "wait_error" not in found, found
+    assert found["rtc_state"] == "connected"
+    assert found["camera"] == {"available": True, "sees": True, "on": True} and found["preview"]
+    assert found["logs"][:3] == ["started_talking", "pause_detected", "response_starting"]
+    assert "camera_ignored" not in found["logs"]
+    assert found["loud_frames"] >= 10
+    pictures = found["pictures"]
+    assert pictures["held"] >= 1 and pictures["before_speech"]
+    red, green, blue = pictures["rgb"]
+    assert pictures["shape"] == [480, 640, 3] and green > 2 * max(red, blue)  # Chromium's fake camera is green
     assert found["errors"] == [] and found["problems"] == []
     assert found["freed"] and found["idle"]

@@ -19,6 +19,7 @@ from omni_stream.vision.frames import (
     decode_base64,
     decode_frame,
     difference,
+    frame_from_pixels,
     split_data_url,
 )
 
@@ -111,6 +112,19 @@ def test_resolution_cap_scales_down_keeping_aspect() -> None:
         assert frame.source == (400, 200)
     small = decode_frame(encode(noise(7, 80, 60)), limits, "data")
     assert small.pixels.shape == (60, 80, 3)  # never scaled up
+
+
+def test_camera_pixels_take_the_same_caps_and_thumbnail_as_encoded_pictures() -> None:
+    limits = FrameLimits(max_side=100, max_pixels=500 * 500)
+    picture = noise(8, 400, 200)
+    camera = frame_from_pixels(picture, limits, "video")
+    decoded = decode_frame(encode(picture), limits, "data")
+    assert camera.pixels.shape == (50, 100, 3) and camera.source == (400, 200)
+    assert np.array_equal(camera.pixels, decoded.pixels) and np.array_equal(camera.thumb, decoded.thumb)
+    assert frame_from_pixels(noise(9, 80, 60), limits, "video").pixels.shape == (60, 80, 3)
+    with pytest.raises(InvalidRequestError, match="video is 600x500: more than 250000 pixels") as info:
+        frame_from_pixels(flat(0, 600, 500), limits, "video")
+    assert info.value.param == "video"
 
 
 def test_base64_and_data_urls() -> None:

@@ -8,7 +8,7 @@ Two halves, so that the expensive one runs off the event loop and the cheap one 
   :class:`~omni_stream.errors.InvalidRequestError` naming the field. A picture whose longer side is over
   ``FrameLimits.max_side`` is scaled down to it (aspect kept): the resolution cap. It also makes the frame's grey
   thumbnail for the near-duplicate filter. :func:`decode_base64` is the same from base64 text, its size checked
-  before the base64 is decoded.
+  before the base64 is decoded; :func:`frame_from_pixels` the same from pixels already decoded (a camera track's).
 - :class:`FrameWindow` is one session's frames: a rate cap (:meth:`FrameWindow.check_rate`, before decoding, so a
   flood costs nothing), a near-duplicate filter and a bounded window (:meth:`FrameWindow.offer`).
 
@@ -37,11 +37,15 @@ import io
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from omni_stream.errors import InvalidRequestError
 from omni_stream.vision.limits import FrameLimits
+
+if TYPE_CHECKING:
+    from PIL.Image import Image as PILImage
 
 FORMATS = ("JPEG", "PNG", "WEBP")  # what PIL calls the image formats a frame may come in
 THUMB = 32  # the near-duplicate filter's thumbnail side, in pixels
@@ -110,11 +114,32 @@ def decode_frame(data: bytes, limits: FrameLimits, param: str) -> Frame:
         raise InvalidRequestError(f"{param} is not a JPEG, PNG or WebP image", param) from None
     except OSError as exc:  # truncated or corrupt data
         raise InvalidRequestError(f"{param} could not be decoded as an image: {exc}", param) from None
+    return _framed(rgb, size, (width, height))
+
+
+def frame_from_pixels(rgb: np.ndarray, limits: FrameLimits, param: str) -> Frame:
+    """:func:`decode_frame` of pixels already decoded (a camera track's frame: uint8 RGB ``(h, w, 3)``): refused
+    over ``limits.max_pixels``, scaled down to ``limits.max_side``, with its thumbnail. CPU work: call it off the
+    event loop."""
+    from PIL import Image
+
+    height, width = rgb.shape[:2]
+    if width * height > limits.max_pixels:
+        raise FrameTooLargeError(f"{param} is {width}x{height}: more than {limits.max_pixels} pixels", param)
+    scale = limits.max_side / max(width, height)
+    size = (max(1, round(width * scale)), max(1, round(height * scale))) if scale < 1 else (width, height)
+    return _framed(Image.fromarray(np.ascontiguousarray(rgb, dtype=np.uint8), "RGB"), size, (width, height))
+
+
+def _framed(rgb: PILImage, size: tuple[int, int], source: tuple[int, int]) -> Frame:
+    """The Frame of an RGB picture scaled to ``size`` (the resolution cap), with its grey thumbnail."""
+    from PIL import Image
+
     if rgb.size != size:
         rgb = rgb.resize(size, Image.Resampling.BILINEAR, reducing_gap=2.0)
     grey = rgb.convert("L").resize((THUMB, THUMB), Image.Resampling.BOX)
     pixels = np.asarray(rgb, dtype=np.uint8).copy()
-    return Frame(pixels, np.asarray(grey, dtype=np.float32), (width, height))
+    return Frame(pixels, np.asarray(grey, dtype=np.float32), source)
 
 
 def pixels(frame: Frame) -> int:

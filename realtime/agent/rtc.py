@@ -8,6 +8,12 @@ connections, past which fastrtc answers ``{"status": "failed", "meta": {"error":
 ``GET /rtc/config`` tells pages whether WebRTC is available and which ICE servers to use; without fastrtc it is
 the only ``/rtc`` route (``available: false``).
 
+The camera: ``POST /rtc/camera/webrtc/offer`` and ``WS /rtc/camera/websocket/offer`` are a second Stream
+(``modality="audio-video"``) whose handler is the agent that sees (:mod:`~omni_stream.realtime.agent.rtc_camera`):
+a camera track beside the microphone, agent audio and a self-view video track back. It has its own limit of
+``Settings.rtc_concurrency_limit`` connections. ``/rtc/config`` says ``camera`` (the camera routes are mounted)
+and ``sees`` (the loaded text model takes images: without it the camera's frames are ignored).
+
 With ``--api-key`` the offer routes need the key like every ``/v1`` route (:mod:`omni_stream.realtime.common.auth`):
 ``Authorization: Bearer KEY``, or on the WebSocket a browser's subprotocols (``realtime`` beside
 ``openai-insecure-api-key.KEY``; ``realtime`` is echoed, which fastrtc's own accept would not do). ``/rtc/config``
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -48,17 +55,19 @@ def ice_servers(urls: tuple[str, ...]) -> list[dict[str, str]]:
     return servers
 
 
-def make_stream(state: ServerState) -> Stream:
-    """The fastrtc Stream of the voice agent (ImportError without fastrtc)."""
+def make_stream(state: ServerState, camera: bool = False) -> Stream:
+    """The fastrtc Stream of the voice agent, or with ``camera`` of the agent that sees (ImportError without
+    fastrtc)."""
     from fastrtc import Stream
 
+    from omni_stream.realtime.agent.rtc_camera import SeeingAgentHandler
     from omni_stream.realtime.agent.rtc_handler import VoiceAgentHandler
 
     settings = state.settings
     config = {"iceServers": ice_servers(settings.rtc_ice_servers)}
     return Stream(
-        VoiceAgentHandler(state),
-        modality="audio",
+        SeeingAgentHandler(state) if camera else VoiceAgentHandler(state),
+        modality="audio-video" if camera else "audio",
         mode="send-receive",
         concurrency_limit=settings.rtc_concurrency_limit,
         server_rtc_configuration=config,
@@ -71,16 +80,20 @@ def routes(state: ServerState) -> list[BaseRoute]:
     """The ``/rtc`` mount, or nothing when fastrtc is not installed."""
     try:
         stream = make_stream(state)
+        camera = make_stream(state, camera=True)
         from fastrtc.stream import Body
+
+        from omni_stream.realtime.agent.rtc_camera import sees
     except ImportError:
 
         async def unavailable(request: Request) -> Response:
-            return JSONResponse({"available": False, "iceServers": []})
+            return JSONResponse({"available": False, "iceServers": [], "camera": False, "sees": False})
 
         return [Route("/rtc/config", unavailable, methods=["GET"])]  # pages ask before they offer WebRTC
     state.rtc = stream
+    state.rtc_camera = camera
 
-    async def offer(request: Request) -> Response:
+    async def offer(stream: Stream, request: Request) -> Response:
         try:
             body = Body(**json.loads(await request.body()))
         except Exception as exc:  # malformed JSON or fields: the OpenAI error shape, never a 500
@@ -94,9 +107,10 @@ def routes(state: ServerState) -> list[BaseRoute]:
         return answer if isinstance(answer, Response) else JSONResponse(answer)
 
     async def config(request: Request) -> Response:
-        return JSONResponse({"available": True, "iceServers": ice_servers(state.settings.rtc_ice_servers)})
+        servers = ice_servers(state.settings.rtc_ice_servers)
+        return JSONResponse({"available": True, "iceServers": servers, "camera": True, "sees": sees(state.engine)})
 
-    async def websocket_offer(websocket: WebSocket) -> None:
+    async def websocket_offer(stream: Stream, websocket: WebSocket) -> None:
         accept = websocket.accept
 
         async def accept_echoing(subprotocol: str | None = None, headers: Any = None) -> None:
@@ -111,9 +125,11 @@ def routes(state: ServerState) -> list[BaseRoute]:
         Mount(
             "/rtc",
             routes=[
-                Route("/webrtc/offer", offer, methods=["POST"]),
+                Route("/webrtc/offer", partial(offer, stream), methods=["POST"]),
                 Route("/config", config, methods=["GET"]),
-                WebSocketRoute("/websocket/offer", websocket_offer),
+                WebSocketRoute("/websocket/offer", partial(websocket_offer, stream)),
+                Route("/camera/webrtc/offer", partial(offer, camera), methods=["POST"]),
+                WebSocketRoute("/camera/websocket/offer", partial(websocket_offer, camera)),
             ],
         )
     ]

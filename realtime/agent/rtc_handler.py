@@ -109,8 +109,10 @@ class VoiceAgentHandler(AsyncStreamHandler):
                 elif event.type == "input_audio_buffer.speech_started":
                     self._drop_output()
                     await self.send_message(create_message("log", "started_talking"))
+                    await self.turn_started(session)
                 elif event.type == "input_audio_buffer.speech_stopped":
                     await self.send_message(create_message("log", "pause_detected"))
+                    self.turn_ended()
                 elif event.type == "response.created":
                     await self.send_message(create_message("log", "response_starting"))
                 elif event.type == "error":
@@ -119,6 +121,12 @@ class VoiceAgentHandler(AsyncStreamHandler):
             pump.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await pump
+
+    async def turn_started(self, session: RealtimeSession) -> None:
+        """The user began a turn (the session's ``speech_started``); the camera variant shows its picture here."""
+
+    def turn_ended(self) -> None:
+        """The user's turn paused (the session's ``speech_stopped``)."""
 
     async def _pump_input(self, session: RealtimeSession) -> None:
         while True:

@@ -6,6 +6,10 @@
 // not played and tells the server what was heard (conversation.item.truncate), as OpenAI clients do.
 // With the WebRTC transport the page sends its microphone track to the fastrtc stream under /rtc (data channel
 // first: the server waits for it) and plays the agent's track; the data channel's logs drive the status.
+// The camera toggle (WebRTC only, off by default) adds the camera's track, shown in a small preview, and offers to
+// /rtc/camera, where a text model that sees is shown the camera's latest picture as each turn starts. It is
+// disabled, saying why, when the server has no camera route or its text model does not see; a camera the browser
+// refuses is said so, and the call goes on without it.
 // The model line names the agent's text model (the one ?model= names) and the speech model it speaks with; it and
 // the voice list load again once an API key is typed. A response that fails, and a key the server refuses, are
 // shown as such.
@@ -31,6 +35,7 @@ const agent = (window.agent = {
   rtcState: null,
   rtcAvailable: null, // what /rtc/config said (null until it has answered)
   loudFrames: 0, // WebRTC: analyser frames of the agent's track with sound in them
+  camera: { available: false, sees: false, on: false }, // /rtc/config's camera and sees; on: a call sends it
 });
 
 let socket = null;
@@ -45,6 +50,7 @@ function setState(state) {
   $("state").textContent = state;
   $("start").disabled = state !== "idle";
   $("stop").disabled = state === "idle";
+  if ($("camera-on")) updateCamera();
 }
 
 function showError(message) {
@@ -95,9 +101,12 @@ async function loadInfo() {
       $("model").textContent = text ? `${text.id}${voice}` : "no text model loaded: the agent cannot answer";
     }
     const rtcConfig = await fetch("rtc/config");
-    const rtcAvailable = rtcConfig.ok && (await rtcConfig.json()).available;
-    $("transport").querySelector("option[value=rtc]").disabled = !rtcAvailable; // no fastrtc on this server
-    agent.rtcAvailable = Boolean(rtcAvailable);
+    const config = rtcConfig.ok ? await rtcConfig.json() : {};
+    $("transport").querySelector("option[value=rtc]").disabled = !config.available; // no fastrtc on this server
+    agent.rtcAvailable = Boolean(config.available);
+    agent.camera.available = Boolean(config.camera);
+    agent.camera.sees = Boolean(config.sees);
+    updateCamera();
     const voices = await fetch("v1/audio/voices", { headers: authHeaders(used) });
     if (voices.ok) {
       agent.voices = (await voices.json()).voices ?? [];
@@ -107,6 +116,20 @@ async function loadInfo() {
   } catch (err) {
     showError(`Could not reach the server: ${err.message}`);
   }
+}
+
+function updateCamera() {
+  // The toggle is usable with the WebRTC transport, a camera route and a text model that sees; the note says why not.
+  const { available, sees } = agent.camera;
+  const rtc = $("transport").value === "rtc";
+  const model = agent.model ?? "the text model";
+  let why = "";
+  if (!available) why = "this server has no camera route";
+  else if (!sees) why = `${model} does not see pictures`;
+  else if (!rtc) why = "WebRTC only";
+  $("camera-on").disabled = Boolean(why) || agent.state !== "idle";
+  if (why) $("camera-on").checked = false;
+  $("camera-note").textContent = why ? `(${why})` : "show the agent my camera";
 }
 
 // --- audio ---
@@ -266,7 +289,8 @@ function interrupt() {
 
 function onLog(message) {
   agent.logs.push(message);
-  if (message === "started_talking") setState("hearing you");
+  if (message === "camera_ignored") showError("The text model does not see: the camera's pictures are ignored");
+  else if (message === "started_talking") setState("hearing you");
   else if (message === "pause_detected") {
     stoppedAt = performance.now();
     addTurn("user", "(a spoken turn)");
@@ -318,10 +342,23 @@ async function startRtc() {
   const stream = await navigator.mediaDevices.getUserMedia({
     audio: { channelCount: 1, echoCancellation: true, noiseSuppression: false, autoGainControl: false },
   });
+  agent.camera.on = false;
+  if ($("camera-on").checked) {
+    try {
+      const video = await navigator.mediaDevices.getUserMedia({ video: { width: 640, height: 480, frameRate: 15 } });
+      video.getVideoTracks().forEach((track) => stream.addTrack(track));
+      $("preview").srcObject = video;
+      $("preview").hidden = false;
+      agent.camera.on = true;
+    } catch (err) {
+      showError(`The camera was refused or is unavailable (${err.name}): talking without it`);
+    }
+  }
   stream.getTracks().forEach((track) => pc.addTrack(track, stream));
   rtc = { pc, stream, context: null };
   pc.ontrack = (event) => {
-    const remote = event.streams[0] ?? new MediaStream([event.track]);
+    if (event.track.kind !== "audio") return; // the camera route's self-view: the local preview shows the camera
+    const remote = new MediaStream([event.track]);
     $("remote").srcObject = remote; // Chrome plays remote WebRTC audio only through a media element
     rtc.context = watchLoudness(remote);
   };
@@ -336,7 +373,7 @@ async function startRtc() {
   await pc.setLocalDescription(await pc.createOffer());
   await iceGathered(pc);
   const body = { sdp: pc.localDescription.sdp, type: "offer", webrtc_id: crypto.randomUUID() };
-  const reply = await fetch("rtc/webrtc/offer", {
+  const reply = await fetch(agent.camera.on ? "rtc/camera/webrtc/offer" : "rtc/webrtc/offer", {
     method: "POST",
     headers: { "Content-Type": "application/json", ...authHeaders(key()) }, // the offer needs the API key too
     body: JSON.stringify(body),
@@ -395,6 +432,8 @@ function stop() {
     rtc.pc.close();
     rtc = null;
   }
+  $("preview").srcObject = null;
+  $("preview").hidden = true;
   if (audio) {
     audio.stream.getTracks().forEach((track) => track.stop());
     audio.context.close().catch(() => {});
@@ -406,6 +445,7 @@ function stop() {
 
 $("start").addEventListener("click", start);
 $("stop").addEventListener("click", stop);
+$("transport").addEventListener("change", updateCamera);
 watchKey($("key"), () => {
   $("errors").replaceChildren();
   agent.errors = [];
