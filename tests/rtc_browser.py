@@ -42,6 +42,45 @@ KEY = "rtc-page-key"
 register_synthetic()  # a plain subprocess: the test session's conftest did not declare the doubles here
 
 
+def open_page(context, url: str, problems: list[str]):
+    """The page of ``url``'s server, its API key typed, the WebRTC transport chosen."""
+    page = context.new_page()
+    # the browser's own reports of the requests refused before the key was typed are expected
+    page.on(
+        "console",
+        lambda m: problems.append(f"console: {m.text}") if m.type == "error" and "401" not in m.text else None,
+    )
+    page.on("pageerror", lambda e: problems.append(f"pageerror: {e}"))
+    page.goto(f"{url}/realtime", wait_until="load")
+    page.get_by_label("API key (optional)").fill(KEY)
+    page.get_by_label("API key (optional)").press("Tab")
+    page.wait_for_function("window.agent.model !== null && window.agent.rtcAvailable !== null", timeout=20_000)
+    page.select_option("#transport", "rtc")
+    return page
+
+
+def refused_camera(live, root: Path, flags: tuple[str, ...]) -> dict:
+    """The camera toggle on in a browser that lets the page have the microphone but not the camera (no fake
+    permission prompt: playwright grants the microphone alone): the page says so and calls without it."""
+    problems: list[str] = []
+    flags = tuple(f for f in flags if f != "--use-fake-ui-for-media-stream")
+    url = live.url
+    with chromium(root / "profile-no-camera", *flags) as context:
+        context.grant_permissions(["microphone"], origin=url)
+        page = open_page(context, url, problems)
+        page.get_by_label("Camera", exact=True).check()
+        page.get_by_role("button", name="Start talking").click()
+        try:
+            page.wait_for_function("window.agent.rtcState === 'connected'", timeout=20_000)
+        except Exception as exc:
+            problems.append(type(exc).__name__)
+        state = page.evaluate("() => JSON.parse(JSON.stringify(window.agent))")
+        audio_route = bool(live.state.rtc.connections) and not live.state.rtc_camera.connections
+        page.get_by_role("button", name="Stop").click()
+    found = {"errors": state["errors"], "rtc_state": state["rtcState"], "camera": state["camera"]}
+    return {**found, "audio_route": audio_route, "problems": problems}
+
+
 def main() -> None:
     camera = "--camera" in sys.argv[1:]
     shot = next((a for a in sys.argv[1:] if a != "--camera"), None)
@@ -86,20 +125,9 @@ def main() -> None:
             watcher = threading.Thread(target=watch, daemon=True)
             watcher.start()
             with chromium(root / "profile", *flags) as context:
-                page = context.new_page()
-                # the browser's own reports of the requests refused before the key was typed are expected
-                page.on(
-                    "console",
-                    lambda m: (
-                        problems.append(f"console: {m.text}") if m.type == "error" and "401" not in m.text else None
-                    ),
-                )
-                page.on("pageerror", lambda e: problems.append(f"pageerror: {e}"))
-                page.goto(f"{live.url}/realtime", wait_until="load")
-                page.get_by_label("API key (optional)").fill(KEY)
-                page.get_by_label("API key (optional)").press("Tab")
-                page.wait_for_function("window.agent.model !== null", timeout=20_000)
-                page.select_option("#transport", "rtc")
+                page = open_page(context, live.url, problems)
+                toggle = page.locator("#camera-on")
+                found["camera_toggle"] = {"disabled": toggle.is_disabled(), "note": page.inner_text("#camera-note")}
                 if camera:
                     page.get_by_label("Camera", exact=True).check()
                 page.get_by_role("button", name="Start talking").click()
@@ -115,6 +143,8 @@ def main() -> None:
                     page.screenshot(path=shot, full_page=True)
                 preview = page.locator("#preview").is_visible()
                 page.get_by_role("button", name="Stop").click()
+            if camera:
+                found["refused"] = refused_camera(live, root, flags)
             calling.set()
             watcher.join()
             streams = (live.state.rtc, live.state.rtc_camera)

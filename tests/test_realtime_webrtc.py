@@ -237,6 +237,8 @@ def test_the_page_talks_to_the_agent_over_webrtc_in_chromium(tmp_path):
     assert found["rtc_state"] == "connected"
     assert found["logs"][:3] == ["started_talking", "pause_detected", "response_starting"]
     assert found["loud_frames"] >= 10  # the agent's track carried sound to the page
+    # the doubles' text model is blind: the camera toggle is off and disabled, and says why
+    assert found["camera_toggle"] == {"disabled": True, "note": "(synthetic-lm does not see pictures)"}
     assert found["errors"] == [] and found["problems"] == []
     assert found["freed"] and found["idle"]
 
@@ -247,7 +249,8 @@ def test_the_page_talks_to_the_agent_over_webrtc_in_chromium(tmp_path):
 def test_the_page_shows_the_agent_its_camera_over_webrtc_in_chromium():
     """The page with Chromium's fake camera and microphone, its camera toggle on, on the real tiny families with the
     text model that sees: the call goes to the camera route, the preview shows, the agent answers in speech and the
-    session's conversation held the camera's picture before the user's speech."""
+    session's conversation held the camera's picture before the user's speech. Then a browser that refuses the
+    camera (no fake permission prompt; the microphone granted alone)."""
     pytest.importorskip("playwright")
     script = Path(__file__).parent / "rtc_browser.py"
     run = subprocess.run(
@@ -269,4 +272,9 @@ def test_the_page_shows_the_agent_its_camera_over_webrtc_in_chromium():
     red, green, blue = pictures["rgb"]
     assert pictures["shape"] == [480, 640, 3] and green > 2 * max(red, blue)  # Chromium's fake camera is green
     assert found["errors"] == [] and found["problems"] == []
+    # a browser that gives the page its microphone but not its camera: said so, and the call goes on without it
+    refused = found["refused"]
+    assert refused["errors"] == ["The camera was refused or is unavailable (NotAllowedError): talking without it"]
+    assert refused["rtc_state"] == "connected" and refused["camera"]["on"] is False and refused["audio_route"]
+    assert refused["problems"] == []
     assert found["freed"] and found["idle"]
