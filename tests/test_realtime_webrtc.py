@@ -165,6 +165,63 @@ def test_the_camera_handler_samples_frames_through_the_frame_policy(monkeypatch)
     asyncio.run(run())
 
 
+def test_the_camera_handler_shows_a_turn_one_new_picture_before_its_pause(tmp_path_factory, monkeypatch):
+    """SeeingAgentHandler's turn hooks on a real session of the tiny Qwen2.5-VL: a turn shows the latest frame
+    kept, as a user input_image item, unless it was shown already; a turn that began with nothing new shows the
+    first new frame kept before its pause, and no other; a frame kept after the pause waits for the next turn."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from vl_helpers import tiny_vl_checkpoint
+
+    from omni_stream.engine import AsyncEngine, ModelSource
+    from omni_stream.family import ModelKind
+    from omni_stream.realtime.agent import rtc_camera
+    from omni_stream.realtime.agent.items import ContentType
+    from omni_stream.realtime.agent.session import RealtimeSession
+
+    now = [0.0]
+    monkeypatch.setattr(rtc_camera.time, "monotonic", lambda: now[0])
+    settings = Settings(vad_factory=None, turn_model_factory=None)
+    handler = rtc_camera.SeeingAgentHandler(SimpleNamespace(settings=settings))
+
+    def shown(session) -> list[list[int]]:  # the colour of each picture in the conversation, oldest first
+        items = session.protocol.conversation.items
+        images = [c.image for item in items for c in item.content if c.type is ContentType.INPUT_IMAGE]
+        return [image[0, 0].tolist() for image in images]
+
+    async def frame(red: int) -> None:
+        now[0] += 1.0  # past the rate cap
+        await handler.video_receive(np.full((48, 64, 3), (0, 0, red), np.uint8))  # bgr24
+
+    async def run() -> None:
+        source = ModelSource(tiny_vl_checkpoint(tmp_path_factory), kind=ModelKind.TEXT)
+        async with await AsyncEngine.load({"vl": source}, progress=False) as engine:
+            async with RealtimeSession(engine, settings) as session:
+                drain = asyncio.ensure_future(anext_forever(session))
+                handler.session = session
+                await handler.turn_started(session)  # nothing kept yet
+                await frame(200)  # the turn's first new frame: shown at once
+                await frame(40)  # the turn showed one already
+                assert [c[0] for c in shown(session)] == [200]
+                handler.turn_ended()
+                await handler.turn_started(session)  # the newer frame, kept meanwhile
+                handler.turn_ended()
+                await handler.turn_started(session)  # unchanged since: nothing
+                handler.turn_ended()
+                await frame(120)  # after the pause: for the next turn
+                assert [c[0] for c in shown(session)] == [200, 40]
+                await handler.turn_started(session)
+                assert [c[0] for c in shown(session)] == [200, 40, 120] and handler.pictures_shown == 3
+                drain.cancel()
+
+    async def anext_forever(session) -> None:
+        async for _ in session.outgoing:
+            pass
+
+    asyncio.run(run())
+
+
 @pytest.fixture(scope="module")
 def rtc_server(tmp_path_factory):
     settings = Settings(vad_factory=vad_factory(), rtc_ice_servers=("stun:stun.example.test:3478",))
