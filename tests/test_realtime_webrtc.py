@@ -251,16 +251,18 @@ def keyed_rtc(tmp_path_factory):
 def test_the_offer_routes_need_the_api_key_and_the_config_stays_open(keyed_rtc):
     url, ws_url = keyed_rtc.url, f"{keyed_rtc.ws_url}/rtc/websocket/offer"
     assert httpx.get(f"{url}/rtc/config").json()["available"] is True  # pages ask before they have a key
-    for headers in ({}, {"Authorization": "Bearer wrong"}):
-        refused = httpx.post(f"{url}/rtc/webrtc/offer", json={"sdp": "x"}, headers=headers)
-        assert refused.status_code == 401 and refused.json()["error"]["code"] == 401
+    for route in ("/rtc/webrtc/offer", "/rtc/camera/webrtc/offer"):
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            refused = httpx.post(f"{url}{route}", json={"sdp": "x"}, headers=headers)
+            assert refused.status_code == 401 and refused.json()["error"]["code"] == 401
     # With the key the offer reaches fastrtc's parsing (this one lacks its webrtc_id).
     reached = httpx.post(f"{url}/rtc/webrtc/offer", json={"sdp": "x"}, headers={"Authorization": "Bearer rtc-key"})
     assert reached.status_code == 400 and "webrtc_id" in reached.json()["error"]["message"]
-    with pytest.raises(InvalidStatus) as info:
-        with connect(ws_url):
-            pass
-    assert info.value.response.status_code == 403
+    for route in (ws_url, f"{keyed_rtc.ws_url}/rtc/camera/websocket/offer"):
+        with pytest.raises(InvalidStatus) as info:
+            with connect(route):
+                pass
+        assert info.value.response.status_code == 403
     with connect(ws_url, additional_headers={"Authorization": "Bearer rtc-key"}) as ws:
         assert ws.subprotocol is None
     # a browser's way: the key in a subprotocol, a key-free one beside it (the one echoed)
@@ -271,8 +273,9 @@ def test_the_offer_routes_need_the_api_key_and_the_config_stays_open(keyed_rtc):
 def test_a_malformed_offer_is_a_400_in_the_openai_shape(rtc_server):
     response = httpx.post(f"{rtc_server.url}/rtc/webrtc/offer", content=b"{nope")
     assert response.status_code == 400 and response.json()["error"]["code"] == 400
-    response = httpx.post(f"{rtc_server.url}/rtc/webrtc/offer", json={"sdp": "x"})
-    assert response.status_code == 400 and "webrtc_id" in response.json()["error"]["message"]
+    for route in ("/rtc/webrtc/offer", "/rtc/camera/webrtc/offer"):
+        response = httpx.post(f"{rtc_server.url}{route}", json={"sdp": "x"})
+        assert response.status_code == 400 and "webrtc_id" in response.json()["error"]["message"]
 
 
 @pytest.mark.browser
