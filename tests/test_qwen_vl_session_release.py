@@ -220,8 +220,11 @@ async def test_random_aborts_over_a_frame_session_life_free_every_row(ckpt):
                                         self.mark("token")
                     self.mark("exited")
                 finally:
-                    self.over = True
-                    self.moved.set()
+                    self.end()
+
+            def end(self, *_: object) -> None:
+                self.over = True
+                self.moved.set()
 
             async def reach(self, k: int, spins: int) -> None:
                 """Until the k-th step (or the end), then ``spins`` loop turns."""
@@ -249,6 +252,7 @@ async def test_random_aborts_over_a_frame_session_life_free_every_row(ckpt):
                 hows[how] += scope.cancelled_caught
             else:
                 task = asyncio.create_task(life.run(n_frames, asks))
+                task.add_done_callback(life.end)  # also when cancelled before its first step
                 await life.reach(k, spins)
                 task.cancel()
                 if how == "cancel twice":

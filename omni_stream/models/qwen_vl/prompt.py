@@ -1,7 +1,7 @@
 """A request's prompt as the runner takes it: ids with each image's pads expanded, the images' patches and the
 multimodal positions (blocking: tokenization and image preprocessing run on the loop's preparation threads).
 
-A request whose images are exactly a frame session's frames (the same arrays, or the same pixels) takes the
+A request whose images are exactly a frame session's frames (its stored read-only arrays, or the same pixels) takes the
 session's encoded frames instead of new patches, and when its ids start with the session's ids, the session's view:
 the runner then copies the session's rows and prefills only the rest (:mod:`.runner`).
 """
