@@ -191,7 +191,7 @@ def main() -> None:
 
             watcher = threading.Thread(target=watch, daemon=True)
             watcher.start()
-            found = asyncio.run(call(live.url, wav, want_frames=25, wait_s=60 if real else 25, camera=camera))
+            found = asyncio.run(call(live.url, wav, want_frames=25 if real else 20, wait_s=60, camera=camera))
             calling.set()
             watcher.join()
             found["turn_detection"] = sorted(seen)
