@@ -115,8 +115,13 @@ def _set_rotary_tables(model: QwenVLForGeneration, device: torch.device | str) -
     model.model.rotary.inv_freq = model.config.inv_freq().to(device)
     model.rope_axis = _rope_axes(model.vl_config, device)
     rot: Any = model.visual.rotary_pos_emb
-    dim, theta = rot.dim, rot.theta
-    rot.inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float, device=device) / dim))
+    if hasattr(rot, "compute_axial_rope_parameters"):  # transformers >= 5.17 derives the table from the config
+        inv_freq, _ = rot.compute_axial_rope_parameters(rot.config)
+        rot.inv_freq = inv_freq.to(device)
+        rot.original_inv_freq = rot.inv_freq.clone()
+    else:
+        dim, theta = rot.dim, rot.theta
+        rot.inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float, device=device) / dim))
 
 
 def random_vl(cfg: QwenVLConfig, *, seed: int, dtype: torch.dtype, device: torch.device | str = "cpu",
