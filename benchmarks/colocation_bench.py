@@ -469,11 +469,24 @@ def _delta(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else round(a - b, 1)
 
 
+T0 = time.perf_counter()
+
+
+def progress(label: str, figures: dict | None = None) -> None:
+    """One line per finished phase, as it finishes: a run cut off by its time limit still shows what it measured
+    (the table and the JSON come only at the end)."""
+    line = f"[{time.perf_counter() - T0:6.1f} s] {label}"
+    if figures is not None:
+        line += " " + json.dumps(figures, separators=(",", ":"))
+    print(line, flush=True)
+
+
 async def run_policy(url: str, sizes: Sizes, args: argparse.Namespace) -> dict:
     result: dict[str, Any] = {"probe": {}, "alone": {}, "levels": []}
     # warm-up: every route once (first calls fill caches and pick kernels)
     await mixed("together", workloads(url, replace(sizes, agents=min(1, sizes.agents)), "http", 1, args), 0.0)
     await speech(url, "http", 1, 20, PROBE_TEXT)
+    progress("warmed up")
     if args.probe:
         # alone before each background and after the last, pooled: a shared machine's load drifts over minutes
         records: list[dict] = []
@@ -481,6 +494,7 @@ async def run_policy(url: str, sizes: Sizes, args: argparse.Namespace) -> dict:
             records += await probes(url, sizes, None)
             got, errors, early = await probe_outcomes(url, sizes, under)
             result["probe"][under] = summarize("probe", got, errors) | {"background_ended_early": early}
+            progress(f"probes during {under}", result["probe"][under])
         records += await probes(url, sizes, None)
         result["probe"]["alone"] = summarize("probe", records, [])
         by_itself = result["probe"]["alone"]["ttfa_ms"]["p50"]
@@ -490,15 +504,18 @@ async def run_policy(url: str, sizes: Sizes, args: argparse.Namespace) -> dict:
     # the agent, image and video workloads alone do not depend on the speech level: once
     if args.mixed:
         result["alone"] = await alone(workloads(url, sizes, "http", 1, args), ["agent", "image", "video"])
+        progress("agent, image and video alone", result["alone"])
     for transport in args.transports:
         for c in sizes.speech_levels:
             work = workloads(url, sizes, transport, c, args)
             level: dict[str, Any] = {"transport": transport, "speech_c": c}
             level["alone"] = await alone(work, [f"speech_{transport}"])
+            progress(f"speech {transport} c={c} alone", level["alone"])
             reference = result["alone"] | level["alone"]
             for kind in ("together", "apart"):
                 level[kind] = await mixed(kind, work, args.stagger)
                 level[f"{kind}_vs_alone"] = compare(reference, level[kind])
+                progress(f"speech {transport} c={c} {kind}", level[kind])
             result["levels"].append(level)
     return result
 
@@ -549,6 +566,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="the device worker's order (default: both on CPU, deadlines on GPU and in --smoke)",
     )
     ap.add_argument("--transports", default="http,ws", help="speech transports (default: http,ws)")
+    ap.add_argument("--levels", default=None, help="speech streams at once, e.g. 32 (default: the mode's)")
     ap.add_argument("--stagger", type=float, default=0.3, help="apart: image and video start this late (s)")
     ap.add_argument(
         "--scenarios",
@@ -575,6 +593,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
     sizes = SMOKE if args.smoke else GPU if args.gpu else CPU
+    if args.levels:
+        sizes = replace(sizes, speech_levels=tuple(int(c) for c in args.levels.split(",")))
     mode = "smoke" if args.smoke else "gpu" if args.gpu else "cpu"
     policies = ["deadlines", "rounds"] if args.policy == "both" else [args.policy]
     result: dict[str, Any] = {
@@ -590,7 +610,9 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="colocation-") as tmp:
         models = build_gpu_models(Path(tmp)) if args.gpu else []
         for policy in policies:
+            progress(f"policy {policy}: starting the server")
             with server(models, policy, args) as url:
+                progress("server ready")
                 result["policies"][policy] = asyncio.run(run_policy(url, sizes, args))
     print(table(result))
     name = f"colocation_bench_{mode}"
@@ -598,6 +620,8 @@ def main(argv: list[str] | None = None) -> dict:
         name += "_probe"
     elif args.transports != ["http", "ws"]:
         name += "_" + "_".join(args.transports)
+    if args.levels:
+        name += "_c" + "_".join(str(c) for c in sizes.speech_levels)
     targets = [Path(os.environ["OUT"])] if os.environ.get("OUT") else []
     if not args.smoke:
         targets.append(HERE / "results")
