@@ -483,8 +483,12 @@ def progress(label: str, figures: dict | None = None) -> None:
 
 async def run_policy(url: str, sizes: Sizes, args: argparse.Namespace) -> dict:
     result: dict[str, Any] = {"probe": {}, "alone": {}, "levels": []}
-    # warm-up: every route once (first calls fill caches and pick kernels)
-    await mixed("together", workloads(url, replace(sizes, agents=min(1, sizes.agents)), "http", 1, args), 0.0)
+    # warm-up: every route once, one at a time (first calls fill caches, pick kernels and capture graphs), each
+    # timed, so a slow first call shows which route it was
+    one = replace(sizes, agents=min(1, sizes.agents), images=min(1, sizes.images), videos=min(1, sizes.videos))
+    for name, make in workloads(url, one, "http", 1, args).items():
+        got, errors = await outcomes(tasks_of({name: make}, name))
+        progress(f"warm-up: {name}", summarize(name, got, errors))
     await speech(url, "http", 1, 20, PROBE_TEXT)
     progress("warmed up")
     if args.probe:

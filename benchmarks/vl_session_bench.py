@@ -8,7 +8,9 @@ CUDA, no weight file written) with a full-vocabulary tokenizer and loads it on t
 ``--size`` pixels (``n`` sessions feeding at once, each frame after the previous one's prefill); then each session
 asks one question (``n`` at once, greedy, ``--tokens`` tokens): TTFT, prompt tokens prefilled; then the sessions
 close and the same questions (the same frames) are asked again, so each prompt is rebuilt: TTFT, tokens
-prefilled. Both answers must be the same tokens (``same_tokens``). Prints a table and writes
+prefilled. Both answers should be the same tokens (``same_tokens``; ``same_sessions`` counts the sessions whose
+answers agree: in fp32 all do, as the tests check; in bf16 the two prefills round differently and random weights
+leave near-ties, so an answer can part). Prints a table and writes
 ``vl_session_bench_<name>.json`` to ``$OUT`` or ``benchmarks/results``.
 
 GPU machine, in the repository root, one command (about 3 minutes on one H200)::
@@ -117,6 +119,9 @@ async def level(engine, n: int, args: argparse.Namespace) -> dict:
         "rebuilt_ttft_max_ms": 1000 * max(rebuilt_ttft),
         "images_encoded": runner.images_encoded - encoded0,
         "same_tokens": [r["text"] for r in held] == [r["text"] for r in rebuilt],
+        # in bf16 a prompt prefilled in pieces and one prefilled whole round differently, and random weights leave
+        # near-ties that greedy decoding can then break apart: how many sessions' answers agree
+        "same_sessions": sum(h["text"] == r["text"] for h, r in zip(held, rebuilt, strict=True)),
     }
 
 
@@ -125,19 +130,21 @@ def line(name: str, lv: dict) -> str:
         f"[{name}] sessions={lv['sessions']:2d} frames/s {lv['frames_per_s_total']:7.1f} in all, "
         f"{lv['frames_per_s_per_session_p50']:6.1f} per session | question TTFT p50 held "
         f"{lv['held_ttft_p50_ms']:7.1f} ms ({lv['held_prefilled_tokens']:.0f} tokens) vs rebuilt "
-        f"{lv['rebuilt_ttft_p50_ms']:7.1f} ms ({lv['rebuilt_prefilled_tokens']:.0f} tokens) | same {lv['same_tokens']}"
+        f"{lv['rebuilt_ttft_p50_ms']:7.1f} ms ({lv['rebuilt_prefilled_tokens']:.0f} tokens) | "
+        f"same {lv['same_sessions']}/{lv['sessions']}"
     )
 
 
 def table(name: str, levels: list[dict]) -> str:
     head = ("| model | sessions | frames/s in all | frames/s per session p50 | TTFT held p50 ms | TTFT rebuilt p50 ms "
-            "| tokens prefilled held / rebuilt | same tokens |")  # fmt: skip
+            "| tokens prefilled held / rebuilt | sessions with the same answer |")  # fmt: skip
     rows = [head, "|" + "---|" * 8]
     for lv in levels:
         rows.append(
             f"| {name} | {lv['sessions']} | {lv['frames_per_s_total']:.1f} | {lv['frames_per_s_per_session_p50']:.1f}"
             f" | {lv['held_ttft_p50_ms']:.1f} | {lv['rebuilt_ttft_p50_ms']:.1f} | "
-            f"{lv['held_prefilled_tokens']:.0f} / {lv['rebuilt_prefilled_tokens']:.0f} | {lv['same_tokens']} |"
+            f"{lv['held_prefilled_tokens']:.0f} / {lv['rebuilt_prefilled_tokens']:.0f} | "
+            f"{lv['same_sessions']} of {lv['sessions']} |"
         )
     return "\n".join(rows)
 

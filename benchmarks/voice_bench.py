@@ -16,10 +16,12 @@ server, and the two rounds are reported apart: ``cold`` (the level's batch sizes
 - barge-in: start of the interrupting speech -> the last audio byte of the interrupted response (what a client
   plays at most after the user starts talking, before it even flushes its own buffer).
 
-And on the server, per level: where the device worker's time went while it ran (``work`` in the JSON, a line under
-the level's row): its busy share and seconds per scheduler step, job and batch (``omni_stream.runtime.work_profile``
-over the worker's log, read from the benchmark server's ``GET /bench/work``). A slow part with an idle worker waited
-on something other than the device.
+And on the server, per level: the end-of-turn model's pauses judged and its mean wait for a thread, wall time and
+CPU time per call (``turn_model``, from the server's ``omni_stream_turn_model_seconds`` on ``/metrics``; a call
+whose wall time is well over its CPU time waited on cores or the GIL), and where the device worker's time went while
+it ran (``work`` in the JSON, a line under the level's row): its busy share and seconds per scheduler step, job and
+batch (``omni_stream.runtime.work_profile`` over the worker's log, read from the benchmark server's ``GET
+/bench/work``). A slow part with an idle worker waited on something other than the device.
 
 The server runs in a child process (``--serve``) so client and server do not share one interpreter.
 
@@ -199,6 +201,45 @@ def fetch_work(port: int) -> dict[str, Any]:
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/bench/work", timeout=30) as response:
         return json.loads(response.read())
+
+
+def fetch_turn_model(port: int) -> dict[str, tuple[float, float]]:
+    """The server's ``omni_stream_turn_model_seconds`` histogram: phase -> (sum of seconds, count)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "omni_stream_turn_model_seconds":
+            continue
+        for sample in family.samples:
+            phase = sample.labels.get("phase", "")
+            if sample.name.endswith("_sum"):
+                sums[phase] = sample.value
+            elif sample.name.endswith("_count"):
+                counts[phase] = sample.value
+    return {phase: (sums.get(phase, 0.0), counts.get(phase, 0.0)) for phase in ("wait", "run", "cpu")}
+
+
+def turn_model_use(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> dict[str, Any]:
+    """The end-of-turn model over one level: pauses judged and mean milliseconds per phase (wait for its thread,
+    the call's wall time, its thread's CPU time in it: run well over cpu means the call waited on cores or the
+    GIL)."""
+    judged = int(after["run"][1] - before["run"][1])
+    out: dict[str, Any] = {"judged": judged}
+    for phase in ("wait", "run", "cpu"):
+        total = after[phase][0] - before[phase][0]
+        out[f"{phase}_ms_mean"] = round(1000 * total / judged, 2) if judged else None
+    return out
+
+
+def turn_model_line(use: dict[str, Any]) -> str:
+    return (f"    turn model: {use['judged']} pauses judged, mean wait {use['wait_ms_mean']} ms, "
+            f"run {use['run_ms_mean']} ms (cpu {use['cpu_ms_mean']} ms)")  # fmt: skip
 
 
 def work_line(work: dict[str, Any], top: int = 5) -> str:
@@ -524,10 +565,14 @@ def main(argv: list[str] | None = None) -> int:
                 for n in levels:
                     for round_ in ("cold", "warm"):
                         fetch_work(port)  # the profile's window starts with the level
+                        judged = fetch_turn_model(port)
                         results.append(asyncio.run(run_level(url, n, args, turns, arrivals, round_)))
                         results[-1]["work"] = fetch_work(port)
+                        results[-1]["turn_model"] = turn_model_use(judged, fetch_turn_model(port))
                         print(table(results[-1:]).splitlines()[-1], flush=True)
                         print(work_line(results[-1]["work"]), flush=True)
+                        if turns == "semantic_vad":
+                            print(turn_model_line(results[-1]["turn_model"]), flush=True)
     report = {
         "benchmark": "voice_bench",
         "mode": mode,

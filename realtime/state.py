@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import anyio
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from omni_stream.engine import AsyncEngine
 from omni_stream.family import ModelKind
@@ -35,6 +35,7 @@ class HttpMetrics:
     streams: Gauge = field(init=False)
     disconnects: Counter = field(init=False)
     audio_sent: Counter = field(init=False)
+    turn_model: Histogram = field(init=False)
 
     def __post_init__(self) -> None:
         self.requests = Counter(
@@ -62,6 +63,21 @@ class HttpMetrics:
             ["transport"],
             registry=self.registry,
         )
+        # Split so that a slow turn decision says why: waiting for a thread, contention (run well over cpu: other
+        # threads held the cores or the GIL), or the model itself (cpu).
+        self.turn_model = Histogram(
+            "omni_stream_turn_model_seconds",
+            "semantic_vad's end-of-turn model, per pause judged: wait (the pause noticed -> the model's thread "
+            "starts), run (the call, wall clock), cpu (the calling thread's CPU time in it).",
+            ["phase"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28),
+            registry=self.registry,
+        )
+
+    def observe_turn_model(self, wait_s: float, run_s: float, cpu_s: float) -> None:
+        self.turn_model.labels("wait").observe(wait_s)
+        self.turn_model.labels("run").observe(run_s)
+        self.turn_model.labels("cpu").observe(cpu_s)
 
 
 @dataclass(slots=True)

@@ -118,7 +118,18 @@ async def test_a_manual_commit_is_transcribed_and_answered_with_speech(real_agen
     await asyncio.to_thread(wait_idle, real_agent)
 
 
+def turn_model_counts(live) -> dict[str, float]:
+    """``omni_stream_turn_model_seconds``'s count per phase on the server's ``/metrics``."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{live.url}/metrics", timeout=30).text
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name == "omni_stream_turn_model_seconds"]
+    return {s.labels["phase"]: s.value for s in family.samples if s.name.endswith("_count")}
+
+
 async def test_semantic_vad_ends_the_turn_answers_and_a_barge_in_cancels_the_answer(real_agent):
+    judged_before = await asyncio.to_thread(turn_model_counts, real_agent)
     question = framed(espeak("What is the weather like in Paris today?"), tail_ms=1000)
     interruption = framed(espeak("Wait, stop please."), lead_ms=0, tail_ms=0)
     async with client(real_agent).realtime.connect(model=live_model(real_agent)) as conn:
@@ -140,6 +151,11 @@ async def test_semantic_vad_ends_the_turn_answers_and_a_barge_in_cancels_the_ans
         # Smart Turn judged the finished question at its pause: the turn ended long before the 2 s maximum pause
         speech_end_ms = 300 + (question.size - 24000) * 1000 // 24000
         assert stopped.audio_end_ms < speech_end_ms + 1000
+        # every pause the model judged is on /metrics, each with its wait, call and CPU time
+        judged = await asyncio.to_thread(turn_model_counts, real_agent)
+        assert set(judged) == {"wait", "run", "cpu"}
+        assert judged["run"] - judged_before.get("run", 0) >= 1
+        assert judged["wait"] == judged["run"] == judged["cpu"]
         # barge-in: the user talks over the answer
         await append(conn, interruption)
         rest = await until(conn, "response.done")

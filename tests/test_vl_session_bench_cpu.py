@@ -20,7 +20,7 @@ def test_smoke_run_reports_every_level(tmp_path):
     assert res["git_commit"] == "test" and res["device"] == "cpu" and res["parameters"] > 0
     assert [lv["sessions"] for lv in res["levels"]] == [1, 2]
     for lv in res["levels"]:
-        assert lv["same_tokens"] is True
+        assert lv["same_tokens"] is True and lv["same_sessions"] == lv["sessions"]
         assert lv["frame_tokens"] == 8  # a 56 x 84 frame: 6 pads and the two vision markers
         assert 3 * 8 < lv["held_rows"] < 3 * 8 + 10  # the frames after the template's first turn
         assert lv["held_prefilled_tokens"] == lv["prompt_tokens"] - lv["held_rows"]  # the question alone

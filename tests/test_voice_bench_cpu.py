@@ -48,7 +48,14 @@ def test_the_smoke_run_measures_voice_to_voice_its_split_and_barge_in(tmp_path):
             k.startswith("step:") and k != "step:talker" for k in work["counts"]
         )
         assert abs(sum(work["seconds"].values()) - work["span_s"]) < 0.01 * len(work["seconds"])  # rounded to ms
+        turn_model = level["turn_model"]  # semantic_vad: every turn ended at a pause the model judged
+        if level["turns"] == "semantic_vad":
+            assert turn_model["judged"] >= level["sessions"], turn_model
+            assert all(turn_model[f"{p}_ms_mean"] >= 0 for p in ("wait", "run", "cpu")), turn_model
+        else:
+            assert turn_model == {"judged": 0, "wait_ms_mean": None, "run_ms_mean": None, "cpu_ms_mean": None}
     assert "barge p50" in proc.stdout and "semantic_vad" in proc.stdout and "worker busy" in proc.stdout
+    assert "pauses judged" in proc.stdout
 
 
 def test_the_recorded_utterances_are_one_turn_each_for_the_silero_vad():

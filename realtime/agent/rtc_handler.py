@@ -72,7 +72,7 @@ class VoiceAgentHandler(AsyncStreamHandler):
         self._task = asyncio.current_task()
         engine = self.state.ready_engine
         try:
-            async with RealtimeSession(engine, self.state.settings) as session:
+            async with RealtimeSession(engine, self.state.settings, metrics=self.state.metrics) as session:
                 self.session = session
                 self.state.sessions.add(session)
                 try:

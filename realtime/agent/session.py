@@ -75,12 +75,13 @@ from omni_stream.realtime.agent.outputs import (
 from omni_stream.realtime.agent.protocol import RealtimeProtocol
 from omni_stream.realtime.agent.truncation import ContextExceeded, fit
 from omni_stream.realtime.settings import Settings
+from omni_stream.realtime.state import HttpMetrics
 from omni_stream.requests import ChatMessage, ChatRequest, SpokenReply, TextRequest
 from omni_stream.runtime.offload import run_prepare
 from omni_stream.speech.pacing import AnyioClock, Clock, Pacer
 from omni_stream.text.tools import ToolMode
 from omni_stream.transcription.spec import TranscriptionRequest, transcription_family
-from omni_stream.turns.detector import EndOfTurnModel, TurnDetector
+from omni_stream.turns.detector import EndOfTurnModel, TurnDetector, TurnEvent
 from omni_stream.turns.rules import TurnType
 
 log = logging.getLogger("omni_stream.realtime.session")
@@ -164,6 +165,14 @@ def _asr_input(samples: np.ndarray, rate: int) -> np.ndarray:
     return x if rate == 24000 else resample(x, 24000, rate)
 
 
+def _judge_timed(detector: TurnDetector, queued: float) -> tuple[list[TurnEvent], float, float, float]:
+    """``detector.judge()`` (in a worker thread) and its timing: seconds from ``queued`` to the start (waiting for
+    a thread), wall seconds of the call, and this thread's CPU seconds in it."""
+    start, cpu = time.perf_counter(), time.thread_time()
+    events = detector.judge()
+    return events, start - queued, time.perf_counter() - start, time.thread_time() - cpu
+
+
 def _message(exc: BaseException) -> str:
     return getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
 
@@ -182,9 +191,11 @@ class RealtimeSession:
         clock: Clock | None = None,
         session_type: SessionType = SessionType.REALTIME,
         model: str | None = None,
+        metrics: HttpMetrics | None = None,
     ) -> None:
         self.engine = engine
         self.settings = settings
+        self.metrics = metrics
         self.clock: Clock = clock or AnyioClock()
         self.vad_factory: VadFactory | None = vad_factory or settings.vad_factory
         self.turn_model_factory: TurnModelFactory | None = turn_model_factory or settings.turn_model_factory
@@ -571,7 +582,9 @@ class RealtimeSession:
         events = await run_prepare(detector.feed, samples)
         await self._apply(self.protocol.turn_events, epoch, events, detector.fed)
         if detector.judging:  # the end-of-turn model after the pause's event went out: work started there overlaps it
-            events = await anyio.to_thread.run_sync(detector.judge)
+            events, wait_s, run_s, cpu_s = await anyio.to_thread.run_sync(_judge_timed, detector, time.perf_counter())
+            if self.metrics is not None:
+                self.metrics.observe_turn_model(wait_s, run_s, cpu_s)
             await self._apply(self.protocol.turn_events, epoch, events, detector.fed)
 
     async def _expire_later(self) -> None:

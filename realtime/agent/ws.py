@@ -85,7 +85,8 @@ async def _open(socket: Socket, state: ServerState) -> RealtimeSocket | None:
                 raise
         await socket.close(CloseCode.POLICY)
         return None
-    return RealtimeSocket(state, RealtimeSession(state.ready_engine, state.settings, session_type=kind, model=model))
+    session = RealtimeSession(state.ready_engine, state.settings, session_type=kind, model=model, metrics=state.metrics)
+    return RealtimeSocket(state, session)
 
 
 class RealtimeSocket:
