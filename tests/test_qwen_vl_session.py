@@ -179,6 +179,59 @@ async def test_a_question_matched_before_a_rebuild_prefills_its_whole_prompt(ckp
     assert runner.images_encoded == encoded + 4
 
 
+async def test_questions_of_several_sessions_are_prefilled_in_one_forward_and_answer_as_their_whole_prompts(ckpt):
+    """Three sessions with different rows held (1, 3 and 2 frames, one with a system turn) and questions of
+    different lengths, admitted in one step: one forward prefills the three questions, each after its own rows, and
+    each answers as its whole prompt prefilled alone and as its question prefilled alone."""
+    cfg = load_config(ckpt)
+    tok = ChatTokenizer(ckpt)
+    spec = load_image_spec(ckpt, cfg.vision)
+    eos = load_generation_defaults(ckpt, cfg.text).eos_token_ids
+    runner = QwenVLRunner(load_vl(ckpt, dtype=torch.float32), tok.decode, eos_token_ids=eos, max_batch_size=4,
+                          max_len=256, record=True, max_sessions=3)  # fmt: skip
+    systems = (None, "You watch a camera.", None)
+    held = {0: [frame(0)], 1: [frame(10 + i) for i in range(3)], 2: [frame(20), frame(21)]}
+    for sid, system in enumerate(systems):
+        runner.session_open(session_prefix(tok, cfg, system), max_frames=4)
+        for image in held[sid]:
+            runner.session_append(sid, image, image_key(image), prepare_image(image, spec))
+    asks = ("What changed?", "Is anyone there, and what are they doing right now in the room?", "Describe it.")
+    requests = []
+    for sid, (system, ask) in enumerate(zip(systems, asks, strict=True)):
+        turns = (ChatMessage(Role.SYSTEM, system),) if system else ()
+        requests.append(question((*turns, ChatMessage(Role.USER, ask, images=tuple(held[sid])))))
+
+    def vl_request(request: TextRequest, views=()) -> VLRequest:
+        p = encode_prompt(tok, cfg, spec, request, views)
+        return VLRequest(p.ids, MAX_TOKENS, GREEDY, ignore_eos=True, images=p.images, positions=p.positions,
+                         rope_delta=p.rope_delta, cached=p.cached)  # fmt: skip
+
+    views = tuple(runner.views.values())
+    continued = [vl_request(r, views) for r in requests]
+    assert [c.cached.sid for c in continued] == [0, 1, 2]  # type: ignore[union-attr]
+    assert len({c.cached.length for c in continued}) == 3  # type: ignore[union-attr]
+    assert len({len(c.prompt_ids) - c.cached.length for c in continued}) == 3  # type: ignore[union-attr]
+    runner.prefill_log.clear()
+    together = await drive(runner, continued)
+    assert runner.prefill_log[0][::2] == (3, "continued")  # the three questions in one forward
+    assert runner.prefill_log[0][1] == max(len(c.prompt_ids) - c.cached.length for c in continued)  # type: ignore[union-attr]
+    apart = [await drive(runner, [c]) for c in continued]
+    whole = await drive(runner, [vl_request(r) for r in requests])
+    assert [r.tokens for r in together] == [r.tokens for (r,) in apart] == [r.tokens for r in whole]
+    assert all(len(r.tokens) == MAX_TOKENS for r in together)
+    # Closer than tokens: the batched forward's last hidden state and K/V rows of each prompt equal those of its
+    # whole prompt prefilled alone (the three in slots 0-2, each whole prompt then in slot 3).
+    ids = [torch.tensor(c.prompt_ids) for c in continued]
+    runner._prefill_continued([(i, ids[i], c) for i, c in enumerate(continued)])
+    batched = runner.hidden[:3].clone()
+    for i, request in enumerate(requests):
+        runner._prefill_vl([(3, ids[i], vl_request(request))])
+        torch.testing.assert_close(batched[i], runner.hidden[3], rtol=1e-4, atol=1e-4)
+        n = len(ids[i])
+        torch.testing.assert_close(runner.kv.k[:, i, :, :n], runner.kv.k[:, 3, :, :n], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(runner.kv.v[:, i, :, :n], runner.kv.v[:, 3, :, :n], rtol=1e-4, atol=1e-4)
+
+
 def test_frames_of_several_sessions_are_encoded_together_and_prefilled_as_one_by_one(ckpt):
     cfg = load_config(ckpt)
     tok = ChatTokenizer(ckpt)

@@ -155,6 +155,26 @@ class SlotKVCache:
 
         return attend
 
+    def prefill_rows(self, slots: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, bound: int) -> Attend:
+        """Attention for right-padded new tokens of several slots at once: token ``j`` of row ``i`` sits at
+        position ``starts[i] + j`` of slot ``slots[i]`` (causal over the slot's earlier rows) for ``j <
+        lengths[i]``; a padding token's K/V is not written and its output is junk. ``bound`` (host int) is at least
+        ``max(starts + lengths)``. The rows each token writes are found once, for every layer."""
+        dev = slots.device
+        t = int(lengths.max())
+        j = torch.arange(t, device=dev)
+        rows, cols = (j[None, :] < lengths[:, None]).nonzero(as_tuple=True)
+        dst_slots, dst_pos = slots[rows], starts[rows] + cols
+        qpos = starts[:, None] + j[None, :]  # [B, T]
+        mask = (torch.arange(bound, device=dev)[None, None, :] <= qpos[:, :, None])[:, None]  # [B, 1, T, bound]
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            self.k[layer, dst_slots, :, dst_pos] = k[rows, :, cols]
+            self.v[layer, dst_slots, :, dst_pos] = v[rows, :, cols]
+            return attention(q, self.k[layer][slots, :, :bound], self.v[layer][slots, :, :bound], mask)
+
+        return attend
+
     def decode(self, slots: torch.Tensor, lengths: torch.Tensor, bound: int) -> Attend:
         """Attention for one new token per row: row ``i`` writes at ``lengths[i]`` of slot ``slots[i]``.
 

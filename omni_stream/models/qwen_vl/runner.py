@@ -15,15 +15,15 @@ A lone newcomer is not padded to a prefill bucket (no prefill graphs: the vision
 images anyway).
 
 Frame sessions (``max_sessions`` of them, each up to ``session_rows`` cache rows, in a cache of their own): a
-session's frames go through the vision tower and are prefilled into its rows as they arrive
-(:meth:`session_append`: only the new frame's tokens run through the layers), so a query whose prompt starts with
-the session's rows (:class:`~.frames.SessionView`) copies those rows into its slot and prefills only its own
-tokens. A session holds at most ``max_frames`` frames and ``session_rows`` rows: past either, the oldest frames
-leave (down to three quarters of ``max_frames``, so a rebuild comes once every quarter window of frames, not with
-every frame) and the remaining frames' rows are rebuilt from their stored features in one forward (the vision tower
-does not run again). Every path gives the tokens of the whole prompt prefilled at once. Frames of several
-sessions that wait for the worker together (:meth:`session_append_many`) go through the vision tower in one call;
-each session's rows are then written in turn.
+session's frames go through the vision tower and are prefilled into its rows as they arrive (:meth:`session_append`:
+only the new frame's tokens run through the layers), so a query whose prompt starts with the session's rows
+(:class:`~.frames.SessionView`) copies those rows into its slot and prefills only its own tokens (the questions of
+several sessions admitted in one step together, in one forward). A session holds at most ``max_frames`` frames and
+``session_rows`` rows: past either, the oldest frames leave (down to three quarters of ``max_frames``, so a rebuild
+comes once every quarter window of frames, not with every frame) and the remaining frames' rows are rebuilt from
+their stored features in one forward (the vision tower does not run again). Every path gives the tokens of the whole
+prompt prefilled at once. Frames of several sessions that wait for the worker together (:meth:`session_append_many`)
+go through the vision tower in one call; each session's rows are then written in turn.
 """
 
 from __future__ import annotations
@@ -143,8 +143,12 @@ class QwenVLRunner(CausalLMRunner):
         joined = self._prefill_each(
             [seq for seq, _ in fresh], [(seq.slot, ids, seq.payload) for seq, ids in fresh], self._prefill_vl, outputs
         )
-        for seq, ids in continued:
-            joined += self._prefill_each([seq], [(seq.slot, ids, seq.payload)], self._prefill_continued, outputs)
+        joined += self._prefill_each(
+            [seq for seq, _ in continued],
+            [(seq.slot, ids, seq.payload) for seq, ids in continued],
+            self._prefill_continued,
+            outputs,
+        )
         return joined
 
     def _features(self, images: list[PreparedImage | EncodedFrame]) -> torch.Tensor:
@@ -199,24 +203,39 @@ class QwenVLRunner(CausalLMRunner):
             self.prefill_log.append((len(prompts), t, "eager"))
 
     def _prefill_continued(self, prompts: list[tuple[int, torch.Tensor, LMRequest]]) -> None:
-        """A prompt that starts with its session's rows: those rows copied into its slot, its own tokens prefilled
-        after them."""
-        ((slot, ids, req),) = prompts
-        assert isinstance(req, VLRequest) and req.cached is not None and req.positions is not None
+        """Prompts that start with their sessions' rows, in one forward: each one's session rows copied into its
+        slot, then every prompt's own tokens (right-padded to the longest) prefilled after its rows."""
         assert self.session_kv is not None
-        start, sid = req.cached.length, req.cached.sid
-        self.kv.k[:, slot, :, :start] = self.session_kv.k[:, sid, :, :start]
-        self.kv.v[:, slot, :, :start] = self.session_kv.v[:, sid, :, :start]
-        rest = ids[start:]
-        if bool((rest == self.image_token_id).any()):
-            raise ValueError("a prompt continuing a session's rows has images of its own")
-        positions = torch.from_numpy(req.positions[:, start:]).to(self.device)[:, None]
-        hidden = self.lm(self.lm.embed(rest[None]), positions, self.kv.prefill(slot, start))
-        self.hidden[slot] = hidden[0, -1]
-        self.rope_delta[slot] = req.rope_delta
-        self.tokens_prefilled += rest.shape[0]
+        dev = self.device
+        rests, starts, deltas, positions = [], [], [], []
+        for slot, ids, req in prompts:
+            assert isinstance(req, VLRequest) and req.cached is not None and req.positions is not None
+            start, sid = req.cached.length, req.cached.sid
+            self.kv.k[:, slot, :, :start] = self.session_kv.k[:, sid, :, :start]
+            self.kv.v[:, slot, :, :start] = self.session_kv.v[:, sid, :, :start]
+            rest = ids[start:]
+            if bool((rest == self.image_token_id).any()):
+                raise ValueError("a prompt continuing a session's rows has images of its own")
+            rests.append(rest)
+            starts.append(start)
+            deltas.append(req.rope_delta)
+            positions.append(torch.from_numpy(req.positions[:, start:]))
+        lengths = [rest.shape[0] for rest in rests]
+        t = max(lengths)
+        pos = torch.zeros(3, len(prompts), t, dtype=torch.long)
+        for i, p in enumerate(positions):
+            pos[:, i, : p.shape[1]] = p
+        slots = torch.tensor([slot for slot, _, _ in prompts], dtype=torch.long, device=dev)
+        first = torch.tensor(starts, dtype=torch.long, device=dev)
+        lens = torch.tensor(lengths, dtype=torch.long, device=dev)
+        ids = torch.nn.utils.rnn.pad_sequence(rests, batch_first=True)
+        bound = max(a + n for a, n in zip(starts, lengths, strict=True))
+        hidden = self.lm(self.lm.embed(ids), pos.to(dev), self.kv.prefill_rows(slots, first, lens, bound))
+        self.hidden[slots] = hidden[torch.arange(len(prompts), device=dev), lens - 1]
+        self.rope_delta[slots] = torch.tensor(deltas, dtype=torch.long, device=dev)
+        self.tokens_prefilled += sum(lengths)
         if self.record:
-            self.prefill_log.append((1, rest.shape[0], "continued"))
+            self.prefill_log.append((len(prompts), t, "continued"))
 
     # -- frame sessions (worker thread) ------------------------------------------------------------------
 
