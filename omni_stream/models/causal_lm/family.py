@@ -29,7 +29,7 @@ from omni_stream.family import LoadContext, ModelKind, TextInfo
 from omni_stream.models.causal_lm.config import load_config, load_generation_defaults
 from omni_stream.models.causal_lm.constraint import Grammars
 from omni_stream.models.causal_lm.model import load_lm
-from omni_stream.models.causal_lm.runner import CausalLMRunner, LMRequest
+from omni_stream.models.causal_lm.runner import CausalLMRunner, LMRequest, Prompt
 from omni_stream.models.causal_lm.tokenizer import ChatTokenizer
 from omni_stream.pipeline import Stage
 from omni_stream.requests import ChatMessage, Role, TextRequest
@@ -137,6 +137,20 @@ class CausalLMFamily:
         """Tokens of ``text`` under the checkpoint's tokenizer (blocking: call it off the loop for long text)."""
         return self.tokenizer.count(text)
 
+    @property
+    def tool_format(self) -> ToolFormat:
+        """How this model writes tool calls (its chat template's format)."""
+        return TOOL_FORMATS[self.config.model_type]
+
+    def runner_prompt(self, request: TextRequest) -> Prompt:
+        """``request``'s prompt as the runner reads it (blocking: tokenization; run on a preparation thread)."""
+        return Prompt(tuple(self.tokenizer.encode(request)))
+
+    def runner_request(self, prompt: Prompt, request: LMRequest) -> LMRequest:
+        """The runner's payload: ``request`` (the prompt's ids and every field of the text request) as it is; a
+        family whose prompts carry more (images) extends it."""
+        return request
+
     def text_stage(self, request: TextRequest, ctx: RequestContext) -> Stage[object, TextDelta]:
         """The stage of ``request`` (a chat without a template is refused now; the prompt is fitted to the context
         in the stage, before any delta)."""
@@ -148,7 +162,7 @@ class CausalLMFamily:
             raise InvalidRequestError(
                 f"logit_bias names token {bad[0]}, outside the vocabulary of {self.config.vocab_size}", "logit_bias"
             )
-        tool_format = TOOL_FORMATS[self.config.model_type]
+        tool_format = self.tool_format
         grammar = request_grammar(
             request.offered_tools,
             request.tool_choice,
@@ -160,12 +174,12 @@ class CausalLMFamily:
         grammar_field = "tools" if request.tool_choice.forces_call else "response_format"
 
         async def prepare(ctx: RequestContext) -> LMRequest:
-            ids = await run_prepare(self.tokenizer.encode, request)
-            max_tokens = fit_prompt(len(ids), request.max_tokens, self.max_context, prompt_field(request))
+            prompt = await run_prepare(self.runner_prompt, request)
+            max_tokens = fit_prompt(len(prompt.ids), request.max_tokens, self.max_context, prompt_field(request))
             matcher = None if grammar is None else await run_prepare(self.grammars.matcher, grammar, grammar_field)
-            ctx.tokens(ModelKind.TEXT).input_tokens = len(ids)
-            return LMRequest(
-                tuple(ids),
+            ctx.tokens(ModelKind.TEXT).input_tokens = len(prompt.ids)
+            payload = LMRequest(
+                prompt.ids,
                 max_tokens,
                 sampling,
                 request.seed,
@@ -177,6 +191,7 @@ class CausalLMFamily:
                 logit_bias=request.logit_bias,
                 logprobs=request.logprobs,
             )
+            return self.runner_request(prompt, payload)
 
         stage = text_generation_stage(self.scheduler, prepare)
         if request.offered_tools:

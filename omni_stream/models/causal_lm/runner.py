@@ -85,6 +85,13 @@ PREFILL_BUCKET = 32  # smallest prompt-length bucket of a lone newcomer's prefil
 
 
 @dataclass(slots=True, frozen=True)
+class Prompt:
+    """A request's prompt as a text runner reads it: token ids (a family's prompts may carry more: images)."""
+
+    ids: tuple[int, ...]
+
+
+@dataclass(slots=True, frozen=True)
 class LMRequest:
     """The scheduler payload of one generation: prompt ids and how to generate (``max_tokens`` >= 1).
 

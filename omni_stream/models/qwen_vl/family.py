@@ -16,17 +16,16 @@ runs on the device worker, in the prefill of the step that admits the request.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
-from omni_stream.chunks import TextDelta
-from omni_stream.context import RequestContext
-from omni_stream.errors import ConfigError, InvalidRequestError
+from omni_stream.errors import ConfigError
 from omni_stream.family import LoadContext, ModelKind, TextInfo
 from omni_stream.models.causal_lm.config import load_generation_defaults
 from omni_stream.models.causal_lm.constraint import Grammars
 from omni_stream.models.causal_lm.family import DEFAULT_MAX_MODEL_LEN, CausalLMFamily, _backend_args
+from omni_stream.models.causal_lm.runner import LMRequest, Prompt
 from omni_stream.models.causal_lm.tokenizer import ChatTokenizer
 from omni_stream.models.qwen_vl.config import load_config, load_image_spec
 from omni_stream.models.qwen_vl.model import load_vl
@@ -34,15 +33,10 @@ from omni_stream.models.qwen_vl.prompt import VLPrompt, encode_prompt, session_p
 from omni_stream.models.qwen_vl.runner import QwenVLRunner, VLRequest
 from omni_stream.models.qwen_vl.session import FrameSession
 from omni_stream.models.qwen_vl.vision import image_prompt_tokens, smart_resize
-from omni_stream.pipeline import Stage
 from omni_stream.requests import TextRequest
-from omni_stream.runtime.offload import run_prepare
 from omni_stream.runtime.weights import parse_dtype
 from omni_stream.scheduler import Scheduler
-from omni_stream.text.grammar import request_grammar
-from omni_stream.text.stage import text_generation_stage, with_tool_calls
 from omni_stream.text.tool_parsers import ToolFormat
-from omni_stream.validation.text import fit_prompt, prompt_field
 
 log = logging.getLogger(__name__)
 
@@ -148,53 +142,19 @@ class QwenVLFamily(CausalLMFamily):
         """Ids of a session's prompt up to its user turn's first frame (blocking: the chat template)."""
         return session_prefix(self.tokenizer, self.vl_config, system)
 
-    def text_stage(self, request: TextRequest, ctx: RequestContext) -> Stage[object, TextDelta]:
-        """The stage of ``request`` (as the causal LM's; its prompt may show images)."""
-        if request.messages and not self.tokenizer.has_chat_template:
-            raise InvalidRequestError("this model has no chat template: send a raw prompt instead", "messages")
-        sampling = request.sampling or self.sampling
-        bad = [t for t, _ in request.logit_bias if t >= self.config.vocab_size]
-        if bad:
-            raise InvalidRequestError(
-                f"logit_bias names token {bad[0]}, outside the vocabulary of {self.config.vocab_size}", "logit_bias"
-            )
-        grammar = request_grammar(
-            request.offered_tools,
-            request.tool_choice,
-            request.response_format,
-            TOOL_FORMAT,
-            request.parallel_tool_calls,
-            self.tag_tokens,
-        )
-        grammar_field = "tools" if request.tool_choice.forces_call else "response_format"
+    @property
+    def tool_format(self) -> ToolFormat:
+        return TOOL_FORMAT
 
-        async def prepare(ctx: RequestContext) -> VLRequest:
-            prompt = await run_prepare(self.encode_prompt, request)
-            max_tokens = fit_prompt(len(prompt.ids), request.max_tokens, self.max_context, prompt_field(request))
-            matcher = None if grammar is None else await run_prepare(self.grammars.matcher, grammar, grammar_field)
-            ctx.tokens(ModelKind.TEXT).input_tokens = len(prompt.ids)
-            return VLRequest(
-                prompt.ids,
-                max_tokens,
-                sampling,
-                request.seed,
-                request.stop,
-                request.ignore_eos,
-                matcher=matcher,
-                presence_penalty=request.presence_penalty,
-                frequency_penalty=request.frequency_penalty,
-                logit_bias=request.logit_bias,
-                logprobs=request.logprobs,
-                images=prompt.images,
-                positions=prompt.positions,
-                rope_delta=prompt.rope_delta,
-                cached=prompt.cached,
-            )
+    def runner_prompt(self, request: TextRequest) -> VLPrompt:
+        return self.encode_prompt(request)
 
-        stage = text_generation_stage(self.scheduler, prepare)
-        if request.offered_tools:
-            stage = with_tool_calls(stage, TOOL_FORMAT, request.parallel_tool_calls)
-        return stage
+    def runner_request(self, prompt: Prompt, request: LMRequest) -> VLRequest:
+        """``request`` with the prompt's images, positions and the session rows it continues."""
+        assert isinstance(prompt, VLPrompt)
+        common = {f.name: getattr(request, f.name) for f in fields(LMRequest)}
+        return VLRequest(**common, images=prompt.images, positions=prompt.positions, rope_delta=prompt.rope_delta,
+                         cached=prompt.cached)  # fmt: skip
 
 
 def load_family(load: LoadContext) -> QwenVLFamily:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from omni_stream.errors import InvalidRequestError
+from omni_stream.models.causal_lm.runner import Prompt
 from omni_stream.models.causal_lm.tokenizer import ChatTokenizer
 from omni_stream.models.qwen_vl.config import ImageSpec, QwenVLConfig
 from omni_stream.models.qwen_vl.frames import EncodedFrame, SessionView
@@ -28,12 +29,11 @@ from omni_stream.validation.text import prompt_field
 
 
 @dataclass(slots=True, frozen=True)
-class VLPrompt:
+class VLPrompt(Prompt):
     """``ids`` with each image's pad repeated per merged patch, the ``images`` in prompt order, ``positions``
     ``[3, n]`` (None: text only, positions 0..n-1), the decode positions' ``rope_delta`` and the session view
     whose rows the prompt starts with (``cached``)."""
 
-    ids: tuple[int, ...]
     images: tuple[PreparedImage | EncodedFrame, ...]
     positions: np.ndarray | None
     rope_delta: int
