@@ -21,7 +21,8 @@ CPU time per call (``turn_model``, from the server's ``omni_stream_turn_model_se
 whose wall time is well over its CPU time waited on cores or the GIL), and where the device worker's time went while
 it ran (``work`` in the JSON, a line under the level's row): its busy share and seconds per scheduler step, job and
 batch (``omni_stream.runtime.work_profile`` over the worker's log, read from the benchmark server's ``GET
-/bench/work``). A slow part with an idle worker waited on something other than the device.
+/bench/work``), and the event loop's preparation threads (turn detection's feeds, prompts): jobs, their wait for a
+thread and their run time (``work.prepare``). A slow part with an idle worker waited on something other than the device.
 
 The server runs in a child process (``--serve``) so client and server do not share one interpreter.
 
@@ -182,6 +183,7 @@ def work_route(app: Any) -> Any:
     (:mod:`omni_stream.runtime.work_profile`): where its time went while the level ran, idle included."""
     from starlette.responses import JSONResponse
 
+    from omni_stream.runtime.offload import preparer
     from omni_stream.runtime.work_profile import work_profile
 
     read = {"seq": -1, "at": time.perf_counter()}
@@ -191,7 +193,11 @@ def work_route(app: Any) -> Any:
         now = time.perf_counter()
         profile = work_profile(log, read["at"], now, after_seq=read["seq"])
         read["seq"], read["at"] = (log[-1].seq if log else read["seq"]), now
-        return JSONResponse(profile.summary())
+        jobs = preparer().take()  # this loop's preparation threads (turn detection's feeds, prompts)
+        prepare = {"jobs": jobs.jobs, "wait_ms_mean": round(1000 * jobs.wait_s / jobs.jobs, 2) if jobs.jobs else None,
+                   "wait_ms_max": round(1000 * jobs.max_wait_s, 2),
+                   "run_ms_mean": round(1000 * jobs.run_s / jobs.jobs, 2) if jobs.jobs else None}  # fmt: skip
+        return JSONResponse({**profile.summary(), "prepare": prepare})
 
     return work
 
@@ -246,7 +252,10 @@ def work_line(work: dict[str, Any], top: int = 5) -> str:
     """The profile in one line: busy share, then the largest pieces (seconds)."""
     seconds = sorted(work["seconds"].items(), key=lambda kv: -kv[1])[:top]
     parts = ", ".join(f"{name} {value:.2f}" for name, value in seconds)
-    return f"    worker busy {100 * work['busy_fraction']:.0f}% of {work['span_s']:.1f} s: {parts}"
+    p = work["prepare"]
+    return (f"    worker busy {100 * work['busy_fraction']:.0f}% of {work['span_s']:.1f} s: {parts}\n"
+            f"    preparation threads: {p['jobs']} jobs, wait mean {p['wait_ms_mean']} ms (max {p['wait_ms_max']} ms), "
+            f"run mean {p['run_ms_mean']} ms")  # fmt: skip
 
 
 @contextlib.contextmanager

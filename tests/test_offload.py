@@ -110,3 +110,31 @@ async def test_an_open_engine_keeps_its_loaded_heap_out_of_garbage_collection(tm
         # a full collection does not walk the model's objects (the permanent generation is skipped)
         assert not any(o is talker for o in gc.get_objects(generation=2))
     assert gc.get_freeze_count() == before == 0  # the last engine to close unfroze the heap
+
+
+async def test_the_threads_count_their_jobs_and_the_wait_of_a_job_behind_a_slow_one() -> None:
+    """What a benchmark reads per level (take()): jobs run, failed ones too, cancelled ones not; a job queued behind
+    a slow job of its pass waits for it."""
+    gate = threading.Event()
+
+    def slow() -> int:
+        gate.wait(10)
+        return 1
+
+    def fails() -> int:
+        raise ValueError("counted all the same")
+
+    prep = preparer()
+    prep.take()
+    jobs = [asyncio.ensure_future(run_prepare(f)) for f in (slow, fails, lambda: 3)]
+    dropped = asyncio.ensure_future(run_prepare(lambda: 4))
+    dropped.cancel()
+    await asyncio.sleep(0.05)  # the slow job holds its thread at least this long
+    gate.set()
+    results = await asyncio.gather(*jobs, return_exceptions=True)
+    assert results[0] == 1 and isinstance(results[1], ValueError) and results[2] == 3
+    taken = prep.take()
+    assert taken.jobs == 3
+    assert taken.max_wait_s >= 0.05 and taken.wait_s >= 2 * 0.05  # the two behind the slow one
+    assert taken.run_s >= 0.05
+    assert prep.take().jobs == 0  # a fresh count

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
+import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -41,19 +43,33 @@ PREPARE_THREADS = 2
 class _Job:
     call: Callable[[], Any]
     future: asyncio.Future[Any]
+    queued: float  # time.perf_counter() at submit
 
 
-def _run_all(jobs: list[_Job]) -> list[tuple[bool, Any]]:
+@dataclass(slots=True)
+class PrepareStats:
+    """What a preparer's threads did: jobs run, seconds they waited (submit -> start: the loop's pass, a free
+    thread, the jobs before them in their batch), the longest wait, and seconds they ran."""
+
+    jobs: int = 0
+    wait_s: float = 0.0
+    max_wait_s: float = 0.0
+    run_s: float = 0.0
+
+
+def _run_all(jobs: list[_Job], preparer: Preparer) -> list[tuple[bool, Any]]:
     """A thread's share: every job in order, each one's result or exception (a cancelled one is skipped)."""
     out: list[tuple[bool, Any]] = []
     for job in jobs:
         if job.future.done():  # its request gave up (a racy read: at worst the job runs and is dropped)
             out.append((False, None))
             continue
+        start = time.perf_counter()
         try:
             out.append((True, job.call()))
         except BaseException as exc:
             out.append((False, exc))
+        preparer._count(start - job.queued, time.perf_counter() - start)
     return out
 
 
@@ -79,23 +95,42 @@ class Preparer:
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="omni-stream-prepare")
         self._queued: list[_Job] = []
         self.batches = 0  # thread jobs so far (each one pass's queued jobs)
+        self.stats = PrepareStats()  # since the last take()
+        self._stats_lock = threading.Lock()
+
+    def take(self) -> PrepareStats:
+        """What the threads did since the last call (benchmarks read it per level), and a fresh count."""
+        with self._stats_lock:
+            taken, self.stats = self.stats, PrepareStats()
+            return taken
 
     def submit(self, loop: asyncio.AbstractEventLoop, call: Callable[[], T]) -> asyncio.Future[T]:
         future: asyncio.Future[T] = loop.create_future()
         if not self._queued:
             loop.call_soon(self._flush, loop)  # after the pass's other ready tasks have queued theirs
-        self._queued.append(_Job(call, future))
+        self._queued.append(_Job(call, future, time.perf_counter()))
         return future
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         jobs, self._queued = self._queued, []
         self.batches += 1
         try:
-            done = loop.run_in_executor(self._pool, _run_all, jobs)
+            done = loop.run_in_executor(self._pool, self._run, jobs)
         except RuntimeError as exc:  # the pool or the loop is shutting down: nobody may wait forever
             done = loop.create_future()
             done.set_exception(exc)
         done.add_done_callback(functools.partial(_settle_all, jobs))
+
+    def _run(self, jobs: list[_Job]) -> list[tuple[bool, Any]]:
+        return _run_all(jobs, self)
+
+    def _count(self, wait_s: float, run_s: float) -> None:
+        with self._stats_lock:
+            s = self.stats
+            s.jobs += 1
+            s.wait_s += wait_s
+            s.max_wait_s = max(s.max_wait_s, wait_s)
+            s.run_s += run_s
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False)
