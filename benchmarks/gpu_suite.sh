@@ -34,10 +34,15 @@
 #                               step_ahead off, taking turns at 5-40 /s on one engine; bursts c = 1, 32 per arm
 #   load_http       ~330 / 420  two servers: uvicorn's h11 against httptools, HTTP and WebSocket at 10-40 /s
 #
-# colocation      ~330 / 420  colocation_bench.py --gpu --transports ws: speech c=16/32, agents, 4 image edits, 2 video
-#                               sessions, alone, together and 0.3 s apart, on one server (only when named)
+# colocation      ~450 / 545  colocation_bench.py --gpu --scenarios mixed --transports ws --levels 32: speech c=32,
+#                               agents, 4 image edits, 2 video sessions, alone, together and 0.3 s apart, on one server
+#                               (only when named, as a call of its own: the server starts in ~100 s)
+# gputests        ~330 / 545  the -m gpu tests (test_causal_lm_gpu, test_qwen3_codec_kernels, test_qwen3_codec_stream,
+#                               test_qwen3_gpu, test_whisper_gpu), from a copy of tests/ (only when named; run 29: 280 s
+#                               covered 24 of 31)
 #
 #   calls: SUITE_ONLY=load_cv | load_fixed,peers | load_base_ws | load_base_http,levers_base | levers_cv | load_http
+#          | colocation | gputests
 #
 # Each gets min(its cap, what is left of SUITE_BUDGET_S) and is skipped when less than it needs is left; `timeout`
 # signals its whole process group (the benchmark and any server it started). What comes back ($OUT, 3 files):
@@ -199,7 +204,14 @@ else
   bench chat  130 60 "$B/chat_bench.py"
   bench voice 170 80 "$B/voice_bench.py" --build dummy --device cuda --levels 1,16,32 --max-batch 32 \
     --turns semantic_vad --arrivals at-once
-  named colocation 420 200 "$B/colocation_bench.py" --gpu --transports ws
+  # server ~100 s and a warm-up of every route (run 29): the mixed scenarios at c=32 alone fill one call
+  named colocation 545 300 "$B/colocation_bench.py" --gpu --scenarios mixed --transports ws --levels 32
+  if [[ ",$ONLY," == *",gputests,"* ]]; then  # a copy outside the repository: its omni_stream/ would shadow /tmp/site
+    mkdir -p "$WORK/t" && cp -r "$REPO/tests" "$REPO/pyproject.toml" "$WORK/t/"
+  fi
+  named gputests 545 300 -m pytest "$WORK/t/tests/test_causal_lm_gpu.py" "$WORK/t/tests/test_qwen3_codec_kernels.py" \
+    "$WORK/t/tests/test_qwen3_codec_stream.py" "$WORK/t/tests/test_qwen3_gpu.py" "$WORK/t/tests/test_whisper_gpu.py" \
+    -m gpu -q -p no:cacheprovider -rs
   bench image 120 50 "$B/image_bench.py" --device cuda
   bench video 180 80 "$B/video_bench.py" --gpu
 fi
