@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from omni_stream.errors import ConfigError
+from omni_stream.runtime.intra_op import one_intra_op_thread
 
 SAMPLE_RATE = 16000
 CHUNK = 512  # samples per speech probability (32 ms)
@@ -86,21 +87,13 @@ class SileroNet(nn.Module):
     def probabilities(self, chunks: torch.Tensor, state: SileroState) -> tuple[torch.Tensor, SileroState]:
         """Speech probabilities of consecutive ``[n, CHUNK]`` chunks of one stream, and the state after them.
 
-        Runs on one intra-op thread of the calling thread: streams are fed from threads beside the device
-        worker's and these shapes are too small to share; with the default (every core) for each feeding thread,
-        sixteen sessions' OpenMP teams spun on the cores the device worker needed (the setting is per thread under
-        OpenMP, so the caller's own is put back)."""
+        Runs on one intra-op thread of the calling thread (:mod:`omni_stream.runtime.intra_op`): streams are fed
+        from threads beside the device worker's."""
         n = chunks.shape[0]
         if n == 0:
             return torch.zeros(0), state
-        threads = torch.get_num_threads()
-        if threads == 1:
+        with one_intra_op_thread():
             return self._probabilities(chunks, state)
-        torch.set_num_threads(1)
-        try:
-            return self._probabilities(chunks, state)
-        finally:
-            torch.set_num_threads(threads)
 
     def _probabilities(self, chunks: torch.Tensor, state: SileroState) -> tuple[torch.Tensor, SileroState]:
         n = chunks.shape[0]

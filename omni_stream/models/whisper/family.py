@@ -31,6 +31,7 @@ from omni_stream.models.whisper.prompt import WhisperTokens
 from omni_stream.models.whisper.runner import WhisperInput, WhisperRunner
 from omni_stream.pipeline import Stage
 from omni_stream.runtime.cache import EMBEDDED_MARKER
+from omni_stream.runtime.intra_op import one_intra_op_thread
 from omni_stream.runtime.weights import parse_dtype
 from omni_stream.scheduler import Scheduler
 from omni_stream.transcription.spec import TranscriptionInfo, TranscriptionRequest
@@ -124,7 +125,8 @@ class WhisperFamily:
 
     def _prepare(self, samples: np.ndarray, request: TranscriptionRequest, language: int | None) -> WhisperInput:
         """Log-mel features and the prompt (blocking: runs in a thread)."""
-        features = self.features(samples, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features[0]
+        with one_intra_op_thread():  # many utterances at once when many sessions pause together
+            features = self.features(samples, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features[0]
         context: tuple[int, ...] = ()
         if request.prompt and request.prompt.strip() and self.tokens.max_context:
             ids = self.tokenizer(" " + request.prompt.strip(), add_special_tokens=False).input_ids
