@@ -1,5 +1,5 @@
 """Per-request torch work on threads beside the device worker runs on one intra-op thread, and the calling thread's
-own setting is put back (omni_stream.runtime.intra_op); Silero's chunks and Whisper's features use it."""
+own setting is put back (omni_stream.runtime.intra_op); Whisper's features use it (Silero's chunks: test_vad_silero)."""
 
 from __future__ import annotations
 
@@ -65,20 +65,3 @@ async def test_whispers_features_are_computed_on_one_intra_op_thread(tiny_whispe
         payload, after = in_thread_with_two(lambda: prepare(request.audio, request, None))
         assert seen == [1] and after == 2
         assert payload.features.shape[0] == extractor.feature_size and np.isfinite(payload.features.numpy()).all()
-
-
-def test_silero_scores_chunks_on_one_intra_op_thread(monkeypatch):
-    from omni_stream.models.silero_vad import net
-
-    model = net.load_silero_net()
-    seen: list[int] = []
-    scored = model._probabilities
-
-    def spy(chunks, state):
-        seen.append(torch.get_num_threads())
-        return scored(chunks, state)
-
-    monkeypatch.setattr(model, "_probabilities", spy)
-    chunks = torch.zeros(3, net.CHUNK)
-    (probabilities, _), after = in_thread_with_two(lambda: model.probabilities(chunks, net.SileroState.initial()))
-    assert seen == [1] and after == 2 and probabilities.shape == (3,)

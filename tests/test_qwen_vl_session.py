@@ -141,20 +141,30 @@ async def test_sessions_are_bounded_and_closing_frees_one(ckpt):
             assert second.frames == ()
 
 
+def hand_runner(ckpt, *, max_sessions: int):
+    """A runner stepped by hand (the real scheduler in ``drive``), recording, and what builds its requests."""
+    cfg = load_config(ckpt)
+    tok = ChatTokenizer(ckpt)
+    eos = load_generation_defaults(ckpt, cfg.text).eos_token_ids
+    runner = QwenVLRunner(load_vl(ckpt, dtype=torch.float32), tok.decode, eos_token_ids=eos, max_batch_size=4,
+                          max_len=256, record=True, max_sessions=max_sessions)  # fmt: skip
+    return runner, tok, cfg, load_image_spec(ckpt, cfg.vision)
+
+
+def runner_request(tok, cfg, spec, request: TextRequest, views=()) -> VLRequest:
+    """``request`` as the runner's greedy payload (continuing one of ``views`` where its images are that session's)."""
+    p = encode_prompt(tok, cfg, spec, request, views)
+    return VLRequest(p.ids, MAX_TOKENS, GREEDY, ignore_eos=True, images=p.images, positions=p.positions,
+                     rope_delta=p.rope_delta, cached=p.cached)  # fmt: skip
+
+
 async def test_a_question_matched_before_a_rebuild_prefills_its_whole_prompt(ckpt):
     """The real scheduler stepped by hand: a question matched a session's rows, the window then rebuilt them
     before the question was admitted: it prefills its whole prompt from the stored features (no vision tower)."""
-    cfg = load_config(ckpt)
-    tok = ChatTokenizer(ckpt)
-    spec = load_image_spec(ckpt, cfg.vision)
-    eos = load_generation_defaults(ckpt, cfg.text).eos_token_ids
-    runner = QwenVLRunner(load_vl(ckpt, dtype=torch.float32), tok.decode, eos_token_ids=eos, max_batch_size=4,
-                          max_len=256, record=True, max_sessions=1)  # fmt: skip
+    runner, tok, cfg, spec = hand_runner(ckpt, max_sessions=1)
 
     def vl_request(request: TextRequest, views=()) -> VLRequest:
-        p = encode_prompt(tok, cfg, spec, request, views)
-        return VLRequest(p.ids, MAX_TOKENS, GREEDY, ignore_eos=True, images=p.images, positions=p.positions,
-                         rope_delta=p.rope_delta, cached=p.cached)  # fmt: skip
+        return runner_request(tok, cfg, spec, request, views)
 
     def append(image: np.ndarray) -> None:
         runner.session_append(0, image, image_key(image), prepare_image(image, spec))
@@ -183,12 +193,7 @@ async def test_questions_of_several_sessions_are_prefilled_in_one_forward_and_an
     """Three sessions with different rows held (1, 3 and 2 frames, one with a system turn) and questions of
     different lengths, admitted in one step: one forward prefills the three questions, each after its own rows, and
     each answers as its whole prompt prefilled alone and as its question prefilled alone."""
-    cfg = load_config(ckpt)
-    tok = ChatTokenizer(ckpt)
-    spec = load_image_spec(ckpt, cfg.vision)
-    eos = load_generation_defaults(ckpt, cfg.text).eos_token_ids
-    runner = QwenVLRunner(load_vl(ckpt, dtype=torch.float32), tok.decode, eos_token_ids=eos, max_batch_size=4,
-                          max_len=256, record=True, max_sessions=3)  # fmt: skip
+    runner, tok, cfg, spec = hand_runner(ckpt, max_sessions=3)
     systems = (None, "You watch a camera.", None)
     held = {0: [frame(0)], 1: [frame(10 + i) for i in range(3)], 2: [frame(20), frame(21)]}
     for sid, system in enumerate(systems):
@@ -202,9 +207,7 @@ async def test_questions_of_several_sessions_are_prefilled_in_one_forward_and_an
         requests.append(question((*turns, ChatMessage(Role.USER, ask, images=tuple(held[sid])))))
 
     def vl_request(request: TextRequest, views=()) -> VLRequest:
-        p = encode_prompt(tok, cfg, spec, request, views)
-        return VLRequest(p.ids, MAX_TOKENS, GREEDY, ignore_eos=True, images=p.images, positions=p.positions,
-                         rope_delta=p.rope_delta, cached=p.cached)  # fmt: skip
+        return runner_request(tok, cfg, spec, request, views)
 
     views = tuple(runner.views.values())
     continued = [vl_request(r, views) for r in requests]
