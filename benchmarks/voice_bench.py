@@ -22,7 +22,9 @@ whose wall time is well over its CPU time waited on cores or the GIL), and where
 it ran (``work`` in the JSON, a line under the level's row): its busy share and seconds per scheduler step, job and
 batch (``omni_stream.runtime.work_profile`` over the worker's log, read from the benchmark server's ``GET
 /bench/work``), and the event loop's preparation threads (turn detection's feeds, prompts): jobs, their wait for a
-thread and their run time (``work.prepare``). A slow part with an idle worker waited on something other than the device.
+thread and their run time (``work.prepare``), and the ASR's encoder passes and the utterances they encoded
+(``work.asr_encoder``: many passes of one utterance each mean the transcripts arrived spread over many steps). A
+slow part with an idle worker waited on something other than the device.
 
 The server runs in a child process (``--serve``) so client and server do not share one interpreter.
 
@@ -183,13 +185,16 @@ def work_route(app: Any) -> Any:
     (:mod:`omni_stream.runtime.work_profile`): where its time went while the level ran, idle included."""
     from starlette.responses import JSONResponse
 
+    from omni_stream.family import ModelKind
     from omni_stream.runtime.offload import preparer
     from omni_stream.runtime.work_profile import work_profile
 
     read = {"seq": -1, "at": time.perf_counter()}
+    encoded = {"calls": 0, "utterances": 0}
 
     async def work(request: Any) -> Any:
-        log = list(app.state.omni.engine.worker.log)
+        engine = app.state.omni.engine
+        log = list(engine.worker.log)
         now = time.perf_counter()
         profile = work_profile(log, read["at"], now, after_seq=read["seq"])
         read["seq"], read["at"] = (log[-1].seq if log else read["seq"]), now
@@ -197,7 +202,13 @@ def work_route(app: Any) -> Any:
         prepare = {"jobs": jobs.jobs, "wait_ms_mean": round(1000 * jobs.wait_s / jobs.jobs, 2) if jobs.jobs else None,
                    "wait_ms_max": round(1000 * jobs.max_wait_s, 2),
                    "run_ms_mean": round(1000 * jobs.run_s / jobs.jobs, 2) if jobs.jobs else None}  # fmt: skip
-        return JSONResponse({**profile.summary(), "prepare": prepare})
+        # the ASR's encoder passes (each a step's newcomers): few with many utterances each, or many with one
+        kind = ModelKind.TRANSCRIPTION
+        asr = getattr(engine.models.get(kind), "runner", None) if kind in engine.models else None
+        calls, utterances = getattr(asr, "encoder_calls", 0), getattr(asr, "utterances_encoded", 0)
+        encoder = {"calls": calls - encoded["calls"], "utterances": utterances - encoded["utterances"]}
+        encoded["calls"], encoded["utterances"] = calls, utterances
+        return JSONResponse({**profile.summary(), "prepare": prepare, "asr_encoder": encoder})
 
     return work
 
@@ -252,10 +263,11 @@ def work_line(work: dict[str, Any], top: int = 5) -> str:
     """The profile in one line: busy share, then the largest pieces (seconds)."""
     seconds = sorted(work["seconds"].items(), key=lambda kv: -kv[1])[:top]
     parts = ", ".join(f"{name} {value:.2f}" for name, value in seconds)
-    p = work["prepare"]
+    p, e = work["prepare"], work["asr_encoder"]
     return (f"    worker busy {100 * work['busy_fraction']:.0f}% of {work['span_s']:.1f} s: {parts}\n"
             f"    preparation threads: {p['jobs']} jobs, wait mean {p['wait_ms_mean']} ms (max {p['wait_ms_max']} ms), "
-            f"run mean {p['run_ms_mean']} ms")  # fmt: skip
+            f"run mean {p['run_ms_mean']} ms; ASR encoder: {e['calls']} passes for {e['utterances']} "
+            "utterances")  # fmt: skip
 
 
 @contextlib.contextmanager

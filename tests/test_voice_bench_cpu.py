@@ -51,6 +51,8 @@ def test_the_smoke_run_measures_voice_to_voice_its_split_and_barge_in(tmp_path):
         prepare = work["prepare"]  # the feeds of turn detection ran on the preparation threads
         assert prepare["jobs"] > 0 and prepare["wait_ms_mean"] >= 0 and prepare["run_ms_mean"] >= 0, prepare
         assert prepare["wait_ms_max"] >= prepare["wait_ms_mean"], prepare
+        encoder = work["asr_encoder"]  # the doubles' ASR has no encoder: none counted (the GPU mode's Whisper does)
+        assert encoder == {"calls": 0, "utterances": 0}, encoder
         turn_model = level["turn_model"]  # semantic_vad: every turn ended at a pause the model judged
         if level["turns"] == "semantic_vad":
             assert turn_model["judged"] >= level["sessions"], turn_model
@@ -58,7 +60,7 @@ def test_the_smoke_run_measures_voice_to_voice_its_split_and_barge_in(tmp_path):
         else:
             assert turn_model == {"judged": 0, "wait_ms_mean": None, "run_ms_mean": None, "cpu_ms_mean": None}
     assert "barge p50" in proc.stdout and "semantic_vad" in proc.stdout and "worker busy" in proc.stdout
-    assert "pauses judged" in proc.stdout and "preparation threads" in proc.stdout
+    assert "pauses judged" in proc.stdout and "preparation threads" in proc.stdout and "ASR encoder" in proc.stdout
 
 
 def test_the_recorded_utterances_are_one_turn_each_for_the_silero_vad():

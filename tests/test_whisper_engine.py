@@ -285,12 +285,15 @@ async def test_newcomers_encode_at_a_batch_bucket_and_padding_changes_no_token(e
         family._prepare(audio, TranscriptionRequest(audio, 16000, max_tokens=10), None)
         for audio in (utterance("noise", 1.0, seed=1), utterance("tone440", 0.7), utterance("noise", 2.0, seed=2))
     ]
+    calls, utterances = runner.encoder_calls, runner.utterances_encoded
     alone = [step_together(runner, [p])[0] for p in payloads]
+    assert (runner.encoder_calls - calls, runner.utterances_encoded - utterances) == (3, 3)  # benchmarks read these
     runner.log.clear()
     together = step_together(runner, payloads)
     assert together == alone
     encodes = [e for e in runner.log if e[0] == "encode"]
     assert encodes == [("encode", 3, 4, "eager")]  # CPU: the same static-buffer encoder, eagerly
+    assert (runner.encoder_calls - calls, runner.utterances_encoded - utterances) == (4, 6)
     assert all(b in runner.encode_buckets for _, _, b, _ in encodes)
     assert not runner.live
 

@@ -109,6 +109,8 @@ class WhisperRunner(StepRecord[WhisperInput]):
         super().__init__(record=record)
         self._max_batch_size = max_batch_size
         self._decode_text = tokenizer.backend_tokenizer.decode
+        self.encoder_calls = 0  # encoder passes and the utterances they encoded (benchmarks read them)
+        self.utterances_encoded = 0
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.heads = cfg.decoder_attention_heads
@@ -225,6 +227,8 @@ class WhisperRunner(StepRecord[WhisperInput]):
         replayed = self.encode_graphs is not None and self.encode_graphs.replay((b,))
         if not replayed:
             self._encode(b)
+        self.encoder_calls += 1
+        self.utterances_encoded += n
         if self.record:
             self.log.append(("encode", n, b, "graph" if replayed else "eager"))
         for seq in seqs:
