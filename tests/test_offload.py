@@ -135,6 +135,8 @@ async def test_the_threads_count_their_jobs_and_the_wait_of_a_job_behind_a_slow_
     assert results[0] == 1 and isinstance(results[1], ValueError) and results[2] == 3
     taken = prep.take()
     assert taken.jobs == 3
-    assert taken.max_wait_s >= 0.05 and taken.wait_s >= 2 * 0.05  # the two behind the slow one
-    assert taken.run_s >= 0.05
+    # The two behind the slow one were queued before the gate opened, at least 0.05 s after: each waited that long.
+    # (The slow job's own run has no such bound: its thread may have picked it up late.)
+    assert taken.max_wait_s >= 0.05 and taken.wait_s >= 2 * 0.05
+    assert taken.run_s > 0
     assert prep.take().jobs == 0  # a fresh count
