@@ -57,22 +57,6 @@ class PrepareStats:
     run_s: float = 0.0
 
 
-def _run_all(jobs: list[_Job], preparer: Preparer) -> list[tuple[bool, Any]]:
-    """A thread's share: every job in order, each one's result or exception (a cancelled one is skipped)."""
-    out: list[tuple[bool, Any]] = []
-    for job in jobs:
-        if job.future.done():  # its request gave up (a racy read: at worst the job runs and is dropped)
-            out.append((False, None))
-            continue
-        start = time.perf_counter()
-        try:
-            out.append((True, job.call()))
-        except BaseException as exc:
-            out.append((False, exc))
-        preparer._count(start - job.queued, time.perf_counter() - start)
-    return out
-
-
 def _settle_all(jobs: list[_Job], done: asyncio.Future[list[tuple[bool, Any]]]) -> None:
     try:
         results = done.result()
@@ -122,15 +106,26 @@ class Preparer:
         done.add_done_callback(functools.partial(_settle_all, jobs))
 
     def _run(self, jobs: list[_Job]) -> list[tuple[bool, Any]]:
-        return _run_all(jobs, self)
-
-    def _count(self, wait_s: float, run_s: float) -> None:
-        with self._stats_lock:
-            s = self.stats
-            s.jobs += 1
-            s.wait_s += wait_s
-            s.max_wait_s = max(s.max_wait_s, wait_s)
-            s.run_s += run_s
+        """A thread's share: every job in order, each one's result or exception (a cancelled one is skipped),
+        each counted in :attr:`stats`."""
+        out: list[tuple[bool, Any]] = []
+        for job in jobs:
+            if job.future.done():  # its request gave up (a racy read: at worst the job runs and is dropped)
+                out.append((False, None))
+                continue
+            start = time.perf_counter()
+            try:
+                out.append((True, job.call()))
+            except BaseException as exc:
+                out.append((False, exc))
+            ran = time.perf_counter() - start
+            with self._stats_lock:
+                s = self.stats
+                s.jobs += 1
+                s.wait_s += start - job.queued
+                s.max_wait_s = max(s.max_wait_s, start - job.queued)
+                s.run_s += ran
+        return out
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False)
