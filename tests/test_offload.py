@@ -9,7 +9,7 @@ import threading
 import anyio
 import pytest
 
-from omni_stream.runtime.offload import PREPARE_THREADS, preparer, run_prepare
+from omni_stream.runtime.offload import PREPARE_THREADS, preparer, run_prepare, run_prepare_batched
 
 
 async def test_the_jobs_of_one_loop_pass_run_as_one_thread_job_in_order() -> None:
@@ -140,3 +140,44 @@ async def test_the_threads_count_their_jobs_and_the_wait_of_a_job_behind_a_slow_
     assert taken.max_wait_s >= 0.05 and taken.wait_s >= 2 * 0.05
     assert taken.run_s > 0
     assert prep.take().jobs == 0  # a fresh count
+
+
+async def test_batched_jobs_of_one_pass_go_to_one_call_of_their_batch_in_order() -> None:
+    """``run_prepare_batched``: the items of a pass's jobs with the same batch callable go to one call of it (a
+    realtime server's sessions' VAD feeds: one network call); other jobs of the pass run where they stand; a
+    cancelled item is left out of the call; a batch that raises fails each of its items; each item is counted."""
+    calls: list[list[int]] = []
+    ran: list[str] = []
+
+    def doubled(items: list[int]) -> list[int]:
+        calls.append(list(items))
+        ran.append("batch")
+        return [2 * i for i in items]
+
+    def broken(items: list[int]) -> list[int]:
+        raise ValueError(f"no batch of {len(items)}")
+
+    def alone() -> str:
+        ran.append("alone")
+        return "alone"
+
+    prep = preparer()
+    prep.take()
+    before = prep.batches
+    futures = [
+        asyncio.ensure_future(run_prepare_batched(doubled, 1)),
+        asyncio.ensure_future(run_prepare(alone)),
+        asyncio.ensure_future(run_prepare_batched(doubled, 2)),
+        asyncio.ensure_future(run_prepare_batched(broken, 5)),
+        asyncio.ensure_future(run_prepare_batched(doubled, 3)),
+        asyncio.ensure_future(run_prepare_batched(broken, 6)),
+    ]
+    dropped = asyncio.ensure_future(run_prepare_batched(doubled, 4))
+    await asyncio.sleep(0)  # every job queued in this pass
+    dropped.cancel()
+    results = await asyncio.gather(*futures, return_exceptions=True)
+    assert results[:3] == [2, "alone", 4] and results[4] == 6
+    assert all(isinstance(results[k], ValueError) and "no batch of 2" in str(results[k]) for k in (3, 5))
+    assert calls == [[1, 2, 3]] and ran == ["batch", "alone"]  # the batch where its first job stands
+    assert prep.batches == before + 1
+    assert prep.take().jobs == 6

@@ -10,7 +10,7 @@ from realtime_fixtures import espeak
 
 from omni_stream.models.silero_vad import SileroVad
 from omni_stream.models.smart_turn import load_smart_turn
-from omni_stream.turns.detector import TurnDetector
+from omni_stream.turns.detector import TurnDetector, feed_many
 from omni_stream.turns.rules import EAGERNESS, PAUSE_MS, Eagerness, TurnRule
 from omni_stream.turns.vad import VadParams
 
@@ -101,3 +101,36 @@ def test_a_semantic_rule_needs_a_model():
     rule = TurnRule.semantic_vad(Eagerness.AUTO)
     with pytest.raises(ValueError, match="end-of-turn model"):
         TurnDetector(rule, energy_vad(rule.vad))
+
+
+def test_detectors_fed_together_give_each_the_events_it_gets_alone(question):
+    """A server's sessions' appends of one loop pass go to ``feed_many``: their Silero VADs in one network call.
+    Each session (its speech at its own offset, one of them with two appends in the same pass) gets exactly the
+    events, positions and state it gets when fed alone; an energy-detector session rides along, fed its own way."""
+    rule = TurnRule.server_vad(VadParams(silence_duration_ms=500))
+    # ms of silence before each one's question: not whole appends, so one network call sees streams with 3 and 4
+    # whole chunks (and their LSTMs stepping apart)
+    offsets = [0, 330, 710, 1250, 2010]
+    streams = [np.concatenate([silence(ms), question, silence(1500)]) for ms in offsets]
+    streams.append(spoken_words(["three", "five"], tail_ms=1500))
+    alone = [TurnDetector(rule, SileroVad(rule.vad)) for _ in offsets] + [TurnDetector(rule, energy_vad(rule.vad))]
+    together = [TurnDetector(rule, SileroVad(rule.vad)) for _ in offsets] + [TurnDetector(rule, energy_vad(rule.vad))]
+    expected: list[list] = [[] for _ in streams]
+    got: list[list] = [[] for _ in streams]
+    longest = max(s.size for s in streams)
+    for i in range(0, longest, CHUNK):
+        feeds = []
+        for k, stream in enumerate(streams):
+            if i < stream.size:
+                expected[k] += alone[k].feed(stream[i : i + CHUNK])
+                feeds.append((k, stream[i : i + CHUNK]))
+        # session 0 sends its 100 ms as two appends of the same pass
+        batch = [(together[k], piece) for k, piece in feeds if k != 0]
+        if feeds and feeds[0][0] == 0:
+            half = feeds[0][1].size // 2
+            batch = [(together[0], feeds[0][1][:half]), *batch, (together[0], feeds[0][1][half:])]
+        for (detector, _), events in zip(batch, feed_many(batch), strict=True):
+            got[together.index(detector)] += events
+    assert got == expected
+    assert all([e.kind.value for e in events][:1] == ["started"] and events[-1].kind.value == "stopped" for events in got)
+    assert [d.fed for d in together] == [d.fed for d in alone]

@@ -248,9 +248,9 @@ def test_the_network_runs_on_one_intra_op_thread_and_gives_the_caller_its_own_ba
     seen: list[int] = []
     real = net._probabilities
 
-    def recording(chunks, state):
+    def recording(streams):
         seen.append(torch.get_num_threads())
-        return real(chunks, state)
+        return real(streams)
 
     monkeypatch.setattr(net, "_probabilities", recording)
     chunks = torch.zeros(2, CHUNK)
@@ -265,3 +265,53 @@ def test_the_network_runs_on_one_intra_op_thread_and_gives_the_caller_its_own_ba
     worker.start()
     worker.join()
     assert seen == [1] and result["after"] == 2
+
+
+def test_several_streams_in_one_network_call_equal_each_stream_alone(sentence):
+    """``probabilities_many``: streams of 0 to 9 chunks at different points of the sentence, each with its own
+    state, give the probabilities and states that one call per stream gives (float rounding of the batched products
+    aside)."""
+    samples, rate = sentence
+    x = torch.from_numpy(resample(padded(samples, rate, 0.5, 0.5), rate, 16000))
+    net = load_silero_net()
+    chunks = x[: x.numel() // CHUNK * CHUNK].reshape(-1, CHUNK)
+    starts, counts = [0, 10, 25, 40, 60, 61], [4, 0, 9, 1, 3, 5]
+    states = []
+    for start in starts:  # each stream's state after the chunks before its start
+        _, state = net.probabilities(chunks[:start], SileroState.initial()) if start else (None, SileroState.initial())
+        states.append(state)
+    streams = [(chunks[s : s + n], state) for s, n, state in zip(starts, counts, states, strict=True)]
+    together = net.probabilities_many(streams)
+    for (part, state), (probs, after) in zip(streams, together, strict=True):
+        alone, alone_after = net.probabilities(part, state)
+        assert probs.shape == alone.shape
+        torch.testing.assert_close(probs, alone, atol=1e-5, rtol=0)
+        for a, b in ((after.h, alone_after.h), (after.c, alone_after.c)):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+        assert torch.equal(after.context, alone_after.context)
+    assert net.probabilities_many([]) == []
+
+
+def test_silero_detectors_fed_together_give_what_each_gives_alone(sentence):
+    audio, rate = sentence
+    x = np.concatenate([np.zeros(int(LEAD * rate), np.int16), audio, np.zeros(int(TAIL * rate), np.int16)])
+    step = rate // 50
+    shifts = [0, 700, 1900]  # samples: the streams' chunks fall at different places of their appends
+    alone = [SileroVad(VadParams(), rate) for _ in shifts]
+    together = [SileroVad(VadParams(), rate) for _ in shifts]
+    expected: list[list] = [[] for _ in shifts]
+    got: list[list] = [[] for _ in shifts]
+    streams = [np.concatenate([np.zeros(s, np.int16), x]) for s in shifts]
+    for i in range(0, max(s.size for s in streams), 5 * step):
+        items = []
+        for k, stream in enumerate(streams):
+            append = stream[i : i + 5 * step]
+            pieces = [append[j : j + step] for j in range(0, append.size, step)]
+            expected[k] += alone[k].feed_pieces(pieces)
+            items.append((together[k], pieces))
+        for k, events in enumerate(SileroVad.feed_many(items)):
+            got[k] += events
+    assert got == expected
+    assert all([e.kind for events in g for e in events] == [STARTED, STOPPED] for g in got)
+    with pytest.raises(TypeError, match="SileroVad"):
+        SileroVad.feed_many([(object(), [])])  # type: ignore[list-item]

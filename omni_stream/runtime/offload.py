@@ -18,6 +18,9 @@ the loop. Handed over one by one (anyio's ``to_thread``), each job cost the loop
 limiter's release, the next waiter's start) and left its thread idle between jobs for 0.3-0.5 ms: a burst's
 requests reach their preparation in the same pass, so on the H200 a burst of 32 spent ~17 ms from its first
 request to its last prompt and a burst of 128 ~80 ms, most of it hand-offs (``benchmarks/burst_probe.py``).
+
+Jobs of one kind can go further (:func:`run_prepare_batched`): the items of a pass's calls with the same batch
+callable reach it as one list, so a realtime server's sessions' VAD feeds of one pass are one network call.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, TypeVarTuple, cast
 
 T = TypeVar("T")
+I = TypeVar("I")
 Ts = TypeVarTuple("Ts")
 
 # Two, not one: a prompt that is slow to build (a long text) does not hold up every other request's.
@@ -44,6 +48,9 @@ class _Job:
     call: Callable[[], Any]
     future: asyncio.Future[Any]
     queued: float  # time.perf_counter() at submit
+    # A job of a batch: ``batch(items)`` runs once for every job of the pass with the same ``batch`` (``call`` unused).
+    batch: Callable[[list[Any]], list[Any]] | None = None
+    item: Any = None
 
 
 @dataclass(slots=True)
@@ -55,6 +62,10 @@ class PrepareStats:
     wait_s: float = 0.0
     max_wait_s: float = 0.0
     run_s: float = 0.0
+
+
+def _batched_only() -> None:  # a batch's job is run by its batch, never called
+    raise AssertionError("a batched job was called alone")
 
 
 def _settle_all(jobs: list[_Job], done: asyncio.Future[list[tuple[bool, Any]]]) -> None:
@@ -95,6 +106,17 @@ class Preparer:
         self._queued.append(_Job(call, future, time.perf_counter()))
         return future
 
+    def submit_batched(
+        self, loop: asyncio.AbstractEventLoop, batch: Callable[[list[I]], list[T]], item: I
+    ) -> asyncio.Future[T]:
+        """``batch([..., item, ...])[k]``: the items of every job of this pass with the same ``batch`` callable go to
+        one call of it, which returns one result per item in order (if it raises, every item's job raises)."""
+        future: asyncio.Future[T] = loop.create_future()
+        if not self._queued:
+            loop.call_soon(self._flush, loop)
+        self._queued.append(_Job(_batched_only, future, time.perf_counter(), batch, item))
+        return future
+
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         jobs, self._queued = self._queued, []
         self.batches += 1
@@ -106,26 +128,59 @@ class Preparer:
         done.add_done_callback(functools.partial(_settle_all, jobs))
 
     def _run(self, jobs: list[_Job]) -> list[tuple[bool, Any]]:
-        """A thread's share: every job in order, each one's result or exception (a cancelled one is skipped),
-        each counted in :attr:`stats`."""
-        out: list[tuple[bool, Any]] = []
-        for job in jobs:
-            if job.future.done():  # its request gave up (a racy read: at worst the job runs and is dropped)
-                out.append((False, None))
+        """A thread's share: every job in order (a batch's jobs together, where its first one stands), each one's
+        result or exception (a cancelled one is skipped), each counted in :attr:`stats`."""
+        out: list[tuple[bool, Any] | None] = [None] * len(jobs)
+        batches: dict[Callable[[list[Any]], list[Any]], list[int]] = {}
+        for i, job in enumerate(jobs):
+            if job.batch is not None:
+                batches.setdefault(job.batch, []).append(i)
+        for i, job in enumerate(jobs):
+            if out[i] is not None:
                 continue
+            if job.batch is None:
+                out[i] = self._run_one(job)
+            else:
+                members = batches[job.batch]
+                for k, outcome in zip(members, self._run_batch(job.batch, [jobs[k] for k in members]), strict=True):
+                    out[k] = outcome
+        return [(False, None) if o is None else o for o in out]
+
+    def _run_one(self, job: _Job) -> tuple[bool, Any]:
+        if job.future.done():  # its request gave up (a racy read: at worst the job runs and is dropped)
+            return False, None
+        start = time.perf_counter()
+        try:
+            outcome: tuple[bool, Any] = (True, job.call())
+        except BaseException as exc:
+            outcome = (False, exc)
+        self._count([job], start, time.perf_counter() - start)
+        return outcome
+
+    def _run_batch(self, batch: Callable[[list[Any]], list[Any]], jobs: list[_Job]) -> list[tuple[bool, Any]]:
+        live = [job for job in jobs if not job.future.done()]
+        results: dict[int, tuple[bool, Any]] = {}
+        if live:
             start = time.perf_counter()
             try:
-                out.append((True, job.call()))
+                values = batch([job.item for job in live])
+                if len(values) != len(live):
+                    raise RuntimeError(f"a batch of {len(live)} items gave {len(values)} results")
+                results = {id(job): (True, value) for job, value in zip(live, values, strict=True)}
             except BaseException as exc:
-                out.append((False, exc))
-            ran = time.perf_counter() - start
-            with self._stats_lock:
-                s = self.stats
+                results = {id(job): (False, exc) for job in live}
+            self._count(live, start, time.perf_counter() - start)
+        return [results.get(id(job), (False, None)) for job in jobs]
+
+    def _count(self, jobs: list[_Job], start: float, ran: float) -> None:
+        """Each job's wait and its share of ``ran`` seconds, in :attr:`stats`."""
+        with self._stats_lock:
+            s = self.stats
+            for job in jobs:
                 s.jobs += 1
                 s.wait_s += start - job.queued
                 s.max_wait_s = max(s.max_wait_s, start - job.queued)
-                s.run_s += ran
-        return out
+                s.run_s += ran / len(jobs)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False)
@@ -147,6 +202,14 @@ def preparer(threads: int | None = None) -> Preparer:
         found = _PREPARERS[loop] = Preparer(PREPARE_THREADS if threads is None else threads)
         weakref.finalize(loop, found.shutdown)
     return found
+
+
+async def run_prepare_batched(batch: Callable[[list[I]], list[T]], item: I) -> T:
+    """``batch(items)[k]`` on one of the loop's preparation threads, where ``items`` are those of every call with
+    the same ``batch`` in this pass of the loop (a realtime server's sessions' appends of one pass: one network call
+    of their VADs), ``item`` the k-th."""
+    future = preparer().submit_batched(asyncio.get_running_loop(), batch, item)
+    return await future
 
 
 async def run_prepare(fn: Callable[[*Ts], T], *args: *Ts) -> T:

@@ -22,16 +22,16 @@ work: run them off the event loop (a realtime session's driver does).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol, TypeAlias
+from typing import Protocol, TypeAlias, cast
 
 import numpy as np
 
 from omni_stream.codecs.resample import Resampler, resample
 from omni_stream.turns.rules import TurnRule
-from omni_stream.turns.vad import PiecewiseVad, VadEventKind, VoiceActivityDetector
+from omni_stream.turns.vad import BatchedVad, PiecewiseVad, VadEvent, VadEventKind, VoiceActivityDetector
 
 RATE = 24000
 SLICE_MS = 20  # the detector is fed this much at a time: the resolution of pause timing
@@ -102,16 +102,22 @@ class TurnDetector:
 
     def feed(self, samples: np.ndarray) -> list[TurnEvent]:
         """The next samples (int16 mono at ``rate``); the turn events they complete, in order."""
+        return feed_many([(self, samples)])[0]
+
+    def _take(self, samples: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The samples' 20 ms slices, and each one for the VAD (float32 at its rate); the audio is remembered."""
         samples = np.asarray(samples, np.int16).reshape(-1)
         self._remember(samples)
         slices = [samples[i : i + self._slice] for i in range(0, samples.size, self._slice)]
         floats = [piece.astype(np.float32) / 32768.0 for piece in slices]
-        for_vad = self._to_vad.process_pieces(floats) if self._to_vad is not None else floats
-        judged = self.vad.feed_pieces(for_vad) if isinstance(self.vad, PiecewiseVad) else None
+        return slices, self._to_vad.process_pieces(floats) if self._to_vad is not None else floats
+
+    def _advance(self, slices: list[np.ndarray], judged: list[list[VadEvent]]) -> list[TurnEvent]:
+        """The turn events of the slices, given the VAD's events for each."""
         events: list[TurnEvent] = []
-        for k, piece in enumerate(slices):
+        for piece, vad_events in zip(slices, judged, strict=True):
             self.fed += piece.size
-            for event in judged[k] if judged is not None else self.vad.feed(for_vad[k]):
+            for event in vad_events:
                 position = self.origin + round(event.sample * self.rate / self.vad.sample_rate)
                 if event.kind is VadEventKind.SPEECH_STARTED:
                     events.extend(self._started(position))
@@ -176,3 +182,38 @@ class TurnDetector:
         assert self._paused_at is not None
         position, self._paused_at, self._turn_start, self._unjudged = self._paused_at, None, None, False
         return TurnEvent(TurnEventKind.STOPPED, position)
+
+
+def feed_many(feeds: Sequence[tuple[TurnDetector, np.ndarray]]) -> list[list[TurnEvent]]:
+    """``[detector.feed(samples) for detector, samples in feeds]``, the detectors' VADs judged together where their
+    class can (:class:`~omni_stream.turns.vad.BatchedVad`: one network call for every stream of that class).
+
+    A realtime server's sessions hand their appends of one event-loop pass to one call of this (on a preparation
+    thread). A detector listed twice is fed in order."""
+    out: list[list[TurnEvent]] = [[] for _ in feeds]
+    left = list(range(len(feeds)))
+    while left:  # a round feeds each detector once
+        now: list[int] = []
+        later: list[int] = []
+        in_round: set[int] = set()
+        for i in left:
+            (later if id(feeds[i][0]) in in_round else now).append(i)
+            in_round.add(id(feeds[i][0]))
+        taken = {i: feeds[i][0]._take(feeds[i][1]) for i in now}
+        judged: dict[int, list[list[VadEvent]]] = {}
+        by_class: dict[type[BatchedVad], list[int]] = {}
+        for i in now:
+            vad = feeds[i][0].vad
+            if isinstance(vad, BatchedVad):
+                by_class.setdefault(type(vad), []).append(i)
+            elif isinstance(vad, PiecewiseVad):
+                judged[i] = vad.feed_pieces(taken[i][1])
+            else:
+                judged[i] = [vad.feed(piece) for piece in taken[i][1]]
+        for kind, group in by_class.items():
+            batch = kind.feed_many([(cast(BatchedVad, feeds[i][0].vad), taken[i][1]) for i in group])
+            judged.update(zip(group, batch, strict=True))
+        for i in now:
+            out[i] = feeds[i][0]._advance(taken[i][0], judged[i])
+        left = later
+    return out

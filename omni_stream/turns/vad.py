@@ -71,5 +71,16 @@ class PiecewiseVad(VoiceActivityDetector, Protocol):
     def feed_pieces(self, pieces: Sequence[np.ndarray]) -> list[list[VadEvent]]: ...
 
 
+@runtime_checkable
+class BatchedVad(PiecewiseVad, Protocol):
+    """A detector whose class also judges several streams at once: ``type(vad).feed_many(items)`` returns what
+    ``[vad.feed_pieces(pieces) for vad, pieces in items]`` would, for detectors of that class, in one pass of their
+    network (a server's sessions append audio at the same moments; one network call per stream held the GIL once per
+    session)."""
+
+    @staticmethod
+    def feed_many(items: Sequence[tuple[PiecewiseVad, Sequence[np.ndarray]]]) -> list[list[list[VadEvent]]]: ...
+
+
 VadFactory: TypeAlias = Callable[[VadParams], VoiceActivityDetector]
 """Makes one stream's detector (the serving role ``"vad"``: :data:`omni_stream.family_registry.VAD`)."""

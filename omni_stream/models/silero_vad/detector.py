@@ -10,7 +10,7 @@ turn rule (:mod:`.turns`). Event positions are reported in input samples. ``feed
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -19,7 +19,7 @@ from omni_stream.codecs.resample import Resampler
 from omni_stream.errors import InvalidRequestError
 from omni_stream.models.silero_vad.net import CHUNK, SAMPLE_RATE, SileroNet, SileroState, load_silero_net
 from omni_stream.models.silero_vad.turns import TurnRule, TurnState, advance
-from omni_stream.turns.vad import PiecewiseVad, VadEvent, VadParams
+from omni_stream.turns.vad import BatchedVad, PiecewiseVad, VadEvent, VadParams
 
 
 def as_mono_float(samples: np.ndarray) -> np.ndarray:
@@ -81,6 +81,45 @@ class SileroVad:
     def feed_pieces(self, pieces: Sequence[np.ndarray]) -> list[list[VadEvent]]:
         """The events each of consecutive ``pieces`` completes, as ``feed`` one piece after another would give them,
         from one network call over all their chunks (the chunks' features are independent; the LSTM runs in order)."""
+        return SileroVad.feed_many([(self, pieces)])[0]
+
+    @staticmethod
+    def feed_many(items: Sequence[tuple[PiecewiseVad, Sequence[np.ndarray]]]) -> list[list[list[VadEvent]]]:
+        """``[vad.feed_pieces(pieces) for vad, pieces in items]`` (every ``vad`` a :class:`SileroVad`), with one
+        network call per shared network for all the streams' chunks (:meth:`SileroNet.probabilities_many`). A
+        detector listed twice is fed in order: its second pieces go in a later call."""
+        vads: list[SileroVad] = []
+        for vad, _ in items:
+            if not isinstance(vad, SileroVad):
+                raise TypeError(f"SileroVad.feed_many feeds SileroVad detectors, not {type(vad).__name__}")
+            vads.append(vad)
+        out: list[list[list[VadEvent]]] = [[] for _ in items]
+        rounds: list[list[int]] = []  # round r: each detector's r-th pieces
+        fed: dict[int, int] = {}
+        for i, vad in enumerate(vads):
+            r = fed.get(id(vad), 0)
+            fed[id(vad)] = r + 1
+            if r == len(rounds):
+                rounds.append([])
+            rounds[r].append(i)
+        for now in rounds:
+            taken = {i: vads[i]._take(items[i][1]) for i in now}
+            by_net: dict[int, list[int]] = {}  # the streams with whole chunks, by the network they share
+            for i in now:
+                if taken[i][1] is not None:
+                    by_net.setdefault(id(vads[i]._net), []).append(i)
+            values: dict[int, list[float]] = {}
+            for group in by_net.values():
+                streams = [(cast(torch.Tensor, taken[i][1]), vads[i]._state) for i in group]
+                for i, (probs, state) in zip(group, vads[group[0]]._net.probabilities_many(streams), strict=True):
+                    vads[i]._state = state
+                    values[i] = probs.tolist()
+            for i in now:
+                out[i] = vads[i]._advance(taken[i][0], values.get(i, []))
+        return out
+
+    def _take(self, pieces: Sequence[np.ndarray]) -> tuple[list[int], torch.Tensor | None]:
+        """The whole chunks' count each piece completes, and those chunks (``[n, CHUNK]`` at 16 kHz; None: none)."""
         held, counts, whole = self._held, [], []
         floats = [as_mono_float(samples) for samples in pieces]
         # One resampler pass over the pieces (each one's outputs as process gives them): per piece, the resampler's
@@ -94,10 +133,12 @@ class SileroVad:
                 held = held[n * CHUNK :]
         self._held = held.copy()
         if not whole:
-            return [[] for _ in counts]
+            return counts, None
         samples_16k = np.ascontiguousarray(np.concatenate(whole) if len(whole) > 1 else whole[0])
-        probs, self._state = self._net.probabilities(torch.from_numpy(samples_16k).reshape(-1, CHUNK), self._state)
-        values = probs.tolist()
+        return counts, torch.from_numpy(samples_16k).reshape(-1, CHUNK)
+
+    def _advance(self, counts: list[int], values: list[float]) -> list[list[VadEvent]]:
+        """Each piece's events from its chunks' speech probabilities (``values``, in order)."""
         events: list[list[VadEvent]] = []
         start = 0
         for n in counts:
@@ -111,4 +152,4 @@ class SileroVad:
 
 
 if TYPE_CHECKING:  # the type checker proves SileroVad satisfies the protocol a realtime session drives
-    _detector: PiecewiseVad = SileroVad()
+    _detector: BatchedVad = SileroVad()
