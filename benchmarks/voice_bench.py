@@ -43,7 +43,9 @@ writes Qwen3-TTS 0.6B CustomVoice, Qwen3-0.6B and Whisper large-v3-turbo at thei
 VAD (``--build tiny``: the tiny random checkpoints, for a CPU dry run of the same path). Whenever the ASR is not the
 tone double, the utterances are recorded speech (``benchmarks/speech/*.wav``, espeak-ng at 24 kHz; silero hears no
 speech in tones). ``--max-output-tokens`` bounds each reply and, with benchmark fields on, makes a random-weight LM
-ignore EOS; ``--asr-max-tokens`` bounds each transcript (a random-weight Whisper never ends one, and the response waits
+ignore EOS; ``--first-unit-tokens`` ends a reply's first spoken unit after that many tokens at the latest (``--build``:
+8; a random-weight LM writes no clause boundary, so its first unit would be its whole reply); ``--asr-max-tokens``
+bounds each transcript (a random-weight Whisper never ends one, and the response waits
 for it; ``--build`` sets 24, about what a real model writes for the question).
 
 GPU run, one command per turn detection (about 4 minutes each on one H200, builds and graph captures included):
@@ -81,6 +83,10 @@ sys.path.insert(0, str(HERE))
 
 RATE = 24000
 CHUNK = RATE // 10  # 100 ms appends
+# --build: a reply's first spoken unit ends after 8 tokens at the latest, about a real model's first clause ("The
+# weather in Paris today is sunny," is 9). A random-weight LM writes no clause boundary and few spaces: without a
+# bound, its first unit was its whole 64-token reply (run 30: "LM first clause" 1.4 s at 16 sessions).
+FIRST_UNIT_TOKENS = 8
 REPLY = " ".join(f"Here is sentence {i} of the answer, long enough to keep speaking." for i in range(30))
 SPEECH = HERE / "speech"  # question.wav, interruption.wav: espeak-ng, mono int16 at RATE
 CONFIGS = HERE / "configs"
@@ -167,7 +173,8 @@ def serve(args: argparse.Namespace) -> None:
         )
 
     settings = Settings(vad_factory=vad_factory, enable_benchmark_fields=args.max_output_tokens is not None,
-                        realtime_transcription_max_tokens=args.asr_max_tokens)  # fmt: skip
+                        realtime_transcription_max_tokens=args.asr_max_tokens,
+                        realtime_bench_first_unit_tokens=args.first_unit_tokens)  # fmt: skip
     app = create_app(load, settings)
     app.router.routes.insert(0, Route("/bench/work", work_route(app)))
     config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", ws_max_size=32 << 20)
@@ -262,7 +269,14 @@ def turn_model_line(use: dict[str, Any]) -> str:
 def work_line(work: dict[str, Any], top: int = 5) -> str:
     """The profile in one line: busy share, then the largest pieces (seconds)."""
     seconds = sorted(work["seconds"].items(), key=lambda kv: -kv[1])[:top]
-    parts = ", ".join(f"{name} {value:.2f}" for name, value in seconds)
+    counts = work.get("counts", {})
+
+    def piece(name: str, value: float) -> str:  # a scheduler's steps: how many, and the mean step
+        n = counts.get(name, 0)
+        each = f" ({n} x {1000 * value / n:.1f} ms)" if name.startswith("step:") and n else ""
+        return f"{name} {value:.2f}{each}"
+
+    parts = ", ".join(piece(name, value) for name, value in seconds)
     p, e = work["prepare"], work["asr_encoder"]
     return (f"    worker busy {100 * work['busy_fraction']:.0f}% of {work['span_s']:.1f} s: {parts}\n"
             f"    preparation threads: {p['jobs']} jobs, wait mean {p['wait_ms_mean']} ms (max {p['wait_ms_max']} ms), "
@@ -284,6 +298,8 @@ def server_process(args: argparse.Namespace) -> Iterator[int]:
         forwarded += ["--lm-family", args.lm_family]
     if args.max_output_tokens is not None:
         forwarded += ["--max-output-tokens", str(args.max_output_tokens)]
+    if args.first_unit_tokens is not None:
+        forwarded += ["--first-unit-tokens", str(args.first_unit_tokens)]
     cmd = [sys.executable, __file__, "--serve", "--port", str(port), *forwarded]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=tempfile.gettempdir())
     try:
@@ -404,6 +420,7 @@ async def one_session(url: str, args: argparse.Namespace, turns: str, delay: flo
                     marks["transcript"] = now
                 elif kind == "response.output_audio_transcript.delta" and "first_text" not in marks:
                     marks["first_text"] = now
+                    result["first_clause_words"] = len(event["delta"].split())
                 elif kind == "response.output_audio.delta" and (rid is None or event["response_id"] == rid):
                     rid = event["response_id"]
                     marks.setdefault("first_audio", now)
@@ -485,6 +502,8 @@ async def run_level(
         "server_voice_to_voice_ms": summary([o["server_v2v_ms"] for o in ok if "server_v2v_ms" in o]),
         "split_ms": {p: summary([o["split_ms"][p] for o in ok if "split_ms" in o]) for p in parts},
         "barge_in_ms": summary([o["barge_in_ms"] for o in ok if "barge_in_ms" in o]),
+        # the first spoken unit's length: the LM's first-clause time is the tokens it took to write it
+        "first_clause_words": summary([o["first_clause_words"] for o in ok if "first_clause_words" in o]),
         "error_events": sorted({e for o in ok for e in o.get("errors", [])}),
         "failures": failures[:5],
         "wall_s": round(wall, 2),
@@ -531,6 +550,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--tts-step-ms", type=float, default=4.0, help="synthetic TTS device time per frame step")
     ap.add_argument("--lm-step-ms", type=float, default=2.0, help="synthetic LM device time per token step")
     ap.add_argument("--max-output-tokens", type=int, default=None, help="bound each reply (random-weight LMs)")
+    ap.add_argument("--first-unit-tokens", type=int, default=None,
+                    help="a reply's first spoken unit ends after this many tokens at the latest (random-weight LMs "
+                         "write no clause boundary; --build: 8, a real model's first clause)")  # fmt: skip
     ap.add_argument("--silence-ms", type=int, default=500, help="server VAD silence_duration_ms")
     ap.add_argument("--barge-after", type=float, default=1.0, help="seconds of agent audio before interrupting")
     ap.add_argument("--session-timeout", type=float, default=60.0)
@@ -546,6 +568,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             args.max_output_tokens = 64
         if args.asr_max_tokens is None:
             args.asr_max_tokens = 24
+        if args.first_unit_tokens is None:
+            args.first_unit_tokens = FIRST_UNIT_TOKENS
     if args.vad is None:
         args.vad = ENERGY if args.asr == "tone" and args.build is None else SILERO
     return args
@@ -592,6 +616,8 @@ def main(argv: list[str] | None = None) -> int:
                         results[-1]["turn_model"] = turn_model_use(judged, fetch_turn_model(port))
                         print(table(results[-1:]).splitlines()[-1], flush=True)
                         print(work_line(results[-1]["work"]), flush=True)
+                        words = results[-1]["first_clause_words"]
+                        print(f"    first spoken unit: {words['p50']} words p50 (max {words['max']})", flush=True)
                         if turns == "semantic_vad":
                             print(turn_model_line(results[-1]["turn_model"]), flush=True)
     report = {
@@ -613,6 +639,7 @@ def main(argv: list[str] | None = None) -> int:
             "utterances": "tones" if args.asr == "tone" else "recorded speech (benchmarks/speech)",
             "max_output_tokens": args.max_output_tokens,
             "asr_max_tokens": args.asr_max_tokens,
+            "first_unit_tokens": args.first_unit_tokens,
         },
         "levels": results,
     }

@@ -198,6 +198,7 @@ def build_chat_speech(models: ModelSet, request: ChatRequest, ctx: RequestContex
                     reply.split,
                     min(reply.max_unit_chars or 1 << 30, speech.info.max_input_chars),
                     first_clause=reply.first_clause,
+                    first_unit_deltas=reply.first_unit_tokens,
                 ),
             ),
             StagePlan("speech", speak_units(speech, reply.request)),

@@ -282,6 +282,10 @@ class SpokenReply:
     # A unit longer than this many characters is cut (at a sentence end, else a space) before it is spoken; None:
     # the speech model's own limit. Lower it to bound the wait for the first audio when sentences run long.
     max_unit_chars: int | None = None
+    # Benchmarks only (a server's benchmark fields): the first unit ends after this many of the text model's deltas
+    # (tokens) at the latest. A random-weight model writes no clause boundary and few spaces, so its first unit
+    # would be its whole reply; a real one's first clause ("Sure, ...") comes within a few tokens.
+    first_unit_tokens: int | None = None
     # Set by the engine (omni_stream.validation.text.resolve_chat): the speech fields resolved once for the whole
     # reply (voice, language, task), which every unit's request copies.
     template: SpeechRequest | None = None
@@ -289,6 +293,10 @@ class SpokenReply:
     def __post_init__(self) -> None:
         if self.max_unit_chars is not None and self.max_unit_chars < 1:
             raise InvalidRequestError(f"max_unit_chars must be >= 1, got {self.max_unit_chars}", "max_unit_chars")
+        if self.first_unit_tokens is not None and self.first_unit_tokens < 1:
+            raise InvalidRequestError(
+                f"first_unit_tokens must be >= 1, got {self.first_unit_tokens}", "first_unit_tokens"
+            )
 
     def request(self, text: str, request_id: str) -> SpeechRequest:
         """The speech request for one unit of text."""

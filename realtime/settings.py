@@ -113,6 +113,9 @@ class Settings:
     # choice (Qwen3-TTS: one frame while few streams run, more as the load grows so playback never runs dry). A
     # response's first unit is its first clause.
     realtime_first_codec_frames: int | None = None
+    # Benchmarks only (with enable_benchmark_fields): a response's first unit ends after this many tokens at the
+    # latest (SpokenReply.first_unit_tokens: a random-weight LM writes no clause boundary)
+    realtime_bench_first_unit_tokens: int | None = None
     # Tokens a turn's transcript may take (None: the model's own budget, 448 for Whisper): a turn must fit the text
     # model beside the instructions (session.truncation drops older turns, never the newest). 128 Whisper tokens are
     # about 30 s of speech, Whisper's whole window; a random-weight ASR, which never ends a transcript, stops there.

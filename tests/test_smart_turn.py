@@ -11,6 +11,7 @@ from pipecat.audio.turn.smart_turn.local_smart_turn_v3 import LocalSmartTurnAnal
 from omni_stream.codecs.resample import resample
 from omni_stream.models.smart_turn import SAMPLE_RATE, SmartTurn, available, log_mel, model_path
 from omni_stream.models.smart_turn.features import last_window
+from omni_stream.models.smart_turn.model import default_threads
 
 pytestmark = pytest.mark.reference
 
@@ -70,3 +71,10 @@ def test_probabilities_equal_pipecats_analyzer_on_the_same_audio(reference):
     assert p["tone"] < 0.5 < p["short"]  # the clips are told apart
     if "question" in p:  # a whole question is a finished turn, its first half is not
         assert p["question"] > 0.5 > p["cut off"]
+
+
+def test_intra_op_threads_follow_the_cores_and_do_not_change_the_answer():
+    assert [default_threads(n) for n in (1, 2, 7, 8, 16, 128)] == [1, 1, 1, 2, 4, 4]
+    audio = list(clips().values())
+    one, two = SmartTurn(threads=1), SmartTurn(threads=2)
+    np.testing.assert_allclose(one.probabilities(audio), two.probabilities(audio), atol=1e-5)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import pytest
 
+from omni_stream.chunks import TextDelta
+from omni_stream.context import RequestContext
 from omni_stream.speech.text_split import Granularity, TextSplitter, limit_length, split_text
+from omni_stream.speech.text_stream import text_units
 
 S, C, N = Granularity.SENTENCE, Granularity.CLAUSE, Granularity.NONE
 
@@ -124,3 +129,37 @@ def test_the_first_unit_ends_after_its_twelfth_complete_word_when_no_clause_ends
     assert later.feed(" ".join(words[:3])) == [] and later.flush() == [" ".join(words[:3])]
     assert end_of_words("我想一想然后回答你", 1) is None and end_of_words("a  b ", 2) == 4
     assert TextSplitter(Granularity.SENTENCE).feed(" ".join(words) + " ") == []  # only a spoken reply's first unit
+
+
+def test_the_first_unit_can_be_ended_where_the_text_stands():
+    splitter = TextSplitter(Granularity.SENTENCE, first_clause=True)
+    assert splitter.feed("zxqv blorp") == []
+    assert splitter.end_first() == ["zxqv blorp"] and splitter.pending == ""
+    assert splitter.end_first() == []  # once only
+    assert splitter.feed(" more words, and more. Done") == ["more words, and more."]  # sentences from here on
+    assert TextSplitter(Granularity.SENTENCE, first_clause=True).end_first() == []  # nothing written yet
+
+
+async def test_text_units_end_the_first_unit_after_its_deltas_unless_a_clause_came_first():
+    """``first_unit_deltas`` (a benchmark's bound for a random-weight model): the first unit goes out after that many
+    deltas with no boundary in them; a clause before it still ends the first unit there; the units still join back
+    to the text."""
+
+    async def run(deltas: list[str], first: int | None) -> list[tuple[str, int]]:
+        async def upstream() -> AsyncIterator[TextDelta]:
+            for i, text in enumerate(deltas):
+                yield TextDelta(text, i)
+
+        stage = text_units(Granularity.SENTENCE, first_clause=True, first_unit_deltas=first)
+        out, seen = [], 0
+        async for unit in stage(RequestContext(), upstream()):
+            seen += 1
+            out.append((unit.text, seen))
+        return out
+
+    tokens = ["abc", "def", "ghi", "jkl", "mno", "pq."]
+    assert await run(tokens, None) == [("abcdefghijklmnopq.", 1)]  # the whole reply is one unit
+    units = await run(tokens, 3)
+    assert [t for t, _ in units] == ["abcdefghi", "jklmnopq."] and "".join(t for t, _ in units) == "".join(tokens)
+    with_clause = ["Sure,", " the", " weather", " is", " fine."]
+    assert [t for t, _ in await run(with_clause, 3)] == ["Sure,", " the weather is fine."]

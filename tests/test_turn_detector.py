@@ -132,5 +132,7 @@ def test_detectors_fed_together_give_each_the_events_it_gets_alone(question):
         for (detector, _), events in zip(batch, feed_many(batch), strict=True):
             got[together.index(detector)] += events
     assert got == expected
-    assert all([e.kind.value for e in events][:1] == ["started"] and events[-1].kind.value == "stopped" for events in got)
+    assert all(
+        [e.kind.value for e in events][:1] == ["started"] and events[-1].kind.value == "stopped" for events in got
+    )
     assert [d.fed for d in together] == [d.fed for d in alone]

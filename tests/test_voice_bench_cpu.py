@@ -13,9 +13,16 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "voice_bench.py"
 
 def test_the_smoke_run_measures_voice_to_voice_its_split_and_barge_in(tmp_path):
     out = tmp_path / "voice.json"
+    out_args = ["--out", str(out)]
     env = {**os.environ, "GIT_COMMIT": "test"}
     proc = subprocess.run(
-        [sys.executable, str(BENCH), "--smoke", "--out", str(out)], env=env, capture_output=True, text=True, timeout=400
+        # benchmark fields on (a bounded reply), and the first spoken unit bounded at 3 of the synthetic LM's word
+        # tokens (its reply's first clause, "Here is sentence 0 of the answer,", has 7)
+        [sys.executable, str(BENCH), "--smoke", "--max-output-tokens", "300", "--first-unit-tokens", "3", *out_args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -42,6 +49,7 @@ def test_the_smoke_run_measures_voice_to_voice_its_split_and_barge_in(tmp_path):
         if level["concurrency"] == 1:
             assert abs(sum(parts[p]["p50"] for p in parts) - v2v["p50"]) < 1.0, level
         assert level["barge_in_ms"]["p50"] is not None
+        assert level["first_clause_words"]["p50"] == level["first_clause_words"]["max"] == 3, level
         work = level["work"]  # the server's worker while the level ran: the talker stepped, the LM too
         assert work["complete"] and 0 < work["busy_fraction"] < 1, work
         assert work["counts"]["step:talker"] > 0 and any(
@@ -61,6 +69,7 @@ def test_the_smoke_run_measures_voice_to_voice_its_split_and_barge_in(tmp_path):
             assert turn_model == {"judged": 0, "wait_ms_mean": None, "run_ms_mean": None, "cpu_ms_mean": None}
     assert "barge p50" in proc.stdout and "semantic_vad" in proc.stdout and "worker busy" in proc.stdout
     assert "pauses judged" in proc.stdout and "preparation threads" in proc.stdout and "ASR encoder" in proc.stdout
+    assert "first spoken unit: 3 words" in proc.stdout and report["settings"]["first_unit_tokens"] == 3
 
 
 def test_the_recorded_utterances_are_one_turn_each_for_the_silero_vad():

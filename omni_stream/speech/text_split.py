@@ -172,6 +172,14 @@ class TextSplitter:
         more, rest = split_text(text[end:], self.granularity, final)
         return [first, *more], rest
 
+    def end_first(self) -> list[str]:
+        """The first unit, ended where the text stands (what is buffered; nothing once the first unit went out)."""
+        if self._started or not self._buffer.strip():
+            return []
+        self._started = True
+        first, self._buffer = self._buffer.strip(), ""
+        return [first]
+
     def clear(self) -> None:
         self._buffer = ""
 

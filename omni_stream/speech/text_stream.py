@@ -43,10 +43,16 @@ UNIT_MAX_CHARS = 2000  # a unit longer than this is cut (at a sentence end, else
 
 
 def text_units(
-    split: Granularity | str = Granularity.SENTENCE, max_chars: int = UNIT_MAX_CHARS, *, first_clause: bool = False
+    split: Granularity | str = Granularity.SENTENCE,
+    max_chars: int = UNIT_MAX_CHARS,
+    *,
+    first_clause: bool = False,
+    first_unit_deltas: int | None = None,
 ) -> Stage[TextDelta, TextDelta]:
     """Join upstream text deltas into units; the last unit (possibly empty) is marked ``final``; ``first_clause``:
-    the first unit ends at the first clause boundary (:class:`~omni_stream.speech.text_split.TextSplitter`).
+    the first unit ends at the first clause boundary (:class:`~omni_stream.speech.text_split.TextSplitter`);
+    ``first_unit_deltas`` (benchmarks: :attr:`~omni_stream.requests.SpokenReply.first_unit_tokens`): it ends after
+    that many deltas at the latest.
 
     Each unit's ``text`` is its piece of the original text, whitespace before it included, so the units join
     back to the text exactly (the last one also carries any trailing whitespace); what is spoken is its
@@ -66,9 +72,14 @@ def text_units(
             start, cursor = cursor, pos + len(unit)
             return raw[start:cursor]
 
+        deltas = 0
         async for delta in upstream:
             raw += delta.text
-            for unit in splitter.feed(delta.text):
+            deltas += 1
+            units = splitter.feed(delta.text)
+            if deltas == first_unit_deltas:
+                units += splitter.end_first()
+            for unit in units:
                 yield TextDelta(piece(unit), index)
                 index += 1
         rest = splitter.flush()

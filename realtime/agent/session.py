@@ -387,11 +387,13 @@ class RealtimeSession:
                 speech = None
                 if cmd.speak:  # first audio from the first clause, in a small first codec window
                     first = self.settings.realtime_first_codec_frames
+                    bench = self.settings.enable_benchmark_fields
                     speech = SpokenReply(
                         voice=cmd.voice,
                         with_text=bool(cmd.tools),  # a reply's tool calls ride on the text model's deltas
                         first_clause=True,
                         initial_codec_chunk_frames=first,
+                        first_unit_tokens=self.settings.realtime_bench_first_unit_tokens if bench else None,
                     )
                 # Benchmarks only: random-weight LMs must not stop early, so a bounded reply ignores EOS.
                 ignore_eos = self.settings.enable_benchmark_fields and cmd.max_tokens is not None

@@ -8,13 +8,14 @@ needed for the model file).
 
 Input: the last 8 s of a turn's audio at 16 kHz (:mod:`.features`); output: the probability that the speaker has
 finished their turn. ``probabilities`` takes a batch (the model's batch dimension is free), so concurrent sessions
-may share one call. Blocking CPU work (about 10-65 ms a window on one core): call it off the event loop. The
+may share one call. Blocking CPU work (about 45-85 ms a window on one core): call it off the event loop. The
 session is shared by every stream and thread (onnxruntime's ``run`` is thread-safe).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -50,12 +51,22 @@ def available() -> bool:
     return importlib.util.find_spec("onnxruntime") is not None
 
 
+def default_threads(cores: int | None = None) -> int:
+    """Intra-op threads for the model: a quarter of the cores, 1 to 4. A call took 84 ms on one core of the H200
+    host (``voice_bench`` run 30), all of it on the path from the user's pause to the turn's end; split over four it
+    is about a quarter of that, and concurrent calls share the session's one pool (threads that sleep when idle,
+    never spin: the cores serve the device worker and the event loop too)."""
+    n = cores if cores is not None else (os.cpu_count() or 1)
+    return max(1, min(4, n // 4))
+
+
 class SmartTurn:
-    """The end-of-turn model (see the module docstring); ``threads``: onnxruntime intra-op threads (default 1)."""
+    """The end-of-turn model (see the module docstring); ``threads``: onnxruntime intra-op threads (default:
+    :func:`default_threads`)."""
 
     sample_rate = SAMPLE_RATE
 
-    def __init__(self, path: Path | None = None, *, threads: int = 1) -> None:
+    def __init__(self, path: Path | None = None, *, threads: int | None = None) -> None:
         try:
             import onnxruntime as ort
         except ImportError as exc:  # pragma: no cover - the [turn] extra brings it
@@ -63,7 +74,8 @@ class SmartTurn:
         options = ort.SessionOptions()
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.inter_op_num_threads = 1
-        options.intra_op_num_threads = threads
+        options.intra_op_num_threads = default_threads() if threads is None else threads
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         self.path = path or model_path()
         self._session: Any = ort.InferenceSession(
