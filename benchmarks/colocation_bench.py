@@ -202,8 +202,15 @@ def speech_samples() -> np.ndarray:
         return np.frombuffer(w.readframes(w.getnframes()), "<i2").copy()
 
 
+# An agent session hears this much of its answer, then cancels it (``response.cancel``) and ends. A random-weight
+# TTS never ends a unit, so an answer left to finish played each unit to the talker's limit in real time: a GPU
+# run's agent warm-up took 165 s and the agents-alone phase most of its call (run 30).
+AGENT_LISTEN_S = 2.0
+
+
 async def agent(url: str, reply_tokens: int, limit_s: float) -> dict:
-    """One voice-agent session: the recorded question in real time, then silence until the answer is done."""
+    """One voice-agent session: the recorded question in real time, then silence until it has heard
+    :data:`AGENT_LISTEN_S` of the answer (or the answer is done)."""
     from websockets.asyncio.client import connect
 
     loop = asyncio.get_running_loop()
@@ -236,10 +243,15 @@ async def agent(url: str, reply_tokens: int, limit_s: float) -> dict:
                 await send(np.zeros(MIC_CHUNK, np.int16))
 
         async def listen() -> None:
+            heard = 0.0
             async for raw in ws:
                 event = json.loads(raw)
                 if event["type"] == "response.output_audio.delta":
                     marks.setdefault("first_audio", loop.time())
+                    heard += len(base64.b64decode(event["delta"])) / 2 / RATE
+                    if heard >= AGENT_LISTEN_S:
+                        await ws.send(json.dumps({"type": "response.cancel"}))
+                        break
                 elif event["type"] == "response.done" and "first_audio" in marks:
                     break
                 elif event["type"] == "error":
