@@ -9,6 +9,7 @@ from omni_stream.errors import InvalidRequestError
 from omni_stream.models.causal_lm.runner import LMRequest
 from omni_stream.requests import GREEDY, SamplingParams
 from omni_stream.runtime import decoder_kernels as fused
+from omni_stream.runtime.cuda_graphs import pick
 
 SAMPLED = SamplingParams(do_sample=True, temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.1)
 TEXTS = (
@@ -175,8 +176,13 @@ async def test_a_lone_newcomer_prefills_at_a_length_bucket_and_its_tokens_do_not
     assert {t for _, t, _ in log} <= set(padded_runner.prefill_buckets)
     unbucketed = {len(r.prompt_ids) for r in requests} - set(padded_runner.prefill_buckets)
     assert unbucketed and not unbucketed & {t for _, t, _ in log}  # those prompts ran padded, at bucket shapes
-    # several newcomers at once still prefill together, at their own length
+    # several newcomers at once still prefill together, at the length bucket of the longest, with the same tokens
+    group = [k for k, r in enumerate(requests) if len(r.prompt_ids) in unbucketed]
+    assert len(group) >= 2
     together = lm.runner(slots=6)
     together.pad_lone_prefill = True
-    await drive(together, requests)
-    assert together.prefill_log[0][0] == len(requests)
+    got = await drive(together, [requests[k] for k in group])
+    assert [p.tokens for p in got] == [exact[k].tokens for k in group]
+    (n, t, kind), *_ = together.prefill_log
+    longest = max(len(requests[k].prompt_ids) for k in group)
+    assert (n, kind) == (len(group), "eager") and t == pick(together.prefill_buckets, longest) != longest

@@ -21,7 +21,8 @@ a bucketed length (:data:`PREFILL_BUCKET` doubling up to ``max_len``): its promp
 and on CUDA each length bucket's prefill is a CUDA graph captured with the decode graphs at load, so a prompt
 length seen for the first time costs what it costs the tenth time (eagerly, each new length paid its kernel
 selection and allocations, ~80 ms against ~27 ms warm at c=1 on Qwen3-0.6B). ``pad_lone_prefill`` runs the same
-bucketed prefill eagerly (CPU tests show its shapes in the step log). Several newcomers prefill together, eagerly.
+bucketed prefill eagerly (CPU tests show its shapes in the step log). Several newcomers prefill together, eagerly,
+at the length bucket of the longest (padded likewise).
 
 On CUDA the layers run as the fused Triton kernels (residual+norm, q/k norm+rotary for Qwen3, SiLU-and-multiply);
 sampling stays in torch (the Triton sampler holds a whole row in one block, sized for the talker's 3072 codes, not
@@ -355,7 +356,14 @@ class CausalLMRunner(SlotKVRunner[LMRequest, TextDelta, _SlotState]):
             return
         lengths = [ids.shape[0] for _, ids in prompts]
         t = max(lengths)
+        if self.pad_lone_prefill:
+            # Newcomers together run eagerly, at their length bucket: at an exact new length the first prefill paid
+            # its kernels' specialization for the new shape (voice_bench run 31: a 16-session level's first round
+            # spent 1.7 s more in LM steps than its second, 39 ms a step against 11)
+            t = pick(self.prefill_buckets, t) or t
         ids = torch.nn.utils.rnn.pad_sequence([ids for _, ids in prompts], batch_first=True)
+        if ids.shape[1] < t:
+            ids = torch.nn.functional.pad(ids, (0, t - ids.shape[1]))
         slots = torch.tensor([slot for slot, _ in prompts], dtype=torch.long, device=self.device)
         lens = torch.tensor(lengths, dtype=torch.long, device=self.device)
         positions = torch.arange(t, device=self.device)[None].expand(len(prompts), -1)
