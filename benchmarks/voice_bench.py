@@ -22,9 +22,11 @@ whose wall time is well over its CPU time waited on cores or the GIL), and where
 it ran (``work`` in the JSON, a line under the level's row): its busy share and seconds per scheduler step, job and
 batch (``omni_stream.runtime.work_profile`` over the worker's log, read from the benchmark server's ``GET
 /bench/work``), and the event loop's preparation threads (turn detection's feeds, prompts): jobs, their wait for a
-thread and their run time (``work.prepare``), and the ASR's encoder passes and the utterances they encoded
-(``work.asr_encoder``: many passes of one utterance each mean the transcripts arrived spread over many steps). A
-slow part with an idle worker waited on something other than the device.
+thread and their run time (``work.prepare``), how late the server's event loop ran a 10 ms timer
+(``work.loop_lag``), how late this client sent its appends (``mic_late_ms``: a late client delays what the server
+hears), and the ASR's encoder passes and the utterances they encoded (``work.asr_encoder``: many passes of one
+utterance each mean the transcripts arrived spread over many steps). A slow part with an idle worker waited on
+something other than the device.
 
 The server runs in a child process (``--serve``) so client and server do not share one interpreter.
 
@@ -176,18 +178,46 @@ def serve(args: argparse.Namespace) -> None:
                         realtime_transcription_max_tokens=args.asr_max_tokens,
                         realtime_bench_first_unit_tokens=args.first_unit_tokens)  # fmt: skip
     app = create_app(load, settings)
-    app.router.routes.insert(0, Route("/bench/work", work_route(app)))
+    lag = LoopLag()
+    app.router.routes.insert(0, Route("/bench/work", work_route(app, lag)))
     config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", ws_max_size=32 << 20)
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets)
+            self.lag_probe = asyncio.ensure_future(lag.run())
             print("READY", flush=True)  # the engine is loaded (lifespan) and the socket listens
 
     Server(config).run()
 
 
-def work_route(app: Any) -> Any:
+class LoopLag:
+    """How late the server's event loop runs a timer (every ``PERIOD`` s): a loop busy with sessions' messages, or
+    waiting on the GIL, delivers every event late by this much. The mean and max since the last :meth:`take`."""
+
+    PERIOD = 0.01
+
+    def __init__(self) -> None:
+        self.total = self.worst = 0.0
+        self.count = 0
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + self.PERIOD
+            await asyncio.sleep(self.PERIOD)
+            late = max(0.0, loop.time() - due)
+            self.total, self.count, self.worst = self.total + late, self.count + 1, max(self.worst, late)
+
+    def take(self) -> dict[str, float | None]:
+        out = {"mean_ms": round(1000 * self.total / self.count, 2) if self.count else None,
+               "max_ms": round(1000 * self.worst, 2)}  # fmt: skip
+        self.total = self.worst = 0.0
+        self.count = 0
+        return out
+
+
+def work_route(app: Any, lag: LoopLag) -> Any:
     """``GET /bench/work`` (this benchmark's server only): the device worker's work profile since the last call
     (:mod:`omni_stream.runtime.work_profile`): where its time went while the level ran, idle included."""
     from starlette.responses import JSONResponse
@@ -215,7 +245,7 @@ def work_route(app: Any) -> Any:
         calls, utterances = getattr(asr, "encoder_calls", 0), getattr(asr, "utterances_encoded", 0)
         encoder = {"calls": calls - encoded["calls"], "utterances": utterances - encoded["utterances"]}
         encoded["calls"], encoded["utterances"] = calls, utterances
-        return JSONResponse({**profile.summary(), "prepare": prepare, "asr_encoder": encoder})
+        return JSONResponse({**profile.summary(), "prepare": prepare, "asr_encoder": encoder, "loop_lag": lag.take()})
 
     return work
 
@@ -346,6 +376,7 @@ class Mic:
         self.ws, self.loop = ws, loop
         self.t0 = loop.time()
         self.sent = 0  # samples
+        self.late = 0.0  # the latest an append left after its due time (this client process's own lag)
 
     def time_of(self, sample: int) -> float:
         """Wall time at which stream sample ``sample`` was spoken."""
@@ -358,6 +389,7 @@ class Mic:
             chunk = samples[i : i + CHUNK]
             due = self.time_of(self.sent + chunk.size)  # a chunk leaves once its last sample is 'recorded'
             await asyncio.sleep(max(0.0, due - self.loop.time()))
+            self.late = max(self.late, self.loop.time() - due)
             audio = base64.b64encode(chunk.astype("<i2").tobytes()).decode()
             await self.ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
             self.sent += chunk.size
@@ -442,6 +474,7 @@ async def one_session(url: str, args: argparse.Namespace, turns: str, delay: flo
         result["v2v_ms"] = 1000 * (marks["first_audio"] - marks["speech_end"])
         result["server_v2v_ms"] = 1000 * (marks["first_audio"] - marks["stopped"])
         result["split_ms"] = split(marks)
+    result["mic_late_ms"] = 1000 * mic.late
     if "barge_start" in marks and result.get("status") == "cancelled":
         result["barge_in_ms"] = 1000 * (marks["last_audio"] - marks["barge_start"])
     return result
@@ -504,6 +537,8 @@ async def run_level(
         "barge_in_ms": summary([o["barge_in_ms"] for o in ok if "barge_in_ms" in o]),
         # the first spoken unit's length: the LM's first-clause time is the tokens it took to write it
         "first_clause_words": summary([o["first_clause_words"] for o in ok if "first_clause_words" in o]),
+        # each session's latest append (after its due time): a late client delays the server's view of the speech
+        "mic_late_ms": summary([o["mic_late_ms"] for o in ok if "mic_late_ms" in o]),
         "error_events": sorted({e for o in ok for e in o.get("errors", [])}),
         "failures": failures[:5],
         "wall_s": round(wall, 2),
@@ -616,8 +651,11 @@ def main(argv: list[str] | None = None) -> int:
                         results[-1]["turn_model"] = turn_model_use(judged, fetch_turn_model(port))
                         print(table(results[-1:]).splitlines()[-1], flush=True)
                         print(work_line(results[-1]["work"]), flush=True)
-                        words = results[-1]["first_clause_words"]
-                        print(f"    first spoken unit: {words['p50']} words p50 (max {words['max']})", flush=True)
+                        words, late = results[-1]["first_clause_words"], results[-1]["mic_late_ms"]
+                        loop_lag = results[-1]["work"]["loop_lag"]
+                        print(f"    first spoken unit: {words['p50']} words p50 (max {words['max']}); client appends "
+                              f"late by up to {late['p95']} ms p95 (max {late['max']}); server loop late by "
+                              f"{loop_lag['mean_ms']} ms mean (max {loop_lag['max_ms']})", flush=True)  # fmt: skip
                         if turns == "semantic_vad":
                             print(turn_model_line(results[-1]["turn_model"]), flush=True)
     report = {

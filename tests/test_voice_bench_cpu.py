@@ -50,6 +50,9 @@ def test_the_smoke_run_measures_voice_to_voice_its_split_and_barge_in(tmp_path):
             assert abs(sum(parts[p]["p50"] for p in parts) - v2v["p50"]) < 1.0, level
         assert level["barge_in_ms"]["p50"] is not None
         assert level["first_clause_words"]["p50"] == level["first_clause_words"]["max"] == 3, level
+        assert 0 <= level["mic_late_ms"]["p50"] <= level["mic_late_ms"]["max"], level
+        lag = level["work"]["loop_lag"]
+        assert lag["mean_ms"] is not None and 0 <= lag["mean_ms"] <= lag["max_ms"], lag
         work = level["work"]  # the server's worker while the level ran: the talker stepped, the LM too
         assert work["complete"] and 0 < work["busy_fraction"] < 1, work
         assert work["counts"]["step:talker"] > 0 and any(
@@ -69,7 +72,11 @@ def test_the_smoke_run_measures_voice_to_voice_its_split_and_barge_in(tmp_path):
             assert turn_model == {"judged": 0, "wait_ms_mean": None, "run_ms_mean": None, "cpu_ms_mean": None}
     assert "barge p50" in proc.stdout and "semantic_vad" in proc.stdout and "worker busy" in proc.stdout
     assert "pauses judged" in proc.stdout and "preparation threads" in proc.stdout and "ASR encoder" in proc.stdout
-    assert "first spoken unit: 3 words" in proc.stdout and report["settings"]["first_unit_tokens"] == 3
+    assert (
+        "first spoken unit: 3 words" in proc.stdout
+        and "server loop late by" in proc.stdout
+        and report["settings"]["first_unit_tokens"] == 3
+    )
 
 
 def test_the_recorded_utterances_are_one_turn_each_for_the_silero_vad():
