@@ -39,7 +39,7 @@
 #                               (only when named, as a call of its own: the server starts in ~100 s)
 # gputests        ~330 / 545  the -m gpu tests (test_causal_lm_gpu, test_qwen3_codec_kernels, test_qwen3_codec_stream,
 #                               test_qwen3_gpu, test_whisper_gpu), from a copy of tests/ (only when named; run 29: 280 s
-#                               covered 24 of 31)
+#                               covered 24 of 31; SUITE_GPUTESTS="test_causal_lm_gpu.py ..." runs those files only)
 #
 #   calls: SUITE_ONLY=load_cv | load_fixed,peers | load_base_ws | load_base_http,levers_base | levers_cv | load_http
 #          | colocation | gputests
@@ -209,9 +209,11 @@ else
   if [[ ",$ONLY," == *",gputests,"* ]]; then  # a copy outside the repository: its omni_stream/ would shadow /tmp/site
     mkdir -p "$WORK/t" && cp -r "$REPO/tests" "$REPO/pyproject.toml" "$WORK/t/"
   fi
-  named gputests 545 300 -m pytest "$WORK/t/tests/test_causal_lm_gpu.py" "$WORK/t/tests/test_qwen3_codec_kernels.py" \
-    "$WORK/t/tests/test_qwen3_codec_stream.py" "$WORK/t/tests/test_qwen3_gpu.py" "$WORK/t/tests/test_whisper_gpu.py" \
-    -m gpu -q -p no:cacheprovider -rs
+  GPUTESTS=${SUITE_GPUTESTS:-test_causal_lm_gpu.py test_qwen3_codec_kernels.py test_qwen3_codec_stream.py \
+    test_qwen3_gpu.py test_whisper_gpu.py}
+  # shellcheck disable=SC2086  # the file names split on purpose
+  named gputests 545 "$([[ -n ${SUITE_GPUTESTS:-} ]] && echo 60 || echo 300)" -m pytest \
+    $(printf "$WORK/t/tests/%s " $GPUTESTS) -m gpu -q -p no:cacheprovider -rs
   bench image 120 50 "$B/image_bench.py" --device cuda
   bench video 180 80 "$B/video_bench.py" --gpu
 fi
