@@ -207,7 +207,7 @@ else
   # server ~100 s and a warm-up of every route (run 29): the mixed scenarios at c=32 alone fill one call
   named colocation 545 300 "$B/colocation_bench.py" --gpu --scenarios mixed --transports ws --levels 32
   if [[ ",$ONLY," == *",gputests,"* ]]; then  # a copy outside the repository: its omni_stream/ would shadow /tmp/site
-    mkdir -p "$WORK/t" && cp -r "$REPO/tests" "$REPO/pyproject.toml" "$WORK/t/"
+    mkdir -p "$WORK/t/benchmarks" && cp -r "$REPO/tests" "$REPO/pyproject.toml" "$WORK/t/" && cp -r "$B/configs" "$WORK/t/benchmarks/"
   fi
   GPUTESTS=${SUITE_GPUTESTS:-test_causal_lm_gpu.py test_qwen3_codec_kernels.py test_qwen3_codec_stream.py \
     test_qwen3_gpu.py test_whisper_gpu.py}

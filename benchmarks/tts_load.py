@@ -160,9 +160,18 @@ class Transport:
             return {"requests_running": live["running"], "requests_waiting": live["waiting"],
                     "requests_paused": 0.0, "batch_size_sum": stats.items, "batch_size_count": stats.steps,
                     "step_seconds_sum": stats.model_seconds, "step_seconds_count": stats.steps}  # fmt: skip
+        import httpx
         from prometheus_client.parser import text_string_to_metric_families
 
-        text = (await self.client.get(f"{self.url}/metrics")).text
+        for attempt in range(3):
+            try:
+                text = (await self.client.get(f"{self.url}/metrics")).text
+                break
+            except httpx.TransportError:
+                # A pooled connection the server closed as it was reused: at 80 requests/s over HTTP (run 30) one
+                # poll got "Server disconnected without sending a response" and ended the whole run. Ask again.
+                if attempt == 2:
+                    raise
         out: dict[str, float] = {}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
