@@ -21,10 +21,10 @@ CPU time per call (``turn_model``, from the server's ``omni_stream_turn_model_se
 whose wall time is well over its CPU time waited on cores or the GIL), and where the device worker's time went while
 it ran (``work`` in the JSON, a line under the level's row): its busy share and seconds per scheduler step, job and
 batch (``omni_stream.runtime.work_profile`` over the worker's log, read from the benchmark server's ``GET
-/bench/work``), and the event loop's preparation threads (turn detection's feeds, prompts): jobs, their wait for a
-thread and their run time (``work.prepare``), how late the server's event loop ran a 10 ms timer
-(``work.loop_lag``), how late this client sent its appends (``mic_late_ms``: a late client delays what the server
-hears), and the ASR's encoder passes and the utterances they encoded (``work.asr_encoder``: many passes of one
+/bench/work``), and the event loop's preparation threads: jobs, their wait for a thread and their run time, for
+turn detection's feeds (``work.turns``) and for prompts (``work.prepare``), how late the server's event loop ran a
+10 ms timer (``work.loop_lag``), how late this client sent its appends (``mic_late_ms``: a late client delays what the
+server hears), and the ASR's encoder passes and the utterances they encoded (``work.asr_encoder``: many passes of one
 utterance each mean the transcripts arrived spread over many steps). A slow part with an idle worker waited on
 something other than the device.
 
@@ -223,7 +223,7 @@ def work_route(app: Any, lag: LoopLag) -> Any:
     from starlette.responses import JSONResponse
 
     from omni_stream.family import ModelKind
-    from omni_stream.runtime.offload import preparer
+    from omni_stream.runtime.offload import Lane, preparer
     from omni_stream.runtime.work_profile import work_profile
 
     read = {"seq": -1, "at": time.perf_counter()}
@@ -235,17 +235,23 @@ def work_route(app: Any, lag: LoopLag) -> Any:
         now = time.perf_counter()
         profile = work_profile(log, read["at"], now, after_seq=read["seq"])
         read["seq"], read["at"] = (log[-1].seq if log else read["seq"]), now
-        jobs = preparer().take()  # this loop's preparation threads (turn detection's feeds, prompts)
-        prepare = {"jobs": jobs.jobs, "wait_ms_mean": round(1000 * jobs.wait_s / jobs.jobs, 2) if jobs.jobs else None,
-                   "wait_ms_max": round(1000 * jobs.max_wait_s, 2),
-                   "run_ms_mean": round(1000 * jobs.run_s / jobs.jobs, 2) if jobs.jobs else None}  # fmt: skip
+
+        def lane_use(lane: Lane) -> dict[str, Any]:
+            jobs = preparer(lane=lane).take()
+            return {"jobs": jobs.jobs, "wait_ms_mean": round(1000 * jobs.wait_s / jobs.jobs, 2) if jobs.jobs else None,
+                    "wait_ms_max": round(1000 * jobs.max_wait_s, 2),
+                    "run_ms_mean": round(1000 * jobs.run_s / jobs.jobs, 2) if jobs.jobs else None}  # fmt: skip
+
+        # this loop's preparation threads: the prompts' and turn detection's (the sessions' audio feeds)
+        prepare, turns = lane_use(Lane.PROMPTS), lane_use(Lane.TURNS)
         # the ASR's encoder passes (each a step's newcomers): few with many utterances each, or many with one
         kind = ModelKind.TRANSCRIPTION
         asr = getattr(engine.models.get(kind), "runner", None) if kind in engine.models else None
         calls, utterances = getattr(asr, "encoder_calls", 0), getattr(asr, "utterances_encoded", 0)
         encoder = {"calls": calls - encoded["calls"], "utterances": utterances - encoded["utterances"]}
         encoded["calls"], encoded["utterances"] = calls, utterances
-        return JSONResponse({**profile.summary(), "prepare": prepare, "asr_encoder": encoder, "loop_lag": lag.take()})
+        return JSONResponse({**profile.summary(), "prepare": prepare, "turns": turns, "asr_encoder": encoder,
+                             "loop_lag": lag.take()})  # fmt: skip
 
     return work
 
@@ -307,11 +313,12 @@ def work_line(work: dict[str, Any], top: int = 5) -> str:
         return f"{name} {value:.2f}{each}"
 
     parts = ", ".join(piece(name, value) for name, value in seconds)
-    p, e = work["prepare"], work["asr_encoder"]
+    p, t, e = work["prepare"], work["turns"], work["asr_encoder"]
     return (f"    worker busy {100 * work['busy_fraction']:.0f}% of {work['span_s']:.1f} s: {parts}\n"
-            f"    preparation threads: {p['jobs']} jobs, wait mean {p['wait_ms_mean']} ms (max {p['wait_ms_max']} ms), "
-            f"run mean {p['run_ms_mean']} ms; ASR encoder: {e['calls']} passes for {e['utterances']} "
-            "utterances")  # fmt: skip
+            f"    turn detection threads: {t['jobs']} feeds, wait mean {t['wait_ms_mean']} ms (max {t['wait_ms_max']} "
+            f"ms), run mean {t['run_ms_mean']} ms; preparation threads: {p['jobs']} jobs, wait mean "
+            f"{p['wait_ms_mean']} ms (max {p['wait_ms_max']} ms), run mean {p['run_ms_mean']} ms; ASR encoder: "
+            f"{e['calls']} passes for {e['utterances']} utterances")  # fmt: skip
 
 
 @contextlib.contextmanager

@@ -9,7 +9,14 @@ import threading
 import anyio
 import pytest
 
-from omni_stream.runtime.offload import PREPARE_THREADS, preparer, run_prepare, run_prepare_batched
+from omni_stream.runtime.offload import (
+    PREPARE_THREADS,
+    TURN_THREADS,
+    Lane,
+    preparer,
+    run_prepare,
+    run_prepare_batched,
+)
 
 
 async def test_the_jobs_of_one_loop_pass_run_as_one_thread_job_in_order() -> None:
@@ -181,3 +188,26 @@ async def test_batched_jobs_of_one_pass_go_to_one_call_of_their_batch_in_order()
     assert calls == [[1, 2, 3]] and ran == ["batch", "alone"]  # the batch where its first job stands
     assert prep.batches == before + 1
     assert prep.take().jobs == 6
+
+
+async def test_turn_detection_has_threads_of_its_own_that_never_wait_behind_prompts() -> None:
+    """A realtime session's audio feeds go to the TURNS lane: a prompt job holding every prompt thread does not hold
+    them up (queued behind a burst of prompts, feeds waited up to half a second on the GPU host)."""
+    gate = threading.Event()
+    prompts = preparer()
+    busy = [asyncio.ensure_future(run_prepare(gate.wait, 10)) for _ in range(prompts.threads)]
+    await asyncio.sleep(0)
+
+    def feed(items: list[int]) -> list[int]:
+        return [i + 1 for i in items]
+
+    try:
+        fed = await asyncio.wait_for(
+            asyncio.gather(*(run_prepare_batched(feed, i, Lane.TURNS) for i in range(3))), timeout=5
+        )
+    finally:
+        gate.set()
+    assert fed == [1, 2, 3]
+    assert all(await asyncio.gather(*busy))
+    turns = preparer(lane=Lane.TURNS)
+    assert turns is not prompts and turns.threads == TURN_THREADS

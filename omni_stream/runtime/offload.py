@@ -1,5 +1,5 @@
 """Short Python-bound request jobs (building and tokenizing a prompt, a realtime session's turn detection over its
-latest audio) off the event loop, on few threads.
+latest audio) off the event loop, on few threads per kind of job (:class:`Lane`).
 
 Preparing a prompt is ~0.1 ms of Python that holds the GIL. Through anyio's default pool up to 40 such jobs
 run at once, so a burst of 128 requests first started up to 40 threads (each start blocks the event loop's
@@ -33,6 +33,7 @@ import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, TypeVar, TypeVarTuple, cast
 
 T = TypeVar("T")
@@ -186,29 +187,43 @@ class Preparer:
         self._pool.shutdown(wait=False)
 
 
-_PREPARERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Preparer] = weakref.WeakKeyDictionary()
+class Lane(StrEnum):
+    """A loop's preparation threads by the work they take: a request's prompt (``PROMPTS``) or a realtime session's
+    turn detection (``TURNS``). Turn detection has threads of its own: queued behind a burst of prompts (the agents'
+    replies, built when their turns end), the sessions' audio feeds waited up to 0.24-0.47 s on the H200 host
+    (voice_bench run 32), and every such wait is added to the time a turn takes to end."""
+
+    PROMPTS = "prompts"
+    TURNS = "turns"
 
 
-def preparer(threads: int | None = None) -> Preparer:
-    """The running event loop's preparer, made on first use with ``threads`` threads (None: :data:`PREPARE_THREADS`;
-    its threads end when the loop is gone). Given another number than the one it has, it is replaced: jobs
-    already handed to the old one finish there."""
+TURN_THREADS = 2  # a pass's feeds are one network call (run_prepare_batched); a second thread takes the next pass
+
+_PREPARERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Lane, Preparer]] = weakref.WeakKeyDictionary()
+
+
+def preparer(threads: int | None = None, lane: Lane = Lane.PROMPTS) -> Preparer:
+    """The running event loop's preparer for ``lane``, made on first use with ``threads`` threads (None:
+    :data:`PREPARE_THREADS` for prompts, :data:`TURN_THREADS` for turns; its threads end when the loop is gone).
+    Given another number than the one it has, it is replaced: jobs already handed to the old one finish there."""
     loop = asyncio.get_running_loop()
-    found = _PREPARERS.get(loop)
+    lanes = _PREPARERS.setdefault(loop, {})
+    found = lanes.get(lane)
     if found is not None and threads is not None and found.threads != threads:
         found.shutdown()
         found = None
     if found is None:
-        found = _PREPARERS[loop] = Preparer(PREPARE_THREADS if threads is None else threads)
+        default = PREPARE_THREADS if lane is Lane.PROMPTS else TURN_THREADS
+        found = lanes[lane] = Preparer(default if threads is None else threads)
         weakref.finalize(loop, found.shutdown)
     return found
 
 
-async def run_prepare_batched(batch: Callable[[list[I]], list[T]], item: I) -> T:
-    """``batch(items)[k]`` on one of the loop's preparation threads, where ``items`` are those of every call with
+async def run_prepare_batched(batch: Callable[[list[I]], list[T]], item: I, lane: Lane = Lane.PROMPTS) -> T:
+    """``batch(items)[k]`` on one of the loop's threads of ``lane``, where ``items`` are those of every call with
     the same ``batch`` in this pass of the loop (a realtime server's sessions' appends of one pass: one network call
     of their VADs), ``item`` the k-th."""
-    future = preparer().submit_batched(asyncio.get_running_loop(), batch, item)
+    future = preparer(lane=lane).submit_batched(asyncio.get_running_loop(), batch, item)
     return await future
 
 

@@ -77,7 +77,7 @@ from omni_stream.realtime.agent.truncation import ContextExceeded, fit
 from omni_stream.realtime.settings import Settings
 from omni_stream.realtime.state import HttpMetrics
 from omni_stream.requests import ChatMessage, ChatRequest, SpokenReply, TextRequest
-from omni_stream.runtime.offload import run_prepare_batched
+from omni_stream.runtime.offload import Lane, run_prepare_batched
 from omni_stream.speech.pacing import AnyioClock, Clock, Pacer
 from omni_stream.text.tools import ToolMode
 from omni_stream.transcription.spec import TranscriptionRequest, transcription_family
@@ -578,12 +578,12 @@ class RealtimeSession:
             return
         if position != detector.fed:  # a gap (never expected): the detector restarts where the audio is
             detector.reset(position)
-        # On the loop's few preparation threads, never a thread per session: sixteen sessions' feeds on sixteen
-        # threads took turns at the GIL with the event loop and the device worker (the prompt-preparation finding of
-        # omni_stream.runtime.offload, for the same reason). The appends of one pass are fed together, their VADs
-        # in one network call: fed one after another, 32 sessions' appends of one pass waited up to 0.8 s on the
-        # H200 host (voice_bench run 30: 7.7 ms a feed under load).
-        events = await run_prepare_batched(feed_many, (detector, samples))
+        # On the loop's few turn-detection threads (their own: never behind a burst of prompts), never a thread per
+        # session: sixteen sessions' feeds on sixteen threads took turns at the GIL with the event loop and the
+        # device worker (the prompt-preparation finding of omni_stream.runtime.offload, for the same reason). The
+        # appends of one pass are fed together, their VADs in one network call: fed one after another, 32 sessions'
+        # appends of one pass waited up to 0.8 s on the H200 host (voice_bench run 30: 7.7 ms a feed under load).
+        events = await run_prepare_batched(feed_many, (detector, samples), Lane.TURNS)
         await self._apply(self.protocol.turn_events, epoch, events, detector.fed)
         if detector.judging:  # the end-of-turn model after the pause's event went out: work started there overlaps it
             events, wait_s, run_s, cpu_s = await anyio.to_thread.run_sync(_judge_timed, detector, time.perf_counter())
