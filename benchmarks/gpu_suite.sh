@@ -15,7 +15,8 @@
 #                     rows at batch 1 and 64 (64 steps each)
 #   asr    ~40 / 100  asr_bench.py --from-config whisper-large-v3-turbo --device cuda, c = 1, 4, 16, 32
 #   chat   ~75 / 130  chat_bench.py: /v1/chat/completions, Qwen3-0.6B -> Qwen3-TTS 0.6B, c = 1, 4, 16
-#   voice  ~80 / 170  voice_bench.py --build dummy: WS /v1/realtime, semantic_vad (Silero + Smart Turn), Whisper
+#   voice  ~80 / 170  voice_bench.py --build dummy: WS /v1/realtime, semantic_vad (Silero + Smart Turn: onnxruntime
+#                     on the CPU; OMNI_STREAM_TURN_MODEL_DEVICE=cuda before the command runs its graph on the GPU), Whisper
 #                     turbo, Qwen3-0.6B, Qwen3-TTS 0.6B, 1, 16, 32 sessions at once, cold and warm, engine batch 32
 #                     (the whole matrix: voice_bench.py's docstring, one call per turn detection)
 #   image  ~45 / 120  image_bench.py --device cuda: InstructPix2Pix 512 px, 20 steps, c = 1, 4, 16
@@ -38,7 +39,7 @@
 #                               agents, 4 image edits, 2 video sessions, alone, together and 0.3 s apart, on one server
 #                               (only when named, as a call of its own: the server starts in ~100 s)
 # gputests        ~330 / 545  the -m gpu tests (test_causal_lm_gpu, test_qwen3_codec_kernels, test_qwen3_codec_stream,
-#                               test_qwen3_gpu, test_whisper_gpu), from a copy of tests/ (only when named; run 29: 280 s
+#                               test_qwen3_gpu, test_whisper_gpu, test_smart_turn_gpu), from a copy of tests/ (only when named; run 29: 280 s
 #                               covered 24 of 31; SUITE_GPUTESTS="test_causal_lm_gpu.py ..." runs those files only)
 #
 #   calls: SUITE_ONLY=load_cv | load_fixed,peers | load_base_ws | load_base_http,levers_base | levers_cv | load_http
@@ -210,7 +211,7 @@ else
     mkdir -p "$WORK/t/benchmarks" && cp -r "$REPO/tests" "$REPO/pyproject.toml" "$WORK/t/" && cp -r "$B/configs" "$WORK/t/benchmarks/"
   fi
   GPUTESTS=${SUITE_GPUTESTS:-test_causal_lm_gpu.py test_qwen3_codec_kernels.py test_qwen3_codec_stream.py \
-    test_qwen3_gpu.py test_whisper_gpu.py}
+    test_qwen3_gpu.py test_whisper_gpu.py test_smart_turn_gpu.py}
   # shellcheck disable=SC2086  # the file names split on purpose
   named gputests 545 "$([[ -n ${SUITE_GPUTESTS:-} ]] && echo 60 || echo 300)" -m pytest \
     $(printf "$WORK/t/tests/%s " $GPUTESTS) -m gpu -q -p no:cacheprovider -rs

@@ -263,8 +263,12 @@ def fetch_work(port: int) -> dict[str, Any]:
         return json.loads(response.read())
 
 
-def fetch_turn_model(port: int) -> dict[str, tuple[float, float]]:
-    """The server's ``omni_stream_turn_model_seconds`` histogram: phase -> (sum of seconds, count)."""
+TurnModelCounts = dict[str, tuple[float, float, dict[float, float]]]
+
+
+def fetch_turn_model(port: int) -> TurnModelCounts:
+    """The server's ``omni_stream_turn_model_seconds`` histogram: phase -> (sum of seconds, count, cumulative count
+    per bucket bound)."""
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
@@ -273,6 +277,7 @@ def fetch_turn_model(port: int) -> dict[str, tuple[float, float]]:
         text = response.read().decode()
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
+    buckets: dict[str, dict[float, float]] = {}
     for family in text_string_to_metric_families(text):
         if family.name != "omni_stream_turn_model_seconds":
             continue
@@ -282,24 +287,42 @@ def fetch_turn_model(port: int) -> dict[str, tuple[float, float]]:
                 sums[phase] = sample.value
             elif sample.name.endswith("_count"):
                 counts[phase] = sample.value
-    return {phase: (sums.get(phase, 0.0), counts.get(phase, 0.0)) for phase in ("wait", "run", "cpu")}
+            elif sample.name.endswith("_bucket"):
+                buckets.setdefault(phase, {})[float(sample.labels["le"])] = sample.value
+    return {p: (sums.get(p, 0.0), counts.get(p, 0.0), buckets.get(p, {})) for p in ("wait", "run", "cpu")}
 
 
-def turn_model_use(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> dict[str, Any]:
+def p95_bound(before: dict[float, float], after: dict[float, float]) -> float | None:
+    """The smallest bucket bound under which 95 % of the level's observations fall (seconds; inf past the last)."""
+    total = after.get(float("inf"), 0.0) - before.get(float("inf"), 0.0)
+    if total <= 0:
+        return None
+    for bound in sorted(after):
+        if after[bound] - before.get(bound, 0.0) >= 0.95 * total:
+            return bound
+    return None
+
+
+def turn_model_use(before: TurnModelCounts, after: TurnModelCounts) -> dict[str, Any]:
     """The end-of-turn model over one level: pauses judged and mean milliseconds per phase (wait for its thread,
     the call's wall time, its thread's CPU time in it: run well over cpu means the call waited on cores or the
-    GIL)."""
+    GIL), and the bucket bound under which 95 % of the waits and runs fell (sessions that pause together judge at
+    once: the mean hides their peak)."""
     judged = int(after["run"][1] - before["run"][1])
     out: dict[str, Any] = {"judged": judged}
     for phase in ("wait", "run", "cpu"):
         total = after[phase][0] - before[phase][0]
         out[f"{phase}_ms_mean"] = round(1000 * total / judged, 2) if judged else None
+    for phase in ("wait", "run"):
+        bound = p95_bound(before[phase][2], after[phase][2])
+        out[f"{phase}_ms_p95_under"] = None if bound is None else 1000 * bound
     return out
 
 
 def turn_model_line(use: dict[str, Any]) -> str:
     return (f"    turn model: {use['judged']} pauses judged, mean wait {use['wait_ms_mean']} ms, "
-            f"run {use['run_ms_mean']} ms (cpu {use['cpu_ms_mean']} ms)")  # fmt: skip
+            f"run {use['run_ms_mean']} ms (cpu {use['cpu_ms_mean']} ms); 95 % of waits under "
+            f"{use['wait_ms_p95_under']} ms, of runs under {use['run_ms_p95_under']} ms")  # fmt: skip
 
 
 def work_line(work: dict[str, Any], top: int = 5) -> str:

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from pipecat.audio.turn.smart_turn._whisper_features import compute_whisper_log_mel_features
 from pipecat.audio.turn.smart_turn.local_smart_turn_v3 import LocalSmartTurnAnalyzerV3
 
 from omni_stream.codecs.resample import resample
+from omni_stream.errors import ConfigError
 from omni_stream.models.smart_turn import SAMPLE_RATE, SmartTurn, available, log_mel, model_path
+from omni_stream.models.smart_turn import model as smart_turn_model
 from omni_stream.models.smart_turn.features import last_window
-from omni_stream.models.smart_turn.model import default_threads
+from omni_stream.models.smart_turn.graph import SmartTurnTorch
+from omni_stream.models.smart_turn.model import default_threads, load_smart_turn, make_smart_turn
+from omni_stream.runtime.settings import Tuning
 
 pytestmark = pytest.mark.reference
 
@@ -78,3 +83,33 @@ def test_intra_op_threads_follow_the_cores_and_do_not_change_the_answer():
     audio = list(clips().values())
     one, two = SmartTurn(threads=1), SmartTurn(threads=2)
     np.testing.assert_allclose(one.probabilities(audio), two.probabilities(audio), atol=1e-5)
+
+
+def test_the_graph_run_by_torch_gives_onnxruntimes_answers_within_its_quantization_steps(reference):
+    """``turn_model_device=cuda`` runs the same file's graph with torch (here on the CPU, the same code): every clip
+    gets onnxruntime's decision and pipecat's analyzer's, and a probability within 0.06 of onnxruntime's (the graph is
+    int8 throughout; onnxruntime's own unfused run of it differs from its fused run by up to 0.17 on these clips)."""
+    audio = clips()
+    ours = SmartTurnTorch(model_path(), "cpu").probabilities(list(audio.values()))
+    ort = SmartTurn(threads=1).probabilities(list(audio.values()))
+    assert ours.shape == ort.shape == (len(audio),)
+    np.testing.assert_allclose(ours, ort, atol=0.06)
+    for (name, clip), p in zip(audio.items(), ours, strict=True):
+        theirs = reference._predict_endpoint(clip)
+        assert (p > 0.5) == (theirs["prediction"] == 1), name
+
+
+def test_where_the_turn_model_runs_is_a_switch(monkeypatch):
+    """``OMNI_STREAM_TURN_MODEL_DEVICE``: cpu (default) is onnxruntime; cuda is the torch graph, refused where there
+    is no CUDA device with a message that says so."""
+    assert Tuning().turn_model_device == "cpu" and isinstance(make_smart_turn("cpu"), SmartTurn)
+    assert Tuning.from_env({"OMNI_STREAM_TURN_MODEL_DEVICE": "cuda"}).turn_model_device == "cuda"
+    with pytest.raises(ConfigError, match="OMNI_STREAM_TURN_MODEL_DEVICE must be one of cpu, cuda"):
+        Tuning.from_env({"OMNI_STREAM_TURN_MODEL_DEVICE": "tpu"})
+    if torch.cuda.is_available():
+        assert isinstance(make_smart_turn("cuda"), SmartTurnTorch)
+    else:
+        monkeypatch.setattr(smart_turn_model, "_MODEL", None)
+        monkeypatch.setenv("OMNI_STREAM_TURN_MODEL_DEVICE", "cuda")
+        with pytest.raises(ConfigError, match="needs a CUDA device"):
+            load_smart_turn()

@@ -34,6 +34,7 @@ PDL_KERNELS = frozenset({"norm", "rope", "attention", "silu", "linear", "sample"
 CODEC_DILATIONS = frozenset({3, 9})  # the Qwen3-TTS codec's dilated residual units (its 1, 3, 9 less the 1)
 CODEC_STREAMS = ("high", "normal", "off")
 DEVICE_POLICIES = ("deadlines", "rounds")  # omni_stream.device_policy: by class and deadline, or plain rounds
+TURN_MODEL_DEVICES = ("cpu", "cuda")  # semantic_vad's end-of-turn model: onnxruntime on the CPU, or torch on the GPU
 
 
 # --- value kinds: parse a raw string, check a typed value, print it back -------------------------------------
@@ -182,6 +183,9 @@ class Tuning:
     device_policy: str = "deadlines"  # realtime work by deadline before throughput work; rounds: all once a round
     throughput_wait_ms: float = 500.0  # the fairness bound: the longest runnable throughput work waits for a step
     throughput_stream: bool = True  # on CUDA, image and video steps on a side stream of their own
+    # Realtime sessions: where semantic_vad's end-of-turn model runs (omni_stream.models.smart_turn): onnxruntime on
+    # the CPU, or its graph by torch on the GPU (read from the environment when the model loads)
+    turn_model_device: str = "cpu"
 
     def __post_init__(self) -> None:
         for switch in SWITCHES:
@@ -265,6 +269,7 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("device_policy", "OMNI_STREAM_DEVICE_POLICY", _choice(DEVICE_POLICIES)),
     Switch("throughput_wait_ms", "OMNI_STREAM_THROUGHPUT_WAIT_MS", _milliseconds(60000)),
     Switch("throughput_stream", "OMNI_STREAM_THROUGHPUT_STREAM", ON_OFF),
+    Switch("turn_model_device", "OMNI_STREAM_TURN_MODEL_DEVICE", _choice(TURN_MODEL_DEVICES)),
 )
 SWITCH_BY_NAME = {s.name: s for s in SWITCHES}
 # Fields whose None means "the code's own choice" (each field's comment says which)

@@ -18,12 +18,13 @@ import importlib.util
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from omni_stream.errors import ConfigError
 from omni_stream.models.smart_turn.features import SAMPLE_RATE, last_window, log_mel
+from omni_stream.runtime.settings import Tuning
 
 MODEL_FILE = "smart-turn-v3.2-cpu.onnx"
 PACKAGE_DIR = ("audio", "turn", "smart_turn", "data")
@@ -97,15 +98,40 @@ class SmartTurn:
 
 
 _LOCK = threading.Lock()
-_MODEL: SmartTurn | None = None
+_MODEL: EndOfTurn | None = None
 
 
-def load_smart_turn() -> SmartTurn:
-    """The model, loaded and run once per process (then shared: it holds no stream state)."""
+class EndOfTurn(Protocol):
+    """What :func:`load_smart_turn` gives: :class:`SmartTurn` or its graph by torch on the GPU."""
+
+    sample_rate: int
+
+    def probabilities(self, turns: list[np.ndarray]) -> np.ndarray: ...
+
+    def probability(self, turn: np.ndarray) -> float: ...
+
+
+def load_smart_turn() -> EndOfTurn:
+    """The model, loaded and run once per process (then shared: it holds no stream state). Where it runs is the
+    ``turn_model_device`` switch (``OMNI_STREAM_TURN_MODEL_DEVICE``): ``cpu``, onnxruntime (default), or ``cuda``,
+    the same graph and weights run by torch on the GPU (:mod:`.graph`)."""
     global _MODEL
     with _LOCK:
         if _MODEL is None:
-            model = SmartTurn()
-            model.probability(np.zeros(SAMPLE_RATE, np.float32))  # onnxruntime plans its first run: not in a turn
+            model = make_smart_turn(Tuning.from_env().turn_model_device)
+            model.probability(np.zeros(SAMPLE_RATE, np.float32))  # the first run plans it: not in a turn
             _MODEL = model
         return _MODEL
+
+
+def make_smart_turn(device: str) -> EndOfTurn:
+    """Smart Turn on ``device`` (``cpu``: onnxruntime; ``cuda``: torch, which needs a CUDA device)."""
+    if device == "cpu":
+        return SmartTurn()
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(f"turn_model_device={device} needs a CUDA device; this process has none")
+    from omni_stream.models.smart_turn.graph import SmartTurnTorch
+
+    return SmartTurnTorch(model_path(), device)

@@ -1,0 +1,303 @@
+"""Smart Turn's ONNX graph run node by node with torch, on any device (the GPU beside the serving models).
+
+onnxruntime runs the model on the CPU only here (the GPU image has no CUDA build of it), and there a call costs
+60-90 ms of a core: sixteen voice sessions that pause together judged their turns in 220-310 ms each on the H200
+host, most of their turn decision's growth with the load (``benchmarks/results/gpu_suite.md``, runs 30-32). The
+graph is small (Whisper-tiny's encoder and a pooling head, int8 weights and activations in QDQ form: 406 nodes of 20
+operator kinds), so it is interpreted here with torch operators, reading the same file and weights:
+
+- every node whose inputs are all constants (the weights' ``DequantizeLinear``, the shape constants) runs once at
+  load; the rest run per call, in the graph's order;
+- ``QuantizeLinear`` / ``DequantizeLinear`` are computed as the ONNX operators define them (round half to even,
+  saturate to the zero point's type), so activations are quantized where the graph quantizes them;
+- the products (``MatMul``, ``Conv``, ``Gemm``) of dequantized values run in float64, exact as onnxruntime's fused
+  int8 kernels' integer sums are. In float32 their summation order decided which side of a rounding boundary the next
+  quantization fell on, and those steps compound over four layers: against onnxruntime's probabilities float32 was
+  up to 0.07 off, float64 0.04 (onnxruntime's own unfused run of the same graph differs from its fused one by up to
+  0.17 on the tests' clips; the tests bound the difference and require the same decisions);
+- shapes (``Shape``, ``Gather``, ``Slice``, ``Concat`` of integers) stay CPU integer tensors; values live on
+  ``device``.
+
+Parsing needs the ``onnx`` package (the ``[turn]`` extra).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from omni_stream.errors import ConfigError
+from omni_stream.models.smart_turn.features import SAMPLE_RATE, last_window, log_mel
+
+Attr = int | float | bytes | list[int] | list[float]
+
+# ONNX TensorProto data types of the zero points this graph uses -> the integer range they saturate to
+_RANGES = {2: (0, 255), 3: (-128, 127), 6: (-(2**31), 2**31 - 1)}
+
+
+@dataclass(frozen=True, slots=True)
+class _Node:
+    op: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: dict[str, Attr]
+
+    def int_attr(self, name: str, default: int) -> int:
+        value = self.attrs.get(name, default)
+        assert isinstance(value, int), f"{self.op}.{name} is not an integer"
+        return value
+
+    def float_attr(self, name: str, default: float) -> float:
+        value = self.attrs.get(name, default)
+        assert isinstance(value, int | float), f"{self.op}.{name} is not a number"
+        return float(value)
+
+    def ints_attr(self, name: str, default: list[int]) -> list[int]:
+        value = self.attrs.get(name, default)
+        assert isinstance(value, list), f"{self.op}.{name} is not a list"
+        return [int(v) for v in value]
+
+
+class TorchGraph:
+    """An ONNX file's graph (one input, one output) run with torch on ``device``."""
+
+    def __init__(self, path: Path, device: str | torch.device = "cpu") -> None:
+        try:
+            import onnx
+            from onnx import helper, numpy_helper
+        except ImportError as exc:  # pragma: no cover - the [turn] extra brings it
+            raise ConfigError("running Smart Turn with torch needs onnx: pip install 'omni-stream[turn]'") from exc
+        model = onnx.load(str(path))
+        graph = model.graph
+        self.device = torch.device(device)
+        self.input = graph.input[0].name
+        self.output = graph.output[0].name
+        self._ranges: dict[str, tuple[int, int]] = {}
+        values: dict[str, torch.Tensor] = {}
+        for init in graph.initializer:
+            if init.data_type in _RANGES:
+                self._ranges[init.name] = _RANGES[init.data_type]
+            values[init.name] = self._place(torch.from_numpy(np.array(numpy_helper.to_array(init))))
+        self._nodes: list[_Node] = []
+        for proto in graph.node:
+            if proto.domain not in ("", "ai.onnx"):
+                raise ConfigError(f"{path.name}: operator domain {proto.domain!r} is not supported")
+            attrs = {a.name: helper.get_attribute_value(a) for a in proto.attribute}
+            node = _Node(proto.op_type, tuple(proto.input), tuple(proto.output), attrs)
+            if node.op not in _OPS:
+                raise ConfigError(f"{path.name}: operator {node.op} is not supported")
+            if node.op != "Shape" and all(not name or name in values for name in node.inputs):
+                values.update(zip(node.outputs, self._run(node, values), strict=True))  # constant: once, now
+            else:
+                self._nodes.append(node)
+        self._constants = values  # read, never written, by concurrent calls
+
+    def _place(self, t: torch.Tensor) -> torch.Tensor:
+        """Floats on the device; integers (shapes, indices, quantized weights before folding) on the CPU."""
+        if t.dtype in (torch.uint8, torch.int8, torch.int32):
+            return t.to(torch.float32)  # quantized values as floats: DequantizeLinear subtracts and scales them
+        return t.to(self.device) if t.is_floating_point() else t
+
+    def _run(self, node: _Node, values: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        args = [values[name] if name else None for name in node.inputs]
+        return _OPS[node.op](self, node, args)
+
+    @torch.inference_mode()
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        values = dict(self._constants)
+        values[self.input] = x.to(self.device, torch.float32)
+        for node in self._nodes:
+            values.update(zip(node.outputs, self._run(node, values), strict=True))
+        return values[self.output]
+
+    def quant_range(self, zero_point_name: str) -> tuple[int, int]:
+        return self._ranges.get(zero_point_name, (0, 255))
+
+
+Op = Callable[[TorchGraph, _Node, list[torch.Tensor | None]], list[torch.Tensor]]
+
+
+def _req(t: torch.Tensor | None) -> torch.Tensor:
+    assert t is not None, "a required input is missing"
+    return t
+
+
+def _ints(t: torch.Tensor | None) -> list[int]:
+    return [int(v) for v in _req(t).reshape(-1).tolist()]
+
+
+def _axis_view(scale: torch.Tensor, x: torch.Tensor, axis: int) -> torch.Tensor:
+    """A per-axis parameter shaped to broadcast along ``axis`` of ``x`` (a scalar as it is)."""
+    if scale.dim() == 0 or scale.numel() == 1:
+        return scale.reshape(())
+    shape = [1] * x.dim()
+    shape[axis % x.dim()] = scale.numel()
+    return scale.reshape(shape)
+
+
+def _quantize(g: TorchGraph, n: _Node, a: list[torch.Tensor | None]) -> list[torch.Tensor]:
+    x, scale = _req(a[0]), _req(a[1])
+    zero = a[2] if len(a) > 2 and a[2] is not None else torch.zeros(())
+    lo, hi = g.quant_range(n.inputs[2]) if len(n.inputs) > 2 else (0, 255)
+    axis = n.int_attr("axis", 1)
+    s, z = _axis_view(scale, x, axis), _axis_view(zero.to(x.device), x, axis)
+    return [torch.clamp(torch.round(x / s) + z, lo, hi)]
+
+
+def _dequantize(g: TorchGraph, n: _Node, a: list[torch.Tensor | None]) -> list[torch.Tensor]:
+    x, scale = _req(a[0]).to(torch.float32), _req(a[1])
+    zero = a[2] if len(a) > 2 and a[2] is not None else torch.zeros(())
+    x = x.to(scale.device)
+    axis = n.int_attr("axis", 1)
+    return [(x - _axis_view(zero.to(x.device), x, axis)) * _axis_view(scale, x, axis)]
+
+
+def _exact(t: torch.Tensor | None) -> torch.Tensor:
+    return _req(t).to(torch.float64)
+
+
+def _conv(g: TorchGraph, n: _Node, a: list[torch.Tensor | None]) -> list[torch.Tensor]:
+    pads, (stride,), (dilation,) = (
+        n.ints_attr("pads", [0, 0]),
+        n.ints_attr("strides", [1]),
+        n.ints_attr("dilations", [1]),
+    )
+    if len(pads) != 2 or pads[0] != pads[1] or n.attrs.get("auto_pad", b"NOTSET") != b"NOTSET":
+        raise ConfigError(f"Conv with pads {pads} is not supported")
+    group = n.int_attr("group", 1)
+    bias = _exact(a[2]) if len(a) > 2 and a[2] is not None else None
+    x = F.conv1d(_exact(a[0]), _exact(a[1]), bias, stride=stride, padding=pads[0], dilation=dilation, groups=group)
+    return [x.to(torch.float32)]
+
+
+def _matmul(g: TorchGraph, n: _Node, a: list[torch.Tensor | None]) -> list[torch.Tensor]:
+    return [torch.matmul(_exact(a[0]), _exact(a[1])).to(torch.float32)]
+
+
+def _shape(g: TorchGraph, n: _Node, a: list[torch.Tensor | None]) -> list[torch.Tensor]:
+    dims = list(_req(a[0]).shape)
+    end = n.int_attr("end", len(dims)) if "end" in n.attrs else len(dims)
+    return [torch.tensor(dims[n.int_attr("start", 0) : end], dtype=torch.int64)]
+
+
+def _reshape(g: TorchGraph, n: _Node, a: list[torch.Tensor | None]) -> list[torch.Tensor]:
+    x, shape = _req(a[0]), _ints(a[1])
+    if not n.int_attr("allowzero", 0):
+        shape = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)]
+    return [x.reshape(shape)]
+
+
+def _gather(g: TorchGraph, n: _Node, a: list[torch.Tensor | None]) -> list[torch.Tensor]:
+    data, idx = _req(a[0]), _req(a[1]).to(torch.int64)
+    axis = n.int_attr("axis", 0) % data.dim()
+    picked = data.index_select(axis, idx.reshape(-1).to(data.device) % data.shape[axis])
+    return [picked.reshape(*data.shape[:axis], *idx.shape, *data.shape[axis + 1 :])]
+
+
+def _slice(g: TorchGraph, n: _Node, a: list[torch.Tensor | None]) -> list[torch.Tensor]:
+    data, starts, ends = _req(a[0]), _ints(a[1]), _ints(a[2])
+    axes = _ints(a[3]) if len(a) > 3 and a[3] is not None else list(range(len(starts)))
+    steps = _ints(a[4]) if len(a) > 4 and a[4] is not None else [1] * len(starts)
+    index: list[slice] = [slice(None)] * data.dim()
+    for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+        if step != 1:
+            raise ConfigError(f"Slice with step {step} is not supported")
+        size = data.shape[axis]
+        index[axis % data.dim()] = slice(max(-size, min(start, size)), max(-size, min(end, size)))
+    return [data[tuple(index)]]
+
+
+def _concat(g: TorchGraph, n: _Node, a: list[torch.Tensor | None]) -> list[torch.Tensor]:
+    return [torch.cat([_req(t) for t in a], dim=n.int_attr("axis", 0))]
+
+
+def _layer_norm(g: TorchGraph, n: _Node, a: list[torch.Tensor | None]) -> list[torch.Tensor]:
+    x = _req(a[0])
+    axis = n.int_attr("axis", -1) % x.dim()
+    return [F.layer_norm(x, x.shape[axis:], _req(a[1]), a[2] if len(a) > 2 else None, n.float_attr("epsilon", 1e-5))]
+
+
+def _gemm(g: TorchGraph, n: _Node, a: list[torch.Tensor | None]) -> list[torch.Tensor]:
+    x, w = _exact(a[0]), _exact(a[1])
+    x = x.T if n.int_attr("transA", 0) else x
+    w = w.T if n.int_attr("transB", 0) else w
+    y = n.float_attr("alpha", 1.0) * (x @ w)
+    if len(a) > 2 and a[2] is not None:
+        y = y + n.float_attr("beta", 1.0) * _exact(a[2])
+    return [y.to(torch.float32)]
+
+
+def _reduce_sum(g: TorchGraph, n: _Node, a: list[torch.Tensor | None]) -> list[torch.Tensor]:
+    x = _req(a[0])
+    axes = _ints(a[1]) if len(a) > 1 and a[1] is not None else []
+    keep = bool(n.int_attr("keepdims", 1))
+    if not axes:
+        return [x if n.int_attr("noop_with_empty_axes", 0) else x.sum().reshape([1] * x.dim() if keep else [])]
+    return [x.sum(dim=tuple(axes), keepdim=keep)]
+
+
+def _binary(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Op:
+    return lambda g, n, a: [fn(_req(a[0]), _req(a[1]))]
+
+
+def _unary(fn: Callable[[torch.Tensor], torch.Tensor]) -> Op:
+    return lambda g, n, a: [fn(_req(a[0]))]
+
+
+_OPS: dict[str, Op] = {
+    "QuantizeLinear": _quantize,
+    "DequantizeLinear": _dequantize,
+    "Conv": _conv,
+    "Shape": _shape,
+    "Reshape": _reshape,
+    "Gather": _gather,
+    "Slice": _slice,
+    "Concat": _concat,
+    "LayerNormalization": _layer_norm,
+    "Gemm": _gemm,
+    "ReduceSum": _reduce_sum,
+    "Transpose": lambda g, n, a: [_req(a[0]).permute(*n.ints_attr("perm", []))],
+    "Softmax": lambda g, n, a: [torch.softmax(_req(a[0]), dim=n.int_attr("axis", -1))],
+    "MatMul": _matmul,
+    "Add": _binary(torch.add),
+    "Mul": _binary(torch.mul),
+    "Div": _binary(torch.div),
+    "Erf": _unary(torch.erf),
+    "Tanh": _unary(torch.tanh),
+    "Sigmoid": _unary(torch.sigmoid),
+}
+
+
+class SmartTurnTorch:
+    """:class:`~omni_stream.models.smart_turn.model.SmartTurn`'s interface with its graph run by torch on
+    ``device``: one call judges a batch on the GPU in a few milliseconds instead of 60-90 ms of a core each."""
+
+    sample_rate = SAMPLE_RATE
+
+    def __init__(self, path: Path, device: str | torch.device = "cpu") -> None:
+        self.path = path
+        self.graph = TorchGraph(path, device)
+        # On CUDA its kernels go to a stream of their own: the calls come from the sessions' threads, beside the
+        # device worker's (whose graph captures are thread-local, so a call here never breaks one)
+        self._stream = torch.cuda.Stream(self.graph.device) if self.graph.device.type == "cuda" else None
+
+    def probabilities(self, turns: Sequence[np.ndarray]) -> np.ndarray:
+        """P(the turn is complete) for each turn's audio (float32 mono at 16 kHz; its last 8 s are read)."""
+        if not turns:
+            return np.zeros(0, np.float32)
+        features = torch.from_numpy(log_mel(np.stack([last_window(t) for t in turns])))
+        if self._stream is None:
+            out = self.graph(features)
+        else:
+            with torch.cuda.stream(self._stream):
+                out = self.graph(features.pin_memory())
+        return np.asarray(out.float().cpu().numpy(), np.float32).reshape(len(turns))
+
+    def probability(self, turn: np.ndarray) -> float:
+        """P(complete) for one turn's audio (float32 mono at 16 kHz)."""
+        return float(self.probabilities([turn])[0])
