@@ -5,6 +5,8 @@ and chunks of known length, produced faster than real time; the transcript bound
 
 from __future__ import annotations
 
+import contextlib
+
 import anyio
 import numpy as np
 import pytest
@@ -155,8 +157,8 @@ async def test_a_transcript_stops_at_the_configured_token_bound(tmp_path, cap):
 
 
 async def test_turn_detection_runs_on_the_loops_preparation_threads(checkpoints):
-    """Every session's VAD feed goes to the few preparation threads (with the other appends of the same pass),
-    not to a thread of its own."""
+    """Every session's VAD feed goes to the loop's few turn-detection threads (with the other appends of the same
+    pass), not to a thread of its own."""
     import threading
 
     from realtime_doubles import energy_vad
@@ -184,6 +186,78 @@ async def test_turn_detection_runs_on_the_loops_preparation_threads(checkpoints)
             for _ in range(3):
                 await session.client_event(InputAudioAppend(None, np.zeros(2400, np.int16).tobytes()))
             assert await anyio.to_thread.run_sync(fed.wait, 30)
-        assert threads and all(name.startswith("omni-stream-prepare") for name in threads), threads
+        assert threads and all(name.startswith("omni-stream-turns") for name in threads), threads
     finally:
         await engine.aclose()
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["gpu-style", "onnxruntime"])
+async def test_sessions_that_pause_together_share_one_end_of_turn_call_when_the_model_batches(checkpoints, batched):
+    """semantic_vad with Silero and Smart Turn: a model that batches (its graph by torch, as on the GPU) is called on
+    the turn-detection threads, where the pauses that reach them in one pass share a call (how many do depends on
+    the loop's order: ``test_turn_detector`` and ``test_offload`` check the grouping itself); onnxruntime's (CPU)
+    judges each pause in a call of its own, on a thread of its own. Every session's turn ends either way."""
+    import threading
+
+    from realtime_fixtures import espeak
+
+    from omni_stream.models.silero_vad import SileroVad
+    from omni_stream.models.smart_turn.graph import SmartTurnTorch
+    from omni_stream.models.smart_turn.model import SmartTurn, model_path
+    from omni_stream.realtime.agent.events import SessionPatch, SessionUpdate, TurnDetection
+    from omni_stream.turns.rules import TurnType
+
+    inner = SmartTurnTorch(model_path(), "cpu") if batched else SmartTurn(threads=1)
+    calls: list[tuple[int, str]] = []
+
+    class Spy:
+        sample_rate, batches = inner.sample_rate, inner.batches
+
+        def probabilities(self, turns):
+            calls.append((len(turns), threading.current_thread().name))
+            return inner.probabilities(turns)
+
+        def probability(self, turn):
+            return float(self.probabilities([turn])[0])
+
+    spy = Spy()
+    question = np.concatenate([espeak("What is the weather like in Paris today?"), np.zeros(2 * 24000, np.int16)])
+    engine = await agent_loader(checkpoints)()
+    try:
+        settings = Settings(vad_factory=SileroVad, turn_model_factory=lambda: spy)
+        sessions = [RealtimeSession(engine, settings) for _ in range(3)]
+        stopped: set[int] = set()
+        all_stopped = anyio.Event()
+        async with contextlib.AsyncExitStack() as stack:
+            for session in sessions:
+                await stack.enter_async_context(session)
+            async with anyio.create_task_group() as tg:
+                for k, session in enumerate(sessions):
+
+                    async def read(session=session, k=k) -> None:
+                        async for event in session.outgoing:
+                            if getattr(event, "type", "") == "input_audio_buffer.speech_stopped":
+                                stopped.add(k)
+                                if len(stopped) == len(sessions):
+                                    all_stopped.set()
+
+                    tg.start_soon(read)
+                td = TurnDetection(type=TurnType.SEMANTIC_VAD, create_response=False)
+                for session in sessions:
+                    await session.client_event(SessionUpdate(None, SessionPatch(turn_detection=td)))
+                for i in range(0, question.size, 2400):  # every session's 100 ms append in the same pass
+                    chunk = question[i : i + 2400].tobytes()
+                    async with anyio.create_task_group() as appends:
+                        for session in sessions:
+                            appends.start_soon(session.client_event, InputAudioAppend(None, chunk))
+                with anyio.fail_after(60):
+                    await all_stopped.wait()
+                tg.cancel_scope.cancel()
+    finally:
+        await engine.aclose()
+    judged = sum(n for n, _ in calls if n)
+    assert judged >= 3, calls
+    if batched:
+        assert all(name.startswith("omni-stream-turns") for _, name in calls), calls
+    else:
+        assert all(n == 1 and not name.startswith("omni-stream") for n, name in calls), calls

@@ -10,7 +10,7 @@ from realtime_fixtures import espeak
 
 from omni_stream.models.silero_vad import SileroVad
 from omni_stream.models.smart_turn import load_smart_turn
-from omni_stream.turns.detector import TurnDetector, feed_many
+from omni_stream.turns.detector import TurnDetector, feed_many, judge_many
 from omni_stream.turns.rules import EAGERNESS, PAUSE_MS, Eagerness, TurnRule
 from omni_stream.turns.vad import VadParams
 
@@ -136,3 +136,39 @@ def test_detectors_fed_together_give_each_the_events_it_gets_alone(question):
         [e.kind.value for e in events][:1] == ["started"] and events[-1].kind.value == "stopped" for events in got
     )
     assert [d.fed for d in together] == [d.fed for d in alone]
+
+
+def test_pauses_judged_together_get_each_ones_own_answer_from_one_call(question):
+    """``judge_many``: the open pauses of detectors that share a model go to one ``probabilities`` call, and each
+    detector gets the events and probability that judging it alone gives (a detector with no open pause gets none)."""
+
+    class Counting:
+        def __init__(self, inner) -> None:
+            self.inner, self.calls = inner, []
+            self.sample_rate, self.batches = inner.sample_rate, True
+
+        def probabilities(self, turns):
+            self.calls.append(len(turns))
+            return self.inner.probabilities(turns)
+
+        def probability(self, turn):
+            return float(self.probabilities([turn])[0])
+
+    rule = TurnRule.semantic_vad(Eagerness.AUTO)
+    shared = Counting(load_smart_turn())
+    together = [TurnDetector(rule, SileroVad(rule.vad), shared) for _ in range(3)]
+    alone = [TurnDetector(rule, SileroVad(rule.vad), load_smart_turn()) for _ in range(3)]
+    audio = [np.concatenate([silence(ms), question, silence(1500)]) for ms in (0, 0, 300)]
+    expected: list[list] = [[] for _ in audio]
+    got: list[list] = [[] for _ in audio]
+    for i in range(0, max(a.size for a in audio), CHUNK):
+        for k, a in enumerate(audio):
+            expected[k] += [*alone[k].feed(a[i : i + CHUNK]), *alone[k].judge()]
+            got[k] += together[k].feed(a[i : i + CHUNK])
+        for k, events in enumerate(judge_many(together)):
+            got[k] += events
+    assert got == expected and all(events[-1].kind.value == "stopped" for events in got)
+    for a, b in zip(together, alone, strict=True):  # batched or alone: the same answers (float rounding aside)
+        np.testing.assert_allclose(a.probabilities, b.probabilities, atol=1e-5)
+    assert 2 in shared.calls  # the two that paused at once shared a call (the third paused later, alone)
+    assert sum(shared.calls) == sum(len(d.probabilities) for d in together)

@@ -86,9 +86,9 @@ def _settle_all(jobs: list[_Job], done: asyncio.Future[list[tuple[bool, Any]]]) 
 class Preparer:
     """One event loop's preparation threads and the jobs queued during its current pass."""
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int, name: str = "prepare") -> None:
         self.threads = threads
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="omni-stream-prepare")
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix=f"omni-stream-{name}")
         self._queued: list[_Job] = []
         self.batches = 0  # thread jobs so far (each one pass's queued jobs)
         self.stats = PrepareStats()  # since the last take()
@@ -214,7 +214,9 @@ def preparer(threads: int | None = None, lane: Lane = Lane.PROMPTS) -> Preparer:
         found = None
     if found is None:
         default = PREPARE_THREADS if lane is Lane.PROMPTS else TURN_THREADS
-        found = lanes[lane] = Preparer(default if threads is None else threads)
+        found = lanes[lane] = Preparer(
+            default if threads is None else threads, "prepare" if lane is Lane.PROMPTS else "turns"
+        )
         weakref.finalize(loop, found.shutdown)
     return found
 

@@ -81,7 +81,7 @@ from omni_stream.runtime.offload import Lane, run_prepare_batched
 from omni_stream.speech.pacing import AnyioClock, Clock, Pacer
 from omni_stream.text.tools import ToolMode
 from omni_stream.transcription.spec import TranscriptionRequest, transcription_family
-from omni_stream.turns.detector import EndOfTurnModel, TurnDetector, TurnEvent, feed_many
+from omni_stream.turns.detector import EndOfTurnModel, TurnDetector, TurnEvent, feed_many, judge_many
 from omni_stream.turns.rules import TurnType
 
 log = logging.getLogger("omni_stream.realtime.session")
@@ -171,6 +171,17 @@ def _judge_timed(detector: TurnDetector, queued: float) -> tuple[list[TurnEvent]
     start, cpu = time.perf_counter(), time.thread_time()
     events = detector.judge()
     return events, start - queued, time.perf_counter() - start, time.thread_time() - cpu
+
+
+def _judge_many_timed(
+    items: list[tuple[TurnDetector, float]],
+) -> list[tuple[list[TurnEvent], float, float, float]]:
+    """:func:`_judge_timed` for the pauses of one pass, in one call of their model (:func:`judge_many`): each one's
+    wait from its own ``queued``, the call's wall and CPU seconds shared."""
+    start, cpu = time.perf_counter(), time.thread_time()
+    judged = judge_many([detector for detector, _ in items])
+    run, cpu_s = time.perf_counter() - start, time.thread_time() - cpu
+    return [(events, start - queued, run, cpu_s) for events, (_, queued) in zip(judged, items, strict=True)]
 
 
 def _message(exc: BaseException) -> str:
@@ -586,7 +597,13 @@ class RealtimeSession:
         events = await run_prepare_batched(feed_many, (detector, samples), Lane.TURNS)
         await self._apply(self.protocol.turn_events, epoch, events, detector.fed)
         if detector.judging:  # the end-of-turn model after the pause's event went out: work started there overlaps it
-            events, wait_s, run_s, cpu_s = await anyio.to_thread.run_sync(_judge_timed, detector, time.perf_counter())
+            queued = time.perf_counter()
+            if detector.model is not None and detector.model.batches:  # the pass's pauses in one call (on the GPU)
+                events, wait_s, run_s, cpu_s = await run_prepare_batched(
+                    _judge_many_timed, (detector, queued), Lane.TURNS
+                )
+            else:  # a thread each: concurrent calls on CPU cores
+                events, wait_s, run_s, cpu_s = await anyio.to_thread.run_sync(_judge_timed, detector, queued)
             if self.metrics is not None:
                 self.metrics.observe_turn_model(wait_s, run_s, cpu_s)
             await self._apply(self.protocol.turn_events, epoch, events, detector.fed)

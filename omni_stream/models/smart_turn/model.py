@@ -66,6 +66,7 @@ class SmartTurn:
     :func:`default_threads`)."""
 
     sample_rate = SAMPLE_RATE
+    batches = False  # on CPU cores concurrent calls beat one batched call (EndOfTurnModel.batches)
 
     def __init__(self, path: Path | None = None, *, threads: int | None = None) -> None:
         try:
@@ -105,6 +106,7 @@ class EndOfTurn(Protocol):
     """What :func:`load_smart_turn` gives: :class:`SmartTurn` or its graph by torch on the GPU."""
 
     sample_rate: int
+    batches: bool
 
     def probabilities(self, turns: list[np.ndarray]) -> np.ndarray: ...
 
