@@ -3,11 +3,15 @@ checkpoints carry: the prefix kept fits, ends after a whole word, and the next w
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import pytest
 
 pytest.importorskip("diffusers", reason="needs the [image] extra")
 
+from omni_stream.chunks import TextDelta
 from omni_stream.images.prompt_bound import fitting_prefix, may_exceed
+from omni_stream.images.spec import prompt_of
 from omni_stream.models.diffusers_image.text_tokenizers import clip_tokenizer
 
 LIMIT = 77
@@ -37,3 +41,20 @@ def test_a_prompt_that_fits_is_kept_whole_and_a_single_long_word_is_cut_inside(c
 
 def test_only_a_text_of_more_bytes_than_the_limit_is_counted():
     assert not may_exceed("a" * (LIMIT - 2), LIMIT) and may_exceed("a" * (LIMIT - 1), LIMIT)
+
+
+async def test_the_prompt_the_image_model_reads_is_the_rewrite_as_the_client_saw_it(count):
+    """``prompt_of`` joins the rewrite's deltas without stripping them: ``str.strip`` drops a trailing ``\\x1c`` that
+    CLIP's tokenizer counts, so a stripped prompt's usage said one token fewer than the text the client saw (a random
+    rewrite ended so). A rewrite of whitespace alone falls back to the request's prompt."""
+
+    async def deltas(*texts: str) -> AsyncIterator[TextDelta]:
+        for i, text in enumerate(texts):
+            yield TextDelta(text, i)
+
+    seen = ("snowy", " hills", "\x1c")
+    prompt = await prompt_of(deltas(*seen), "fallback")
+    assert prompt == "".join(seen) and count(prompt) == count("".join(seen))
+    assert count(prompt) != count(prompt.strip())  # what the stripped prompt got wrong
+    assert await prompt_of(deltas(" ", "\n"), "fallback") == "fallback"
+    assert await prompt_of(deltas(), "fallback") == "fallback"

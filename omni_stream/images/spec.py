@@ -271,9 +271,11 @@ def build_image(models: ModelSet, request: ImageRequest, ctx: RequestContext) ->
 
 
 async def prompt_of(upstream: AsyncIterator[TextDelta], fallback: str) -> str:
-    """The rewritten prompt: every upstream delta joined (the whole text stage), or ``fallback`` if it wrote none."""
-    text = "".join([delta.text async for delta in upstream]).strip()
-    return text or fallback
+    """The rewritten prompt: every upstream delta joined (the whole text stage) as the client saw them, or
+    ``fallback`` if it wrote only whitespace. Not stripped: the client is told the encoder read the text it saw, and
+    a trailing character that ``str.strip`` drops but the tokenizer counts (``\x1c``) made the two differ by a token."""
+    text = "".join([delta.text async for delta in upstream])
+    return text if text.strip() else fallback
 
 
 IMAGE = PipelineSpec(
