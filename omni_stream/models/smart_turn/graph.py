@@ -295,11 +295,11 @@ class SmartTurnTorch:
             return np.zeros(0, np.float32)
         features = torch.from_numpy(log_mel(np.stack([last_window(t) for t in turns])))
         if self._stream is None:
-            out = self.graph(features)
+            out = self.graph(features).cpu()
         else:
-            with torch.cuda.stream(self._stream):
-                out = self.graph(features.pin_memory())
-        return np.asarray(out.float().cpu().numpy(), np.float32).reshape(len(turns))
+            with torch.cuda.stream(self._stream):  # the copy back too: ordered after the graph's kernels
+                out = self.graph(features.pin_memory()).cpu()
+        return np.asarray(out.float().numpy(), np.float32).reshape(len(turns))
 
     def probability(self, turn: np.ndarray) -> float:
         """P(complete) for one turn's audio (float32 mono at 16 kHz)."""
