@@ -95,12 +95,16 @@ class TorchGraph:
                 values.update(zip(node.outputs, self._run(node, values), strict=True))  # constant: once, now
             else:
                 self._nodes.append(node)
-        self._constants = values  # read, never written, by concurrent calls
+        # The weights the products read, in float64 once here rather than converted on every call
+        exact = {name for node in self._nodes if node.op in _EXACT_OPS for name in node.inputs if name in values}
+        self._constants = {name: t.double() if name in exact else t for name, t in values.items()}  # read-only
 
     def _place(self, t: torch.Tensor) -> torch.Tensor:
         """Floats on the device; integers (shapes, indices, quantized weights before folding) on the CPU."""
         if t.dtype in (torch.uint8, torch.int8, torch.int32):
-            return t.to(torch.float32)  # quantized values as floats: DequantizeLinear subtracts and scales them
+            return t.to(
+                torch.float64
+            )  # quantized values as floats (int32 biases exactly): DequantizeLinear scales them
         return t.to(self.device) if t.is_floating_point() else t
 
     def _run(self, node: _Node, values: dict[str, torch.Tensor]) -> list[torch.Tensor]:
@@ -150,11 +154,15 @@ def _quantize(g: TorchGraph, n: _Node, a: list[torch.Tensor | None]) -> list[tor
 
 
 def _dequantize(g: TorchGraph, n: _Node, a: list[torch.Tensor | None]) -> list[torch.Tensor]:
-    x, scale = _req(a[0]).to(torch.float32), _req(a[1])
+    x, scale = _req(a[0]).to(_req(a[1]).device), _req(a[1])
     zero = a[2] if len(a) > 2 and a[2] is not None else torch.zeros(())
-    x = x.to(scale.device)
     axis = n.int_attr("axis", 1)
-    return [(x - _axis_view(zero.to(x.device), x, axis)) * _axis_view(scale, x, axis)]
+    # Stored integers (the weights, folded at load) in float64, exact for int32 biases; activations in float32
+    z, s = _axis_view(zero.to(x.device, x.dtype), x, axis), _axis_view(scale.to(x.dtype), x, axis)
+    return [((x - z) * s).to(torch.float32)]
+
+
+_EXACT_OPS = frozenset({"MatMul", "Conv", "Gemm"})  # products of dequantized values, computed in float64
 
 
 def _exact(t: torch.Tensor | None) -> torch.Tensor:
