@@ -100,3 +100,86 @@ async def test_the_committed_transcript_is_the_speculation_at_the_pause_and_equa
         completed = events[-1].body["transcript"]
         assert completed and completed == await transcribe(engine, samples)
         assert live["engine_requests"] == 0 and live["transcriptions"] == 0
+
+
+async def test_semantic_vad_speculates_at_the_quiet_and_its_pause_keeps_that_work(whisper_dir):
+    """``semantic_vad``: the turn's transcript starts when the speech has been quiet ``QUIET_MS``, at the position
+    the pause will have; the pause there keeps it (no second transcription of the same audio), and the committed
+    transcript is that speculation, equal to a transcription of the whole committed audio."""
+    from omni_stream.turns.detector import TurnEventKind
+    from omni_stream.turns.rules import Eagerness, TurnType
+
+    engine = await AsyncEngine.load({"asr": ModelSource(whisper_dir, kind=ModelKind.TRANSCRIPTION)}, progress=False)
+    settings = Settings(realtime_transcription_max_tokens=MAX_TOKENS)
+    audio = np.concatenate([silence(300), espeak("What is the weather like in Paris today?"), silence(2500)])
+    audio = audio[: audio.size - audio.size % (RATE // 10)]  # whole appends
+    async with engine:
+        async with RealtimeSession(engine, settings, session_type=SessionType.TRANSCRIPTION) as session:
+            log: list = []  # commands and turn events, in the order they happened
+            committed: list[np.ndarray] = []
+            execute, commit, turn_events = (
+                session._execute,
+                session.protocol._commit_samples,
+                session.protocol.turn_events,
+            )
+
+            def record_commands(cmds):
+                log.extend(("command", c) for c in cmds)
+                return execute(cmds)
+
+            def record_commit(samples, item_id, spec=None):
+                committed.append(samples.copy())
+                return commit(samples, item_id, spec)
+
+            def record_turns(epoch, events, heard):
+                log.extend(("turn", e) for e in events)
+                return turn_events(epoch, events, heard)
+
+            session._execute = record_commands  # type: ignore[method-assign]
+            session.protocol._commit_samples = record_commit  # type: ignore[method-assign]
+            session.protocol.turn_events = record_turns  # type: ignore[method-assign]
+            heard_send, heard = anyio.create_memory_object_stream[int](100)
+            feed_turns = session._feed_turns
+
+            async def feed_and_tell(epoch, position, samples):
+                await feed_turns(epoch, position, samples)
+                heard_send.send_nowait(position + samples.size)
+
+            session._feed_turns = feed_and_tell  # type: ignore[method-assign]
+            vad = TurnDetection(type=TurnType.SEMANTIC_VAD, eagerness=Eagerness.HIGH)
+            await session.client_event(SessionUpdate(None, SessionPatch(turn_detection=vad)))
+            events = []
+            with anyio.fail_after(60):
+                for i in range(0, audio.size, RATE // 10):
+                    await session.client_event(InputAudioAppend(None, audio[i : i + RATE // 10].tobytes()))
+                    end = min(audio.size, i + RATE // 10)
+                    # as a live client: each append heard before the next one comes (events of one feed each)
+                    while await heard.receive() < end:
+                        pass
+                    while True:
+                        try:
+                            events.append(session.outgoing.receive_nowait())
+                        except anyio.WouldBlock:
+                            break
+                done = "conversation.item.input_audio_transcription.completed"
+                while events[-1].type != done:
+                    events.append(await session.outgoing.receive())
+            live = session.live()
+        turns = [e for kind, e in log if kind == "turn"]
+        kinds = [e.kind for e in turns]
+        assert kinds[-3:] == [TurnEventKind.QUIET, TurnEventKind.PAUSED, TurnEventKind.STOPPED], kinds
+        quiet, pause, stop = turns[-3:]
+        assert quiet.position == pause.position == stop.position
+        at_quiet = log.index(("turn", quiet))
+        at_pause = log.index(("turn", pause))
+        specs = [(i, c) for i, (kind, c) in enumerate(log) if kind == "command" and isinstance(c, Transcribe)]
+        last_at, last = specs[-1]
+        assert at_quiet < last_at < at_pause  # started at the quiet, before the pause
+        cancelled = [c.item_id for kind, c in log if kind == "command" and isinstance(c, CancelTranscription)]
+        assert last.item_id not in cancelled
+        [samples] = committed
+        assert np.array_equal(last.samples, samples)
+        assert sum(np.array_equal(c.samples, samples) for _, c in specs) == 1  # the pause did not transcribe it again
+        completed = events[-1].body["transcript"]
+        assert completed and completed == await transcribe(engine, samples)
+        assert live["engine_requests"] == 0 and live["transcriptions"] == 0

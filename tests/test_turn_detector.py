@@ -11,8 +11,8 @@ from realtime_fixtures import espeak
 from omni_stream.models.silero_vad import SileroVad
 from omni_stream.models.smart_turn import load_smart_turn
 from omni_stream.turns.detector import TurnDetector, feed_many, judge_many
-from omni_stream.turns.rules import EAGERNESS, PAUSE_MS, Eagerness, TurnRule
-from omni_stream.turns.vad import VadParams
+from omni_stream.turns.rules import EAGERNESS, PAUSE_MS, QUIET_MS, Eagerness, TurnRule
+from omni_stream.turns.vad import VadEvent, VadEventKind, VadParams
 
 RATE = 24000
 CHUNK = RATE // 10  # 100 ms feeds, as a client appends
@@ -45,12 +45,16 @@ def test_a_finished_question_ends_at_its_pause_without_waiting(question):
     detector = semantic()
     events = run(detector, np.concatenate([silence(300), question, silence(3000)]))
     kinds = [k for k, _, _ in events]
-    assert kinds == ["started", "paused", "stopped"], events
-    _, (_, pause, noticed), (_, stop, decided) = events
+    assert kinds == ["started", "quiet", "paused", "stopped"], events
+    _, (_, quiet, quiet_fed), (_, pause, noticed), (_, stop, decided) = events
     assert detector.probabilities[0] >= EAGERNESS[Eagerness.AUTO].threshold
     assert stop == pause  # the turn's audio ends at the pause: what was computed there is what the turn needs
-    speech_end = (300 * RATE) // 1000 + question.size
-    assert 0 < pause - speech_end < 400 * RATE // 1000  # Silero's probability decays for a few chunks
+    # ... and the quiet said where, a feed before the pause came: speculative work starts there
+    assert quiet == pause and quiet_fed < noticed
+    # the clip's last audible sample (espeak ends it with ~300 ms of near-silence): the turn keeps QUIET_MS after
+    # Silero's last speech chunk, whose probability decays for a few chunks
+    speech_end = (300 * RATE) // 1000 + int(np.nonzero(np.abs(question) > 300)[0][-1])
+    assert QUIET_MS * RATE // 1000 < pause - speech_end < 400 * RATE // 1000
     assert decided == noticed  # the model decided at the pause, in the same feed: no waiting for more silence
     assert not detector.speaking
 
@@ -63,9 +67,9 @@ def unfinished() -> np.ndarray:
 def test_an_unfinished_sentence_waits_for_the_eagerness_maximum_pause(unfinished):
     detector = semantic(Eagerness.HIGH)
     events = run(detector, np.concatenate([silence(300), unfinished, silence(3000)]))
-    assert [k for k, _, _ in events] == ["started", "paused", "stopped"], events
+    assert [k for k, _, _ in events] == ["started", "quiet", "paused", "stopped"], events
     assert detector.probabilities[0] < EAGERNESS[Eagerness.HIGH].threshold
-    (_, _, _), (_, pause, noticed), (_, stop, decided) = events
+    (_, _, _), (_, _, _), (_, pause, noticed), (_, stop, decided) = events
     assert stop == pause
     waited = decided - noticed
     target = (EAGERNESS[Eagerness.HIGH].max_pause_ms - PAUSE_MS) * RATE // 1000
@@ -76,7 +80,8 @@ def test_speech_after_a_pause_resumes_the_same_turn(unfinished):
     detector = semantic(Eagerness.MEDIUM)
     audio = np.concatenate([silence(300), unfinished, silence(700), espeak("Paris today?"), silence(4500)])
     events = run(detector, audio)
-    assert [k for k, _, _ in events] == ["started", "paused", "resumed", "paused", "stopped"], events
+    kinds = ["started", "quiet", "paused", "resumed", "quiet", "paused", "stopped"]
+    assert [k for k, _, _ in events] == kinds, events
     assert detector.probabilities[0] < 0.5  # the unfinished sentence did not end the turn
     assert events[-1][1] == events[-2][1]
 
@@ -95,6 +100,43 @@ def test_server_vad_ends_the_turn_after_its_silence_counted_in_samples():
     detector.reset(10 * RATE)
     again = run(detector, spoken_words(["three", "five"], tail_ms=1500))
     assert [(k, p - 10 * RATE) for k, p, _ in again] == [(k, p) for k, p, _ in events]
+
+
+class ScriptedVad:
+    """A VAD that reports the events it is given, each after the feed of the 20 ms slice it names."""
+
+    sample_rate = RATE
+
+    def __init__(self, script: dict[int, list]) -> None:
+        self.script, self.slices = script, 0
+
+    def feed(self, samples):
+        self.slices += 1
+        return self.script.get(self.slices, [])
+
+    def reset(self) -> None:
+        self.slices = 0
+
+
+def test_speech_after_a_quiet_drops_it_and_a_quiet_without_a_turn_is_ignored():
+    S = RATE // 50  # one 20 ms slice
+    script = {
+        1: [VadEvent(VadEventKind.SPEECH_QUIET, 0)],  # no turn open: nothing
+        2: [VadEvent(VadEventKind.SPEECH_STARTED, 0)],
+        5: [VadEvent(VadEventKind.SPEECH_QUIET, 4 * S)],
+        6: [VadEvent(VadEventKind.SPEECH_STARTED, 5 * S)],  # the quiet did not hold
+        9: [VadEvent(VadEventKind.SPEECH_QUIET, 8 * S)],
+        14: [VadEvent(VadEventKind.SPEECH_STOPPED, 8 * S)],
+    }
+    rule = TurnRule.server_vad(VadParams(silence_duration_ms=300))
+    detector = TurnDetector(rule, ScriptedVad(script))
+    kinds = [(e.kind.value, e.position // S) for e in detector.feed(np.zeros(16 * S, np.int16))]
+    assert kinds == [("started", 0), ("quiet", 4), ("resumed", 5), ("quiet", 8), ("paused", 8)]
+    detector = TurnDetector(rule, ScriptedVad(script))
+    detector.feed(np.zeros(9 * S, np.int16))
+    detector.reset(0)  # a reset forgets the open quiet: speech now starts a turn
+    detector.vad.script = {1: [VadEvent(VadEventKind.SPEECH_STARTED, 0)]}
+    assert [e.kind.value for e in detector.feed(np.zeros(S, np.int16))] == ["started"]
 
 
 def test_a_semantic_rule_needs_a_model():

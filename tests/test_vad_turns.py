@@ -11,7 +11,7 @@ from omni_stream.errors import InvalidRequestError
 from omni_stream.models.silero_vad.turns import TurnRule, TurnState, advance, turns
 from omni_stream.turns.vad import VadEvent, VadEventKind, VadParams
 
-STARTED, STOPPED = VadEventKind.SPEECH_STARTED, VadEventKind.SPEECH_STOPPED
+STARTED, STOPPED, QUIET = VadEventKind.SPEECH_STARTED, VadEventKind.SPEECH_STOPPED, VadEventKind.SPEECH_QUIET
 # 10 samples a chunk keeps the arithmetic readable: prefix 2 chunks, silence 3 chunks.
 RULE = TurnRule(threshold=0.5, prefix=20, silence=30, chunk=10)
 
@@ -50,6 +50,36 @@ def test_zero_silence_stops_at_the_first_quiet_chunk():
         VadEvent(STOPPED, 40),
         VadEvent(STARTED, 50),
     ]
+
+
+def test_a_quiet_reports_where_the_stop_will_put_the_turns_end_before_the_silence_is_over():
+    """``quiet`` (a semantic rule's): the turn's audio ends ``quiet`` after its last speech chunk; that position is
+    reported once that much has passed, and the stop comes at the same position after the full silence."""
+    rule = TurnRule(threshold=0.5, prefix=20, silence=30, chunk=10, quiet=10)
+    state, events = advance(TurnState(), probs(".....###."), rule)
+    # Speech in chunks 5-7 ends at sample 80; one quiet chunk (80-90) reaches the quiet: reported at 80 + 10.
+    assert events == [VadEvent(STARTED, 30), VadEvent(QUIET, 90)]
+    assert state.quieted and state.speaking
+    state, events = advance(state, probs(".."), rule)
+    assert events == [VadEvent(STOPPED, 90)]  # after the silence, at the quiet's position
+    assert not state.quieted and state.floor == 90  # the next turn may start there
+
+
+def test_speech_after_a_quiet_reports_a_start_and_the_next_quiet_moves_on():
+    rule = TurnRule(threshold=0.5, prefix=20, silence=30, chunk=10, quiet=10)
+    events = turns(probs("##..##...."), rule)
+    # quiet at 20 + 10; speech again at chunk 4 (sample 40): the turn goes on; speech ends at 60, quiet at 70
+    assert events == [VadEvent(STARTED, 0), VadEvent(QUIET, 30), VadEvent(STARTED, 40), VadEvent(QUIET, 70),
+                      VadEvent(STOPPED, 70)]  # fmt: skip
+    # without a quiet the same audio has one turn that stops its silence after the speech
+    assert turns(probs("##..##...."), RULE) == [VadEvent(STARTED, 0), VadEvent(STOPPED, 90)]
+
+
+def test_a_quiet_must_be_shorter_than_the_silence():
+    VadParams(silence_duration_ms=200, quiet_ms=100)
+    for quiet in (0, 200, 300):
+        with pytest.raises(ValueError, match="quiet_ms"):
+            VadParams(silence_duration_ms=200, quiet_ms=quiet)
 
 
 def test_a_turn_still_open_at_the_end_has_no_stop_and_the_state_says_so():

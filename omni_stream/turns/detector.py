@@ -4,6 +4,9 @@
 and returns :class:`TurnEvent` s with stream positions (samples since the stream began, at ``rate``):
 
 - ``started``: a turn begins (the position includes the rule's prefix padding);
+- ``quiet``: the speech has been quiet for the rule's ``quiet_ms`` (a semantic rule's; with a VAD that honours it):
+  the position is where a pause there will put the turn's end, so work on the turn's audio can start now, before
+  the pause; a ``resumed`` follows if the speech goes on first;
 - ``paused``: the speech paused for the rule's ``pause_ms``; the position is where the turn's audio would end
   if the turn ended here;
 - ``resumed``: speech went on after a pause (the turn goes on; whatever was started at the pause is stale);
@@ -40,6 +43,7 @@ MODEL_SECONDS = 8  # audio the end-of-turn model reads
 
 class TurnEventKind(StrEnum):
     STARTED = "started"
+    QUIET = "quiet"
     PAUSED = "paused"
     RESUMED = "resumed"
     STOPPED = "stopped"
@@ -99,6 +103,7 @@ class TurnDetector:
         self._recent_end = position
         self._turn_start: int | None = None
         self._paused_at: int | None = None  # the open pause's position
+        self._quiet_at: int | None = None  # the open quiet's position (a pause there may follow)
         self._noticed = 0  # samples fed when the open pause was noticed
         self._unjudged = False  # the open pause awaits the end-of-turn model
         self._deadline = 0  # stream position at which the open pause ends the turn
@@ -129,6 +134,8 @@ class TurnDetector:
                 position = self.origin + round(event.sample * self.rate / self.vad.sample_rate)
                 if event.kind is VadEventKind.SPEECH_STARTED:
                     events.extend(self._started(position))
+                elif event.kind is VadEventKind.SPEECH_QUIET:
+                    events.extend(self._quiet(position))
                 else:
                     events.extend(self._paused(position))
             if self._paused_at is not None and self.fed >= self._deadline:
@@ -166,19 +173,25 @@ class TurnDetector:
         return [self._stop()] if p >= self.rule.threshold else []
 
     def _started(self, position: int) -> list[TurnEvent]:
-        if self._paused_at is not None:
-            self._paused_at, self._unjudged = None, False
+        if self._paused_at is not None or self._quiet_at is not None:
+            self._paused_at, self._quiet_at, self._unjudged = None, None, False
             return [TurnEvent(TurnEventKind.RESUMED, position)]
         if self._turn_start is not None:
             return []
         self._turn_start = position
         return [TurnEvent(TurnEventKind.STARTED, position)]
 
+    def _quiet(self, position: int) -> list[TurnEvent]:
+        if self._turn_start is None or self._paused_at is not None:
+            return []
+        self._quiet_at = position = max(position, self._turn_start)
+        return [TurnEvent(TurnEventKind.QUIET, position)]
+
     def _paused(self, position: int) -> list[TurnEvent]:
         if self._turn_start is None:
             return []
         position = max(position, self._turn_start)
-        self._paused_at = position
+        self._paused_at, self._quiet_at = position, None
         self._noticed = self.fed
         self._unjudged = self.model is not None and self.rule.threshold is not None
         # Counted from when the pause was noticed (pause_ms after the speech), so the turn ends max_pause_ms after it.
@@ -196,6 +209,7 @@ class TurnDetector:
     def _stop(self) -> TurnEvent:
         assert self._paused_at is not None
         position, self._paused_at, self._turn_start, self._unjudged = self._paused_at, None, None, False
+        self._quiet_at = None
         return TurnEvent(TurnEventKind.STOPPED, position)
 
 

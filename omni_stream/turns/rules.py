@@ -20,6 +20,12 @@ high       0.25       2000
 Every turn has a *pause* before it ends: with ``server_vad`` at ``min(PAUSE_MS, silence_duration_ms)`` of
 silence. Speculative work (transcribing the turn so far, preparing the answer) starts at a pause; the turn's
 audio ends at the pause, so what was computed at the pause is exactly what the end of the turn needs.
+
+``semantic_vad`` starts it sooner: its turn's audio ends :data:`QUIET_MS` after the speech (the VAD's
+``quiet_ms``), and the detector reports that position as soon as the speech has been quiet that long, a
+``PAUSE_MS - QUIET_MS`` head start on the pause (where the model is asked, on the pause's full silence as it
+was trained). Work started there is exactly what a pause at that position needs; speech before the pause drops
+it (``resumed``).
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ from enum import StrEnum
 from omni_stream.turns.vad import VadParams
 
 PAUSE_MS = 200  # silence that makes a pause (Smart Turn is trained to judge turns after ~200 ms of VAD silence)
+# semantic_vad: quiet that starts speculative work, and the silence its turn's audio keeps. A 100 ms quiet inside an
+# utterance (a breath, a stop consonant's closure) costs a transcript that a resumption cancels.
+QUIET_MS = 100
 
 
 class TurnType(StrEnum):
@@ -82,7 +91,7 @@ class TurnRule:
     def semantic_vad(cls, eagerness: Eagerness) -> TurnRule:
         rule = EAGERNESS[eagerness]
         defaults = VadParams()
-        vad = VadParams(defaults.threshold, defaults.prefix_padding_ms, PAUSE_MS)
+        vad = VadParams(defaults.threshold, defaults.prefix_padding_ms, PAUSE_MS, quiet_ms=QUIET_MS)
         return cls(vad, PAUSE_MS, rule.max_pause_ms, rule.threshold)
 
     @property

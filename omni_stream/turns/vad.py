@@ -5,6 +5,13 @@ A detector holds one stream's state (a session owns one; never share it). ``feed
 samples from the start of the stream. Turn rule (OpenAI's ``server_vad``): speech starts when the speech
 probability passes ``threshold``; it stops after ``silence_duration_ms`` below it; ``prefix_padding_ms`` of audio
 before the start belong to the turn. ``feed`` is blocking CPU work (a small model): run it off the event loop.
+
+``quiet_ms`` (not on the wire; a semantic turn rule sets it): the speech has been quiet that long, shorter than the
+silence that stops it. A detector that honours it reports ``speech_quiet`` then, at the position its stop would
+have (the turn's audio then ends ``quiet_ms`` after the speech, not ``silence_duration_ms``), and a
+``speech_started`` if the speech goes on before the stop: work that needs the turn's audio (a speculative
+transcript) can start ``silence_duration_ms - quiet_ms`` earlier, on exactly the audio a stop there commits. A
+detector that ignores it is correct too: it reports only starts and stops (at ``silence_duration_ms``).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from omni_stream.errors import InvalidRequestError
 class VadEventKind(StrEnum):
     SPEECH_STARTED = "speech_started"
     SPEECH_STOPPED = "speech_stopped"
+    SPEECH_QUIET = "speech_quiet"  # quiet for quiet_ms: where a stop would end the turn, if the silence holds
 
 
 @dataclass(slots=True, frozen=True)
@@ -39,6 +47,7 @@ class VadParams:
     threshold: float = 0.5
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
+    quiet_ms: int | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold < 1.0:
@@ -47,6 +56,8 @@ class VadParams:
             raise InvalidRequestError("prefix_padding_ms must be 0-10000", "prefix_padding_ms")
         if not 0 <= self.silence_duration_ms <= 10_000:
             raise InvalidRequestError("silence_duration_ms must be 0-10000", "silence_duration_ms")
+        if self.quiet_ms is not None and not 0 < self.quiet_ms < self.silence_duration_ms:
+            raise ValueError(f"quiet_ms must be in (0, silence_duration_ms), got {self.quiet_ms}")
 
 
 class VoiceActivityDetector(Protocol):

@@ -1,6 +1,7 @@
-"""Speculative work at pauses in the user's speech: the turn so far is transcribed at each pause, before the turn
-detector has decided that the turn is over, and (``session.preemptive_response``, on by default) the answer to it
-is started as soon as that transcript is in.
+"""Speculative work at pauses in the user's speech: the turn so far is transcribed at each pause (with
+``semantic_vad`` already when the speech went quiet, at the position the pause will have: the pause keeps that
+work), before the turn detector has decided that the turn is over, and (``session.preemptive_response``, on by
+default) the answer to it is started as soon as that transcript is in.
 
 The speculation is invisible: nothing of it reaches the client and nothing enters the conversation until the turn
 is committed. A turn that goes on (``resumed``), a new turn, a clear or a manual commit drops it (its engine work
@@ -29,8 +30,13 @@ class Speculating(ProtocolState):
     """Speculative transcription (see the module docstring); the turn and transcription parts call in here."""
 
     def _speech_paused(self, position: int) -> Outputs:
-        out = self._drop_speculation()
+        """A quiet or a pause at ``position``: speculate on the turn so far. A pause where the open speculation
+        ends (it started at the quiet before it: the same audio) keeps it."""
         start = self.buffer.start
+        spec = self.speculation
+        if spec is not None and spec.failed is None and (spec.start, spec.end) == (start, position):
+            return Outputs()
+        out = self._drop_speculation()
         if not self.caps.transcription or self._speech_start is None or position <= start:
             return out
         spec = self.speculation = Speculation(self._id("spec"), start, position)

@@ -1,4 +1,4 @@
-"""Input audio and turns of the realtime protocol: the input buffer, turn detection (speech started, paused,
+"""Input audio and turns of the realtime protocol: the input buffer, turn detection (speech started, quiet, paused,
 resumed, stopped; barge-in), commits, and the transcription of committed audio (commands out, results in).
 
 Turn detection runs in the driver, never here: each append with turn detection on gives a ``DetectTurns`` command
@@ -76,7 +76,7 @@ class TurnTaking(ProtocolState):
             return self._drop_speculation().extend(self._speech_started(event.position))
         if self._speech_start is None:
             return Outputs()
-        if event.kind is TurnEventKind.PAUSED:
+        if event.kind in (TurnEventKind.QUIET, TurnEventKind.PAUSED):
             return self._speech_paused(event.position)
         if event.kind is TurnEventKind.RESUMED:
             return self._drop_speculation()
