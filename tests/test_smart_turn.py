@@ -99,6 +99,29 @@ def test_the_graph_run_by_torch_gives_onnxruntimes_answers_within_its_quantizati
         assert (p > 0.5) == (theirs["prediction"] == 1), name
 
 
+def test_the_staged_path_a_cuda_graph_replays_answers_as_the_plain_one_in_buckets_and_slices(monkeypatch):
+    """On CUDA a call fills a static bucket (silent rows after the turns) and replays the bucket's graph of the
+    features (by torch) and the model; more turns than a bucket holds go in slices. The same path, run eagerly on
+    the CPU, gives the plain path's answers for every count: a bucket's padding rows and the slices change no turn's
+    answer, and torch's features are numpy's."""
+    from omni_stream.models.smart_turn import graph as graph_module
+    from omni_stream.models.smart_turn.features import WINDOW, LogMelTorch, log_mel
+
+    rng = np.random.default_rng(3)
+    windows = (0.1 * rng.standard_normal((3, WINDOW))).astype(np.float32)
+    windows[2, : WINDOW // 2] = 0  # a short turn: silence before it
+    np.testing.assert_allclose(LogMelTorch()(torch.from_numpy(windows)).numpy(), log_mel(windows), atol=1e-5)
+
+    monkeypatch.setattr(graph_module, "MAX_BATCH", 4)  # small buckets: 5 turns are a slice of 4 and one of 1
+    plain = SmartTurnTorch(model_path(), "cpu")
+    staged = SmartTurnTorch(model_path(), "cpu", staged=True)
+    assert staged.buckets == (1, 2, 4) and not plain.staged
+    audio = [*list(clips().values())[:3], windows[0], windows[2][WINDOW // 2 :]]
+    expected = plain.probabilities(audio)
+    for n in (1, 3, 5):  # 3: a bucket of 4 with one silent row
+        np.testing.assert_allclose(staged.probabilities(audio[:n]), expected[:n], atol=1e-4)
+
+
 def test_where_the_turn_model_runs_is_a_switch(monkeypatch):
     """``OMNI_STREAM_TURN_MODEL_DEVICE``: cpu (default) is onnxruntime; cuda is the torch graph, refused where there
     is no CUDA device with a message that says so."""

@@ -6,12 +6,14 @@ front when shorter (the model sees silence before short turns, as in training); 
 zero mean and unit variance; a centred 400-point STFT (periodic Hann window, hop 160, reflect padding) gives power
 spectra; a Slaney mel filterbank (0-8 kHz, 80 filters) and ``log10`` with a floor of 1e-10 follow; the last frame
 is dropped; values are clamped to 8 below the maximum and mapped by ``(x + 4) / 4``. Pure numpy, float64 inside,
-float32 out; a batch of windows is computed in one pass.
+float32 out; a batch of windows is computed in one pass. :class:`LogMelTorch` is the same arithmetic with torch
+on any device (float64 inside), for a model whose graph runs there.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 SAMPLE_RATE = 16000
 WINDOW_SECONDS = 8
@@ -71,3 +73,27 @@ def log_mel(windows: np.ndarray) -> np.ndarray:
     mel = np.log10(np.maximum(_MEL_FLOOR, power @ _FILTERS.T))[:, :-1].transpose(0, 2, 1)  # [n, mels, FRAMES]
     mel = np.maximum(mel, mel.max(axis=(1, 2), keepdims=True) - 8.0)
     return ((mel + 4.0) / 4.0).astype(np.float32)
+
+
+class LogMelTorch:
+    """:func:`log_mel` with torch on ``device``: ``[n, WINDOW]`` float32 -> ``[n, N_MELS, FRAMES]`` float32, float64
+    inside. Its window and filters are placed once, so a call makes no host-to-device copy (a CUDA graph can hold
+    it)."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.hann = torch.as_tensor(_HANN, dtype=torch.float64).to(device)
+        self.filters = torch.as_tensor(_FILTERS.T.copy(), dtype=torch.float64).to(device)
+
+    def __call__(self, windows: torch.Tensor) -> torch.Tensor:
+        if windows.dim() != 2 or windows.shape[1] != WINDOW:
+            raise ValueError(f"windows must be [n, {WINDOW}], got {tuple(windows.shape)}")
+        x = windows.float()
+        mean = x.mean(dim=1, keepdim=True)
+        x = (x - mean) / torch.sqrt(((x - mean) ** 2).mean(dim=1, keepdim=True) + _NORM_EPS)
+        pad = N_FFT // 2
+        padded = torch.nn.functional.pad(x.double()[:, None], (pad, pad), mode="reflect")[:, 0]
+        frames = padded.unfold(1, N_FFT, HOP)  # [n, FRAMES + 1, N_FFT]
+        power = torch.fft.rfft(frames * self.hann, dim=-1).abs() ** 2
+        mel = torch.log10(torch.clamp(power @ self.filters, min=_MEL_FLOOR))[:, :-1].transpose(1, 2)
+        mel = torch.maximum(mel, mel.amax(dim=(1, 2), keepdim=True) - 8.0)
+        return ((mel + 4.0) / 4.0).float()

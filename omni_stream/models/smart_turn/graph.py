@@ -16,13 +16,24 @@ operator kinds), so it is interpreted here with torch operators, reading the sam
   up to 0.07 off, float64 0.04 (onnxruntime's own unfused run of the same graph differs from its fused one by up to
   0.17 on the tests' clips; the tests bound the difference and require the same decisions);
 - shapes (``Shape``, ``Gather``, ``Slice``, ``Concat`` of integers) stay CPU integer tensors; values live on
-  ``device``.
+  ``device``, and so do the constants a node on the device reads (zero points, scales, indices): moved once at
+  load, never per call. A per-call host-to-device copy of pageable memory waits for the stream's work before it, so
+  the first GPU runs, which copied each quantization's zero point per call, spent 125-230 ms of wall time per call
+  under load on the H200 host (voice_bench run 33) where the kernels take a few milliseconds.
+
+:class:`SmartTurnTorch` on CUDA computes the features on the GPU too (:class:`~.features.LogMelTorch`: the same
+arithmetic in float64), and runs features and graph as one CUDA graph per batch bucket (1, 2, 4, ...
+:data:`MAX_BATCH`, captured at load): a call is a copy in, a replay and a copy out, well under a millisecond of host
+time instead of the interpreter's tens of milliseconds of Python beside the device worker's (run 33: 40-70 ms of CPU
+a call).
 
 Parsing needs the ``onnx`` package (the ``[turn]`` extra).
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +43,8 @@ import torch
 from torch.nn import functional as F
 
 from omni_stream.errors import ConfigError
-from omni_stream.models.smart_turn.features import SAMPLE_RATE, last_window, log_mel
+from omni_stream.models.smart_turn.features import SAMPLE_RATE, WINDOW, LogMelTorch, last_window, log_mel
+from omni_stream.runtime.cuda_graphs import GraphSet, batch_buckets, pick
 
 Attr = int | float | bytes | list[int] | list[float]
 
@@ -98,6 +110,14 @@ class TorchGraph:
         # The weights the products read, in float64 once here rather than converted on every call
         exact = {name for node in self._nodes if node.op in _EXACT_OPS for name in node.inputs if name in values}
         self._constants = {name: t.double() if name in exact else t for name, t in values.items()}  # read-only
+        # Constants a node reads beside device values (zero points, scales, indices): on the device once, here
+        for node in self._nodes:
+            if node.op in _DEVICE_OPERANDS:
+                for k in _DEVICE_OPERANDS[node.op]:
+                    name = node.inputs[k] if k < len(node.inputs) else ""
+                    if name in self._constants:
+                        self._constants[name] = self._constants[name].to(self.device)
+        self.zero = torch.zeros((), dtype=torch.float64, device=self.device)  # an absent zero point
 
     def _place(self, t: torch.Tensor) -> torch.Tensor:
         """Floats on the device; integers (shapes, indices, quantized weights before folding) on the CPU."""
@@ -146,7 +166,7 @@ def _axis_view(scale: torch.Tensor, x: torch.Tensor, axis: int) -> torch.Tensor:
 
 def _quantize(g: TorchGraph, n: _Node, a: list[torch.Tensor | None]) -> list[torch.Tensor]:
     x, scale = _req(a[0]), _req(a[1])
-    zero = a[2] if len(a) > 2 and a[2] is not None else torch.zeros(())
+    zero = a[2] if len(a) > 2 and a[2] is not None else g.zero
     lo, hi = g.quant_range(n.inputs[2]) if len(n.inputs) > 2 else (0, 255)
     axis = n.int_attr("axis", 1)
     s, z = _axis_view(scale, x, axis), _axis_view(zero.to(x.device), x, axis)
@@ -155,7 +175,7 @@ def _quantize(g: TorchGraph, n: _Node, a: list[torch.Tensor | None]) -> list[tor
 
 def _dequantize(g: TorchGraph, n: _Node, a: list[torch.Tensor | None]) -> list[torch.Tensor]:
     x, scale = _req(a[0]).to(_req(a[1]).device), _req(a[1])
-    zero = a[2] if len(a) > 2 and a[2] is not None else torch.zeros(())
+    zero = a[2] if len(a) > 2 and a[2] is not None else g.zero
     axis = n.int_attr("axis", 1)
     # Stored integers (the weights, folded at load) in float64, exact for int32 biases; activations in float32
     z, s = _axis_view(zero.to(x.device, x.dtype), x, axis), _axis_view(scale.to(x.dtype), x, axis)
@@ -163,6 +183,10 @@ def _dequantize(g: TorchGraph, n: _Node, a: list[torch.Tensor | None]) -> list[t
 
 
 _EXACT_OPS = frozenset({"MatMul", "Conv", "Gemm"})  # products of dequantized values, computed in float64
+# Operands (by input index) that are read beside device values: placed on the device at load when constant. A Gather
+# of a shape (CPU integers) does not occur with a constant index here: this graph's shape gathers index computed
+# shapes; its device gathers read constant indices.
+_DEVICE_OPERANDS: dict[str, tuple[int, ...]] = {"QuantizeLinear": (1, 2), "DequantizeLinear": (1, 2)}
 
 
 def _exact(t: torch.Tensor | None) -> torch.Tensor:
@@ -281,33 +305,73 @@ _OPS: dict[str, Op] = {
 }
 
 
+MAX_BATCH = 32  # turns judged in one replay; a larger call runs in slices of this many
+
+
 class SmartTurnTorch:
     """:class:`~omni_stream.models.smart_turn.model.SmartTurn`'s interface with its graph run by torch on
-    ``device``: one call judges a batch on the GPU in a few milliseconds instead of 60-90 ms of a core each."""
+    ``device``. On CUDA (see the module docstring) the features are computed there too and a call replays one
+    captured CUDA graph per :data:`MAX_BATCH` turns (``graphs=False``: the same work run eagerly, for comparison)."""
 
     sample_rate = SAMPLE_RATE
-    # Sessions that pause together are judged in one call: each call is ~200 operators launched from Python, the
-    # same for one turn or thirty-two
+    # Sessions that pause together are judged in one call: one replay for one turn or thirty-two
     batches = True
 
-    def __init__(self, path: Path, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self, path: Path, device: str | torch.device = "cpu", *, graphs: bool = True, staged: bool | None = None
+    ) -> None:
         self.path = path
         self.graph = TorchGraph(path, device)
+        cuda = self.graph.device.type == "cuda"
+        # ``staged`` (default: on CUDA): features by torch and static buffers filled per bucket, the path a CUDA graph
+        # replays (on the CPU only for tests of its buckets and slices); else numpy's features and exact shapes
+        self.staged = cuda if staged is None else staged
         # On CUDA its kernels go to a stream of their own: the calls come from the sessions' threads, beside the
         # device worker's (whose graph captures are thread-local, so a call here never breaks one)
-        self._stream = torch.cuda.Stream(self.graph.device) if self.graph.device.type == "cuda" else None
+        self._stream = torch.cuda.Stream(self.graph.device) if cuda else None
+        # One call at a time on the device: the static buffers (and the stream) are shared
+        self._lock = threading.Lock()
+        self._graphs: GraphSet | None = None
+        self.buckets = batch_buckets(MAX_BATCH)
+        if self.staged:
+            self._mel = LogMelTorch(self.graph.device)
+            host = torch.zeros((MAX_BATCH, WINDOW), dtype=torch.float32)
+            self._host = host.pin_memory() if cuda else host
+            self._in = torch.zeros((MAX_BATCH, WINDOW), dtype=torch.float32, device=self.graph.device)
+            self._out = torch.zeros(MAX_BATCH, dtype=torch.float32, device=self.graph.device)
+            if graphs and cuda:
+                self._graphs = GraphSet(self._step, self.graph.device)
+                with self._lock:
+                    self._graphs.capture_all([(b,) for b in self.buckets], desc="capturing Smart Turn")
+
+    def _step(self, rows: int) -> None:
+        """Features and graph for the first ``rows`` windows of the static input, into the static output."""
+        self._out[:rows].copy_(self.graph(self._mel(self._in[:rows])).reshape(rows))
 
     def probabilities(self, turns: Sequence[np.ndarray]) -> np.ndarray:
         """P(the turn is complete) for each turn's audio (float32 mono at 16 kHz; its last 8 s are read)."""
         if not turns:
             return np.zeros(0, np.float32)
-        features = torch.from_numpy(log_mel(np.stack([last_window(t) for t in turns])))
-        if self._stream is None:
-            out = self.graph(features).cpu()
-        else:
-            with torch.cuda.stream(self._stream):  # the copy back too: ordered after the graph's kernels
-                out = self.graph(features.pin_memory()).cpu()
-        return np.asarray(out.float().numpy(), np.float32).reshape(len(turns))
+        windows = np.stack([last_window(t) for t in turns])
+        if not self.staged:
+            out = self.graph(torch.from_numpy(log_mel(windows))).cpu()
+            return np.asarray(out.float().numpy(), np.float32).reshape(len(turns))
+        parts = [self._on_device(windows[i : i + MAX_BATCH]) for i in range(0, len(windows), MAX_BATCH)]
+        return np.concatenate(parts).astype(np.float32)
+
+    def _on_device(self, windows: np.ndarray) -> np.ndarray:
+        n = len(windows)
+        rows = pick(self.buckets, n)
+        assert rows is not None
+        on_stream = torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
+        with self._lock, on_stream:  # copies, kernels and the copy back in order on the model's stream
+            self._host[:n].numpy()[:] = windows
+            self._in[:n].copy_(self._host[:n], non_blocking=self._stream is not None)
+            if rows > n:
+                self._in[n:rows].zero_()  # silent rows fill the bucket (their answers are dropped)
+            if self._graphs is None or not self._graphs.replay((rows,)):
+                self._step(rows)
+            return self._out[:n].cpu().numpy().copy()
 
     def probability(self, turn: np.ndarray) -> float:
         """P(complete) for one turn's audio (float32 mono at 16 kHz)."""
