@@ -123,11 +123,15 @@ def test_the_staged_path_a_cuda_graph_replays_answers_as_the_plain_one_in_bucket
 
 
 def test_where_the_turn_model_runs_is_a_switch(monkeypatch):
-    """``OMNI_STREAM_TURN_MODEL_DEVICE``: cpu (default) is onnxruntime; cuda is the torch graph, refused where there
+    """``OMNI_STREAM_TURN_MODEL_DEVICE``: cpu is onnxruntime; cuda is the torch graph, refused where there
     is no CUDA device with a message that says so."""
-    assert Tuning().turn_model_device == "cpu" and isinstance(make_smart_turn("cpu"), SmartTurn)
+    assert isinstance(make_smart_turn("cpu"), SmartTurn)
+    # auto (default): the GPU where there is one
+    assert Tuning().turn_model_device == "auto"
+    auto = make_smart_turn("auto")
+    assert isinstance(auto, SmartTurnTorch if torch.cuda.is_available() else SmartTurn)
     assert Tuning.from_env({"OMNI_STREAM_TURN_MODEL_DEVICE": "cuda"}).turn_model_device == "cuda"
-    with pytest.raises(ConfigError, match="OMNI_STREAM_TURN_MODEL_DEVICE must be one of cpu, cuda"):
+    with pytest.raises(ConfigError, match="OMNI_STREAM_TURN_MODEL_DEVICE must be one of auto, cpu, cuda"):
         Tuning.from_env({"OMNI_STREAM_TURN_MODEL_DEVICE": "tpu"})
     if torch.cuda.is_available():
         assert isinstance(make_smart_turn("cuda"), SmartTurnTorch)

@@ -214,3 +214,58 @@ def test_pauses_judged_together_get_each_ones_own_answer_from_one_call(question)
         np.testing.assert_allclose(a.probabilities, b.probabilities, atol=1e-5)
     assert 2 in shared.calls  # the two that paused at once shared a call (the third paused later, alone)
     assert sum(shared.calls) == sum(len(d.probabilities) for d in together)
+
+
+def test_the_tail_buffer_keeps_the_last_samples_across_its_moves():
+    from omni_stream.turns.detector import _Tail
+
+    rng = np.random.default_rng(5)
+    tail, whole = _Tail(100, np.int16), np.zeros(0, np.int16)
+    for size in rng.integers(0, 130, 200):  # past the buffer's end many times; some appends longer than it keeps
+        x = rng.integers(-1000, 1000, size).astype(np.int16)
+        tail.append(x)
+        whole = np.concatenate((whole, x))
+        assert tail.end == whole.size
+        lo = int(rng.integers(max(0, whole.size - 100), whole.size + 1))
+        assert np.array_equal(tail.span(lo, whole.size), whole[lo:])
+    assert np.array_equal(tail.span(0, whole.size), whole[-tail._n :])  # clipped to what it holds
+
+
+def test_the_model_hears_the_vads_resampled_stream_as_a_resampling_of_the_turn_would_give_it(question):
+    """The end-of-turn model reads 16 kHz audio, as Silero does: the detector keeps the stream it resampled for the
+    VAD instead of resampling the pause's 8 s again. It is what resampling the turn's audio at once gives, up to the
+    edges (the one-shot resampler sees silence before the window; the stream's last ~20 ms, still in the resampler's
+    lookahead when the pause is noticed, are resampled at once)."""
+    from omni_stream.codecs.resample import resample
+
+    heard: list[np.ndarray] = []
+
+    class Recording:
+        def __init__(self, inner) -> None:
+            self.inner, self.sample_rate, self.batches = inner, inner.sample_rate, False
+
+        def probabilities(self, turns):
+            heard.extend(turns)
+            return self.inner.probabilities(turns)
+
+        def probability(self, turn):
+            return float(self.probabilities([turn])[0])
+
+    rule = TurnRule.semantic_vad(Eagerness.AUTO)
+    detector = TurnDetector(rule, SileroVad(rule.vad), Recording(load_smart_turn()))
+    stream = np.concatenate([silence(300), question, silence(1000)])
+    noticed = start = None
+    for i in range(0, stream.size, RATE // 50):  # 20 ms feeds: the pause is noticed at the end of a feed, its last
+        for event in detector.feed(stream[i : i + RATE // 50]):  # ~20 ms still in the VAD resampler's lookahead
+            if event.kind.value == "started":
+                start = event.position
+            if event.kind.value == "paused":
+                noticed = detector.fed
+        detector.judge()
+    [turn] = heard
+    assert start is not None and noticed is not None
+    whole = resample(stream[start:noticed].astype(np.float32) / 32768.0, RATE, 16000)
+    assert whole.size == turn.size
+    edge = 64
+    np.testing.assert_allclose(turn[edge:-edge], whole[edge:-edge], atol=1e-4)
+    np.testing.assert_allclose(turn[-320:], whole[-320:], atol=1e-3)  # the part resampled at once

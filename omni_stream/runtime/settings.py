@@ -34,7 +34,8 @@ PDL_KERNELS = frozenset({"norm", "rope", "attention", "silu", "linear", "sample"
 CODEC_DILATIONS = frozenset({3, 9})  # the Qwen3-TTS codec's dilated residual units (its 1, 3, 9 less the 1)
 CODEC_STREAMS = ("high", "normal", "off")
 DEVICE_POLICIES = ("deadlines", "rounds")  # omni_stream.device_policy: by class and deadline, or plain rounds
-TURN_MODEL_DEVICES = ("cpu", "cuda")  # semantic_vad's end-of-turn model: onnxruntime on the CPU, or torch on the GPU
+# semantic_vad's end-of-turn model: onnxruntime on the CPU, torch on the GPU, or auto (the GPU where there is one)
+TURN_MODEL_DEVICES = ("auto", "cpu", "cuda")
 
 
 # --- value kinds: parse a raw string, check a typed value, print it back -------------------------------------
@@ -184,8 +185,8 @@ class Tuning:
     throughput_wait_ms: float = 500.0  # the fairness bound: the longest runnable throughput work waits for a step
     throughput_stream: bool = True  # on CUDA, image and video steps on a side stream of their own
     # Realtime sessions: where semantic_vad's end-of-turn model runs (omni_stream.models.smart_turn): onnxruntime on
-    # the CPU, or its graph by torch on the GPU (read from the environment when the model loads)
-    turn_model_device: str = "cpu"
+    # the CPU, its graph by torch on the GPU, or auto: the GPU where there is one (read when the model loads)
+    turn_model_device: str = "auto"
 
     def __post_init__(self) -> None:
         for switch in SWITCHES:

@@ -17,10 +17,11 @@ The voice activity detector (any :class:`~omni_stream.turns.vad.VoiceActivityDet
 the rule's short ``pause_ms`` silence and is fed 20 ms at a time, so the time a pause was detected is known to
 20 ms; ``max_pause_ms`` is counted from there in stream samples, never by a clock. The end-of-turn model (an
 :class:`EndOfTurnModel`, e.g. Smart Turn) is asked once per pause, on the turn's last 8 s up to where the pause
-was noticed (its silence included, as the model was trained), resampled to its rate, by
-:meth:`TurnDetector.judge`, which a caller runs after handing on ``feed``'s events: whatever starts at a pause (a
-speculative transcript) then overlaps the model's inference. ``judge`` after every ``feed``; both are blocking CPU
-work: run them off the event loop (a realtime session's driver does).
+was noticed (its silence included, as the model was trained), at its rate (where the VAD reads that rate, the
+audio the VAD was given, kept as it came), by :meth:`TurnDetector.judge`, which a caller runs after handing on
+``feed``'s events: whatever starts at a pause (a speculative transcript) then overlaps the model's inference.
+``judge`` after every ``feed``; both are blocking CPU work: run them off the event loop (a realtime session's driver
+does).
 """
 
 from __future__ import annotations
@@ -76,6 +77,35 @@ TurnModelFactory: TypeAlias = Callable[[], EndOfTurnModel]
 """Gives the end-of-turn model (the serving role ``"turn_model"``: :data:`omni_stream.family_registry.TURN_MODEL`)."""
 
 
+class _Tail:
+    """The last ``keep`` samples appended (at least), in a buffer of twice that: an append copies only itself,
+    and the kept ones move to the front once per ``keep`` samples (a concatenation per append copied all of them)."""
+
+    def __init__(self, keep: int, dtype: type) -> None:
+        self._buf = np.zeros(2 * keep, dtype)
+        self._keep = keep
+        self._n = 0  # samples held, at the front
+        self.end = 0  # samples appended since the start (the index past the last one)
+
+    def append(self, x: np.ndarray) -> None:
+        if x.size >= self._keep:
+            self._buf[: self._keep] = x[-self._keep :]
+            self._n = self._keep
+        else:
+            if self._n + x.size > self._buf.size:
+                self._buf[: self._keep] = self._buf[self._n - self._keep : self._n]
+                self._n = self._keep
+            self._buf[self._n : self._n + x.size] = x
+            self._n += x.size
+        self.end += x.size
+
+    def span(self, lo: int, hi: int) -> np.ndarray:
+        """Samples ``lo..hi`` (indices since the start), clipped to what is held (a copy)."""
+        first = self.end - self._n
+        lo, hi = max(lo, first), min(hi, self.end)
+        return self._buf[lo - first : max(lo, hi) - first].copy()
+
+
 class TurnDetector:
     """See the module docstring. ``model`` is needed when the rule is semantic."""
 
@@ -99,8 +129,15 @@ class TurnDetector:
         vad_rate = self.vad.sample_rate
         self._to_vad = Resampler(self.rate, vad_rate) if vad_rate != self.rate else None
         self.origin = self.fed = position
-        self._recent = np.zeros(0, np.int16)  # the last samples fed, ending at self._recent_end
-        self._recent_end = position
+        self._recent = _Tail(self._keep, np.int16)  # the last samples fed (index 0: stream position origin)
+        # The end-of-turn model's audio at its rate, where the VAD reads that rate too: the VAD's resampled stream,
+        # kept as it goes (resampling a pause's 8 s at once cost ~10 ms of a core per judged pause)
+        model_rate = self.model.sample_rate if self.model is not None else None
+        self._model_audio = (
+            _Tail(model_rate * (MODEL_SECONDS + 1), np.float32)
+            if self._to_vad is not None and model_rate == vad_rate
+            else None
+        )
         self._turn_start: int | None = None
         self._paused_at: int | None = None  # the open pause's position
         self._quiet_at: int | None = None  # the open quiet's position (a pause there may follow)
@@ -120,10 +157,16 @@ class TurnDetector:
     def _take(self, samples: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """The samples' 20 ms slices, and each one for the VAD (float32 at its rate); the audio is remembered."""
         samples = np.asarray(samples, np.int16).reshape(-1)
-        self._remember(samples)
+        self._recent.append(samples)
         slices = [samples[i : i + self._slice] for i in range(0, samples.size, self._slice)]
         floats = [piece.astype(np.float32) / 32768.0 for piece in slices]
-        return slices, self._to_vad.process_pieces(floats) if self._to_vad is not None else floats
+        if self._to_vad is None:
+            return slices, floats
+        resampled = self._to_vad.process_pieces(floats)
+        if self._model_audio is not None:
+            for piece in resampled:
+                self._model_audio.append(piece)
+        return slices, resampled
 
     def _advance(self, slices: list[np.ndarray], judged: list[list[VadEvent]]) -> list[TurnEvent]:
         """The turn events of the slices, given the VAD's events for each."""
@@ -141,12 +184,6 @@ class TurnDetector:
             if self._paused_at is not None and self.fed >= self._deadline:
                 events.append(self._stop())
         return events
-
-    def _remember(self, samples: np.ndarray) -> None:
-        """Keep the last seconds fed (for the end-of-turn model), ending at stream position ``_recent_end``."""
-        recent = np.concatenate((self._recent, samples))
-        self._recent = recent[-self._keep :] if recent.size > self._keep else recent
-        self._recent_end += samples.size
 
     @property
     def judging(self) -> bool:
@@ -201,9 +238,20 @@ class TurnDetector:
     def _turn_audio(self, end: int) -> np.ndarray:
         """The turn's last seconds up to ``end``, float32 at the model's rate."""
         assert self.model is not None and self._turn_start is not None
-        first = self._recent_end - self._recent.size
-        lo = max(self._turn_start, end - self.rate * MODEL_SECONDS, first)
-        x = self._recent[lo - first : max(lo, end) - first].astype(np.float32) / 32768.0
+        lo = max(self._turn_start, end - self.rate * MODEL_SECONDS)
+        if self._model_audio is not None and self._to_vad is not None:
+            # the VAD's resampled stream: model index k is at stream time k / rate
+            model_rate, kept = self.model.sample_rate, self._model_audio
+            k_lo = -(-(lo - self.origin) * model_rate // self.rate)
+            k_hi = (end - self.origin) * model_rate // self.rate
+            x = kept.span(k_lo, k_hi)
+            missing = k_hi - max(k_lo, min(k_hi, kept.end))
+            if missing > 0:  # the last ~20 ms wait for the resampler's lookahead: resampled at once, as the pause ends
+                src = missing * self.rate // model_rate + 2 * self._to_vad.lookahead + 1
+                recent = self._recent.span(end - self.origin - src, end - self.origin).astype(np.float32) / 32768.0
+                x = np.concatenate((x, resample(recent, self.rate, model_rate)[-missing:]))
+            return x
+        x = self._recent.span(lo - self.origin, end - self.origin).astype(np.float32) / 32768.0
         return x if self.model.sample_rate == self.rate else resample(x, self.rate, self.model.sample_rate)
 
     def _stop(self) -> TurnEvent:

@@ -352,20 +352,24 @@ class SmartTurnTorch:
         """P(the turn is complete) for each turn's audio (float32 mono at 16 kHz; its last 8 s are read)."""
         if not turns:
             return np.zeros(0, np.float32)
-        windows = np.stack([last_window(t) for t in turns])
         if not self.staged:
+            windows = np.stack([last_window(t) for t in turns])
             out = self.graph(torch.from_numpy(log_mel(windows))).cpu()
             return np.asarray(out.float().numpy(), np.float32).reshape(len(turns))
-        parts = [self._on_device(windows[i : i + MAX_BATCH]) for i in range(0, len(windows), MAX_BATCH)]
+        parts = [self._on_device(turns[i : i + MAX_BATCH]) for i in range(0, len(turns), MAX_BATCH)]
         return np.concatenate(parts).astype(np.float32)
 
-    def _on_device(self, windows: np.ndarray) -> np.ndarray:
-        n = len(windows)
+    def _on_device(self, turns: Sequence[np.ndarray]) -> np.ndarray:
+        n = len(turns)
         rows = pick(self.buckets, n)
         assert rows is not None
         on_stream = torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
         with self._lock, on_stream:  # copies, kernels and the copy back in order on the model's stream
-            self._host[:n].numpy()[:] = windows
+            host = self._host.numpy()
+            for i, turn in enumerate(turns):  # each turn's last window straight into its row (as last_window)
+                x = np.asarray(turn, np.float32).reshape(-1)[-WINDOW:]
+                host[i, : WINDOW - x.size] = 0.0
+                host[i, WINDOW - x.size :] = x
             self._in[:n].copy_(self._host[:n], non_blocking=self._stream is not None)
             if rows > n:
                 self._in[n:rows].zero_()  # silent rows fill the bucket (their answers are dropped)

@@ -115,8 +115,12 @@ class EndOfTurn(Protocol):
 
 def load_smart_turn() -> EndOfTurn:
     """The model, loaded and run once per process (then shared: it holds no stream state). Where it runs is the
-    ``turn_model_device`` switch (``OMNI_STREAM_TURN_MODEL_DEVICE``): ``cpu``, onnxruntime (default), or ``cuda``,
-    the same graph and weights run by torch on the GPU (:mod:`.graph`)."""
+    ``turn_model_device`` switch (``OMNI_STREAM_TURN_MODEL_DEVICE``): ``cpu``, onnxruntime; ``cuda``, the same graph
+    and weights run by torch on the GPU (:mod:`.graph`); ``auto`` (default), the GPU where there is one.
+
+    On the H200 the GPU's CUDA graphs took a pause's judgement from 62-106 ms (onnxruntime, one session) and 220-310
+    ms (sixteen sessions pausing together) to 12 ms and 45-93 ms of a batch call, and voice-to-voice from 435 to 321
+    ms at one session and 1794 to 968 ms p95 at sixteen (voice_bench runs 32 and 34, gpu_suite.md)."""
     global _MODEL
     with _LOCK:
         if _MODEL is None:
@@ -127,11 +131,16 @@ def load_smart_turn() -> EndOfTurn:
 
 
 def make_smart_turn(device: str) -> EndOfTurn:
-    """Smart Turn on ``device`` (``cpu``: onnxruntime; ``cuda``: torch, which needs a CUDA device)."""
-    if device == "cpu":
-        return SmartTurn()
+    """Smart Turn on ``device`` (``cpu``: onnxruntime; ``cuda``: torch, which needs a CUDA device; ``auto``: cuda
+    where torch sees one and ``onnx`` (which reads the graph for torch) is installed, else cpu)."""
+    import importlib.util
+
     import torch
 
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() and importlib.util.find_spec("onnx") is not None else "cpu"
+    if device == "cpu":
+        return SmartTurn()
     if not torch.cuda.is_available():
         raise ConfigError(f"turn_model_device={device} needs a CUDA device; this process has none")
     from omni_stream.models.smart_turn.graph import SmartTurnTorch
