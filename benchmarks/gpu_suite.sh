@@ -15,8 +15,8 @@
 #                     rows at batch 1 and 64 (64 steps each)
 #   asr    ~40 / 100  asr_bench.py --from-config whisper-large-v3-turbo --device cuda, c = 1, 4, 16, 32
 #   chat   ~75 / 130  chat_bench.py: /v1/chat/completions, Qwen3-0.6B -> Qwen3-TTS 0.6B, c = 1, 4, 16
-#   voice  ~80 / 230  voice_bench.py --build dummy: WS /v1/realtime, semantic_vad (Silero + Smart Turn: onnxruntime
-#                     on the CPU; OMNI_STREAM_TURN_MODEL_DEVICE=cuda before the command runs its graph on the GPU), Whisper
+#   voice ~150 / 230  voice_bench.py --build dummy: WS /v1/realtime, semantic_vad (Silero + Smart Turn: CUDA graphs
+#                     on the GPU; OMNI_STREAM_TURN_MODEL_DEVICE=cpu before the command: onnxruntime), Whisper
 #                     turbo, Qwen3-0.6B, Qwen3-TTS 0.6B, 1, 16, 32 sessions at once, cold and warm, engine batch 32
 #                     (the whole matrix: voice_bench.py's docstring, one call per turn detection)
 #   image  ~45 / 120  image_bench.py --device cuda: InstructPix2Pix 512 px, 20 steps, c = 1, 4, 16
