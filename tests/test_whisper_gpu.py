@@ -116,3 +116,43 @@ async def test_a_batch_size_seen_for_the_first_time_replays_graphs(tiny_whisper,
         assert calls and all(e[-1] == "graph" for e in calls), [e for e in calls if e[-1] != "graph"]
         assert len({e[2] for e in calls}) >= 3  # calls over several row buckets, each met for the first time
         assert (len(runner.encode_graphs), len(runner.decode_graphs)) == counts
+
+
+async def test_newcomers_beside_running_rows_encode_on_their_own_stream_and_join_when_encoded(tiny_whisper):
+    """Newcomers admitted while other rows decode: the step decodes the running rows at once, the newcomers'
+    encoder pass runs on the encoder's stream, and they join a later step. Every utterance gets the tokens it gets
+    alone."""
+    from omni_stream.batch_model import Batch, Sequence
+
+    async with await engine(tiny_whisper) as eng:
+        family = eng.models.get(ModelKind.TRANSCRIPTION)
+        runner = family.runner
+        runner.record = True
+        batch = payloads(family, 5)
+        alone = [step_together(runner, [p])[0][1] for p in batch]
+        mark = len(runner.log)
+        first = [Sequence(i, p, slot=i) for i, p in enumerate(batch[:2])]
+        later = [Sequence(i + 2, p, slot=i + 2) for i, p in enumerate(batch[2:])]
+        runner.step(Batch(prefill=tuple(first)))  # no other rows: encoded in step, decoded at once
+        live, steps = list(first), 0
+        pending = list(later)
+        while live or pending:
+            prefill, pending = tuple(pending), []
+            for out in runner.step(Batch(prefill=prefill, decode=tuple(live))):
+                if out.finished:
+                    live = [s for s in live if s.seq_id != out.seq_id]
+                    prefill = tuple(s for s in prefill if s.seq_id != out.seq_id)
+            live += list(prefill)
+            steps += 1
+            assert steps < 500
+        for seq in first + later:
+            runner.release(seq)
+        log = runner.log[mark:]
+        at = log.index(("encode", 3, 4, "graph"))
+        decode = next(e for e in log[at:] if e[0] == "decode")
+        assert decode[:2] == ("decode", 2)  # that step decoded the two running rows only
+        tokens: list[list[int]] = [[] for _ in batch]
+        for event in log:
+            if event[0] == "token":
+                tokens[event[1]].append(event[2])
+        assert tokens == alone
