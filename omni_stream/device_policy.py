@@ -62,6 +62,8 @@ class DevicePolicy:
     step runs at least this long before its next one (default 0.1).
     ``throughput_stream``: on CUDA, throughput steps launch on a low-priority side stream so their kernels overlap
     the realtime models' (default True; no effect on CPU).
+    ``realtime_streams``: on CUDA, each realtime source's steps launch on a stream of its own, so one model's step
+    (its kernels, and the copy that ends it) does not queue behind another's (default False; no effect on CPU).
     """
 
     deadlines: bool = True
@@ -71,6 +73,7 @@ class DevicePolicy:
     default_cost: float = DEFAULT_STEP_COST_S
     min_progress: float = DEFAULT_MIN_PROGRESS_S
     throughput_stream: bool = True
+    realtime_streams: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_wait", "margin", "yield_slack", "default_cost", "min_progress"):
@@ -80,11 +83,12 @@ class DevicePolicy:
     @classmethod
     def from_tuning(cls, tuning: Tuning) -> DevicePolicy:
         """The policy the tuning object's switches ask for (``device_policy``, ``throughput_wait_ms``,
-        ``throughput_stream``); the rest at their defaults."""
+        ``throughput_stream``, ``realtime_streams``); the rest at their defaults."""
         return cls(
             deadlines=tuning.device_policy == "deadlines",
             max_wait=tuning.throughput_wait_ms / 1000,
             throughput_stream=tuning.throughput_stream,
+            realtime_streams=tuning.realtime_streams,
         )
 
 

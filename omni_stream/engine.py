@@ -39,9 +39,10 @@ Closing a stream waits at most ``pipeline.JOIN_TIMEOUT`` for its stages, closing
 
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -72,7 +73,7 @@ from omni_stream.transcription.spec import TranscriptionRequest
 from omni_stream.validation.speech import check_reference, check_task
 from omni_stream.validation.voices import VoiceCatalog, voice_name
 from omni_stream.video.spec import VideoRequest
-from omni_stream.worker import DeviceWorker
+from omni_stream.worker import DeviceWorker, StepSource
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -97,6 +98,29 @@ def throughput_stream(device: str) -> tuple[Callable[[], AbstractContextManager[
         return torch.cuda.stream(torch.cuda.default_stream(device))
 
     return side, default
+
+
+def realtime_streams(device: str) -> Callable[[StepSource], AbstractContextManager[object]] | None:
+    """On CUDA, a context per realtime step source that makes a stream of the source's own current (made on first
+    use, on the worker thread), after the default stream's work so far (the jobs, whose outputs a step may read).
+    One model's step then neither queues its kernels behind another's nor waits, in the copy that ends it, for
+    the other's work. What flows between models goes through the host (tokens, text, codec codes), never a
+    device tensor one stream writes while another reads. None elsewhere."""
+    if not device.startswith("cuda"):
+        return None
+    streams: dict[int, tuple[StepSource, torch.cuda.Stream]] = {}  # id(source) -> (source, its stream)
+
+    @contextlib.contextmanager
+    def on_own_stream(source: StepSource) -> Iterator[None]:
+        held = streams.get(id(source))
+        if held is None or held[0] is not source:
+            held = streams[id(source)] = (source, torch.cuda.Stream(device))
+        stream = held[1]
+        stream.wait_stream(torch.cuda.default_stream(device))
+        with torch.cuda.stream(stream):
+            yield
+
+    return on_own_stream
 
 
 @dataclass(slots=True, frozen=True)
@@ -251,6 +275,7 @@ class AsyncEngine:
             policy=policy,
             throughput_context=side,
             realtime_context=default,
+            source_context=realtime_streams(device) if policy.realtime_streams else None,
             record=record,
         ).start()
         metrics = EngineMetrics()

@@ -163,6 +163,7 @@ class DeviceWorker:
         policy: DevicePolicy | None = None,
         throughput_context: Callable[[], AbstractContextManager[object]] | None = None,
         realtime_context: Callable[[], AbstractContextManager[object]] | None = None,
+        source_context: Callable[[StepSource], AbstractContextManager[object]] | None = None,
         record: bool = False,
     ) -> None:
         """``init`` runs first on the worker thread (thread-local device state, e.g. its own CUDA stream).
@@ -172,6 +173,7 @@ class DeviceWorker:
         ``policy``: how work of several models is ordered (default :class:`DevicePolicy`).
         ``throughput_context``: entered around every throughput step on the worker thread (a side CUDA stream);
         ``realtime_context``: around realtime work run at a yield point inside one (the default stream again).
+        ``source_context``: entered around every realtime step, given its source (a CUDA stream of the source's own).
         ``record``: keep :attr:`log` (the last ``LOG_SIZE`` pieces of work run; tests).
         """
         self.name = name
@@ -190,6 +192,7 @@ class DeviceWorker:
         self.policy = policy if policy is not None else DevicePolicy()
         self._throughput_context = throughput_context
         self._realtime_context = realtime_context
+        self._source_context = source_context
         self._in_throughput = False  # a throughput step runs (worker thread only)
         self._stepping: StepSource | None = None  # the throughput source whose step runs
         self._next_yield_check = 0.0
@@ -413,6 +416,9 @@ class DeviceWorker:
         try:
             if throughput and self._throughput_context is not None:
                 with self._throughput_context():
+                    source.run_step()
+            elif not throughput and self._source_context is not None:
+                with self._source_context(source):
                     source.run_step()
             else:
                 source.run_step()

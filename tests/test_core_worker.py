@@ -196,3 +196,66 @@ async def test_a_failing_init_is_logged_and_the_worker_still_runs(caplog):
     finally:
         await w.aclose()
     assert "init failed" in caplog.text and "no stream today" in caplog.text
+
+
+async def test_each_realtime_step_runs_in_its_sources_context_and_throughput_steps_in_theirs():
+    """``source_context`` (on CUDA: a stream of the source's own) is entered around every realtime step with that
+    source; throughput steps run in ``throughput_context`` instead."""
+    from contextlib import contextmanager
+
+    from omni_stream.device_policy import WorkClass
+
+    entered: list[tuple[str, str]] = []
+    stepped: list[tuple[str, tuple[str, str] | None]] = []
+    done = threading.Event()
+    inside: list[tuple[str, str]] = []
+
+    class Source:
+        def __init__(self, name: str, work_class: WorkClass, steps: int) -> None:
+            self.name, self.work_class, self.left = name, work_class, steps
+
+        def has_work(self) -> bool:
+            return self.left > 0
+
+        def next_deadline(self) -> None:
+            return None
+
+        def urgency(self, now: float) -> float | None:
+            return now if self.left > 0 else None
+
+        def run_step(self) -> None:
+            self.left -= 1
+            stepped.append((self.name, inside[-1] if inside else None))
+            if len(stepped) == 4:
+                done.set()
+
+        def shutdown(self) -> None:
+            pass
+
+    def context(kind: str):
+        @contextmanager
+        def enter(source=None):
+            mark = (kind, source.name if source is not None else "")
+            entered.append(mark)
+            inside.append(mark)
+            try:
+                yield
+            finally:
+                inside.pop()
+
+        return enter
+
+    w = DeviceWorker(
+        name="test-device", threads=1, throughput_context=context("throughput"), source_context=context("own")
+    ).start()
+    sources = [Source("text", WorkClass.REALTIME, 2), Source("speech", WorkClass.REALTIME, 1),
+               Source("image", WorkClass.THROUGHPUT, 1)]  # fmt: skip
+    try:
+        for source in sources:
+            w.attach(source)
+        assert await anyio.to_thread.run_sync(done.wait, 10)
+    finally:
+        await w.aclose()
+    assert sorted(stepped, key=str) == sorted(
+        [("text", ("own", "text")), ("text", ("own", "text")), ("speech", ("own", "speech")),
+         ("image", ("throughput", ""))], key=str)  # fmt: skip

@@ -90,10 +90,11 @@ def test_the_policy_follows_its_tuning_switches():
     assert DevicePolicy.from_tuning(Tuning()) == DevicePolicy()
     tuned = Tuning.from_env(
         {"OMNI_STREAM_DEVICE_POLICY": "rounds", "OMNI_STREAM_THROUGHPUT_WAIT_MS": "250",
-         "OMNI_STREAM_THROUGHPUT_STREAM": "off"}
+         "OMNI_STREAM_THROUGHPUT_STREAM": "off", "OMNI_STREAM_REALTIME_STREAMS": "on"}
     )  # fmt: skip
     policy = DevicePolicy.from_tuning(tuned)
     assert (policy.deadlines, policy.max_wait, policy.throughput_stream) == (False, 0.25, False)
+    assert policy.realtime_streams and not DevicePolicy().realtime_streams
     for env, name in [
         ({"OMNI_STREAM_DEVICE_POLICY": "fifo"}, "OMNI_STREAM_DEVICE_POLICY"),
         ({"OMNI_STREAM_THROUGHPUT_WAIT_MS": "-1"}, "OMNI_STREAM_THROUGHPUT_WAIT_MS"),

@@ -184,6 +184,7 @@ class Tuning:
     device_policy: str = "deadlines"  # realtime work by deadline before throughput work; rounds: all once a round
     throughput_wait_ms: float = 500.0  # the fairness bound: the longest runnable throughput work waits for a step
     throughput_stream: bool = True  # on CUDA, image and video steps on a side stream of their own
+    realtime_streams: bool = False  # on CUDA, each realtime model's steps on a stream of its own (overlapping)
     # Realtime sessions: where semantic_vad's end-of-turn model runs (omni_stream.models.smart_turn): onnxruntime on
     # the CPU, its graph by torch on the GPU, or auto: the GPU where there is one (read when the model loads)
     turn_model_device: str = "auto"
@@ -270,6 +271,7 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("device_policy", "OMNI_STREAM_DEVICE_POLICY", _choice(DEVICE_POLICIES)),
     Switch("throughput_wait_ms", "OMNI_STREAM_THROUGHPUT_WAIT_MS", _milliseconds(60000)),
     Switch("throughput_stream", "OMNI_STREAM_THROUGHPUT_STREAM", ON_OFF),
+    Switch("realtime_streams", "OMNI_STREAM_REALTIME_STREAMS", ON_OFF),
     Switch("turn_model_device", "OMNI_STREAM_TURN_MODEL_DEVICE", _choice(TURN_MODEL_DEVICES)),
 )
 SWITCH_BY_NAME = {s.name: s for s in SWITCHES}

@@ -82,7 +82,7 @@ class _Tail:
     and the kept ones move to the front once per ``keep`` samples (a concatenation per append copied all of them)."""
 
     def __init__(self, keep: int, dtype: type) -> None:
-        self._buf = np.zeros(2 * keep, dtype)
+        self._buf: np.ndarray = np.zeros(2 * keep, dtype)
         self._keep = keep
         self._n = 0  # samples held, at the front
         self.end = 0  # samples appended since the start (the index past the last one)
