@@ -16,12 +16,6 @@ layer by layer over slot-indexed static caches). One step:
    token masked, the first one's begin suppression too; language detection takes the best language token),
    with one device-to-host copy per step.
 
-On CUDA, newcomers that arrive while other rows are decoding are encoded on a stream of their own: the step decodes
-the other rows at once and the newcomers join the first step after their encoder pass has finished, so a pass
-(~5 ms of the H200 an utterance: 30 s of audio through 32 layers for large-v3-turbo) no longer holds up every
-running row's next token, nor the device worker's other models, whose steps run meanwhile. A step with nothing else
-to decode waits for the pass, as a synchronous one would.
-
 The decoder call reads its inputs from one static buffer and writes its picks to another, and runs at a bucketed
 shape (rows, inputs a row, self-attention span: :class:`~omni_stream.models.whisper.shapes.DecodeShapes`). So on
 CUDA the encoder of each batch bucket and the decoder call of each shape are CUDA graphs captured at load
@@ -38,7 +32,6 @@ positions). ``release`` drops a row's state; its slot's cache rows are overwritt
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 from enum import Enum
@@ -82,12 +75,6 @@ class _Row:
     generated: int
     max_new: int
     detok: Detokenizer
-    encoded: Any = None  # CUDA: the event of its encoder pass on the encoder's stream, until the row joins a step
-
-
-def _ready(row: _Row) -> bool:
-    """Whether the row's encoder pass is done (a pass on the encoder's stream may still run)."""
-    return row.encoded is None or bool(row.encoded.query())
 
 
 WhisperSeq = Sequence[WhisperInput]
@@ -168,8 +155,6 @@ class WhisperRunner(StepRecord[WhisperInput]):
         self._rows = torch.arange(max_batch_size, device=self.device)
         self.pad_shapes = True
         self.decode_graphs = GraphSet(self._run, self.device) if use_graphs else None
-        # Encoder passes beside running rows go to this stream (see the module docstring)
-        self._enc_stream = torch.cuda.Stream(self.device) if cuda else None
 
     @property
     def max_batch_size(self) -> int:
@@ -181,19 +166,8 @@ class WhisperRunner(StepRecord[WhisperInput]):
     def step(self, batch: Batch[WhisperInput]) -> list[SeqOutput[TextDelta]]:
         self.record_step(batch)
         if batch.prefill:
-            # beside rows that decode now, the newcomers' pass goes to the encoder's stream and they join later
-            beside = any(isinstance(s.model_state, _Row) and _ready(s.model_state) for s in batch.decode)
-            self._admit(batch.prefill, aside=beside and self._enc_stream is not None)
-        rows_now = [(s, s.model_state) for s in (*batch.prefill, *batch.decode) if isinstance(s.model_state, _Row)]
-        live = [(s, row) for s, row in rows_now if _ready(row)]
-        if not live and rows_now:  # only newcomers still encoding: wait for their pass, as a synchronous one would
-            for _, row in rows_now:
-                row.encoded.synchronize()
-            live = rows_now
-        for _, row in live:
-            if row.encoded is not None:  # its pass is done; the decoder's stream orders after it all the same
-                torch.cuda.current_stream(self.device).wait_event(row.encoded)
-                row.encoded = None
+            self._admit(batch.prefill)
+        live = [(s, s.model_state) for s in (*batch.prefill, *batch.decode) if isinstance(s.model_state, _Row)]
         if not live:
             return []
         # One call a step: a newcomer's prompt widens that step's call for every row (once per request), which
@@ -237,31 +211,22 @@ class WhisperRunner(StepRecord[WhisperInput]):
 
     # --- admission ------------------------------------------------------------------------------------------
 
-    def _admit(self, seqs: tuple[WhisperSeq, ...], *, aside: bool = False) -> None:
+    def _admit(self, seqs: tuple[WhisperSeq, ...]) -> None:
         """Encode the newcomers together at their batch bucket; their cross-attention keys and values go to their
-        slots (the padding rows' to the spare one). ``aside``: on the encoder's stream, each row holding the event
-        its first step waits for."""
+        slots (the padding rows' to the spare one)."""
         n = len(seqs)
         b = pick(self.encode_buckets, n)
         assert b is not None  # the scheduler admits at most max_batch_size
         features = torch.stack([s.payload.features for s in seqs])
         if self.device.type == "cuda":
             features = features.pin_memory()
-        encoded = None
-        stream = self._enc_stream
-        if stream is not None and not aside:  # the static inputs are the encoder stream's until its pass is done
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-        with torch.cuda.stream(stream) if aside and stream is not None else contextlib.nullcontext():
-            self._enc_in[:n].copy_(features, non_blocking=True)
-            self._enc_in[n:b].zero_()
-            self._enc_slots[:n].copy_(self._upload([s.slot for s in seqs]))
-            self._enc_slots[n:b].fill_(self.spare)
-            replayed = self.encode_graphs is not None and self.encode_graphs.replay((b,))
-            if not replayed:
-                self._encode(b)
-            if aside and stream is not None:
-                encoded = torch.cuda.Event()
-                encoded.record(stream)
+        self._enc_in[:n].copy_(features, non_blocking=True)
+        self._enc_in[n:b].zero_()
+        self._enc_slots[:n].copy_(self._upload([s.slot for s in seqs]))
+        self._enc_slots[n:b].fill_(self.spare)
+        replayed = self.encode_graphs is not None and self.encode_graphs.replay((b,))
+        if not replayed:
+            self._encode(b)
         self.encoder_calls += 1
         self.utterances_encoded += n
         if self.record:
@@ -273,8 +238,7 @@ class WhisperRunner(StepRecord[WhisperInput]):
                 (_Phase.DETECT, [self.tokens.sot]) if prompt.detect else (_Phase.DECODE, [*prompt.tokens()])
             )
             max_new = max(1, min(payload.max_new_tokens, self.positions - prompt.length))
-            detok = Detokenizer(self._decode_text, self.tokens.eot)
-            seq.model_state = _Row(phase, pending, 0, 0, max_new, detok, encoded)
+            seq.model_state = _Row(phase, pending, 0, 0, max_new, Detokenizer(self._decode_text, self.tokens.eot))
             self.live.add(seq.seq_id)
             if self.record:
                 self.log.append(("admit", seq.seq_id, seq.request_id))
