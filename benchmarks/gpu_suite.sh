@@ -203,7 +203,7 @@ else
   bench grammar 90 40 "$B/constrained_bench.py" --gpu
   bench asr   100 40 "$B/asr_bench.py" --from-config "$B/configs/whisper-large-v3-turbo" --device cuda
   bench chat  130 60 "$B/chat_bench.py"
-  bench voice 230 80 "$B/voice_bench.py" --build dummy --device cuda --levels 1,16,32 --max-batch 32 \
+  bench voice 230 80 "$B/voice_bench.py" --build dummy --device cuda --levels "${SUITE_VOICE_LEVELS:-1,16,32}" --max-batch 32 \
     --turns semantic_vad --arrivals at-once
   # server ~100 s and a warm-up of every route (run 29): the mixed scenarios at c=32 alone fill one call
   named colocation 545 300 "$B/colocation_bench.py" --gpu --scenarios mixed --transports ws --levels 32

@@ -243,15 +243,15 @@ def work_route(app: Any, lag: LoopLag) -> Any:
                     "run_ms_mean": round(1000 * jobs.run_s / jobs.jobs, 2) if jobs.jobs else None}  # fmt: skip
 
         # this loop's preparation threads: the prompts' and turn detection's (the sessions' audio feeds)
-        prepare, turns = lane_use(Lane.PROMPTS), lane_use(Lane.TURNS)
+        prepare, turns, judge = lane_use(Lane.PROMPTS), lane_use(Lane.TURNS), lane_use(Lane.JUDGE)
         # the ASR's encoder passes (each a step's newcomers): few with many utterances each, or many with one
         kind = ModelKind.TRANSCRIPTION
         asr = getattr(engine.models.get(kind), "runner", None) if kind in engine.models else None
         calls, utterances = getattr(asr, "encoder_calls", 0), getattr(asr, "utterances_encoded", 0)
         encoder = {"calls": calls - encoded["calls"], "utterances": utterances - encoded["utterances"]}
         encoded["calls"], encoded["utterances"] = calls, utterances
-        return JSONResponse({**profile.summary(), "prepare": prepare, "turns": turns, "asr_encoder": encoder,
-                             "loop_lag": lag.take()})  # fmt: skip
+        return JSONResponse({**profile.summary(), "prepare": prepare, "turns": turns, "judge": judge,
+                             "asr_encoder": encoder, "loop_lag": lag.take()})  # fmt: skip
 
     return work
 

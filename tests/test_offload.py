@@ -211,3 +211,33 @@ async def test_turn_detection_has_threads_of_its_own_that_never_wait_behind_prom
     assert all(await asyncio.gather(*busy))
     turns = preparer(lane=Lane.TURNS)
     assert turns is not prompts and turns.threads == TURN_THREADS
+
+
+async def test_judgements_have_a_thread_of_their_own_that_never_waits_behind_feeds() -> None:
+    """The end-of-turn model's batched judgements go to the JUDGE lane: feeds holding every turn-detection thread do
+    not hold them up (behind 32 sessions' feeds, a 5-14 ms judgement waited 84-213 ms on average on the GPU host)."""
+    gate = threading.Event()
+    turns = preparer(lane=Lane.TURNS)
+
+    def hold(items: list[int]) -> list[bool]:
+        return [gate.wait(10) for _ in items]
+
+    busy = []
+    for i in range(turns.threads):  # a pass each: each pass's thread job holds a turn-detection thread
+        busy.append(asyncio.ensure_future(run_prepare_batched(hold, i, Lane.TURNS)))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
+    def judge(items: list[int]) -> list[int]:
+        assert threading.current_thread().name.startswith("omni-stream-judge")
+        return [i * 10 for i in items]
+
+    try:
+        judged = await asyncio.wait_for(
+            asyncio.gather(*(run_prepare_batched(judge, i, Lane.JUDGE) for i in range(3))), timeout=5
+        )
+    finally:
+        gate.set()
+    assert judged == [0, 10, 20]
+    assert all(await asyncio.gather(*busy))
+    assert preparer(lane=Lane.JUDGE).threads == 1

@@ -188,23 +188,27 @@ class Preparer:
 
 
 class Lane(StrEnum):
-    """A loop's preparation threads by the work they take: a request's prompt (``PROMPTS``) or a realtime session's
-    turn detection (``TURNS``). Turn detection has threads of its own: queued behind a burst of prompts (the agents'
-    replies, built when their turns end), the sessions' audio feeds waited up to 0.24-0.47 s on the H200 host
-    (voice_bench run 32), and every such wait is added to the time a turn takes to end."""
+    """A loop's preparation threads by the work they take: a request's prompt (``PROMPTS``), a realtime session's
+    turn detection over its latest audio (``TURNS``), or the end-of-turn model's batched judgement of the pauses of
+    one pass (``JUDGE``, on the GPU). Turn detection has threads of its own: queued behind a burst of prompts (the
+    agents' replies, built when their turns end), the sessions' audio feeds waited up to 0.24-0.47 s on the H200 host
+    (voice_bench run 32), and every such wait is added to the time a turn takes to end. The judgements have one
+    more: queued behind the feeds of 32 sessions they waited 84-213 ms on average for a 5-14 ms call (runs 34-37)."""
 
     PROMPTS = "prompts"
     TURNS = "turns"
+    JUDGE = "judge"
 
 
 TURN_THREADS = 2  # a pass's feeds are one network call (run_prepare_batched); a second thread takes the next pass
-
+_LANE_THREADS = {Lane.PROMPTS: PREPARE_THREADS, Lane.TURNS: TURN_THREADS, Lane.JUDGE: 1}  # a judgement: one GPU call
 _PREPARERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Lane, Preparer]] = weakref.WeakKeyDictionary()
 
 
 def preparer(threads: int | None = None, lane: Lane = Lane.PROMPTS) -> Preparer:
     """The running event loop's preparer for ``lane``, made on first use with ``threads`` threads (None:
-    :data:`PREPARE_THREADS` for prompts, :data:`TURN_THREADS` for turns; its threads end when the loop is gone).
+    :data:`PREPARE_THREADS` for prompts, :data:`TURN_THREADS` for turns, one for judgements; its threads end when the
+    loop is gone).
     Given another number than the one it has, it is replaced: jobs already handed to the old one finish there."""
     loop = asyncio.get_running_loop()
     lanes = _PREPARERS.setdefault(loop, {})
@@ -213,9 +217,9 @@ def preparer(threads: int | None = None, lane: Lane = Lane.PROMPTS) -> Preparer:
         found.shutdown()
         found = None
     if found is None:
-        default = PREPARE_THREADS if lane is Lane.PROMPTS else TURN_THREADS
+        default = _LANE_THREADS[lane]
         found = lanes[lane] = Preparer(
-            default if threads is None else threads, "prepare" if lane is Lane.PROMPTS else "turns"
+            default if threads is None else threads, "prepare" if lane is Lane.PROMPTS else lane.value
         )
         weakref.finalize(loop, found.shutdown)
     return found

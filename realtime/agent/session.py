@@ -598,9 +598,10 @@ class RealtimeSession:
         await self._apply(self.protocol.turn_events, epoch, events, detector.fed)
         if detector.judging:  # the end-of-turn model after the pause's event went out: work started there overlaps it
             queued = time.perf_counter()
-            if detector.model is not None and detector.model.batches:  # the pass's pauses in one call (on the GPU)
+            if detector.model is not None and detector.model.batches:  # the pass's pauses in one call (on the GPU),
+                # on a thread of their own: never queued behind the feeds (this session's next feed waits for it)
                 events, wait_s, run_s, cpu_s = await run_prepare_batched(
-                    _judge_many_timed, (detector, queued), Lane.TURNS
+                    _judge_many_timed, (detector, queued), Lane.JUDGE
                 )
             else:  # a thread each: concurrent calls on CPU cores
                 events, wait_s, run_s, cpu_s = await anyio.to_thread.run_sync(_judge_timed, detector, queued)
