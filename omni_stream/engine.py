@@ -102,10 +102,11 @@ def throughput_stream(device: str) -> tuple[Callable[[], AbstractContextManager[
 
 def realtime_streams(device: str) -> Callable[[StepSource], AbstractContextManager[object]] | None:
     """On CUDA, a context per realtime step source that makes a stream of the source's own current (made on first
-    use, on the worker thread), after the default stream's work so far (the jobs, whose outputs a step may read).
-    One model's step then neither queues its kernels behind another's nor waits, in the copy that ends it, for
-    the other's work. What flows between models goes through the host (tokens, text, codec codes), never a
-    device tensor one stream writes while another reads. None elsewhere."""
+    use, on the worker thread), after the default stream's work so far (the jobs, whose device outputs a step may
+    read). One model's step then neither queues its kernels behind another's nor waits, in the copy that ends it,
+    for the other's work; what one model hands another goes through the host (tokens, text, codec codes). None
+    elsewhere. Measured on the H200 (voice_bench run 37) it made the voice agent slower under load (the steps'
+    kernels contend instead of queueing): off by default."""
     if not device.startswith("cuda"):
         return None
     streams: dict[int, tuple[StepSource, torch.cuda.Stream]] = {}  # id(source) -> (source, its stream)

@@ -16,7 +16,7 @@ operator kinds), so it is interpreted here with torch operators, reading the sam
   up to 0.07 off, float64 0.04 (onnxruntime's own unfused run of the same graph differs from its fused one by up to
   0.17 on the tests' clips; the tests bound the difference and require the same decisions);
 - shapes (``Shape``, ``Gather``, ``Slice``, ``Concat`` of integers) stay CPU integer tensors; values live on
-  ``device``, and so do the constants a node on the device reads (zero points, scales, indices): moved once at
+  ``device``, and so do the constants a node on the device reads (quantization zero points and scales): placed at
   load, never per call. A per-call host-to-device copy of pageable memory waits for the stream's work before it, so
   the first GPU runs, which copied each quantization's zero point per call, spent 125-230 ms of wall time per call
   under load on the H200 host (voice_bench run 33) where the kernels take a few milliseconds.
@@ -110,7 +110,7 @@ class TorchGraph:
         # The weights the products read, in float64 once here rather than converted on every call
         exact = {name for node in self._nodes if node.op in _EXACT_OPS for name in node.inputs if name in values}
         self._constants = {name: t.double() if name in exact else t for name, t in values.items()}  # read-only
-        # Constants a node reads beside device values (zero points, scales, indices): on the device once, here
+        # Constants a node reads beside device values (quantization zero points and scales): on the device once, here
         for node in self._nodes:
             if node.op in _DEVICE_OPERANDS:
                 for k in _DEVICE_OPERANDS[node.op]:

@@ -119,8 +119,9 @@ def load_smart_turn() -> EndOfTurn:
     and weights run by torch on the GPU (:mod:`.graph`); ``auto`` (default), the GPU where there is one.
 
     On the H200 the GPU's CUDA graphs took a pause's judgement from 62-106 ms (onnxruntime, one session) and 220-310
-    ms (sixteen sessions pausing together) to 12 ms and 45-93 ms of a batch call, and voice-to-voice from 435 to 321
-    ms at one session and 1794 to 968 ms p95 at sixteen (voice_bench runs 32 and 34, gpu_suite.md)."""
+    ms (sixteen sessions pausing together) to 4-8 ms and 14-36 ms of a batch call, and voice-to-voice from 435 to
+    311-321 ms at one session and from 1794 to 968-1135 ms p95 at sixteen (voice_bench runs 32, 34 and 38,
+    gpu_suite.md)."""
     global _MODEL
     with _LOCK:
         if _MODEL is None:
