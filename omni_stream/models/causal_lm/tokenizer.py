@@ -8,12 +8,13 @@ decoding runs on the device worker, through the Rust ``tokenizers`` object direc
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from omni_stream.errors import ConfigError, InvalidRequestError
-from omni_stream.requests import TextRequest
+from omni_stream.requests import ChatMessage, Role, TextRequest
 from omni_stream.text.chat_template import template_messages, template_tools
 
 
@@ -34,6 +35,11 @@ class ChatTokenizer:
         backend = getattr(self._tok, "backend_tokenizer", None)
         self._backend = backend if hasattr(backend, "decode") else None
         self.has_chat_template = bool(getattr(self._tok, "chat_template", None))
+        if self.has_chat_template:
+            # The template compiles on its first use (9 ms against 0.3 on a 2-core CPU): here, at load, not in the
+            # first request's prompt (a voice agent's first answer after start)
+            with contextlib.suppress(InvalidRequestError):  # compiled even where it refuses a lone user message
+                self.encode(TextRequest(messages=(ChatMessage(Role.USER, "Hello."),)))
 
     @property
     def hf(self) -> Any:
