@@ -64,6 +64,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import math
 import os
 import platform
 import socket
@@ -137,6 +138,7 @@ def serve(args: argparse.Namespace) -> None:
 
     from omni_stream.engine import AsyncEngine, ModelSource
     from omni_stream.family import ModelKind
+    from omni_stream.realtime.agent.trace import SessionTraces
     from omni_stream.realtime.app import create_app
     from omni_stream.realtime.settings import Settings
 
@@ -174,12 +176,14 @@ def serve(args: argparse.Namespace) -> None:
             record=True,  # the worker's log, for each level's work profile
         )
 
+    traces = SessionTraces()
     settings = Settings(vad_factory=vad_factory, enable_benchmark_fields=args.max_output_tokens is not None,
                         realtime_transcription_max_tokens=args.asr_max_tokens,
-                        realtime_bench_first_unit_tokens=args.first_unit_tokens)  # fmt: skip
+                        realtime_bench_first_unit_tokens=args.first_unit_tokens, realtime_trace=traces)  # fmt: skip
     app = create_app(load, settings)
     lag = LoopLag()
     app.router.routes.insert(0, Route("/bench/work", work_route(app, lag)))
+    app.router.routes.insert(0, Route("/bench/trace", trace_route(traces)))
     config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", ws_max_size=32 << 20)
 
     class Server(uvicorn.Server):
@@ -254,6 +258,17 @@ def work_route(app: Any, lag: LoopLag) -> Any:
                              "asr_encoder": encoder, "loop_lag": lag.take()})  # fmt: skip
 
     return work
+
+
+def trace_route(traces: Any) -> Any:
+    """``GET /bench/trace`` (this benchmark's server only): the sessions' timelines since the last call
+    (:mod:`omni_stream.realtime.agent.trace`)."""
+    from starlette.responses import JSONResponse
+
+    async def trace(request: Any) -> Any:
+        return JSONResponse([{"session_id": t.session_id, "marks": list(t.marks)} for t in traces.take()])
+
+    return trace
 
 
 def fetch_work(port: int) -> dict[str, Any]:
@@ -439,8 +454,8 @@ async def one_session(url: str, args: argparse.Namespace, turns: str, delay: flo
     loop = asyncio.get_running_loop()
     result: dict[str, Any] = {}
     async with websockets.connect(url, max_size=None) as ws:
-        for _ in range(2):
-            await ws.recv()  # session.created, conversation.created
+        result["session_id"] = json.loads(await ws.recv())["session"]["id"]  # session.created
+        await ws.recv()  # conversation.created
         if turns == "semantic_vad":
             vad: dict[str, Any] = {"type": "semantic_vad", "eagerness": args.eagerness}
         else:
@@ -500,6 +515,7 @@ async def one_session(url: str, args: argparse.Namespace, turns: str, delay: flo
 
         async with asyncio.timeout(args.session_timeout):
             await asyncio.gather(speak(), listen())
+    result["marks"] = marks  # loop.time() is time.monotonic(): the server's timeline clock (trace_line)
     if "first_audio" in marks:
         result["v2v_ms"] = 1000 * (marks["first_audio"] - marks["speech_end"])
         result["server_v2v_ms"] = 1000 * (marks["first_audio"] - marks["stopped"])
@@ -572,7 +588,44 @@ async def run_level(
         "error_events": sorted({e for o in ok for e in o.get("errors", [])}),
         "failures": failures[:5],
         "wall_s": round(wall, 2),
+        "_sessions": [(o["session_id"], o["marks"]) for o in ok],  # placed against the server's timelines, then dropped
     }
+
+
+def fetch_trace(port: int) -> dict[str, list[tuple[str, float]]]:
+    """The server's session timelines since the last call (``GET /bench/trace``): session id -> marks."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/bench/trace", timeout=30) as response:
+        return {t["session_id"]: [(name, at) for name, at in t["marks"]] for t in json.loads(response.read())}
+
+
+def turn_timeline(
+    sessions: list[tuple[str, dict[str, float]]], timelines: dict[str, list[tuple[str, float]]]
+) -> dict[str, dict[str, float | None]]:
+    """Each server mark of the answered turn, ms after the end of the user's speech, over the sessions (p50, p95,
+    ...): the first of each name from 300 ms before the speech's end (a quiet can fall inside the recording's tail) to
+    the first audio byte's arrival at the client, in the order of their medians. ``client:first_audio`` is that
+    arrival."""
+    offsets: dict[str, list[float]] = {}
+    for sid, marks in sessions:
+        end, first_audio = marks.get("speech_end"), marks.get("first_audio")
+        if end is None or first_audio is None:
+            continue
+        seen: set[str] = set()
+        for name, at in sorted(timelines.get(sid, []), key=lambda m: m[1]):
+            if name in seen or not end - 0.3 <= at <= first_audio:
+                continue
+            seen.add(name)
+            offsets.setdefault(name, []).append(1000 * (at - end))
+        offsets.setdefault("client:first_audio", []).append(1000 * (first_audio - end))
+    stats = {name: summary(values) | {"sessions": len(values)} for name, values in offsets.items()}
+    return dict(sorted(stats.items(), key=lambda kv: kv[1]["p50"] if kv[1]["p50"] is not None else math.inf))
+
+
+def trace_line(timeline: dict[str, dict[str, float | None]]) -> str:
+    parts = [f"{name} {s['p50']:.0f}/{s['p95']:.0f}" for name, s in timeline.items() if s["p50"] is not None]
+    return "    server timeline, ms after speech end (p50/p95): " + ", ".join(parts)
 
 
 def table(levels: list[dict[str, Any]]) -> str:
@@ -675,9 +728,11 @@ def main(argv: list[str] | None = None) -> int:
                 for n in levels:
                     for round_ in ("cold", "warm"):
                         fetch_work(port)  # the profile's window starts with the level
+                        fetch_trace(port)
                         judged = fetch_turn_model(port)
                         results.append(asyncio.run(run_level(url, n, args, turns, arrivals, round_)))
                         results[-1]["work"] = fetch_work(port)
+                        results[-1]["timeline"] = turn_timeline(results[-1].pop("_sessions"), fetch_trace(port))
                         results[-1]["turn_model"] = turn_model_use(judged, fetch_turn_model(port))
                         print(table(results[-1:]).splitlines()[-1], flush=True)
                         print(work_line(results[-1]["work"]), flush=True)
@@ -688,6 +743,7 @@ def main(argv: list[str] | None = None) -> int:
                               f"{loop_lag['mean_ms']} ms mean (max {loop_lag['max_ms']})", flush=True)  # fmt: skip
                         if turns == "semantic_vad":
                             print(turn_model_line(results[-1]["turn_model"]), flush=True)
+                        print(trace_line(results[-1]["timeline"]), flush=True)
     report = {
         "benchmark": "voice_bench",
         "mode": mode,

@@ -12,6 +12,7 @@ from omni_stream.realtime.agent.limits import MAX_TEXT_CHARS
 from omni_stream.vision.limits import FrameLimits
 
 if TYPE_CHECKING:  # numpy and the codecs: not for `serve --help`
+    from omni_stream.realtime.agent.trace import SessionTraces
     from omni_stream.turns.detector import TurnModelFactory
     from omni_stream.turns.vad import VadFactory
 
@@ -120,6 +121,8 @@ class Settings:
     # model beside the instructions (session.truncation drops older turns, never the newest). 128 Whisper tokens are
     # about 30 s of speech, Whisper's whole window; a random-weight ASR, which never ends a transcript, stops there.
     realtime_transcription_max_tokens: int | None = 128
+    # Benchmarks only: each realtime session's timeline (when its turn's steps happened) collects here; None: off
+    realtime_trace: SessionTraces | None = None
     rtc_concurrency_limit: int = 8  # WebRTC sessions at once (fastrtc answers more with concurrency_limit_reached)
     rtc_ice_servers: tuple[str, ...] = ()  # STUN/TURN URLs for WebRTC; none: host candidates only
 

@@ -105,12 +105,15 @@ async def test_the_committed_transcript_is_the_speculation_at_the_pause_and_equa
 async def test_semantic_vad_speculates_at_the_quiet_and_its_pause_keeps_that_work(whisper_dir):
     """``semantic_vad``: the turn's transcript starts when the speech has been quiet ``QUIET_MS``, at the position
     the pause will have; the pause there keeps it (no second transcription of the same audio), and the committed
-    transcript is that speculation, equal to a transcription of the whole committed audio."""
+    transcript is that speculation, equal to a transcription of the whole committed audio. The session's timeline
+    (benchmarks' ``realtime_trace``) marks those steps in the order they happened."""
+    from omni_stream.realtime.agent.trace import SessionTraces
     from omni_stream.turns.detector import TurnEventKind
     from omni_stream.turns.rules import Eagerness, TurnType
 
     engine = await AsyncEngine.load({"asr": ModelSource(whisper_dir, kind=ModelKind.TRANSCRIPTION)}, progress=False)
-    settings = Settings(realtime_transcription_max_tokens=MAX_TOKENS)
+    traces = SessionTraces()
+    settings = Settings(realtime_transcription_max_tokens=MAX_TOKENS, realtime_trace=traces)
     audio = np.concatenate([silence(300), espeak("What is the weather like in Paris today?"), silence(2500)])
     audio = audio[: audio.size - audio.size % (RATE // 10)]  # whole appends
     async with engine:
@@ -183,3 +186,16 @@ async def test_semantic_vad_speculates_at_the_quiet_and_its_pause_keeps_that_wor
         completed = events[-1].body["transcript"]
         assert completed and completed == await transcribe(engine, samples)
         assert live["engine_requests"] == 0 and live["transcriptions"] == 0
+        [timeline] = traces.take()
+        assert timeline.session_id == session.protocol.session_id and not traces.take()
+        names = [name for name, _ in timeline.marks]
+        times = [at for name, at in timeline.marks if name != "judge:queued"]
+        assert times == sorted(times)  # marked as they happened (the judgement's queueing is back-dated)
+        turn = names[len(names) - 1 - names[::-1].index("vad:quiet") :]  # from the turn's quiet on
+        first = {name: turn.index(name) for name in reversed(turn)}
+        steps = ["vad:quiet", "transcribe:spec", "vad:paused", "judge:stopped",
+                 "event:input_audio_buffer.speech_stopped", "event:input_audio_buffer.committed"]  # fmt: skip
+        assert [first[n] for n in steps] == sorted(first[n] for n in steps), turn
+        done = "event:conversation.item.input_audio_transcription.completed"
+        assert first["transcribe:spec"] < first["asr:spec:submitted"] < first["asr:spec:done"] <= first[done], turn
+        assert "transcribe:item" not in turn  # the committed turn kept the speculation

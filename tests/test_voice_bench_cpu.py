@@ -75,12 +75,22 @@ def test_the_smoke_run_measures_voice_to_voice_its_split_and_barge_in(tmp_path):
         else:
             assert turn_model == {"judged": 0, "wait_ms_mean": None, "run_ms_mean": None, "cpu_ms_mean": None,
                                   "wait_ms_p95_under": None, "run_ms_p95_under": None}  # fmt: skip
+        # the server's timeline of the answered turn, placed against the client's marks: every session's turn was
+        # stopped, committed and answered, the answer's audio queued before the client got it
+        timeline = level["timeline"]
+        for name in ("event:input_audio_buffer.speech_stopped", "event:input_audio_buffer.committed",
+                     "lm:submitted", "engine:audio", "audio:queued", "client:first_audio"):  # fmt: skip
+            assert timeline[name]["sessions"] == level["sessions"], (name, timeline)
+        order = list(timeline)  # by median
+        assert order.index("event:input_audio_buffer.speech_stopped") < order.index("audio:queued"), order
+        assert timeline["audio:queued"]["p50"] <= timeline["client:first_audio"]["p50"] == v2v["p50"], timeline
     assert "barge p50" in proc.stdout and "semantic_vad" in proc.stdout and "worker busy" in proc.stdout
     assert "pauses judged" in proc.stdout and "turn detection threads" in proc.stdout and "ASR encoder" in proc.stdout
     assert (
         "first spoken unit: 3 words" in proc.stdout
         and "server loop late by" in proc.stdout
         and report["settings"]["first_unit_tokens"] == 3
+        and "server timeline, ms after speech end" in proc.stdout
     )
 
 

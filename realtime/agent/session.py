@@ -73,6 +73,7 @@ from omni_stream.realtime.agent.outputs import (
     VadFactory,
 )
 from omni_stream.realtime.agent.protocol import RealtimeProtocol
+from omni_stream.realtime.agent.trace import TRACED_EVENTS, Timeline
 from omni_stream.realtime.agent.truncation import ContextExceeded, fit
 from omni_stream.realtime.settings import Settings
 from omni_stream.realtime.state import HttpMetrics
@@ -232,6 +233,8 @@ class RealtimeSession:
         self._transcriptions: dict[str, list[anyio.CancelScope]] = {}
         self.finished = anyio.Event()  # set once the session has ended (server shutdown waits on it)
         self.closed = False
+        traces = settings.realtime_trace  # benchmarks: when each step of a turn happened (realtime.agent.trace)
+        self.timeline: Timeline | None = traces.open(self.protocol.session_id) if traces is not None else None
 
     # --- lifetime ---
 
@@ -320,6 +323,8 @@ class RealtimeSession:
                 out = await anyio.to_thread.run_sync(transition, *args)
             else:
                 out = transition(*args)
+            if self.timeline is not None:
+                self._trace(out)
             close = self._execute(out.commands)
             # Shielded: a transition that cancels the calling task (its own response) still sends its events.
             with anyio.CancelScope(shield=True):
@@ -330,6 +335,23 @@ class RealtimeSession:
                         await self._send.send(close)
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                     pass  # the transport is gone: the session is ending
+
+    def _mark(self, name: str) -> None:
+        if self.timeline is not None:
+            self.timeline.mark(name)
+
+    def _trace(self, out: Outputs) -> None:
+        """Mark the turn's events queued and the engine work commanded (benchmarks)."""
+        for event in out.events:
+            if event.type in TRACED_EVENTS:
+                self._mark(f"event:{event.type}")
+        for cmd in out.commands:
+            if isinstance(cmd, Transcribe):
+                self._mark("transcribe:" + ("spec" if cmd.item_id.startswith("spec_") else "item"))
+            elif isinstance(cmd, StartResponse):
+                self._mark("respond:" + ("held" if cmd.preemptive else "now"))
+            elif isinstance(cmd, AdoptResponse | CancelResponse | CancelTranscription):
+                self._mark(f"cmd:{type(cmd).__name__}")
 
     def _execute(self, commands: list[Command]) -> SessionClose | None:
         """Carry out commands; synchronous, so aborts happen before any other task runs."""
@@ -420,13 +442,18 @@ class RealtimeSession:
                 await self._apply(self.protocol.response_failed, rid, _message(exc))
                 return
             self._streams[rid] = stream
+            self._mark("lm:submitted")
             try:
                 async with stream:
                     outputs: AsyncIterator[StageOutput] = aiter(stream)
+                    if self.timeline is not None:
+                        outputs = self._traced(outputs)
                     if held is not None:
                         outputs = await self._hold(held, outputs)
                         rid = held.rid
+                        self._mark("held:adopted")
                     pacer = audio_pacer(self.settings.realtime_run_ahead_seconds, self.clock)
+                    sent = False
                     async for out in outputs:
                         chunk = out.chunk
                         if isinstance(chunk, Audio):
@@ -435,6 +462,9 @@ class RealtimeSession:
                                 heavy = chunk.n_samples > 12000 or self._resamples_output()
                                 await self._apply(self.protocol.response_audio, rid, _mono(chunk.samples), heavy=heavy)
                                 pacer.sent(chunk.duration)
+                                if not sent:
+                                    sent = True
+                                    self._mark("audio:queued")
                         elif isinstance(chunk, TextDelta):
                             if chunk.tool_calls:
                                 await self._apply(self.protocol.response_tool_call, rid, chunk.tool_calls)
@@ -480,6 +510,21 @@ class RealtimeSession:
             context -= min(context - 1, int(count_tools(cmd.tools)))
         return tuple(fit(list(cmd.messages), tokens, context, cmd.max_tokens, cmd.truncation))
 
+    async def _traced(self, outputs: AsyncIterator[StageOutput]) -> AsyncIterator[StageOutput]:
+        """``outputs``, marking the first text of each stage and the first audio as they come out of the engine."""
+        seen: set[str] = set()
+        async for out in outputs:
+            chunk = out.chunk
+            name = None
+            if isinstance(chunk, Audio) and chunk.n_samples:
+                name = "engine:audio"
+            elif isinstance(chunk, TextDelta) and chunk.text:
+                name = f"engine:{out.stage}_text"
+            if name is not None and name not in seen:
+                seen.add(name)
+                self._mark(name)
+            yield out
+
     async def _hold(self, held: Held, outputs: AsyncIterator[StageOutput]) -> AsyncIterator[StageOutput]:
         """Read a preemptive response up to its first audio (text-only: its first text) and wait to be adopted; the
         outputs from there on, those read included. Reading stops while it waits, so the models pause at their
@@ -492,6 +537,7 @@ class RealtimeSession:
             if isinstance(out.chunk, TextDelta) and out.stage == "text" and out.chunk.text and not held.speak:
                 break
         held.holding.set()
+        self._mark("held:ready")
         await held.adopted.wait()
 
         async def rest() -> AsyncIterator[StageOutput]:
@@ -519,10 +565,15 @@ class RealtimeSession:
                                                max_tokens=self.settings.realtime_transcription_max_tokens)  # fmt: skip
                 stream = self.engine.generate(request)
                 self._asr_streams[(item, index)] = stream
+                kind = "spec" if item.startswith("spec_") else "item"
+                self._mark(f"asr:{kind}:submitted")
                 async with stream:
                     async for out in stream:
                         if isinstance(out.chunk, TextDelta):
+                            if self.timeline is not None and out.chunk.text:
+                                self._mark(f"asr:{kind}:delta")
                             await self._apply(self.protocol.transcription_delta, item, index, out.chunk.text)
+                self._mark(f"asr:{kind}:done")
                 usage = stream.usage.get(ModelKind.TRANSCRIPTION)
                 audio_tokens, text_tokens = (usage.input_tokens, usage.output_tokens) if usage else (0, 0)
                 await self._apply(self.protocol.transcription_done, item, index, audio_tokens, text_tokens)
@@ -595,6 +646,8 @@ class RealtimeSession:
         # appends of one pass are fed together, their VADs in one network call: fed one after another, 32 sessions'
         # appends of one pass waited up to 0.8 s on the H200 host (voice_bench run 30: 7.7 ms a feed under load).
         events = await run_prepare_batched(feed_many, (detector, samples), Lane.TURNS)
+        for event in events if self.timeline is not None else ():
+            self._mark(f"vad:{event.kind}")
         await self._apply(self.protocol.turn_events, epoch, events, detector.fed)
         if detector.judging:  # the end-of-turn model after the pause's event went out: work started there overlaps it
             queued = time.perf_counter()
@@ -607,6 +660,9 @@ class RealtimeSession:
                 events, wait_s, run_s, cpu_s = await anyio.to_thread.run_sync(_judge_timed, detector, queued)
             if self.metrics is not None:
                 self.metrics.observe_turn_model(wait_s, run_s, cpu_s)
+            if self.timeline is not None:
+                self.timeline.mark("judge:queued", at=time.monotonic() - (time.perf_counter() - queued))
+                self._mark("judge:" + ",".join(e.kind for e in events))
             await self._apply(self.protocol.turn_events, epoch, events, detector.fed)
 
     async def _expire_later(self) -> None:
