@@ -441,13 +441,20 @@ def request_fields(args: argparse.Namespace, mode: str) -> RequestFields:
     return RequestFields(mode, args.ref_seconds, args.ref_pool, args.initial_frames)
 
 
-async def load_engine(ckpt: Path, args: argparse.Namespace, label: str):
-    """The in-process engine on ``ckpt`` (dummy weights), with its load and capture times."""
+async def load_engine(ckpt: Path, args: argparse.Namespace, label: str, *, record: bool = False):
+    """The in-process engine on ``ckpt`` (dummy weights), with its load and capture times; ``record``: its device
+    worker keeps a log of its work (``engine.worker.log``, for a work profile)."""
     from omni_stream.engine import AsyncEngine
 
     t0 = time.perf_counter()
     engine = await AsyncEngine.from_pretrained(
-        ckpt, device=args.device, dtype=args.dtype, load_format="dummy", max_batch_size=args.max_batch, progress=True
+        ckpt,
+        device=args.device,
+        dtype=args.dtype,
+        load_format="dummy",
+        max_batch_size=args.max_batch,
+        progress=True,
+        record=record,
     )
     family = engine.models.speech()
     info = {

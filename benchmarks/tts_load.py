@@ -82,6 +82,7 @@ from tts_clients import (
 )
 
 from omni_stream.metrics import percentile
+from omni_stream.runtime.work_profile import work_profile
 
 TRANSPORTS = ("inproc", "http", "ws")
 WARMUP_FRAMES = 12
@@ -236,6 +237,7 @@ async def run_rate(transport: Transport, rate: float, args: argparse.Namespace, 
     await asyncio.gather(*tasks)
     stop.set()
     await sampler
+    ended = time.perf_counter()
     after = await transport.counters()
     level = summarize_rate(rate, args.duration, records, lags, t0, transport.samples_per_frame)
     for point in timeline:  # the client's own count of requests in flight at each sample
@@ -249,6 +251,8 @@ async def run_rate(transport: Transport, rate: float, args: argparse.Namespace, 
            if "error" not in r else [None, None, None])
         for r in sorted(records, key=lambda r: r["index"])
     ]  # fmt: skip
+    if transport.engine is not None and transport.engine.worker.record:  # in process: the worker's time, by work
+        level["work"] = work_profile(transport.engine.worker.log, t0, ended).summary()
     if transport.timer is not None:
         level.update(transport.timer.summary(-1))
         transport.timer.reset()
@@ -322,6 +326,10 @@ def print_rate(tag: str, transport: str, lv: dict) -> None:
         f" | lag p99 {lv['send_lag_ms_p99']:.1f} ms",
         flush=True,
     )
+    if "work" in lv:  # in process: where the device worker's time went while the rate ran
+        work = lv["work"]
+        parts = ", ".join(f"{k} {v:.2f} s ({work['counts'][k]})" for k, v in list(work["seconds"].items())[:5])
+        print(f"    worker busy {100 * work['busy_fraction']:.0f}% of {work['span_s']:.1f} s: {parts}", flush=True)
 
 
 # --- one arm: a server (or an engine) with its environment, every mode, lengths, transport and rate ---
@@ -410,7 +418,8 @@ async def run_inproc(ckpt: Path, args: argparse.Namespace, arm: str, env: dict[s
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # the family reads its switches when it loads
     try:
-        engine, info = await load_engine(ckpt, args, args.tag + (f" {arm}" if arm else ""))
+        # the worker's log: where its time went at each rate (the talker's steps, the codec's windows, idle)
+        engine, info = await load_engine(ckpt, args, args.tag + (f" {arm}" if arm else ""), record=True)
     finally:
         for k, v in saved.items():
             if v is None:

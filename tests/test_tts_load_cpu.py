@@ -89,8 +89,12 @@ def test_every_rate_sends_its_poisson_arrivals_and_reports_the_figures(custom, s
                 assert lv["ttfa_arrival_p95_ms"] >= lv["ttfa_p50_ms"]
             if transport == "inproc":
                 assert lv["prefill_steps"] >= 1 and lv["talker_steps"] >= max(s.frames for _, s in plan)
+                work = lv["work"]  # the worker's time while the rate ran: the talker's steps among it
+                assert work["complete"] and 0 < work["busy_fraction"] <= 1 and work["counts"]["step:talker"] > 0
+                assert abs(sum(work["seconds"].values()) - work["span_s"]) < 0.01 * len(work["seconds"])
             else:
                 assert lv["server_step_ms_mean"] > 0 and lv["talker_steps"] > 0
+                assert "work" not in lv  # a server's worker is not this process's
         frames = {f for lv in res["rates"] for _, f, *_ in lv["requests_detail"]}
         assert frames == {6} if "-" not in spec else (min(frames) >= 5 and max(frames) <= 10 and len(frames) > 1)
 
