@@ -50,6 +50,9 @@
 # suite.log (this output), suite.json (status of each benchmark and every result JSON inside), suite.tgz
 # (results/*.json and logs/*.log), repacked after every benchmark so a cut-off call still returns what finished.
 #
+# levers_cv's arms and rates: SUITE_LEVERS_CV="default: admit:admit_after_collect=on" (retune specs, space-separated)
+# and SUITE_LEVERS_RATES=20,40 (default: every arm above at 5,10,20,40).
+#
 # Environment: SUITE_SMOKE=1 (every benchmark's CPU smoke flags: the dry run, benchmarks/gpu_dryrun.sh),
 # SUITE_ONLY=tts,chat (a subset, in suite order), SUITE_BUDGET_S (default 550 on the GPU: the call's 600 s less
 # a margin), SUITE_SITE (default /tmp/site), SUITE_WHEELS (default .whl), GIT_COMMIT (default: .whl/COMMIT,
@@ -140,6 +143,11 @@ bench() {
 LOAD=("$B/tts_load.py")
 LEVERS_CV=(--retune default: --retune admit:admit_after_collect=on --retune wait:first_window_wait_ms=3
   --retune both:admit_after_collect=on,first_window_wait_ms=3 --retune sync:step_ahead=off)
+if [[ -n ${SUITE_LEVERS_CV:-} ]]; then  # a subset of arms, e.g. "default: admit:admit_after_collect=on"
+  LEVERS_CV=()
+  for arm in $SUITE_LEVERS_CV; do LEVERS_CV+=(--retune "$arm"); done
+fi
+LEVERS_RATES=${SUITE_LEVERS_RATES:-5,10,20,40}
 LEVERS_BASE=(--voice-mode clone --ref-pool 8 --retune default: --retune budget:prefill_budget=128
   --retune cache:voice_cache=64)
 BASE_MODES=(--voice-mode clone,voice,clone-xvec,voice-xvec)
@@ -176,7 +184,7 @@ else
     --duration 10 --lengths 2-20 --bursts 1,64
   named levers_base    240 150 "${LOAD[@]}" --size 1.7b "${LEVERS_BASE[@]}" --transport inproc --rates 5,10,20 \
     --duration 10 --lengths 2-20 --bursts 1,64
-  named levers_cv      420 200 "${LOAD[@]}" --size 1.7b "${LEVERS_CV[@]}" --transport inproc --rates 5,10,20,40 \
+  named levers_cv      420 200 "${LOAD[@]}" --size 1.7b "${LEVERS_CV[@]}" --transport inproc --rates "$LEVERS_RATES" \
     --duration 10 --lengths 2-20 --bursts 1,32
   named load_http      420 200 "${LOAD[@]}" --size 1.7b "${PARSERS[@]}" --transport http,ws --rates 10,20,40 \
     --duration 10 --lengths 2-20

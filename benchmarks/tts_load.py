@@ -252,7 +252,8 @@ async def run_rate(transport: Transport, rate: float, args: argparse.Namespace, 
         for r in sorted(records, key=lambda r: r["index"])
     ]  # fmt: skip
     if transport.engine is not None and transport.engine.worker.record:  # in process: the worker's time, by work
-        level["work"] = work_profile(transport.engine.worker.log, t0, ended).summary()
+        # a copy first: the worker thread appends to its log meanwhile (list() of a deque is one step under the GIL)
+        level["work"] = work_profile(list(transport.engine.worker.log), t0, ended).summary()
     if transport.timer is not None:
         level.update(transport.timer.summary(-1))
         transport.timer.reset()

@@ -63,6 +63,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -184,6 +185,7 @@ def serve(args: argparse.Namespace) -> None:
     lag = LoopLag()
     app.router.routes.insert(0, Route("/bench/work", work_route(app, lag)))
     app.router.routes.insert(0, Route("/bench/trace", trace_route(traces)))
+    app.router.routes.insert(0, Route("/bench/worklog", worklog_route(app)))
     config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", ws_max_size=32 << 20)
 
     class Server(uvicorn.Server):
@@ -269,6 +271,70 @@ def trace_route(traces: Any) -> Any:
         return JSONResponse([{"session_id": t.session_id, "marks": list(t.marks)} for t in traces.take()])
 
     return trace
+
+
+def worklog_route(app: Any) -> Any:
+    """``GET /bench/worklog?after=SEQ`` (this benchmark's server only): the device worker's log entries after ``SEQ``
+    as ``[seq, kind, name, work class, at]``, ``at`` on ``time.monotonic()`` (the timelines' clock)."""
+    from starlette.responses import JSONResponse
+
+    async def worklog(request: Any) -> Any:
+        after = int(request.query_params.get("after", "-1"))
+        offset = time.monotonic() - time.perf_counter()  # the log's perf_counter times -> the timelines' clock
+        entries = [[r.seq, r.kind, r.name, str(r.work_class), r.at + offset]
+                   for r in list(app.state.omni.engine.worker.log) if r.seq > after]  # fmt: skip
+        return JSONResponse(entries)
+
+    return worklog
+
+
+def fetch_worklog(port: int, after: int) -> list[Any]:
+    """The worker's log entries after ``after`` (``worklog_route``) as :class:`~omni_stream.worker.WorkRecord`."""
+    import urllib.request
+
+    from omni_stream.device_policy import WorkClass
+    from omni_stream.worker import WorkRecord
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/bench/worklog?after={after}", timeout=30) as response:
+        rows = json.loads(response.read())
+    return [WorkRecord(seq, kind, name, WorkClass(cls), at=at) for seq, kind, name, cls, at in rows]
+
+
+# The turn's steps (timeline marks, in order) between which phase_profiles says what the worker did.
+PHASE_MARKS = ("speech_end", "vad:quiet", "asr:spec:submitted", "asr:spec:delta", "asr:spec:done", "lm:submitted",
+               "engine:audio")  # fmt: skip
+
+
+def phase_profiles(
+    sessions: list[tuple[str, dict[str, float]]], timeline: dict[str, dict[str, Any]], log: list[Any]
+) -> list[dict[str, Any]]:
+    """What the device worker did in each phase of the answered turn: from one mark of :data:`PHASE_MARKS` to the
+    next (the sessions' median times, placed at their median end of speech; marks no session reached are skipped),
+    its work profile over that window."""
+    from omni_stream.runtime.work_profile import work_profile
+
+    ends = [marks["speech_end"] for _, marks in sessions if "speech_end" in marks]
+    if not ends or not log:
+        return []
+    end = statistics.median(ends)
+    points = [("speech_end", end)] + [
+        (name, end + timeline[name]["p50"] / 1000)
+        for name in PHASE_MARKS[1:]
+        if name in timeline and timeline[name]["p50"] is not None
+    ]
+    phases = []
+    for (a, ta), (b, tb) in itertools.pairwise(points):
+        if tb <= ta:
+            continue
+        profile = work_profile(log, ta, tb).summary()
+        phases.append({"from": a, "to": b, "ms": round(1000 * (tb - ta), 1), **profile})
+    return phases
+
+
+def phase_line(phase: dict[str, Any], top: int = 4) -> str:
+    parts = ", ".join(f"{k} {1000 * v:.0f} ({phase['counts'][k]})" for k, v in list(phase["seconds"].items())[:top])
+    busy = 100 * phase["busy_fraction"]
+    return f"      {phase['from']} -> {phase['to']}: {phase['ms']:.0f} ms, busy {busy:.0f}%: {parts}"
 
 
 def fetch_work(port: int) -> dict[str, Any]:
@@ -729,10 +795,14 @@ def main(argv: list[str] | None = None) -> int:
                     for round_ in ("cold", "warm"):
                         fetch_work(port)  # the profile's window starts with the level
                         fetch_trace(port)
+                        seen = max((r.seq for r in fetch_worklog(port, -1)), default=-1)
                         judged = fetch_turn_model(port)
                         results.append(asyncio.run(run_level(url, n, args, turns, arrivals, round_)))
                         results[-1]["work"] = fetch_work(port)
-                        results[-1]["timeline"] = turn_timeline(results[-1].pop("_sessions"), fetch_trace(port))
+                        sessions = results[-1].pop("_sessions")
+                        results[-1]["timeline"] = turn_timeline(sessions, fetch_trace(port))
+                        worklog = fetch_worklog(port, seen)
+                        results[-1]["phases"] = phase_profiles(sessions, results[-1]["timeline"], worklog)
                         results[-1]["turn_model"] = turn_model_use(judged, fetch_turn_model(port))
                         print(table(results[-1:]).splitlines()[-1], flush=True)
                         print(work_line(results[-1]["work"]), flush=True)
@@ -744,6 +814,9 @@ def main(argv: list[str] | None = None) -> int:
                         if turns == "semantic_vad":
                             print(turn_model_line(results[-1]["turn_model"]), flush=True)
                         print(trace_line(results[-1]["timeline"]), flush=True)
+                        print("    the device worker in each phase, ms (count):", flush=True)
+                        for phase in results[-1]["phases"]:
+                            print(phase_line(phase), flush=True)
     report = {
         "benchmark": "voice_bench",
         "mode": mode,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -84,6 +85,10 @@ def test_the_smoke_run_measures_voice_to_voice_its_split_and_barge_in(tmp_path):
         order = list(timeline)  # by median
         assert order.index("event:input_audio_buffer.speech_stopped") < order.index("audio:queued"), order
         assert timeline["audio:queued"]["p50"] <= timeline["client:first_audio"]["p50"] == v2v["p50"], timeline
+        phases = level["phases"]  # what the worker did between the turn's steps: consecutive windows from speech end
+        assert phases and phases[0]["from"] == "speech_end" and phases[-1]["to"] == "engine:audio", phases
+        assert all(a["to"] == b["from"] for a, b in itertools.pairwise(phases)), phases
+        assert all(0 <= p["busy_fraction"] <= 1 and 1000 * p["span_s"] <= p["ms"] + 1 for p in phases), phases
     assert "barge p50" in proc.stdout and "semantic_vad" in proc.stdout and "worker busy" in proc.stdout
     assert "pauses judged" in proc.stdout and "turn detection threads" in proc.stdout and "ASR encoder" in proc.stdout
     assert (
@@ -91,6 +96,7 @@ def test_the_smoke_run_measures_voice_to_voice_its_split_and_barge_in(tmp_path):
         and "server loop late by" in proc.stdout
         and report["settings"]["first_unit_tokens"] == 3
         and "server timeline, ms after speech end" in proc.stdout
+        and "the device worker in each phase" in proc.stdout
     )
 
 

@@ -261,6 +261,20 @@ class TurnDetector:
         return TurnEvent(TurnEventKind.STOPPED, position)
 
 
+_VAD_KINDS: dict[type, type] = {}
+
+
+def _vad_kind(vad: VoiceActivityDetector) -> type:
+    """Which of the VAD protocols ``vad``'s class offers (``BatchedVad``, ``PiecewiseVad`` or the plain one), checked
+    once per class: a runtime protocol check walks the protocol's members on every call, and a server's feed pass
+    made two per session (a sixth of a 16-session pass's CPU time on a turn-detection thread, holding the GIL)."""
+    kind = _VAD_KINDS.get(type(vad))
+    if kind is None:
+        kind = next((p for p in (BatchedVad, PiecewiseVad) if isinstance(vad, p)), VoiceActivityDetector)
+        _VAD_KINDS[type(vad)] = kind
+    return kind
+
+
 def feed_many(feeds: Sequence[tuple[TurnDetector, np.ndarray]]) -> list[list[TurnEvent]]:
     """``[detector.feed(samples) for detector, samples in feeds]``, the detectors' VADs judged together where their
     class can (:class:`~omni_stream.turns.vad.BatchedVad`: one network call for every stream of that class).
@@ -281,10 +295,11 @@ def feed_many(feeds: Sequence[tuple[TurnDetector, np.ndarray]]) -> list[list[Tur
         by_class: dict[type[BatchedVad], list[int]] = {}
         for i in now:
             vad = feeds[i][0].vad
-            if isinstance(vad, BatchedVad):
+            kind = _vad_kind(vad)
+            if kind is BatchedVad:
                 by_class.setdefault(type(vad), []).append(i)
-            elif isinstance(vad, PiecewiseVad):
-                judged[i] = vad.feed_pieces(taken[i][1])
+            elif kind is PiecewiseVad:
+                judged[i] = cast(PiecewiseVad, vad).feed_pieces(taken[i][1])
             else:
                 judged[i] = [vad.feed(piece) for piece in taken[i][1]]
         for kind, group in by_class.items():
