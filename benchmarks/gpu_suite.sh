@@ -50,6 +50,8 @@
 # suite.log (this output), suite.json (status of each benchmark and every result JSON inside), suite.tgz
 # (results/*.json and logs/*.log), repacked after every benchmark so a cut-off call still returns what finished.
 #
+# load_cv's transports, rates and seconds per rate: SUITE_LOAD_TRANSPORTS=ws, SUITE_LOAD_RATES=20,40,
+# SUITE_LOAD_DURATION=8 (defaults: http,ws; 5,10,20,40,80; 12).
 # levers_cv's arms and rates: SUITE_LEVERS_CV="default: admit:admit_after_collect=on" (retune specs, space-separated)
 # and SUITE_LEVERS_RATES=20,40 (default: every arm above at 5,10,20,40).
 #
@@ -173,8 +175,8 @@ if [[ $SMOKE == 1 ]]; then
   named load_http      400 30 "${LOAD[@]}" "${TINY[@]}" "${PARSERS[@]}" --transport http,ws --rates 3 --duration 1.5 \
     --lengths 0.4-0.8
 else
-  named load_cv        420 200 "${LOAD[@]}" --size 1.7b --transport http,ws --rates 5,10,20,40,80 --duration 12 \
-    --lengths 2-20
+  named load_cv        420 140 "${LOAD[@]}" --size 1.7b --transport "${SUITE_LOAD_TRANSPORTS:-http,ws}" \
+    --rates "${SUITE_LOAD_RATES:-5,10,20,40,80}" --duration "${SUITE_LOAD_DURATION:-12}" --lengths 2-20
   named load_fixed     330 200 "${LOAD[@]}" --size 1.7b --transport ws,http --rates 5,10,20,40,80 --duration 10 \
     --lengths 12 --bursts 1,32,128
   named peers          150 90 "$B/peers/run_peers.py" --size 1.7b --systems faster --stream-reps 2

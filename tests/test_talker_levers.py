@@ -53,12 +53,14 @@ STEP_AHEAD, WAIT_MS = "OMNI_STREAM_STEP_AHEAD", "OMNI_STREAM_FIRST_WINDOW_WAIT_M
 BUDGET, CACHE = "OMNI_STREAM_PREFILL_BUDGET", "OMNI_STREAM_VOICE_CACHE"
 
 
-def test_the_levers_are_off_by_default_and_refuse_values_out_of_their_range_naming_them():
+def test_the_first_audio_levers_are_on_by_default_the_others_off_and_bad_values_are_refused_naming_them():
     env = {"OMNI_STREAM_ADMIT_AFTER_COLLECT": "on", WAIT_MS: "4.5", BUDGET: "128", CACHE: "16"}
     t = Tuning.from_env(env)
     assert (t.admit_after_collect, t.first_window_wait_ms, t.prefill_budget, t.voice_cache) == (True, 4.5, 128, 16)
     d = Tuning()
-    assert (d.admit_after_collect, d.first_window_wait_ms, d.prefill_budget, d.voice_cache) == (False, 0.0, 0, 0)
+    assert (d.admit_after_collect, d.first_window_wait_ms, d.prefill_budget, d.voice_cache) == (True, 3.0, 0, 0)
+    off = Tuning.from_env({"OMNI_STREAM_ADMIT_AFTER_COLLECT": "off", WAIT_MS: "0"})
+    assert (off.admit_after_collect, off.first_window_wait_ms) == (False, 0.0)
     for name, bad in ((WAIT_MS, "51"), (BUDGET, "-3"), (CACHE, "lots"), (BUDGET, "70000")):
         with pytest.raises(ConfigError, match=f"^{name} must be "):
             Tuning.from_env({name: bad})
@@ -71,7 +73,8 @@ async def test_each_lever_reaches_the_runner_the_scheduler_or_the_family(cv):
         assert fam.scheduler._settle == fam.runner.settle and fam.scheduler.due_wait == 0.003
         assert fam.scheduler._jobs_due == fam.runner.jobs_due and fam.runner.prefill_budget == 64
         assert fam.voice_cache is not None and fam.voice_cache.size == 8
-    async with await AsyncEngine.from_pretrained(cv[0], progress=False, tuning=Tuning()) as engine:
+    off = Tuning(admit_after_collect=False, first_window_wait_ms=0.0)
+    async with await AsyncEngine.from_pretrained(cv[0], progress=False, tuning=off) as engine:
         fam = engine.models.speech()
         assert fam.scheduler._settle is None and fam.scheduler._jobs_due is None
         assert fam.runner.prefill_budget == 0 and fam.voice_cache is None and not fam.runner.ahead

@@ -152,7 +152,8 @@ def test_bad_arguments_are_refused_naming_the_option():
 
 def test_retune_arms_take_turns_on_one_engine_and_each_runs_the_bursts_too(tmp_path):
     log = run(tmp_path, "--transport", "inproc", "--rates", "4", "--duration", "1", "--lengths", "0.32",
-              "--retune", "plain:", "--retune", "levers:step_ahead=on,admit_after_collect=on,first_window_wait_ms=20",
+              "--retune", "plain:admit_after_collect=off,first_window_wait_ms=0",
+              "--retune", "levers:step_ahead=on,admit_after_collect=on,first_window_wait_ms=20",
               "--bursts", "1,2", "--burst-frames", "4")  # fmt: skip
     assert log.count("loaded in") == 1  # one engine for both arms
     for arm, ahead in (("plain", False), ("levers", True)):

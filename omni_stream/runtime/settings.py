@@ -175,9 +175,11 @@ class Tuning:
     step_ahead: bool | None = None  # launch each step before handing out the last one's frames; None: on CUDA
     admission: bool = False  # playback-paced admission of newcomers (omni_stream.speech.admission)
     burst_hold_ms: float = 1000 * DEFAULT_HOLD_S  # newcomers wait at most this long for their burst's prompts
-    # The Qwen3-TTS talker's latency levers under open-loop load (off by default; benchmarks/tts_load.py --arm)
-    admit_after_collect: bool = False  # stepping ahead: the step in flight is collected before newcomers are picked
-    first_window_wait_ms: float = 0.0  # the worker waits this long at most for first audio windows a step completes
+    # The Qwen3-TTS talker's latency levers under open-loop load (benchmarks/tts_load.py --retune). On by default
+    # since run 43 measured both together on one H200 engine (1.7B, in process): c=1 TTFA 19.9 -> 15.0 ms, c=32
+    # 87 -> 65 ms, Poisson 2-20 s requests at 20/s p95 59 -> 51 ms and at 40/s 533 -> 429 ms, every stream continuous
+    admit_after_collect: bool = True  # stepping ahead: the step in flight is collected before newcomers are picked
+    first_window_wait_ms: float = 3.0  # the worker waits this long at most for first audio windows a step completes
     prefill_budget: int = 0  # prompt positions prefilled per step at most, longer prompts in chunks; 0: no limit
     voice_cache: int = 0  # voice prompts kept by their reference audio's content (Base); 0: none
     # The device worker's order across models (omni_stream.device_policy)
