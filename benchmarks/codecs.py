@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from omni_stream.codecs import Resampler, decode_audio, encode_whole, open_encoder
+from omni_stream.codecs import Resampler, decode_audio, encode_whole, open_encoder, resample
 from omni_stream.codecs.testsignal import speech_like
 
 RATE = 24000
@@ -89,6 +89,18 @@ def bench_resampler(src: int, dst: int, seconds: float, repeats: int) -> dict:
     }
 
 
+def bench_resample_whole(src: int, dst: int, seconds: float, repeats: int) -> dict:
+    """One-shot resampling of a whole utterance (what a realtime session does to a turn's audio for the ASR)."""
+    x = speech_like(seconds, src, seed=2)
+    cpu, wall = timed(lambda: resample(x, src, dst), repeats)
+    return {
+        "what": f"resample {src}->{dst} {seconds:g} s",
+        "x_realtime": round(seconds / cpu, 1),
+        "x_realtime_wall": round(seconds / wall, 1),
+        "call_ms": round(1000 * wall, 2),
+    }
+
+
 def bench_decode(fmt: str, x: np.ndarray, repeats: int) -> dict:
     data = encode_whole(fmt, x, RATE)
     seconds = len(x) / RATE
@@ -128,6 +140,7 @@ def main() -> int:
     x = speech_like(args.seconds, RATE, seed=1)
     rows = [bench_encoder(fmt, x, args.repeats) for fmt in FORMATS]
     rows += [bench_resampler(s, d, args.seconds, args.repeats) for s, d in RESAMPLE_PAIRS]
+    rows.append(bench_resample_whole(24000, 16000, 3.0, max(args.repeats, 5)))
     rows += [bench_decode(fmt, x, args.repeats) for fmt in UPLOADS]
 
     header = f"{'case':<28} {'xRT (cpu)':>10} {'xRT (wall)':>10} {'chunk p50 us':>13} {'chunk p99 us':>13}"
