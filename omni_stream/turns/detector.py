@@ -297,13 +297,13 @@ def feed_many(feeds: Sequence[tuple[TurnDetector, np.ndarray]]) -> list[list[Tur
             vad = feeds[i][0].vad
             kind = _vad_kind(vad)
             if kind is BatchedVad:
-                by_class.setdefault(type(vad), []).append(i)
+                by_class.setdefault(type(cast(BatchedVad, vad)), []).append(i)
             elif kind is PiecewiseVad:
                 judged[i] = cast(PiecewiseVad, vad).feed_pieces(taken[i][1])
             else:
                 judged[i] = [vad.feed(piece) for piece in taken[i][1]]
-        for kind, group in by_class.items():
-            batch = kind.feed_many([(cast(BatchedVad, feeds[i][0].vad), taken[i][1]) for i in group])
+        for batched, group in by_class.items():
+            batch = batched.feed_many([(cast(BatchedVad, feeds[i][0].vad), taken[i][1]) for i in group])
             judged.update(zip(group, batch, strict=True))
         for i in now:
             out[i] = feeds[i][0]._advance(taken[i][0], judged[i])
