@@ -199,7 +199,7 @@ def run_manual_turn(proto: RealtimeProtocol) -> tuple[str, str]:
     out = send(proto, type="input_audio_buffer.commit")
     item_id = out.events[0].body["item_id"]
     [transcribe] = out.commands
-    assert isinstance(transcribe, Transcribe) and transcribe.samples.size == 24000
+    assert isinstance(transcribe, Transcribe) and transcribe.samples.size == 24000 and not transcribe.speculative
     out = send(proto, type="response.create")
     assert types(out) == [
         "response.created",
@@ -532,7 +532,7 @@ def test_a_preemptive_response_starts_on_the_speculation_and_is_dropped_unseen_w
     out = feed(proto, np.zeros(2400 * 3, np.int16)).extend(pause_then(proto, ["three"]))
     assert types(out) == ["input_audio_buffer.speech_started"]
     [spec] = out.commands
-    assert isinstance(spec, Transcribe)
+    assert isinstance(spec, Transcribe) and spec.speculative
     assert proto.transcription_delta(spec.item_id, 0, "three") == Outputs()
     started = proto.transcription_done(spec.item_id, 0, 1, 1)
     [pre] = started.commands

@@ -91,13 +91,15 @@ class ServerEvent:
 
 @dataclass(slots=True, frozen=True)
 class Transcribe:
-    """Transcribe ``samples`` (int16 at 24 kHz) of an item's content part."""
+    """Transcribe ``samples`` (int16 at 24 kHz) of an item's content part; ``speculative``: the turn so far, at a
+    pause (``item_id`` is the speculation's, not an item's)."""
 
     item_id: str
     content_index: int
     samples: np.ndarray
     language: str | None = None
     prompt: str | None = None
+    speculative: bool = False
 
 
 @dataclass(slots=True, frozen=True)

@@ -347,7 +347,7 @@ class RealtimeSession:
                 self._mark(f"event:{event.type}")
         for cmd in out.commands:
             if isinstance(cmd, Transcribe):
-                self._mark("transcribe:" + ("spec" if cmd.item_id.startswith("spec_") else "item"))
+                self._mark("transcribe:" + ("spec" if cmd.speculative else "item"))
             elif isinstance(cmd, StartResponse):
                 self._mark("respond:" + ("held" if cmd.preemptive else "now"))
             elif isinstance(cmd, AdoptResponse | CancelResponse | CancelTranscription):
@@ -565,7 +565,7 @@ class RealtimeSession:
                                                max_tokens=self.settings.realtime_transcription_max_tokens)  # fmt: skip
                 stream = self.engine.generate(request)
                 self._asr_streams[(item, index)] = stream
-                kind = "spec" if item.startswith("spec_") else "item"
+                kind = "spec" if cmd.speculative else "item"
                 self._mark(f"asr:{kind}:submitted")
                 async with stream:
                     async for out in stream:

@@ -43,7 +43,7 @@ class Speculating(ProtocolState):
         t = self.config.transcription
         lang, prompt = (t.language, t.prompt) if t is not None else (None, None)
         samples = self.buffer.peek(start, position)
-        out.commands.append(Transcribe(spec.id, 0, samples, lang, prompt))
+        out.commands.append(Transcribe(spec.id, 0, samples, lang, prompt, speculative=True))
         return out
 
     def _drop_speculation(self) -> Outputs:
