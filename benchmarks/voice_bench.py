@@ -28,6 +28,13 @@ server hears), and the ASR's encoder passes and the utterances they encoded (``w
 utterance each mean the transcripts arrived spread over many steps). A slow part with an idle worker waited on
 something other than the device.
 
+And the turn's timeline on the server (``timeline`` in the JSON, a line per level): every session marks when its
+quiet and pause were detected, the judgement was queued and decided, the speculative transcript was asked for,
+submitted, began and ended, the answer's prompt was submitted, the engine's first text and audio came out, and each
+turn event was queued (``omni_stream.realtime.agent.trace``, on ``time.monotonic()``, the client's clock too), each
+placed against that session's end of speech (p50/p95 ms after it). Between consecutive marks of ``PHASE_MARKS`` (the
+sessions' medians), what the device worker did (``phases``: its log over that window, a line each).
+
 The server runs in a child process (``--serve``) so client and server do not share one interpreter.
 
 The VAD is Silero from its wheel (the tone double's energy detector in CPU mode) and ``semantic_vad``'s end-of-turn
