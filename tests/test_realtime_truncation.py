@@ -161,3 +161,29 @@ async def test_turns_of_noise_are_answered_turn_after_turn_and_disabled_truncati
     assert done.status == "failed"
     assert done.status_details.error.code == "context_length_exceeded"
     assert "truncation is disabled" in done.status_details.error.message
+
+
+async def test_a_sessions_prompts_count_each_message_text_once(lm_dir, tokenizer):
+    """Every response's prompt is fitted from every message's token count: a growing conversation's earlier messages
+    are counted once per session, not once per response, and the counts are the tokenizer's."""
+    from omni_stream.realtime.agent.outputs import StartResponse
+    from omni_stream.realtime.agent.session import RealtimeSession
+
+    rng = random.Random(7)
+    engine = await AsyncEngine.load({"lm": ModelSource(lm_dir, kind=ModelKind.TEXT)}, progress=False)
+    counted: list[str] = []
+    count = engine.count_text_tokens
+
+    def counting(text: str, kind: str = ModelKind.SPEECH) -> int:
+        counted.append(text)
+        return count(text, kind)
+
+    engine.count_text_tokens = counting  # type: ignore[method-assign]
+    async with engine, RealtimeSession(engine, Settings()) as session:
+        messages = [ChatMessage(Role.SYSTEM, "Be brief.")]
+        for turn_no in range(6):
+            messages += [ChatMessage(Role.USER, babble(rng, 12)), ChatMessage(Role.ASSISTANT, babble(rng, 6))]
+            cmd = StartResponse(f"resp{turn_no}", tuple(messages), speak=False, voice=None, max_tokens=16)
+            assert session._fit(cmd) == tuple(messages)  # all fit
+        assert sorted(counted) == sorted({m.content for m in messages})  # each text once
+        assert session._token_counts == {m.content: tokenizer.count(m.content) for m in messages}

@@ -90,6 +90,7 @@ log = logging.getLogger("omni_stream.realtime.session")
 PARSE_OFF_LOOP_CHARS = 64 * 1024  # JSON messages longer than this are parsed in a worker thread
 AUDIO_OFF_LOOP_BYTES = 64 * 1024  # appends larger than this are decoded in a worker thread
 OUTGOING_EVENTS = 64  # server events queued for the transport before the session waits for it
+COUNTED_TEXTS = 4096  # message texts whose token counts a session keeps for its prompts' fitting
 
 
 # --- pacing by the playback clock (omni_stream.speech.pacing) -------------------------------------------------------
@@ -231,6 +232,9 @@ class RealtimeSession:
             tuple[str, int], RequestStream[TextDelta]
         ] = {}  # (item id, content index) -> its request
         self._transcriptions: dict[str, list[anyio.CancelScope]] = {}
+        # Each response's prompt is fitted to the context from every message's token count: counted once per text,
+        # a conversation's messages are not tokenized again for each of its responses
+        self._token_counts: dict[str, int] = {}
         self.finished = anyio.Event()  # set once the session has ended (server shutdown waits on it)
         self.closed = False
         traces = settings.realtime_trace  # benchmarks: when each step of a turn happened (realtime.agent.trace)
@@ -500,7 +504,7 @@ class RealtimeSession:
         if context is None:
             return cmd.messages
         said = [m.content + "".join(c.name + c.arguments for c in m.tool_calls) for m in cmd.messages]  # calls too
-        tokens = [self.engine.count_text_tokens(text, ModelKind.TEXT) for text in said]
+        tokens = [self._count_tokens(text) for text in said]
         count_image = getattr(family, "count_image_tokens", None)  # a model that sees: its messages' images too
         if count_image is not None:
             images = [sum(count_image(image) for image in m.images) for m in cmd.messages]
@@ -509,6 +513,16 @@ class RealtimeSession:
         if cmd.tools and cmd.tool_choice.mode is not ToolMode.NONE and count_tools is not None:
             context -= min(context - 1, int(count_tools(cmd.tools)))
         return tuple(fit(list(cmd.messages), tokens, context, cmd.max_tokens, cmd.truncation))
+
+    def _count_tokens(self, text: str) -> int:
+        """``text``'s tokens under the text model's tokenizer, counted once per session (blocking: a worker thread)."""
+        n = self._token_counts.get(text)
+        if n is None:
+            n = self.engine.count_text_tokens(text, ModelKind.TEXT)
+            if len(self._token_counts) >= COUNTED_TEXTS:  # a bound, not a policy: the next prompts count them again
+                self._token_counts.clear()
+            self._token_counts[text] = n
+        return n
 
     async def _traced(self, outputs: AsyncIterator[StageOutput]) -> AsyncIterator[StageOutput]:
         """``outputs``, marking the first text of each stage and the first audio as they come out of the engine."""
