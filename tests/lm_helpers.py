@@ -44,10 +44,16 @@ class TinyLM:
     tokenizer: ChatTokenizer
     eos: tuple[int, ...]
 
-    def runner(self, slots: int = 4, max_len: int = 256) -> CausalLMRunner:
+    def runner(self, slots: int = 4, max_len: int = 256, *, group_prefill: bool = False) -> CausalLMRunner:
         lm = load_lm(self.path, dtype=torch.float32)
         return CausalLMRunner(
-            lm, self.tokenizer.decode, eos_token_ids=self.eos, max_batch_size=slots, max_len=max_len, record=True
+            lm,
+            self.tokenizer.decode,
+            eos_token_ids=self.eos,
+            max_batch_size=slots,
+            max_len=max_len,
+            group_prefill=group_prefill,
+            record=True,
         )
 
     def request(

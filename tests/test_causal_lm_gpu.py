@@ -81,3 +81,21 @@ async def test_a_lone_newcomers_graphed_prefill_equals_its_eager_padded_prefill(
     assert [r.tokens for r in with_graphs] == [r.tokens for r in without]
     assert [kind for _, _, kind in graphed.prefill_log] == ["graph"] * len(reqs)
     assert {t for _, t, _ in graphed.prefill_log} <= set(graphed.prefill_buckets)
+
+
+async def test_newcomers_graphed_group_prefill_equals_its_eager_static_prefill(lm):
+    """``group_prefill`` on CUDA: newcomers arriving together replay the (batch bucket, length bucket) graph
+    captured at load and get the tokens of the same static-shape prefill run eagerly, beside rows already running;
+    no group prefill ran eagerly."""
+    reqs = requests(lm.config.vocab_size)
+    join = [0, 0, 0, 5, 5]  # three together (one scratch row), then two beside three running rows
+    graphed = CausalLMRunner(lm, no_text, max_batch_size=8, max_len=512, graphs=True, group_prefill=True, record=True)
+    graphed.capture_graphs()
+    assert len(graphed.group_graphs) == len(graphed.group_batches) * len(graphed.group_lengths)
+    eager = CausalLMRunner(lm, no_text, max_batch_size=8, max_len=512, graphs=False, group_prefill=True, record=True)
+    eager.pad_eager = eager.pad_lone_prefill = True
+    with_graphs = await drive(graphed, reqs, join)
+    without = await drive(eager, reqs, join)
+    assert [r.tokens for r in with_graphs] == [r.tokens for r in without]
+    assert [kind for _, _, kind in graphed.prefill_log] == ["graph", "graph"]
+    assert graphed.group_batch_log == eager.group_batch_log == [4, 2]

@@ -6,7 +6,7 @@ import pytest
 from lm_helpers import drive, load_tiny, tiny_lm_checkpoint
 
 from omni_stream.errors import InvalidRequestError
-from omni_stream.models.causal_lm.runner import LMRequest
+from omni_stream.models.causal_lm.runner import GROUP_PREFILL_MAX_LEN, LMRequest
 from omni_stream.requests import GREEDY, SamplingParams
 from omni_stream.runtime import decoder_kernels as fused
 from omni_stream.runtime.cuda_graphs import pick
@@ -186,3 +186,40 @@ async def test_a_lone_newcomer_prefills_at_a_length_bucket_and_its_tokens_do_not
     (n, t, kind), *_ = together.prefill_log
     longest = max(len(requests[k].prompt_ids) for k in group)
     assert (n, kind) == (len(group), "eager") and t == pick(together.prefill_buckets, longest) != longest
+
+
+async def test_newcomers_together_prefill_at_static_bucket_shapes_and_their_tokens_do_not_change(lm):
+    """``group_prefill`` (``Tuning.group_prefill_graphs``): newcomers that arrive together prefill from static
+    buffers at a (batch bucket, length bucket) shape, the rows past them on a scratch slot; every request gets the
+    tokens of the exact-shape prefill, the rows already running beside a group are untouched, and no group prefill
+    runs at a shape outside the buckets (the shapes a CUDA graph per bucket covers)."""
+    requests = mixed(lm)
+    joins = [0, 0, 0, 3, 3]  # three together (batch bucket 4: one scratch row), then two beside three running rows
+    exact = await drive(lm.runner(slots=6), requests, join_steps=joins)
+    static = lm.runner(slots=6, group_prefill=True)
+    assert static.kv.k[0].shape[0] == 7 and static.hidden.shape[0] == 7  # the scratch slot past the six
+    got = await drive(static, requests, join_steps=joins)
+    assert [g.tokens for g in got] == [e.tokens for e in exact]
+    assert [(n, kind) for n, _, kind in static.prefill_log] == [(3, "eager"), (2, "eager")]
+    assert static.group_batch_log == [4, 2]
+    assert {t for _, t, _ in static.prefill_log} <= set(static.group_lengths)
+    # a group whose longest prompt is past the static buffers prefills as before, eagerly at its own length
+    long_prompt = tuple(3 + k % 400 for k in range(GROUP_PREFILL_MAX_LEN + 40))  # ids inside the tiny vocabulary
+    pair = [LMRequest(long_prompt, 5, GREEDY, ignore_eos=True), requests[0]]
+    alone = await drive(lm.runner(slots=2, max_len=1024), pair)
+    wide = lm.runner(slots=2, max_len=1024, group_prefill=True)
+    assert [r.tokens for r in await drive(wide, pair)] == [r.tokens for r in alone]
+    assert wide.prefill_log == [(2, len(long_prompt), "eager")] and wide.group_batch_log == []
+
+
+async def test_the_group_prefill_switch_reaches_the_text_models_runner(lm):
+    from omni_stream.engine import AsyncEngine
+    from omni_stream.runtime.settings import Tuning
+
+    for on in (False, True):
+        tuning = Tuning(group_prefill_graphs=on)
+        async with await AsyncEngine.from_pretrained(llm=lm.path, progress=False, tuning=tuning) as engine:
+            runner = engine.models.text().runner
+            assert runner.group_prefill is on and bool(runner.group_batches) is on
+    assert Tuning.from_env({"OMNI_STREAM_GROUP_PREFILL_GRAPHS": "on"}).group_prefill_graphs
+    assert not Tuning().group_prefill_graphs  # off until measured on a GPU

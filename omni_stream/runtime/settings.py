@@ -187,6 +187,9 @@ class Tuning:
     throughput_wait_ms: float = 500.0  # the fairness bound: the longest runnable throughput work waits for a step
     throughput_stream: bool = True  # on CUDA, image and video steps on a side stream of their own
     realtime_streams: bool = False  # on CUDA, each realtime model's steps on a stream of its own (overlapping)
+    # Native text models: newcomers prefilled together at static (batch, length) bucket shapes, CUDA graphs on CUDA
+    # (omni_stream.models.causal_lm.runner); off until measured on a GPU
+    group_prefill_graphs: bool = False
     # Realtime sessions: where semantic_vad's end-of-turn model runs (omni_stream.models.smart_turn): onnxruntime on
     # the CPU, its graph by torch on the GPU, or auto: the GPU where there is one (read when the model loads)
     turn_model_device: str = "auto"
@@ -274,6 +277,7 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("throughput_wait_ms", "OMNI_STREAM_THROUGHPUT_WAIT_MS", _milliseconds(60000)),
     Switch("throughput_stream", "OMNI_STREAM_THROUGHPUT_STREAM", ON_OFF),
     Switch("realtime_streams", "OMNI_STREAM_REALTIME_STREAMS", ON_OFF),
+    Switch("group_prefill_graphs", "OMNI_STREAM_GROUP_PREFILL_GRAPHS", ON_OFF),
     Switch("turn_model_device", "OMNI_STREAM_TURN_MODEL_DEVICE", _choice(TURN_MODEL_DEVICES)),
 )
 SWITCH_BY_NAME = {s.name: s for s in SWITCHES}

@@ -99,6 +99,7 @@ class CausalLMFamily:
                 max_batch_size=opts.max_batch_size,
                 max_len=max_len,
                 fused=default_kernels(torch.device(opts.device), opts.tuning) or False,
+                group_prefill=opts.tuning.group_prefill_graphs,
             )
             # On CUDA the decode step replays per-bucket graphs; capturing them here keeps it out of requests.
             self.capture_seconds = self.runner.capture_graphs(progress=opts.progress_bar)

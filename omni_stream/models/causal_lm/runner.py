@@ -22,7 +22,13 @@ and on CUDA each length bucket's prefill is a CUDA graph captured with the decod
 length seen for the first time costs what it costs the tenth time (eagerly, each new length paid its kernel
 selection and allocations, ~80 ms against ~27 ms warm at c=1 on Qwen3-0.6B). ``pad_lone_prefill`` runs the same
 bucketed prefill eagerly (CPU tests show its shapes in the step log). Several newcomers prefill together, eagerly,
-at the length bucket of the longest (padded likewise).
+at the length bucket of the longest (padded likewise). With ``group_prefill`` (``Tuning.group_prefill_graphs``, off
+by default until measured) they prefill from static buffers at a (batch bucket, length bucket) shape instead, the
+rows past the newcomers writing a scratch slot of their own, and on CUDA each such shape up to
+:data:`GROUP_PREFILL_MAX_LEN` positions is a CUDA graph captured at load: a voice agent's sessions that end their turns
+together send 16-32 prompts at once, whose eager prefill launched every layer's kernels from the worker thread while
+the serving process's other threads held the interpreter (``voice_bench`` run 43: text steps of 14-28 ms while 16-32
+newcomers were prefilled).
 
 On CUDA the layers run as the fused Triton kernels (residual+norm, q/k norm+rotary for Qwen3, SiLU-and-multiply);
 sampling stays in torch (the Triton sampler holds a whole row in one block, sized for the talker's 3072 codes, not
@@ -83,6 +89,7 @@ TOP_LOGPROBS = 20  # alternatives computed when any row asks for log-probabiliti
 # What a decode step computes beyond a plain argmax (bits of its mode; one graph per bucket and mode).
 FULL, MASK, ADJUST, LOGPROBS = 1, 2, 4, 8
 PREFILL_BUCKET = 32  # smallest prompt-length bucket of a lone newcomer's prefill (positions)
+GROUP_PREFILL_MAX_LEN = 512  # longest length bucket of the newcomers' group prefill at static shapes (positions)
 
 
 @dataclass(slots=True, frozen=True)
@@ -175,13 +182,15 @@ class CausalLMRunner(SlotKVRunner[LMRequest, TextDelta, _SlotState]):
         max_len: int = 2048,
         graphs: bool | None = None,
         fused: DecodeKernels | bool | None = None,
+        group_prefill: bool = False,
         record: bool = False,
     ) -> None:
         """``decode``: ids -> text (special tokens skipped); ``max_len``: positions per slot (prompt + output).
 
         ``graphs``: replay CUDA graphs of the decode step (None: on CUDA devices). ``fused``: decoder layers as
         fused kernels (None: the Triton kernels on CUDA when Triton is installed; False: the modules).
-        ``record``: keep each sequence's sampled ids in ``recorded[seq_id]`` (tests).
+        ``group_prefill``: newcomers prefilled together at static (batch, length) bucket shapes, graphed with
+        ``graphs`` (the module docstring). ``record``: keep each sequence's sampled ids in ``recorded[seq_id]``.
         """
         self.lm = lm.eval()
         self.cfg = cfg = lm.config
@@ -193,19 +202,20 @@ class CausalLMRunner(SlotKVRunner[LMRequest, TextDelta, _SlotState]):
         self.vocab = cfg.vocab_size
         length = min(max_len, cfg.max_position_embeddings)
         s = max_batch_size
+        scratch = 1 if group_prefill else 0  # the group prefill's padding rows write a slot no sequence owns
         self._init_slots(
             device=w.device,
             dtype=w.dtype,
             max_batch_size=s,
             max_len=length,
-            kv=KVShape(cfg.num_hidden_layers, s, cfg.num_key_value_heads, length + 1, cfg.head_dim),
+            kv=KVShape(cfg.num_hidden_layers, s + scratch, cfg.num_key_value_heads, length + 1, cfg.head_dim),
             graphs=graphs,
             graph_step=self._run_rows,
             smallest_span=SPAN_BUCKET,
             noise_width=self.vocab,
         )
         dev = self.device
-        self.hidden = torch.zeros(s, cfg.hidden_size, dtype=self.dtype, device=dev)
+        self.hidden = torch.zeros(s + scratch, cfg.hidden_size, dtype=self.dtype, device=dev)
         self.seen = torch.zeros(s, self.vocab, dtype=torch.bool, device=dev)
         self.tokens_out = torch.zeros(s, dtype=torch.long, device=dev)
         self.params = SamplingTensors.empty(s, dev)
@@ -236,6 +246,18 @@ class CausalLMRunner(SlotKVRunner[LMRequest, TextDelta, _SlotState]):
         self._pf_slot = torch.zeros(1, dtype=torch.long, device=dev)
         self.prefill_graphs = GraphSet(self._prefill_lone, dev) if self.use_graphs else None
         self.prefill_log: list[tuple[int, int, str]] = []  # (newcomers, padded length, "graph"|"eager") when recording
+        # Newcomers together at (batch bucket, length bucket) shapes (static buffers; graphs on CUDA)
+        self.group_prefill = group_prefill
+        self.group_batches = tuple(b for b in self.batch_buckets if b >= 2) if group_prefill else ()
+        self.group_lengths = tuple(t for t in self.prefill_buckets if t <= GROUP_PREFILL_MAX_LEN)
+        self.group_batch_log: list[int] = []  # the batch bucket of each group prefill at static shapes (recording)
+        widest = max(self.group_batches, default=0)
+        self._pg_ids = torch.zeros(widest, min(self.max_len, GROUP_PREFILL_MAX_LEN), dtype=torch.long, device=dev)
+        self._pg_length = torch.ones(widest, dtype=torch.long, device=dev)
+        self._pg_slot = torch.full((widest,), s, dtype=torch.long, device=dev)
+        self._pg_rows = torch.arange(widest, device=dev)
+        graphed = group_prefill and self.use_graphs
+        self.group_graphs = GraphSet(self._prefill_group, dev) if graphed else None
 
     # -- CUDA graphs ------------------------------------------------------------------------------------
 
@@ -249,11 +271,18 @@ class CausalLMRunner(SlotKVRunner[LMRequest, TextDelta, _SlotState]):
         self._pf_slot.fill_(self.max_batch_size - 1)
         self._pf_length.fill_(1)
         lone = [(t,) for t in self.prefill_buckets if (t,) not in self.prefill_graphs]
-        return seconds + self.prefill_graphs.capture_all(lone, progress=progress, desc="capturing prefill graphs")
+        seconds += self.prefill_graphs.capture_all(lone, progress=progress, desc="capturing prefill graphs")
+        if self.group_graphs is None:
+            return seconds
+        self._pg_slot.fill_(self.max_batch_size)  # every row on the scratch slot while capturing
+        self._pg_length.fill_(1)
+        shapes = [(b, t) for b in reversed(self.group_batches) for t in reversed(self.group_lengths)]
+        shapes = [k for k in shapes if k not in self.group_graphs]
+        return seconds + self.group_graphs.capture_all(shapes, progress=progress, desc="capturing group prefill graphs")
 
     @property
     def capture_seconds(self) -> float:
-        graphs = (self.graphs, self.prefill_graphs)
+        graphs = (self.graphs, self.prefill_graphs, self.group_graphs)
         return sum(g.capture_seconds for g in graphs if g is not None)
 
     # -- BatchModel -------------------------------------------------------------------------------------
@@ -356,6 +385,8 @@ class CausalLMRunner(SlotKVRunner[LMRequest, TextDelta, _SlotState]):
             return
         lengths = [ids.shape[0] for _, ids in prompts]
         t = max(lengths)
+        if self.group_prefill and self._prefill_static(prompts, lengths):
+            return
         if self.pad_lone_prefill:
             # Newcomers together run eagerly, at their length bucket: at an exact new length the first prefill paid
             # its kernels' specialization for the new shape (voice_bench run 31: a 16-session level's first round
@@ -373,6 +404,38 @@ class CausalLMRunner(SlotKVRunner[LMRequest, TextDelta, _SlotState]):
         self.hidden[slots] = hidden[torch.arange(len(prompts), device=self.device), lens - 1]
         if self.record:
             self.prefill_log.append((len(prompts), t, "eager"))
+
+    def _prefill_static(self, prompts: list[tuple[int, torch.Tensor]], lengths: list[int]) -> bool:
+        """Several newcomers at a (batch bucket, length bucket) shape from the static buffers: the rows past them on
+        the scratch slot (length 1); its graph where captured, else eagerly at that shape. False: no bucket fits."""
+        n = len(prompts)
+        b, t = pick(self.group_batches, n), pick(self.group_lengths, max(lengths))
+        if b is None or t is None:
+            return False
+        for row, (_, ids) in enumerate(prompts):
+            self._pg_ids[row, : ids.shape[0]] = ids  # past a prompt's length: stale ids, masked (as the lone prefill)
+        scratch = self.max_batch_size
+        meta = torch.tensor([[slot for slot, _ in prompts] + [scratch] * (b - n), lengths + [1] * (b - n)])
+        self._pg_slot[:b].copy_(meta[0])
+        self._pg_length[:b].copy_(meta[1])
+        replayed = self.group_graphs is not None and self.group_graphs.replay((b, t))
+        if not replayed:
+            self._prefill_group(b, t)
+        if self.record:
+            self.prefill_log.append((n, t, "graph" if replayed else "eager"))
+            self.group_batch_log.append(b)
+        return True
+
+    @torch.no_grad()
+    def _prefill_group(self, b: int, t: int) -> None:
+        """The static-buffer prefill of ``b`` prompts padded to ``t`` positions (a CUDA graph per ``(b, t)``): each
+        row's padding keys masked, the rows past the newcomers on the scratch slot (their K/V and hidden state
+        written where no sequence reads)."""
+        slots, lengths = self._pg_slot[:b], self._pg_length[:b]
+        positions = self._pf_positions[:, :t].expand(b, -1)
+        attend = self._prefill_attend(slots, t, padded_causal_mask(lengths, t), prefill_attention)
+        hidden = self.lm(self.lm.embed(self._pg_ids[:b, :t]), positions, attend)
+        self.hidden.index_copy_(0, slots, hidden[self._pg_rows[:b], lengths - 1])
 
     @torch.no_grad()
     def _prefill_lone(self, t: int) -> None:
