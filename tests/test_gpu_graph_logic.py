@@ -28,6 +28,8 @@ def test_buckets_and_pick() -> None:
     assert batch_buckets(1) == (1,)
     assert batch_buckets(8) == (1, 2, 4, 8)
     assert batch_buckets(12) == (1, 2, 4, 8, 12)
+    assert batch_buckets(32, fine=True) == (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+    assert batch_buckets(12, fine=True) == (1, 2, 3, 4, 6, 8, 12) and batch_buckets(2, fine=True) == (1, 2)
     assert length_buckets(4096) == (512, 1024, 2048, 4096)
     assert length_buckets(640) == (512, 640)
     assert length_buckets(300) == (300,)

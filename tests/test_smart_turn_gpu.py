@@ -44,6 +44,9 @@ def test_the_captured_graph_answers_as_its_eager_run_alone_batched_and_from_thre
     eager = SmartTurnTorch(model_path(), "cuda", graphs=False).probabilities(audio)
     model = SmartTurnTorch(model_path(), "cuda")
     assert model.staged and model._graphs is not None and len(model._graphs) == len(model.buckets)
+    # its kernels jump the device worker's queue: the highest priority the device has
+    highest = torch.cuda.Stream(priority=-100).priority  # clamped to the device's range
+    assert highest < torch.cuda.Stream().priority and model._stream is not None and model._stream.priority == highest
     batched = model.probabilities(audio)
     np.testing.assert_allclose(batched, eager, atol=1e-5)  # the same kernels, replayed
     alone = np.array([model.probability(a) for a in audio])

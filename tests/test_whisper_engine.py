@@ -277,23 +277,29 @@ def test_the_embedded_default_is_built_once_atomically(tmp_path, monkeypatch, ca
 
 async def test_newcomers_encode_at_a_batch_bucket_and_padding_changes_no_token(engine):
     """The encoder runs at bucketed batch sizes only (what a CUDA graph replays; the padding rows encode silence into
-    a spare slot): three newcomers encode as a batch of four and decode the tokens each gets alone."""
+    a spare slot): five newcomers encode as a batch of six and decode the tokens each gets alone."""
     family = engine.models.get(ModelKind.TRANSCRIPTION)
     runner = family.runner
     runner.record = True
     payloads = [
         family._prepare(audio, TranscriptionRequest(audio, 16000, max_tokens=10), None)
-        for audio in (utterance("noise", 1.0, seed=1), utterance("tone440", 0.7), utterance("noise", 2.0, seed=2))
+        for audio in (
+            utterance("noise", 1.0, seed=1),
+            utterance("tone440", 0.7),
+            utterance("noise", 2.0, seed=2),
+            utterance("tone440", 1.2),
+            utterance("noise", 0.5, seed=3),
+        )
     ]
     calls, utterances = runner.encoder_calls, runner.utterances_encoded
     alone = [step_together(runner, [p])[0] for p in payloads]
-    assert (runner.encoder_calls - calls, runner.utterances_encoded - utterances) == (3, 3)  # benchmarks read these
+    assert (runner.encoder_calls - calls, runner.utterances_encoded - utterances) == (5, 5)  # benchmarks read these
     runner.log.clear()
     together = step_together(runner, payloads)
     assert together == alone
     encodes = [e for e in runner.log if e[0] == "encode"]
-    assert encodes == [("encode", 3, 4, "eager")]  # CPU: the same static-buffer encoder, eagerly
-    assert (runner.encoder_calls - calls, runner.utterances_encoded - utterances) == (4, 6)
+    assert encodes == [("encode", 5, 6, "eager")]  # CPU: the same static-buffer encoder, eagerly
+    assert (runner.encoder_calls - calls, runner.utterances_encoded - utterances) == (6, 10)
     assert all(b in runner.encode_buckets for _, _, b, _ in encodes)
     assert not runner.live
 

@@ -5,8 +5,9 @@ layer by layer over slot-indexed static caches). One step:
 
 1. encodes the newcomers' log-mel features together and stores each one's cross-attention keys and values in
    its slot (``[layers, slots + 1, heads, 1500, head_dim]``; the encoder never runs again for that request). The
-   encoder runs at a bucketed batch size (powers of two up to ``max_batch_size``; the padding rows encode silence
-   into the spare slot past the real ones), from static buffers;
+   encoder runs at a bucketed batch size (powers of two and three times them, up to ``max_batch_size``: a padding
+   row costs a real one's 30 s window, so a bucket pads by a third at most; the padding rows encode silence into
+   the spare slot past the real ones), from static buffers;
 2. advances every running row by one decoder call over the slots ``0..rows-1`` (a row per slot, so both caches
    are read as views, never gathered; idle slots below the highest live one compute along and feed nothing):
    each row feeds its pending inputs (a prompt, or the last token) at its own positions, keys and values going
@@ -135,7 +136,7 @@ class WhisperRunner(StepRecord[WhisperInput]):
         self.begin_suppress[list(tokens.begin_suppress)] = True
         self.lang_ids = torch.tensor(sorted(tokens.languages.values()) or [tokens.eot], device=self.device)
         # The encoder's static inputs (graphs replay over them) and its batch buckets
-        self.encode_buckets = batch_buckets(max_batch_size)
+        self.encode_buckets = batch_buckets(max_batch_size, fine=True)
         frames = 2 * cfg.max_source_positions  # log-mel frames of the 30 s window (the convolutions halve them)
         self._enc_in = torch.zeros(max_batch_size, cfg.num_mel_bins, frames, **kw)
         self._enc_slots = torch.full((max_batch_size,), self.spare, dtype=torch.long, device=self.device)
