@@ -359,6 +359,34 @@ async def test_every_decoder_call_runs_at_a_captured_shape_and_gives_the_unbucke
         assert not runner.live
 
 
+async def test_a_transcript_never_pauses_for_a_slow_reader(tiny_whisper):
+    """However small the engine's watermark, a transcription row runs to its last token while nobody reads it: its
+    tokens are few and a pause would stall its turn behind the reader."""
+    async with await AsyncEngine.from_pretrained(
+        tiny_whisper, progress=False, max_batch_size=2, max_buffered_frames=3
+    ) as engine:
+        family = engine.models.get(ModelKind.TRANSCRIPTION)
+        runner, loop = family.runner, asyncio.get_running_loop()
+        finished = asyncio.Event()
+        step = runner.step
+
+        def watched(batch):  # the worker's step: tell the loop when the row has made its last token
+            outs = step(batch)
+            if any(o.finished for o in outs):
+                loop.call_soon_threadsafe(finished.set)
+            return outs
+
+        runner.step = watched
+        request = TranscriptionRequest(utterance("noise", 1.0), language="en", max_tokens=20)
+        async with engine.generate(request) as stream:
+            with anyio.fail_after(20):  # paused at the watermark, it would never finish
+                await finished.wait()  # read nothing until then: 20 tokens against a watermark of 3
+            assert family.scheduler.high > runner.positions
+            outs = [out async for out in stream]
+        last = outs[-1].chunk
+        assert last.final and last.finish_reason == "length" and last.index == 19
+
+
 async def test_a_paused_row_keeps_its_cache_while_calls_run_over_its_slot(engine):
     """A row the scheduler leaves out of some steps (its reader is slow) sits idle in calls that cover its slot:
     it feeds nothing and its cache stays as it was, so its transcript is the one it gets alone."""
