@@ -241,3 +241,31 @@ async def test_judgements_have_a_thread_of_their_own_that_never_waits_behind_fee
     assert judged == [0, 10, 20]
     assert all(await asyncio.gather(*busy))
     assert preparer(lane=Lane.JUDGE).threads == 1
+
+
+async def test_jobs_of_later_passes_queued_while_every_thread_is_busy_go_to_one_call_of_their_batch() -> None:
+    """The judgements of 32 sessions' pauses reach the one judging thread over several loop passes: while it judges
+    the first pass's, the next passes' wait together and go to one call (one at a time, each pass waited for every
+    call before it)."""
+    entered, release = threading.Event(), threading.Event()
+    calls: list[list[int]] = []
+
+    def judge(items: list[int]) -> list[int]:
+        calls.append(list(items))
+        if items == [0]:
+            entered.set()
+            release.wait(10)
+        return [10 * i for i in items]
+
+    prep = preparer(lane=Lane.JUDGE)
+    before = prep.batches
+    first = asyncio.ensure_future(run_prepare_batched(judge, 0, Lane.JUDGE))
+    await anyio.to_thread.run_sync(entered.wait, 10)  # the thread holds the first pass's call
+    later = []
+    for i in range(1, 5):  # a pass each
+        later.append(asyncio.ensure_future(run_prepare_batched(judge, i, Lane.JUDGE)))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+    release.set()
+    assert await asyncio.gather(first, *later) == [0, 10, 20, 30, 40]
+    assert calls == [[0], [1, 2, 3, 4]] and prep.batches == before + 2

@@ -14,7 +14,8 @@ scheduler holds a burst's first newcomers until the rest are prepared
 (:func:`omni_stream.speech.admission.hold_newcomers`, run 23), so the burst still prefills in one step.
 
 The jobs queued during one pass of the event loop go to a thread as one job, and come back with one wake-up of
-the loop. Handed over one by one (anyio's ``to_thread``), each job cost the loop ~120 us of hand-off (a wake-up, a
+the loop; while every thread is busy, the jobs of later passes wait together and go as one job to the first thread
+that is free. Handed over one by one (anyio's ``to_thread``), each job cost the loop ~120 us of hand-off (a wake-up, a
 limiter's release, the next waiter's start) and left its thread idle between jobs for 0.3-0.5 ms: a burst's
 requests reach their preparation in the same pass, so on the H200 a burst of 32 spent ~17 ms from its first
 request to its last prompt and a burst of 128 ~80 ms, most of it hand-offs (``benchmarks/burst_probe.py``).
@@ -90,7 +91,9 @@ class Preparer:
         self.threads = threads
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix=f"omni-stream-{name}")
         self._queued: list[_Job] = []
-        self.batches = 0  # thread jobs so far (each one pass's queued jobs)
+        self._flush_due = False  # a flush is scheduled on the loop
+        self._busy = 0  # thread jobs handed over and not finished
+        self.batches = 0  # thread jobs so far (each the jobs queued since the last one started)
         self.stats = PrepareStats()  # since the last take()
         self._stats_lock = threading.Lock()
 
@@ -102,9 +105,7 @@ class Preparer:
 
     def submit(self, loop: asyncio.AbstractEventLoop, call: Callable[[], T]) -> asyncio.Future[T]:
         future: asyncio.Future[T] = loop.create_future()
-        if not self._queued:
-            loop.call_soon(self._flush, loop)  # after the pass's other ready tasks have queued theirs
-        self._queued.append(_Job(call, future, time.perf_counter()))
+        self._queue(loop, _Job(call, future, time.perf_counter()))
         return future
 
     def submit_batched(
@@ -113,20 +114,39 @@ class Preparer:
         """``batch([..., item, ...])[k]``: the items of every job of this pass with the same ``batch`` callable go to
         one call of it, which returns one result per item in order (if it raises, every item's job raises)."""
         future: asyncio.Future[T] = loop.create_future()
-        if not self._queued:
-            loop.call_soon(self._flush, loop)
-        self._queued.append(_Job(_batched_only, future, time.perf_counter(), batch, item))
+        self._queue(loop, _Job(_batched_only, future, time.perf_counter(), batch, item))
         return future
 
+    def _queue(self, loop: asyncio.AbstractEventLoop, job: _Job) -> None:
+        self._queued.append(job)
+        if not self._flush_due and self._busy < self.threads:
+            self._flush_due = True
+            loop.call_soon(self._flush, loop)  # after the pass's other ready tasks have queued theirs
+
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Hand every queued job to a free thread as one thread job. With every thread busy the jobs stay queued
+        and the first thread to finish takes them all: jobs of later passes join one call of their batch instead
+        of queuing as a thread job each. The end-of-turn model's one thread judged 32 sessions' pauses, which
+        reach it over several passes, in a call per pass: the last pause waited ~170 ms behind calls of ~20 ms
+        (voice_bench run 46)."""
+        self._flush_due = False
+        if not self._queued or self._busy >= self.threads:
+            return
         jobs, self._queued = self._queued, []
         self.batches += 1
+        self._busy += 1
         try:
             done = loop.run_in_executor(self._pool, self._run, jobs)
         except RuntimeError as exc:  # the pool or the loop is shutting down: nobody may wait forever
             done = loop.create_future()
             done.set_exception(exc)
-        done.add_done_callback(functools.partial(_settle_all, jobs))
+        done.add_done_callback(functools.partial(self._finished, loop, jobs))
+
+    def _finished(self, loop: asyncio.AbstractEventLoop, jobs: list[_Job], done: asyncio.Future[Any]) -> None:
+        self._busy -= 1
+        _settle_all(jobs, done)
+        if self._queued and not self._flush_due:
+            self._flush(loop)  # what queued while every thread was busy, as one thread job
 
     def _run(self, jobs: list[_Job]) -> list[tuple[bool, Any]]:
         """A thread's share: every job in order (a batch's jobs together, where its first one stands), each one's
