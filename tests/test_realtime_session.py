@@ -156,6 +156,54 @@ async def test_a_transcript_stops_at_the_configured_token_bound(tmp_path, cap):
         await engine.aclose()
 
 
+async def test_transcript_tokens_that_waited_for_the_session_go_out_as_one_delta(tmp_path):
+    """A session behind its transcription (its lock held, as by a busy event loop) sends the tokens that waited for
+    it as one delta event, not one each: the deltas still join into the transcript."""
+    import asyncio
+
+    from omni_stream.family import ModelKind
+    from omni_stream.models.whisper.checkpoint import write_tiny_checkpoint
+
+    checkpoints = {**agent_checkpoints(tmp_path), "asr": write_tiny_checkpoint(tmp_path / "whisper")}
+    engine = await agent_loader(checkpoints)()
+    speech = (np.random.default_rng(1).standard_normal(24000) * 3000).astype("<i2")
+    runner, loop, finished = (
+        engine.models.get(ModelKind.TRANSCRIPTION).runner,
+        asyncio.get_running_loop(),
+        anyio.Event(),
+    )
+    step = runner.step
+
+    def watched(batch):  # the worker's step: tell the loop when the transcript's last token is made
+        outs = step(batch)
+        if any(o.finished for o in outs):
+            loop.call_soon_threadsafe(finished.set)
+        return outs
+
+    runner.step = watched
+    cap = 20
+    try:
+        settings = Settings(vad_factory=None, realtime_transcription_max_tokens=cap)
+        async with RealtimeSession(engine, settings) as session:
+            await session.client_event(InputAudioAppend(None, speech.tobytes()))
+            await session.client_event(InputAudioCommit(None))
+            async with session._lock:  # the session reads nothing until the model has made every token
+                with anyio.fail_after(30):
+                    await finished.wait()
+            deltas = []
+            async for event in session.outgoing:
+                assert getattr(event, "type", None) != "error", event
+                if event.type == "conversation.item.input_audio_transcription.delta":
+                    deltas.append(event.body["delta"])
+                if event.type == "conversation.item.input_audio_transcription.completed":
+                    break
+        assert event.body["usage"]["output_tokens"] == cap
+        assert "".join(deltas).strip() == event.body["transcript"]
+        assert 1 <= len(deltas) <= cap // 2  # the tokens that fit the stages' channels, then what waited, together
+    finally:
+        await engine.aclose()
+
+
 async def test_turn_detection_runs_on_the_loops_preparation_threads(checkpoints):
     """Every session's VAD feed goes to the loop's few turn-detection threads (with the other appends of the same
     pass), not to a thread of its own."""
