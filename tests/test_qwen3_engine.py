@@ -160,6 +160,49 @@ async def test_base_cloning_streams_with_reference_context(base_dir):
         await _idle(engine)
 
 
+async def test_a_reference_is_extracted_beside_the_device_worker_which_streams_meanwhile(base_dir):
+    """A Base request's reference audio is extracted on a thread of its own: while one extraction is held, a request
+    with an uploaded voice streams to its end (extracted on the worker, as before, it would wait for it), and the held
+    request then gets the audio of its own prompt."""
+    async with await AsyncEngine.from_pretrained(base_dir, progress=False) as engine:
+        fam = engine.models.speech()
+        t = np.arange(24000 * 2) / 24000
+        ref = (0.3 * np.sin(2 * np.pi * 220 * t) * np.sin(2 * np.pi * 3 * t)).astype(np.float32)
+        uploaded = await engine.create_voice_prompt(ref, 24000, "a reference transcript")
+        held, entered = threading.Event(), threading.Event()
+        embed = fam.speaker_encoder.embed
+        threads = set()
+
+        def slow_embed(audio):
+            threads.add(threading.current_thread().name)
+            entered.set()
+            held.wait(30)
+            return embed(audio)
+
+        fam.speaker_encoder.embed = slow_embed
+        request = _greedy("Cloned speech.", ref_audio=ref, ref_text="a reference transcript")
+        try:
+            async with anyio.create_task_group() as tg:
+                cloned: list[np.ndarray] = []
+
+                async def clone() -> None:
+                    cloned.append(await _collect(engine, request))
+
+                tg.start_soon(clone)
+                await anyio.to_thread.run_sync(entered.wait, 30)
+                with anyio.fail_after(60):  # the worker is free: the uploaded voice's request streams to its end
+                    other = await _collect(engine, _greedy("Meanwhile.", voice_prompt=uploaded))
+                assert other.size > 0 and not cloned
+                held.set()
+        finally:
+            held.set()
+            fam.speaker_encoder.embed = embed
+        assert threads and engine.worker.name not in threads
+        expected = await _expected(engine, request, voice_prompt=uploaded)  # the same reference, extracted again
+        assert cloned[0].shape == expected.shape and np.abs(cloned[0] - expected).max() < TOL
+        await _idle(engine)
+
+
 async def test_only_the_last_chunk_is_final_on_and_off_window_boundaries(custom_voice_dir):
     # Default ramp from 2 frames: windows 2, 4, 8, 16, 25: frame totals 2, 6 and 14 end on a boundary.
     async with await AsyncEngine.from_pretrained(custom_voice_dir, progress=False) as engine:
