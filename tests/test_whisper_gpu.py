@@ -49,9 +49,9 @@ async def test_encoder_graphs_equal_the_eager_encoder_at_every_bucket(tiny_whisp
         assert runner.encode_graphs is not None and len(runner.encode_graphs) == len(runner.encode_buckets)
         runner.record = True
         batch = payloads(family, 5)
-        graphed = step_together(runner, batch)  # five newcomers: the bucket of eight
+        graphed = step_together(runner, batch)  # five newcomers: the bucket of six
         encodes = [e for e in runner.log if e[0] == "encode"]
-        assert encodes == [("encode", 5, 8, "graph")]
+        assert encodes == [("encode", 5, 6, "graph")]
         graphs, runner.encode_graphs = runner.encode_graphs, None
         try:
             eager = step_together(runner, batch)
