@@ -117,8 +117,8 @@ def batched_transcription_stage(
                 usage.output_tokens += 1
                 ctx.timings.steps += 1
                 # Tokens that waited for this stage go on as one delta: downstream every delta costs the event loop a
-                # round trip (a voice agent's session sends an event per delta), and 32 voice sessions' transcripts,
-                # a token each, kept the loop ~50 ms behind the model (voice_bench run 46).
+                # round trip (a voice agent's session sends an event per delta). In voice_bench run 46 the model had
+                # made 32 sessions' transcripts, a delta a token, ~50 ms before the sessions had read them.
                 while deltas.buffered and not delta.final:
                     more = await anext(deltas)
                     usage.output_tokens += 1

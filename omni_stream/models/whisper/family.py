@@ -85,9 +85,8 @@ class WhisperFamily:
             # here keeps capture out of requests.
             self.capture_seconds = self.runner.capture_graphs()
             # A transcript never pauses at the engine's watermark: it is at most the decoder's positions of tokens,
-            # holding them costs nothing, and a paused row stalls its turn behind its reader. A voice agent's reader
-            # takes each token on the event loop, where 32 sessions' tokens queue together: voice_bench run 45 saw
-            # their rows pause at 25 tokens for 56-79 ms with the device idle before their last step.
+            # holding them costs nothing, and a paused row would keep its batch slot and finish only after its
+            # reader (a voice agent's session, on a busy event loop) caught up.
             self.scheduler = Scheduler(
                 self.runner,
                 load.worker,
