@@ -48,6 +48,7 @@ async def test_jobs_queued_while_threads_are_busy_use_no_more_than_the_limit_of_
         release.wait()
         return i
 
+    before = preparer().batches
     tasks = []
     for i in range(3 * PREPARE_THREADS):  # one job a loop pass: each its own thread job
         tasks.append(asyncio.ensure_future(run_prepare(job, i)))
@@ -59,6 +60,7 @@ async def test_jobs_queued_while_threads_are_busy_use_no_more_than_the_limit_of_
     release.set()
     assert await asyncio.gather(*tasks) == list(range(3 * PREPARE_THREADS))
     assert len(threads) <= PREPARE_THREADS
+    assert preparer().batches == before + 3 * PREPARE_THREADS  # prompts never gather: a thread job per pass
 
 
 async def test_a_cancelled_job_is_dropped_and_the_others_of_its_pass_still_get_theirs() -> None:

@@ -14,11 +14,12 @@ scheduler holds a burst's first newcomers until the rest are prepared
 (:func:`omni_stream.speech.admission.hold_newcomers`, run 23), so the burst still prefills in one step.
 
 The jobs queued during one pass of the event loop go to a thread as one job, and come back with one wake-up of
-the loop; while every thread is busy, the jobs of later passes wait together and go as one job to the first thread
-that is free. Handed over one by one (anyio's ``to_thread``), each job cost the loop ~120 us of hand-off (a wake-up, a
+the loop. Handed over one by one (anyio's ``to_thread``), each job cost the loop ~120 us of hand-off (a wake-up, a
 limiter's release, the next waiter's start) and left its thread idle between jobs for 0.3-0.5 ms: a burst's
 requests reach their preparation in the same pass, so on the H200 a burst of 32 spent ~17 ms from its first
 request to its last prompt and a burst of 128 ~80 ms, most of it hand-offs (``benchmarks/burst_probe.py``).
+In the turn-detection and judging lanes, while every thread is busy, the jobs of later passes wait together and
+go as one job to the first thread that is free.
 
 Jobs of one kind can go further (:func:`run_prepare_batched`): the items of a pass's calls with the same batch
 callable reach it as one list, so a realtime server's sessions' VAD feeds of one pass are one network call.
@@ -87,8 +88,9 @@ def _settle_all(jobs: list[_Job], done: asyncio.Future[list[tuple[bool, Any]]]) 
 class Preparer:
     """One event loop's preparation threads and the jobs queued during its current pass."""
 
-    def __init__(self, threads: int, name: str = "prepare") -> None:
+    def __init__(self, threads: int, name: str = "prepare", *, gather: bool = False) -> None:
         self.threads = threads
+        self.gather = gather  # jobs queued while every thread is busy wait and go together (see _flush)
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix=f"omni-stream-{name}")
         self._queued: list[_Job] = []
         self._flush_due = False  # a flush is scheduled on the loop
@@ -119,18 +121,19 @@ class Preparer:
 
     def _queue(self, loop: asyncio.AbstractEventLoop, job: _Job) -> None:
         self._queued.append(job)
-        if not self._flush_due and self._busy < self.threads:
+        if not self._flush_due and (self._busy < self.threads or not self.gather):
             self._flush_due = True
             loop.call_soon(self._flush, loop)  # after the pass's other ready tasks have queued theirs
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Hand every queued job to a free thread as one thread job. With every thread busy the jobs stay queued
-        and the first thread to finish takes them all: jobs of later passes join one call of their batch instead
-        of queuing as a thread job each. The end-of-turn model's one thread judged 32 sessions' pauses, which
-        reach it over several passes, in a call per pass: the last pause waited ~170 ms behind calls of ~20 ms
-        (voice_bench run 46)."""
+        """Hand every queued job to a thread as one thread job. With ``gather`` (the turn-detection and judging
+        lanes) and every thread busy, the jobs stay queued and the first thread to finish takes them all: jobs of
+        later passes join one call of their batch instead of queuing as a thread job each. The end-of-turn model's
+        one thread judged 32 sessions' pauses, which reach it over several passes, in a call per pass: the last
+        pause waited ~170 ms behind calls of ~20 ms (voice_bench run 46; run 47: 19-39 ms mean waits at 16 and 32
+        sessions). Prompts keep a thread job per pass (measured so by ``burst_probe``, runs 22-23)."""
         self._flush_due = False
-        if not self._queued or self._busy >= self.threads:
+        if not self._queued or (self.gather and self._busy >= self.threads):
             return
         jobs, self._queued = self._queued, []
         self.batches += 1
@@ -145,7 +148,7 @@ class Preparer:
     def _finished(self, loop: asyncio.AbstractEventLoop, jobs: list[_Job], done: asyncio.Future[Any]) -> None:
         self._busy -= 1
         _settle_all(jobs, done)
-        if self._queued and not self._flush_due:
+        if self.gather and self._queued and not self._flush_due:
             self._flush(loop)  # what queued while every thread was busy, as one thread job
 
     def _run(self, jobs: list[_Job]) -> list[tuple[bool, Any]]:
@@ -238,8 +241,9 @@ def preparer(threads: int | None = None, lane: Lane = Lane.PROMPTS) -> Preparer:
         found = None
     if found is None:
         default = _LANE_THREADS[lane]
+        prompts = lane is Lane.PROMPTS
         found = lanes[lane] = Preparer(
-            default if threads is None else threads, "prepare" if lane is Lane.PROMPTS else lane.value
+            default if threads is None else threads, "prepare" if prompts else lane.value, gather=not prompts
         )
         weakref.finalize(loop, found.shutdown)
     return found
