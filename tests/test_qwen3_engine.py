@@ -203,6 +203,41 @@ async def test_a_reference_is_extracted_beside_the_device_worker_which_streams_m
         await _idle(engine)
 
 
+async def test_a_request_cancelled_during_its_reference_extraction_leaves_at_once_and_holds_nothing(base_dir):
+    async with await AsyncEngine.from_pretrained(base_dir, progress=False) as engine:
+        fam = engine.models.speech()
+        t = np.arange(24000 * 2) / 24000
+        ref = (0.3 * np.sin(2 * np.pi * 330 * t)).astype(np.float32)
+        held, entered = threading.Event(), threading.Event()
+        embed = fam.speaker_encoder.embed
+
+        def slow_embed(audio):
+            entered.set()
+            held.wait(30)
+            return embed(audio)
+
+        fam.speaker_encoder.embed = slow_embed
+        request = _greedy("Cancelled.", ref_audio=ref, ref_text="a reference transcript")
+        try:
+            with anyio.CancelScope() as scope:
+
+                async def cancel_once_extracting() -> None:
+                    await anyio.to_thread.run_sync(entered.wait, 30)
+                    scope.cancel()
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(cancel_once_extracting)
+                    with anyio.fail_after(20):  # the extraction is still held: the request does not wait for it
+                        await _collect(engine, request)
+            assert scope.cancelled_caught and not held.is_set()
+        finally:
+            held.set()
+            fam.speaker_encoder.embed = embed
+        await _idle(engine)
+        assert (await _collect(engine, _greedy("Next.", ref_audio=ref, ref_text="a reference transcript"))).size > 0
+        await _idle(engine)
+
+
 async def test_only_the_last_chunk_is_final_on_and_off_window_boundaries(custom_voice_dir):
     # Default ramp from 2 frames: windows 2, 4, 8, 16, 25: frame totals 2, 6 and 14 end on a boundary.
     async with await AsyncEngine.from_pretrained(custom_voice_dir, progress=False) as engine:

@@ -257,8 +257,10 @@ class Qwen3TTSFamily:
             from omni_stream.codecs import resample
 
             audio = await anyio.to_thread.run_sync(resample, audio, sample_rate, SAMPLE_RATE)
+        # A request cancelled or past its deadline leaves at once; the thread finishes the extraction, which holds
+        # nothing of the request's, and its prompt is dropped.
         prompt = await anyio.to_thread.run_sync(
-            self._extract_voice, np.ascontiguousarray(audio, dtype=np.float32), text
+            self._extract_voice, np.ascontiguousarray(audio, dtype=np.float32), text, abandon_on_cancel=True
         )
         if key is not None and self.voice_cache is not None:
             self.voice_cache.put(key, prompt)
