@@ -413,3 +413,20 @@ async def test_a_paused_row_keeps_its_cache_while_calls_run_over_its_slot(engine
     assert tokens == alone
     calls = [e for e in runner.log[mark:] if e[0] == "decode"]
     assert [e[1:3] for e in calls[2:6]] == [(1, 2)] * 4  # one live row in a call over two slots
+
+
+async def test_a_whole_utterance_already_at_the_models_rate_is_taken_as_it_is():
+    """A voice agent's turn arrives as float32 at the model's rate: no copy and no thread hop; anything else is made
+    float32 and resampled (on a thread) as before."""
+    from omni_stream.transcription.stage import collect_utterance
+
+    async def nothing():
+        return
+        yield
+
+    audio = utterance("noise", 0.5)
+    assert await collect_utterance(TranscriptionRequest(audio, 16000), nothing(), 16000, 30.0) is audio
+    wide = utterance("tone440", 0.5, rate=24000).astype(np.float64)
+    got = await collect_utterance(TranscriptionRequest(wide, 24000), nothing(), 16000, 30.0)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, resample(wide.astype(np.float32), 24000, 16000), atol=1e-6)

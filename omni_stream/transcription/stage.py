@@ -50,6 +50,10 @@ def check_samples(request: TranscriptionRequest, max_seconds: float) -> None:
         raise InvalidRequestError("audio holds NaN or infinite samples", "audio")
 
 
+def _whole(audio: np.ndarray, rate: int, target: int) -> np.ndarray:
+    return _resampled([_mono(audio)], rate, target)
+
+
 def _resampled(pieces: list[np.ndarray], rate: int, target: int) -> np.ndarray:
     samples = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
     if rate != target:
@@ -64,8 +68,11 @@ async def collect_utterance(
 ) -> np.ndarray:
     """The whole utterance as float32 mono at ``sample_rate`` Hz (see module docstring)."""
     if not request.streamed:
-        assert isinstance(request.audio, np.ndarray)
-        return await anyio.to_thread.run_sync(_resampled, [_mono(request.audio)], request.sample_rate, sample_rate)
+        audio = request.audio
+        assert isinstance(audio, np.ndarray)
+        if request.sample_rate == sample_rate and audio.ndim == 1 and audio.dtype == np.float32:
+            return np.ascontiguousarray(audio)  # as the model takes it (a voice agent's turns): no thread hop
+        return await anyio.to_thread.run_sync(_whole, audio, request.sample_rate, sample_rate)
     pieces: list[np.ndarray] = []
     rate: int | None = None
     n = 0
