@@ -160,44 +160,65 @@ async def test_base_cloning_streams_with_reference_context(base_dir):
         await _idle(engine)
 
 
+REF_TEXT = "a reference transcript"
+
+
+def _reference() -> np.ndarray:
+    t = np.arange(24000 * 2) / 24000
+    return (0.3 * np.sin(2 * np.pi * 220 * t) * np.sin(2 * np.pi * 3 * t)).astype(np.float32)
+
+
+class HeldExtraction:
+    """Holds every reference extraction of ``fam`` inside its speaker encoder until :meth:`release` (or the end of
+    the ``with``); ``entered`` is set once one is held, ``threads`` names the threads that ran them."""
+
+    def __init__(self, fam) -> None:
+        self.fam, self.embed = fam, fam.speaker_encoder.embed
+        self.held, self.entered, self.threads = threading.Event(), threading.Event(), set()
+
+    def _slow_embed(self, audio):
+        self.threads.add(threading.current_thread().name)
+        self.entered.set()
+        self.held.wait(30)
+        return self.embed(audio)
+
+    def __enter__(self) -> HeldExtraction:
+        self.fam.speaker_encoder.embed = self._slow_embed
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+        self.fam.speaker_encoder.embed = self.embed
+
+    def release(self) -> None:
+        self.held.set()
+
+    async def started(self) -> None:
+        await anyio.to_thread.run_sync(self.entered.wait, 30)
+
+
 async def test_a_reference_is_extracted_beside_the_device_worker_which_streams_meanwhile(base_dir):
     """A Base request's reference audio is extracted on a thread of its own: while one extraction is held, a request
     with an uploaded voice streams to its end (extracted on the worker, as before, it would wait for it), and the held
     request then gets the audio of its own prompt."""
     async with await AsyncEngine.from_pretrained(base_dir, progress=False) as engine:
-        fam = engine.models.speech()
-        t = np.arange(24000 * 2) / 24000
-        ref = (0.3 * np.sin(2 * np.pi * 220 * t) * np.sin(2 * np.pi * 3 * t)).astype(np.float32)
-        uploaded = await engine.create_voice_prompt(ref, 24000, "a reference transcript")
-        held, entered = threading.Event(), threading.Event()
-        embed = fam.speaker_encoder.embed
-        threads = set()
+        ref = _reference()
+        uploaded = await engine.create_voice_prompt(ref, 24000, REF_TEXT)
+        request = _greedy("Cloned speech.", ref_audio=ref, ref_text=REF_TEXT)
+        cloned: list[np.ndarray] = []
+        with HeldExtraction(engine.models.speech()) as extraction:
 
-        def slow_embed(audio):
-            threads.add(threading.current_thread().name)
-            entered.set()
-            held.wait(30)
-            return embed(audio)
+            async def clone() -> None:
+                cloned.append(await _collect(engine, request))
 
-        fam.speaker_encoder.embed = slow_embed
-        request = _greedy("Cloned speech.", ref_audio=ref, ref_text="a reference transcript")
-        try:
             async with anyio.create_task_group() as tg:
-                cloned: list[np.ndarray] = []
-
-                async def clone() -> None:
-                    cloned.append(await _collect(engine, request))
-
                 tg.start_soon(clone)
-                await anyio.to_thread.run_sync(entered.wait, 30)
+                await extraction.started()
                 with anyio.fail_after(60):  # the worker is free: the uploaded voice's request streams to its end
                     other = await _collect(engine, _greedy("Meanwhile.", voice_prompt=uploaded))
                 assert other.size > 0 and not cloned
-                held.set()
-        finally:
-            held.set()
-            fam.speaker_encoder.embed = embed
-        assert threads and engine.worker.name not in threads
+                extraction.release()
+        assert extraction.threads and engine.worker.name not in extraction.threads
         expected = await _expected(engine, request, voice_prompt=uploaded)  # the same reference, extracted again
         assert cloned[0].shape == expected.shape and np.abs(cloned[0] - expected).max() < TOL
         await _idle(engine)
@@ -205,36 +226,20 @@ async def test_a_reference_is_extracted_beside_the_device_worker_which_streams_m
 
 async def test_a_request_cancelled_during_its_reference_extraction_leaves_at_once_and_holds_nothing(base_dir):
     async with await AsyncEngine.from_pretrained(base_dir, progress=False) as engine:
-        fam = engine.models.speech()
-        t = np.arange(24000 * 2) / 24000
-        ref = (0.3 * np.sin(2 * np.pi * 330 * t)).astype(np.float32)
-        held, entered = threading.Event(), threading.Event()
-        embed = fam.speaker_encoder.embed
+        request = _greedy("Cancelled.", ref_audio=_reference(), ref_text=REF_TEXT)
+        with HeldExtraction(engine.models.speech()) as extraction, anyio.CancelScope() as scope:
 
-        def slow_embed(audio):
-            entered.set()
-            held.wait(30)
-            return embed(audio)
+            async def cancel_once_extracting() -> None:
+                await extraction.started()
+                scope.cancel()
 
-        fam.speaker_encoder.embed = slow_embed
-        request = _greedy("Cancelled.", ref_audio=ref, ref_text="a reference transcript")
-        try:
-            with anyio.CancelScope() as scope:
-
-                async def cancel_once_extracting() -> None:
-                    await anyio.to_thread.run_sync(entered.wait, 30)
-                    scope.cancel()
-
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(cancel_once_extracting)
-                    with anyio.fail_after(20):  # the extraction is still held: the request does not wait for it
-                        await _collect(engine, request)
-            assert scope.cancelled_caught and not held.is_set()
-        finally:
-            held.set()
-            fam.speaker_encoder.embed = embed
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(cancel_once_extracting)
+                with anyio.fail_after(20):  # the extraction is still held: the request does not wait for it
+                    await _collect(engine, request)
+        assert scope.cancelled_caught and extraction.entered.is_set()
         await _idle(engine)
-        assert (await _collect(engine, _greedy("Next.", ref_audio=ref, ref_text="a reference transcript"))).size > 0
+        assert (await _collect(engine, request)).size > 0  # the held extraction ended; the next one runs
         await _idle(engine)
 
 
