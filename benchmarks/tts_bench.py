@@ -498,7 +498,8 @@ def server_process(
     cmd = [sys.executable, "-m", "omni_stream.cli", "serve", "--model", str(ckpt), "--load-format", "dummy",
            "--enable-benchmark-fields", "--device", args.device, "--dtype", args.dtype,
            "--max-concurrency", str(args.max_batch), "--host", "127.0.0.1", "--port", str(port),
-           "--voices-dir", str(voices), "--log-level", "warning"]  # fmt: skip
+           "--voices-dir", str(voices), "--log-level", "warning",
+           "--served-model-name", served_name(port)]  # fmt: skip
     extra = {k: v for k, v in (env or {}).items() if not k.startswith("--")}
     cmd += [part for k, v in (env or {}).items() if k.startswith("--") for part in (k, v)]  # serve flags
     env = {**os.environ, **extra, "OMNI_STREAM_API_KEY": "", "PYTHONUNBUFFERED": "1"}
@@ -518,8 +519,15 @@ def server_process(
                 proc.wait()
 
 
-async def wait_healthy(client, url: str, proc: subprocess.Popen, limit_s: float) -> float:
-    """Seconds until ``/health`` answers 200; raises if the server exits or ``limit_s`` passes."""
+def served_name(port: int) -> str:
+    """The model id a benchmark's server on ``port`` answers with: its own, so a health check can tell it from another
+    process's server that took the port between ``free_port()`` and the bind (parallel test workers)."""
+    return f"omni-bench-{os.getpid()}-{port}"
+
+
+async def wait_healthy(client, url: str, proc: subprocess.Popen, limit_s: float, model: str | None = None) -> float:
+    """Seconds until ``/health`` answers 200 (for ``model``: naming that model); raises if the server exits or
+    ``limit_s`` passes."""
     import httpx
 
     t0 = time.perf_counter()
@@ -530,7 +538,8 @@ async def wait_healthy(client, url: str, proc: subprocess.Popen, limit_s: float)
         if time.perf_counter() - t0 > limit_s:
             raise RuntimeError(f"the server was not ready after {limit_s:.0f} s")
         with contextlib.suppress(httpx.HTTPError):
-            if (await client.get(f"{url}/health", timeout=2.0)).status_code == 200:
+            answer = await client.get(f"{url}/health", timeout=2.0)
+            if answer.status_code == 200 and (model is None or answer.json().get("model") == model):
                 return time.perf_counter() - t0
         await asyncio.sleep(0.25)
 
@@ -544,7 +553,7 @@ async def run_server(ckpt: Path, args: argparse.Namespace, transports: list[str]
     timeout = httpx.Timeout(args.request_timeout, connect=30.0)
     with server_process(ckpt, args, port, voices) as proc:
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-            ready_s = await wait_healthy(client, url, proc, args.server_timeout)
+            ready_s = await wait_healthy(client, url, proc, args.server_timeout, served_name(port))
             print(f"[{args.tag}] server ready in {ready_s:.1f} s (start, load, graph capture)", flush=True)
             model = (await client.get(f"{url}/v1/models")).json()["data"][0]
             for mode in args.modes:

@@ -62,6 +62,7 @@ from tts_bench import (
     load_engine,
     mode_tag,
     out_dir,
+    served_name,
     server_process,
     server_stats,
     wait_healthy,
@@ -450,7 +451,7 @@ async def run_server(ckpt: Path, args: argparse.Namespace, arm: str, env: dict[s
     served = [t for t in args.transports if t != "inproc"]
     with server_process(ckpt, args, port, tmp / f"voices{arm}", env) as proc:
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-            ready_s = await wait_healthy(client, url, proc, args.server_timeout)
+            ready_s = await wait_healthy(client, url, proc, args.server_timeout, served_name(port))
             print(f"[{args.tag}{' ' + arm if arm else ''}] server ready in {ready_s:.1f} s", flush=True)
             model = (await client.get(f"{url}/v1/models")).json()["data"][0]
             for mode in args.modes:
