@@ -63,6 +63,7 @@ sys.path.insert(0, str(HERE))
 
 from provenance import git_commit  # noqa: E402
 from tts_clients import TEXT, RequestFields, Spoken, http_request, ws_request  # noqa: E402
+from worklog import fetch_worklog, last_seq, longest_pieces, worklog_route  # noqa: E402
 
 from omni_stream.metrics import percentile, underrun_of  # noqa: E402
 
@@ -133,13 +134,39 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def serve(argv: list[str]) -> int:
+    """``omni-stream serve`` itself (``argv``: its flags), with the device worker's log kept (``record=True``) and
+    readable at ``GET /bench/worklog`` (``worklog.py``), so each scenario can say what the worker ran meanwhile."""
+    from starlette.routing import Route
+
+    import omni_stream.realtime.app as app_module
+    from omni_stream.cli import main as cli_main
+    from omni_stream.engine import AsyncEngine
+
+    load, make_app = AsyncEngine.load.__func__, app_module.create_app  # type: ignore[attr-defined]
+
+    async def recorded(cls: Any, sources: Any = None, **options: Any) -> Any:
+        return await load(cls, sources, **options, record=True)
+
+    def create_app(*args: Any, **kwargs: Any) -> Any:
+        app = make_app(*args, **kwargs)
+        app.router.routes.insert(0, Route("/bench/worklog", worklog_route(app)))
+        return app
+
+    AsyncEngine.load = classmethod(recorded)  # type: ignore[method-assign,assignment]
+    app_module.create_app = create_app
+    return cli_main(["serve", *argv])
+
+
 @contextlib.contextmanager
 def server(models: list[str], policy: str, args: argparse.Namespace) -> Iterator[str]:
     """``omni-stream serve`` (no ``--model``: every kind's embedded default) with benchmark fields; its URL."""
     port = free_port()
-    cmd = [sys.executable, "-m", "omni_stream.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+    cmd = [sys.executable, str(Path(__file__).resolve()), "serve", "--host", "127.0.0.1", "--port", str(port),
            "--enable-benchmark-fields", "--log-level", "warning", "--tune", f"device_policy={policy}",
            "--max-concurrency", "64"]  # fmt: skip
+    for assignment in args.tune:
+        cmd += ["--tune", assignment]
     for model in models:
         cmd += ["--model", model]
     if args.gpu:
@@ -394,15 +421,50 @@ async def alone(work: dict[str, Callable], names: list[str]) -> dict:
     return {name: summarize(name, *await outcomes(tasks_of(work, name))) for name in names}
 
 
-async def mixed(kind: str, work: dict[str, Callable], stagger: float) -> dict:
-    """``together``: every workload at once; ``apart``: the throughput ones ``stagger`` seconds later."""
+async def mixed(kind: str, work: dict[str, Callable], stagger: float) -> tuple[dict, float | None]:
+    """``together``: every workload at once; ``apart``: the throughput ones ``stagger`` seconds later. Also the
+    speech streams' last first audio (:func:`timed`)."""
+    return await timed(work, list(work), stagger if kind == "apart" else 0.0)
+
+
+async def timed(work: dict[str, Callable], names: list[str], stagger: float = 0.0) -> tuple[dict, float | None]:
+    """``names`` at once (the throughput ones ``stagger`` seconds late): their figures, and when the last speech
+    stream's first audio arrived (``time.monotonic()``; None without speech), the end of :func:`worker_window`."""
 
     async def later(name: str) -> tuple[list[Any], list[str]]:
-        await asyncio.sleep(stagger if kind == "apart" and name in THROUGHPUT else 0.0)
+        await asyncio.sleep(stagger if name in THROUGHPUT else 0.0)
         return await outcomes(tasks_of(work, name))
 
-    gathered = await asyncio.gather(*(later(name) for name in work))
-    return {name: summarize(name, *got) for name, got in zip(work, gathered, strict=True)}
+    gathered = await asyncio.gather(*(later(name) for name in names))
+    offset = time.monotonic() - time.perf_counter()  # the records' perf_counter times -> the worker log's clock
+    firsts = [r["start"] + r["ttfa"] + offset
+              for name, (records, _) in zip(names, gathered, strict=True) if name.startswith("speech")
+              for r in records]  # fmt: skip
+    summaries = {name: summarize(name, *got) for name, got in zip(names, gathered, strict=True)}
+    return summaries, max(firsts, default=None)
+
+
+def worker_window(url: str, after: int, start: float, end: float | None) -> dict:
+    """What the server's device worker ran from a scenario's start to its speech streams' last first audio (its
+    log entries after ``after``; ``time.monotonic()`` times): the work profile of that window, and its longest
+    single pieces (one piece that held every model shows there)."""
+    from omni_stream.runtime.work_profile import work_profile
+
+    if end is None or end <= start:
+        return {}
+    log = fetch_worklog(url, after)
+    return {"window_ms": round(1000 * (end - start), 1), **work_profile(log, start, end).summary(),
+            "longest": longest_pieces(log, start, end)}  # fmt: skip
+
+
+def worker_line(window: dict, top: int = 4) -> str:
+    """``worker_window`` in one line: busy share, the largest shares (ms, count), the longest pieces."""
+    if not window:
+        return "    worker: no speech first audio in the window"
+    shares = ", ".join(f"{k} {1000 * v:.0f} ({window['counts'][k]})" for k, v in list(window["seconds"].items())[:top])
+    longest = ", ".join(f"{p['piece']} {p['ms']:.0f} ms at +{p['at_ms']:.0f}" for p in window["longest"][:3])
+    return (f"    worker until the last first audio ({window['window_ms']:.0f} ms): busy "
+            f"{100 * window['busy_fraction']:.0f}%: {shares}; longest: {longest}")  # fmt: skip
 
 
 async def probes(url: str, sizes: Sizes, under: str | None) -> list[dict]:
@@ -525,13 +587,19 @@ async def run_policy(url: str, sizes: Sizes, args: argparse.Namespace) -> dict:
         for c in sizes.speech_levels:
             work = workloads(url, sizes, transport, c, args)
             level: dict[str, Any] = {"transport": transport, "speech_c": c}
-            level["alone"] = await alone(work, [f"speech_{transport}"])
+            seen, t0 = await asyncio.to_thread(last_seq, url), time.monotonic()
+            level["alone"], until = await timed(work, [f"speech_{transport}"])
+            level["alone_worker"] = await asyncio.to_thread(worker_window, url, seen, t0, until)
             progress(f"speech {transport} c={c} alone", level["alone"])
+            print(worker_line(level["alone_worker"]), flush=True)
             reference = result["alone"] | level["alone"]
             for kind in ("together", "apart"):
-                level[kind] = await mixed(kind, work, args.stagger)
+                seen, t0 = await asyncio.to_thread(last_seq, url), time.monotonic()
+                level[kind], until = await mixed(kind, work, args.stagger)
+                level[f"{kind}_worker"] = await asyncio.to_thread(worker_window, url, seen, t0, until)
                 level[f"{kind}_vs_alone"] = compare(reference, level[kind])
                 progress(f"speech {transport} c={c} {kind}", level[kind])
+                print(worker_line(level[f"{kind}_worker"]), flush=True)
             result["levels"].append(level)
     return result
 
@@ -589,6 +657,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default="probe,mixed",
         help="probe (the one-request speech probes), mixed (alone / together / apart); default: both",
     )
+    ap.add_argument(
+        "--tune",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a tuning switch for the server (may repeat), e.g. realtime_priority=on (A/B runs)",
+    )
+    ap.add_argument("--tag", default="", help="appended to the result file's name (A/B runs)")
     ap.add_argument("--session-timeout", type=float, default=300.0)
     ap.add_argument("--server-timeout", type=float, default=900.0)
     args = ap.parse_args(argv)
@@ -621,6 +697,7 @@ def main(argv: list[str] | None = None) -> dict:
         "device_name": _device_name(args.gpu),
         "sizes": asdict(sizes),
         "stagger_s": args.stagger,
+        "tune": args.tune,
         "policies": {},
     }
     with tempfile.TemporaryDirectory(prefix="colocation-") as tmp:
@@ -638,6 +715,7 @@ def main(argv: list[str] | None = None) -> dict:
         name += "_" + "_".join(args.transports)
     if args.levels:
         name += "_c" + "_".join(str(c) for c in sizes.speech_levels)
+    name += args.tag
     targets = [Path(os.environ["OUT"])] if os.environ.get("OUT") else []
     if not args.smoke:
         targets.append(HERE / "results")
@@ -657,4 +735,6 @@ def _device_name(gpu: bool) -> str:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["serve"]:  # the benchmark's server process (``server``)
+        sys.exit(serve(sys.argv[2:]))
     main()

@@ -37,9 +37,12 @@
 #
 # colocation      ~450 / 545  colocation_bench.py --gpu --scenarios mixed --transports ws --levels 32: speech c=32,
 #                               agents, 4 image edits, 2 video sessions, alone, together and 0.3 s apart, on one server
-#                               (only when named, as a call of its own: the server starts in ~100 s)
+#                               (only when named, as a call of its own: the server starts in ~100 s); each scenario
+#                               also prints what the device worker ran until the speech streams' first audio;
+#                               SUITE_COLOCATION_ARGS="--tune realtime_priority=on --tag _prio": an A/B arm
 # gputests        ~330 / 545  the -m gpu tests (test_causal_lm_gpu, test_qwen3_codec_kernels, test_qwen3_codec_stream,
-#                               test_qwen3_gpu, test_whisper_gpu, test_smart_turn_gpu), from a copy of tests/ (only when named; run 29: 280 s
+#                               test_qwen3_gpu, test_whisper_gpu, test_smart_turn_gpu, test_worker_streams_gpu),
+#                               from a copy of tests/ (only when named; run 29: 280 s
 #                               covered 24 of 31; SUITE_GPUTESTS="test_causal_lm_gpu.py ..." runs those files only)
 #
 #   calls: SUITE_ONLY=load_cv | load_fixed,peers | load_base_ws | load_base_http,levers_base | levers_cv | load_http
@@ -216,12 +219,14 @@ else
   bench voice 230 80 "$B/voice_bench.py" --build dummy --device cuda --levels "${SUITE_VOICE_LEVELS:-1,16,32}" --max-batch 32 \
     --turns semantic_vad --arrivals at-once
   # server ~100 s and a warm-up of every route (run 29): the mixed scenarios at c=32 alone fill one call
-  named colocation 545 300 "$B/colocation_bench.py" --gpu --scenarios mixed --transports ws --levels 32
+  # shellcheck disable=SC2086  # SUITE_COLOCATION_ARGS splits on purpose (e.g. "--tune realtime_priority=on --tag _prio")
+  named colocation 545 300 "$B/colocation_bench.py" --gpu --scenarios mixed --transports ws --levels 32 \
+    ${SUITE_COLOCATION_ARGS:-}
   if [[ ",$ONLY," == *",gputests,"* ]]; then  # a copy outside the repository: its omni_stream/ would shadow /tmp/site
     mkdir -p "$WORK/t/benchmarks" && cp -r "$REPO/tests" "$REPO/pyproject.toml" "$WORK/t/" && cp -r "$B/configs" "$WORK/t/benchmarks/"
   fi
   GPUTESTS=${SUITE_GPUTESTS:-test_causal_lm_gpu.py test_qwen3_codec_kernels.py test_qwen3_codec_stream.py \
-    test_qwen3_gpu.py test_whisper_gpu.py test_smart_turn_gpu.py}
+    test_qwen3_gpu.py test_whisper_gpu.py test_smart_turn_gpu.py test_worker_streams_gpu.py}
   # shellcheck disable=SC2086  # the file names split on purpose
   named gputests 545 "$([[ -n ${SUITE_GPUTESTS:-} ]] && echo 60 || echo 300)" -m pytest \
     $(printf "$WORK/t/tests/%s " $GPUTESTS) -m gpu -q -p no:cacheprovider -rs

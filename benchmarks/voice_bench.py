@@ -92,6 +92,8 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO / "tests"))  # the synthetic families and the VAD and ASR test doubles (CPU mode)
 sys.path.insert(0, str(HERE))
 
+from worklog import fetch_worklog, last_seq, worklog_route  # noqa: E402
+
 RATE = 24000
 CHUNK = RATE // 10  # 100 ms appends
 # --build: a reply's first spoken unit ends after 8 tokens at the latest, about a real model's first clause ("The
@@ -278,33 +280,6 @@ def trace_route(traces: Any) -> Any:
         return JSONResponse([{"session_id": t.session_id, "marks": list(t.marks)} for t in traces.take()])
 
     return trace
-
-
-def worklog_route(app: Any) -> Any:
-    """``GET /bench/worklog?after=SEQ`` (this benchmark's server only): the device worker's log entries after ``SEQ``
-    as ``[seq, kind, name, work class, at]``, ``at`` on ``time.monotonic()`` (the timelines' clock)."""
-    from starlette.responses import JSONResponse
-
-    async def worklog(request: Any) -> Any:
-        after = int(request.query_params.get("after", "-1"))
-        offset = time.monotonic() - time.perf_counter()  # the log's perf_counter times -> the timelines' clock
-        entries = [[r.seq, r.kind, r.name, str(r.work_class), r.at + offset]
-                   for r in list(app.state.omni.engine.worker.log) if r.seq > after]  # fmt: skip
-        return JSONResponse(entries)
-
-    return worklog
-
-
-def fetch_worklog(port: int, after: int) -> list[Any]:
-    """The worker's log entries after ``after`` (``worklog_route``) as :class:`~omni_stream.worker.WorkRecord`."""
-    import urllib.request
-
-    from omni_stream.device_policy import WorkClass
-    from omni_stream.worker import WorkRecord
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/bench/worklog?after={after}", timeout=30) as response:
-        rows = json.loads(response.read())
-    return [WorkRecord(seq, kind, name, WorkClass(cls), at=at) for seq, kind, name, cls, at in rows]
 
 
 # The turn's steps (timeline marks, in order) between which phase_profiles says what the worker did.
@@ -802,13 +777,13 @@ def main(argv: list[str] | None = None) -> int:
                     for round_ in ("cold", "warm"):
                         fetch_work(port)  # the profile's window starts with the level
                         fetch_trace(port)
-                        seen = max((r.seq for r in fetch_worklog(port, -1)), default=-1)
+                        seen = last_seq(f"http://127.0.0.1:{port}")
                         judged = fetch_turn_model(port)
                         results.append(asyncio.run(run_level(url, n, args, turns, arrivals, round_)))
                         results[-1]["work"] = fetch_work(port)
                         sessions = results[-1].pop("_sessions")
                         results[-1]["timeline"] = turn_timeline(sessions, fetch_trace(port))
-                        worklog = fetch_worklog(port, seen)
+                        worklog = fetch_worklog(f"http://127.0.0.1:{port}", seen)
                         results[-1]["phases"] = phase_profiles(sessions, results[-1]["timeline"], worklog)
                         results[-1]["turn_model"] = turn_model_use(judged, fetch_turn_model(port))
                         print(table(results[-1:]).splitlines()[-1], flush=True)

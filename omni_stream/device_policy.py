@@ -23,7 +23,8 @@ step, one VAE decode), so a realtime step waits at most one throughput step, and
 only until the next one.
 
 Its switches are fields of the tuning object (:class:`~omni_stream.runtime.settings.Tuning`: ``device_policy``,
-``throughput_wait_ms``, ``throughput_stream``); :meth:`DevicePolicy.from_tuning` reads them.
+``throughput_wait_ms``, ``throughput_stream``, ``realtime_priority``, ``realtime_streams``);
+:meth:`DevicePolicy.from_tuning` reads them.
 """
 
 from __future__ import annotations
@@ -60,8 +61,12 @@ class DevicePolicy:
     ``yield_slack``: a realtime source whose streams all hold this much slack yields to throughput (default 1.0).
     ``min_progress``: once realtime work has held a throughput step ``max_wait`` at one of its yield points, the
     step runs at least this long before its next one (default 0.1).
-    ``throughput_stream``: on CUDA, throughput steps launch on a low-priority side stream so their kernels overlap
-    the realtime models' (default True; no effect on CPU).
+    ``throughput_stream``: on CUDA, throughput steps launch on a side stream of their own so their kernels overlap
+    the realtime models' (default True; no effect on CPU). Its priority is the lowest, which is also the default
+    stream's: the realtime models' kernels go first on the device only with ``realtime_priority``.
+    ``realtime_priority``: on CUDA, the worker's realtime work launches on a stream of higher priority than the
+    throughput steps' (:mod:`omni_stream.runtime.worker_streams`; default False until measured beside image and
+    video work; no effect on CPU).
     ``realtime_streams``: on CUDA, each realtime source's steps launch on a stream of its own, so one model's step
     (its kernels, and the copy that ends it) does not queue behind another's (default False; no effect on CPU).
     """
@@ -73,6 +78,7 @@ class DevicePolicy:
     default_cost: float = DEFAULT_STEP_COST_S
     min_progress: float = DEFAULT_MIN_PROGRESS_S
     throughput_stream: bool = True
+    realtime_priority: bool = False
     realtime_streams: bool = False
 
     def __post_init__(self) -> None:
@@ -83,11 +89,12 @@ class DevicePolicy:
     @classmethod
     def from_tuning(cls, tuning: Tuning) -> DevicePolicy:
         """The policy the tuning object's switches ask for (``device_policy``, ``throughput_wait_ms``,
-        ``throughput_stream``, ``realtime_streams``); the rest at their defaults."""
+        ``throughput_stream``, ``realtime_priority``, ``realtime_streams``); the rest at their defaults."""
         return cls(
             deadlines=tuning.device_policy == "deadlines",
             max_wait=tuning.throughput_wait_ms / 1000,
             throughput_stream=tuning.throughput_stream,
+            realtime_priority=tuning.realtime_priority,
             realtime_streams=tuning.realtime_streams,
         )
 

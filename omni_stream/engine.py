@@ -42,8 +42,7 @@ from __future__ import annotations
 import contextlib
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar, overload
@@ -69,59 +68,24 @@ from omni_stream.runtime.gc_heap import freeze_loaded_heap, release_loaded_heap
 from omni_stream.runtime.load_display import library_bars_off, log_lines_above_bars, quiet_pil_fallback
 from omni_stream.runtime.offload import preparer
 from omni_stream.runtime.settings import Tuning
+from omni_stream.runtime.worker_streams import (
+    REALTIME_PRIORITY,
+    StreamContext,
+    current_on,
+    loading_on,
+    make_realtime_stream,
+    realtime_streams,
+    throughput_stream,
+)
 from omni_stream.transcription.spec import TranscriptionRequest
 from omni_stream.validation.speech import check_reference, check_task
 from omni_stream.validation.voices import VoiceCatalog, voice_name
 from omni_stream.video.spec import VideoRequest
-from omni_stream.worker import DeviceWorker, StepSource
+from omni_stream.worker import DeviceWorker
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 C_co = TypeVar("C_co", covariant=True)
-
-
-def throughput_stream(device: str) -> tuple[Callable[[], AbstractContextManager[object]] | None, ...]:
-    """On CUDA, two contexts: one that makes a side stream of its own current (made on first use, on the worker
-    thread), for image and video steps, so their kernels may run beside the speech models' (on the default stream,
-    the codec's side stream) instead of queueing behind them; one that makes the default stream current again,
-    for realtime work run at a yield point inside such a step. (None, None) elsewhere."""
-    if not device.startswith("cuda"):
-        return None, None
-    made: list[torch.cuda.Stream] = []
-
-    def side() -> AbstractContextManager[object]:
-        if not made:
-            made.append(torch.cuda.Stream(device))
-        return torch.cuda.stream(made[0])
-
-    def default() -> AbstractContextManager[object]:
-        return torch.cuda.stream(torch.cuda.default_stream(device))
-
-    return side, default
-
-
-def realtime_streams(device: str) -> Callable[[StepSource], AbstractContextManager[object]] | None:
-    """On CUDA, a context per realtime step source that makes a stream of the source's own current (made on first
-    use, on the worker thread), after the default stream's work so far (the jobs, whose device outputs a step may
-    read). One model's step then neither queues its kernels behind another's nor waits, in the copy that ends it,
-    for the other's work; what one model hands another goes through the host (tokens, text, codec codes). None
-    elsewhere. Measured on the H200 (voice_bench run 37) it made the voice agent slower under load (the steps'
-    kernels contend instead of queueing): off by default."""
-    if not device.startswith("cuda"):
-        return None
-    streams: dict[int, tuple[StepSource, torch.cuda.Stream]] = {}  # id(source) -> (source, its stream)
-
-    @contextlib.contextmanager
-    def on_own_stream(source: StepSource) -> Iterator[None]:
-        held = streams.get(id(source))
-        if held is None or held[0] is not source:
-            held = streams[id(source)] = (source, torch.cuda.Stream(device))
-        stream = held[1]
-        stream.wait_stream(torch.cuda.default_stream(device))
-        with torch.cuda.stream(stream):
-            yield
-
-    return on_own_stream
 
 
 @dataclass(slots=True, frozen=True)
@@ -160,13 +124,20 @@ class ModelSource:
     kind: str | None = None
 
 
-def _load_quietly(loader: Callable[[LoadContext], Family], load: LoadContext) -> Family:
-    """``loader(load)`` with the libraries' own progress bars off: the family's bar is the one display."""
-    with library_bars_off():
+def _load_quietly(loader: Callable[[LoadContext], Family], load: LoadContext, on_stream: StreamContext) -> Family:
+    """``loader(load)`` with the libraries' own progress bars off (the family's bar is the one display), on the
+    worker's stream (:func:`omni_stream.runtime.worker_streams.loading_on`)."""
+    with library_bars_off(), on_stream():
         return loader(load)
 
 
-async def _load_one(source: ModelSource, options: LoadOptions, worker: DeviceWorker, metrics: EngineMetrics) -> Family:
+async def _load_one(
+    source: ModelSource,
+    options: LoadOptions,
+    worker: DeviceWorker,
+    metrics: EngineMetrics,
+    on_stream: StreamContext = contextlib.nullcontext,
+) -> Family:
     path = source.path
     if path is None and source.endpoint is None:
         if source.kind is None:
@@ -186,7 +157,7 @@ async def _load_one(source: ModelSource, options: LoadOptions, worker: DeviceWor
         metrics=metrics,
         endpoint=source.endpoint,
     )
-    family = await anyio.to_thread.run_sync(_load_quietly, loader, load)
+    family = await anyio.to_thread.run_sync(_load_quietly, loader, load, on_stream)
     try:
         check_family(family)
         if source.kind is not None and family.info.kind != source.kind:
@@ -269,14 +240,17 @@ class AsyncEngine:
             kinds = await anyio.to_thread.run_sync(lambda: [k for k in default_kinds() if default_available(k)])
             sources = {kind: ModelSource(kind=kind) for kind in kinds}
         policy = device_policy if device_policy is not None else DevicePolicy.from_tuning(tuning)
-        side, default = throughput_stream(device) if policy.throughput_stream else (None, None)
+        realtime = await anyio.to_thread.run_sync(make_realtime_stream, device) if policy.realtime_priority else None
+        side, back = throughput_stream(device, realtime) if policy.throughput_stream else (None, None)
+        priority = REALTIME_PRIORITY if realtime is not None else 0
         worker = DeviceWorker(
             name=f"omni-stream-{device}",
+            init=current_on(realtime),
             threads=tuning.threads,
             policy=policy,
             throughput_context=side,
-            realtime_context=default,
-            source_context=realtime_streams(device) if policy.realtime_streams else None,
+            realtime_context=back,
+            source_context=realtime_streams(device, priority) if policy.realtime_streams else None,
             record=record,
         ).start()
         metrics = EngineMetrics()
@@ -284,7 +258,7 @@ class AsyncEngine:
         try:
             with log_lines_above_bars(progress):
                 for source in sources.values():
-                    models.add(await _load_one(source, options, worker, metrics))
+                    models.add(await _load_one(source, options, worker, metrics, loading_on(realtime)))
         except BaseException:
             for family in models:
                 await family.aclose()

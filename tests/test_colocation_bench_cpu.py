@@ -37,6 +37,13 @@ def test_the_smoke_run_measures_every_workload_in_every_scenario(tmp_path, monke
             assert figure[speech]["n"] == 2 and figure[speech]["ttfa_ms"]["p95"] > 0
             assert figure["agent"]["v2v_ms"]["p50"] is not None
             assert figure["image"]["final_s"]["p50"] > 0 and figure["video"]["xrt"]["p50"] > 0
+        # what the server's device worker ran until the speech streams' last first audio, from its own log
+        for kind in ("alone", "together", "apart"):
+            window = level[f"{kind}_worker"]
+            assert window["window_ms"] > 0 and window["complete"] and 0 < window["busy_fraction"] <= 1
+            assert any(key.startswith("step:") for key in window["seconds"]), window  # the talker's steps
+            assert window["longest"] and all(p["ms"] >= 0 and p["piece"] != "idle" for p in window["longest"])
+            assert window["longest"][0]["ms"] == max(p["ms"] for p in window["longest"]) > 0
         for kind in ("together_vs_alone", "apart_vs_alone"):
             assert set(level[kind]) == {speech, "agent", "image", "video"}
             assert level[kind][speech]["ttfa_p95_ratio"] > 0

@@ -3,6 +3,7 @@ admission by capacity, and the one place their switches are read."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from omni_stream.device_policy import JOBS, DevicePolicy, Ready, capacity_budget, plan_round
@@ -90,11 +91,13 @@ def test_the_policy_follows_its_tuning_switches():
     assert DevicePolicy.from_tuning(Tuning()) == DevicePolicy()
     tuned = Tuning.from_env(
         {"OMNI_STREAM_DEVICE_POLICY": "rounds", "OMNI_STREAM_THROUGHPUT_WAIT_MS": "250",
-         "OMNI_STREAM_THROUGHPUT_STREAM": "off", "OMNI_STREAM_REALTIME_STREAMS": "on"}
+         "OMNI_STREAM_THROUGHPUT_STREAM": "off", "OMNI_STREAM_REALTIME_STREAMS": "on",
+         "OMNI_STREAM_REALTIME_PRIORITY": "on"}
     )  # fmt: skip
     policy = DevicePolicy.from_tuning(tuned)
     assert (policy.deadlines, policy.max_wait, policy.throughput_stream) == (False, 0.25, False)
     assert policy.realtime_streams and not DevicePolicy().realtime_streams
+    assert policy.realtime_priority and not DevicePolicy().realtime_priority
     for env, name in [
         ({"OMNI_STREAM_DEVICE_POLICY": "fifo"}, "OMNI_STREAM_DEVICE_POLICY"),
         ({"OMNI_STREAM_THROUGHPUT_WAIT_MS": "-1"}, "OMNI_STREAM_THROUGHPUT_WAIT_MS"),
@@ -104,6 +107,33 @@ def test_the_policy_follows_its_tuning_switches():
             Tuning.from_env(env)
     with pytest.raises(ValueError, match="max_wait"):
         DevicePolicy(max_wait=-1)
+
+
+def test_realtime_priority_makes_no_stream_off_cuda():
+    """Off CUDA there is no stream to make: the worker gets no init, loads run without a stream context."""
+    from omni_stream.runtime.worker_streams import current_on, loading_on, make_realtime_stream, throughput_stream
+
+    assert make_realtime_stream("cpu") is None and current_on(None) is None
+    with loading_on(None)():
+        pass
+    assert throughput_stream("cpu") == (None, None)
+
+
+async def test_the_engine_with_realtime_priority_on_cpu_serves_as_without(tmp_path):
+    """The switch changes CUDA streams only: on CPU the same request gives the same audio with it on and off."""
+    from omni_stream.engine import AsyncEngine
+    from omni_stream.models.qwen3_tts.checkpoint import write_tiny_checkpoint
+    from omni_stream.requests import SpeechRequest
+
+    checkpoint = write_tiny_checkpoint(tmp_path, "custom_voice", "0.6b", seed=1)
+    heard = []
+    for on in (False, True):
+        tuning = Tuning(realtime_priority=on)
+        async with await AsyncEngine.from_pretrained(checkpoint, progress=False, tuning=tuning) as engine:
+            assert engine.worker.policy.realtime_priority is on
+            async with engine.speech(SpeechRequest("Hello there.", voice="ryan", max_new_tokens=8, seed=3)) as stream:
+                heard.append(np.concatenate([a.samples async for a in stream]))
+    assert heard[0].size > 0 and np.array_equal(heard[0], heard[1])
 
 
 async def test_the_engine_orders_its_worker_by_the_tunings_policy(pix2pix_checkpoint):

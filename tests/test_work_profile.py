@@ -73,3 +73,17 @@ async def test_a_real_engines_log_tiles_a_speech_requests_window_with_its_steps_
     assert ("idle", "") in counts  # idle before the request came (the piece running at the window's start)
     assert sum(s.seconds for s in profile.shares) == pytest.approx(profile.span_s)
     assert 0.0 < profile.busy_fraction < 1.0 and profile.complete
+
+
+def test_the_benchmarks_longest_pieces_are_cut_at_the_window_and_leave_idle_out():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from worklog import longest_pieces
+
+    pieces = longest_pieces(LOG, 1.25, 3.5, top=2)  # talker 0.25 (cut), codec 0.5, idle 1.0 (left out), lm 0.5 (cut)
+    assert [p["piece"] for p in pieces] == ["batch:codec", "step:lm"]
+    assert [p["ms"] for p in pieces] == [500.0, 500.0] and [p["at_ms"] for p in pieces] == [250.0, 1750.0]
+    assert longest_pieces(LOG, 1.25, 3.5)[-1] == {"piece": "step:talker", "class": "realtime", "ms": 250.0,
+                                                  "at_ms": 0.0}  # fmt: skip

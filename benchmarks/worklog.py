@@ -1,0 +1,66 @@
+"""The device worker's log from a benchmark's own server process, on the clients' clock.
+
+A benchmark server that loads its engine with ``record=True`` adds :func:`worklog_route`; the benchmark reads the
+entries with :func:`fetch_worklog` and sums a window of them with :func:`omni_stream.runtime.work_profile.work_profile`
+(where the worker's time went while the clients waited) or lists its longest pieces with :func:`longest_pieces`
+(one piece of work that held every other model). Server and clients run on one machine: ``time.monotonic()`` is
+one clock for both processes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from typing import Any
+
+from omni_stream.device_policy import WorkClass
+from omni_stream.worker import WorkRecord
+
+
+def worklog_route(app: Any) -> Any:
+    """``GET /bench/worklog?after=SEQ`` (a benchmark's server only): the device worker's log entries after ``SEQ``
+    as ``[seq, kind, name, work class, at]``, ``at`` on ``time.monotonic()`` (the clients' clock); ``?last=1``: the
+    newest entry only."""
+    from starlette.responses import JSONResponse
+
+    async def worklog(request: Any) -> Any:
+        after = int(request.query_params.get("after", "-1"))
+        offset = time.monotonic() - time.perf_counter()  # the log's perf_counter times -> the clients' clock
+        log = app.state.omni.engine.worker.log
+        records = list(log)[-1:] if request.query_params.get("last") else list(log)
+        entries = [[r.seq, r.kind, r.name, str(r.work_class), r.at + offset] for r in records if r.seq > after]
+        return JSONResponse(entries)
+
+    return worklog
+
+
+def fetch_worklog(base_url: str, after: int) -> list[WorkRecord]:
+    """The worker's log entries after ``after`` (:func:`worklog_route` at ``base_url``), ``at`` on
+    ``time.monotonic()``."""
+    return _read(f"{base_url}/bench/worklog?after={after}")
+
+
+def _read(url: str) -> list[WorkRecord]:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        rows = json.loads(response.read())
+    return [WorkRecord(seq, kind, name, WorkClass(cls), at=at) for seq, kind, name, cls, at in rows]
+
+
+def last_seq(base_url: str) -> int:
+    """The newest log entry's sequence number now (-1: none): a window's entries are the ones after it."""
+    return max((r.seq for r in _read(f"{base_url}/bench/worklog?last=1")), default=-1)
+
+
+def longest_pieces(log: list[WorkRecord], start: float, end: float, top: int = 5) -> list[dict[str, Any]]:
+    """The ``top`` longest single pieces of work within ``[start, end)`` (a piece lasts until the next entry; idle
+    is left out), each as ``{"piece": "kind:name", "class", "ms", "at_ms"}`` (``at_ms``: its start after ``start``)."""
+    pieces = []
+    for piece, nxt in zip(log, [*log[1:], None], strict=True):
+        lo, hi = max(piece.at, start), min(end, nxt.at if nxt is not None else end)
+        if hi <= lo or piece.kind == "idle":
+            continue
+        label = f"{piece.kind}:{piece.name}" if piece.name else piece.kind
+        pieces.append({"piece": label, "class": str(piece.work_class), "ms": round(1000 * (hi - lo), 1),
+                       "at_ms": round(1000 * (lo - start), 1)})  # fmt: skip
+    return sorted(pieces, key=lambda p: -p["ms"])[:top]
