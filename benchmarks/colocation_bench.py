@@ -159,13 +159,13 @@ def serve(argv: list[str]) -> int:
 
 
 @contextlib.contextmanager
-def server(models: list[str], policy: str, args: argparse.Namespace) -> Iterator[str]:
+def server(models: list[str], policy: str, tune: list[str], args: argparse.Namespace) -> Iterator[str]:
     """``omni-stream serve`` (no ``--model``: every kind's embedded default) with benchmark fields; its URL."""
     port = free_port()
     cmd = [sys.executable, str(Path(__file__).resolve()), "serve", "--host", "127.0.0.1", "--port", str(port),
            "--enable-benchmark-fields", "--log-level", "warning", "--tune", f"device_policy={policy}",
            "--max-concurrency", "64"]  # fmt: skip
-    for assignment in args.tune:
+    for assignment in tune:
         cmd += ["--tune", assignment]
     for model in models:
         cmd += ["--model", model]
@@ -555,7 +555,10 @@ def progress(label: str, figures: dict | None = None) -> None:
     print(line, flush=True)
 
 
-async def run_policy(url: str, sizes: Sizes, args: argparse.Namespace) -> dict:
+async def run_policy(url: str, sizes: Sizes, args: argparse.Namespace, reference: dict | None = None) -> dict:
+    """Every scenario on the server at ``url``. ``reference``: an earlier arm's result, whose workloads alone (and
+    probes) stand for this arm's: a switch that changes how models share the device leaves each alone as it was,
+    so an A/B arm measures only the mixed scenarios (``--arm``)."""
     result: dict[str, Any] = {"probe": {}, "alone": {}, "levels": []}
     # warm-up: every route once, one at a time (first calls fill caches, pick kernels and capture graphs), each
     # timed, so a slow first call shows which route it was
@@ -565,7 +568,7 @@ async def run_policy(url: str, sizes: Sizes, args: argparse.Namespace) -> dict:
         progress(f"warm-up: {name}", summarize(name, got, errors))
     await speech(url, "http", 1, 20, PROBE_TEXT)
     progress("warmed up")
-    if args.probe:
+    if args.probe and reference is None:
         # alone before each background and after the last, pooled: a shared machine's load drifts over minutes
         records: list[dict] = []
         for under in ("image", "video"):
@@ -580,24 +583,30 @@ async def run_policy(url: str, sizes: Sizes, args: argparse.Namespace) -> dict:
             during = result["probe"][under]["ttfa_ms"]["p50"]
             result["probe"][f"ttfa_p50_ratio_{under}"] = _ratio(during, by_itself)
     # the agent, image and video workloads alone do not depend on the speech level: once
-    if args.mixed:
+    if args.mixed and reference is not None:
+        result["alone"] = reference["alone"]
+    elif args.mixed:
         result["alone"] = await alone(workloads(url, sizes, "http", 1, args), ["agent", "image", "video"])
         progress("agent, image and video alone", result["alone"])
     for transport in args.transports:
         for c in sizes.speech_levels:
             work = workloads(url, sizes, transport, c, args)
             level: dict[str, Any] = {"transport": transport, "speech_c": c}
-            seen, t0 = await asyncio.to_thread(last_seq, url), time.monotonic()
-            level["alone"], until = await timed(work, [f"speech_{transport}"])
-            level["alone_worker"] = await asyncio.to_thread(worker_window, url, seen, t0, until)
-            progress(f"speech {transport} c={c} alone", level["alone"])
-            print(worker_line(level["alone_worker"]), flush=True)
-            reference = result["alone"] | level["alone"]
+            if reference is not None:
+                (same,) = [lv for lv in reference["levels"] if (lv["transport"], lv["speech_c"]) == (transport, c)]
+                level["alone"], level["alone_worker"] = same["alone"], same["alone_worker"]
+            else:
+                seen, t0 = await asyncio.to_thread(last_seq, url), time.monotonic()
+                level["alone"], until = await timed(work, [f"speech_{transport}"])
+                level["alone_worker"] = await asyncio.to_thread(worker_window, url, seen, t0, until)
+                progress(f"speech {transport} c={c} alone", level["alone"])
+                print(worker_line(level["alone_worker"]), flush=True)
+            solo = result["alone"] | level["alone"]
             for kind in ("together", "apart"):
                 seen, t0 = await asyncio.to_thread(last_seq, url), time.monotonic()
                 level[kind], until = await mixed(kind, work, args.stagger)
                 level[f"{kind}_worker"] = await asyncio.to_thread(worker_window, url, seen, t0, until)
-                level[f"{kind}_vs_alone"] = compare(reference, level[kind])
+                level[f"{kind}_vs_alone"] = compare(solo, level[kind])
                 progress(f"speech {transport} c={c} {kind}", level[kind])
                 print(worker_line(level[f"{kind}_worker"]), flush=True)
             result["levels"].append(level)
@@ -610,7 +619,7 @@ async def run_policy(url: str, sizes: Sizes, args: argparse.Namespace) -> dict:
 def table(result: dict) -> str:
     rows = [f"colocation_bench {result['mode']} ({result['device_name']}), commit {result['commit']}"]
     for policy, body in result["policies"].items():
-        rows.append(f"policy {policy}")
+        rows.append(f"policy {policy}" if policy not in result["arms"] else f"arm {policy}: {result['arms'][policy]}")
         probe = body["probe"]
         if probe:
             parts = [f"{k} {v['ttfa_ms']['p50']} ms" for k, v in probe.items() if isinstance(v, dict)]
@@ -664,6 +673,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="NAME=VALUE",
         help="a tuning switch for the server (may repeat), e.g. realtime_priority=on (A/B runs)",
     )
+    ap.add_argument(
+        "--arm",
+        action="append",
+        default=[],
+        metavar="LABEL:NAME=VALUE[,NAME=VALUE]",
+        help="an A/B arm after the policies' runs: its own server with these switches (over --tune), measured in "
+        "the mixed scenarios only, against the first run's workloads alone; may repeat",
+    )
     ap.add_argument("--tag", default="", help="appended to the result file's name (A/B runs)")
     ap.add_argument("--session-timeout", type=float, default=300.0)
     ap.add_argument("--server-timeout", type=float, default=900.0)
@@ -679,6 +696,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         args.transports = []
     if args.policy is None:
         args.policy = "deadlines" if args.smoke or args.gpu else "both"
+    arms = []
+    for spec in args.arm:
+        label, _, tunes = spec.partition(":")
+        if not label or not tunes or "=" not in tunes:
+            ap.error(f"--arm takes LABEL:NAME=VALUE[,NAME=VALUE], got {spec!r}")
+        arms.append((label, [t for t in tunes.split(",") if t]))
+    args.arm = arms
+    if arms and not args.mixed:
+        ap.error("--arm measures the mixed scenarios: add mixed to --scenarios")
     return args
 
 
@@ -698,15 +724,19 @@ def main(argv: list[str] | None = None) -> dict:
         "sizes": asdict(sizes),
         "stagger_s": args.stagger,
         "tune": args.tune,
+        "arms": {label: tunes for label, tunes in args.arm},
         "policies": {},
     }
     with tempfile.TemporaryDirectory(prefix="colocation-") as tmp:
         models = build_gpu_models(Path(tmp)) if args.gpu else []
-        for policy in policies:
-            progress(f"policy {policy}: starting the server")
-            with server(models, policy, args) as url:
+        runs = [(policy, policy, list(args.tune)) for policy in policies]
+        runs += [(label, "deadlines", [*args.tune, *tunes]) for label, tunes in args.arm]
+        for k, (label, policy, tune) in enumerate(runs):
+            progress(f"{label}: starting the server (device_policy={policy} {' '.join(tune)})")
+            with server(models, policy, tune, args) as url:
                 progress("server ready")
-                result["policies"][policy] = asyncio.run(run_policy(url, sizes, args))
+                first = result["policies"][runs[0][0]] if k >= len(policies) else None
+                result["policies"][label] = asyncio.run(run_policy(url, sizes, args, first))
     print(table(result))
     name = f"colocation_bench_{mode}"
     if not args.mixed:

@@ -23,7 +23,7 @@ step, one VAE decode), so a realtime step waits at most one throughput step, and
 only until the next one.
 
 Its switches are fields of the tuning object (:class:`~omni_stream.runtime.settings.Tuning`: ``device_policy``,
-``throughput_wait_ms``, ``throughput_stream``, ``realtime_priority``, ``realtime_streams``);
+``throughput_wait_ms``, ``throughput_stream``, ``realtime_priority``, ``throughput_fence``, ``realtime_streams``);
 :meth:`DevicePolicy.from_tuning` reads them.
 """
 
@@ -67,6 +67,8 @@ class DevicePolicy:
     ``realtime_priority``: on CUDA, the worker's realtime work launches on a stream of higher priority than the
     throughput steps' (:mod:`omni_stream.runtime.worker_streams`; default False until measured beside image and
     video work; no effect on CPU).
+    ``throughput_fence``: on CUDA, a throughput step starts only once the last one's device work is done, so the
+    host never queues more than one step on the side stream (default False until measured; no effect on CPU).
     ``realtime_streams``: on CUDA, each realtime source's steps launch on a stream of its own, so one model's step
     (its kernels, and the copy that ends it) does not queue behind another's (default False; no effect on CPU).
     """
@@ -79,6 +81,7 @@ class DevicePolicy:
     min_progress: float = DEFAULT_MIN_PROGRESS_S
     throughput_stream: bool = True
     realtime_priority: bool = False
+    throughput_fence: bool = False
     realtime_streams: bool = False
 
     def __post_init__(self) -> None:
@@ -89,12 +92,14 @@ class DevicePolicy:
     @classmethod
     def from_tuning(cls, tuning: Tuning) -> DevicePolicy:
         """The policy the tuning object's switches ask for (``device_policy``, ``throughput_wait_ms``,
-        ``throughput_stream``, ``realtime_priority``, ``realtime_streams``); the rest at their defaults."""
+        ``throughput_stream``, ``realtime_priority``, ``throughput_fence``, ``realtime_streams``); the rest at their
+        defaults."""
         return cls(
             deadlines=tuning.device_policy == "deadlines",
             max_wait=tuning.throughput_wait_ms / 1000,
             throughput_stream=tuning.throughput_stream,
             realtime_priority=tuning.realtime_priority,
+            throughput_fence=tuning.throughput_fence,
             realtime_streams=tuning.realtime_streams,
         )
 

@@ -75,6 +75,7 @@ from omni_stream.runtime.worker_streams import (
     loading_on,
     make_realtime_stream,
     realtime_streams,
+    throughput_fence,
     throughput_stream,
 )
 from omni_stream.transcription.spec import TranscriptionRequest
@@ -251,6 +252,7 @@ class AsyncEngine:
             throughput_context=side,
             realtime_context=back,
             source_context=realtime_streams(device, priority) if policy.realtime_streams else None,
+            throughput_fence=throughput_fence(device) if policy.throughput_fence and side is not None else None,
             record=record,
         ).start()
         metrics = EngineMetrics()

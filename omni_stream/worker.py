@@ -32,6 +32,7 @@ import itertools
 import logging
 import math
 import os
+import queue
 import threading
 import time
 from collections import deque
@@ -92,6 +93,40 @@ class StepSource(Protocol):
     def shutdown(self) -> None:
         """Release everything on the worker thread when the worker stops."""
         ...
+
+
+class Fence(Protocol):
+    """The end of a throughput step's device work (a ``torch.cuda.Event`` recorded after it on its stream)."""
+
+    def query(self) -> bool: ...
+
+    def synchronize(self) -> None: ...
+
+
+class _FenceWatcher:
+    """One thread that waits for fences (the GIL released, in ``synchronize``) and wakes the worker after each, so
+    a throughput source held by its fence becomes runnable without the worker blocking or polling for it."""
+
+    def __init__(self, name: str, cond: threading.Condition) -> None:
+        self._cond = cond
+        self._queue: queue.SimpleQueue[Fence | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=f"{name}-fences", daemon=True)
+        self._thread.start()
+
+    def watch(self, fence: Fence) -> None:
+        self._queue.put(fence)
+
+    def stop(self) -> None:
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        while (fence := self._queue.get()) is not None:
+            try:
+                fence.synchronize()
+            except Exception:  # a device fault: the worker's next query sees it as done and goes on
+                log.exception("waiting for a throughput step's device work failed")
+            with self._cond:
+                self._cond.notify()
 
 
 @dataclass(slots=True, frozen=True)
@@ -164,6 +199,7 @@ class DeviceWorker:
         throughput_context: Callable[[], AbstractContextManager[object]] | None = None,
         realtime_context: Callable[[], AbstractContextManager[object]] | None = None,
         source_context: Callable[[StepSource], AbstractContextManager[object]] | None = None,
+        throughput_fence: Callable[[], Fence] | None = None,
         record: bool = False,
     ) -> None:
         """``init`` runs first on the worker thread (thread-local device state, e.g. its own CUDA stream).
@@ -174,6 +210,10 @@ class DeviceWorker:
         ``throughput_context``: entered around every throughput step on the worker thread (a side CUDA stream);
         ``realtime_context``: around realtime work run at a yield point inside one (the default stream again).
         ``source_context``: entered around every realtime step, given its source (a CUDA stream of the source's own).
+        ``throughput_fence``: called at the end of every throughput step, inside ``throughput_context``; no
+        throughput step starts until the last one's fence is done (on CUDA an event on the side stream: the host
+        never runs more than one throughput step ahead of the device, so a step that reads its results back waits
+        for its own device work only, not for a queue of earlier steps).
         ``record``: keep :attr:`log` (the last ``LOG_SIZE`` pieces of work run; tests).
         """
         self.name = name
@@ -193,6 +233,10 @@ class DeviceWorker:
         self._throughput_context = throughput_context
         self._realtime_context = realtime_context
         self._source_context = source_context
+        self._throughput_fence = throughput_fence
+        self._fence: Fence | None = None  # the last throughput step's, until done (worker thread, lock held)
+        self._watched: Fence | None = None  # the fence handed to the watcher last
+        self._watcher: _FenceWatcher | None = None
         self._in_throughput = False  # a throughput step runs (worker thread only)
         self._stepping: StepSource | None = None  # the throughput source whose step runs
         self._next_yield_check = 0.0
@@ -319,6 +363,7 @@ class DeviceWorker:
     def _plan(self, now: float) -> tuple[list[Any], float | None]:
         """What runs this round, in order (lock held): ``JOBS`` and ``(source, why)``; else the seconds to wait."""
         realtime, throughput, demand = [], [], None
+        fenced = self._fenced()
         for index, source in enumerate(self._sources):
             work_class = _class_of(source)
             runnable = source.has_work()
@@ -328,6 +373,8 @@ class DeviceWorker:
                     self._since.pop(key, None)
                     continue
                 since = self._since.setdefault(key, now)
+                if fenced:  # the last throughput step is still on the device; the watcher wakes us after it
+                    continue
                 cost = self._cost.get(key, self.policy.default_cost)
                 throughput.append(Ready(index, since=since, cost=cost))
                 continue
@@ -361,6 +408,27 @@ class DeviceWorker:
         if source_wait is not None:
             wait = source_wait if wait is None else min(wait, source_wait)
         return order, wait
+
+    def _fenced(self) -> bool:
+        """Whether the last throughput step's device work is still running (lock held); hands its fence to the
+        watcher the first time it is found running."""
+        fence = self._fence
+        if fence is None:
+            return False
+        try:
+            done = fence.query()
+        except Exception:  # a device fault surfaces in the requests' own work; do not hold throughput on it
+            log.exception("querying a throughput step's device work failed")
+            done = True
+        if done:
+            self._fence = None
+            return False
+        if self._watched is not fence:
+            if self._watcher is None:
+                self._watcher = _FenceWatcher(self.name, self.cond)
+            self._watcher.watch(fence)
+            self._watched = fence
+        return True
 
     def _main(self) -> None:
         self.thread_id = threading.get_ident()
@@ -416,12 +484,19 @@ class DeviceWorker:
         try:
             if throughput and self._throughput_context is not None:
                 with self._throughput_context():
-                    source.run_step()
+                    try:
+                        source.run_step()
+                    finally:
+                        self._end_throughput_step()
             elif not throughput and self._source_context is not None:
                 with self._source_context(source):
                     source.run_step()
             else:
-                source.run_step()
+                try:
+                    source.run_step()
+                finally:
+                    if throughput:
+                        self._end_throughput_step()
         except Exception:  # a scheduler bug; keep the device alive for the other requests
             log.exception("step source %r failed", source)
         finally:
@@ -435,6 +510,13 @@ class DeviceWorker:
                 held = max(self._max_gap, now - self._last_yield)
                 self._cost[key] = held if previous is None else previous + COST_EMA * (held - previous)
                 self._since[key] = now
+
+    def _end_throughput_step(self) -> None:
+        """Mark the end of a throughput step's device work (its stream current), when the worker has a fence."""
+        if self._throughput_fence is not None:
+            fence = self._throughput_fence()
+            with self.cond:
+                self._fence = fence
 
     def yield_point(self) -> None:
         """Called by a throughput model between its blocks (worker thread): run the realtime work that is due now.
@@ -552,6 +634,9 @@ class DeviceWorker:
             groups = list(self._groups.values())
             self._groups.clear()
             sources = list(self._sources)
+            watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.stop()
         closed = EngineClosed(f"device worker {self.name} is closed")
         for job in jobs:
             _deliver(job.loop, job.future, None, closed)

@@ -19,9 +19,18 @@ import colocation_bench
 @pytest.mark.timeout(1200)
 def test_the_smoke_run_measures_every_workload_in_every_scenario(tmp_path, monkeypatch):
     monkeypatch.setenv("OUT", str(tmp_path))
-    result = colocation_bench.main(["--smoke"])
-    assert result["mode"] == "smoke" and list(result["policies"]) == ["deadlines"]
-    body = result["policies"]["deadlines"]
+    result = colocation_bench.main(["--smoke", "--arm", "prio:realtime_priority=on"])
+    assert result["mode"] == "smoke" and list(result["policies"]) == ["deadlines", "prio"]
+    assert result["arms"] == {"prio": ["realtime_priority=on"]}
+    # the A/B arm: its own server, the mixed scenarios measured again against the first run's workloads alone
+    arm, first = result["policies"]["prio"], result["policies"]["deadlines"]
+    assert arm["alone"] is first["alone"] and not arm["probe"]
+    for mine, theirs in zip(arm["levels"], first["levels"], strict=True):
+        assert mine["alone"] is theirs["alone"] and mine["together"] is not theirs["together"]
+        speech = f"speech_{mine['transport']}"
+        assert mine["together"][speech]["n"] == 2 and not mine["together"][speech]["errors"]
+        assert mine["apart_vs_alone"][speech]["ttfa_p95_ratio"] > 0 and mine["together_worker"]["window_ms"] > 0
+    body = first
     probe = body["probe"]
     for under in ("alone", "image", "video"):
         assert probe[under]["n"] >= 1 and not probe[under]["errors"] and probe[under]["ttfa_ms"]["p50"] > 0

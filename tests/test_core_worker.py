@@ -259,3 +259,89 @@ async def test_each_realtime_step_runs_in_its_sources_context_and_throughput_ste
     assert sorted(stepped, key=str) == sorted(
         [("text", ("own", "text")), ("text", ("own", "text")), ("speech", ("own", "speech")),
          ("image", ("throughput", ""))], key=str)  # fmt: skip
+
+
+async def test_no_throughput_step_starts_before_the_last_ones_fence_is_done():
+    """``throughput_fence`` (on CUDA: an event on the side stream): after a throughput step, its source is not
+    stepped again until the step's fence is done, while realtime work goes on; the fence's watcher wakes an idle
+    worker when it is done, and each fence is made inside the throughput context (on the step's stream)."""
+    from contextlib import contextmanager
+
+    from omni_stream.device_policy import WorkClass
+
+    class Fence:
+        def __init__(self, made_inside: bool) -> None:
+            self.done, self.made_inside = threading.Event(), made_inside
+
+        def query(self) -> bool:
+            return self.done.is_set()
+
+        def synchronize(self) -> None:
+            assert self.done.wait(10), "test fence never released"
+
+    fences: list[Fence] = []
+    inside = threading.Event()
+    stepped: list[str] = []
+    changed = threading.Condition()
+
+    class Source:
+        def __init__(self, name: str, work_class: WorkClass, steps: int) -> None:
+            self.name, self.work_class, self.left = name, work_class, steps
+
+        def has_work(self) -> bool:
+            return self.left > 0
+
+        def next_deadline(self) -> None:
+            return None
+
+        def urgency(self, now: float) -> None:
+            return None  # no stream is due: throughput may run whenever it is not fenced
+
+        def run_step(self) -> None:
+            self.left -= 1
+            with changed:
+                stepped.append(self.name)
+                changed.notify_all()
+
+        def shutdown(self) -> None:
+            pass
+
+    @contextmanager
+    def side():
+        inside.set()
+        try:
+            yield
+        finally:
+            inside.clear()
+
+    def fence() -> Fence:
+        made = Fence(inside.is_set())
+        with changed:
+            fences.append(made)
+            changed.notify_all()
+        return made
+
+    async def until(predicate) -> None:
+        def wait() -> bool:
+            with changed:
+                return changed.wait_for(predicate, 10)
+
+        assert await anyio.to_thread.run_sync(wait)
+
+    w = DeviceWorker(name="test-device", threads=1, throughput_context=side, throughput_fence=fence).start()
+    try:
+        w.attach(Source("image", WorkClass.THROUGHPUT, 3))
+        await until(lambda: len(fences) == 1)
+        w.attach(Source("speech", WorkClass.REALTIME, 2))  # rounds after the fence: realtime steps, image held
+        await until(lambda: stepped.count("speech") == 2)
+        assert stepped == ["image", "speech", "speech"]
+        fences[0].done.set()  # the worker is idle now: only the watcher can wake it
+        await until(lambda: len(fences) == 2)
+        assert stepped == ["image", "speech", "speech", "image"]
+        fences[1].done.set()
+        await until(lambda: len(fences) == 3)
+        assert stepped.count("image") == 3 and all(f.made_inside for f in fences)
+    finally:
+        for made in fences:
+            made.done.set()
+        await w.aclose()

@@ -92,12 +92,13 @@ def test_the_policy_follows_its_tuning_switches():
     tuned = Tuning.from_env(
         {"OMNI_STREAM_DEVICE_POLICY": "rounds", "OMNI_STREAM_THROUGHPUT_WAIT_MS": "250",
          "OMNI_STREAM_THROUGHPUT_STREAM": "off", "OMNI_STREAM_REALTIME_STREAMS": "on",
-         "OMNI_STREAM_REALTIME_PRIORITY": "on"}
+         "OMNI_STREAM_REALTIME_PRIORITY": "on", "OMNI_STREAM_THROUGHPUT_FENCE": "on"}
     )  # fmt: skip
     policy = DevicePolicy.from_tuning(tuned)
     assert (policy.deadlines, policy.max_wait, policy.throughput_stream) == (False, 0.25, False)
     assert policy.realtime_streams and not DevicePolicy().realtime_streams
     assert policy.realtime_priority and not DevicePolicy().realtime_priority
+    assert policy.throughput_fence and not DevicePolicy().throughput_fence
     for env, name in [
         ({"OMNI_STREAM_DEVICE_POLICY": "fifo"}, "OMNI_STREAM_DEVICE_POLICY"),
         ({"OMNI_STREAM_THROUGHPUT_WAIT_MS": "-1"}, "OMNI_STREAM_THROUGHPUT_WAIT_MS"),
@@ -111,9 +112,15 @@ def test_the_policy_follows_its_tuning_switches():
 
 def test_realtime_priority_makes_no_stream_off_cuda():
     """Off CUDA there is no stream to make: the worker gets no init, loads run without a stream context."""
-    from omni_stream.runtime.worker_streams import current_on, loading_on, make_realtime_stream, throughput_stream
+    from omni_stream.runtime.worker_streams import (
+        current_on,
+        loading_on,
+        make_realtime_stream,
+        throughput_fence,
+        throughput_stream,
+    )
 
-    assert make_realtime_stream("cpu") is None and current_on(None) is None
+    assert make_realtime_stream("cpu") is None and current_on(None) is None and throughput_fence("cpu") is None
     with loading_on(None)():
         pass
     assert throughput_stream("cpu") == (None, None)

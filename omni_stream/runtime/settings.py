@@ -187,6 +187,7 @@ class Tuning:
     throughput_wait_ms: float = 500.0  # the fairness bound: the longest runnable throughput work waits for a step
     throughput_stream: bool = True  # on CUDA, image and video steps on a side stream of their own
     realtime_priority: bool = False  # on CUDA, realtime work on a stream of higher priority than image and video
+    throughput_fence: bool = False  # on CUDA, an image or video step starts once the last one's device work is done
     realtime_streams: bool = False  # on CUDA, each realtime model's steps on a stream of its own (overlapping)
     # Native text models: newcomers prefilled together at static (batch, length) bucket shapes, CUDA graphs on CUDA
     # (omni_stream.models.causal_lm.runner). voice_bench run 45, the same call off / on: a 16-session voice turn's
@@ -279,6 +280,7 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("throughput_wait_ms", "OMNI_STREAM_THROUGHPUT_WAIT_MS", _milliseconds(60000)),
     Switch("throughput_stream", "OMNI_STREAM_THROUGHPUT_STREAM", ON_OFF),
     Switch("realtime_priority", "OMNI_STREAM_REALTIME_PRIORITY", ON_OFF),
+    Switch("throughput_fence", "OMNI_STREAM_THROUGHPUT_FENCE", ON_OFF),
     Switch("realtime_streams", "OMNI_STREAM_REALTIME_STREAMS", ON_OFF),
     Switch("group_prefill_graphs", "OMNI_STREAM_GROUP_PREFILL_GRAPHS", ON_OFF),
     Switch("turn_model_device", "OMNI_STREAM_TURN_MODEL_DEVICE", _choice(TURN_MODEL_DEVICES)),

@@ -8,6 +8,10 @@
   denoising GEMM or attention kernel queued before them has handed out all of its blocks; at a higher priority
   they wait only for blocks already running. The side stream has the lowest priority (0, the default stream's),
   so without this switch the two classes are equals on the device whatever the worker's order on the host.
+- With ``DevicePolicy.throughput_fence``, no throughput step starts before the last one's device work is done. The
+  host launches a large model's step far faster than the device runs it, so without it the side stream can queue
+  many steps, and a step that reads results back (a preview, a finished image, a video chunk's frames) blocks the
+  worker, and every realtime launch behind it, until the whole queue has run.
 - With ``DevicePolicy.realtime_streams``, each realtime model's steps on a stream of its own (measured slower,
   off by default; :func:`realtime_streams`).
 
@@ -74,6 +78,20 @@ def throughput_stream(device: str, realtime: torch.cuda.Stream | None = None) ->
         return torch.cuda.stream(realtime if realtime is not None else torch.cuda.default_stream(device))
 
     return side, back
+
+
+def throughput_fence(device: str) -> Callable[[], torch.cuda.Event] | None:
+    """On CUDA, what the worker calls at the end of each throughput step, on its side stream: an event recorded
+    there (``DevicePolicy.throughput_fence``). None elsewhere (a CPU step's work is done when it returns)."""
+    if not device.startswith("cuda"):
+        return None
+
+    def fence() -> torch.cuda.Event:
+        event = torch.cuda.Event()
+        event.record()  # on the current stream: the step's side stream
+        return event
+
+    return fence
 
 
 def realtime_streams(device: str, priority: int = 0) -> Callable[[StepSource], AbstractContextManager[object]] | None:

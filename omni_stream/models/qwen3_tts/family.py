@@ -57,6 +57,7 @@ from omni_stream.runtime.gpu_completions import Completions
 from omni_stream.runtime.offload import run_prepare
 from omni_stream.runtime.settings import Tuning
 from omni_stream.runtime.weights import parse_dtype
+from omni_stream.runtime.worker_streams import REALTIME_PRIORITY
 from omni_stream.scheduler import Scheduler
 from omni_stream.speech.admission import PlaybackAdmission
 from omni_stream.speech.limits import fit_context, max_input_chars
@@ -100,7 +101,11 @@ class Qwen3TTSFamily:
             self.speaker_encoder = None
             self._extracting = threading.Lock()  # one extraction at a time: its modules and stream are shared
             cuda = torch.device(device).type == "cuda"
-            self._extract_stream = torch.cuda.Stream(device) if cuda and self.task is TaskType.BASE else None
+            # a newcomer's first audio waits for its extraction: with tuning.realtime_priority, at the realtime
+            # work's priority (above image and video steps)
+            extract_priority = REALTIME_PRIORITY if opts.tuning.realtime_priority else 0
+            base = cuda and self.task is TaskType.BASE
+            self._extract_stream = torch.cuda.Stream(device, priority=extract_priority) if base else None
             if self.task is TaskType.BASE:
                 if cfg.speaker_encoder is None:
                     raise ConfigError("config field speaker_encoder_config: is required for base checkpoints")
