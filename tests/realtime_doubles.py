@@ -144,6 +144,9 @@ class ToneAsrFamily:
         self.info = TranscriptionInfo("tone-asr", ASR_TYPE, ModelKind.TRANSCRIPTION, sample_rate=16000)
         self.heard: list[str] = []
 
+    def check_language(self, language: str | None) -> None:
+        """Any language (it hears words by their tones)."""
+
     def transcription_stage(self, request: TranscriptionRequest, ctx: RequestContext) -> Any:
         async def transcription(ctx: RequestContext, upstream: AsyncIterator[Audio]) -> AsyncIterator[TextDelta]:
             if isinstance(request.audio, np.ndarray):

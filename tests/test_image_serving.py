@@ -378,6 +378,21 @@ async def test_the_form_reader_stops_at_the_file_limit_without_reading_on():
         await read_form(declared, FormLimits(max_file_bytes=limit, max_files=1))
 
 
+async def test_a_field_over_its_limit_in_a_body_already_read_is_answered_without_draining():
+    """A field over its own limit in a body that has all arrived: nothing is left to drain, so the 400 goes at once
+    (drain() would otherwise wait its whole DRAIN_SECONDS for bytes that never come); one still arriving drains."""
+    field = b'--B\r\nContent-Disposition: form-data; name="prompt"\r\n\r\n' + b"x" * 2048 + b"\r\n--B--\r\n"
+    for more in (False, True):
+
+        async def receive(more=more):
+            return {"type": "http.request", "body": field, "more_body": more}
+
+        request = _request({"content-type": "multipart/form-data; boundary=B"}, receive)
+        with pytest.raises(BodyTooLarge, match="Field 'prompt' exceeds the maximum of 1024 bytes") as info:
+            await read_form(request, FormLimits(max_file_bytes=4096, max_files=1, max_field_bytes=1024))
+        assert info.value.more is more
+
+
 async def test_serve_loads_an_image_model_beside_a_text_model(pix2pix_checkpoint):
     import argparse
 

@@ -166,3 +166,20 @@ async def test_semantic_vad_ends_the_turn_answers_and_a_barge_in_cancels_the_ans
     after_done = rest_types[rest_types.index("input_audio_buffer.speech_started") :]
     assert "response.output_audio.delta" not in after_done[after_done.index("response.done") :]
     await asyncio.to_thread(wait_idle, real_agent)
+
+
+async def test_a_transcription_language_whisper_does_not_know_is_refused_at_the_update(real_agent):
+    """Refused by the loaded Whisper's own check when the session is updated, not as a failed transcript later."""
+    async with client(real_agent).realtime.connect(model=live_model(real_agent)) as conn:
+        assert (await conn.recv()).type == "session.created"
+        assert (await conn.recv()).type == "conversation.created"
+        transcription = {"model": "whisper", "language": "xx"}
+        await conn.session.update(session={"type": "realtime", "audio": {"input": {"transcription": transcription}}})
+        error = await conn.recv()
+        assert error.type == "error" and error.error.code == "invalid_value", error
+        assert error.error.param == "session.audio.input.transcription.language" and "'xx'" in error.error.message
+        transcription["language"] = "English"  # Whisper takes names as well as codes
+        await conn.session.update(session={"type": "realtime", "audio": {"input": {"transcription": transcription}}})
+        updated = await conn.recv()
+        assert updated.type == "session.updated", updated
+        assert updated.session.audio.input.transcription.language == "English"

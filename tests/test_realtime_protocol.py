@@ -35,6 +35,7 @@ from omni_stream.realtime.agent.protocol import RealtimeProtocol
 from omni_stream.requests import Role
 from omni_stream.turns.detector import TurnEvent, TurnEventKind
 from omni_stream.turns.rules import EAGERNESS, Eagerness
+from omni_stream.validation.language import resolve_language
 from omni_stream.validation.voices import voice_name
 
 # The engine's voice lookup (AsyncEngine.voice) for a speech model with two voices.
@@ -141,6 +142,20 @@ def test_session_update_merges_fields_and_validates_the_voice():
         send(proto, type="session.update", session={"audio": {"input": {"turn_detection": {"threshold": 2}}}})
     )
     assert err["param"] == "session.audio.input.turn_detection.threshold"
+
+
+def test_a_transcription_language_the_model_does_not_know_is_refused_at_the_update():
+    def knows(language: str | None) -> None:  # the ASR model's check (WhisperFamily.check_language's contract)
+        resolve_language(language, ("en", "fr"))
+
+    proto = make(caps=replace(CAPS, language=knows))
+    err = error_of(send(proto, type="session.update", session={"audio": {"input": {"transcription": {
+        "model": "whisper", "language": "xx"}}}}))  # fmt: skip
+    assert err["code"] == "invalid_value" and err["param"] == "session.audio.input.transcription.language"
+    assert "'xx'" in err["message"] and "fr" in err["message"]
+    assert proto.config.transcription is None  # the refused update changed nothing
+    out = send(proto, type="session.update", session={"audio": {"input": {"transcription": {"language": "FR"}}}})
+    assert out.events[0].type == "session.updated" and proto.config.transcription.language == "FR"
 
 
 @pytest.mark.parametrize(

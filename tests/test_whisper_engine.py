@@ -22,7 +22,12 @@ from omni_stream.errors import DeadlineExceeded, InvalidRequestError
 from omni_stream.family import ModelKind
 from omni_stream.family_registry import embedded_checkpoint
 from omni_stream.runtime.cache import EMBEDDED_MARKER
-from omni_stream.transcription.spec import TranscriptionFamily, TranscriptionInfo, TranscriptionRequest
+from omni_stream.transcription.spec import (
+    TranscriptionFamily,
+    TranscriptionInfo,
+    TranscriptionRequest,
+    transcription_family,
+)
 
 pytest_plugins = ("asr_fixtures",)
 
@@ -139,6 +144,20 @@ async def test_an_english_only_model_refuses_other_languages(tiny_whisper_en):
         assert err.value.param == "language"
         text, _, _ = await transcript(engine, TranscriptionRequest(utterance("noise", 0.5), language="English"))
         assert text
+
+
+async def test_the_language_check_alone_is_the_requests(engine, tiny_whisper_en):
+    """``check_language`` (a realtime session's transcription language, set before any audio) refuses what a
+    request would be refused for, and takes codes, names and auto."""
+    family = transcription_family(engine.models)
+    for language in (None, "auto", "en", "English", "<|en|>"):
+        family.check_language(language)
+    with pytest.raises(InvalidRequestError, match="Unsupported language 'klingon'") as err:
+        family.check_language("klingon")
+    assert err.value.param == "language"
+    async with await AsyncEngine.from_pretrained(tiny_whisper_en, progress=False) as english:
+        with pytest.raises(InvalidRequestError, match=r"Supported: Auto, en$"):
+            transcription_family(english.models).check_language("fr")
 
 
 @pytest.mark.parametrize("case", ["too_long", "empty", "rates", "nan"])

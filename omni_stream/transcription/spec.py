@@ -62,7 +62,8 @@ class TranscriptionRequest:
 
 @runtime_checkable
 class TranscriptionFamily(Protocol):
-    """``kind == "transcription"``: ``transcription_stage`` validates now and returns one ``Stage[Audio, TextDelta]``.
+    """``kind == "transcription"``: ``transcription_stage`` validates now and returns one ``Stage[Audio, TextDelta]``;
+    ``check_language`` checks a language alone.
 
     The stage reads the request's samples (or, when streamed, its upstream Audio chunks), counts usage in
     ``ctx.tokens("transcription")`` (audio tokens in, text tokens out) and marks its last delta ``final``.
@@ -71,6 +72,11 @@ class TranscriptionFamily(Protocol):
     info: TranscriptionInfo
 
     def transcription_stage(self, request: TranscriptionRequest, ctx: RequestContext) -> Stage[Audio, TextDelta]: ...
+
+    def check_language(self, language: str | None) -> None:
+        """InvalidRequestError (param ``language``) unless requests may name ``language`` (None: detect): the
+        check ``transcription_stage`` makes, for sessions that set their language before any audio."""
+        ...
 
     async def aclose(self) -> None: ...
 

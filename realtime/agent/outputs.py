@@ -27,10 +27,13 @@ class Capabilities:
 
     ``voice``: the engine's voice lookup (:meth:`omni_stream.engine.AsyncEngine.voice`: the name as the model spells
     it, InvalidRequestError naming the voices there are otherwise); None: no speech model, any name is kept.
+    ``language``: the transcription model's check of a language (InvalidRequestError when it does not know it);
+    None: no transcription model.
     """
 
     model: str = "omni-stream"
     voice: Callable[[str], str] | None = None
+    language: Callable[[str | None], None] | None = None  # the ASR model's check of a transcription language
     default_voice: str | None = None
     speech: bool = False
     text: bool = False

@@ -202,6 +202,13 @@ class RealtimeProtocol(TurnTaking, Speculating, ItemEditing, Responding):
             )
         if new.voice is not None and patch.voice is not UNSET:
             new = replace(new, voice=self._check_voice(new.voice, "session.audio.output.voice"))
+        if patch.transcription is not UNSET and new.transcription is not None and self.caps.language is not None:
+            try:  # refused now, not as a failed transcript of every later turn
+                self.caps.language(new.transcription.language)
+            except InvalidRequestError as exc:
+                raise RealtimeError(
+                    "invalid_value", exc.message, "session.audio.input.transcription.language"
+                ) from None
         if new.turn_detection is not None and not self.caps.vad:
             raise RealtimeError(
                 "invalid_value",

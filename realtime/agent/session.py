@@ -136,6 +136,7 @@ def capabilities(
     return Capabilities(
         model=name,
         voice=engine.voice if speech is not None else None,
+        language=transcription_family(models).check_language if ModelKind.TRANSCRIPTION in models else None,
         default_voice=(speech.default_voice or (speech.voices[0] if speech.voices else None)) if speech else None,
         speech=speech is not None,
         text=ModelKind.TEXT in models,

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import Request
+from starlette.types import Message
 
 from omni_stream.realtime.common.body_limit import BodyTooLarge, limited
 from omni_stream.realtime.common.errors import bad_request
@@ -158,10 +159,22 @@ async def read_form(request: Request, limits: FormLimits) -> Form:
     collector = _Collector(limits)
     callbacks = {name: getattr(collector, name) for name in dir(collector) if name.startswith("on_")}
     parser = MultipartParser(boundary, callbacks)  # type: ignore[arg-type]
+    body = limited(request, limits.max_body_bytes)
+    more = [True]  # whether the client is still sending, as of the last message read
+
+    async def receive() -> Message:
+        message = await body.receive()
+        if message["type"] == "http.request":
+            more[0] = bool(message.get("more_body", False))
+        return message
+
     try:
-        async for chunk in limited(request, limits.max_body_bytes).stream():
+        async for chunk in Request(body.scope, receive).stream():
             parser.write(chunk)
         parser.finalize()
+    except PartTooLarge as exc:
+        exc.more = more[0]  # a whole body already read has nothing left to drain: answer at once
+        raise
     except FormParserError as exc:
         raise bad_request(f"Invalid multipart body: {exc}") from exc
     if not collector.ended:  # python-multipart's finalize() accepts a body that stops short

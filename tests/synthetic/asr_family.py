@@ -185,6 +185,9 @@ class SyntheticASRFamily:
             config.model_name, config.model_type, ModelKind.TRANSCRIPTION, sample_rate=config.sample_rate
         )
 
+    def check_language(self, language: str | None) -> None:
+        """Any language (the tones have none)."""
+
     def transcription_stage(self, request: TranscriptionRequest, ctx: RequestContext) -> Stage[Audio, TextDelta]:
         """Any ``language`` is accepted (the tones have none); ``prompt`` is ignored."""
         check_samples(request, self.config.max_seconds)

@@ -111,6 +111,9 @@ class WhisperFamily:
     def count_text_tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False).input_ids)
 
+    def check_language(self, language: str | None) -> None:
+        self.tokens.language_id(language)
+
     def transcription_stage(self, request: TranscriptionRequest, ctx: RequestContext) -> Stage[Audio, TextDelta]:
         language = self.tokens.language_id(request.language)
         check_samples(request, self.max_seconds)
