@@ -319,6 +319,16 @@ def test_more_bad_input(ar_server, plain_server):
     assert generation.status_code == 400 and generation.json()["error"]["param"] == "image"
     for body in (b"{", b"[1]", json.dumps({"prompt": "x", "n": "two"}).encode()):
         assert httpx.post(f"{plain_server.url}/v1/images/generations", content=body).status_code == 400
+    # JSON values are of their own types (a form's strings are read as numbers, a JSON body's are not)
+    for body, param in (
+        ({"prompt": 5}, "prompt"),
+        ({"prompt": "x", "n": "2"}, "n"),
+        ({"prompt": "x", "seed": "7"}, "seed"),
+    ):
+        refused = httpx.post(f"{plain_server.url}/v1/images/generations", json=body)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
+    multipart = httpx.post(f"{plain_server.url}/v1/images/generations", files={"image": IMG}, data={"prompt": "x"})
+    assert multipart.status_code == 400 and "JSON body" in multipart.json()["error"]["message"]
     wait_clean(ar_server)
 
 

@@ -95,8 +95,18 @@ def test_every_surface_says_a_wrong_integer_in_the_same_words():
     with pytest.raises(RealtimeError) as agent:
         parse_client_event(json.dumps({"type": "conversation.item.truncate", "item_id": "i", "audio_end_ms": "7"}))
     with pytest.raises(Exception) as image:
-        parse_params({"prompt": "a cat", "seed": "seven"}, EDIT_FIELDS)
+        parse_params({"prompt": "a cat", "seed": "seven"}, EDIT_FIELDS, form=True)
     assert speech.value.message == chat.value.message == video.value.message == "'seed' must be an integer, got string"
     assert agent.value.message == "'audio_end_ms' must be an integer, got string"
     assert image.value.message == "'seed' must be an integer, got 'seven'"  # a form's values are all strings
     assert video.value.code == "invalid_request" and video.value.param == "seed"
+
+
+def test_chat_reads_vllms_top_k_and_repetition_penalty_into_its_sampling():
+    hi = [{"role": "user", "content": "hi"}]
+    options = parse_chat({"messages": hi, "temperature": 0.7, "top_k": 20, "repetition_penalty": 1.1}, Settings())
+    assert (options.sampling.top_k, options.sampling.repetition_penalty, options.sampling.temperature) == (20, 1.1, 0.7)
+    greedy = parse_chat({"messages": hi, "temperature": 0, "repetition_penalty": 1.3}, Settings()).sampling
+    assert not greedy.do_sample and greedy.repetition_penalty == 1.3
+    assert parse_chat({"messages": hi, "top_k": -1}, Settings()).sampling.top_k == 0  # vLLM's "no top-k"
+    assert parse_chat({"messages": hi}, Settings()).sampling is None  # the model's own defaults

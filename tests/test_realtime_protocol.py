@@ -144,6 +144,22 @@ def test_session_update_merges_fields_and_validates_the_voice():
     assert err["param"] == "session.audio.input.turn_detection.threshold"
 
 
+def test_unknown_session_fields_are_refused_and_a_session_sent_back_as_it_came_is_taken():
+    proto = make()
+    for session, param in (
+        ({"temperature": "hot"}, "session.temperature"),  # the beta session's field: not in the GA session
+        ({"bogus": 1}, "session.bogus"),
+        ({"audio": {"output": {"volume": 3}}}, "session.audio.output.volume"),
+        ({"audio": {"input": {"vad": {}}}}, "session.audio.input.vad"),
+    ):
+        err = error_of(send(proto, type="session.update", session=session))
+        assert err["code"] == "unknown_parameter" and err["param"] == param, err
+        assert err["message"] == f"Unknown parameter: '{param}'."
+    created = proto.session_wire()  # what session.created showed, every field of it
+    out = send(proto, type="session.update", session=created)
+    assert types(out) == ["session.updated"] and out.events[0].body["session"] == created
+
+
 def test_a_transcription_language_the_model_does_not_know_is_refused_at_the_update():
     def knows(language: str | None) -> None:  # the ASR model's check (WhisperFamily.check_language's contract)
         resolve_language(language, ("en", "fr"))

@@ -143,7 +143,6 @@ def bad_bodies(lm: str) -> list[tuple[dict, str]]:
     return [
         ({"model": lm}, "messages"),
         ({"model": lm, "messages": []}, "messages"),
-        ({"model": lm, "messages": [{"role": "wizard", "content": "hi"}]}, "messages"),
         ({"model": lm, "messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
         ({"model": lm, "messages": user("hi"), "max_tokens": 0}, "max_tokens"),
         ({"model": lm, "messages": user("hi"), "max_tokens": 10_000}, "max_tokens"),  # beyond the 1024 positions
@@ -158,6 +157,12 @@ def bad_bodies(lm: str) -> list[tuple[dict, str]]:
             "audio.format",
         ),
         ({"model": lm, "messages": user("hi"), "temperature": 5}, "temperature"),
+        ({"model": lm, "messages": user("hi"), "top_k": -5}, "top_k"),  # vLLM's extras are read, not ignored
+        ({"model": lm, "messages": user("hi"), "top_k": "a"}, "top_k"),
+        ({"model": lm, "messages": user("hi"), "repetition_penalty": 0}, "repetition_penalty"),
+        ({"model": lm, "messages": user("hi"), "min_tokens": 5}, "min_tokens"),  # not implemented: refused
+        ({"model": lm, "messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+        ({"model": lm, "messages": [{"role": "user", "content": []}]}, "messages[0].content"),
         (
             {
                 "messages": user("hi"),

@@ -3,6 +3,8 @@ message, whichever way a request comes in (speech, a spoken chat reply, a realti
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import pytest_asyncio
@@ -192,7 +194,15 @@ async def test_max_tokens_past_the_text_models_context_is_refused_before_the_pip
 
 def test_sampling_in_openais_words_both_ways():
     assert sampling_from_openai(None, None) is None
-    assert sampling_from_openai(0.0, 0.5) is GREEDY
+    assert sampling_from_openai(0.0, 0.5) == GREEDY
+    assert sampling_from_openai(0.0, None, 5, 1.2) == replace(GREEDY, repetition_penalty=1.2)  # greedy, penalized
+    assert sampling_from_openai(None, None, -1, None) == SamplingParams(temperature=1.0, top_k=0, top_p=1.0)
+    assert sampling_from_openai(0.7, None, 20, 1.1) == SamplingParams(
+        temperature=0.7, top_k=20, top_p=1.0, repetition_penalty=1.1
+    )
+    with pytest.raises(InvalidRequestError) as error:
+        sampling_from_openai(0.7, None, None, 0.0)
+    assert error.value.param == "repetition_penalty"
     assert sampling_from_openai(0.7, None) == SamplingParams(temperature=0.7, top_k=0, top_p=1.0)
     with pytest.raises(InvalidRequestError) as error:
         sampling_from_openai(0.7, 0.0)

@@ -9,21 +9,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from omni_stream.requests import GREEDY, SamplingParams
+from omni_stream.requests import SamplingParams
 
 
-def sampling_from_openai(temperature: float | None, top_p: float | None) -> SamplingParams | None:
-    """A client's ``temperature`` and ``top_p`` as sampling parameters; None when it gave neither (the model's
-    defaults). ``temperature`` 0 is greedy; the bounds are SamplingParams' own (errors name the field)."""
-    if temperature is None and top_p is None:
+def sampling_from_openai(
+    temperature: float | None,
+    top_p: float | None,
+    top_k: int | None = None,
+    repetition_penalty: float | None = None,
+) -> SamplingParams | None:
+    """A client's ``temperature`` and ``top_p`` (and vLLM's ``top_k``, -1 or 0 for none, and ``repetition_penalty``)
+    as sampling parameters; None when it gave none of them (the model's defaults). ``temperature`` 0 is greedy (a
+    repetition penalty still applies); the bounds are SamplingParams' own (errors name the field)."""
+    if temperature is None and top_p is None and top_k is None and repetition_penalty is None:
         return None
+    penalty = 1.0 if repetition_penalty is None else repetition_penalty
     if temperature == 0.0:
-        return GREEDY
+        return SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=penalty)
     return SamplingParams(
         do_sample=True,
         temperature=1.0 if temperature is None else temperature,
-        top_k=0,
+        top_k=0 if top_k is None or top_k == -1 else top_k,
         top_p=1.0 if top_p is None else top_p,
+        repetition_penalty=penalty,
     )
 
 

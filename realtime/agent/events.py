@@ -446,9 +446,30 @@ def _voice(value: Any, param: str) -> str:
     return string(value, param, limit=256, non_empty=True)
 
 
+# What a session object may hold: the GA request's fields and everything session.created / session.updated show
+# (a client may send a session back as it got it); an unknown key is refused, as OpenAI's server refuses it, rather
+# than ignored (a misspelt field would otherwise do nothing, silently).
+SESSION_KEYS = frozenset({
+    "type", "id", "object", "expires_at", "include", "model", "output_modalities", "instructions", "audio", "tools",
+    "tool_choice", "max_output_tokens", "tracing", "truncation", "prompt", "preemptive_response",
+})  # fmt: skip
+AUDIO_KEYS = {
+    "session.audio": frozenset({"input", "output"}),
+    "session.audio.input": frozenset({"format", "transcription", "noise_reduction", "turn_detection"}),
+    "session.audio.output": frozenset({"format", "voice", "speed"}),
+}
+
+
+def _known(body: dict[str, Any], keys: frozenset[str], param: str) -> None:
+    unknown = sorted(set(body) - keys)
+    if unknown:
+        raise RealtimeError("unknown_parameter", f"Unknown parameter: '{param}.{unknown[0]}'.", f"{param}.{unknown[0]}")
+
+
 def parse_session(value: Any, *, max_instructions: int) -> SessionPatch:
     """The patch of a ``session.update``'s ``session`` object."""
     body = obj(value, "session")
+    _known(body, SESSION_KEYS, "session")
     fields: dict[str, Any] = {}
     if "type" in body:
         try:
@@ -475,6 +496,12 @@ def parse_session(value: Any, *, max_instructions: int) -> SessionPatch:
     audio = obj(body.get("audio", {}), "session.audio")
     audio_in = obj(audio.get("input", {}), "session.audio.input")
     audio_out = obj(audio.get("output", {}), "session.audio.output")
+    for part, where in (
+        (audio, "session.audio"),
+        (audio_in, "session.audio.input"),
+        (audio_out, "session.audio.output"),
+    ):
+        _known(part, AUDIO_KEYS[where], where)
     if audio_in.get("format") is not None:
         fields["input_format"] = parse_format(audio_in["format"], "session.audio.input.format")
     if "turn_detection" in audio_in:

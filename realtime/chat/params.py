@@ -55,6 +55,9 @@ UNSUPPORTED = {
     "function_call": None,
     "prediction": None,
     "web_search_options": None,
+    # vLLM's extra sampling fields beside top_k and repetition_penalty (which are read)
+    "min_tokens": 0,
+    "min_p": 0.0,
 }
 
 
@@ -105,6 +108,8 @@ def _content(value: Any, where: str, pictures: list[PictureRef] | None = None, m
     if isinstance(value, str):
         return unicode(value, where)
     if isinstance(value, list):
+        if not value:
+            raise bad_request(f"'{where}' must hold at least one part", where)
         parts = []
         for i, part in enumerate(value):
             kind = part.get("type") if isinstance(part, dict) else None
@@ -180,7 +185,7 @@ def parse_messages(value: Any, max_pictures: int = 0) -> tuple[tuple[ChatMessage
         role = message.get("role")
         if role not in ROLES:
             allowed = ", ".join(f"'{r}'" for r in ROLES)
-            raise bad_request(f"'messages[{i}].role' must be one of {allowed}, got {role!r}", "messages")
+            raise bad_request(f"'messages[{i}].role' must be one of {allowed}, got {role!r}", f"messages[{i}].role")
         out.append(_message(message, i, pictures))
     if len(pictures) > max_pictures:
         raise bad_request(f"a request shows at most {max_pictures} images, got {len(pictures)}", "messages")
@@ -189,7 +194,10 @@ def parse_messages(value: Any, max_pictures: int = 0) -> tuple[tuple[ChatMessage
 
 def _sampling(body: dict[str, Any]) -> SamplingParams | None:
     return sampling_from_openai(
-        optional(body, "temperature", number, 0.0, 2.0), optional(body, "top_p", number, 0.0, 1.0)
+        optional(body, "temperature", number, 0.0, 2.0),
+        optional(body, "top_p", number, 0.0, 1.0),
+        int_field(body, "top_k", -1, 1 << 20),  # vLLM's extra field; -1 (or 0): no top-k
+        optional(body, "repetition_penalty", number, 0.0, 2.0),  # vLLM's extra field; SamplingParams wants > 0
     )
 
 

@@ -104,7 +104,7 @@ async def _edit(request: Request, state: ServerState) -> Response:
     for part in form.files:
         if part.field not in EDIT_FILES:
             raise bad_request(f"Unknown file field '{part.field}' (image, image[] or mask)", part.field)
-    params = parse_params(form_values(form.fields), EDIT_FIELDS)
+    params = parse_params(form_values(form.fields), EDIT_FIELDS, form=True)
     uploads = form.files_of("image", "image[]")
     if not uploads:
         raise bad_request("'image' is required: the image (PNG, JPEG or WebP) to edit", "image")
@@ -120,6 +120,8 @@ async def _edit(request: Request, state: ServerState) -> Response:
 
 
 async def _generation(request: Request, state: ServerState) -> Response:
+    if request.headers.get("content-type", "").lower().startswith("multipart/"):
+        raise bad_request("Image generations take a JSON body (application/json); edits take multipart/form-data")
     body = await read_body(request, MAX_JSON_BYTES)
     try:
         values = json.loads(body) if body else None
@@ -127,7 +129,7 @@ async def _generation(request: Request, state: ServerState) -> Response:
         raise bad_request(f"Request body is not valid JSON: {exc}") from exc
     if not isinstance(values, dict):
         raise bad_request("Request body must be a JSON object")
-    params = parse_params(values, GENERATION_FIELDS)
+    params = parse_params(values, GENERATION_FIELDS, form=False)
     _check_engine(state, params)
     return await _serve(request, state, params, (), None, "generation")
 

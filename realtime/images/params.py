@@ -66,9 +66,9 @@ class ImageParams:
     seed: int | None = None
 
 
-def parse_size(value: Any) -> tuple[int, int] | None:
+def parse_size(value: Any, form: bool = True) -> tuple[int, int] | None:
     """``"WxH"`` -> ``(W, H)`` pixels; ``"auto"`` -> None."""
-    text = string(value, "size", form=True).strip().lower()
+    text = string(value, "size", form=form).strip().lower()
     if text == "auto":
         return None
     match = _SIZE.match(text)
@@ -77,50 +77,51 @@ def parse_size(value: Any) -> tuple[int, int] | None:
     return int(match[1]), int(match[2])
 
 
-def parse_params(values: Mapping[str, Any], allowed: frozenset[str]) -> ImageParams:
-    """Validate the fields of one request (strings from a form, or JSON values)."""
+def parse_params(values: Mapping[str, Any], allowed: frozenset[str], *, form: bool) -> ImageParams:
+    """Validate the fields of one request: strings from a form (``form``: numbers and booleans as their text), or
+    JSON values (each of its own type: a number where the prompt goes is an error, as is a string for ``n``)."""
     unknown = sorted(set(values) - allowed)
     if unknown:
         raise bad_request(f"Unknown field '{unknown[0]}'", unknown[0])
     prompt = values.get("prompt")
-    if prompt is None or not string(prompt, "prompt", form=True).strip():
+    if prompt is None or not string(prompt, "prompt", form=form).strip():
         raise bad_request("'prompt' is required", "prompt")
     get = values.get
     response_format = get("response_format")
-    if response_format is not None and string(response_format, "response_format", form=True).strip() != "b64_json":
+    if response_format is not None and string(response_format, "response_format", form=form).strip() != "b64_json":
         raise bad_request("'response_format' must be 'b64_json' (image URLs are not served)", "response_format")
-    output_format = OUTPUT_FORMATS.get(string(get("output_format", "png"), "output_format", form=True).strip().lower())
+    output_format = OUTPUT_FORMATS.get(string(get("output_format", "png"), "output_format", form=form).strip().lower())
     if output_format is None:
         raise bad_request(
             f"'output_format' must be one of png, webp, jpeg, got {get('output_format')!r}", "output_format"
         )
-    background = choice(get("background", "auto"), "background", ("auto", "opaque", "transparent"), form=True)
+    background = choice(get("background", "auto"), "background", ("auto", "opaque", "transparent"), form=form)
     if background == "transparent":
         raise bad_request("'background': transparent backgrounds are not supported (auto or opaque)", "background")
     stream_format = get("stream_format")
     return ImageParams(
-        prompt=string(prompt, "prompt", form=True),
-        model=optional(values, "model", string, form=True),
-        n=integer(get("n", 1), "n", 1, 4, form=True),
-        size=parse_size(get("size", "auto")),
+        prompt=string(prompt, "prompt", form=form),
+        model=optional(values, "model", string, form=form),
+        n=integer(get("n", 1), "n", 1, 4, form=form),
+        size=parse_size(get("size", "auto"), form),
         output_format=output_format,
-        output_compression=integer(get("output_compression", 100), "output_compression", 0, 100, form=True),
-        stream=boolean(get("stream", False), "stream", form=True),
-        stream_format=Dialect(choice(stream_format, "stream_format", tuple(Dialect), form=True))
+        output_compression=integer(get("output_compression", 100), "output_compression", 0, 100, form=form),
+        stream=boolean(get("stream", False), "stream", form=form),
+        stream_format=Dialect(choice(stream_format, "stream_format", tuple(Dialect), form=form))
         if stream_format
         else None,
-        partial_images=integer(get("partial_images"), "partial_images", 0, 3, form=True)
+        partial_images=integer(get("partial_images"), "partial_images", 0, 3, form=form)
         if get("partial_images") is not None
         else None,
         background=background,
-        quality=choice(get("quality", "auto"), "quality", ("auto", "low", "medium", "high"), form=True),
-        steps=integer(get("num_inference_steps"), "num_inference_steps", 1, 1000, form=True)
+        quality=choice(get("quality", "auto"), "quality", ("auto", "low", "medium", "high"), form=form),
+        steps=integer(get("num_inference_steps"), "num_inference_steps", 1, 1000, form=form)
         if get("num_inference_steps") is not None
         else None,
-        guidance_scale=number(get("guidance_scale"), "guidance_scale", 0.0, 50.0, form=True)
+        guidance_scale=number(get("guidance_scale"), "guidance_scale", 0.0, 50.0, form=form)
         if get("guidance_scale") is not None
         else None,
-        seed=integer(get("seed"), "seed", 0, 2**63 - 1, form=True) if get("seed") is not None else None,
+        seed=integer(get("seed"), "seed", 0, 2**63 - 1, form=form) if get("seed") is not None else None,
     )
 
 
