@@ -114,10 +114,12 @@ class LoadOptions:
     tuning: Tuning = field(default_factory=Tuning)
 
     def progress_bar(self, total: int | None = None, desc: str = "loading", unit: str = "it") -> ProgressBar:
-        """A tqdm bar (disabled when ``progress`` is False); use it as a context manager."""
+        """A tqdm bar (disabled when ``progress`` is False, and when its stream, stderr, is not a terminal: a log
+        file would get every redraw, and log lines run onto the bar's); use it as a context manager."""
         from tqdm.auto import tqdm
 
-        bar: ProgressBar = tqdm(total=total, desc=desc, unit=unit, disable=not self.progress, leave=False)
+        disable = None if self.progress else True  # None: tqdm's own check for a terminal
+        bar: ProgressBar = tqdm(total=total, desc=desc, unit=unit, disable=disable, leave=False)
         return bar
 
 

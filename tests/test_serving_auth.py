@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import httpx
@@ -34,9 +35,12 @@ def test_http_needs_the_key(live):
         assert c.post("/v1/audio/speech", json=body, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
         assert c.get("/health").status_code == 200 and c.get("/metrics").status_code == 200
         assert c.get("/rtc/config").status_code == 200  # open: a page asks it before it has a key
-        # the WebRTC offer needs the key, with or without fastrtc installed (then no such route: 404 past auth)
+        # the WebRTC offer needs the key, with or without fastrtc installed (then a 501 saying what to install)
         assert c.post("/rtc/webrtc/offer", json={}).status_code == 401
-        assert c.post("/rtc/webrtc/offer", json={}, headers={"Authorization": f"Bearer {KEY}"}).status_code != 401
+        past = c.post("/rtc/webrtc/offer", json={}, headers={"Authorization": f"Bearer {KEY}"})
+        assert past.status_code != 401
+        if importlib.util.find_spec("fastrtc") is None:
+            assert past.status_code == 501 and "omni-stream[webrtc]" in past.json()["error"]["message"]
 
 
 def test_sdk_with_and_without_key(live):

@@ -33,6 +33,7 @@ from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from omni_stream.realtime.common.auth import offered_subprotocols, select_subprotocol
+from omni_stream.realtime.common.errors import ApiError
 from omni_stream.realtime.state import ServerState
 
 if TYPE_CHECKING:
@@ -89,7 +90,17 @@ def routes(state: ServerState) -> list[BaseRoute]:
         async def unavailable(request: Request) -> Response:
             return JSONResponse({"available": False, "iceServers": [], "camera": False, "sees": False})
 
-        return [Route("/rtc/config", unavailable, methods=["GET"])]  # pages ask before they offer WebRTC
+        async def no_offers(request: Request) -> Response:  # an offer sent anyway is told why, not a bare 404
+            message = (
+                "WebRTC is not installed on this server: pip install 'omni-stream[webrtc]' (or use WS /v1/realtime)"
+            )
+            return ApiError(501, message).response()
+
+        return [
+            Route("/rtc/config", unavailable, methods=["GET"]),  # pages ask before they offer WebRTC
+            Route("/rtc/webrtc/offer", no_offers, methods=["POST"]),
+            Route("/rtc/camera/webrtc/offer", no_offers, methods=["POST"]),
+        ]
     state.rtc = stream
     state.rtc_camera = camera
 
