@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -54,11 +55,21 @@ def _page(path: Path) -> Callable[[Any], Awaitable[Response]]:
     return page
 
 
+class PageAssets(StaticFiles):
+    """The pages' files: what a browser loads (scripts, worklets, styles), not the folder's Python package marker."""
+
+    def lookup_path(self, path: str) -> tuple[str, os.stat_result | None]:
+        if path.endswith((".py", ".pyc")) or "__pycache__" in path:
+            return "", None  # a 404, as for a file that is not there
+        return super().lookup_path(path)
+
+
 def _routes(static_dir: Path | None) -> list[BaseRoute]:
     routes: list[BaseRoute] = [
         Route("/health", health.health, methods=["GET"]),
         Route("/metrics", health.metrics, methods=["GET"]),
         Route("/v1/models", health.list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", health.get_model, methods=["GET"]),
         Route("/v1/audio/speech", speech_http.create_speech, methods=["POST"]),
         Route("/v1/audio/voices", voices.list_voices, methods=["GET"]),
         Route("/v1/audio/voices", voices.upload_voice, methods=["POST"]),
@@ -78,7 +89,7 @@ def _routes(static_dir: Path | None) -> list[BaseRoute]:
             Route("/", _page(static_dir / "index.html"), methods=["GET"]),
             Route("/video", _page(static_dir / "video.html"), methods=["GET"]),
             Route("/realtime", _page(static_dir / "realtime.html"), methods=["GET"]),
-            Mount("/static", StaticFiles(directory=static_dir), name="static"),
+            Mount("/static", PageAssets(directory=static_dir), name="static"),
         ]
     return routes
 

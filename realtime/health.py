@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from omni_stream.family import SpeechInfo, TextInfo
+from omni_stream.realtime.common.errors import ApiError
 from omni_stream.realtime.replica import ReplicaLabelled
 from omni_stream.realtime.state import ServerState
 from omni_stream.validation.voices import voice_names
@@ -37,6 +38,22 @@ async def metrics(request: Request) -> Response:
 
 async def list_models(request: Request) -> Response:
     state: ServerState = request.app.state.omni
+    state.metrics.requests.labels("/v1/models", "200").inc()
+    return JSONResponse({"object": "list", "data": _models(state)})
+
+
+async def get_model(request: Request) -> Response:
+    """``GET /v1/models/{id}``: one entry of the list; 404 naming ``model`` for an id not served."""
+    state: ServerState = request.app.state.omni
+    wanted = request.path_params["model"]
+    for entry in _models(state):
+        if entry["id"] == wanted:
+            return JSONResponse(entry)
+    served = ", ".join(str(e["id"]) for e in _models(state)) or "none"
+    return ApiError(404, f"The model '{wanted}' does not exist (served: {served})", "model").response()
+
+
+def _models(state: ServerState) -> list[dict[str, object]]:
     data = []
     if state.engine is not None:
         ids = state.model_ids()
@@ -57,5 +74,4 @@ async def list_models(request: Request) -> Response:
                 entry["max_context"] = info.max_context
                 entry["max_model_len"] = info.max_context  # vLLM's name, which OpenAI-compatible clients read
             data.append(entry)
-    state.metrics.requests.labels("/v1/models", "200").inc()
-    return JSONResponse({"object": "list", "data": data})
+    return data

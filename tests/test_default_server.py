@@ -212,11 +212,24 @@ def test_a_realtime_socket_left_mid_response_is_counted(live):
     wait_until(lambda: not held(), what="the response's model state to be released")
 
 
+def test_the_pages_assets_are_served_and_the_folders_python_is_not(live):
+    for asset in ("realtime.js", "mic-capture-worklet.js", "page.css"):
+        assert httpx.get(f"{live.url}/static/{asset}").status_code == 200, asset
+    for hidden in ("__init__.py", "__pycache__/__init__.cpython-311.pyc"):
+        response = httpx.get(f"{live.url}/static/{hidden}")
+        assert response.status_code == 404 and response.json()["error"]["code"] == 404, hidden
+
+
 def test_the_model_list_names_the_voices(live):
     models = httpx.get(f"{live.url}/v1/models").json()["data"]
     speech = next(m for m in models if m["kind"] == "speech")
     voices = httpx.get(f"{live.url}/v1/audio/voices").json()["voices"]
     assert speech["voices"] == voices and len(voices) > 1
+    client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="x", max_retries=0)
+    assert client.models.retrieve(speech["id"]).id == speech["id"]  # GET /v1/models/{id}: one entry
+    missing = httpx.get(f"{live.url}/v1/models/dall-e-9")
+    assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
+    assert speech["id"] in missing.json()["error"]["message"]
 
 
 # --- images: the route every kind's default covers, and which SSE dialect a client gets ------------------------------
