@@ -111,6 +111,12 @@ def test_logprobs_and_penalties_reach_the_model(server):
     )
     content = reply.choices[0].logprobs.content
     assert len(content) == reply.usage.completion_tokens and all(len(e.top_logprobs) == 2 for e in content)
+    # each entry's bytes are its token's own (a token inside a character has bytes but no text of its own): the
+    # reply's UTF-8 is theirs joined, decoded as the text was
+    long = api.chat.completions.create(model="lm", messages=ASK, temperature=0.9, seed=3, max_tokens=40, logprobs=True)
+    entries = long.choices[0].logprobs.content
+    joined = b"".join(bytes(e.bytes) for e in entries).decode("utf-8", errors="replace")
+    assert joined == long.choices[0].message.content
     banned = api.chat.completions.create(model="lm", messages=ASK, temperature=0, max_tokens=5, logprobs=True)
     first = banned.choices[0].logprobs.content[0].top_logprobs  # top_logprobs 0: none
     assert first == []

@@ -198,3 +198,23 @@ def test_vllm_gets_penalties_bias_logprobs_and_structured_outputs():
     ]
     got = token_logprobs([5, 4], entries, 1)
     assert [(t.token, t.logprob, t.top) for t in got] == [("a", -0.1, (("a", -0.1),)), ("c", -3.0, (("b", -0.3),))]
+
+
+def test_a_logprob_entrys_bytes_are_its_tokens_own(tmp_path):
+    """A byte-level BPE token inside a character: its text is U+FFFD, its bytes are the ones it stands for; the
+    tokens' bytes joined are the text's UTF-8; a special token (text skipped) has none."""
+    from omni_stream.models.causal_lm.checkpoint import write_tiny_checkpoint
+    from omni_stream.models.causal_lm.tokenizer import ChatTokenizer
+    from omni_stream.text.logprobs import TokenLogprob
+
+    tokenizer = ChatTokenizer(write_tiny_checkpoint(tmp_path, "qwen3", seed=0))
+    text = "héllo 世界 🙂!"
+    ids = tokenizer.hf(text, add_special_tokens=False)["input_ids"]
+    assert any(tokenizer.decode([i]) == "\ufffd" for i in ids)  # the tokenizer splits characters
+    assert b"".join(tokenizer.token_bytes(i) for i in ids) == text.encode("utf-8")
+    assert tokenizer.token_bytes(tokenizer.hf.eos_token_id) == b""
+    partial = next(i for i in ids if tokenizer.decode([i]) == "\ufffd")
+    raw = tokenizer.token_bytes(partial)
+    entry = TokenLogprob("\ufffd", -0.5, (("\ufffd", -0.5), ("a", -1.0)), raw, (raw, b"a")).wire()
+    assert entry["bytes"] == list(raw) != list("\ufffd".encode()) and entry["top_logprobs"][0]["bytes"] == list(raw)
+    assert TokenLogprob("a", -1.0, (("b", -2.0),)).wire()["top_logprobs"][0]["bytes"] == [98]  # no raw: the text's

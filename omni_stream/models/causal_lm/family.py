@@ -100,6 +100,7 @@ class CausalLMFamily:
                 max_len=max_len,
                 fused=default_kernels(torch.device(opts.device), opts.tuning) or False,
                 group_prefill=opts.tuning.group_prefill_graphs,
+                token_bytes=self.tokenizer.token_bytes,
             )
             # On CUDA the decode step replays per-bucket graphs; capturing them here keeps it out of requests.
             self.capture_seconds = self.runner.capture_graphs(progress=opts.progress_bar)

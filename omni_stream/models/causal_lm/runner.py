@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -185,8 +186,10 @@ class CausalLMRunner(SlotKVRunner[LMRequest, TextDelta, _SlotState]):
         fused: DecodeKernels | bool | None = None,
         group_prefill: bool = False,
         record: bool = False,
+        token_bytes: Callable[[int], bytes] | None = None,
     ) -> None:
-        """``decode``: ids -> text (special tokens skipped); ``max_len``: positions per slot (prompt + output).
+        """``decode``: ids -> text (special tokens skipped); ``max_len``: positions per slot (prompt + output);
+        ``token_bytes``: the bytes a token stands for, for logprobs (None: its text's UTF-8).
 
         ``graphs``: replay CUDA graphs of the decode step (None: on CUDA devices). ``fused``: decoder layers as
         fused kernels (None: the Triton kernels on CUDA when Triton is installed; False: the modules).
@@ -199,6 +202,7 @@ class CausalLMRunner(SlotKVRunner[LMRequest, TextDelta, _SlotState]):
         self.kernels = kernels = select_kernels(w.device, fused)
         lm.use_kernels(kernels)
         self.decode_text = decode
+        self.token_bytes = token_bytes
         self.eos = frozenset(eos_token_ids)
         self.vocab = cfg.vocab_size
         length = min(max_len, cfg.max_position_embeddings)
@@ -472,7 +476,9 @@ class CausalLMRunner(SlotKVRunner[LMRequest, TextDelta, _SlotState]):
             k = st.logprobs or 0
             ids, values = lp_ids[st.slot, :k].tolist(), lp_top[st.slot, :k].tolist()
             top = tuple((self.decode_text([i]), v) for i, v in zip(ids, values, strict=True))
-            out.append(TokenLogprob(self.decode_text([token]), float(lp_token[st.slot]), top))
+            raw = self.token_bytes(token) if self.token_bytes is not None else None
+            top_raw = tuple(self.token_bytes(i) for i in ids) if self.token_bytes is not None else ()
+            out.append(TokenLogprob(self.decode_text([token]), float(lp_token[st.slot]), top, raw, top_raw))
         return chosen, out
 
     @torch.no_grad()

@@ -166,7 +166,7 @@ class Qwen3TTSFamily:
         self.voice_cache = VoiceCache(opts.tuning.voice_cache) if opts.tuning.voice_cache else None
         if self.embedded:
             log.warning(
-                "serving the embedded tiny checkpoint %s: random weights, it speaks noise "
+                "loaded the embedded tiny checkpoint %s: random weights, it speaks noise "
                 "(pass --model DIR for a real Qwen3-TTS checkpoint)",
                 ckpt,
             )
