@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
 import json
 import os
+import pty
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
+import threading
 import time
 
 import httpx
@@ -38,18 +44,42 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> Non
     raise AssertionError("server did not become healthy")
 
 
-def serve(args: list[str], env: dict[str, str], sig: int = signal.SIGINT) -> tuple[str, list[str]]:
-    """Run ``omni-stream serve ARGS`` until healthy, list its models, stop it with ``sig``; (output, model ids)."""
+def serve(
+    args: list[str], env: dict[str, str], sig: int = signal.SIGINT, *, terminal: bool = False
+) -> tuple[str, list[str]]:
+    """Run ``omni-stream serve ARGS`` until healthy, list its models, stop it with ``sig``; (output, model ids).
+    ``terminal``: its output goes to a pseudo-terminal, as in a user's shell (else a pipe, as in a log file)."""
     port = free_port()
     cmd = [sys.executable, "-m", "omni_stream.cli", "serve", "--port", str(port), "--log-level", "warning", *args]
-    proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    read: list[bytes] = []
+    if terminal:
+        leader, follower = pty.openpty()
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # a terminal has a size
+        proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=follower, stderr=follower)
+        os.close(follower)
+
+        def drain() -> None:  # until the server has exited and closed its side (EIO)
+            with contextlib.suppress(OSError):
+                while chunk := os.read(leader, 65536):
+                    read.append(chunk)
+
+        reader = threading.Thread(target=drain, daemon=True)
+        reader.start()
+    else:
+        proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, proc)
         assert httpx.get(f"{url}/v1/models").status_code == 401  # the key came from the environment
         models = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer k"}).json()
         proc.send_signal(sig)
-        out, _ = proc.communicate(timeout=30)
+        if terminal:
+            proc.wait(timeout=30)
+            reader.join(timeout=10)
+            os.close(leader)
+            out = b"".join(read).decode(errors="replace").replace("\r\n", "\n")  # the terminal's ONLCR undone
+        else:
+            out = proc.communicate(timeout=30)[0].decode(errors="replace")
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -78,6 +108,7 @@ def test_serve_without_model_uses_the_embedded_checkpoint_and_stops_on_sigint(tm
     env = {"OMNI_STREAM_API_KEY": "k", "OMNI_STREAM_CACHE": str(tmp_path / "cache")}
     out, models = serve([], env, signal.SIGINT)
     assert "no --model given: serving the embedded tiny model of every kind" in out
+    assert not re.search(r"\d+%\|", out), out  # output to a pipe (a log file): no progress bars redrawn into it
     # Every kind with an embedded default: speech (Qwen3-TTS) first, text (a tiny Qwen3), transcription (Whisper), ...
     assert models[0].startswith("qwen3-tts-tiny") and "qwen3-tiny-chat-v2" in models
     assert any(m.startswith("whisper-tiny") for m in models)
@@ -204,7 +235,7 @@ def test_start_up_shows_one_progress_display_with_log_lines_on_their_own():
     """What a new user sees on ``omni-stream serve``: no notices from transformers about torchvision (the PIL
     image processors are the ones used), no progress bars of the libraries beside each model's own, and every log
     line on a line of its own (as a terminal shows it: the text after a line's last carriage return)."""
-    out, models = serve(["--log-level", "info"], {"OMNI_STREAM_API_KEY": "k"}, signal.SIGINT)
+    out, models = serve(["--log-level", "info"], {"OMNI_STREAM_API_KEY": "k"}, signal.SIGINT, terminal=True)
     assert len(models) == len([kind for kind in default_kinds() if default_available(kind)])
     assert "torchvision" not in out, out
     shown = [line.rsplit("\r", 1)[-1] for line in out.split("\n")]
