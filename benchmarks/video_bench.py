@@ -173,11 +173,11 @@ def model_calls(log: list, start: float, end: float, after_seq: int) -> dict[str
 
 @contextlib.contextmanager
 def serving(checkpoint: Path, device: str) -> Iterator[int]:
-    import uvicorn
 
     from omni_stream.engine import AsyncEngine
     from omni_stream.realtime.app import create_app
     from omni_stream.realtime.graceful import GracefulServer
+    from omni_stream.realtime.server import uvicorn_config
 
     async def load() -> Any:
         return await AsyncEngine.from_pretrained(checkpoint, device=device, progress=False)
@@ -185,7 +185,7 @@ def serving(checkpoint: Path, device: str) -> Iterator[int]:
     app = create_app(load)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = GracefulServer(uvicorn.Config(app, log_level="warning", lifespan="on"), app.state.omni)
+    server = GracefulServer(uvicorn_config(app, log_level="warning"), app.state.omni)  # serve's own settings
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 120

@@ -150,6 +150,7 @@ def serve(args: argparse.Namespace) -> None:
     from omni_stream.family import ModelKind
     from omni_stream.realtime.agent.trace import SessionTraces
     from omni_stream.realtime.app import create_app
+    from omni_stream.realtime.server import uvicorn_config
     from omni_stream.realtime.settings import Settings
 
     synthetic.register()  # the tests' synthetic families (no part of the package), for the CPU mode
@@ -195,7 +196,9 @@ def serve(args: argparse.Namespace) -> None:
     app.router.routes.insert(0, Route("/bench/work", work_route(app, lag)))
     app.router.routes.insert(0, Route("/bench/trace", trace_route(traces)))
     app.router.routes.insert(0, Route("/bench/worklog", worklog_route(app)))
-    config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", ws_max_size=32 << 20)
+    # serve's own uvicorn settings: per-message deflate off (with uvicorn's default, every event of every session
+    # was compressed on the event loop, which the served product never does), the same message size limit
+    config = uvicorn_config(app, host="127.0.0.1", port=args.port, log_level="warning")
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: Any = None) -> None:
