@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 
 import anyio
 import pytest
 
+from omni_stream.device_policy import WorkClass
 from omni_stream.errors import EngineClosed
 from omni_stream.worker import DeviceWorker
 
@@ -198,39 +200,46 @@ async def test_a_failing_init_is_logged_and_the_worker_still_runs(caplog):
     assert "init failed" in caplog.text and "no stream today" in caplog.text
 
 
+class ScriptedSource:
+    """A step source of ``steps`` steps, each calling ``on_step(name)`` on the worker thread; ``urgent``: its stream
+    is due now while it has work (else it has no deadline, so throughput work is never held for it)."""
+
+    def __init__(
+        self, name: str, work_class: WorkClass, steps: int, on_step: Callable[[str], None], *, urgent: bool = True
+    ) -> None:
+        self.name, self.work_class, self.left, self.on_step, self.urgent = name, work_class, steps, on_step, urgent
+
+    def has_work(self) -> bool:
+        return self.left > 0
+
+    def next_deadline(self) -> None:
+        return None
+
+    def urgency(self, now: float) -> float | None:
+        return now if self.urgent and self.left > 0 else None
+
+    def run_step(self) -> None:
+        self.left -= 1
+        self.on_step(self.name)
+
+    def shutdown(self) -> None:
+        pass
+
+
 async def test_each_realtime_step_runs_in_its_sources_context_and_throughput_steps_in_theirs():
     """``source_context`` (on CUDA: a stream of the source's own) is entered around every realtime step with that
     source; throughput steps run in ``throughput_context`` instead."""
     from contextlib import contextmanager
-
-    from omni_stream.device_policy import WorkClass
 
     entered: list[tuple[str, str]] = []
     stepped: list[tuple[str, tuple[str, str] | None]] = []
     done = threading.Event()
     inside: list[tuple[str, str]] = []
 
-    class Source:
-        def __init__(self, name: str, work_class: WorkClass, steps: int) -> None:
-            self.name, self.work_class, self.left = name, work_class, steps
-
-        def has_work(self) -> bool:
-            return self.left > 0
-
-        def next_deadline(self) -> None:
-            return None
-
-        def urgency(self, now: float) -> float | None:
-            return now if self.left > 0 else None
-
-        def run_step(self) -> None:
-            self.left -= 1
-            stepped.append((self.name, inside[-1] if inside else None))
-            if len(stepped) == 4:
-                done.set()
-
-        def shutdown(self) -> None:
-            pass
+    def step(name: str) -> None:
+        stepped.append((name, inside[-1] if inside else None))
+        if len(stepped) == 4:
+            done.set()
 
     def context(kind: str):
         @contextmanager
@@ -248,8 +257,9 @@ async def test_each_realtime_step_runs_in_its_sources_context_and_throughput_ste
     w = DeviceWorker(
         name="test-device", threads=1, throughput_context=context("throughput"), source_context=context("own")
     ).start()
-    sources = [Source("text", WorkClass.REALTIME, 2), Source("speech", WorkClass.REALTIME, 1),
-               Source("image", WorkClass.THROUGHPUT, 1)]  # fmt: skip
+    rt, tp = WorkClass.REALTIME, WorkClass.THROUGHPUT
+    sources = [ScriptedSource("text", rt, 2, step), ScriptedSource("speech", rt, 1, step),
+               ScriptedSource("image", tp, 1, step)]  # fmt: skip
     try:
         for source in sources:
             w.attach(source)
@@ -267,8 +277,6 @@ async def test_no_throughput_step_starts_before_the_last_ones_fence_is_done():
     worker when it is done, and each fence is made inside the throughput context (on the step's stream)."""
     from contextlib import contextmanager
 
-    from omni_stream.device_policy import WorkClass
-
     class Fence:
         def __init__(self, made_inside: bool) -> None:
             self.done, self.made_inside = threading.Event(), made_inside
@@ -284,27 +292,10 @@ async def test_no_throughput_step_starts_before_the_last_ones_fence_is_done():
     stepped: list[str] = []
     changed = threading.Condition()
 
-    class Source:
-        def __init__(self, name: str, work_class: WorkClass, steps: int) -> None:
-            self.name, self.work_class, self.left = name, work_class, steps
-
-        def has_work(self) -> bool:
-            return self.left > 0
-
-        def next_deadline(self) -> None:
-            return None
-
-        def urgency(self, now: float) -> None:
-            return None  # no stream is due: throughput may run whenever it is not fenced
-
-        def run_step(self) -> None:
-            self.left -= 1
-            with changed:
-                stepped.append(self.name)
-                changed.notify_all()
-
-        def shutdown(self) -> None:
-            pass
+    def step(name: str) -> None:
+        with changed:
+            stepped.append(name)
+            changed.notify_all()
 
     @contextmanager
     def side():
@@ -330,9 +321,10 @@ async def test_no_throughput_step_starts_before_the_last_ones_fence_is_done():
 
     w = DeviceWorker(name="test-device", threads=1, throughput_context=side, throughput_fence=fence).start()
     try:
-        w.attach(Source("image", WorkClass.THROUGHPUT, 3))
+        w.attach(ScriptedSource("image", WorkClass.THROUGHPUT, 3, step, urgent=False))
         await until(lambda: len(fences) == 1)
-        w.attach(Source("speech", WorkClass.REALTIME, 2))  # rounds after the fence: realtime steps, image held
+        # rounds after the fence: realtime steps, image held (no stream is due: only the fence holds it)
+        w.attach(ScriptedSource("speech", WorkClass.REALTIME, 2, step, urgent=False))
         await until(lambda: stepped.count("speech") == 2)
         assert stepped == ["image", "speech", "speech"]
         fences[0].done.set()  # the worker is idle now: only the watcher can wake it
