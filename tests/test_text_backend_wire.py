@@ -218,3 +218,21 @@ def test_a_logprob_entrys_bytes_are_its_tokens_own(tmp_path):
     entry = TokenLogprob("\ufffd", -0.5, (("\ufffd", -0.5), ("a", -1.0)), raw, (raw, b"a")).wire()
     assert entry["bytes"] == list(raw) != list("\ufffd".encode()) and entry["top_logprobs"][0]["bytes"] == list(raw)
     assert TokenLogprob("a", -1.0, (("b", -2.0),)).wire()["top_logprobs"][0]["bytes"] == [98]  # no raw: the text's
+
+
+def test_a_remote_servers_logprob_bytes_are_kept_as_sent():
+    """A remote OpenAI-compatible server's entry for a token inside a character: its ``bytes`` are the token's own
+    and pass through (re-deriving them from the text would give U+FFFD's); entries without bytes use their text."""
+    part = {
+        "token": "\ufffd",
+        "logprob": -0.5,
+        "bytes": [228, 184],
+        "top_logprobs": [{"token": "\ufffd", "logprob": -0.5, "bytes": [228, 184]}, {"token": "a", "logprob": -2}],
+    }
+    plain = {"token": "b", "logprob": -1.0, "top_logprobs": []}
+    data = json.dumps({"choices": [{"index": 0, "delta": {"content": "b"}, "logprobs": {"content": [part, plain]},
+                                    "finish_reason": None}]})  # fmt: skip
+    first, second = parse_chunk(data).logprobs
+    assert first.wire()["bytes"] == [228, 184] and first.wire()["top_logprobs"][0]["bytes"] == [228, 184]
+    assert first.wire()["top_logprobs"][1]["bytes"] == [97]  # an alternative sent without bytes: its text's
+    assert second.wire()["bytes"] == [98]

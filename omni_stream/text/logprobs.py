@@ -16,7 +16,7 @@ class TokenLogprob:
     logprob: float
     top: tuple[tuple[str, float], ...] = ()
     raw: bytes | None = None
-    top_raw: tuple[bytes, ...] = ()
+    top_raw: tuple[bytes | None, ...] = ()
 
     def wire(self) -> dict[str, Any]:
         """OpenAI's ``choices[0].logprobs.content[i]``."""

@@ -152,16 +152,25 @@ def _tool_call_pieces(delta: Any) -> tuple[ToolCallDelta, ...]:
     return tuple(out)
 
 
+def _raw(entry: dict[str, Any]) -> bytes | None:
+    """An entry's ``bytes`` as the remote server sent them (None when absent or not a list of bytes)."""
+    value = entry.get("bytes")
+    if isinstance(value, list) and all(isinstance(b, int) and 0 <= b < 256 for b in value):
+        return bytes(value)
+    return None
+
+
 def _logprobs(choice: dict[str, Any]) -> tuple[TokenLogprob, ...]:
+    """The logprob entries, their ``bytes`` kept as sent (a token inside a character has bytes but no text)."""
     logprobs = choice.get("logprobs")
     content = logprobs.get("content") if isinstance(logprobs, dict) else None
     out = []
     for entry in content if isinstance(content, list) else []:
         if isinstance(entry, dict) and isinstance(entry.get("token"), str):
-            top = tuple(
-                (t["token"], float(t["logprob"])) for t in entry.get("top_logprobs") or [] if isinstance(t, dict)
-            )
-            out.append(TokenLogprob(entry["token"], float(entry.get("logprob", 0.0)), top))
+            alternatives = [t for t in entry.get("top_logprobs") or [] if isinstance(t, dict)]
+            top = tuple((t["token"], float(t["logprob"])) for t in alternatives)
+            top_raw = tuple(_raw(t) for t in alternatives)
+            out.append(TokenLogprob(entry["token"], float(entry.get("logprob", 0.0)), top, _raw(entry), top_raw))
     return tuple(out)
 
 
