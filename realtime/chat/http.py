@@ -37,8 +37,9 @@ from omni_stream.family import ModelKind
 from omni_stream.realtime.chat.params import ChatOptions, parse_chat
 from omni_stream.realtime.chat.pictures import show
 from omni_stream.realtime.common.audio_out import AudioOut, encode_whole
-from omni_stream.realtime.common.body_limit import drain, read_json
+from omni_stream.realtime.common.body_limit import read_json
 from omni_stream.realtime.common.errors import ApiError, from_exception
+from omni_stream.realtime.common.route import answer
 from omni_stream.realtime.common.sse import SSE_HEADERS, SSE_MEDIA_TYPE, sse_data
 from omni_stream.realtime.common.streams import ClosingStreamingResponse, close_stream, until_disconnect
 from omni_stream.realtime.speech.build import refresh_voice
@@ -53,14 +54,7 @@ AUDIO_TTL = 3600  # seconds an audio id is said to stay valid (we keep nothing: 
 
 
 async def create_chat_completion(request: Request) -> Response:
-    state: ServerState = request.app.state.omni
-    try:
-        response = await _create(request, state)
-    except Exception as exc:
-        await drain(request.receive, exc)
-        response = from_exception(exc).response()
-    state.metrics.requests.labels(ROUTE, str(response.status_code)).inc()
-    return response
+    return await answer(request, ROUTE, _create)
 
 
 async def _chat_request(state: ServerState, opts: ChatOptions) -> ChatRequest:

@@ -30,9 +30,10 @@ from omni_stream.errors import StageError
 from omni_stream.family import ModelKind
 from omni_stream.images.prompt_bound import PROMPT_LIMIT
 from omni_stream.images.spec import ImageRequest, image_family, output_size, uses_text
-from omni_stream.realtime.common.body_limit import drain, read_body
-from omni_stream.realtime.common.errors import ApiError, bad_request, from_exception
+from omni_stream.realtime.common.body_limit import read_body
+from omni_stream.realtime.common.errors import ApiError, bad_request
 from omni_stream.realtime.common.form_stream import FormLimits, read_form
+from omni_stream.realtime.common.route import answer
 from omni_stream.realtime.common.sse import SSE_HEADERS, SSE_MEDIA_TYPE
 from omni_stream.realtime.common.streams import ClosingStreamingResponse, close_stream, until_disconnect
 from omni_stream.realtime.images.files import decode_image, decode_mask, encode_b64
@@ -59,25 +60,11 @@ PROMPT_LIMIT_HEADER = "x-omni-stream-image-prompt-limit"  # the image model's pr
 
 
 async def create_edit(request: Request) -> Response:
-    return await _answer(request, EDITS_ROUTE)
+    return await answer(request, EDITS_ROUTE, _edit)
 
 
 async def create_generation(request: Request) -> Response:
-    return await _answer(request, GENERATIONS_ROUTE)
-
-
-async def _answer(request: Request, route: str) -> Response:
-    state: ServerState = request.app.state.omni
-    try:
-        if route == EDITS_ROUTE:
-            response = await _edit(request, state)
-        else:
-            response = await _generation(request, state)
-    except Exception as exc:
-        await drain(request.receive, exc)
-        response = from_exception(exc).response()
-    state.metrics.requests.labels(route, str(response.status_code)).inc()
-    return response
+    return await answer(request, GENERATIONS_ROUTE, _generation)
 
 
 def _check_engine(state: ServerState, params: ImageParams) -> None:

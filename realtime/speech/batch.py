@@ -23,8 +23,8 @@ from starlette.responses import JSONResponse, Response
 
 from omni_stream import codecs
 from omni_stream.realtime.common.audio_out import encode_whole
-from omni_stream.realtime.common.body_limit import drain
 from omni_stream.realtime.common.errors import ApiError, bad_request, from_exception
+from omni_stream.realtime.common.route import answer
 from omni_stream.realtime.common.streams import close_stream, until_disconnect
 from omni_stream.realtime.speech.build import build_request
 from omni_stream.realtime.speech.http import read_json, usage_body
@@ -38,14 +38,7 @@ STREAMING_KEYS = ("stream", "stream_format")
 
 
 async def create_speech_batch(request: Request) -> Response:
-    state: ServerState = request.app.state.omni
-    try:
-        response = await _create_batch(request, state)
-    except Exception as exc:
-        await drain(request.receive, exc)
-        response = from_exception(exc).response()
-    state.metrics.requests.labels(ROUTE, str(response.status_code)).inc()
-    return response
+    return await answer(request, ROUTE, _create_batch)
 
 
 def merge_items(body: Any, max_items: int) -> list[dict[str, Any]]:

@@ -23,8 +23,9 @@ from omni_stream.realtime.common.audio_out import (
     first_chunk_and_output,
     with_first,
 )
-from omni_stream.realtime.common.body_limit import drain, read_json
-from omni_stream.realtime.common.errors import ApiError, from_exception
+from omni_stream.realtime.common.body_limit import read_json
+from omni_stream.realtime.common.errors import ApiError
+from omni_stream.realtime.common.route import answer
 from omni_stream.realtime.common.sse import SSE_HEADERS, SSE_MEDIA_TYPE, sse_event
 from omni_stream.realtime.common.stream_pacing import paced_audio
 from omni_stream.realtime.common.streams import ClosingStreamingResponse, close_stream, until_disconnect
@@ -65,14 +66,7 @@ def usage_headers(stream: SpeechStream) -> dict[str, str]:
 
 
 async def create_speech(request: Request) -> Response:
-    state: ServerState = request.app.state.omni
-    try:
-        response = await _create_speech(request, state)
-    except Exception as exc:
-        await drain(request.receive, exc)
-        response = from_exception(exc).response()
-    state.metrics.requests.labels(ROUTE, str(response.status_code)).inc()
-    return response
+    return await answer(request, ROUTE, _create_speech)
 
 
 async def _create_speech(request: Request, state: ServerState) -> Response:

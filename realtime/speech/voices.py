@@ -14,8 +14,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Message
 
 from omni_stream.errors import InvalidRequestError
-from omni_stream.realtime.common.body_limit import drain, parse_json, read_body
-from omni_stream.realtime.common.errors import ApiError, bad_request, from_exception
+from omni_stream.realtime.common.body_limit import parse_json, read_body
+from omni_stream.realtime.common.errors import ApiError, bad_request
+from omni_stream.realtime.common.route import answer, count
 from omni_stream.realtime.speech.build import decode_reference
 from omni_stream.realtime.speech.voice_store import StoredVoice, VoiceLimitError, now_seconds, validate_name
 from omni_stream.realtime.state import ServerState
@@ -75,25 +76,18 @@ async def list_voices(request: Request) -> Response:
     uploaded = [v.public() for v in state.voices.voices()]
     engine = state.engine
     names = voice_names(engine.speech_info, state.voices) if engine is not None else list(state.voices.names())
-    return _count(state, JSONResponse({"voices": names, "uploaded_voices": uploaded}))
+    return count(state, ROUTE, JSONResponse({"voices": names, "uploaded_voices": uploaded}))
 
 
 async def upload_voice(request: Request) -> Response:
-    state: ServerState = request.app.state.omni
-    try:
-        voice = await _upload(request, state)
-        response = JSONResponse({"success": True, "voice": voice.public()})
-    except Exception as exc:
-        await drain(request.receive, exc)
-        response = from_exception(exc).response()
-    return _count(state, response)
+    return await answer(request, ROUTE, _upload)
 
 
 async def delete_without_name(request: Request) -> Response:
     """``DELETE /v1/audio/voices/``: the name is missing from the path (a 400, not a redirect)."""
     state: ServerState = request.app.state.omni
     error = bad_request("'name' is required: DELETE /v1/audio/voices/{name}", "name")
-    return _count(state, error.response())
+    return count(state, ROUTE, error.response())
 
 
 async def delete_voice(request: Request) -> Response:
@@ -102,14 +96,9 @@ async def delete_voice(request: Request) -> Response:
     voice = await anyio.to_thread.run_sync(state.voices.delete, name)
     if voice is None:
         error = ApiError(404, f"Voice '{name}' not found", "name")
-        return _count(state, JSONResponse({"success": False, **error.body()}, status_code=404))
+        return count(state, ROUTE, JSONResponse({"success": False, **error.body()}, status_code=404))
     log.info("deleted voice %r", voice.name)
-    return _count(state, JSONResponse({"success": True, "message": f"Voice '{name}' deleted successfully"}))
-
-
-def _count(state: ServerState, response: Response) -> Response:
-    state.metrics.requests.labels(ROUTE, str(response.status_code)).inc()
-    return response
+    return count(state, ROUTE, JSONResponse({"success": True, "message": f"Voice '{name}' deleted successfully"}))
 
 
 def _text_field(form: Any, key: str, required: bool) -> str | None:
@@ -155,7 +144,12 @@ async def _read_form(request: Request, limit: int) -> Any:
         raise bad_request(f"Invalid multipart body: {getattr(exc, 'detail', exc)}") from exc
 
 
-async def _upload(request: Request, state: ServerState) -> StoredVoice:
+async def _upload(request: Request, state: ServerState) -> Response:
+    voice = await _store(request, state)
+    return JSONResponse({"success": True, "voice": voice.public()})
+
+
+async def _store(request: Request, state: ServerState) -> StoredVoice:
     settings = state.settings
     limit = settings.max_upload_bytes
     content_type = request.headers.get("content-type", "")
