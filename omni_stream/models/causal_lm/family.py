@@ -69,6 +69,15 @@ def _backend_args(items: tuple[tuple[str, object], ...]) -> _Args:
     return _Args(n)
 
 
+def _max_len(args: _Args, positions: int) -> int:
+    """Positions per sequence: ``max_model_len`` where given (at most the model's ``positions``), else
+    ``min(positions, DEFAULT_MAX_MODEL_LEN)``."""
+    max_len = args.max_model_len or min(positions, DEFAULT_MAX_MODEL_LEN)
+    if max_len > positions:
+        raise ConfigError(f"backend_args max_model_len: {max_len} exceeds the model's {positions} positions")
+    return max_len
+
+
 class CausalLMFamily:
     """A loaded causal LM. ``runner``, ``scheduler`` and ``tokenizer`` are public for tests and benchmarks."""
 
@@ -87,11 +96,7 @@ class CausalLMFamily:
             bar.update(1)
             lm = load_lm(ckpt, device=opts.device, dtype=dtype, load_format=opts.load_format, config=cfg)
             bar.update(1)
-            max_len = args.max_model_len or min(cfg.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
-            if max_len > cfg.max_position_embeddings:
-                raise ConfigError(
-                    f"backend_args max_model_len: {max_len} exceeds the model's {cfg.max_position_embeddings} positions"
-                )
+            max_len = _max_len(args, cfg.max_position_embeddings)
             self.runner = CausalLMRunner(
                 lm,
                 self.tokenizer.decode,

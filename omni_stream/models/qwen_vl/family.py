@@ -24,7 +24,7 @@ from omni_stream.errors import ConfigError
 from omni_stream.family import LoadContext, ModelKind, TextInfo
 from omni_stream.models.causal_lm.config import load_generation_defaults
 from omni_stream.models.causal_lm.constraint import Grammars
-from omni_stream.models.causal_lm.family import DEFAULT_MAX_MODEL_LEN, CausalLMFamily, _backend_args
+from omni_stream.models.causal_lm.family import CausalLMFamily, _backend_args, _max_len
 from omni_stream.models.causal_lm.runner import LMRequest, Prompt
 from omni_stream.models.causal_lm.tokenizer import ChatTokenizer
 from omni_stream.models.qwen_vl.config import load_config, load_image_spec
@@ -88,11 +88,7 @@ class QwenVLFamily(CausalLMFamily):
             bar.update(1)
             model = load_vl(ckpt, device=opts.device, dtype=dtype, load_format=opts.load_format, config=vl)
             bar.update(1)
-            max_len = args.max_model_len or min(cfg.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
-            if max_len > cfg.max_position_embeddings:
-                raise ConfigError(
-                    f"backend_args max_model_len: {max_len} exceeds the model's {cfg.max_position_embeddings} positions"
-                )
+            max_len = _max_len(args, cfg.max_position_embeddings)
             self.runner = QwenVLRunner(
                 model,
                 self.tokenizer.decode,
