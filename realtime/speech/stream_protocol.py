@@ -36,6 +36,7 @@ from typing import Any, TypeAlias
 from omni_stream.realtime.common.audio_out import output_rate
 from omni_stream.realtime.common.close_codes import CloseCode
 from omni_stream.realtime.common.errors import from_exception
+from omni_stream.realtime.common.socket_actions import Close, SendBinary, SendText
 from omni_stream.realtime.settings import Settings
 from omni_stream.realtime.speech.params import SpeechOptions, TextInputMode, check_model, parse_options
 from omni_stream.realtime.speech.stream_messages import ProtocolError, input_text, parse_message
@@ -72,20 +73,6 @@ class UtteranceEnd:
 
 
 @dataclass(slots=True, frozen=True)
-class SendText:
-    """Send one JSON text message."""
-
-    text: str
-
-
-@dataclass(slots=True, frozen=True)
-class SendBinary:
-    """Send one binary message (audio of the unit announced by the last ``audio.start``)."""
-
-    data: bytes
-
-
-@dataclass(slots=True, frozen=True)
 class ResolveConfig:
     """Resolve ``opts`` into the template request of the session's units, then report back (see the module doc)."""
 
@@ -100,13 +87,6 @@ class Dispatch:
 @dataclass(slots=True, frozen=True)
 class CancelUnits:
     """Stop every unit in flight now (their engine requests are released) and interrupt the playback clock."""
-
-
-@dataclass(slots=True, frozen=True)
-class Close:
-    """Close the connection with ``code`` (after the actions before it)."""
-
-    code: int
 
 
 Action: TypeAlias = SendText | SendBinary | ResolveConfig | Dispatch | CancelUnits | Close

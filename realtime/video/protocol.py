@@ -30,6 +30,7 @@ from typing import Any, TypeAlias
 from omni_stream.errors import InvalidRequestError
 from omni_stream.realtime.common.close_codes import CloseCode
 from omni_stream.realtime.common.json_fields import FieldError, integer, number, optional, string
+from omni_stream.realtime.common.socket_actions import Close, SendBinary, SendText
 from omni_stream.video.spec import PromptUpdate, VideoChunk, VideoRequest, chunk_count
 
 FORMATS = ("m4s", "webm")
@@ -40,20 +41,6 @@ START_FIELDS = frozenset(
     }
 )  # fmt: skip
 MAX_TRANSITION_CHUNKS = 64
-
-
-@dataclass(slots=True, frozen=True)
-class SendText:
-    """Send one JSON text message."""
-
-    text: str
-
-
-@dataclass(slots=True, frozen=True)
-class SendBinary:
-    """Send one binary message (the chunk announced by the text message just before it)."""
-
-    data: bytes
 
 
 @dataclass(slots=True, frozen=True)
@@ -68,14 +55,6 @@ class StartGeneration:
 @dataclass(slots=True, frozen=True)
 class StopGeneration:
     """Stop the generation now (its request is released at once)."""
-
-
-@dataclass(slots=True, frozen=True)
-class Close:
-    """Close the connection with ``code``."""
-
-    code: int
-    reason: str = ""
 
 
 Action: TypeAlias = SendText | SendBinary | StartGeneration | StopGeneration | Close

@@ -65,6 +65,7 @@ import numpy as np
 from omni_stream.errors import InvalidRequestError
 from omni_stream.realtime.common.close_codes import CloseCode
 from omni_stream.realtime.common.json_fields import FieldError, boolean, integer, number, obj, string, type_name
+from omni_stream.realtime.common.socket_actions import Close, SendText
 from omni_stream.requests import ChatMessage, ChatRequest, Role, SamplingParams, SpokenReply, TextRequest
 from omni_stream.vision.frames import Frame, FrameLimits, FrameRateError, FrameTooLargeError, FrameWindow
 
@@ -121,13 +122,6 @@ class VideoChatConfig:
 
 
 @dataclass(slots=True, frozen=True)
-class SendText:
-    """Send one JSON text message."""
-
-    text: str
-
-
-@dataclass(slots=True, frozen=True)
 class DecodeFrame:
     """Decode a ``video.frame``'s base64 picture off the event loop (:func:`omni_stream.vision.frames.decode_base64`
     with the session's frame limits, naming ``data``), then call :meth:`VideoChatProtocol.frame_decoded` or
@@ -167,14 +161,6 @@ class CancelQuery:
     """Stop query ``query_id`` now (its request is released before the next model step)."""
 
     query_id: int
-
-
-@dataclass(slots=True, frozen=True)
-class Close:
-    """Close the connection with ``code``."""
-
-    code: int
-    reason: str = ""
 
 
 Action: TypeAlias = SendText | DecodeFrame | OpenCache | CacheFrame | StartQuery | CancelQuery | Close
