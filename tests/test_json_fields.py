@@ -110,3 +110,29 @@ def test_chat_reads_vllms_top_k_and_repetition_penalty_into_its_sampling():
     assert not greedy.do_sample and greedy.repetition_penalty == 1.3
     assert parse_chat({"messages": hi, "top_k": -1}, Settings()).sampling.top_k == 0  # vLLM's "no top-k"
     assert parse_chat({"messages": hi}, Settings()).sampling is None  # the model's own defaults
+
+
+def test_every_socket_reads_a_message_by_one_size_rule_and_one_json_reader():
+    from omni_stream.realtime.common.body_limit import text_over
+    from omni_stream.realtime.speech.stream_messages import ProtocolError as SpeechError
+    from omni_stream.realtime.speech.stream_messages import parse_message as speech_message
+    from omni_stream.realtime.video.protocol import parse_message as video_message
+    from omni_stream.realtime.video_chat.protocol import ProtocolError as ChatError
+    from omni_stream.realtime.video_chat.protocol import parse_message as chat_message
+
+    # the limit is in UTF-8 bytes: 4 three-byte characters are 12 bytes
+    assert not text_over("€€€€", 12) and text_over("€€€€", 11) and not text_over("a" * 12, 12)
+    assert text_over("a" * 13, 12) and text_over("\ud800" * 4, 11)  # a lone surrogate counts, never raises
+    huge = '{"type": "x", "seed": ' + "9" * 5000 + "}"
+    with pytest.raises(SpeechError, match="Invalid JSON"):
+        speech_message({"text": huge}, 1 << 20)
+    for parse, error in ((video_message, ProtocolError), (chat_message, ChatError)):
+        with pytest.raises(error) as refused:
+            parse(huge, 1 << 20)
+        assert refused.value.code == "invalid_json"
+        with pytest.raises(error) as large:
+            parse('{"type": "€€€€"}', 20)  # 16 characters, 24 bytes
+        assert large.value.code == "message_too_large"
+    with pytest.raises(RealtimeError) as agent:
+        parse_client_event(huge)
+    assert agent.value.code == "invalid_json"

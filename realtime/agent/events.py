@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from typing import Any, TypeAlias
@@ -22,6 +21,7 @@ from omni_stream.errors import InvalidRequestError
 from omni_stream.realtime.agent.limits import MAX_APPEND_BYTES, MAX_TEXT_CHARS
 from omni_stream.realtime.agent.truncation import Truncation, TruncationType
 from omni_stream.realtime.chat.tool_fields import parse_tool_choice, parse_tools
+from omni_stream.realtime.common.body_limit import parse_json
 from omni_stream.realtime.common.json_fields import FieldError, boolean, integer, number, obj, string, type_name
 from omni_stream.text.tools import FunctionTool, ToolChoice
 from omni_stream.turns.rules import Eagerness, TurnRule, TurnType
@@ -688,7 +688,7 @@ def parse_client_event(
     if not isinstance(text, str):
         raise RealtimeError("invalid_json", "binary messages are not supported: send JSON text messages")
     try:
-        body = json.loads(text)
+        body = parse_json(text)
     except (ValueError, RecursionError):
         raise RealtimeError("invalid_json", "the message is not valid JSON") from None
     if not isinstance(body, dict):

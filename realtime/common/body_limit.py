@@ -90,6 +90,12 @@ def _parse_int(text: str) -> int:
     return int(text)
 
 
+def text_over(text: str, limit: int) -> bool:
+    """Whether a text message's UTF-8 form is longer than ``limit`` bytes (encoded only where its length cannot
+    tell: a character is 1 to 4 bytes)."""
+    return len(text) > limit or (len(text) * 4 > limit and len(text.encode("utf-8", "surrogatepass")) > limit)
+
+
 def parse_json(body: bytes | str) -> Any:
     """``json.loads`` that refuses absurdly long integers in its own words, not Python's int-digits message."""
     return json.loads(body, parse_int=_parse_int)

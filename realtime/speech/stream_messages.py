@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from omni_stream.realtime.common.body_limit import parse_json
+from omni_stream.realtime.common.body_limit import parse_json, text_over
 from omni_stream.realtime.common.json_fields import FieldError, string
 
 
@@ -18,7 +18,7 @@ def parse_message(message: Mapping[str, Any], limit: int) -> dict[str, Any]:
     text = message.get("text")
     if text is None:
         raise ProtocolError("Binary messages are not supported: send JSON text messages")
-    if len(text) > limit or (len(text) * 4 > limit and len(text.encode()) > limit):
+    if text_over(text, limit):
         raise ProtocolError(f"Message too large (max {limit} bytes)")
     try:
         body = parse_json(text)

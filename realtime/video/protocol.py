@@ -28,6 +28,7 @@ from enum import StrEnum
 from typing import Any, TypeAlias
 
 from omni_stream.errors import InvalidRequestError
+from omni_stream.realtime.common.body_limit import parse_json, text_over
 from omni_stream.realtime.common.close_codes import CloseCode
 from omni_stream.realtime.common.json_fields import FieldError, integer, number, optional, string
 from omni_stream.realtime.common.socket_actions import Close, SendBinary, SendText
@@ -107,12 +108,12 @@ def error_action(
     return _json(body)
 
 
-def parse_json(text: str, limit: int) -> dict[str, Any]:
+def parse_message(text: str, limit: int) -> dict[str, Any]:
     """The JSON object in a text message of at most ``limit`` bytes."""
-    if len(text) > limit or (len(text) * 4 > limit and len(text.encode("utf-8", "surrogatepass")) > limit):
+    if text_over(text, limit):
         raise ProtocolError("message_too_large", f"Message too large (max {limit} bytes)")
     try:
-        body = json.loads(text)
+        body = parse_json(text)
     except (ValueError, RecursionError):
         raise ProtocolError("invalid_json", "Invalid JSON message") from None
     if not isinstance(body, dict):
@@ -217,7 +218,7 @@ class VideoProtocol:
     def receive_text(self, text: str, now: float) -> list[Action]:
         limit = self.limits.max_start_bytes if self.phase is Phase.AWAITING_START else self.limits.max_control_bytes
         try:
-            body = parse_json(text, limit)
+            body = parse_message(text, limit)
         except ProtocolError as exc:
             return self._refuse(exc)
         kind = body["type"]

@@ -63,6 +63,7 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from omni_stream.errors import InvalidRequestError
+from omni_stream.realtime.common.body_limit import parse_json, text_over
 from omni_stream.realtime.common.close_codes import CloseCode
 from omni_stream.realtime.common.json_fields import FieldError, boolean, integer, number, obj, string, type_name
 from omni_stream.realtime.common.socket_actions import Close, SendText
@@ -222,12 +223,12 @@ def error_action(code: str, message: str, param: str | None = None) -> SendText:
     return _json({"type": "error", "message": message, "code": code, "param": param})
 
 
-def parse_json(text: str, limit: int) -> dict[str, Any]:
+def parse_message(text: str, limit: int) -> dict[str, Any]:
     """The JSON object in a text message of at most ``limit`` bytes."""
-    if len(text) > limit or (len(text) * 4 > limit and len(text.encode("utf-8", "surrogatepass")) > limit):
+    if text_over(text, limit):
         raise ProtocolError("message_too_large", f"Message too large (max {limit} bytes)")
     try:
-        body = json.loads(text)
+        body = parse_json(text)
     except (ValueError, RecursionError):
         raise ProtocolError("invalid_json", "Invalid JSON") from None
     if not isinstance(body, dict):
@@ -388,7 +389,7 @@ class VideoChatProtocol:
     def receive_text(self, text: str, now: float) -> list[Action]:
         self._deadline = now + self.limits.idle_timeout
         try:
-            body = parse_json(text, self.limits.max_message_bytes)
+            body = parse_message(text, self.limits.max_message_bytes)
             kind = body["type"]
             if self.phase is Phase.AWAITING_CONFIG:
                 if kind != "session.config":
