@@ -12,7 +12,7 @@ done without waiting for the next chunk.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 import numpy as np
@@ -23,6 +23,19 @@ from omni_stream.text.tools import ToolCallDelta
 
 if TYPE_CHECKING:
     from omni_stream.video.spec import ChunkPrompt
+
+
+def _summary(value: object) -> str:
+    """An array as its dtype and shape (a chunk's repr must not print every sample or pixel); else its repr."""
+    if isinstance(value, np.ndarray | torch.Tensor):
+        dtype = str(value.dtype).removeprefix("torch.")
+        return f"{dtype}{tuple(value.shape)}"
+    return repr(value)
+
+
+def _repr(chunk: object) -> str:
+    body = ", ".join(f"{f.name}={_summary(getattr(chunk, f.name))}" for f in fields(chunk))  # type: ignore[arg-type]
+    return f"{type(chunk).__name__}({body})"
 
 
 @dataclass(slots=True, frozen=True)
@@ -40,7 +53,7 @@ class TextDelta:
     logprobs: tuple[TokenLogprob, ...] = ()
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, repr=False)
 class CodecFrames:
     """Codec codes for one or more frames of one request: ``codes`` is ``[n_frames, n_codebooks]`` int64 (CPU)."""
 
@@ -48,12 +61,14 @@ class CodecFrames:
     start_frame: int = 0
     final: bool = False
 
+    __repr__ = _repr
+
     @property
     def n_frames(self) -> int:
         return int(self.codes.shape[0])
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, repr=False)
 class Audio:
     """PCM audio: float32 in [-1, 1], shape ``(n,)`` mono or ``(n, channels)``; ``sample_rate`` in Hz."""
 
@@ -62,13 +77,16 @@ class Audio:
     start_sample: int = 0
     final: bool = False
 
+    __repr__ = _repr
+
     def __post_init__(self) -> None:
         if self.samples.dtype != np.float32:
             raise TypeError(f"Audio.samples must be float32, got {self.samples.dtype}")
         if self.samples.ndim not in (1, 2):
             raise ValueError(f"Audio.samples must be (n,) or (n, channels), got shape {self.samples.shape}")
-        if self.sample_rate <= 0:
-            raise ValueError(f"Audio.sample_rate must be positive, got {self.sample_rate}")
+        rate = self.sample_rate
+        if isinstance(rate, bool) or not isinstance(rate, int | np.integer) or rate <= 0:
+            raise ValueError(f"Audio.sample_rate must be a positive integer, got {rate!r}")
 
     @property
     def channels(self) -> int:
@@ -84,7 +102,7 @@ class Audio:
         return self.n_samples / self.sample_rate
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, repr=False)
 class Image:
     """An image as uint8 ``(h, w, c)``; ``partial`` marks a preview before the final one.
 
@@ -98,12 +116,14 @@ class Image:
     index: int = 0
     count: int = 1
 
+    __repr__ = _repr
+
     @property
     def final(self) -> bool:
         return not self.partial and self.index == self.count - 1
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, repr=False)
 class VideoChunk:
     """One generated chunk: uint8 ``frames`` ``(n, h, w, 3)``, its ``index`` and first frame number, the playback
     rate (``fps``), the prompt it was generated with; ``final`` on the last chunk of the video."""
@@ -114,6 +134,8 @@ class VideoChunk:
     fps: int
     prompt: ChunkPrompt
     final: bool = False
+
+    __repr__ = _repr
 
     def __post_init__(self) -> None:
         f = self.frames

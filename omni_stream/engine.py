@@ -40,6 +40,7 @@ Closing a stream waits at most ``pipeline.JOIN_TIMEOUT`` for its stages, closing
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -62,7 +63,16 @@ from omni_stream.kinds import check_family, find_pipeline
 from omni_stream.metrics import EngineMetrics
 from omni_stream.pipeline import PipelineStream
 from omni_stream.pipeline_specs import ModelSet
-from omni_stream.requests import ChatRequest, SpeechRequest, TaskType, TextRequest, Timings, VoicePrompt
+from omni_stream.requests import (
+    ChatMessage,
+    ChatRequest,
+    Role,
+    SpeechRequest,
+    TaskType,
+    TextRequest,
+    Timings,
+    VoicePrompt,
+)
 from omni_stream.runtime.cache import user_cache_root
 from omni_stream.runtime.gc_heap import freeze_loaded_heap, release_loaded_heap
 from omni_stream.runtime.load_display import library_bars_off, log_lines_above_bars, quiet_pil_fallback
@@ -222,6 +232,8 @@ class AsyncEngine:
         ``device_policy``: how the device worker orders the models' work (None: ``DevicePolicy.from_tuning(tuning)``);
         ``record``: the worker keeps a log of every piece of work it runs (``engine.worker.log``; tests).
         """
+        if wait_timeout is not None and not (isinstance(wait_timeout, int | float) and 0 < wait_timeout < math.inf):
+            raise ConfigError(f"wait_timeout must be a number of seconds > 0 (None: unbounded), got {wait_timeout!r}")
         tuning = Tuning.from_env() if tuning is None else tuning
         preparer(tuning.prepare_threads)  # this loop's prompt-preparation threads
         quiet_pil_fallback()  # before any family's module imports diffusers (omni_stream.runtime.load_display)
@@ -385,9 +397,12 @@ class AsyncEngine:
         return stream
 
     def chat(
-        self, request: ChatRequest | TextRequest, /, *, timeout: float | None = None
+        self, request: ChatRequest | TextRequest | str, /, *, timeout: float | None = None
     ) -> RequestStream[TextDelta | Audio]:
-        """Stream a chat reply (:meth:`generate` of a ChatRequest; a bare TextRequest is not spoken)."""
+        """Stream a chat reply (:meth:`generate` of a ChatRequest; a bare TextRequest is not spoken; a string is
+        one user message)."""
+        if isinstance(request, str):
+            request = TextRequest(messages=(ChatMessage(Role.USER, request),))
         return self.generate(request if isinstance(request, ChatRequest) else ChatRequest(request), timeout=timeout)
 
     def speech(
@@ -431,6 +446,9 @@ class AsyncEngine:
         request_id = getattr(request, "request_id", None)
         if not isinstance(request_id, str):
             raise InvalidRequestError(f"a {type(request).__name__} has no request_id")
+        running = self._streams.get(request_id)
+        if running is not None and running.live:  # abort(request_id) could not tell the two apart
+            raise InvalidRequestError(f"a request with request_id {request_id!r} is already running", "request_id")
         return RequestContext.with_timeout(
             timeout, request_id=request_id, wait_timeout=self.wait_timeout, guard=self.worker.cond
         )
@@ -512,13 +530,18 @@ class EngineStream(Generic[T_co]):
         """``ok``, ``error``, ``cancelled`` or ``deadline`` once the request has ended; None while it runs."""
         return self._outcome
 
+    @property
+    def live(self) -> bool:
+        """Whether the request may still run (not started yet, or running)."""
+        return self._outcome is None and self._stream.live
+
     async def _next(self) -> T_co:
         try:
             return await self._stream.__anext__()
         except StopAsyncIteration:
             self._finish("ok")
             raise
-        except anyio.get_cancelled_exc_class():
+        except (anyio.get_cancelled_exc_class(), RequestCancelled, EngineClosed):  # aborted, or the engine closed
             self._finish("cancelled")
             raise
         except TimeoutError:
@@ -556,7 +579,8 @@ class RequestStream(EngineStream[StageOutput[C_co]]):
 
     @property
     def usage(self) -> dict[str, Usage]:
-        return {kind: Usage.of(count) for kind, count in self.ctx.usage.items()}
+        """Tokens in and out so far by model kind (``"text"``, ``"speech"``, ...)."""
+        return {str(kind): Usage.of(count) for kind, count in self.ctx.usage.items()}
 
     def __aiter__(self) -> RequestStream[C_co]:
         return self

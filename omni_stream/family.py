@@ -95,6 +95,22 @@ class TextInfo(ModelInfo):
     sees_images: bool = False  # takes images in user messages (ChatMessage.images)
 
 
+def check_device(device: str) -> None:
+    """ConfigError unless ``device`` names a device this process can use (``"cpu"``, ``"cuda"``, ``"cuda:1"``)."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+            raise ConfigError(f"device {device!r}: {why} (torch {torch.__version__}); use device='cpu'")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise ConfigError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    elif parsed.type != "cpu":
+        raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+
+
 @dataclass(slots=True, frozen=True)
 class LoadOptions:
     """How to load. ``max_buffered_frames``: items a request's scheduler buffer holds before it pauses (backpressure).
@@ -112,6 +128,13 @@ class LoadOptions:
     progress: bool = True
     backend_args: tuple[tuple[str, object], ...] = ()
     tuning: Tuning = field(default_factory=Tuning)
+
+    def __post_init__(self) -> None:
+        check_device(self.device)
+        for name, least in (("max_batch_size", 1), ("max_buffered_frames", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ConfigError(f"{name} must be an integer >= {least}, got {value!r}")
 
     def progress_bar(self, total: int | None = None, desc: str = "loading", unit: str = "it") -> ProgressBar:
         """A tqdm bar (disabled when ``progress`` is False, and when its stream, stderr, is not a terminal: a log

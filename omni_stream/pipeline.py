@@ -316,6 +316,12 @@ class PipelineStream(Generic[Out]):
         return self._run.error
 
     @property
+    def live(self) -> bool:
+        """Whether its stages may still run: not started yet, or running."""
+        running = self.state is StreamState.RUNNING and self._host is not None and not self._host.done()
+        return self.state is StreamState.IDLE or running
+
+    @property
     def failed_stage(self) -> str | None:
         return self._run.failed_stage
 

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 import numpy as np
 
 from omni_stream.chunks import TextDelta
+from omni_stream.codecs.resample import MAX_RATE
 from omni_stream.errors import InvalidRequestError
 from omni_stream.speech.limits import check_instructions, check_max_new_tokens, check_text
+from omni_stream.speech.text_split import Granularity
 from omni_stream.text.tools import AUTO, TEXT_FORMAT, FunctionTool, ResponseFormat, ToolCall, ToolChoice, ToolMode
+from omni_stream.validation.fields import instance, member, optional_text, real, whole
 
 _ids = itertools.count(1)
 
@@ -40,16 +43,28 @@ class SamplingParams:
     repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.do_sample, bool):
+            raise InvalidRequestError(f"do_sample must be a bool, got {type(self.do_sample).__name__}", "do_sample")
+        for name in ("temperature", "top_p", "repetition_penalty"):
+            object.__setattr__(self, name, real(getattr(self, name), name))
+        object.__setattr__(self, "top_k", whole(self.top_k, "top_k", low=0, high=MAX_TOP_K))
         if self.temperature <= 0:
             raise InvalidRequestError(f"temperature must be > 0, got {self.temperature}", "temperature")
-        if self.top_k < 0:
-            raise InvalidRequestError(f"top_k must be >= 0, got {self.top_k}", "top_k")
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
         if self.repetition_penalty <= 0:
             raise InvalidRequestError(
                 f"repetition_penalty must be > 0, got {self.repetition_penalty}", "repetition_penalty"
             )
+
+
+MAX_TOP_K = 2**31 - 1  # a kernel's int32; any vocabulary is smaller
+SEED_BOUND = 2**64  # seeds are -2**64 < seed < 2**64 (OpenAI's and vLLM's are 64-bit); a generator takes them mod 2**63
+
+
+def check_seed(seed: object) -> int | None:
+    """``seed`` (None: none) as a Python int."""
+    return None if seed is None else whole(seed, "seed", low=-SEED_BOUND + 1, high=SEED_BOUND - 1)
 
 
 GREEDY = SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
@@ -114,13 +129,28 @@ class SpeechRequest:
             check_text(self.text)
         elif not hasattr(self.text, "__aiter__"):
             raise InvalidRequestError("input must be a string or an async iterator of TextDelta", "input")
+        optional_text(self.voice, "voice")
+        if self.task_type is not None:
+            object.__setattr__(self, "task_type", member(TaskType, self.task_type, "task_type"))
+        if not isinstance(self.language, str):
+            raise InvalidRequestError(f"language must be a string, got {type(self.language).__name__}", "language")
+        optional_text(self.instructions, "instructions")
         check_instructions(self.instructions)
+        optional_text(self.ref_text, "ref_text")
+        if self.ref_audio is not None:
+            instance(self.ref_audio, np.ndarray, "ref_audio")
+        rate = whole(self.ref_sample_rate, "ref_sample_rate", low=1, high=MAX_RATE)
+        object.__setattr__(self, "ref_sample_rate", rate)
+        if self.voice_prompt is not None:
+            instance(self.voice_prompt, VoicePrompt, "voice_prompt")
         check_max_new_tokens(self.max_new_tokens)
-        if self.initial_codec_chunk_frames is not None and self.initial_codec_chunk_frames < 1:
-            raise InvalidRequestError(
-                f"initial_codec_chunk_frames must be >= 1, got {self.initial_codec_chunk_frames}",
-                "initial_codec_chunk_frames",
-            )
+        if self.sampling is not None:
+            instance(self.sampling, SamplingParams, "sampling")
+        object.__setattr__(self, "seed", check_seed(self.seed))
+        if self.initial_codec_chunk_frames is not None:
+            frames = whole(self.initial_codec_chunk_frames, "initial_codec_chunk_frames", low=1)
+            object.__setattr__(self, "initial_codec_chunk_frames", frames)
+        object.__setattr__(self, "split", member(Granularity, self.split, "split").value)
 
     @property
     def streamed(self) -> bool:
@@ -224,11 +254,38 @@ class TextRequest:
     def __post_init__(self) -> None:
         if not isinstance(self.messages, tuple):
             object.__setattr__(self, "messages", tuple(self.messages))
+        for message in self.messages:
+            instance(message, ChatMessage, "messages")
+        optional_text(self.prompt, "prompt")
+        if isinstance(self.stop, str):  # OpenAI's ``stop`` may be one string
+            object.__setattr__(self, "stop", (self.stop,))
+        elif not isinstance(self.stop, tuple):
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if self.max_tokens is not None:
+            object.__setattr__(self, "max_tokens", whole(self.max_tokens, "max_tokens"))
+        if self.sampling is not None:
+            instance(self.sampling, SamplingParams, "sampling")
+        object.__setattr__(self, "seed", check_seed(self.seed))
+        if not isinstance(self.tools, tuple):
+            object.__setattr__(self, "tools", tuple(self.tools))
+        for tool in self.tools:
+            instance(tool, FunctionTool, "tools")
+        if isinstance(self.tool_choice, str):  # "auto", "none", "required"
+            object.__setattr__(self, "tool_choice", ToolChoice(member(ToolMode, self.tool_choice, "tool_choice")))
+        instance(self.tool_choice, ToolChoice, "tool_choice")
+        instance(self.response_format, ResponseFormat, "response_format")
+        for name in ("presence_penalty", "frequency_penalty"):
+            object.__setattr__(self, name, real(getattr(self, name), name))
+        if self.logprobs is not None:
+            object.__setattr__(self, "logprobs", whole(self.logprobs, "top_logprobs"))
         self._check_tools()
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not -2.0 <= value <= 2.0:
                 raise InvalidRequestError(f"{name} must be between -2 and 2, got {value}", name)
+        pairs = self.logit_bias.items() if isinstance(self.logit_bias, Mapping) else self.logit_bias
+        pairs = tuple((whole(t, "logit_bias"), real(b, "logit_bias")) for t, b in pairs)
+        object.__setattr__(self, "logit_bias", pairs)
         for token, bias in self.logit_bias:
             if token < 0 or not -100.0 <= bias <= 100.0:
                 raise InvalidRequestError(
@@ -291,6 +348,13 @@ class SpokenReply:
     template: SpeechRequest | None = None
 
     def __post_init__(self) -> None:
+        optional_text(self.voice, "voice")
+        optional_text(self.instructions, "instructions")
+        object.__setattr__(self, "seed", check_seed(self.seed))
+        if self.initial_codec_chunk_frames is not None:
+            frames = whole(self.initial_codec_chunk_frames, "initial_codec_chunk_frames", low=1)
+            object.__setattr__(self, "initial_codec_chunk_frames", frames)
+        object.__setattr__(self, "split", member(Granularity, self.split, "split").value)
         if self.max_unit_chars is not None and self.max_unit_chars < 1:
             raise InvalidRequestError(f"max_unit_chars must be >= 1, got {self.max_unit_chars}", "max_unit_chars")
         if self.first_unit_tokens is not None and self.first_unit_tokens < 1:
@@ -315,6 +379,11 @@ class ChatRequest:
 
     text: TextRequest
     speech: SpokenReply | None = None
+
+    def __post_init__(self) -> None:
+        instance(self.text, TextRequest, "text")
+        if self.speech is not None:
+            instance(self.speech, SpokenReply, "speech")
 
     @property
     def request_id(self) -> str:

@@ -358,3 +358,17 @@ async def test_the_synthetic_family_runs_the_shared_talker_stage(engine):
     talker, codec = engine.models.speech().speech_stages(SpeechRequest(text="hi", voice="alice"), RequestContext())
     assert [stage_name(talker), stage_name(codec)] == ["talker", "codec"]
     assert talker.__code__ is talker_stage(engine.models.speech().scheduler, None).__code__
+
+
+async def test_a_running_request_id_is_refused_and_an_aborted_request_counts_as_cancelled(engine):
+    stream = engine.speech("m" * 400, voice="carol", request_id="same")
+    await stream.__anext__()
+    with pytest.raises(InvalidRequestError) as refused:
+        engine.speech("again", voice="carol", request_id="same")  # abort("same") could not tell the two apart
+    assert refused.value.param == "request_id"
+    assert engine.abort("same")
+    with pytest.raises(RequestCancelled):
+        await stream.__anext__()
+    assert stream.outcome == "cancelled"
+    assert 'omni_stream_requests_total{outcome="cancelled"} 1.0' in generate_latest(engine.metrics.registry).decode()
+    assert await collect(engine.speech("again", voice="carol", request_id="same"))  # free once its request ended

@@ -386,3 +386,25 @@ async def test_stepping_ahead_streams_each_request_s_own_audio_through_pauses_an
             assert np.abs(have - want).max() < TOL
         assert paused_seen == [True]
         await _idle(engine)
+
+
+async def test_a_numpy_seed_is_a_seed_and_never_fails_the_batch_it_joins(custom_voice_dir):
+    """A seed given as a numpy integer once reached the talker's step as one and overflowed there, failing every
+    request admitted in that step; the request now holds a Python int, and sampling with it is seeding with it."""
+    sampled = SpeechRequest(text="Seeded speech.", voice="ryan", max_new_tokens=12)
+    async with await AsyncEngine.from_pretrained(custom_voice_dir, progress=False, max_batch_size=4) as engine:
+        alone = await _collect(engine, replace(sampled, seed=42, request_id="alone"))
+        numpy_seeded = replace(sampled, seed=np.int64(42), request_id="numpy")
+        assert type(numpy_seeded.seed) is int
+        outs: dict[str, np.ndarray] = {}
+
+        async def one(request: SpeechRequest) -> None:
+            outs[request.request_id] = await _collect(engine, request)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(2):
+                tg.start_soon(one, _greedy(f"Neighbour number {i}.", voice="vivian", request_id=f"n{i}"))
+            tg.start_soon(one, numpy_seeded)
+        assert set(outs) == {"n0", "n1", "numpy"}
+        assert np.abs(outs["numpy"] - alone).max() < TOL
+        await _idle(engine)

@@ -32,6 +32,7 @@ from omni_stream.images.prompt_bound import bounded_rewrite
 from omni_stream.pipeline import Stage
 from omni_stream.pipeline_specs import Kind, ModelSet, PipelineSpec, Plan, StagePlan
 from omni_stream.requests import ChatMessage, Role, TextRequest, next_request_id
+from omni_stream.validation.fields import instance, real, whole
 
 MAX_IMAGES = 4  # images per request (``n``)
 MAX_PARTIAL_IMAGES = 3  # previews per request (OpenAI's ``partial_images`` range is 0-3)
@@ -112,16 +113,35 @@ class ImageRequest:
         if len(self.prompt) > MAX_PROMPT_CHARS:
             raise InvalidRequestError(f"prompt is longer than {MAX_PROMPT_CHARS} characters", "prompt")
         for image in self.images:
+            instance(image, np.ndarray, "image")
             if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3 or 0 in image.shape:
                 raise InvalidRequestError("images must be non-empty uint8 RGB arrays (h, w, 3)", "image")
         if self.mask is not None:
+            instance(self.mask, np.ndarray, "mask")
+            if self.mask.dtype.kind != "f":
+                raise InvalidRequestError(
+                    f"the mask must be float values in [0, 1] (1: may change), got dtype {self.mask.dtype}", "mask"
+                )
             if not self.images:
                 raise InvalidRequestError("a mask needs an image to edit", "mask")
             if self.mask.ndim != 2 or self.mask.shape != self.images[0].shape[:2]:
                 h, w = self.images[0].shape[:2]
                 raise InvalidRequestError(f"the mask must have the size of the first image ({w}x{h})", "mask")
-        if self.size is not None and (len(self.size) != 2 or min(self.size) < 1):
-            raise InvalidRequestError(f"size must be (width, height) in pixels, got {self.size}", "size")
+        if self.size is not None:
+            if not isinstance(self.size, tuple | list) or len(self.size) != 2:
+                raise InvalidRequestError(f"size must be (width, height) in pixels, got {self.size!r}", "size")
+            object.__setattr__(self, "size", (whole(self.size[0], "size", low=1), whole(self.size[1], "size", low=1)))
+        object.__setattr__(self, "n", whole(self.n, "n"))
+        if self.steps is not None:
+            object.__setattr__(self, "steps", whole(self.steps, "num_inference_steps"))
+        if self.guidance_scale is not None:
+            object.__setattr__(self, "guidance_scale", real(self.guidance_scale, "guidance_scale"))
+        if self.seed is not None:
+            object.__setattr__(self, "seed", whole(self.seed, "seed"))
+        object.__setattr__(self, "partial_images", whole(self.partial_images, "partial_images"))
+        object.__setattr__(self, "max_text_tokens", whole(self.max_text_tokens, "max_text_tokens"))
+        if self.rewrite is not None and not isinstance(self.rewrite, bool):
+            raise InvalidRequestError(f"rewrite must be True, False or None, got {self.rewrite!r}", "rewrite")
         if not 1 <= self.n <= MAX_IMAGES:
             raise InvalidRequestError(f"n must be between 1 and {MAX_IMAGES}, got {self.n}", "n")
         if self.steps is not None and self.steps < 1:

@@ -13,10 +13,32 @@ from enum import StrEnum
 from typing import Any
 
 from omni_stream.errors import InvalidRequestError
+from omni_stream.validation.fields import member
 
 MAX_TOOLS = 128
 MAX_SCHEMA_CHARS = 100_000  # a tool's parameters or a response schema, as JSON text
 NO_PARAMETERS = '{"type": "object", "properties": {}}'
+
+
+def schema_text(schema: object, param: str) -> str:
+    """A JSON Schema as the types hold it: JSON text of an object (a dict, from Python or the wire, is written as
+    JSON text), at most :data:`MAX_SCHEMA_CHARS` characters."""
+    if isinstance(schema, dict):
+        try:
+            schema = json.dumps(schema, ensure_ascii=False)
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequestError(f"'{param}' is not JSON: {exc}", param) from None
+    if not isinstance(schema, str):
+        raise InvalidRequestError(f"'{param}' must be a JSON Schema object, got {type(schema).__name__}", param)
+    if len(schema) > MAX_SCHEMA_CHARS:
+        raise InvalidRequestError(f"'{param}' is longer than {MAX_SCHEMA_CHARS} characters of JSON", param)
+    try:
+        value = json.loads(schema)
+    except (ValueError, RecursionError):
+        raise InvalidRequestError(f"'{param}' is not valid JSON", param) from None
+    if not isinstance(value, dict):
+        raise InvalidRequestError(f"'{param}' must be a JSON object, got {type(value).__name__}", param)
+    return schema
 
 
 @dataclass(slots=True, frozen=True)
@@ -29,10 +51,12 @@ class FunctionTool:
     strict: bool | None = None
 
     def __post_init__(self) -> None:
-        if not self.name or len(self.name) > 64 or not all(c.isalnum() or c in "_-" for c in self.name):
+        name = self.name
+        if not isinstance(name, str) or not name or len(name) > 64 or not all(c.isalnum() or c in "_-" for c in name):
             raise InvalidRequestError(
                 f"tool names are 1-64 letters, digits, '_' or '-', got {self.name!r}", "tools.function.name"
             )
+        object.__setattr__(self, "parameters", schema_text(self.parameters, "tools.function.parameters"))
 
     @property
     def schema(self) -> dict[str, Any]:
@@ -63,6 +87,7 @@ class ToolChoice:
     name: str | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", member(ToolMode, self.mode, "tool_choice"))
         if (self.mode is ToolMode.FUNCTION) != (self.name is not None):
             raise InvalidRequestError("a named tool choice needs the function's name, and only it", "tool_choice")
 
@@ -140,8 +165,11 @@ class ResponseFormat:
     strict: bool | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", member(FormatKind, self.kind, "response_format"))
         if (self.kind is FormatKind.JSON_SCHEMA) != (self.schema is not None):
             raise InvalidRequestError("a json_schema response format needs its schema, and only it", "response_format")
+        if self.schema is not None:
+            object.__setattr__(self, "schema", schema_text(self.schema, "response_format.json_schema.schema"))
 
     @property
     def constrains(self) -> bool:

@@ -17,12 +17,15 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from omni_stream.chunks import Audio, TextDelta
+from omni_stream.codecs.resample import MAX_RATE
 from omni_stream.context import RequestContext
 from omni_stream.errors import InvalidRequestError
 from omni_stream.family import ModelInfo, ModelKind
 from omni_stream.pipeline import Stage
 from omni_stream.pipeline_specs import Kind, ModelSet, PipelineSpec, Plan, StagePlan
 from omni_stream.requests import next_request_id
+from omni_stream.validation.audio import mono_float
+from omni_stream.validation.fields import optional_text, whole
 
 
 @dataclass(slots=True, frozen=True)
@@ -35,7 +38,8 @@ class TranscriptionInfo(ModelInfo):
 
 @dataclass(slots=True, frozen=True)
 class TranscriptionRequest:
-    """Speech to text. ``audio``: float32 mono at ``sample_rate`` Hz, or streamed Audio chunks (any rate)."""
+    """Speech to text. ``audio``: mono samples at ``sample_rate`` Hz, float in [-1, 1] or int16 PCM (stored as
+    float32: :mod:`omni_stream.validation.audio`), or streamed Audio chunks (any rate)."""
 
     audio: np.ndarray | AsyncIterator[Audio]
     sample_rate: int = 16000
@@ -46,14 +50,16 @@ class TranscriptionRequest:
 
     def __post_init__(self) -> None:
         if isinstance(self.audio, np.ndarray):
-            if self.audio.ndim != 1 or self.audio.size == 0:
+            object.__setattr__(self, "audio", mono_float(self.audio, "audio"))
+            if self.audio.size == 0:
                 raise InvalidRequestError("audio must be non-empty mono samples", "audio")
         elif not hasattr(self.audio, "__aiter__"):
             raise InvalidRequestError("audio must be samples or an async iterator of Audio", "audio")
-        if self.sample_rate <= 0:
-            raise InvalidRequestError(f"sample_rate must be positive, got {self.sample_rate}", "sample_rate")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise InvalidRequestError(f"max_tokens must be >= 1, got {self.max_tokens}", "max_tokens")
+        object.__setattr__(self, "sample_rate", whole(self.sample_rate, "sample_rate", low=1, high=MAX_RATE))
+        optional_text(self.language, "language")
+        optional_text(self.prompt, "prompt")
+        if self.max_tokens is not None:
+            object.__setattr__(self, "max_tokens", whole(self.max_tokens, "max_tokens", low=1))
 
     @property
     def streamed(self) -> bool:

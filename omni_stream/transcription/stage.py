@@ -26,13 +26,9 @@ from omni_stream.family import ModelKind
 from omni_stream.pipeline import Stage
 from omni_stream.scheduler import Scheduler
 from omni_stream.transcription.spec import TranscriptionRequest
+from omni_stream.validation.audio import mono_float
 
 P = TypeVar("P")
-
-
-def _mono(samples: np.ndarray) -> np.ndarray:
-    x = np.asarray(samples, dtype=np.float32)
-    return x.mean(axis=1, dtype=np.float32) if x.ndim == 2 else x
 
 
 def check_samples(request: TranscriptionRequest, max_seconds: float) -> None:
@@ -46,12 +42,10 @@ def check_samples(request: TranscriptionRequest, max_seconds: float) -> None:
         raise InvalidRequestError(
             f"audio lasts {seconds:.1f} s; this model transcribes at most {max_seconds:g} s", "audio"
         )
-    if not np.isfinite(request.audio).all():
-        raise InvalidRequestError("audio holds NaN or infinite samples", "audio")
 
 
 def _whole(audio: np.ndarray, rate: int, target: int) -> np.ndarray:
-    return _resampled([_mono(audio)], rate, target)
+    return _resampled([audio], rate, target)  # mono float32 since the request was built
 
 
 def _resampled(pieces: list[np.ndarray], rate: int, target: int) -> np.ndarray:
@@ -81,10 +75,8 @@ async def collect_utterance(
             rate = chunk.sample_rate
         elif chunk.sample_rate != rate:
             raise InvalidRequestError(f"audio chunks changed rate from {rate} to {chunk.sample_rate} Hz", "audio")
-        piece = _mono(chunk.samples)
+        piece = mono_float(chunk.samples)
         if piece.size:
-            if not np.isfinite(piece).all():
-                raise InvalidRequestError("audio holds NaN or infinite samples", "audio")
             pieces.append(piece)
             n += piece.size
             if n / rate > max_seconds:

@@ -20,6 +20,7 @@ from omni_stream.family import SpeechInfo
 from omni_stream.family_registry import family_label
 from omni_stream.requests import SpeechRequest, TaskType
 from omni_stream.speech.limits import check_embedding, check_ref_seconds, check_text
+from omni_stream.validation.audio import mono_float
 from omni_stream.validation.language import resolve_language
 from omni_stream.validation.voices import Voice, VoiceCatalog, find_voice, model_key, voice_names
 
@@ -77,14 +78,9 @@ def check_options(info: SpeechInfo, options: object | None) -> None:
 def check_reference(audio: npt.ArrayLike, sample_rate: int, param: str = "ref_audio") -> np.ndarray:
     """Reference audio for cloning as float32 mono samples: non-empty, finite, ``sample_rate`` > 0, and
     :data:`~omni_stream.speech.limits.MIN_REF_SECONDS` to ``MAX_REF_SECONDS`` long."""
-    samples = np.asarray(audio)
-    if samples.ndim == 2:
-        samples = samples.mean(axis=1)
-    if samples.ndim != 1 or samples.size == 0 or not np.issubdtype(samples.dtype, np.number):
+    samples = mono_float(audio, param, AudioDecodeError)
+    if samples.size == 0:
         raise AudioDecodeError("reference audio must be non-empty mono samples", param)
-    samples = samples.astype(np.float32, copy=False)
-    if not np.isfinite(samples).all():
-        raise AudioDecodeError("reference audio holds NaN or infinite samples", param)
     if sample_rate <= 0:
         raise InvalidRequestError(f"the reference audio's sample rate must be positive, got {sample_rate}", param)
     check_ref_seconds(samples.size / sample_rate, param)

@@ -13,8 +13,8 @@ import json
 from typing import Any
 
 from omni_stream.errors import InvalidRequestError
+from omni_stream.text import tools
 from omni_stream.text.tools import (
-    MAX_SCHEMA_CHARS,
     MAX_TOOLS,
     NO_PARAMETERS,
     FormatKind,
@@ -47,12 +47,8 @@ def _str(value: Any, path: str, *, optional: bool = False) -> str | None:
 
 
 def schema_text(value: Any, path: str) -> str:
-    """A JSON Schema (an object) as JSON text, within :data:`MAX_SCHEMA_CHARS`."""
-    schema = _obj(value, path)
-    text = json.dumps(schema, ensure_ascii=False)
-    if len(text) > MAX_SCHEMA_CHARS:
-        raise InvalidRequestError(f"'{path}' is longer than {MAX_SCHEMA_CHARS} characters of JSON", path)
-    return text
+    """A JSON Schema (an object) as JSON text, within :data:`~omni_stream.text.tools.MAX_SCHEMA_CHARS`."""
+    return tools.schema_text(_obj(value, path), path)
 
 
 def _tool(body: dict[str, Any], path: str, flat: bool) -> FunctionTool:

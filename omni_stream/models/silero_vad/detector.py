@@ -20,21 +20,7 @@ from omni_stream.errors import InvalidRequestError
 from omni_stream.models.silero_vad.net import CHUNK, SAMPLE_RATE, SileroNet, SileroState, load_silero_net
 from omni_stream.models.silero_vad.turns import TurnRule, TurnState, advance
 from omni_stream.turns.vad import BatchedVad, PiecewiseVad, VadEvent, VadParams
-
-
-def as_mono_float(samples: np.ndarray) -> np.ndarray:
-    """float32 mono from float or int16 samples, ``(n,)`` or ``(n, channels)`` (channels averaged)."""
-    x = np.asarray(samples)
-    if x.dtype == np.int16:
-        x = x.astype(np.float32) / 32768.0
-    if x.ndim == 2:
-        x = x.mean(axis=1)
-    if x.ndim != 1:
-        raise InvalidRequestError(f"audio must be mono samples (n,) or (n, channels), got shape {x.shape}", "audio")
-    x = x.astype(np.float32, copy=False)
-    if not np.isfinite(x).all():
-        raise InvalidRequestError("audio holds NaN or infinite samples", "audio")
-    return x
+from omni_stream.validation.audio import mono_float
 
 
 class SileroVad:
@@ -121,7 +107,7 @@ class SileroVad:
     def _take(self, pieces: Sequence[np.ndarray]) -> tuple[list[int], torch.Tensor | None]:
         """The whole chunks' count each piece completes, and those chunks (``[n, CHUNK]`` at 16 kHz; None: none)."""
         held, counts, whole = self._held, [], []
-        floats = [as_mono_float(samples) for samples in pieces]
+        floats = [mono_float(samples) for samples in pieces]
         # One resampler pass over the pieces (each one's outputs as process gives them): per piece, the resampler's
         # Python was a third of a 100 ms append's cost.
         for x in self._resampler.process_pieces(floats) if self._resampler is not None else floats:

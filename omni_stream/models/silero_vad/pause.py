@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from omni_stream.codecs.resample import resample
-from omni_stream.models.silero_vad.detector import as_mono_float
 from omni_stream.models.silero_vad.net import CHUNK, SAMPLE_RATE, SileroNet, SileroState, load_silero_net
+from omni_stream.validation.audio import mono_float
 
 
 class AudioChunk(TypedDict):
@@ -75,7 +75,7 @@ class SileroPauseDetector:
         x = np.asarray(samples)
         if x.ndim == 2 and x.shape[0] == 1:  # fastrtc's frames are (1, n)
             x = x[0]
-        x = as_mono_float(x)
+        x = mono_float(x)
         if rate != SAMPLE_RATE:
             x = resample(x, int(rate), SAMPLE_RATE)
         if x.size == 0:
