@@ -43,7 +43,9 @@ class TextDelta:
     """A piece of generated text (AR text stages, ASR). The last one carries ``final`` and why it ended
     (``finish_reason``: ``"stop"`` at EOS or a stop string, ``"length"`` at the token budget, ``"tool_calls"``
     when the reply called tools). ``tool_calls``: pieces of the reply's tool calls (their text is not in ``text``,
-    so a spoken reply never speaks them); ``logprobs``: the tokens' log-probabilities when the request asked."""
+    so a spoken reply never speaks them); ``logprobs``: the tokens' log-probabilities when the request asked;
+    ``cut_call`` (the last delta only): the text of a tool call the reply ran out of tokens in, which is neither a
+    call nor text to speak (a chat completion's content ends with it, as vLLM's does)."""
 
     text: str
     index: int = 0
@@ -51,6 +53,7 @@ class TextDelta:
     finish_reason: str | None = None
     tool_calls: tuple[ToolCallDelta, ...] = ()
     logprobs: tuple[TokenLogprob, ...] = ()
+    cut_call: str = ""
 
 
 @dataclass(slots=True, frozen=True, repr=False)

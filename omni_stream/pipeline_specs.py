@@ -74,7 +74,7 @@ class ModelSet:
         family = self._by_kind.get(kind)
         if family is None:
             loaded = ", ".join(self._by_kind) or "none"
-            raise MissingModelError(f"this server has no {kind} model loaded (loaded: {loaded})", "model")
+            raise MissingModelError(f"no {kind} model loaded (loaded: {loaded})", "model")
         return family
 
     def speech(self) -> SpeechFamily:

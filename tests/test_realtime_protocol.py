@@ -407,6 +407,26 @@ def test_truncate_cuts_the_transcript_to_the_units_heard():
     assert err["param"] == "item_id"
 
 
+def test_a_refused_truncate_of_the_running_response_leaves_it_running():
+    proto = make()
+    manual(proto)
+    _, rid = run_manual_turn(proto)
+    proto.response_transcript(rid, "One.")
+    proto.response_audio(rid, np.zeros(2400, np.float32))  # 100 ms so far
+    item_id = proto.response.item.id
+    out = send(proto, type="conversation.item.truncate", item_id=item_id, content_index=0, audio_end_ms=99999)
+    assert types(out) == ["error"] and out.commands == [] and out.events[0].body["error"]["param"] == "audio_end_ms"
+    assert proto.response is not None and proto.response.id == rid  # still running: its response.done will come
+    assert types(proto.response_done(rid, ResponseUsage()))[-1] == "response.done"
+    # a truncate within the audio cancels it, then truncates
+    _, rid = run_manual_turn(proto)
+    proto.response_audio(rid, np.zeros(2400, np.float32))
+    item_id = proto.response.item.id
+    out = send(proto, type="conversation.item.truncate", item_id=item_id, content_index=0, audio_end_ms=50)
+    assert CancelResponse(rid) in out.commands and types(out)[-1] == "conversation.item.truncated"
+    assert proto.response is None
+
+
 def test_items_can_be_created_inserted_retrieved_and_deleted():
     proto = make()
     text = {"role": "user", "content": [{"type": "input_text", "text": "first"}]}
@@ -449,6 +469,26 @@ def test_g711_input_is_resampled_to_24_khz_and_output_encoded_at_8_khz():
     [start] = send(proto, type="response.create").commands
     out = proto.response_audio(start.response_id, np.zeros(2400, np.float32))
     assert 700 <= len(out.events[0].audio) <= 800  # 100 ms at 8 kHz, one byte a sample
+
+
+@pytest.mark.parametrize("ms", [100, 104])
+def test_a_manual_commit_of_g711_audio_holds_all_of_it(ms):
+    """The resampler's held-back look-ahead is the committed turn's (it was refused as 95.5 ms of 100 ms)."""
+    proto = make()
+    fmt = {"type": "audio/pcmu"}
+    send(proto, type="session.update", session={"audio": {"input": {"format": fmt, "turn_detection": None}}})
+    mu = ulaw_encode(np.full(8 * ms, 1000, np.int16)).tobytes()
+    send(proto, type="input_audio_buffer.append", audio=base64.b64encode(mu).decode())
+    out = send(proto, type="input_audio_buffer.commit")
+    assert types(out)[0] == "input_audio_buffer.committed"
+    [transcribe] = out.commands
+    assert abs(transcribe.samples.size - 24 * ms) <= 3 and proto.buffer.length == 0
+    # the next turn starts afresh: a clear drops what was appended, look-ahead included
+    send(proto, type="input_audio_buffer.append", audio=base64.b64encode(mu).decode())
+    send(proto, type="input_audio_buffer.clear")
+    send(proto, type="input_audio_buffer.append", audio=base64.b64encode(mu).decode())
+    [transcribe] = send(proto, type="input_audio_buffer.commit").commands
+    assert abs(transcribe.samples.size - 24 * ms) <= 3
 
 
 def test_the_item_limit_drops_the_oldest_items_visibly():

@@ -80,6 +80,9 @@ def test_only_a_newest_turn_too_long_for_the_context_fails_and_disabled_fails_at
     assert fit([system, *old, small], count([system, *old, small]), CONTEXT, None, Truncation())[-1] is small
     with pytest.raises(ContextExceeded, match="disabled"):
         fit([system, *old, small], count([system, *old, small]), CONTEXT, None, Truncation(TruncationType.DISABLED))
+    # the tools' schemas take their part of the context, and the message says how much of it
+    with pytest.raises(ContextExceeded, match=f"context of {CONTEXT} tokens, {CONTEXT - 40} of which the tools'"):
+        fit([system, small], count([system, small]), CONTEXT, None, Truncation(), tools=CONTEXT - 40)
 
 
 @pytest.mark.parametrize(

@@ -151,3 +151,28 @@ def test_without_parallel_calls_only_the_first_is_kept():
     one = '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n'
     _, calls = parser.push(one + one.replace('"a"', '"b"'))
     assert [c.name for c in calls] == ["a"]
+
+
+async def test_a_call_the_reply_ran_out_of_tokens_in_is_neither_a_call_nor_text_to_speak():
+    from omni_stream.chunks import TextDelta
+    from omni_stream.text.stage import with_tool_calls
+
+    parser = ToolCallParser(ToolFormat.HERMES)
+    assert parser.push('Sure. <tool_call>\n{"name": "get_weather", "argu') == ("Sure. ", [])
+    assert parser.finish() == ('<tool_call>\n{"name": "get_weather", "argu', [])
+    assert parser.cut_call == '<tool_call>\n{"name": "get_weather", "argu'
+    whole = ToolCallParser(ToolFormat.HERMES)
+    whole.push("<tool_ca")
+    assert whole.finish() == ("<tool_ca", []) and whole.cut_call == ""  # held back, never a call: plain text
+
+    pieces = ["Sure. ", "<tool_call>", '\n{"name": "get_weather", ', '"argu']
+
+    async def stage(ctx, upstream):
+        for i, piece in enumerate(pieces):
+            last = i == len(pieces) - 1
+            yield TextDelta(piece, index=i, final=last, finish_reason="length" if last else None)
+
+    out = [d async for d in with_tool_calls(stage, ToolFormat.HERMES)(None, None)]
+    assert "".join(d.text for d in out) == "Sure. "  # what a spoken reply speaks
+    assert out[-1].final and out[-1].finish_reason == "length" and not out[-1].tool_calls
+    assert out[-1].cut_call == '<tool_call>\n{"name": "get_weather", "argu'  # a chat completion's content ends with it

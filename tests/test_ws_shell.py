@@ -61,6 +61,11 @@ def test_a_shutdown_closes_every_socket_with_1001_after_its_goodbye(checkpoints)
         speech.send(json.dumps({"type": "session.config", "voice": voice, "response_format": "pcm"}))
         agent = connect(f"{live.ws_url}/v1/realtime")
         assert json.loads(agent.recv(timeout=30))["type"] == "session.created"
+        item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Tell me a story."}]}
+        agent.send(json.dumps({"type": "conversation.item.create", "item": item}))
+        agent.send(json.dumps({"type": "response.create", "response": {"max_output_tokens": 400}}))
+        while json.loads(agent.recv(timeout=60))["type"] != "response.output_audio.delta":
+            pass  # the response is running (speaking)
         video = connect(f"{live.ws_url}/v1/realtime/video")
         video.send(json.dumps({"type": "session.start", "prompt": "a kite", "width": 32, "height": 32,
                                "num_frames": 99, "num_inference_steps": 1}))  # fmt: skip
@@ -70,8 +75,11 @@ def test_a_shutdown_closes_every_socket_with_1001_after_its_goodbye(checkpoints)
         live.server.should_exit = True  # what SIGTERM does: GracefulServer tells the sessions first
         messages, code = _until_closed(speech)
         assert code == 1001 and messages[-1] == {"type": "error", "message": "Server shutting down"}
-        _, code = _until_closed(agent)
-        assert code == 1001
+        messages, code = _until_closed(agent)
+        assert code == 1001 and messages[-1]["type"] == "error"
+        assert messages[-1]["error"]["code"] == "server_shutdown"
+        [done] = [m["response"] for m in messages if m["type"] == "response.done"]  # every response ends
+        assert done["status"] == "failed" and done["status_details"]["error"]["code"] == "server_shutdown"
         messages, code = _until_closed(video)
         assert code == 1001 and messages[-1]["code"] == "server_shutdown"
         assert not live.state.sessions and {_gauge(live, t) for t in ("ws", "realtime", "video")} == {0.0}

@@ -51,16 +51,19 @@ def with_tool_calls(
 
     A call is handed out whole, as one :class:`~omni_stream.text.tools.ToolCallDelta` (its id, name and all of its
     arguments) in the delta where it completed; a reply that called a tool and then stopped ends with
-    ``finish_reason="tool_calls"``.
+    ``finish_reason="tool_calls"``. A call the reply ran out of tokens in (its closing tag never came) is not a call
+    and not text to speak: the last delta carries it in ``cut_call``.
     """
 
     async def text(ctx: RequestContext, upstream: AsyncIterator[object]) -> AsyncIterator[TextDelta]:
         parser = ToolCallParser(format, parallel)
         async for delta in stage(ctx, upstream):
             shown, calls = parser.push(delta.text)
+            cut = ""
             if delta.final:
                 rest, more = parser.finish()
-                shown, calls = shown + rest, calls + more
+                cut = parser.cut_call  # the end of ``rest``: kept apart, so a spoken reply never speaks it
+                shown, calls = shown + rest[: len(rest) - len(cut)], calls + more
             first = parser.calls - len(calls)
             pieces = tuple(ToolCallDelta(first + i, c.id, c.name, c.arguments) for i, c in enumerate(calls))
             if not (shown or pieces or delta.logprobs or delta.final):
@@ -68,7 +71,7 @@ def with_tool_calls(
             reason = delta.finish_reason
             if delta.final and parser.calls and reason == "stop":
                 reason = "tool_calls"
-            yield replace(delta, text=shown, finish_reason=reason, tool_calls=pieces)
+            yield replace(delta, text=shown, finish_reason=reason, tool_calls=pieces, cut_call=cut)
 
     text.__name__ = getattr(stage, "__name__", "text")
     return text

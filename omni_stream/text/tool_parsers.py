@@ -88,12 +88,16 @@ def _partial_suffix(text: str, tag: str) -> int:
 class ToolCallParser:
     """Text deltas in; (text to show, calls completed) out (see the module docstring)."""
 
-    __slots__ = ("_buf", "_in_call", "_undecided", "calls", "format", "parallel")
+    __slots__ = ("_buf", "_in_call", "_undecided", "calls", "cut_call", "format", "parallel")
 
     def __init__(self, format: ToolFormat, parallel: bool = True) -> None:
         self.format = format
         self.parallel = parallel
         self.calls = 0  # calls handed out so far
+        # After finish(): the text of a call whose closing tag never came and which did not parse (the reply ran out
+        # of tokens inside it), the end of the text finish() gave back; "" when there was none. A spoken reply never
+        # speaks it.
+        self.cut_call = ""
         self._buf = ""
         self._in_call = False
         self._undecided = format is ToolFormat.LLAMA_JSON  # until the first non-blank character is seen
@@ -115,7 +119,10 @@ class ToolCallParser:
         if self._in_call:
             self._in_call = False
             call = parse_hermes_call(buf)
-            return ("", self._keep([call])) if call is not None else (OPEN + buf, [])
+            if call is not None:
+                return "", self._keep([call])
+            self.cut_call = OPEN + buf
+            return self.cut_call, []
         return buf, []
 
     def _keep(self, calls: list[ToolCall]) -> list[ToolCall]:

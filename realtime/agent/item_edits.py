@@ -137,16 +137,16 @@ class ItemEditing(ProtocolState):
         index = event.content_index
         if index >= len(item.content) or item.content[index].type is not ContentType.OUTPUT_AUDIO:
             raise RealtimeError("invalid_value", "content_index does not name an audio part", "content_index")
-        out = Outputs()
-        if self.response is not None and self.response.item is item:
-            out.extend(self._cancel("client_cancelled"))
         content = item.content[event.content_index]
-        if event.audio_end_ms > content.audio_ms:
+        if event.audio_end_ms > content.audio_ms:  # checked first: a refused truncate leaves its response running
             raise RealtimeError(
                 "invalid_value",
                 f"audio_end_ms ({event.audio_end_ms}) is past the item's audio ({content.audio_ms} ms)",
                 "audio_end_ms",
             )
+        out = Outputs()
+        if self.response is not None and self.response.item is item:
+            out.extend(self._cancel("client_cancelled"))
         content.truncate(event.audio_end_ms)
         out.events.append(
             self._event(

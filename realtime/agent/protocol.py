@@ -62,6 +62,8 @@ from omni_stream.text.grammar import schema_error
 from omni_stream.text.tools import FunctionTool, ToolChoice, ToolMode
 from omni_stream.turns.rules import TurnType
 
+SHUTDOWN_MESSAGE = "the server is shutting down"
+
 
 def check_tool_choice(tools: tuple[FunctionTool, ...], choice: ToolChoice, param: str) -> None:
     """A forced choice needs tools, a named one a tool of that name, and the parameters of the tools it may call
@@ -259,6 +261,16 @@ class RealtimeProtocol(TurnTaking, Speculating, ItemEditing, Responding):
         out.events.append(self._error(exc))
         out.commands.append(CloseSession(CloseCode.NORMAL, "session expired"))
         self.close()
+        return out
+
+    def goodbye(self) -> Outputs:
+        """What the session says last when the server shuts down under it: the running response fails
+        (``server_shutdown``), then an ``error`` says why (the socket closes with 1001 next). Computed as the
+        session ends, before :meth:`close`; sent only when the server, not the client, ended it."""
+        out = Outputs()
+        if self.response is not None:
+            out.extend(self.response_failed(self.response.id, SHUTDOWN_MESSAGE, code="server_shutdown"))
+        out.events.append(self._error(RealtimeError("server_shutdown", SHUTDOWN_MESSAGE, kind="server_error")))
         return out
 
     def close(self) -> None:

@@ -359,7 +359,7 @@ class Responding(ProtocolState):
         if status == "cancelled" or (status == "incomplete" and reason):
             details = {"type": status, "reason": reason}
         elif status == "failed":
-            kind = "server_error" if code == "server_error" else "invalid_request_error"
+            kind = "invalid_request_error" if code == "context_length_exceeded" else "server_error"
             details = {"type": "failed", "error": {"type": kind, "code": code, "message": error}}
         body = self._response_wire(r, status, details, (usage or ResponseUsage()).wire())
         out.events.append(self._event("response.done", response=body))

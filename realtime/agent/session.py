@@ -237,6 +237,7 @@ class RealtimeSession:
         # a conversation's messages are not tokenized again for each of its responses
         self._token_counts: dict[str, int] = {}
         self.finished = anyio.Event()  # set once the session has ended (server shutdown waits on it)
+        self.goodbye = Outputs()  # set as the session ends: RealtimeProtocol.goodbye
         self.closed = False
         traces = settings.realtime_trace  # benchmarks: when each step of a turn happened (realtime.agent.trace)
         self.timeline: Timeline | None = traces.open(self.protocol.session_id) if traces is not None else None
@@ -252,6 +253,7 @@ class RealtimeSession:
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
         self._abort_all()  # synchronous, first: every model slot is free before its next step
+        self.goodbye = self.protocol.goodbye()  # what the socket says if the server, not the client, ended this
         self.protocol.close()
         self._turn_send.close()
         self.detector = None
@@ -511,9 +513,10 @@ class RealtimeSession:
             images = [sum(count_image(image) for image in m.images) for m in cmd.messages]
             tokens = [n + k for n, k in zip(tokens, images, strict=True)]
         count_tools = getattr(family, "count_tool_tokens", None)  # the tools' part of the prompt, where it is known
+        tools = 0
         if cmd.tools and cmd.tool_choice.mode is not ToolMode.NONE and count_tools is not None:
-            context -= min(context - 1, int(count_tools(cmd.tools)))
-        return tuple(fit(list(cmd.messages), tokens, context, cmd.max_tokens, cmd.truncation))
+            tools = min(context - 1, int(count_tools(cmd.tools)))
+        return tuple(fit(list(cmd.messages), tokens, context, cmd.max_tokens, cmd.truncation, tools))
 
     def _count_tokens(self, text: str) -> int:
         """``text``'s tokens under the text model's tokenizer, counted once per session (blocking: a worker thread)."""

@@ -55,13 +55,19 @@ def reply_room(max_tokens: int | None, context: int) -> int:
 
 
 def fit(
-    messages: list[ChatMessage], tokens: list[int], context: int, max_tokens: int | None, truncation: Truncation
+    messages: list[ChatMessage],
+    tokens: list[int],
+    context: int,
+    max_tokens: int | None,
+    truncation: Truncation,
+    tools: int = 0,
 ) -> list[ChatMessage]:
-    """The messages a prompt keeps (in order); ``tokens[i]``: the text tokens of ``messages[i]``."""
+    """The messages a prompt keeps (in order); ``tokens[i]``: the text tokens of ``messages[i]``; ``tools``: the
+    tokens the offered tools' schemas take of the context."""
     if not messages:
         return messages
     cost = [t + MESSAGE_TOKENS for t in tokens]
-    budget = context - reply_room(max_tokens, context) - PROMPT_TOKENS
+    budget = context - tools - reply_room(max_tokens, context) - PROMPT_TOKENS
     fixed = cost[0] if messages[0].role is Role.SYSTEM and len(messages) > 1 else 0
     first = 1 if fixed else 0  # the first droppable message
     if sum(cost) <= budget:
@@ -73,6 +79,7 @@ def fit(
             f"the prompt ({need + PROMPT_TOKENS} tokens with the instructions"
             f"{'' if truncation.type is TruncationType.DISABLED else ' and the newest turn alone'}) and the reply's "
             f"{reply_room(max_tokens, context)} tokens do not fit the text model's context of {context} tokens"
+            + (f", {tools} of which the tools' schemas take" if tools else "")
             + (" (session.truncation is disabled)" if truncation.type is TruncationType.DISABLED else "")
         )
     limit = budget - fixed

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from omni_stream.realtime.agent.audio import RATE
+from omni_stream.realtime.agent.audio import RATE, InputDecoder
 from omni_stream.realtime.agent.events import RealtimeError, SessionType
 from omni_stream.realtime.agent.items import Content, ContentType, Item
 from omni_stream.realtime.agent.outputs import ConfigureTurns, DetectTurns, Outputs, Transcribe
@@ -118,6 +118,12 @@ class TurnTaking(ProtocolState):
         return out.extend(self._drop_preempt())  # a preemptive response no response adopted
 
     def _commit(self) -> Outputs:
+        # G.711 input: the resampler holds back a few milliseconds of look-ahead until later appends; a commit ends
+        # the audio, so they belong to this turn (and the next turn's audio starts a fresh resampler).
+        tail = self.decoder.flush()
+        self.decoder = InputDecoder(self.config.input_format)
+        if tail.size:
+            self.buffer.append(tail)
         if samples_ms(self.buffer.length) < MIN_COMMIT_MS:
             raise RealtimeError(
                 "input_audio_buffer_commit_empty",
@@ -144,6 +150,7 @@ class TurnTaking(ProtocolState):
 
     def _clear_input(self) -> Outputs:
         self.buffer.clear()
+        self.decoder = InputDecoder(self.config.input_format)  # its held-back look-ahead is cleared audio too
         out = self._drop_speculation()
         out.extend(self._restart_turns() if self.config.turn_detection is not None else Outputs())
         self._speech_start, self._turn_item = None, None

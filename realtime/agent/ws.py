@@ -139,7 +139,9 @@ class RealtimeSocket:
         return close_code
 
     async def shutting_down(self, socket: Socket) -> None:
-        """Nothing to say: leaving the session stopped its work, and the shell closes with 1001."""
+        """The running response's end (failed: ``server_shutdown``) and an ``error``; the shell closes with 1001."""
+        for event in self.session.goodbye.events:
+            await socket.send_text(to_json(event))
 
     async def failed(self, socket: Socket, exc: BaseException) -> None:
         """Nothing to say: the shell closes with 1011."""

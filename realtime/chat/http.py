@@ -190,8 +190,8 @@ async def _sse(
                 if item.stage == "text" and isinstance(chunk, TextDelta):
                     reply.finish_reason = chunk.finish_reason or reply.finish_reason
                     lps = [e.wire() for e in chunk.logprobs] if opts.logprobs is not None else None
-                    if chunk.text or lps:
-                        yield sse_data(reply.chunk({"content": chunk.text}, logprobs=lps))
+                    if chunk.text or chunk.cut_call or lps:
+                        yield sse_data(reply.chunk({"content": chunk.text + chunk.cut_call}, logprobs=lps))
                     if chunk.tool_calls:
                         yield sse_data(reply.chunk({"tool_calls": [c.wire() for c in chunk.tool_calls]}))
                 elif isinstance(chunk, TextDelta) and chunk.text:  # a spoken sentence's transcript
@@ -239,7 +239,7 @@ async def _whole(
         async for item in _then(first, stream):
             chunk = item.chunk
             if item.stage == "text" and isinstance(chunk, TextDelta):
-                text.append(chunk.text)
+                text.append(chunk.text + chunk.cut_call)
                 calls.extend(chunk.tool_calls)
                 logprobs.extend(e.wire() for e in chunk.logprobs)
                 reply.finish_reason = chunk.finish_reason or reply.finish_reason

@@ -167,7 +167,7 @@ class Qwen3TTSFamily:
         if self.embedded:
             log.warning(
                 "loaded the embedded tiny checkpoint %s: random weights, it speaks noise "
-                "(pass --model DIR for a real Qwen3-TTS checkpoint)",
+                "(a real Qwen3-TTS checkpoint: omni-stream serve --model DIR, or AsyncEngine.from_pretrained(DIR))",
                 ckpt,
             )
 
