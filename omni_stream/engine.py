@@ -272,7 +272,12 @@ class AsyncEngine:
         try:
             with log_lines_above_bars(progress):
                 for source in sources.values():
-                    models.add(await _load_one(source, options, worker, metrics, loading_on(realtime)))
+                    family = await _load_one(source, options, worker, metrics, loading_on(realtime))
+                    try:
+                        models.add(family)
+                    except ConfigError:  # a second model of a kind: it is not kept, so it is closed here
+                        await family.aclose()
+                        raise
         except BaseException:
             for family in models:
                 await family.aclose()

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
 from omni_stream.context import RequestContext
-from omni_stream.errors import InvalidRequestError
+from omni_stream.errors import ConfigError, InvalidRequestError
 from omni_stream.family import Family, ModelKind, SpeechFamily, TextFamily
 from omni_stream.pipeline import AnyStage, Pipeline, stage_name
 from omni_stream.requests import ChatRequest, SpeechRequest
@@ -54,7 +54,10 @@ class ModelSet:
     def add(self, family: Family) -> None:
         kind = family.info.kind
         if kind in self._by_kind:
-            raise ValueError(f"a {kind} model is loaded already ({self._by_kind[kind].info.model_name})")
+            raise ConfigError(
+                f"{family.info.model_name}: a {kind} model is loaded already ({self._by_kind[kind].info.model_name});"
+                " an engine holds one model of each kind"
+            )
         self._by_kind[kind] = family
 
     @property

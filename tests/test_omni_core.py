@@ -17,7 +17,7 @@ from synthetic.lm_family import write_lm_checkpoint
 
 from omni_stream.chunks import Audio, StageOutput, TextDelta
 from omni_stream.engine import AsyncEngine, ModelSource
-from omni_stream.errors import InvalidRequestError, RequestCancelled
+from omni_stream.errors import ConfigError, InvalidRequestError, RequestCancelled
 from omni_stream.family import ModelKind
 from omni_stream.pipeline_specs import MissingModelError
 from omni_stream.requests import ChatMessage, ChatRequest, Role, SpeechRequest, SpokenReply, TextRequest
@@ -283,5 +283,5 @@ async def test_from_pretrained_takes_several_checkpoints_each_filling_its_kind(c
     async with await AsyncEngine.from_pretrained([tts, lm], progress=False) as engine:
         assert set(engine.models.kinds) == {"speech", "text"}
         assert engine.models.text().info.model_type == "synthetic_lm"
-    with pytest.raises(ValueError, match="a speech model is loaded already"):
+    with pytest.raises(ConfigError, match="a speech model is loaded already"):
         await AsyncEngine.from_pretrained([tts, tts], progress=False)

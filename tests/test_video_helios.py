@@ -7,6 +7,7 @@ import asyncio
 import json
 import random
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -26,7 +27,7 @@ from omni_stream.models.helios.checkpoint import (
 )
 from omni_stream.models.helios.runner import HeliosRunner
 from omni_stream.runtime.cache import EMBEDDED_MARKER
-from omni_stream.video.spec import ChunkPrompt, PromptUpdate, VideoRequest
+from omni_stream.video.spec import ChunkPrompt, PromptSteering, PromptUpdate, VideoRequest
 
 pytest_plugins = ("video_fixtures",)
 
@@ -113,6 +114,16 @@ async def test_a_prompt_update_changes_the_prompt_the_next_chunk_is_generated_wi
             assert c.prompt.mix == (("a red dog", 1.0),)
     assert steered[first_new].prompt.completed == ("ui-1",)
     assert not np.array_equal(steered[first_new].frames, plain[first_new].frames)  # the embeddings really changed
+
+
+async def test_a_video_request_that_has_run_is_refused_again_naming_its_closed_steering(engine):
+    request = VideoRequest("a cat", width=S, height=S, num_frames=33, num_inference_steps=1, seed=3)
+    await collect(engine, request)
+    with pytest.raises(InvalidRequestError) as refused:  # its updates would be refused without a word
+        engine.generate(request)
+    assert refused.value.param == "steering"
+    again = replace(request, steering=PromptSteering())
+    assert len(await collect(engine, again)) == 1
 
 
 async def test_a_transition_blends_over_the_chunks_it_names(engine):

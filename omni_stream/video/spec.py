@@ -155,6 +155,12 @@ class VideoRequest:
 
 def resolve_request(info: VideoInfo, request: VideoRequest) -> VideoRequest:
     """``request`` with every default filled from ``info``; InvalidRequestError (naming the field) when out of range."""
+    if request.steering.closed:  # its updates would be refused, silently: offer() says False and nothing more
+        raise InvalidRequestError(
+            "this VideoRequest has run already and its steering channel is closed: run a new one "
+            "(dataclasses.replace(request, steering=PromptSteering()) copies its fields)",
+            "steering",
+        )
     resolved = replace(
         request,
         width=request.width or info.default_width,
