@@ -110,7 +110,7 @@ def test_serve_without_model_uses_the_embedded_checkpoint_and_stops_on_sigint(tm
     assert "no --model given: serving the embedded tiny model of every kind" in out
     assert not re.search(r"\d+%\|", out), out  # output to a pipe (a log file): no progress bars redrawn into it
     # Every kind with an embedded default: speech (Qwen3-TTS) first, text (a tiny Qwen3), transcription (Whisper), ...
-    assert models[0].startswith("qwen3-tts-tiny") and "qwen3-tiny-chat-v2" in models
+    assert models[0].startswith("qwen3-tts-tiny") and "qwen3-tiny-chat-v3" in models
     assert any(m.startswith("whisper-tiny") for m in models)
     # the image default joins them where the [image] extra (diffusers) is installed
     assert ("stable-diffusion-tiny" in models) == bool(importlib.util.find_spec("diffusers"))  # both image routes

@@ -198,13 +198,17 @@ def generation_config(arch: str, first_special: int) -> dict[str, Any]:
 # -- config and weights --------------------------------------------------------------------------------------
 
 
-def tiny_config(arch: str, vocab_size: int, first_special: int, head_dim: int | None = None) -> dict[str, Any]:
-    """A tiny hub ``config.json`` (legacy rotary keys, which transformers 4 and 5 both read); ``head_dim`` None:
-    :data:`TINY`'s."""
+def tiny_config(
+    arch: str, vocab_size: int, first_special: int, head_dim: int | None = None, positions: int | None = None
+) -> dict[str, Any]:
+    """A tiny hub ``config.json`` (legacy rotary keys, which transformers 4 and 5 both read); ``head_dim`` and
+    ``positions`` (``max_position_embeddings``) None: :data:`TINY`'s."""
     ids = _special_ids(arch, first_special)
     cfg: dict[str, Any] = dict(TINY, vocab_size=vocab_size, torch_dtype="float32")
     if head_dim is not None:
         cfg["head_dim"] = head_dim
+    if positions is not None:
+        cfg["max_position_embeddings"] = positions
     if arch == "llama":
         # llama3 scaling with a short original context, so every branch of the frequency rule is exercised.
         scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -256,16 +260,17 @@ def write_tiny_checkpoint(
     seed: int = 0,
     shards: int = 1,
     head_dim: int | None = None,
+    positions: int | None = None,
 ) -> Path:
     """A tiny random ``arch`` chat checkpoint in the hub layout; returns its directory. ``head_dim`` None: 16
-    (vLLM's CPU attention needs 32 or more)."""
+    (vLLM's CPU attention needs 32 or more); ``positions`` None: 1024."""
     if arch not in ARCHITECTURES:
         raise ConfigError(f"arch must be one of {ARCHITECTURES}, got {arch!r}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(arch)
     first = tok.convert_tokens_to_ids(SPECIALS[arch][0])
-    cfg = tiny_config(arch, len(tok), first, head_dim)
+    cfg = tiny_config(arch, len(tok), first, head_dim, positions)
     if dtype != torch.float32:
         cfg["torch_dtype"] = "bfloat16"
     tok.save_pretrained(str(out))

@@ -50,7 +50,11 @@ DEFAULT_MAX_MODEL_LEN = 4096
 BACKEND_ARGS = ("max_model_len",)
 # How each architecture's chat template asks for tool calls (:mod:`omni_stream.text.tool_parsers`).
 TOOL_FORMATS = {"qwen3": ToolFormat.HERMES, "llama": ToolFormat.LLAMA_JSON}
-EMBEDDED_NAME = "qwen3-tiny-chat-v2"  # v2: chat templates with tools, tool-call tag tokens
+# v2: chat templates with tools, tool-call tag tokens; v3: 4096 positions. Its tokenizer's vocabulary is tiny (a
+# few hundred tokens), so a random Whisper's bounded transcript (128 of Whisper's tokens) takes ~700 of its tokens:
+# with 1024 positions a voice turn beside a tool's schema did not fit, and every such response failed.
+EMBEDDED_NAME = "qwen3-tiny-chat-v3"
+EMBEDDED_POSITIONS = 4096
 
 
 @dataclass(slots=True, frozen=True)
@@ -218,6 +222,7 @@ def embedded_default_checkpoint(cache_dir: str | Path | None = None) -> Path:
     """The tiny Qwen3 chat checkpoint served when no model is given; built on first use (atomically)."""
     from omni_stream.models.causal_lm.checkpoint import write_tiny_checkpoint
 
-    return embedded_checkpoint_dir(
-        EMBEDDED_NAME, lambda out: write_tiny_checkpoint(out, "qwen3", seed=0), "random weights: it babbles", cache_dir
-    )
+    def write(out: Path) -> Path:
+        return write_tiny_checkpoint(out, "qwen3", seed=0, positions=EMBEDDED_POSITIONS)
+
+    return embedded_checkpoint_dir(EMBEDDED_NAME, write, "random weights: it babbles", cache_dir)
