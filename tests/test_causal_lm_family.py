@@ -171,6 +171,10 @@ async def test_from_pretrained_without_arguments_loads_the_tiny_tts_and_the_tiny
         assert engine.models.kinds[:2] == (ModelKind.SPEECH, ModelKind.TEXT)  # then the other kinds' defaults
         text = engine.models.text()
         assert text.embedded and text.info.model_name == family_mod.EMBEDDED_NAME  # type: ignore[attr-defined]
+        # room for a voice turn beside a tool: a random Whisper's bounded transcript (128 of its tokens) in this
+        # tokenizer's few hundred tokens, with a tool's schema and the reply's room
+        babble = "".join(chr(c) for c in range(0x4E00, 0x4E00 + 400))  # what random multilingual tokens read as
+        assert text.info.max_context >= engine.count_text_tokens(babble, ModelKind.TEXT) + 1024
         stream = engine.chat(chat("hi", max_tokens=6))
         async with stream:
             assert [o.chunk async for o in stream][-1].final
