@@ -366,8 +366,9 @@ def _turn_detection(value: Any, param: str) -> TurnDetection | None:
                 body.get("silence_duration_ms", defaults.silence_duration_ms), f"{param}.silence_duration_ms", 0, 10_000
             ),
         )
-    except InvalidRequestError as exc:
-        raise RealtimeError("invalid_value", exc.message, f"{param}.{exc.param}") from None
+    except InvalidRequestError as exc:  # VadParams' own range check: the message names the field's whole path
+        where = f"{param}.{exc.param}"
+        raise RealtimeError("invalid_value", f"'{where}': {exc.message}", where) from None
     if body.get("idle_timeout_ms") is not None:
         raise RealtimeError("invalid_value", "idle_timeout_ms is not supported", f"{param}.idle_timeout_ms")
     return TurnDetection(
@@ -436,7 +437,8 @@ def _transcription(value: Any, param: str) -> TranscriptionConfig | None:
 
 def _modalities(value: Any, param: str) -> Modality:
     if not isinstance(value, list) or not value or any(m not in ("audio", "text") for m in value):
-        raise RealtimeError("invalid_value", f'{param} must be ["audio"] or ["text"]', param)
+        message = f'{param} must be ["audio"] (speech and its transcript) or ["text"]'
+        raise RealtimeError("invalid_value", message, param)
     return Modality.AUDIO if "audio" in value else Modality.TEXT  # ["text", "audio"]: speech with its transcript
 
 
