@@ -79,6 +79,13 @@ class Resampler:
         """Input samples an output waits for past its own time (the only latency added), in input samples."""
         return self._half
 
+    @property
+    def held(self) -> int:
+        """Output samples :meth:`flush` would still give: the look-ahead held back so far."""
+        if self._flushed or self._passthrough:
+            return 0
+        return max(0, -(-self._n_in * self._up // self._down) - self._k)
+
     def process(self, chunk: np.ndarray) -> np.ndarray:
         """Resample one chunk; returns every output sample whose inputs have all arrived (float32)."""
         if self._flushed:

@@ -90,6 +90,8 @@ class Audio:
         rate = self.sample_rate
         if isinstance(rate, bool) or not isinstance(rate, int | np.integer) or rate <= 0:
             raise ValueError(f"Audio.sample_rate must be a positive integer, got {rate!r}")
+        if not isinstance(rate, int):
+            object.__setattr__(self, "sample_rate", int(rate))
 
     @property
     def channels(self) -> int:

@@ -57,7 +57,13 @@ from omni_stream.context import RequestContext, TokenCount
 from omni_stream.device_policy import DevicePolicy
 from omni_stream.errors import ConfigError, EngineClosed, InvalidRequestError, RequestCancelled
 from omni_stream.family import Family, LoadContext, LoadOptions, ModelKind, SpeechInfo, read_config
-from omni_stream.family_registry import default_available, default_kinds, embedded_checkpoint, resolve_family
+from omni_stream.family_registry import (
+    declared_kind,
+    default_available,
+    default_kinds,
+    embedded_checkpoint,
+    resolve_family,
+)
 from omni_stream.images.spec import ImageRequest
 from omni_stream.kinds import check_family, find_pipeline
 from omni_stream.metrics import EngineMetrics
@@ -148,6 +154,7 @@ async def _load_one(
     worker: DeviceWorker,
     metrics: EngineMetrics,
     on_stream: StreamContext = contextlib.nullcontext,
+    loaded: ModelSet | None = None,
 ) -> Family:
     path = source.path
     if path is None and source.endpoint is None:
@@ -160,6 +167,12 @@ async def _load_one(
     if not isinstance(model_type, str):
         raise ConfigError(f"model source {source} names no family")
     loader = await anyio.to_thread.run_sync(resolve_family, model_type)
+    kind = source.kind or declared_kind(model_type)
+    if kind is not None and loaded is not None and kind in loaded:  # refused before its weights load, not after
+        raise ConfigError(
+            f"{path or source.endpoint}: a {kind} model is loaded already ({loaded.get(kind).info.model_name}); "
+            "an engine holds one model of each kind"
+        )
     load = LoadContext(
         checkpoint=path if path is not None else Path("."),
         config=config,
@@ -232,20 +245,23 @@ class AsyncEngine:
         ``device_policy``: how the device worker orders the models' work (None: ``DevicePolicy.from_tuning(tuning)``);
         ``record``: the worker keeps a log of every piece of work it runs (``engine.worker.log``; tests).
         """
-        if wait_timeout is not None and not (isinstance(wait_timeout, int | float) and 0 < wait_timeout < math.inf):
+        timeout_ok = isinstance(wait_timeout, int | float) and not isinstance(wait_timeout, bool)
+        if wait_timeout is not None and not (timeout_ok and 0 < wait_timeout < math.inf):
             raise ConfigError(f"wait_timeout must be a number of seconds > 0 (None: unbounded), got {wait_timeout!r}")
         tuning = Tuning.from_env() if tuning is None else tuning
         preparer(tuning.prepare_threads)  # this loop's prompt-preparation threads
         quiet_pil_fallback()  # before any family's module imports diffusers (omni_stream.runtime.load_display)
-        options = LoadOptions(
-            device=device,
-            dtype=dtype,
-            load_format=load_format,
-            max_batch_size=max_batch_size,
-            max_buffered_frames=max_buffered_frames,
-            progress=progress,
-            backend_args=tuple((backend_args or {}).items()),
-            tuning=tuning,
+        options = await anyio.to_thread.run_sync(  # checking the device may initialize CUDA: off the event loop
+            lambda: LoadOptions(
+                device=device,
+                dtype=dtype,
+                load_format=load_format,
+                max_batch_size=max_batch_size,
+                max_buffered_frames=max_buffered_frames,
+                progress=progress,
+                backend_args=tuple((backend_args or {}).items()),
+                tuning=tuning,
+            )
         )
         if sources is None:
             # a default whose optional extra is not installed (diffusers for images) is left out, not an error; the
@@ -272,7 +288,7 @@ class AsyncEngine:
         try:
             with log_lines_above_bars(progress):
                 for source in sources.values():
-                    family = await _load_one(source, options, worker, metrics, loading_on(realtime))
+                    family = await _load_one(source, options, worker, metrics, loading_on(realtime), models)
                     try:
                         models.add(family)
                     except ConfigError:  # a second model of a kind: it is not kept, so it is closed here
@@ -440,7 +456,7 @@ class AsyncEngine:
         Its consumer's next read raises ``exc`` (default: RequestCancelled).
         """
         stream = self._streams.get(request_id)
-        if stream is None or stream.outcome is not None:
+        if stream is None or not stream.live:
             return False
         stream.abort(exc if exc is not None else RequestCancelled(f"request {request_id} was aborted"))
         return True

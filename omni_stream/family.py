@@ -37,12 +37,13 @@ import torch
 
 from omni_stream.chunks import Audio, TextDelta
 from omni_stream.context import RequestContext
-from omni_stream.errors import ConfigError
+from omni_stream.errors import ConfigError, InvalidRequestError
 from omni_stream.metrics import EngineMetrics
 from omni_stream.pipeline import Chain, Stage
 from omni_stream.requests import SpeechRequest, TaskType, TextRequest, VoicePrompt
 from omni_stream.runtime.load_display import ProgressBar
 from omni_stream.runtime.settings import Tuning
+from omni_stream.validation.fields import whole
 from omni_stream.worker import DeviceWorker
 
 
@@ -131,10 +132,11 @@ class LoadOptions:
 
     def __post_init__(self) -> None:
         check_device(self.device)
-        for name, least in (("max_batch_size", 1), ("max_buffered_frames", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ConfigError(f"{name} must be an integer >= {least}, got {value!r}")
+        for name in ("max_batch_size", "max_buffered_frames"):
+            try:
+                object.__setattr__(self, name, whole(getattr(self, name), name, low=1))
+            except InvalidRequestError as exc:  # an option, not a request: a ConfigError in the same words
+                raise ConfigError(exc.message) from None
 
     def progress_bar(self, total: int | None = None, desc: str = "loading", unit: str = "it") -> ProgressBar:
         """A tqdm bar (disabled when ``progress`` is False, and when its stream, stderr, is not a terminal: a log

@@ -160,6 +160,13 @@ def resolve_family(model_type: str) -> FamilyLoader:
     return loader
 
 
+def declared_kind(model_type: str) -> str | None:
+    """The kind the family of ``model_type`` declares it serves (None: undeclared, known once it is loaded)."""
+    _find()
+    declaration = _declaring(model_type)
+    return declaration.kind if declaration is not None else None
+
+
 def family_label(model_type: str) -> str:
     """How messages name the family of ``model_type`` (its declared label; the model type itself if undeclared)."""
     declaration = _declaring(model_type)

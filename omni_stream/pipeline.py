@@ -317,7 +317,9 @@ class PipelineStream(Generic[Out]):
 
     @property
     def live(self) -> bool:
-        """Whether its stages may still run: not started yet, or running."""
+        """Whether its stages may still run: not started yet, or running, and neither aborted nor failed."""
+        if self._run.error is not None or self.ctx.cancelled:
+            return False
         running = self.state is StreamState.RUNNING and self._host is not None and not self._host.done()
         return self.state is StreamState.IDLE or running
 

@@ -16,7 +16,7 @@ from omni_stream.errors import InvalidRequestError
 from omni_stream.speech.limits import check_instructions, check_max_new_tokens, check_text
 from omni_stream.speech.text_split import Granularity
 from omni_stream.text.tools import AUTO, TEXT_FORMAT, FunctionTool, ResponseFormat, ToolCall, ToolChoice, ToolMode
-from omni_stream.validation.fields import instance, member, optional_text, real, whole
+from omni_stream.validation.fields import check_seed, flag, instance, member, optional_text, real, whole
 
 _ids = itertools.count(1)
 
@@ -59,12 +59,6 @@ class SamplingParams:
 
 
 MAX_TOP_K = 2**31 - 1  # a kernel's int32; any vocabulary is smaller
-SEED_BOUND = 2**64  # seeds are -2**64 < seed < 2**64 (OpenAI's and vLLM's are 64-bit); a generator takes them mod 2**63
-
-
-def check_seed(seed: object) -> int | None:
-    """``seed`` (None: none) as a Python int."""
-    return None if seed is None else whole(seed, "seed", low=-SEED_BOUND + 1, high=SEED_BOUND - 1)
 
 
 GREEDY = SamplingParams(do_sample=False, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
@@ -131,9 +125,10 @@ class SpeechRequest:
             raise InvalidRequestError("input must be a string or an async iterator of TextDelta", "input")
         optional_text(self.voice, "voice")
         if self.task_type is not None:
-            object.__setattr__(self, "task_type", member(TaskType, self.task_type, "task_type"))
-        if not isinstance(self.language, str):
-            raise InvalidRequestError(f"language must be a string, got {type(self.language).__name__}", "language")
+            object.__setattr__(self, "task_type", member(self.task_type, TaskType, "task_type"))
+        if self.language is None:  # what resolve_language reads as Auto
+            object.__setattr__(self, "language", "Auto")
+        optional_text(self.language, "language")
         optional_text(self.instructions, "instructions")
         check_instructions(self.instructions)
         optional_text(self.ref_text, "ref_text")
@@ -143,14 +138,16 @@ class SpeechRequest:
         object.__setattr__(self, "ref_sample_rate", rate)
         if self.voice_prompt is not None:
             instance(self.voice_prompt, VoicePrompt, "voice_prompt")
-        check_max_new_tokens(self.max_new_tokens)
+        object.__setattr__(self, "max_new_tokens", check_max_new_tokens(self.max_new_tokens))
         if self.sampling is not None:
             instance(self.sampling, SamplingParams, "sampling")
         object.__setattr__(self, "seed", check_seed(self.seed))
+        for name in ("x_vector_only_mode", "ignore_eos"):
+            object.__setattr__(self, name, flag(getattr(self, name), name))
         if self.initial_codec_chunk_frames is not None:
             frames = whole(self.initial_codec_chunk_frames, "initial_codec_chunk_frames", low=1)
             object.__setattr__(self, "initial_codec_chunk_frames", frames)
-        object.__setattr__(self, "split", member(Granularity, self.split, "split").value)
+        object.__setattr__(self, "split", member(self.split, Granularity, "split").value)
 
     @property
     def streamed(self) -> bool:
@@ -271,13 +268,15 @@ class TextRequest:
         for tool in self.tools:
             instance(tool, FunctionTool, "tools")
         if isinstance(self.tool_choice, str):  # "auto", "none", "required"
-            object.__setattr__(self, "tool_choice", ToolChoice(member(ToolMode, self.tool_choice, "tool_choice")))
+            object.__setattr__(self, "tool_choice", ToolChoice(member(self.tool_choice, ToolMode, "tool_choice")))
         instance(self.tool_choice, ToolChoice, "tool_choice")
         instance(self.response_format, ResponseFormat, "response_format")
         for name in ("presence_penalty", "frequency_penalty"):
             object.__setattr__(self, name, real(getattr(self, name), name))
         if self.logprobs is not None:
             object.__setattr__(self, "logprobs", whole(self.logprobs, "top_logprobs"))
+        for name in ("ignore_eos", "parallel_tool_calls"):
+            object.__setattr__(self, name, flag(getattr(self, name), name))
         self._check_tools()
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
@@ -354,13 +353,15 @@ class SpokenReply:
         if self.initial_codec_chunk_frames is not None:
             frames = whole(self.initial_codec_chunk_frames, "initial_codec_chunk_frames", low=1)
             object.__setattr__(self, "initial_codec_chunk_frames", frames)
-        object.__setattr__(self, "split", member(Granularity, self.split, "split").value)
-        if self.max_unit_chars is not None and self.max_unit_chars < 1:
-            raise InvalidRequestError(f"max_unit_chars must be >= 1, got {self.max_unit_chars}", "max_unit_chars")
-        if self.first_unit_tokens is not None and self.first_unit_tokens < 1:
-            raise InvalidRequestError(
-                f"first_unit_tokens must be >= 1, got {self.first_unit_tokens}", "first_unit_tokens"
-            )
+        object.__setattr__(self, "split", member(self.split, Granularity, "split").value)
+        if self.language is None:  # what resolve_language reads as Auto
+            object.__setattr__(self, "language", "Auto")
+        optional_text(self.language, "language")
+        for name in ("first_clause", "with_text"):
+            object.__setattr__(self, name, flag(getattr(self, name), name))
+        for name in ("max_unit_chars", "first_unit_tokens"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, whole(getattr(self, name), name, low=1))
 
     def request(self, text: str, request_id: str) -> SpeechRequest:
         """The speech request for one unit of text."""

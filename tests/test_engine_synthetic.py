@@ -372,3 +372,17 @@ async def test_a_running_request_id_is_refused_and_an_aborted_request_counts_as_
     assert stream.outcome == "cancelled"
     assert 'omni_stream_requests_total{outcome="cancelled"} 1.0' in generate_latest(engine.metrics.registry).decode()
     assert await collect(engine.speech("again", voice="carol", request_id="same"))  # free once its request ended
+
+
+async def test_an_aborted_request_id_is_free_at_once_whether_or_not_it_had_started(engine):
+    running = engine.speech("m" * 400, voice="carol", request_id="r")
+    await running.__anext__()
+    idle = engine.speech("never read", voice="carol", request_id="i")
+    assert engine.abort("r") and engine.abort("i")
+    assert not engine.abort("r") and not engine.abort("i")  # not running any more: nothing to abort
+    assert await collect(engine.speech("again", voice="carol", request_id="r"))  # before the first ends its task
+    assert await collect(engine.speech("again", voice="carol", request_id="i"))
+    with pytest.raises(RequestCancelled):
+        await running.__anext__()
+    with pytest.raises(RequestCancelled):
+        await idle.__anext__()

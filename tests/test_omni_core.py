@@ -283,5 +283,14 @@ async def test_from_pretrained_takes_several_checkpoints_each_filling_its_kind(c
     async with await AsyncEngine.from_pretrained([tts, lm], progress=False) as engine:
         assert set(engine.models.kinds) == {"speech", "text"}
         assert engine.models.text().info.model_type == "synthetic_lm"
-    with pytest.raises(ConfigError, match="a speech model is loaded already"):
-        await AsyncEngine.from_pretrained([tts, tts], progress=False)
+    from omni_stream.family_registry import register_family, resolve_family
+
+    loads = []
+    real_load = resolve_family("synthetic_tts")
+    register_family("synthetic_tts", lambda load: loads.append(load.checkpoint) or real_load(load))
+    try:
+        with pytest.raises(ConfigError, match="a speech model is loaded already"):
+            await AsyncEngine.from_pretrained([tts, tts], progress=False)
+    finally:
+        register_family("synthetic_tts", real_load)
+    assert loads == [tts]  # the second was refused from its declared kind, before its weights loaded

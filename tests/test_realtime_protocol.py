@@ -483,6 +483,14 @@ def test_a_manual_commit_of_g711_audio_holds_all_of_it(ms):
     assert types(out)[0] == "input_audio_buffer.committed"
     [transcribe] = out.commands
     assert abs(transcribe.samples.size - 24 * ms) <= 3 and proto.buffer.length == 0
+    # a commit refused as too short changes nothing: the audio goes on as one stream into the next commit
+    half = ulaw_encode(np.full(8 * 40, 1000, np.int16)).tobytes()  # 40 ms
+    send(proto, type="input_audio_buffer.append", audio=base64.b64encode(half).decode())
+    assert error_of(send(proto, type="input_audio_buffer.commit"))["code"] == "input_audio_buffer_commit_empty"
+    send(proto, type="input_audio_buffer.append", audio=base64.b64encode(mu).decode())
+    [joined] = send(proto, type="input_audio_buffer.commit").commands
+    assert abs(joined.samples.size - 24 * (40 + ms)) <= 3
+    assert np.abs(joined.samples[240:-240].astype(int) - 1000).max() < 64  # no seam where the refusal was
     # the next turn starts afresh: a clear drops what was appended, look-ahead included
     send(proto, type="input_audio_buffer.append", audio=base64.b64encode(mu).decode())
     send(proto, type="input_audio_buffer.clear")

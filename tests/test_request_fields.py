@@ -14,10 +14,20 @@ from omni_stream.engine import AsyncEngine
 from omni_stream.errors import ConfigError, InvalidRequestError
 from omni_stream.family import LoadOptions
 from omni_stream.images.spec import ImageRequest
-from omni_stream.requests import ChatMessage, ChatRequest, Role, SamplingParams, SpeechRequest, TaskType, TextRequest
+from omni_stream.requests import (
+    ChatMessage,
+    ChatRequest,
+    Role,
+    SamplingParams,
+    SpeechRequest,
+    SpokenReply,
+    TaskType,
+    TextRequest,
+)
 from omni_stream.text.tools import FormatKind, FunctionTool, ResponseFormat, ToolChoice, ToolMode
 from omni_stream.transcription.spec import TranscriptionRequest
 from omni_stream.validation.audio import mono_float
+from omni_stream.video.spec import VideoRequest
 
 HI = (ChatMessage(Role.USER, "hi"),)
 
@@ -35,7 +45,14 @@ def test_speech_fields_are_checked_when_the_request_is_built():
     assert _param(lambda: SpeechRequest("hi", seed="abc")) == "seed"
     assert _param(lambda: SpeechRequest("hi", seed=np.float32(3))) == "seed"
     assert _param(lambda: SpeechRequest("hi", seed=True)) == "seed"
-    assert _param(lambda: SpeechRequest("hi", seed=2**64)) == "seed"
+    assert _param(lambda: SpeechRequest("hi", seed=2**63)) == "seed"  # 64-bit seeds, as OpenAI's and vLLM's
+    assert SpeechRequest("hi", seed=-(2**63)).seed == -(2**63)
+    assert SpeechRequest("hi", max_new_tokens=np.int64(12)).max_new_tokens == 12
+    assert SpeechRequest("hi", language=None).language == "Auto"
+    assert _param(lambda: SpeechRequest("hi", ignore_eos="yes")) == "ignore_eos"
+    assert _param(lambda: SpokenReply(max_unit_chars=1.5)) == "max_unit_chars"
+    assert _param(lambda: SpokenReply(first_unit_tokens="5")) == "first_unit_tokens"
+    assert SpokenReply(language=None).language == "Auto"
     assert _param(lambda: SpeechRequest("hi", sampling={"temperature": 0.5})) == "sampling"
     assert _param(lambda: SpeechRequest("hi", voice=3)) == "voice"
     assert _param(lambda: SpeechRequest("hi", task_type="bogus")) == "task_type"
@@ -71,6 +88,8 @@ def test_text_fields_are_checked_and_openai_shorthands_taken():
     assert _param(lambda: TextRequest(messages=HI, tool_choice="sometimes")) == "tool_choice"
     assert _param(lambda: TextRequest(messages=HI, presence_penalty=float("nan"))) == "presence_penalty"
     assert _param(lambda: TextRequest(messages=HI, seed="1")) == "seed"
+    assert _param(lambda: TextRequest(messages=HI, seed=2**63)) == "seed"
+    assert _param(lambda: TextRequest(messages=HI, parallel_tool_calls="no")) == "parallel_tool_calls"
     assert _param(lambda: ChatRequest("Hello")) == "text"
 
 
@@ -98,6 +117,17 @@ def test_image_fields_are_checked_when_the_request_is_built():
     assert _param(lambda: ImageRequest("a cat", images=[object()])) == "image"
     assert _param(lambda: ImageRequest("a cat", images=[pixels], mask=np.full((8, 8), 255, np.uint8))) == "mask"
     assert _param(lambda: ImageRequest("a cat", guidance_scale=float("nan"))) == "guidance_scale"
+    assert ImageRequest("a cat", seed=-5).seed == -5 and _param(lambda: ImageRequest("a cat", seed=2**63)) == "seed"
+    boolean = ImageRequest("a cat", images=[pixels], mask=np.ones((8, 8), bool)).mask  # True: may change
+    assert boolean.dtype == np.float32 and boolean.min() == 1.0
+
+
+def test_video_fields_are_checked_when_the_request_is_built():
+    assert VideoRequest("a kite", width=np.int64(64), seed=np.int64(3)).width == 64
+    assert _param(lambda: VideoRequest("a kite", seed=2**70)) == "seed"  # failed inside the stage before
+    assert _param(lambda: VideoRequest("a kite", seed="abc")) == "seed"
+    assert _param(lambda: VideoRequest("a kite", width=0)) == "width"
+    assert _param(lambda: VideoRequest("a kite", guidance_scale=float("inf"))) == "guidance_scale"
 
 
 async def test_load_options_say_what_is_wrong_before_anything_loads():
@@ -105,12 +135,13 @@ async def test_load_options_say_what_is_wrong_before_anything_loads():
         LoadOptions(max_batch_size=0)
     with pytest.raises(ConfigError, match="max_buffered_frames"):
         LoadOptions(max_buffered_frames=0)
+    assert LoadOptions(max_batch_size=np.int64(4)).max_batch_size == 4
     with pytest.raises(ConfigError, match="device must be"):
         LoadOptions(device="gpu")
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="use device='cpu'"):
             LoadOptions(device="cuda")
-    for bad in (0, -1, float("nan")):
+    for bad in (0, -1, float("nan"), True):
         with pytest.raises(ConfigError, match="wait_timeout"):
             await AsyncEngine.load({}, wait_timeout=bad, progress=False)
 
@@ -123,3 +154,4 @@ def test_a_chunks_repr_names_its_arrays_by_dtype_and_shape():
     assert repr(CodecFrames(torch.zeros(2, 16, dtype=torch.long))).startswith("CodecFrames(codes=int64(2, 16)")
     with pytest.raises(ValueError, match="sample_rate"):
         Audio(np.zeros(3, np.float32), 24000.5)
+    assert type(Audio(np.zeros(3, np.float32), np.int64(16000)).sample_rate) is int

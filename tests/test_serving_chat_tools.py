@@ -193,3 +193,15 @@ def test_bad_tools_choices_schemas_and_sampling_fields_are_400s_naming_the_field
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and error["type"] == "BadRequestError", error
+
+
+def test_a_call_cut_by_max_tokens_is_the_replys_content_not_a_call(server):
+    """What vLLM answers: a call the reply ran out of tokens in is returned as content (finish_reason length)."""
+    fields = dict(model="lm", messages=ASK, tools=TOOLS, tool_choice="required", seed=0, max_tokens=6)
+    reply = client(server).chat.completions.create(**fields)
+    message = reply.choices[0].message
+    assert reply.choices[0].finish_reason == "length" and not message.tool_calls
+    assert message.content.startswith("<tool_call>")
+    stream = client(server).chat.completions.create(**fields, stream=True)
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert streamed == message.content

@@ -164,6 +164,12 @@ async def test_a_call_the_reply_ran_out_of_tokens_in_is_neither_a_call_nor_text_
     whole = ToolCallParser(ToolFormat.HERMES)
     whole.push("<tool_ca")
     assert whole.finish() == ("<tool_ca", []) and whole.cut_call == ""  # held back, never a call: plain text
+    llama = ToolCallParser(ToolFormat.LLAMA_JSON)
+    assert llama.push('{"name": "get_weather", "parameters": {"city": "Par') == ("", [])
+    assert llama.finish()[0] == llama.cut_call == '{"name": "get_weather", "parameters": {"city": "Par'
+    plain = ToolCallParser(ToolFormat.LLAMA_JSON)
+    plain.push("Sunny.")
+    assert plain.finish() == ("", []) and plain.cut_call == ""
 
     pieces = ["Sure. ", "<tool_call>", '\n{"name": "get_weather", ', '"argu']
 

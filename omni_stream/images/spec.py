@@ -16,7 +16,6 @@ Importing this module registers the kind's protocol and the pipeline.
 
 from __future__ import annotations
 
-import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -32,7 +31,7 @@ from omni_stream.images.prompt_bound import bounded_rewrite
 from omni_stream.pipeline import Stage
 from omni_stream.pipeline_specs import Kind, ModelSet, PipelineSpec, Plan, StagePlan
 from omni_stream.requests import ChatMessage, Role, TextRequest, next_request_id
-from omni_stream.validation.fields import instance, real, whole
+from omni_stream.validation.fields import check_seed, flag, instance, real, whole
 
 MAX_IMAGES = 4  # images per request (``n``)
 MAX_PARTIAL_IMAGES = 3  # previews per request (OpenAI's ``partial_images`` range is 0-3)
@@ -118,6 +117,8 @@ class ImageRequest:
                 raise InvalidRequestError("images must be non-empty uint8 RGB arrays (h, w, 3)", "image")
         if self.mask is not None:
             instance(self.mask, np.ndarray, "mask")
+            if self.mask.dtype == np.bool_:  # True: may change
+                object.__setattr__(self, "mask", self.mask.astype(np.float32))
             if self.mask.dtype.kind != "f":
                 raise InvalidRequestError(
                     f"the mask must be float values in [0, 1] (1: may change), got dtype {self.mask.dtype}", "mask"
@@ -136,22 +137,17 @@ class ImageRequest:
             object.__setattr__(self, "steps", whole(self.steps, "num_inference_steps"))
         if self.guidance_scale is not None:
             object.__setattr__(self, "guidance_scale", real(self.guidance_scale, "guidance_scale"))
-        if self.seed is not None:
-            object.__setattr__(self, "seed", whole(self.seed, "seed"))
+        object.__setattr__(self, "seed", check_seed(self.seed))
         object.__setattr__(self, "partial_images", whole(self.partial_images, "partial_images"))
         object.__setattr__(self, "max_text_tokens", whole(self.max_text_tokens, "max_text_tokens"))
-        if self.rewrite is not None and not isinstance(self.rewrite, bool):
-            raise InvalidRequestError(f"rewrite must be True, False or None, got {self.rewrite!r}", "rewrite")
+        if self.rewrite is not None:
+            object.__setattr__(self, "rewrite", flag(self.rewrite, "rewrite"))
         if not 1 <= self.n <= MAX_IMAGES:
             raise InvalidRequestError(f"n must be between 1 and {MAX_IMAGES}, got {self.n}", "n")
         if self.steps is not None and self.steps < 1:
             raise InvalidRequestError(f"num_inference_steps must be >= 1, got {self.steps}", "num_inference_steps")
-        if self.guidance_scale is not None and not (
-            0 <= self.guidance_scale <= 50 and math.isfinite(self.guidance_scale)
-        ):
+        if self.guidance_scale is not None and not 0 <= self.guidance_scale <= 50:
             raise InvalidRequestError(f"guidance_scale must be in [0, 50], got {self.guidance_scale}", "guidance_scale")
-        if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise InvalidRequestError(f"seed must be in [0, 2**63), got {self.seed}", "seed")
         if not 0 <= self.partial_images <= MAX_PARTIAL_IMAGES:
             raise InvalidRequestError(
                 f"partial_images must be between 0 and {MAX_PARTIAL_IMAGES}, got {self.partial_images}",

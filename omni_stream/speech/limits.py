@@ -22,6 +22,7 @@ against it once the text is tokenized.
 from __future__ import annotations
 
 from omni_stream.errors import InvalidRequestError
+from omni_stream.validation.fields import whole
 
 # Codec frames a request may generate when it names no max_new_tokens (see the module docstring).
 FRAME_FLOOR = 25  # 2 s of 80 ms frames, whatever the text
@@ -72,16 +73,16 @@ def check_instructions(instructions: str | None) -> None:
         raise InvalidRequestError(f"Instructions too long (max {MAX_INSTRUCTIONS_CHARS} characters)", "instructions")
 
 
-def check_max_new_tokens(value: int | None) -> None:
-    """``max_new_tokens`` (None: the frame budget): an integer from 1 to :data:`MAX_NEW_TOKENS`."""
+def check_max_new_tokens(value: object) -> int | None:
+    """``max_new_tokens`` (None: the frame budget) as a Python int from 1 to :data:`MAX_NEW_TOKENS`."""
     if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequestError(f"max_new_tokens must be an integer, got {type(value).__name__}", "max_new_tokens")
-    if value < MIN_NEW_TOKENS:
+        return None
+    n = whole(value, "max_new_tokens")
+    if n < MIN_NEW_TOKENS:
         raise InvalidRequestError(f"max_new_tokens must be at least {MIN_NEW_TOKENS}", "max_new_tokens")
-    if value > MAX_NEW_TOKENS:
+    if n > MAX_NEW_TOKENS:
         raise InvalidRequestError(f"max_new_tokens cannot exceed {MAX_NEW_TOKENS}", "max_new_tokens")
+    return n
 
 
 def resolved_max_new_tokens(text: str, max_new_tokens: int | None) -> int:

@@ -94,9 +94,9 @@ class ToolCallParser:
         self.format = format
         self.parallel = parallel
         self.calls = 0  # calls handed out so far
-        # After finish(): the text of a call whose closing tag never came and which did not parse (the reply ran out
-        # of tokens inside it), the end of the text finish() gave back; "" when there was none. A spoken reply never
-        # speaks it.
+        # After finish(): the text of a call that never parsed (a Hermes call whose closing tag never came, a Llama
+        # reply that began with "{" and is no call: the reply ran out of tokens inside it), the end of the text
+        # finish() gave back; "" when there was none. A spoken reply never speaks it.
         self.cut_call = ""
         self._buf = ""
         self._in_call = False
@@ -114,8 +114,13 @@ class ToolCallParser:
         if self.format is ToolFormat.LLAMA_JSON:
             if not buf.strip():
                 return buf, []
-            calls = parse_llama_calls(buf) if buf.lstrip().startswith("{") else None
-            return ("", self._keep(calls)) if calls else (buf, [])
+            if not buf.lstrip().startswith("{"):
+                return buf, []
+            calls = parse_llama_calls(buf)
+            if calls:
+                return "", self._keep(calls)
+            self.cut_call = buf  # a reply that began as a call and never became one
+            return buf, []
         if self._in_call:
             self._in_call = False
             call = parse_hermes_call(buf)

@@ -1,8 +1,9 @@
 """Function tools and structured output of a text request: the tools offered, the choice among them, the calls a
 reply makes, and the output format asked for (typed; the wire layers parse JSON into these).
 
-JSON Schemas are held as canonical JSON text (``json.dumps(..., sort_keys=False)`` of the parsed value), so the
-types stay frozen and hashable and a schema travels unchanged to a chat template, a grammar or an upstream server.
+JSON Schemas are held as JSON text of an object (a dict, from Python or the wire, is written with ``json.dumps``;
+text is kept as given once it parses), so the types stay frozen and hashable and a schema travels unchanged to a
+chat template, a grammar or an upstream server.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def schema_text(schema: object, param: str) -> str:
     if isinstance(schema, dict):
         try:
             schema = json.dumps(schema, ensure_ascii=False)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:  # a value JSON cannot hold, or nesting too deep
             raise InvalidRequestError(f"'{param}' is not JSON: {exc}", param) from None
     if not isinstance(schema, str):
         raise InvalidRequestError(f"'{param}' must be a JSON Schema object, got {type(schema).__name__}", param)
@@ -87,7 +88,7 @@ class ToolChoice:
     name: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "mode", member(ToolMode, self.mode, "tool_choice"))
+        object.__setattr__(self, "mode", member(self.mode, ToolMode, "tool_choice"))
         if (self.mode is ToolMode.FUNCTION) != (self.name is not None):
             raise InvalidRequestError("a named tool choice needs the function's name, and only it", "tool_choice")
 
@@ -165,7 +166,7 @@ class ResponseFormat:
     strict: bool | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "kind", member(FormatKind, self.kind, "response_format"))
+        object.__setattr__(self, "kind", member(self.kind, FormatKind, "response_format"))
         if (self.kind is FormatKind.JSON_SCHEMA) != (self.schema is not None):
             raise InvalidRequestError("a json_schema response format needs its schema, and only it", "response_format")
         if self.schema is not None:

@@ -48,7 +48,7 @@ def real(value: object, param: str) -> float:
     return x
 
 
-def member(kind: type[E], value: object, param: str) -> E:
+def member(value: object, kind: type[E], param: str) -> E:
     """``value`` as a member of the enum ``kind`` (a member, or its value: ``"Base"`` for ``TaskType.BASE``)."""
     if isinstance(value, kind):
         return value
@@ -66,8 +66,22 @@ def instance(value: object, kind: type[T], param: str) -> T:
     return value
 
 
-def optional_text(value: object, param: str) -> str | None:
-    """``value``: a string or None."""
+def optional_text(value: object, param: str) -> None:
+    """InvalidRequestError unless ``value`` is a string or None."""
     if value is not None and not isinstance(value, str):
         raise InvalidRequestError(f"'{param}' must be a string, got {_kind(value)}", param)
-    return value
+
+
+def flag(value: object, param: str) -> bool:
+    """``value`` as a Python bool (a bool or a numpy bool; never a number or a string)."""
+    if not isinstance(value, bool | np.bool_):
+        raise InvalidRequestError(f"'{param}' must be True or False, got {_kind(value)}", param)
+    return bool(value)
+
+
+INT64 = (-(2**63), 2**63 - 1)  # a seed's range: OpenAI's and vLLM's seeds are 64-bit, as torch's generators take them
+
+
+def check_seed(value: object) -> int | None:
+    """A request's ``seed`` (None: none) as a Python int in the 64-bit range, for every kind of request."""
+    return None if value is None else whole(value, "seed", low=INT64[0], high=INT64[1])

@@ -156,7 +156,7 @@ def resolve_speech(
     checked unit by unit, not here.
     """
     if request.task_type is not None:
-        check_task(info, TaskType(request.task_type))  # first: nothing else matters for a task it cannot do
+        check_task(info, request.task_type)  # first: nothing else matters for a task it cannot do
     voice = find_voice(info, voices, request.voice) if request.voice else Voice()
     task = _task(info, request, voice, reference_follows)
     check_task(info, task)

@@ -18,7 +18,6 @@ Importing this module registers the kind's protocol and the ``video`` pipeline.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -33,6 +32,7 @@ from omni_stream.family import ModelInfo, ModelKind
 from omni_stream.pipeline import Stage
 from omni_stream.pipeline_specs import Kind, ModelSet, PipelineSpec, Plan, StagePlan
 from omni_stream.requests import next_request_id
+from omni_stream.validation.fields import check_seed, optional_text, real, whole
 
 PromptMix = tuple[tuple[str, float], ...]
 """A blend of prompts: ``((prompt, weight), ...)``, weights summing to 1 (the text embeddings are mixed linearly)."""
@@ -141,12 +141,15 @@ class VideoRequest:
         if not isinstance(self.prompt, str) or not self.prompt.strip():
             raise InvalidRequestError("prompt must be a non-empty string", "prompt")
         for name in ("width", "height", "fps", "num_frames", "num_inference_steps"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise InvalidRequestError(f"{name} must be a positive integer, got {value!r}", name)
-        g = self.guidance_scale
-        if g is not None and (isinstance(g, bool) or not isinstance(g, int | float) or not 0 <= g < math.inf):
-            raise InvalidRequestError(f"guidance_scale must be a finite number >= 0, got {g!r}", "guidance_scale")
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, whole(getattr(self, name), name, low=1))
+        if self.guidance_scale is not None:
+            g = real(self.guidance_scale, "guidance_scale")
+            if g < 0:
+                raise InvalidRequestError(f"guidance_scale must be a finite number >= 0, got {g!r}", "guidance_scale")
+            object.__setattr__(self, "guidance_scale", g)
+        optional_text(self.negative_prompt, "negative_prompt")
+        object.__setattr__(self, "seed", check_seed(self.seed))
         if self.image is not None:
             img = self.image
             if not isinstance(img, np.ndarray) or img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3:

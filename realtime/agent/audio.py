@@ -43,6 +43,11 @@ class InputDecoder:
         assert self._resampler is not None
         return to_int16(self._resampler.process(pcm8k))
 
+    @property
+    def held(self) -> int:
+        """24 kHz samples :meth:`flush` would give (G.711: the resampler's look-ahead; PCM: none)."""
+        return 0 if self._resampler is None else self._resampler.held
+
     def flush(self) -> np.ndarray:
         """The held-back tail (G.711); the decoder is finished afterwards."""
         if self._resampler is None:

@@ -67,7 +67,8 @@ def fit(
     if not messages:
         return messages
     cost = [t + MESSAGE_TOKENS for t in tokens]
-    budget = context - tools - reply_room(max_tokens, context) - PROMPT_TOKENS
+    room = reply_room(max_tokens, context - tools)  # a quarter of what the tools leave, as before they were apart
+    budget = context - tools - room - PROMPT_TOKENS
     fixed = cost[0] if messages[0].role is Role.SYSTEM and len(messages) > 1 else 0
     first = 1 if fixed else 0  # the first droppable message
     if sum(cost) <= budget:
@@ -78,7 +79,7 @@ def fit(
         raise ContextExceeded(
             f"the prompt ({need + PROMPT_TOKENS} tokens with the instructions"
             f"{'' if truncation.type is TruncationType.DISABLED else ' and the newest turn alone'}) and the reply's "
-            f"{reply_room(max_tokens, context)} tokens do not fit the text model's context of {context} tokens"
+            f"{room} tokens do not fit the text model's context of {context} tokens"
             + (f", {tools} of which the tools' schemas take" if tools else "")
             + (" (session.truncation is disabled)" if truncation.type is TruncationType.DISABLED else "")
         )

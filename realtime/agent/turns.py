@@ -119,17 +119,19 @@ class TurnTaking(ProtocolState):
 
     def _commit(self) -> Outputs:
         # G.711 input: the resampler holds back a few milliseconds of look-ahead until later appends; a commit ends
-        # the audio, so they belong to this turn (and the next turn's audio starts a fresh resampler).
+        # the audio, so they belong to this turn (and the next turn's audio starts a fresh resampler). A refused
+        # commit changes nothing: the buffer and the resampler go on as they were.
+        length = self.buffer.length + self.decoder.held
+        if samples_ms(length) < MIN_COMMIT_MS:
+            raise RealtimeError(
+                "input_audio_buffer_commit_empty",
+                f"Error committing input audio buffer: buffer too small. Expected at least {MIN_COMMIT_MS}ms of "
+                f"audio, but buffer only has {length * 1000 / RATE:.2f}ms of audio.",
+            )
         tail = self.decoder.flush()
         self.decoder = InputDecoder(self.config.input_format)
         if tail.size:
             self.buffer.append(tail)
-        if samples_ms(self.buffer.length) < MIN_COMMIT_MS:
-            raise RealtimeError(
-                "input_audio_buffer_commit_empty",
-                f"Error committing input audio buffer: buffer too small. Expected at least {MIN_COMMIT_MS}ms of "
-                f"audio, but buffer only has {self.buffer.length * 1000 / RATE:.2f}ms of audio.",
-            )
         item_id = self._turn_item or self._id("item")
         samples = self.buffer.take(self.buffer.length)
         out = self._drop_speculation()
