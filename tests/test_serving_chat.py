@@ -174,7 +174,7 @@ def bad_bodies(lm: str) -> list[tuple[dict, str]]:
         ({"model": lm, "messages": user("hi"), "n": 2}, "n"),
         ({"model": lm, "messages": user("hi"), "tools": [{"type": "function"}]}, "tools[0].function"),
         ({"model": lm, "messages": user("hi"), "stop": ["a", "b", "c", "d", "e"]}, "stop"),
-        ({"model": lm, "messages": user("word " * 1100)}, "messages"),  # the prompt alone is over the context
+        ({"model": lm, "messages": user("word " * 2500)}, "messages"),  # the prompt alone is over the context
     ]
 
 
