@@ -40,18 +40,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_tuning_arguments(parser)
 
 
+class ArgumentError(Exception):
+    """A file argument this command cannot use (refused before the model loads)."""
+
+
+# What a request's field is called on this command line (the engine names the request's field, or the wire's).
+FLAGS = {"input": "the text", "text": "the text"}
+
+
+def check_output(path: Path) -> None:
+    """ArgumentError unless ``path`` is a file soundfile can write 16-bit PCM to (by its extension), in a directory
+    that exists: checked before any synthesis, not after it."""
+    import soundfile as sf
+
+    fmt = path.suffix.lstrip(".").upper()
+    if not fmt or fmt not in sf.available_formats() or not sf.check_format(fmt, "PCM_16"):
+        writable = sorted(f.lower() for f in sf.available_formats() if sf.check_format(f, "PCM_16"))
+        known = ", ".join(writable)
+        raise ArgumentError(f"-o {path}: the file's extension names no 16-bit PCM format (one of: {known})")
+    if not path.resolve().parent.is_dir():
+        raise ArgumentError(f"-o {path}: the directory {path.parent} does not exist")
+
+
+def read_reference(path: Path) -> tuple[np.ndarray, int]:
+    """``--ref-audio`` as float32 mono samples and their rate (blocking: file I/O)."""
+    import soundfile as sf
+
+    try:
+        data, rate = sf.read(str(path), dtype="float32")
+    except (sf.LibsndfileError, OSError) as exc:
+        raise ArgumentError(f"--ref-audio {path}: cannot read it as audio ({exc})") from None
+    return (data.mean(axis=1).astype(np.float32) if data.ndim == 2 else data), int(rate)
+
+
 async def _speak(args: argparse.Namespace) -> int:
     from omni_stream.engine import AsyncEngine, ModelSource
     from omni_stream.family import ModelKind
     from omni_stream.requests import GREEDY, SpeechRequest, TaskType
 
+    check_output(args.output)
     ref_audio = None
     ref_rate = 24000
     if args.ref_audio is not None:
-        import soundfile as sf
-
-        data, ref_rate = await anyio.to_thread.run_sync(sf.read, str(args.ref_audio), "float32")
-        ref_audio = data.mean(axis=1).astype(np.float32) if data.ndim == 2 else data
+        ref_audio, ref_rate = await anyio.to_thread.run_sync(read_reference, args.ref_audio)
     sampling = GREEDY if args.greedy else None  # None: the checkpoint's generation defaults
     request = SpeechRequest(
         text=args.text,
@@ -110,7 +141,11 @@ def run(args: argparse.Namespace) -> int:
         return anyio.run(_speak, args)
     except OmniStreamError as exc:
         param = getattr(exc, "param", None)
-        print(f"omni-stream speak: {exc}" + (f" (--{param.replace('_', '-')})" if param else ""), file=sys.stderr)
+        where = FLAGS.get(param, f"--{param.replace('_', '-')}") if param else None
+        print(f"omni-stream speak: {exc}" + (f" ({where})" if where else ""), file=sys.stderr)
+        return 2
+    except ArgumentError as exc:  # the output file or the reference, refused before the model is loaded
+        print(f"omni-stream speak: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"omni-stream speak: {exc}", file=sys.stderr)

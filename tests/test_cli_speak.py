@@ -42,6 +42,38 @@ def test_speak_reports_a_bad_voice_without_a_traceback(tiny, tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory: pytest.TempPathFactory):
+    out = tmp_path_factory.mktemp("tiny-base") / "ckpt"
+    assert main(["make-checkpoint", "--tiny", "--kind", "base", str(out)]) == 0
+    return out
+
+
+def test_speak_clones_the_voice_of_a_reference_file(tiny_base, tmp_path, capsys):
+    ref = tmp_path / "ref.wav"
+    t = np.arange(24000 * 2) / 24000
+    sf.write(ref, (0.3 * np.sin(2 * np.pi * 180 * t)).astype(np.float32), 24000, subtype="PCM_16")
+    out = tmp_path / "clone.flac"  # any 16-bit PCM format soundfile writes
+    args = ["speak", "--model", str(tiny_base), "--ref-audio", str(ref), "--ref-text", "hello there"]
+    assert main([*args, "--max-new-tokens", "6", "-o", str(out), "Hello."]) == 0, capsys.readouterr().err
+    wav, rate = sf.read(out, dtype="float32")
+    assert rate == 24000 and wav.size > 0
+
+
+def test_speak_refuses_what_it_cannot_read_or_write_before_loading(tiny, tmp_path, capsys):
+    for args, words in (
+        (["-o", str(tmp_path / "x.mp4")], "names no 16-bit PCM format"),
+        (["-o", str(tmp_path / "noext")], "names no 16-bit PCM format"),
+        (["-o", str(tmp_path / "nodir" / "x.wav")], "does not exist"),
+        (["--ref-audio", str(tmp_path / "missing.wav")], "cannot read it as audio"),
+    ):
+        assert main(["speak", "--model", str(tmp_path / "never-loaded"), *args, "Hi."]) == 2
+        err = capsys.readouterr().err
+        assert words in err and "Traceback" not in err and "config.json" not in err, err
+    assert main(["speak", "--model", str(tiny), "-o", str(tmp_path / "e.wav"), " "]) == 2
+    assert "(the text)" in capsys.readouterr().err  # the positional argument, not a wire field's name
+
+
 def test_speak_reports_a_missing_checkpoint(tmp_path, capsys):
     assert main(["speak", "--model", str(tmp_path / "missing"), "-o", str(tmp_path / "x.wav"), "Hi."]) == 2
     assert "config.json is missing" in capsys.readouterr().err
