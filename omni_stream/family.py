@@ -258,6 +258,8 @@ def read_config(path: Path) -> dict[str, Any]:
     A diffusers pipeline directory has ``model_index.json`` instead: its ``_class_name`` (e.g. ``HeliosPipeline``)
     is the model type.
     """
+    if path.is_file():
+        raise ConfigError(f"{path} is a file: give the checkpoint's directory (the one holding config.json)")
     config_file = path / "config.json"
     index_file = path / "model_index.json"
     if not config_file.is_file() and index_file.is_file():

@@ -16,8 +16,10 @@ from starlette.middleware import Middleware
 from starlette.responses import FileResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from omni_stream.engine import AsyncEngine
+from omni_stream.errors import OmniStreamError
 from omni_stream.realtime import health
 from omni_stream.realtime.agent import rtc as realtime_rtc
 from omni_stream.realtime.agent import ws as realtime_ws
@@ -94,6 +96,29 @@ def _routes(static_dir: Path | None) -> list[BaseRoute]:
     return routes
 
 
+class StartupErrors:
+    """ASGI middleware: a start-up that failed for a reason the user fixes (a checkpoint that is not one, a model of
+    a kind loaded twice, a path that is a file) is reported as its one-line message, not as the traceback Starlette
+    puts in ``lifespan.startup.failed`` (uvicorn logs that message, then exits with status 3)."""
+
+    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+
+        async def reworded(message: Message) -> None:
+            error = self.state.startup_error
+            if message["type"] == "lifespan.startup.failed" and error is not None:
+                message = {**message, "message": f"omni-stream: cannot start: {error}"}
+            await send(message)
+
+        await self.app(scope, receive, reworded)
+
+
 def create_app(engine: AsyncEngine | EngineFactory, settings: Settings | None = None) -> Starlette:
     """The server app for ``engine`` (an AsyncEngine, or an async factory the lifespan awaits and then closes).
 
@@ -104,6 +129,20 @@ def create_app(engine: AsyncEngine | EngineFactory, settings: Settings | None = 
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            owned, loaded = await start()
+        except (OmniStreamError, OSError) as exc:  # a config, a path, a file: said in one line (StartupErrors)
+            state.startup_error = exc
+            raise
+        try:
+            yield
+        finally:
+            state.ready = False
+            release_loaded_heap()
+            if owned:
+                await loaded.aclose()
+
+    async def start() -> tuple[bool, AsyncEngine]:
         state.stopping = anyio.Event()
         restored = await anyio.to_thread.run_sync(state.voices.load)
         if restored:
@@ -123,16 +162,10 @@ def create_app(engine: AsyncEngine | EngineFactory, settings: Settings | None = 
         # engine that outlives it (one passed in) frozen, and the last holder unfreezes.
         await anyio.to_thread.run_sync(freeze_loaded_heap)
         state.ready = True
-        try:
-            yield
-        finally:
-            state.ready = False
-            release_loaded_heap()
-            if owned:
-                await loaded.aclose()
+        return owned, loaded
 
     static_dir = settings.static_dir or STATIC_DIR
-    middleware = [Middleware(ApiKeyMiddleware, api_key=settings.api_key)]
+    middleware = [Middleware(StartupErrors, state=state), Middleware(ApiKeyMiddleware, api_key=settings.api_key)]
     if settings.replica_id is not None:
         middleware.insert(0, Middleware(ReplicaHeaderMiddleware, replica_id=settings.replica_id))
     app = Starlette(

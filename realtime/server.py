@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,7 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--served-model-name", default=None, help="the speech model's id clients send (default: its name)"
     )
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default: %(default)s)")
-    parser.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s)")
+    parser.add_argument(
+        "--port", type=port_number, default=8000, help="TCP port, 0: any free one (default: %(default)s)"
+    )
     parser.add_argument(
         "--api-key",
         default=None,
@@ -54,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "benchmarks (default: %(default)s)",
     )
     parser.add_argument(
-        "--max-concurrency", type=int, default=32, help="requests batched together (default: %(default)s)"
+        "--max-concurrency", type=positive, default=32, help="requests batched together (default: %(default)s)"
     )
     parser.add_argument("--allowed-local-media-path", type=Path, default=None, help="ref_audio file:// root")
     parser.add_argument("--allow-remote-media", action="store_true", help="let ref_audio fetch http(s) URLs")
@@ -78,9 +81,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: none, host candidates only)",
     )
     parser.add_argument(
-        "--rtc-concurrency-limit", type=int, default=8, help="WebRTC sessions at once (default: %(default)s)"
+        "--rtc-concurrency-limit", type=positive, default=8, help="WebRTC sessions at once (default: %(default)s)"
     )
-    parser.add_argument("--log-level", default="info", help="uvicorn log level (default: %(default)s)")
+    parser.add_argument(
+        "--log-level", type=str.lower, choices=LOG_LEVELS, default="info", help="log level (default: %(default)s)"
+    )
     parser.add_argument(
         "--http",
         choices=HTTP_PARSERS,
@@ -132,6 +137,8 @@ def resolve_model(model: str) -> str:
         from huggingface_hub.constants import HF_HUB_CACHE
     except ImportError:  # pragma: no cover - huggingface_hub comes with transformers
         raise ModelNotFound(f"{model!r} is not a directory (and huggingface_hub is not installed)") from None
+    if model.startswith(("/", ".", "~")) or model.count("/") != 1:  # a path, not an "org/name" hub id
+        raise ModelNotFound(f"{model!r} does not exist (a checkpoint directory, or an org/name hub id)")
     try:
         return snapshot_download(model, local_files_only=True)
     except Exception as exc:  # not cached, malformed id, incomplete snapshot
@@ -194,22 +201,63 @@ def banner_notes(settings: Settings) -> list[str]:
     return notes
 
 
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
+
+
+def port_number(text: str) -> int:
+    """``--port``: a TCP port, 0 for any free one (argparse's type: refused before anything loads)."""
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0-65535, got {port}")
+    return port
+
+
+def positive(text: str) -> int:
+    """A whole number >= 1 (argparse's type)."""
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before any model loads: a port in use or an address this machine does not have
+    is refused in a moment, not after minutes of loading. uvicorn serves on it (as it would bind it itself)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family=family, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def run(args: argparse.Namespace) -> int:
     """Load the model (with a progress bar), then serve until SIGINT/SIGTERM (graceful shutdown)."""
     from omni_stream.engine import AsyncEngine
     from omni_stream.realtime.app import create_app
     from omni_stream.realtime.graceful import GracefulServer
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    level = "DEBUG" if args.log_level == "trace" else args.log_level.upper()  # trace: uvicorn's, below DEBUG
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     tuning = tuning_from_args(args)
     settings = settings_from_args(args, tuning)
     dtype = _dtype(args.dtype, args.device)
+    llm = llm_flags.engine_options(args)  # language model: --llm / --llm-endpoint and their backend
     try:
         models = [resolve_model(m) for m in args.model or ()]
+        if llm.get("llm") is not None:  # as --model: a directory, or a hub id in the local cache
+            llm["llm"] = resolve_model(str(llm["llm"]))
     except ModelNotFound as exc:
         print(f"omni-stream serve: cannot find model: {exc}", file=sys.stderr)
         return 2
-    llm = llm_flags.engine_options(args)  # language model: --llm / --llm-endpoint and their backend
     if not models and not llm:
         print("omni-stream serve: no --model given: serving the embedded tiny model of every kind (random weights)")
     if args.load_format == "dummy":
@@ -224,6 +272,14 @@ def run(args: argparse.Namespace) -> int:
     if args.replicas is not None or args.autoscale is not None or args.ray_address is not None:
         print("omni-stream serve: --replicas, --autoscale and --ray-address need --ray", file=sys.stderr)
         return 2
+
+    try:
+        sock = bind(args.host, args.port)
+    except OSError as exc:
+        where = url(args.host, args.port)
+        print(f"omni-stream serve: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    listening = url(args.host, sock.getsockname()[1])  # --port 0: the port the system gave
 
     async def load() -> Any:
         what = ", ".join([*models, *([str(llm.get("llm") or llm.get("llm_endpoint"))] if llm else [])])
@@ -243,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
         auth = "API key required" if settings.api_key else "no API key"
         print(
             f"omni-stream serve: loaded {loaded}; voices dir {settings.voices_dir}; {threads} torch threads; {auth}; "
-            f"listening on http://{args.host}:{args.port}",
+            f"listening on {listening}",
             flush=True,
         )
         return engine
@@ -255,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal: end with status 0 instead.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        GracefulServer(config, app.state.omni).run()
+        GracefulServer(config, app.state.omni).run(sockets=[sock])
     except KeyboardInterrupt:
         pass
     return 0

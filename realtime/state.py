@@ -93,6 +93,7 @@ class ServerState:
     sessions: set[OpenSession] = field(default_factory=set)  # open WebSocket and WebRTC sessions
     rtc: Stream | None = None  # the fastrtc Stream behind /rtc (when the webrtc extra is installed)
     rtc_camera: Stream | None = None  # the one behind /rtc/camera (the agent that sees)
+    startup_error: BaseException | None = None  # why start-up failed, where it is a user's to fix (a config, a path)
 
     async def begin_shutdown(self, grace: float) -> None:
         """Ask open WebSocket sessions to close (1001) and wait up to ``grace`` s for them to finish."""

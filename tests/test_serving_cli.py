@@ -180,6 +180,29 @@ def test_serve_reports_a_missing_model_without_downloading(tmp_path):
     assert str(tmp_path / "hub") in proc.stderr and not (tmp_path / "hub" / "models--omni-stream-tests").exists()
 
 
+def test_what_a_user_gets_wrong_is_said_in_one_line_and_before_any_model_loads(tmp_path):
+    """A port in use is refused before loading (it was found after every model had loaded); a directory that is
+    not a checkpoint, or a file, fails start-up with its one-line reason, not a traceback."""
+    base = [sys.executable, "-m", "omni_stream.cli", "serve"]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([*base, "--port", str(port)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and f"cannot listen on http://127.0.0.1:{port}" in proc.stderr
+    assert "loading" not in proc.stdout  # nothing loaded
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file").write_text("x")
+    for model, words in ((tmp_path / "empty", "config.json is missing"), (tmp_path / "file", "is a file")):
+        cmd = [*base, "--port", str(free_port()), "--model", str(model)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 3 and f"omni-stream: cannot start: {model}" in out and words in out, out
+        assert "Traceback" not in out
+    proc = subprocess.run([*base, "--port", "70000"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "a port is 0-65535" in proc.stderr
+
+
 def test_sigterm_with_an_http_stream_and_an_open_websocket(tmp_path):
     """Shutdown lets the in-flight HTTP stream finish, closes the WebSocket with 1001, and exits 0 promptly."""
     from websockets.exceptions import ConnectionClosed

@@ -138,10 +138,18 @@ def test_describe_prints_every_switch_in_the_environments_spelling() -> None:
     shown = dict(p.split("=", 1) for p in Tuning.from_env({"OMNI_STREAM_PDL": "norm,rope"}).describe().split())
     assert set(shown) == {s.name for s in SWITCHES if not s.secret}
     assert shown["pdl"] == "norm,rope" and shown["fused"] == "on" and shown["threads"] == "auto"
-    for switch in SWITCHES:  # what it prints parses back to the same value
-        if not switch.secret and shown[switch.name] != "auto":
+    for switch in SWITCHES:  # what it prints parses back to the same value, "auto" (the code's own choice) too
+        if not switch.secret and switch.name != "cache_dir":
             assert switch.parse(shown[switch.name]) == getattr(Tuning.from_env({"OMNI_STREAM_PDL": "norm,rope"}),
                                                                switch.name)  # fmt: skip
+    assert Tuning.from_env({"OMNI_STREAM_STEP_AHEAD": "auto"}).step_ahead is None
+
+
+def test_the_cache_directory_is_a_directory_and_reads_a_home_as_a_shell_does(tmp_path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="OMNI_STREAM_CACHE must be a directory path"):
+        Tuning.from_env({"OMNI_STREAM_CACHE": str(tmp_path / "file")})
+    assert Tuning.from_env({"OMNI_STREAM_CACHE": "~/omni-cache"}).cache_dir == Path.home() / "omni-cache"
 
 
 # --- every switch reaches the code it controls ----------------------------------------------------------------

@@ -116,7 +116,16 @@ def _int_item(raw: str) -> int:
 
 
 TEXT = _Kind("a string", str, lambda v: isinstance(v, str))
-PATH = _Kind("a directory path", Path, lambda v: isinstance(v, Path), str)
+
+
+def _directory(raw: str) -> Path:
+    path = Path(raw).expanduser()  # "~/cache" is the home's, as a shell would read it
+    if path.exists() and not path.is_dir():
+        raise ValueError(raw)
+    return path
+
+
+PATH = _Kind("a directory path (not a file)", _directory, lambda v: isinstance(v, Path) and not v.is_file(), str)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +140,8 @@ class Switch:
     def parse(self, raw: str, source: str | None = None) -> Any:
         """``raw`` as this switch's value; a ConfigError naming ``source`` (default: the variable) else."""
         text = raw.strip()
+        if text.lower() == "auto" and self.name in _OPTIONAL and self.name not in _NO_AUTO:
+            return None  # what describe() prints for the code's own choice, so a printed value can be given back
         try:
             value = self.kind.parse(text)
         except ValueError:
@@ -288,6 +299,7 @@ SWITCHES: tuple[Switch, ...] = (
 SWITCH_BY_NAME = {s.name: s for s in SWITCHES}
 # Fields whose None means "the code's own choice" (each field's comment says which)
 _OPTIONAL = frozenset({"cache_dir", "api_key", "threads", "predictor_small_rows", "codec_channels_last", "step_ahead"})
+_NO_AUTO = frozenset({"cache_dir", "api_key"})  # "auto" is a directory or a key there, not the default
 assert {f.name for f in fields(Tuning)} == set(SWITCH_BY_NAME), "every Tuning field is a switch"
 _DEFAULTS = Tuning()
 
