@@ -34,6 +34,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    path = checkpoint_writer(args.kind)(args)
+    """Write the checkpoint into a fresh directory beside ``out``, then move it into place: a writer that fails
+    (a config of another family, a full disk) leaves nothing behind, and ``out`` is never a mix of two checkpoints
+    (an ``out`` that exists must be empty)."""
+    import shutil
+    import sys
+    import tempfile
+
+    from omni_stream.errors import ConfigError
+
+    out: Path = args.out.expanduser()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        what = "a file" if not out.is_dir() else "a directory that is not empty"
+        print(f"omni-stream make-checkpoint: {out} is {what}: give a new directory", file=sys.stderr)
+        return 2
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    except OSError as exc:
+        print(f"omni-stream make-checkpoint: cannot write in {out.parent}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    try:
+        written = Path(checkpoint_writer(args.kind)(argparse.Namespace(**{**vars(args), "out": work})))
+        if out.exists():
+            out.rmdir()  # empty, checked above
+        work.rename(out)
+    except (ConfigError, OSError, ValueError) as exc:
+        shutil.rmtree(work, ignore_errors=True)
+        print(f"omni-stream make-checkpoint: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ConfigError | ValueError) else 1
+    path = out / written.relative_to(work) if written.is_relative_to(work) else written
     print(f"wrote {path}")
     return 0

@@ -110,3 +110,20 @@ def test_help_does_not_import_torch():
     assert proc.returncode == 0 and "serve" in proc.stdout
     probe = "import sys, omni_stream.cli, omni_stream.realtime.server; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_make_checkpoint_writes_whole_or_nothing_and_never_into_another_checkpoint(tiny, tmp_path, capsys):
+    assert main(["make-checkpoint", "--tiny", "--kind", "asr", str(tiny)]) == 2  # a checkpoint is there already
+    assert "not empty" in capsys.readouterr().err and load_config(tiny).speakers  # still the speech checkpoint
+    whisper_config = tmp_path / "whisper"
+    assert main(["make-checkpoint", "--tiny", "--kind", "asr", str(whisper_config)]) == 0
+    out = tmp_path / "mixed"
+    # a config of another family than --kind names: refused in one line, and nothing is left behind
+    assert main(["make-checkpoint", "--from-config", str(whisper_config), "--kind", "custom_voice", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "expected 'qwen3_tts', got 'whisper'" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["whisper"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["make-checkpoint", "--tiny", "--kind", "asr", str(empty)]) == 0  # an empty directory is fine
+    assert (empty / "config.json").is_file()
