@@ -302,6 +302,11 @@ def run(args: argparse.Namespace) -> int:
             f"listening on {listening}",
             flush=True,
         )
+        print(  # what a new user opens first
+            f"omni-stream serve: pages {listening}/ (speech), {listening}/realtime (voice agent), {listening}/video; "
+            f"the API under {listening}/v1 (OpenAI's routes), health at {listening}/health",
+            flush=True,
+        )
         return engine
 
     app = create_app(load, settings)

@@ -108,6 +108,7 @@ def test_serve_without_model_uses_the_embedded_checkpoint_and_stops_on_sigint(tm
     env = {"OMNI_STREAM_API_KEY": "k", "OMNI_STREAM_CACHE": str(tmp_path / "cache")}
     out, models = serve([], env, signal.SIGINT)
     assert "no --model given: serving the embedded tiny model of every kind" in out
+    assert re.search(r"pages http://127\.0\.0\.1:\d+/ \(speech\), http://127\.0\.0\.1:\d+/realtime", out), out
     assert not re.search(r"\d+%\|", out), out  # output to a pipe (a log file): no progress bars redrawn into it
     # Every kind with an embedded default: speech (Qwen3-TTS) first, text (a tiny Qwen3), transcription (Whisper), ...
     assert models[0].startswith("qwen3-tts-tiny") and "qwen3-tiny-chat-v3" in models
