@@ -43,8 +43,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.do_sample, bool):
-            raise InvalidRequestError(f"do_sample must be a bool, got {type(self.do_sample).__name__}", "do_sample")
+        object.__setattr__(self, "do_sample", flag(self.do_sample, "do_sample"))
         for name in ("temperature", "top_p", "repetition_penalty"):
             object.__setattr__(self, name, real(getattr(self, name), name))
         object.__setattr__(self, "top_k", whole(self.top_k, "top_k", low=0, high=MAX_TOP_K))
@@ -123,13 +122,9 @@ class SpeechRequest:
             check_text(self.text)
         elif not hasattr(self.text, "__aiter__"):
             raise InvalidRequestError("input must be a string or an async iterator of TextDelta", "input")
-        optional_text(self.voice, "voice")
+        _check_spoken_fields(self)
         if self.task_type is not None:
             object.__setattr__(self, "task_type", member(self.task_type, TaskType, "task_type"))
-        if self.language is None:  # what resolve_language reads as Auto
-            object.__setattr__(self, "language", "Auto")
-        optional_text(self.language, "language")
-        optional_text(self.instructions, "instructions")
         check_instructions(self.instructions)
         optional_text(self.ref_text, "ref_text")
         if self.ref_audio is not None:
@@ -141,13 +136,8 @@ class SpeechRequest:
         object.__setattr__(self, "max_new_tokens", check_max_new_tokens(self.max_new_tokens))
         if self.sampling is not None:
             instance(self.sampling, SamplingParams, "sampling")
-        object.__setattr__(self, "seed", check_seed(self.seed))
         for name in ("x_vector_only_mode", "ignore_eos"):
             object.__setattr__(self, name, flag(getattr(self, name), name))
-        if self.initial_codec_chunk_frames is not None:
-            frames = whole(self.initial_codec_chunk_frames, "initial_codec_chunk_frames", low=1)
-            object.__setattr__(self, "initial_codec_chunk_frames", frames)
-        object.__setattr__(self, "split", member(self.split, Granularity, "split").value)
 
     @property
     def streamed(self) -> bool:
@@ -157,6 +147,20 @@ class SpeechRequest:
     def for_text(self, text: str, request_id: str) -> SpeechRequest:
         """This request's settings for one unit of (streamed) text."""
         return replace(self, text=text, request_id=request_id)
+
+
+def _check_spoken_fields(request: SpeechRequest | SpokenReply) -> None:
+    """The speech fields a SpeechRequest and a SpokenReply share, each read once (numpy numbers as Python's)."""
+    for name in ("voice", "instructions"):
+        optional_text(getattr(request, name), name)
+    if request.language is None:  # what resolve_language reads as Auto
+        object.__setattr__(request, "language", "Auto")
+    optional_text(request.language, "language")
+    object.__setattr__(request, "seed", check_seed(request.seed))
+    if request.initial_codec_chunk_frames is not None:
+        frames = whole(request.initial_codec_chunk_frames, "initial_codec_chunk_frames", low=1)
+        object.__setattr__(request, "initial_codec_chunk_frames", frames)
+    object.__setattr__(request, "split", member(request.split, Granularity, "split").value)
 
 
 class Role(StrEnum):
@@ -347,16 +351,7 @@ class SpokenReply:
     template: SpeechRequest | None = None
 
     def __post_init__(self) -> None:
-        optional_text(self.voice, "voice")
-        optional_text(self.instructions, "instructions")
-        object.__setattr__(self, "seed", check_seed(self.seed))
-        if self.initial_codec_chunk_frames is not None:
-            frames = whole(self.initial_codec_chunk_frames, "initial_codec_chunk_frames", low=1)
-            object.__setattr__(self, "initial_codec_chunk_frames", frames)
-        object.__setattr__(self, "split", member(self.split, Granularity, "split").value)
-        if self.language is None:  # what resolve_language reads as Auto
-            object.__setattr__(self, "language", "Auto")
-        optional_text(self.language, "language")
+        _check_spoken_fields(self)
         for name in ("first_clause", "with_text"):
             object.__setattr__(self, name, flag(getattr(self, name), name))
         for name in ("max_unit_chars", "first_unit_tokens"):
