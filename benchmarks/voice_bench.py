@@ -402,7 +402,9 @@ def work_line(work: dict[str, Any], top: int = 5) -> str:
         return f"{name} {value:.2f}{each}"
 
     parts = ", ".join(piece(name, value) for name, value in seconds)
-    p, t, e = work["prepare"], work["turns"], work["asr_encoder"]
+    # a pool that ran no job has no wait or run time: "-", not None
+    p, t = ({k: "-" if v is None else v for k, v in work[pool].items()} for pool in ("prepare", "turns"))
+    e = work["asr_encoder"]
     return (f"    worker busy {100 * work['busy_fraction']:.0f}% of {work['span_s']:.1f} s: {parts}\n"
             f"    turn detection threads: {t['jobs']} feeds, wait mean {t['wait_ms_mean']} ms (max {t['wait_ms_max']} "
             f"ms), run mean {t['run_ms_mean']} ms; preparation threads: {p['jobs']} jobs, wait mean "
@@ -689,6 +691,10 @@ def table(levels: list[dict[str, Any]]) -> str:
                  s["p50"], sp["turn_decision"]["p50"], sp["transcript"]["p50"], sp["lm_first_clause"]["p50"],
                  sp["tts_first_audio"]["p50"], b["p50"], b["p95"])  # fmt: skip
         rows.append(" ".join(f"{x!s:>12}" for x in cells))
+    rows.append(
+        "(ms; v2v: the user's speech end -> the agent's first audio byte at the client; barge: the interruption's "
+        "start -> the interrupted answer's last audio byte, negative where that byte came before the interruption)"
+    )
     return "\n".join(rows)
 
 
