@@ -91,6 +91,10 @@ def model_id(live: LiveServer, kind: str) -> str:
 def test_the_speech_page_speaks_with_the_key(browser, keyed):
     tab = Tab(browser, f"{keyed.url}/", "__demo").open()
     try:
+        # before the key, the page says what it needs (as the realtime and video pages do), with no error listed
+        said = "() => document.querySelector('#model').textContent.includes('enter the API key (the server needs one)')"
+        tab.page.wait_for_function(said, timeout=TIMEOUT_MS)
+        assert tab.page.locator("#errors li").count() == 0
         tab.type_key(KEY)
         tab.wait("s.voices.length > 0")
         tab.page.get_by_label("Text to speak").fill("Hello there.")

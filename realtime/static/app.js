@@ -38,7 +38,9 @@ async function getJson(path) {
   const body = await response.json().catch(() => null);
   if (!response.ok) {
     const message = body?.error?.message ?? response.statusText;
-    throw new Error(`GET ${path}: ${response.status} ${message}`);
+    const error = new Error(`GET ${path}: ${response.status} ${message}`);
+    error.status = response.status;
+    throw error;
   }
   return body;
 }
@@ -52,8 +54,14 @@ async function loadServerInfo() {
     $("model").textContent = model ? `${model.id} (${model.model_type}, ${serverRate} Hz)` : "none loaded";
     fillVoices(voices.voices);
   } catch (err) {
+    if (err.status === 401) {  // as the realtime and video pages say it: no key yet is not an error
+      const key = $("key").value.trim();
+      $("model").textContent = key ? "the API key was refused" : "enter the API key (the server needs one)";
+      if (key) showError(err.message);
+      return;
+    }
     $("model").textContent = "unavailable";
-    showError(`${err.message}${err.message.includes("401") ? " (enter the API key)" : ""}`);
+    showError(err.message);
   }
 }
 
