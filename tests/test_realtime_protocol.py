@@ -22,7 +22,7 @@ from omni_stream.realtime.agent.outputs import (
     CancelResponse,
     CancelTranscription,
     Capabilities,
-    CloseSession,
+    Close,
     ConfigureTurns,
     DetectTurns,
     Limits,
@@ -534,7 +534,7 @@ def test_expiry_sends_session_expired_closes_and_ignores_later_events():
     proto = make(limits=Limits(session_seconds=5))
     out = proto.expire()
     assert error_of(Outputs(out.events))["code"] == "session_expired"
-    assert out.commands == [CloseSession(1000, "session expired")]
+    assert out.commands == [Close(1000, "session expired")]
     assert send(proto, type="input_audio_buffer.clear").events == []
     assert proto.buffer.length == 0
 

@@ -12,6 +12,7 @@ import numpy as np
 from omni_stream.realtime.agent.audio import RATE
 from omni_stream.realtime.agent.events import AudioFormat, Modality, SessionType, TranscriptionConfig, TurnDetection
 from omni_stream.realtime.agent.truncation import Truncation
+from omni_stream.realtime.common.socket_actions import Close
 from omni_stream.requests import ChatMessage
 from omni_stream.text.tools import AUTO, FunctionTool, ToolChoice
 from omni_stream.turns.detector import TurnModelFactory
@@ -173,19 +174,13 @@ class CancelResponse:
     response_id: str
 
 
-@dataclass(slots=True, frozen=True)
-class CloseSession:
-    code: int
-    reason: str
-
-
 Command: TypeAlias = (
     Transcribe
     | CancelTranscription
     | StartResponse
     | AdoptResponse
     | CancelResponse
-    | CloseSession
+    | Close  # the session closes with a code: the one close action every socket's protocol core asks for
     | ConfigureTurns
     | DetectTurns
 )

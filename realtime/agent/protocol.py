@@ -52,7 +52,7 @@ from omni_stream.realtime.agent.events import (
     SessionUpdate,
 )
 from omni_stream.realtime.agent.item_edits import ItemEditing
-from omni_stream.realtime.agent.outputs import CloseSession, Outputs, SessionConfig
+from omni_stream.realtime.agent.outputs import Close, Outputs, SessionConfig
 from omni_stream.realtime.agent.protocol_state import Phase
 from omni_stream.realtime.agent.responses import Responding
 from omni_stream.realtime.agent.speculation import Speculating
@@ -259,7 +259,7 @@ class RealtimeProtocol(TurnTaking, Speculating, ItemEditing, Responding):
         seconds = self.limits.session_seconds
         exc = RealtimeError("session_expired", f"Your session hit the maximum duration of {seconds:g} seconds.")
         out.events.append(self._error(exc))
-        out.commands.append(CloseSession(CloseCode.NORMAL, "session expired"))
+        out.commands.append(Close(CloseCode.NORMAL, "session expired"))
         self.close()
         return out
 

@@ -59,7 +59,7 @@ from omni_stream.realtime.agent.outputs import (
     CancelResponse,
     CancelTranscription,
     Capabilities,
-    CloseSession,
+    Close,
     Command,
     ConfigureTurns,
     DetectTurns,
@@ -392,7 +392,7 @@ class RealtimeSession:
             elif isinstance(cmd, ConfigureTurns | DetectTurns):
                 with contextlib.suppress(anyio.ClosedResourceError):
                     self._turn_send.send_nowait(cmd)
-            elif isinstance(cmd, CloseSession):
+            elif isinstance(cmd, Close):
                 self.closed = True
                 close = SessionClose(cmd.code, cmd.reason)
         return close
