@@ -39,36 +39,32 @@ Closing a stream waits at most ``pipeline.JOIN_TIMEOUT`` for its stages, closing
 
 from __future__ import annotations
 
-import contextlib
 import math
-import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 import anyio
 import numpy as np
 import torch
 
-from omni_stream.chunks import Audio, Image, StageOutput, TextDelta, VideoChunk
-from omni_stream.context import RequestContext, TokenCount
+from omni_stream.chunks import Audio, Image, TextDelta, VideoChunk
+from omni_stream.context import RequestContext
 from omni_stream.device_policy import DevicePolicy
 from omni_stream.errors import ConfigError, EngineClosed, InvalidRequestError, RequestCancelled
-from omni_stream.family import Family, LoadContext, LoadOptions, ModelKind, SpeechInfo, read_config
+from omni_stream.family import LoadOptions, ModelKind, SpeechInfo
 from omni_stream.family_registry import (
-    declared_kind,
     default_available,
     default_kinds,
-    embedded_checkpoint,
-    resolve_family,
 )
 from omni_stream.images.spec import ImageRequest
-from omni_stream.kinds import check_family, find_pipeline
+from omni_stream.kinds import find_pipeline
 from omni_stream.metrics import EngineMetrics
-from omni_stream.pipeline import PipelineStream
+from omni_stream.model_loading import ModelSource, load_one
 from omni_stream.pipeline_specs import ModelSet
+from omni_stream.request_streams import EngineStream, RequestStream, SpeechStream, Usage
 from omni_stream.requests import (
     ChatMessage,
     ChatRequest,
@@ -76,17 +72,14 @@ from omni_stream.requests import (
     SpeechRequest,
     TaskType,
     TextRequest,
-    Timings,
     VoicePrompt,
 )
-from omni_stream.runtime.cache import user_cache_root
 from omni_stream.runtime.gc_heap import freeze_loaded_heap, release_loaded_heap
-from omni_stream.runtime.load_display import library_bars_off, log_lines_above_bars, quiet_pil_fallback
+from omni_stream.runtime.load_display import log_lines_above_bars, quiet_pil_fallback
 from omni_stream.runtime.offload import preparer
 from omni_stream.runtime.settings import Tuning
 from omni_stream.runtime.worker_streams import (
     REALTIME_PRIORITY,
-    StreamContext,
     current_on,
     loading_on,
     make_realtime_stream,
@@ -101,98 +94,8 @@ from omni_stream.video.spec import VideoRequest
 from omni_stream.worker import DeviceWorker
 
 T = TypeVar("T")
-T_co = TypeVar("T_co", covariant=True)
-C_co = TypeVar("C_co", covariant=True)
 
-
-@dataclass(slots=True, frozen=True)
-class Usage:
-    """One model's usage in a request: tokens in (``input_audio_tokens`` of them audio, e.g. a cloning reference's
-    codec frames), tokens (text) or codec frames (speech) out, so far."""
-
-    input_tokens: int = 0
-    output_tokens: int = 0
-    input_audio_tokens: int = 0
-
-    @property
-    def total_tokens(self) -> int:
-        return self.input_tokens + self.output_tokens
-
-    @property
-    def input_text_tokens(self) -> int:
-        return self.input_tokens - self.input_audio_tokens
-
-    @classmethod
-    def of(cls, count: TokenCount | None) -> Usage:
-        if count is None:
-            return cls()
-        return cls(count.input_tokens, count.output_tokens, min(count.input_audio_tokens, count.input_tokens))
-
-
-@dataclass(slots=True, frozen=True)
-class ModelSource:
-    """Where one model comes from: a checkpoint directory, or (``endpoint``) a server; ``family`` overrides the
-    checkpoint's ``model_type`` (e.g. ``"vllm"`` to serve a hub-layout LM on vLLM); ``kind`` is the role it must
-    fill (None: whatever its family is)."""
-
-    path: Path | None = None
-    family: str | None = None
-    endpoint: str | None = None
-    kind: str | None = None
-
-
-def _load_quietly(loader: Callable[[LoadContext], Family], load: LoadContext, on_stream: StreamContext) -> Family:
-    """``loader(load)`` with the libraries' own progress bars off (the family's bar is the one display), on the
-    worker's stream (:func:`omni_stream.runtime.worker_streams.loading_on`)."""
-    with library_bars_off(), on_stream():
-        return loader(load)
-
-
-async def _load_one(
-    source: ModelSource,
-    options: LoadOptions,
-    worker: DeviceWorker,
-    metrics: EngineMetrics,
-    on_stream: StreamContext = contextlib.nullcontext,
-    loaded: ModelSet | None = None,
-) -> Family:
-    path = source.path
-    if path is None and source.endpoint is None:
-        if source.kind is None:
-            raise ConfigError("a model source needs a path, an endpoint or a kind (for the embedded default)")
-        cache = options.tuning.cache_dir or user_cache_root()
-        path = await anyio.to_thread.run_sync(embedded_checkpoint, source.kind, cache)
-    config = await anyio.to_thread.run_sync(read_config, path) if path is not None else {}
-    model_type = source.family or config.get("model_type")
-    if not isinstance(model_type, str):
-        raise ConfigError(f"model source {source} names no family")
-    loader = await anyio.to_thread.run_sync(resolve_family, model_type)
-    kind = source.kind or declared_kind(model_type)
-    if kind is not None and loaded is not None and kind in loaded:  # refused before its weights load, not after
-        raise ConfigError(
-            f"{path or source.endpoint}: a {kind} model is loaded already ({loaded.get(kind).info.model_name}); "
-            "an engine holds one model of each kind"
-        )
-    load = LoadContext(
-        checkpoint=path if path is not None else Path("."),
-        config=config,
-        options=options,
-        worker=worker,
-        metrics=metrics,
-        endpoint=source.endpoint,
-    )
-    family = await anyio.to_thread.run_sync(_load_quietly, loader, load, on_stream)
-    try:
-        check_family(family)
-        if source.kind is not None and family.info.kind != source.kind:
-            raise ConfigError(
-                f"{path or source.endpoint} holds a {family.info.kind} model ({family.info.model_type}), "
-                f"not a {source.kind} model"
-            )
-    except BaseException:
-        await family.aclose()
-        raise
-    return family
+__all__ = ["AsyncEngine", "EngineStream", "ModelSource", "RequestStream", "SpeechStream", "Usage"]
 
 
 class AsyncEngine:
@@ -288,7 +191,7 @@ class AsyncEngine:
         try:
             with log_lines_above_bars(progress):
                 for source in sources.values():
-                    family = await _load_one(source, options, worker, metrics, loading_on(realtime), models)
+                    family = await load_one(source, options, worker, metrics, loading_on(realtime), models)
                     try:
                         models.add(family)
                     except ConfigError:  # a second model of a kind: it is not kept, so it is closed here
@@ -518,138 +421,6 @@ class AsyncEngine:
                 release_loaded_heap()
 
     async def __aenter__(self) -> AsyncEngine:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-
-class EngineStream(Generic[T_co]):
-    """One running request: outcome, metrics, abort and close around a :class:`PipelineStream` of ``T_co`` items
-    (the base of :class:`RequestStream` and :class:`SpeechStream`)."""
-
-    def __init__(self, request_id: str, stream: PipelineStream[T_co], metrics: EngineMetrics | None) -> None:
-        self._request_id = request_id
-        self._stream = stream
-        self._metrics = metrics
-        self._outcome: str | None = None
-
-    @property
-    def request_id(self) -> str:
-        return self._request_id
-
-    @property
-    def ctx(self) -> RequestContext:
-        return self._stream.ctx
-
-    @property
-    def timings(self) -> Timings:
-        return self.ctx.timings
-
-    @property
-    def outcome(self) -> str | None:
-        """``ok``, ``error``, ``cancelled`` or ``deadline`` once the request has ended; None while it runs."""
-        return self._outcome
-
-    @property
-    def live(self) -> bool:
-        """Whether the request may still run (not started yet, or running)."""
-        return self._outcome is None and self._stream.live
-
-    async def _next(self) -> T_co:
-        try:
-            return await self._stream.__anext__()
-        except StopAsyncIteration:
-            self._finish("ok")
-            raise
-        except (anyio.get_cancelled_exc_class(), RequestCancelled, EngineClosed):  # aborted, or the engine closed
-            self._finish("cancelled")
-            raise
-        except TimeoutError:
-            self._finish("deadline")
-            raise
-        except BaseException:
-            self._finish("error")
-            raise
-
-    def _finish(self, outcome: str) -> None:
-        if self._outcome is not None:
-            return
-        self._outcome = outcome
-        self.timings.finished = self.timings.finished or time.perf_counter()
-        if self._metrics is not None:
-            self._metrics.observe_request(self.timings, outcome)
-
-    def abort(self, exc: BaseException | None = None) -> None:
-        """Stop generating now, without waiting; with ``exc``, the next ``__anext__`` raises it."""
-        self._stream.cancel(exc)
-
-    async def aclose(self) -> None:
-        """Stop generating and free the request's batch slots before the next model step."""
-        await self._stream.aclose()
-        self._finish("cancelled")
-
-
-class RequestStream(EngineStream[StageOutput[C_co]]):
-    """The outputs of every emitting stage of one request, in arrival order (their chunks are ``C_co``: the
-    overloads of :meth:`AsyncEngine.generate`); ``usage`` by model kind."""
-
-    def __init__(self, stream: PipelineStream[StageOutput[C_co]], metrics: EngineMetrics | None, pipeline: str) -> None:
-        super().__init__(stream.ctx.request_id, stream, metrics)
-        self.pipeline = pipeline
-
-    @property
-    def usage(self) -> dict[str, Usage]:
-        """Tokens in and out so far by model kind (``"text"``, ``"speech"``, ...)."""
-        return {str(kind): Usage.of(count) for kind, count in self.ctx.usage.items()}
-
-    def __aiter__(self) -> RequestStream[C_co]:
-        return self
-
-    async def __anext__(self) -> StageOutput[C_co]:
-        out = await self._next()
-        if isinstance(out.chunk, Audio):
-            self.timings.record_chunk(out.chunk.duration)
-        if self.timings.first_output is None:
-            self.timings.first_output = time.perf_counter()
-        return out
-
-    async def __aenter__(self) -> RequestStream[C_co]:
-        await self._stream.__aenter__()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-
-class SpeechStream(EngineStream[Audio | TextDelta]):
-    """Audio chunks of one speech request (streamed text's unit transcripts between them are left out); ``usage``
-    and ``timings`` fill in as it streams."""
-
-    def __init__(
-        self, request: SpeechRequest, stream: PipelineStream[Audio | TextDelta], metrics: EngineMetrics | None = None
-    ) -> None:
-        super().__init__(request.request_id, stream, metrics)
-        self.request = request
-
-    @property
-    def usage(self) -> Usage:
-        """Text tokens in, codec frames out (so far)."""
-        return Usage.of(self.ctx.usage.get(ModelKind.SPEECH))
-
-    def __aiter__(self) -> SpeechStream:
-        return self
-
-    async def __anext__(self) -> Audio:
-        while True:
-            chunk = await self._next()
-            if isinstance(chunk, Audio):
-                self.timings.record_chunk(chunk.duration)
-                return chunk
-            # streamed text: the unit transcripts between the audio are not part of a speech stream
-
-    async def __aenter__(self) -> SpeechStream:
-        await self._stream.__aenter__()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
