@@ -194,6 +194,17 @@ def decode_codec_windows(decoder: CodecDecoder, windows: list[CodecWindow]) -> l
     return [a[0].cpu().numpy().astype(np.float32, copy=False) for a in audio]
 
 
+@dataclass(slots=True, frozen=True)
+class DecoderKey:
+    """The first part of a codec job's batch key: jobs batch with the same decoder's only. Printed as the family's
+    name in the worker's log and profiles (the object's id told a reader nothing)."""
+
+    decoder_id: int
+
+    def __repr__(self) -> str:
+        return "qwen3-codec"
+
+
 def codec_stage(
     decoder: CodecDecoder,
     worker: DeviceWorker,
@@ -219,7 +230,7 @@ def codec_stage(
     first window. ``decided``: the request's first window as the talker runner decided it (its ``requested`` is
     ``initial_frames``); the first window's job is submitted as urgent (the worker may wait for it between steps).
     """
-    key_prefix = f"qwen3-codec-{id(decoder)}"
+    key_prefix = DecoderKey(id(decoder))
     chosen: list[int] = []  # the first window, once known
 
     def windows(index: int) -> int:
