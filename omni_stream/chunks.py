@@ -45,7 +45,9 @@ class TextDelta:
     when the reply called tools). ``tool_calls``: pieces of the reply's tool calls (their text is not in ``text``,
     so a spoken reply never speaks them); ``logprobs``: the tokens' log-probabilities when the request asked;
     ``cut_call`` (the last delta only): the text of a tool call the reply ran out of tokens in, which is neither a
-    call nor text to speak (a chat completion's content ends with it, as vLLM's does)."""
+    call nor text to speak (a chat completion's content ends with it, as vLLM's does). ``index``: the generated
+    token this delta ends at (a delta that waited for the rest of a character, or for a tool call, covers several,
+    so indexes may skip)."""
 
     text: str
     index: int = 0
