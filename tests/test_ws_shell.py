@@ -91,4 +91,8 @@ def test_a_refused_connection_is_closed_with_1008_and_never_registered(checkpoin
         agent = connect(f"{live.ws_url}/v1/realtime?model=no-such-model")
         messages, code = _until_closed(agent)
         assert code == 1008 and messages[0]["error"]["code"] == "model_not_found"
+        agent = connect(f"{live.ws_url}/v1/realtime?intent=transcribe")  # misspelt: not a realtime session instead
+        messages, code = _until_closed(agent)
+        assert code == 1008 and messages[0]["error"]["code"] == "invalid_intent"
+        assert messages[0]["error"]["param"] == "intent"
         assert _gauge(live, "realtime") == 0.0 and not live.state.sessions

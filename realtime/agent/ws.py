@@ -47,17 +47,16 @@ def served_models(state: ServerState, kind: SessionType) -> tuple[str, ...]:
     return state.served_models(ModelKind.TRANSCRIPTION) + names if kind is SessionType.TRANSCRIPTION else names
 
 
+def refusal(code: str, message: str, param: str) -> str:
+    """The ``error`` event of a connection refused before its session opens (then the socket closes with 1008)."""
+    error = {"type": "invalid_request_error", "code": code, "message": message, "param": param, "event_id": None}
+    return json.dumps({"type": "error", "event_id": f"event_{secrets.token_hex(8)}", "error": error})
+
+
 def model_not_found(model: str, served: tuple[str, ...]) -> str:
     """The ``error`` event for a ``?model=`` this server does not serve (then the socket closes with 1008)."""
     known = f"this server's realtime model: {', '.join(served)}" if served else "this server has no text model"
-    error = {
-        "type": "invalid_request_error",
-        "code": "model_not_found",
-        "message": f"The model `{model}` does not exist ({known})",
-        "param": "model",
-        "event_id": None,
-    }
-    return json.dumps({"type": "error", "event_id": f"event_{secrets.token_hex(8)}", "error": error})
+    return refusal("model_not_found", f"The model `{model}` does not exist ({known})", "model")
 
 
 def working(session: RealtimeSession) -> bool:
@@ -73,13 +72,18 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
 
 async def _open(socket: Socket, state: ServerState) -> RealtimeSocket | None:
     """The session ``?intent=`` and ``?model=`` ask for; a model this server does not serve is refused (1008)."""
-    intent = socket.query_params.get("intent")
+    intent = socket.query_params.get("intent") or None
     kind = SessionType.TRANSCRIPTION if intent == "transcription" else SessionType.REALTIME
     model = socket.query_params.get("model") or None  # ?model= with nothing after it: not named
     served = served_models(state, kind)
-    if model is not None and model not in served:
+    refused = None
+    if intent not in (None, "transcription"):  # a misspelt intent would open a session of the other kind
+        refused = refusal("invalid_intent", f"intent must be 'transcription' (or left out), got {intent!r}", "intent")
+    elif model is not None and model not in served:
+        refused = model_not_found(model, served)
+    if refused is not None:
         try:
-            await socket.send_text(model_not_found(model, served))
+            await socket.send_text(refused)
         except Exception as exc:
             if not is_gone(exc):
                 raise
