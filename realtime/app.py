@@ -119,6 +119,28 @@ class StartupErrors:
         await self.app(scope, receive, reworded)
 
 
+class StartupStopped(OmniStreamError):
+    """The server was asked to stop while its models loaded."""
+
+
+async def _unless_stopped(factory: EngineFactory, stopping: anyio.Event) -> AsyncEngine:
+    """``await factory()``, cancelled once ``stopping`` is set (a signal while the models load): the engine's load
+    closes what it had loaded, between one model and the next."""
+    loaded: list[AsyncEngine] = []
+    async with anyio.create_task_group() as tg:
+
+        async def stop() -> None:
+            await stopping.wait()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(stop)
+        loaded.append(await factory())
+        tg.cancel_scope.cancel()
+    if not loaded:
+        raise StartupStopped("stopped while the models were loading")
+    return loaded[0]
+
+
 def create_app(engine: AsyncEngine | EngineFactory, settings: Settings | None = None) -> Starlette:
     """The server app for ``engine`` (an AsyncEngine, or an async factory the lifespan awaits and then closes).
 
@@ -152,7 +174,7 @@ def create_app(engine: AsyncEngine | EngineFactory, settings: Settings | None = 
         if settings.turn_model_factory is not None:  # so does semantic_vad's end-of-turn model (and its first run)
             await anyio.to_thread.run_sync(settings.turn_model_factory)
         owned = not isinstance(engine, AsyncEngine)
-        loaded = engine if isinstance(engine, AsyncEngine) else await engine()
+        loaded = engine if isinstance(engine, AsyncEngine) else await _unless_stopped(engine, state.stopping)
         loaded.use_voices(state.voices)  # uploaded voices: the engine resolves voice names through the store
         state.engine = loaded
         # The models' objects (millions once transformers or diffusers are imported) live as long as the server:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import sys
+from types import FrameType
 
 import uvicorn
 
@@ -21,6 +23,16 @@ class GracefulServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
         super().__init__(config)
         self._state = state
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """SIGINT/SIGTERM: uvicorn's, and while the models still load, a word and a stop between models (uvicorn
+        waits for the lifespan's start-up whatever it is asked; a model's weights already loading are waited for)."""
+        loading = not self.started and not self.should_exit and self._state.stopping is not None
+        super().handle_exit(sig, frame)
+        if loading:
+            print("omni-stream: stopping once the model loading now is in memory", file=sys.stderr, flush=True)
+            assert self._state.stopping is not None
+            self._state.stopping.set()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await self._state.begin_shutdown(SESSION_GRACE)

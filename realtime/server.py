@@ -242,7 +242,7 @@ def url(host: str, port: int) -> str:
 def run(args: argparse.Namespace) -> int:
     """Load the model (with a progress bar), then serve until SIGINT/SIGTERM (graceful shutdown)."""
     from omni_stream.engine import AsyncEngine
-    from omni_stream.realtime.app import create_app
+    from omni_stream.realtime.app import StartupStopped, create_app
     from omni_stream.realtime.graceful import GracefulServer
 
     level = "DEBUG" if args.log_level == "trace" else args.log_level.upper()  # trace: uvicorn's, below DEBUG
@@ -319,6 +319,9 @@ def run(args: argparse.Namespace) -> int:
         GracefulServer(config, app.state.omni).run(sockets=[sock])
     except KeyboardInterrupt:
         pass
+    except SystemExit:  # uvicorn's start-up failure (status 3), unless the start-up was stopped by a signal
+        if not isinstance(app.state.omni.startup_error, StartupStopped):
+            raise
     return 0
 
 

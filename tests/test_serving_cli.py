@@ -267,3 +267,34 @@ def test_start_up_shows_one_progress_display_with_log_lines_on_their_own():
     assert bars and all(bar.startswith("loading ") for bar in bars), [b for b in bars if not b.startswith("loading")]
     records = [line for line in shown if LOG_RECORD.search(line)]
     assert records and all(LOG_RECORD.match(line) for line in records), [r for r in records if not LOG_RECORD.match(r)]
+
+
+async def test_a_stop_asked_while_the_models_load_ends_the_start_up_between_models():
+    """What SIGINT during loading does (GracefulServer.handle_exit sets the state's stopping event): the start-up
+    is cancelled instead of serving once everything has loaded, and says so in one line."""
+    import anyio
+
+    from omni_stream.realtime.app import StartupStopped, create_app
+    from omni_stream.realtime.settings import Settings
+
+    started = anyio.Event()
+
+    async def slow_load():
+        started.set()
+        await anyio.sleep_forever()  # a model that takes long to load
+
+    app = create_app(slow_load, Settings(vad_factory=None, turn_model_factory=None))
+    state = app.state.omni
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+
+            async def stop_when_loading():
+                await started.wait()
+                assert state.stopping is not None
+                state.stopping.set()
+
+            tg.start_soon(stop_when_loading)
+            with pytest.raises(StartupStopped):
+                async with app.router.lifespan_context(app):
+                    pytest.fail("the server started")
+    assert isinstance(state.startup_error, StartupStopped) and not state.ready
