@@ -127,15 +127,20 @@ async def _unless_stopped(factory: EngineFactory, stopping: anyio.Event) -> Asyn
     """``await factory()``, cancelled once ``stopping`` is set (a signal while the models load): the engine's load
     closes what it had loaded, between one model and the next."""
     loaded: list[AsyncEngine] = []
-    async with anyio.create_task_group() as tg:
+    try:
+        async with anyio.create_task_group() as tg:
 
-        async def stop() -> None:
-            await stopping.wait()
+            async def stop() -> None:
+                await stopping.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(stop)
+            loaded.append(await factory())
             tg.cancel_scope.cancel()
-
-        tg.start_soon(stop)
-        loaded.append(await factory())
-        tg.cancel_scope.cancel()
+    except BaseExceptionGroup as group:  # the load's own error, as it was raised (the watcher raises none)
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from group
+        raise
     if not loaded:
         raise StartupStopped("stopped while the models were loading")
     return loaded[0]
