@@ -88,3 +88,28 @@ def test_stop_on_the_page_ends_the_stream(browser: Any, live: LiveServer) -> Non
         assert page.get_by_role("button", name="Generate").is_enabled() and problems == []
     finally:
         page.close()
+
+
+def test_a_new_generate_clears_the_last_runs_numbers_and_picture(browser: Any, live: LiveServer) -> None:
+    # A second Generate the server refused showed the first run's time to first chunk, chunks, bytes, steering note
+    # and last picture beside its error, as if they were its own.
+    page = browser.new_page()
+    try:
+        page.goto(f"{live.url}/video", wait_until="load")
+        page.wait_for_function("window.__video.model !== null", timeout=TIMEOUT_MS)
+        page.get_by_label("Frames").fill(str(8 * 33))
+        page.get_by_role("button", name="Generate").click()
+        page.wait_for_function("window.__video.chunks >= 1", timeout=TIMEOUT_MS)
+        page.get_by_role("button", name="Steer").click()
+        page.wait_for_function("window.__video.state === 'done'", timeout=TIMEOUT_MS)
+        page.wait_for_function("window.__video.applied.length === 1", timeout=TIMEOUT_MS)
+        assert page.locator("#chunks").inner_text() == "8" and page.locator("#steer-state").inner_text()
+        page.get_by_label("Frames").fill("100000")  # past the model's limit: refused
+        page.get_by_role("button", name="Generate").click()
+        page.wait_for_function("window.__video.state === 'error'", timeout=TIMEOUT_MS)
+        assert "num_frames" in page.locator("#errors").inner_text()
+        shown = {name: page.locator(f"#{name}").inner_text() for name in ("ttfc", "chunks", "bytes", "steer-state")}
+        assert shown == {"ttfc": "–", "chunks": "0", "bytes": "0", "steer-state": ""}
+        assert page.evaluate("document.getElementById('video').readyState") == 0  # HAVE_NOTHING: no old picture
+    finally:
+        page.close()

@@ -5,6 +5,11 @@ import { authHeaders, refusedKey, socketProtocols, watchKey } from "./server-acc
 
 const $ = (id) => document.getElementById(id);
 const STREAM_RATE = 24000; // the server's PCM rate unless /v1/models or audio.start say otherwise
+// A session holds at most 64 sentences queued or being synthesized (Settings.max_ws_queued_units) and refuses text
+// past that, so a long text goes as utterances of GROUP sentences, AHEAD of them unfinished at a time: the next is
+// sent when one's session.done arrives, while the queued one is synthesized (no gap).
+const GROUP = 16;
+const AHEAD = 2;
 
 const demo = {
   state: "idle", // idle | connecting | streaming | cancelling | done | cancelled | error
@@ -17,6 +22,7 @@ const demo = {
   samplesPlayed: 0, // at the AudioContext rate
   underruns: 0,
   bufferedMs: 0,
+  sentences: 0, // audio.done events: sentences spoken (or failed)
   playing: false,
   contextRate: null,
   errors: [],
@@ -30,6 +36,19 @@ let socket = null;
 let startedAt = 0;
 let finished = true; // session.done seen (or the socket closed) for the current Speak
 let playerRate = null;
+let groups = []; // the text's utterances not yet sent
+let sent = 0; // utterances sent for the current Speak
+let ended = 0; // their session.done events
+let stopping = false; // Stop pressed: no more utterances are sent
+let cancelled = false; // a session.done said cancelled
+
+// The text as utterances of at most GROUP sentences (cut where the server's sentence split also cuts).
+function utterances(text) {
+  const sentences = text.match(/[\s\S]*?(?:[。！？]+|[.!?]+["'”’)\]]*(?=\s|$)|$)\s*/g).filter((s) => s.trim());
+  const out = [];
+  for (let i = 0; i < sentences.length; i += GROUP) out.push(sentences.slice(i, i + GROUP).join("").trim());
+  return out;
+}
 
 // --- server info ---
 
@@ -131,6 +150,7 @@ function speak(text) {
     samplesPlayed: 0,
     underruns: 0,
     bufferedMs: 0,
+    sentences: 0,
     errors: [],
   });
   $("errors").replaceChildren();
@@ -138,6 +158,9 @@ function speak(text) {
   toPlayer({ type: "reset", run });
   playerRate = null;
   finished = false;
+  groups = utterances(text);
+  sent = ended = 0;
+  stopping = cancelled = false;
   startedAt = performance.now();
   setState("connecting");
 
@@ -160,8 +183,7 @@ function speak(text) {
   ws.onopen = () => {
     opened = true;
     send(ws, config);
-    send(ws, { type: "input.text", text });
-    send(ws, { type: "input.done" });
+    while (sent < AHEAD && groups.length) sendUtterance(ws);
     setState("streaming");
   };
   ws.onmessage = (event) => {
@@ -180,6 +202,12 @@ function speak(text) {
       fail(refused ?? `Connection closed before the speech finished (code ${event.code}${reason})`);
     }
   };
+}
+
+function sendUtterance(ws) {
+  send(ws, { type: "input.text", text: groups.shift() });
+  send(ws, { type: "input.done" });
+  sent += 1;
 }
 
 function send(ws, message) {
@@ -205,13 +233,21 @@ function onEvent(message) {
       }
       break;
     case "audio.done":
-      if (message.error) showError(`Sentence ${message.sentence_index + 1} failed`);
+      demo.sentences += 1;
+      if (message.error) showError(`Sentence ${demo.sentences} failed`);
       break;
     case "session.done":
+      ended += 1;
+      cancelled ||= Boolean(message.cancelled);
+      if (!stopping && !cancelled && groups.length) {
+        sendUtterance(socket);
+        break;
+      }
+      if (ended < sent) break; // the utterances still queued end (cancelled, after a Stop) first
       finished = true;
       toPlayer({ type: "end" });
       $("sentence").textContent = "";
-      setState(message.cancelled ? "cancelled" : "done");
+      setState(cancelled ? "cancelled" : "done");
       send(socket, { type: "session.close" });
       break;
     case "error":
@@ -223,6 +259,7 @@ function onEvent(message) {
 function stop() {
   toPlayer({ type: "flush" });
   if (socket && !finished) {
+    stopping = true;
     send(socket, { type: "input.cancel" });
     setState("cancelling");
   } else if (demo.state === "done") {
@@ -284,7 +321,13 @@ $("form").addEventListener("submit", (event) => {
   event.preventDefault();
   const text = $("text").value.trim();
   if (text) speak(text);
+  else {
+    // "required" lets blanks through: say so rather than doing nothing
+    $("text").setCustomValidity("Type some text to speak");
+    $("text").reportValidity();
+  }
 });
+$("text").addEventListener("input", () => $("text").setCustomValidity(""));
 $("stop").addEventListener("click", stop);
 watchKey($("key"), () => {
   $("errors").replaceChildren();

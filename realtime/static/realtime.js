@@ -42,6 +42,8 @@ let socket = null;
 let rtc = null; // {pc, stream, context}
 let audio = null; // {context, player, capture, stream}
 let current = null; // the assistant turn being spoken: {li, turn, itemId, playedAtStart}
+const responses = new Map(); // response id -> its assistant turn, until its response.done
+let playerBusy = false; // the player still has agent audio to play
 let stoppedAt = null; // when the user's last turn ended (performance.now())
 const userTurns = new Map(); // item id -> the user's turn, filled in when its transcript arrives
 
@@ -102,7 +104,9 @@ async function loadInfo() {
     }
     const rtcConfig = await fetch("rtc/config");
     const config = rtcConfig.ok ? await rtcConfig.json() : {};
-    $("transport").querySelector("option[value=rtc]").disabled = !config.available; // no fastrtc on this server
+    const rtcOption = $("transport").querySelector("option[value=rtc]");
+    rtcOption.disabled = !config.available; // no fastrtc on this server: say so, not only grey it out
+    rtcOption.textContent = config.available ? "WebRTC (/rtc)" : "WebRTC (/rtc): not on this server";
     agent.rtcAvailable = Boolean(config.available);
     agent.camera.available = Boolean(config.camera);
     agent.camera.sees = Boolean(config.sees);
@@ -160,6 +164,9 @@ async function openAudio() {
   const player = new AudioWorkletNode(context, "pcm-player", { numberOfInputs: 0, outputChannelCount: [1] });
   player.port.onmessage = (event) => {
     agent.samplesPlayed = event.data.samplesPlayed;
+    playerBusy = event.data.playing || event.data.bufferedMs > 0;
+    // the last answer has played out (its response is done: no audio of it is still coming)
+    if (!playerBusy && agent.state === "speaking" && !responses.size) setState("listening");
     render();
   };
   player.connect(context.destination);
@@ -223,9 +230,12 @@ function onEvent(event) {
       user.li.textContent = user.turn.text;
       break;
     }
-    case "response.created":
-      current = { ...addTurn("assistant"), itemId: null, playedAtStart: agent.samplesPlayed, received: 0 };
+    case "response.created": {
+      const responseId = event.response?.id;
+      current = { ...addTurn("assistant"), itemId: null, playedAtStart: agent.samplesPlayed, received: 0, responseId };
+      responses.set(responseId, current);
       break;
+    }
     case "response.output_audio_transcript.delta":
     case "response.output_text.delta":
       if (current) {
@@ -251,15 +261,18 @@ function onEvent(event) {
       break;
     }
     case "response.done": {
-      const { status, status_details: details } = event.response;
-      if (current) {
-        current.turn.status = status;
-        current.turn.cancelled = status === "cancelled";
-        if (status !== "completed") current.li.classList.add(status); // cancelled, failed or incomplete
+      const { id, status, status_details: details } = event.response;
+      const done = responses.get(id) ?? current; // also a turn the user interrupted before its end
+      responses.delete(id);
+      if (done) {
+        done.turn.status = status;
+        done.turn.cancelled ||= status === "cancelled";
+        if (status !== "completed") done.li.classList.add(status); // cancelled, failed or incomplete
       }
       if (status === "failed") showError(`The response failed: ${details?.error?.message ?? "no reason given"}`);
-      audio?.player.port.postMessage({ type: "end" });
-      if (agent.state === "speaking" || agent.state === "thinking") setState("listening");
+      if (done === current) audio?.player.port.postMessage({ type: "end" });
+      // the agent is still heard while its audio plays out: "listening" once the player has drained it
+      if (agent.state === "thinking" || (agent.state === "speaking" && !playerBusy)) setState("listening");
       break;
     }
     case "error":
@@ -275,8 +288,14 @@ function onEvent(event) {
 function interrupt() {
   // Drop the agent audio not yet played; tell the server how much of its answer was heard.
   audio?.player.port.postMessage({ type: "flush" });
+  playerBusy = false;
+  const played = current ? Math.min(agent.samplesPlayed - current.playedAtStart, current.received) : 0;
+  if (current && (responses.has(current.responseId) || played < current.received)) {
+    // cut off: still being answered, or its audio not all heard; response.done adds the server's status
+    current.turn.cancelled = true;
+    current.li.classList.add("cancelled");
+  }
   if (current?.itemId) {
-    const played = Math.min(agent.samplesPlayed - current.playedAtStart, current.received);
     send({
       type: "conversation.item.truncate",
       item_id: current.itemId,
@@ -386,6 +405,9 @@ async function startRtc() {
 }
 
 async function start() {
+  // a new session: the last one's errors (a refused key typed since, a closed connection) no longer apply
+  $("errors").replaceChildren();
+  agent.errors = [];
   setState("connecting");
   if (infoKey !== key()) await loadInfo(); // typed and clicked at once: the model and voices of this key first
   agent.transport = $("transport").value;
@@ -440,6 +462,8 @@ function stop() {
     audio = null;
   }
   current = null;
+  responses.clear();
+  playerBusy = false;
   setState("idle");
 }
 

@@ -119,6 +119,16 @@ function start(event) {
     done: null }); // prettier-ignore
   $("errors").replaceChildren();
   state.errors = [];
+  // the last run's numbers, steering note and picture are not this one's
+  $("ttfc").textContent = "–";
+  $("chunks").textContent = "0";
+  $("bytes").textContent = "0";
+  $("steer-state").textContent = "";
+  $("time").textContent = "0.0";
+  state.currentTime = 0;
+  const video = $("video");
+  video.removeAttribute("src");
+  video.load();
   const key = $("key").value.trim();
   const url = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/realtime/video`;
   const ws = new WebSocket(url, socketProtocols(key));
