@@ -129,6 +129,26 @@ def check_ref_seconds(seconds: float, param: str = "ref_audio") -> None:
         )
 
 
+# An in-context clone's transcript: at most this many characters per second of its reference audio. Five times the
+# fastest real speech (~20 a second): a clip cut mid-sentence may keep its sentence's transcript (the benchmarks'
+# 1.5 s clips do), but a text past it is not this audio's (a pasted paragraph, the wrong file). Unchecked, such a
+# request answered 200: its surplus ran, one token a frame, into the frames meant for ``input``.
+MAX_REF_TEXT_CHARS_PER_SECOND = 100
+
+
+def check_transcript(ref_text: str | None, seconds: float, param: str = "ref_text") -> None:
+    """``ref_text``, the transcript of ``seconds`` of reference audio, is at most
+    :data:`MAX_REF_TEXT_CHARS_PER_SECOND` characters a second long."""
+    n = len((ref_text or "").strip())
+    limit = int(MAX_REF_TEXT_CHARS_PER_SECOND * seconds)
+    if n > limit:
+        raise InvalidRequestError(
+            f"ref_text too long for its reference audio ({n} characters for {seconds:.1f}s; at most {limit}): "
+            "give the transcript of the reference audio, or set x_vector_only_mode to clone without one",
+            param,
+        )
+
+
 def check_embedding(values: object, dim: int | None = None, param: str = "speaker_embedding") -> list[float]:
     """A speaker embedding: a non-empty list of finite numbers (``dim`` of them when given)."""
     import math

@@ -19,7 +19,7 @@ from omni_stream.errors import AudioDecodeError, InvalidRequestError, Unsupporte
 from omni_stream.family import SpeechInfo
 from omni_stream.family_registry import family_label
 from omni_stream.requests import SpeechRequest, TaskType
-from omni_stream.speech.limits import check_embedding, check_ref_seconds, check_text
+from omni_stream.speech.limits import check_embedding, check_ref_seconds, check_text, check_transcript
 from omni_stream.validation.audio import mono_float
 from omni_stream.validation.language import resolve_language
 from omni_stream.validation.voices import Voice, VoiceCatalog, find_voice, model_key, voice_names
@@ -108,6 +108,8 @@ def _uploaded_reference(info: SpeechInfo, request: SpeechRequest, voice: Voice) 
     assert uploaded is not None
     if request.ref_audio is not None or request.voice_prompt is not None:
         return {}
+    if request.ref_text is not None and not request.x_vector_only_mode and uploaded.samples.size:
+        check_transcript(request.ref_text, uploaded.samples.size / uploaded.sample_rate)  # its own, for this voice
     prompt = uploaded.prompt if uploaded.prompt_model == model_key(info) else None
     if prompt is not None and uploaded.samples.size == 0:  # uploaded as a speaker embedding
         return {"voice_prompt": prompt, "x_vector_only_mode": True}
@@ -187,5 +189,7 @@ def resolve_speech(
         if resolved.ref_audio is not None and resolved.voice_prompt is None:  # the audio first, then what it needs
             samples = check_reference(resolved.ref_audio, resolved.ref_sample_rate)
             resolved = dataclasses.replace(resolved, ref_audio=samples)
+            if not resolved.x_vector_only_mode:
+                check_transcript(resolved.ref_text, samples.size / resolved.ref_sample_rate)
         _check_cloning(info, resolved)
     return resolved

@@ -20,7 +20,8 @@ happened, with the time (``receive_text``, ``timeout`` at :meth:`SpeechStreamPro
   (:class:`CancelUnits`) and ends the open utterance (``session.done`` with ``cancelled``).
 - What the client reads of each unit: ``audio.start``, its audio, an ``error`` if its generation failed, and
   ``audio.done``; ``session.done`` after an utterance's last unit.
-- ``session.close`` drains: queued units finish, then the socket closes with 1000. Idle past ``ws_idle_timeout``
+- ``session.close`` drains: queued units finish, then the socket closes with 1000 (text not ended by ``input.done``
+  is not spoken, and an ``error`` says so). Idle past ``ws_idle_timeout``
   (generating counts as activity), the session closes with 1000; a server shutting down closes it with 1001.
 """
 
@@ -200,7 +201,7 @@ class SpeechStreamProtocol:
             return []
         self._last_activity = now
         try:
-            body = parse_message(message, self.settings.max_ws_config_bytes)
+            body = parse_message(message, self._message_limit)
             if self.phase is Phase.CONFIG:
                 if body.get("type") != "session.config":
                     raise ProtocolError(f"Expected session.config, got: {body.get('type')}")
@@ -235,8 +236,18 @@ class SpeechStreamProtocol:
             return self._config(body)
         if kind == "session.close":
             self.phase = Phase.DRAINING
-            return [Dispatch()]  # the dispatcher sees the queue will not grow: it ends after the queued units
+            # Text never ended by input.done is not spoken; say so, or a client that streamed an LLM's reply and
+            # closed loses its last sentence (all of it, without splitting) with no sign of why.
+            left = self.splitter.pending.strip()
+            unspoken = f"session.close: {len(left)} characters not spoken; send input.done before session.close"
+            return [*([error(unspoken)] if left else []), Dispatch()]  # the dispatcher ends after the queued units
         raise ProtocolError(f"Unknown message type: {kind}")
+
+    @property
+    def _message_limit(self) -> int:
+        """The largest message read (bytes): a session.config carries the reference audio a POST
+        /v1/audio/speech body may carry, so it is allowed that body's size (``input.text`` has its own bound)."""
+        return max(self.settings.max_ws_config_bytes, self.settings.max_speech_body_bytes)
 
     # --- configuration ---
 
@@ -283,11 +294,25 @@ class SpeechStreamProtocol:
         limit = self.settings.max_ws_queued_units
         if self.outstanding + len(units) > limit or len(self.queue) + len(units) + ends > 2 * limit:
             self.splitter.restore(before)
+            if len(units) > limit:  # no audio.done frees room for these: waiting would never end
+                raise ProtocolError(self._too_many_at_once(len(units), limit, ends))
             raise ProtocolError(
                 f"Too many queued units: {self.outstanding} waiting and {len(units)} more would pass the limit "
                 f"of {limit}; wait for audio.done before sending more"
             )
         return units
+
+    @staticmethod
+    def _too_many_at_once(units: int, limit: int, ends: int) -> str:
+        if not ends:  # input.text: its text was not kept
+            return (
+                f"Too many units at once: this input.text makes {units}, over the limit of {limit} a session may "
+                "queue; send it in smaller parts"
+            )
+        return (  # input.done: the buffered text stays, and no input.done can ever take it
+            f"Too many units at once: the buffered text makes {units}, over the limit of {limit} a session may "
+            "queue; send input.cancel, then the text in smaller parts, each ended by input.done"
+        )
 
     def _queue_units(self, units: list[str]) -> list[Action]:
         assert self.opts is not None and self.template is not None

@@ -21,7 +21,7 @@ from omni_stream.realtime.speech.build import decode_reference
 from omni_stream.realtime.speech.voice_store import StoredVoice, VoiceLimitError, now_seconds, validate_name
 from omni_stream.realtime.state import ServerState
 from omni_stream.requests import SpeechRequest, VoicePrompt
-from omni_stream.speech.limits import check_embedding
+from omni_stream.speech.limits import check_embedding, check_transcript
 from omni_stream.validation.voices import check_new_voice, model_key, voice_names
 
 log = logging.getLogger("omni_stream.realtime.speech.voices")
@@ -220,7 +220,8 @@ async def _audio_voice(
             "audio_sample",
         )
     samples, rate = await decode_reference(state, data, "audio_sample")
-    prompt = await _voice_prompt(state, samples, rate, ref_text)
+    prompt = await _voice_prompt(state, samples, rate, ref_text)  # checks the audio's length first
+    check_transcript(ref_text, samples.size / rate)  # refused now, not at each use of the voice
     return StoredVoice(
         name=name,
         consent=consent,
