@@ -157,6 +157,50 @@ async def test_a_speech_request_that_arrives_during_a_denoising_step_runs_betwee
     assert any(r.kind == "resume" and r.name == "image" and r.seq > talker for r in inside)
 
 
+async def test_a_speech_request_that_arrives_while_a_video_session_joins_runs_between_its_text_encoders_layers(
+    speech_checkpoint, video_checkpoint
+):
+    # A session's join step encodes its prompt (umT5) before the transformer's first call: one of the longest
+    # pieces between two realtime steps on a GPU. Speech due meanwhile runs between the encoder's layers.
+    policy = DevicePolicy(max_wait=600.0)
+    async with await load(policy, speech=speech_checkpoint, video=video_checkpoint) as engine:
+        family = engine.models.get(ModelKind.VIDEO)
+        talker = engine.models.speech().scheduler
+        loop = asyncio.get_running_loop()
+        spoken: list = []
+
+        def first_layer(module, args):  # inside the session's join: a speech request arrives
+            if not spoken:
+                spoken.append(asyncio.run_coroutine_threadsafe(speak(engine), loop))
+                wait_on_device(lambda: queued(talker), "the speech request to queue")
+
+        request = VideoRequest("a kite", width=16, height=16, num_frames=33, num_inference_steps=2, seed=1)
+        hook = family.runner.pipe.text_encoder.encoder.block[0].register_forward_pre_hook(first_layer)
+        try:
+            async with engine.generate(request) as stream:
+                async for _ in stream:
+                    pass
+            await asyncio.wrap_future(spoken[0])
+        finally:
+            hook.remove()
+    log = list(engine.worker.log)
+    join = next(r for r in log if r.kind == "join" and r.name == "video")
+    step_end = next(r.seq for r in log if r.seq > join.seq and r.kind == "step" and r.name == "video")
+    inside = [r for r in log if join.seq < r.seq < step_end]
+    denoise = [r for r in inside if r.kind == "denoise"]
+    assert not denoise  # the join had not reached the transformer ...
+    assert any(r.kind == "yield" for r in inside)  # ... when the text encoder's layer yielded
+    assert any(r.kind == "step" and r.name == "talker" for r in inside)  # and the talker's newcomer ran there
+
+
+async def test_an_image_edits_text_encoder_yields_between_its_layers_as_its_unet_does(pix2pix_checkpoint):
+    async with await load(DevicePolicy(), image=pix2pix_checkpoint) as engine:
+        pipe = engine.models.get(ModelKind.IMAGE).pipe
+        layers = pipe.text_encoder.encoder.layers  # transformers 5: CLIPTextModel holds the encoder
+        assert all(layer._forward_pre_hooks for layer in layers)  # the yield point before each of its layers
+        assert all(block._forward_pre_hooks for block in pipe.unet.down_blocks)
+
+
 async def test_throughput_work_progresses_under_a_speech_load_that_never_spares_a_step(
     speech_checkpoint, pix2pix_checkpoint
 ):

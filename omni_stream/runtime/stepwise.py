@@ -22,7 +22,10 @@ resume, on the worker thread. So:
 Yield points: with ``yield_point`` (the device worker's), every block of an intercepted model (each element of
 its ``ModuleList`` s: the denoiser's down, mid and up blocks or transformer blocks, the VAE decoder's blocks; and
 each convolution) calls it before it runs, so realtime work that falls due during one large step runs between two
-of its blocks.
+of its blocks. So do the blocks of the models a job runs between its calls (``also_yield``: the pipeline's text
+encoders, :func:`text_encoders`): a join step encodes the prompt, and a video session's umT5 over 512 positions
+is one of the longest pieces of device work between two realtime steps (113-136 ms of one join on the H200,
+colocation runs 50 and 55) if nothing can run inside it.
 
 Calls made outside these greenlets (a direct pipeline call, a test) pass through unchanged. Every request gets
 its own copy of the pipeline object with its own noise scheduler (:func:`own_scheduler`): a pipeline keeps its
@@ -169,6 +172,13 @@ def hook_blocks(models: Sequence[Any], yield_point: Callable[[], None], *, fine:
     return len(seen)
 
 
+def text_encoders(pipe: Any) -> list[torch.nn.Module]:
+    """A diffusers pipeline's text encoders (its components named ``text_encoder*``), which its jobs run between
+    their model calls (the prompt's encoding in a join step)."""
+    components = getattr(pipe, "components", None) or {}
+    return [m for name, m in components.items() if name.startswith("text_encoder") and isinstance(m, torch.nn.Module)]
+
+
 def _freeze(value: Any) -> Hashable:
     """A hashable stand-in for an unbatched argument: two calls share a batch only when these are equal."""
     if isinstance(value, torch.Tensor):
@@ -229,10 +239,11 @@ class StepwiseModel(Generic[O]):
         note: Callable[[str, tuple[str, ...]], None] | None = None,
         guard: AbstractContextManager[Any] | None = None,
         yield_point: Callable[[], None] | None = None,
+        also_yield: Sequence[Any] = (),
     ) -> None:
         """``guard`` (the worker's lock) is held while a step picks its jobs and logs them, so that a release
         logged under it is never followed by a step of that job in the log. ``yield_point``: called before every
-        block of the intercepted models (the module docstring)."""
+        block of the intercepted models and of ``also_yield`` (the module docstring)."""
         import greenlet
 
         self._greenlet = greenlet
@@ -255,7 +266,7 @@ class StepwiseModel(Generic[O]):
             setattr(spec.owner, spec.method, self._interceptor(index, original))
         if yield_point is not None:
             owners = [spec.owner for spec in self.intercepts]
-            hook_blocks(owners, yield_point, fine=[spec.owner for spec in self.intercepts if spec.fine])
+            hook_blocks([*owners, *also_yield], yield_point, fine=[spec.owner for spec in self.intercepts if spec.fine])
 
     @property
     def max_batch_size(self) -> int:

@@ -30,7 +30,7 @@ from omni_stream.chunks import Image
 from omni_stream.images.spec import composite, preview_steps
 from omni_stream.models.diffusers_image.adapters import Adapter, Row, Shape
 from omni_stream.models.diffusers_image.preview import PreviewDecoder, float_to_uint8
-from omni_stream.runtime.stepwise import Emit, StepJob, StepLog, StepwiseModel
+from omni_stream.runtime.stepwise import Emit, StepJob, StepLog, StepwiseModel, text_encoders
 
 
 @dataclass(slots=True, frozen=True)
@@ -59,7 +59,11 @@ class ImageRunner:
         self.adapter = adapter
         self.preview = preview
         self.model: StepwiseModel[Image] = StepwiseModel(
-            adapter.intercepts(), max_batch_size=max_batch_size, note=note, yield_point=yield_point
+            adapter.intercepts(),
+            max_batch_size=max_batch_size,
+            note=note,
+            yield_point=yield_point,
+            also_yield=text_encoders(adapter.pipe),
         )
 
     @property

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omni_stream.runtime.stepwise import Emit, Intercept, StepJob, StepwiseModel, own_scheduler
+from omni_stream.runtime.stepwise import Emit, Intercept, StepJob, StepwiseModel, own_scheduler, text_encoders
 from omni_stream.video.spec import ChunkPrompt
 
 HISTORY_FRAMES = sum((16, 2, 1))  # HeliosPipeline's default history_sizes: what one chunk reads of the past
@@ -162,7 +162,12 @@ class HeliosRunner:
             Intercept("decode", pipe.vae, "decode", ("z",), fine=True),
         ]
         self.model: StepwiseModel[ChunkResult] = StepwiseModel(
-            intercepts, max_batch_size=max_batch_size, note=self._step, guard=self.lock, yield_point=yield_point
+            intercepts,
+            max_batch_size=max_batch_size,
+            note=self._step,
+            guard=self.lock,
+            yield_point=yield_point,
+            also_yield=text_encoders(pipe),  # the prompt's umT5 in a join step
         )
 
     def _step(self, kind: str, labels: tuple[str, ...]) -> None:
