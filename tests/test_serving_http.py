@@ -370,3 +370,10 @@ def test_every_demo_page_and_each_file_it_links_is_served(http, page):
     assert "static/page.css" in linked  # the stylesheet the pages share
     for path in linked:
         assert http.get(f"/{path}").status_code == 200, path
+
+
+def test_a_language_code_names_the_models_language(http):
+    # "en" is English to a model that lists language names (Qwen3-TTS's); before, a 400 'Unsupported language En'
+    response = http.post("/v1/audio/speech", json={"input": TEXT, "language": "en", "max_new_tokens": 3})
+    assert response.status_code == 200, response.text
+    assert response.content[:4] == b"RIFF"

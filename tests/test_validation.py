@@ -115,6 +115,11 @@ async def test_language_and_task_are_resolved_in_the_models_spelling(engine):
         f"Unsupported language 'Klingon'. Supported: Auto, {languages}",
     )
     assert resolve_language("AUTO", ("English",)) == "Auto" and resolve_language("x", ()) == "x"
+    # an ISO 639-1 code names the model's language; a refused value is named as it was sent
+    assert resolve_language("en", ("English", "Chinese")) == "English"
+    assert resolve_language(" ZH ", ("English", "Chinese")) == "Chinese"
+    with pytest.raises(InvalidRequestError, match=r"Unsupported language 'ja'\. Supported: Auto, English$"):
+        resolve_language("ja", ("English",))
 
 
 @shared_engine

@@ -1,7 +1,8 @@
 """Languages: one rule and one message for every model kind that takes a ``language``.
 
 ``Auto`` (any case, or nothing) leaves the language to the model. Any other value must be one the model lists
-(case-insensitive); it comes back in the model's spelling. A model that lists none takes any language.
+(case-insensitive), or the ISO 639-1 code of one (``en`` for ``English``, as Whisper's table names them); it comes
+back in the model's spelling. A model that lists none takes any language.
 """
 
 from __future__ import annotations
@@ -32,7 +33,15 @@ def resolve_language(value: str | None, languages: Sequence[str], param: str = "
     if not languages:
         return value.strip()
     key = value.strip().lower()
+    named = _code_names().get(key)  # a code ("en") for a model that lists names ("English")
     for language in languages:
-        if language.lower() == key:
+        if language.lower() in (key, named):
             return language
     raise language_error(value, languages, param)
+
+
+def _code_names() -> dict[str, str]:
+    """ISO 639-1 (and Whisper's few longer) codes -> lower-case language names, from transformers' Whisper table."""
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+    return LANGUAGES
