@@ -344,6 +344,7 @@ def test_sdk_raises_typed_errors(client, model):
     with pytest.raises(openai.NotFoundError) as info:
         client.audio.speech.create(model="other", voice="vivian", input=TEXT)
     assert info.value.body["param"] == "model" and info.value.body["type"] == "NotFoundError"
+    assert f"(served: `{model}`)" in info.value.body["message"]  # what to ask for instead
 
 
 def test_unknown_route_and_method_use_the_error_shape(http):

@@ -98,7 +98,7 @@ def test_a_config_is_parsed_here_and_resolved_by_the_shell():
     assert "Invalid session config: word_timestamps=true is not supported" in texts(actions)[0]["message"]
     assert actions[-1] == Close(CloseCode.POLICY)
     actions = new().receive_text(msg(type="session.config", model="other"), 0)
-    assert texts(actions)[0]["message"] == "Invalid session config: The model `other` does not exist."
+    assert texts(actions)[0]["message"] == "Invalid session config: The model `other` does not exist (served: `tiny`)."
     # what the engine refuses, the shell reports back: the same words, and a 1008 close for the first config
     refused = p.config_refused(UnknownVoiceError("Invalid voice 'alice'. Supported: bob", "voice"))
     assert texts(refused) == [

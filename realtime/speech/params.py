@@ -261,4 +261,6 @@ def _check_streaming(opts: SpeechOptions, websocket: bool) -> None:
 def check_model(model: str | None, served: tuple[str, ...]) -> None:
     """404 unless ``model`` is absent or one of the ``served`` names."""
     if model is not None and model not in served:
-        raise ApiError(404, f"The model `{model}` does not exist.", "model", type="NotFoundError")
+        # vLLM's words, then what is served (as the realtime and health routes say)
+        listed = ", ".join(f"`{name}`" for name in served)
+        raise ApiError(404, f"The model `{model}` does not exist (served: {listed}).", "model", type="NotFoundError")
