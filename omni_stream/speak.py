@@ -16,7 +16,7 @@ from omni_stream.cli import add_tuning_arguments, torch_threads, tuning_from_arg
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("text", help="text to speak")
+    parser.add_argument("text", help="text to speak (- reads it from standard input)")
     parser.add_argument("-o", "--output", type=Path, default=Path("out.wav"), help="output file (default out.wav)")
     parser.add_argument("--model", default=None, help="checkpoint directory (default: the embedded tiny checkpoint)")
     parser.add_argument(
@@ -27,6 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task-type", default=None, choices=["CustomVoice", "VoiceDesign", "Base"])
     parser.add_argument("--ref-audio", type=Path, default=None, help="reference audio file (Base cloning)")
     parser.add_argument("--ref-text", default=None, help="transcript of --ref-audio (in-context cloning)")
+    parser.add_argument(
+        "--x-vector-only",
+        action="store_true",
+        help="clone from --ref-audio's speaker embedding alone, without its transcript",
+    )
     parser.add_argument(
         "--max-new-tokens",
         type=int,
@@ -45,7 +50,7 @@ class ArgumentError(Exception):
 
 
 # What a request's field is called on this command line (the engine names the request's field, or the wire's).
-FLAGS = {"input": "the text", "text": "the text"}
+FLAGS = {"input": "the text", "text": "the text", "x_vector_only_mode": "--x-vector-only"}
 
 
 def check_output(path: Path) -> None:
@@ -66,6 +71,8 @@ def read_reference(path: Path) -> tuple[np.ndarray, int]:
     """``--ref-audio`` as float32 mono samples and their rate (blocking: file I/O)."""
     import soundfile as sf
 
+    if not path.is_file():  # libsndfile says only "System error."
+        raise ArgumentError(f"--ref-audio {path}: " + ("not a file" if path.exists() else "no such file"))
     try:
         data, rate = sf.read(str(path), dtype="float32")
     except (sf.LibsndfileError, OSError) as exc:
@@ -93,6 +100,7 @@ async def _speak(args: argparse.Namespace) -> int:
         ref_audio=ref_audio,
         ref_sample_rate=ref_rate,
         ref_text=args.ref_text,
+        x_vector_only_mode=args.x_vector_only,
         max_new_tokens=args.max_new_tokens,
         sampling=sampling,
         seed=args.seed,
@@ -137,6 +145,8 @@ def with_samplers(options: type | None, sampling: Any) -> object | None:
 def run(args: argparse.Namespace) -> int:
     from omni_stream.errors import OmniStreamError
 
+    if args.text == "-":  # before the event loop starts: a blocking read of the whole input
+        args.text = sys.stdin.read()
     try:
         return anyio.run(_speak, args)
     except OmniStreamError as exc:

@@ -58,6 +58,24 @@ def test_speak_clones_the_voice_of_a_reference_file(tiny_base, tmp_path, capsys)
     assert main([*args, "--max-new-tokens", "6", "-o", str(out), "Hello."]) == 0, capsys.readouterr().err
     wav, rate = sf.read(out, dtype="float32")
     assert rate == 24000 and wav.size > 0
+    # without a transcript: the refusal names the flag that clones from the speaker embedding alone
+    args = ["speak", "--model", str(tiny_base), "--ref-audio", str(ref), "--max-new-tokens", "6", "-o", str(out)]
+    assert main([*args, "Hello."]) == 2
+    assert "(--ref-text)" in capsys.readouterr().err
+    assert main([*args, "--x-vector-only", "Hello."]) == 0, capsys.readouterr().err
+
+
+def test_speak_reads_the_text_from_standard_input(tiny, tmp_path, capsys, monkeypatch):
+    import io
+
+    out = tmp_path / "stdin.wav"
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hello from a pipe.\n"))
+    args = ["speak", "--model", str(tiny), "--greedy", "--max-new-tokens", "5", "-o", str(out), "-"]
+    assert main(args) == 0, capsys.readouterr().err
+    assert sf.read(out)[0].size > 0
+    monkeypatch.setattr(sys, "stdin", io.StringIO("   \n"))
+    assert main(args) == 2
+    assert "(the text)" in capsys.readouterr().err  # an empty pipe is an empty text, not the text "-"
 
 
 def test_speak_refuses_what_it_cannot_read_or_write_before_loading(tiny, tmp_path, capsys):
@@ -65,7 +83,8 @@ def test_speak_refuses_what_it_cannot_read_or_write_before_loading(tiny, tmp_pat
         (["-o", str(tmp_path / "x.mp4")], "names no 16-bit PCM format"),
         (["-o", str(tmp_path / "noext")], "names no 16-bit PCM format"),
         (["-o", str(tmp_path / "nodir" / "x.wav")], "does not exist"),
-        (["--ref-audio", str(tmp_path / "missing.wav")], "cannot read it as audio"),
+        (["--ref-audio", str(tmp_path / "missing.wav")], "missing.wav: no such file"),
+        (["--ref-audio", str(tmp_path)], "not a file"),
     ):
         assert main(["speak", "--model", str(tmp_path / "never-loaded"), *args, "Hi."]) == 2
         err = capsys.readouterr().err
