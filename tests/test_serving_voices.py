@@ -10,12 +10,13 @@ not take a built-in voice's name. That test serves the synthetic TTS (``tests/sy
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 
 import httpx
 import numpy as np
 import pytest
-from serving_helpers import FRAME, TTS_FRAMES, running_server, wav_bytes
+from serving_helpers import FRAME, TTS_FRAMES, Session, running_server, units_of, wav_bytes
 from tiny_models import tiny_tts
 
 from omni_stream.realtime.settings import Settings
@@ -91,6 +92,28 @@ def test_round_trip_and_restart(base_checkpoint, live, voices_dir):
         assert r.json()["error"]["type"] == "NotFoundError"
         assert speak(c, "myvoice").status_code == 400
         assert on_disk(voices_dir) == ["other.voice"]
+
+
+def test_a_deleted_voice_is_withdrawn_from_sessions_already_speaking_with_it(live):
+    from websockets.sync.client import connect
+
+    with httpx.Client(base_url=live.url, timeout=60) as c:
+        assert upload(c, ref_text="hello there").status_code == 200
+        with contextlib.closing(connect(live.ws_url + "/v1/audio/speech/stream", open_timeout=10)) as ws:
+            s = Session(ws)
+            s.send(type="session.config", voice="myvoice", response_format="pcm")
+            s.send(type="input.text", text="Spoken before.")
+            s.send(type="input.done")
+            (unit,) = units_of(s.until("session.done", timeout=60))
+            assert unit["done"]["error"] is False and unit["frames"]
+            assert c.delete("/v1/audio/voices/myvoice").status_code == 200  # consent withdrawn
+            s.send(type="input.text", text="Not after.")
+            s.send(type="input.done")
+            messages = s.until("session.done", timeout=60)
+    errors = [m for kind, m in messages if kind == "json" and m["type"] == "error"]
+    assert len(errors) == 1 and "was deleted" in errors[0]["message"], messages
+    assert not [m for kind, m in messages if kind == "binary"]  # not a frame in the deleted voice
+    assert next(m for kind, m in messages if kind == "json" and m["type"] == "audio.done")["error"] is True
 
 
 def test_a_reference_in_the_request_clones(live):

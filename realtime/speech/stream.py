@@ -19,10 +19,11 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from starlette.websockets import WebSocket
 
+from omni_stream.errors import UnknownVoiceError
 from omni_stream.realtime.common.errors import ApiError, from_exception
 from omni_stream.realtime.common.stream_pacing import SessionPacer, pcm_seconds
 from omni_stream.realtime.common.ws_shell import Socket, is_gone, serve_websocket
-from omni_stream.realtime.speech.build import build_request
+from omni_stream.realtime.speech.build import build_request, refresh_voice
 from omni_stream.realtime.speech.params import SpeechOptions
 from omni_stream.realtime.speech.stream_protocol import (
     Action,
@@ -38,6 +39,7 @@ from omni_stream.realtime.speech.stream_protocol import (
 )
 from omni_stream.realtime.speech.stream_units import UnitJob
 from omni_stream.realtime.state import ServerState
+from omni_stream.validation.voices import builtin_voice
 
 log = logging.getLogger("omni_stream.realtime.ws")
 
@@ -139,6 +141,17 @@ class SpeechSession:
             return self.protocol.config_refused(exc)
         return self.protocol.config_resolved(opts, template)
 
+    async def _withdrawn(self, opts: SpeechOptions) -> UnknownVoiceError | None:
+        """The error for a unit whose uploaded voice was deleted after the session's config resolved it (its
+        prompt is in the session's template): a deletion withdraws the voice from sessions already open too."""
+        name = opts.voice
+        if name is None or builtin_voice(self.engine.speech_info, name) is not None:
+            return None
+        await refresh_voice(self.state, name)  # deleted by another server sharing the directory too
+        if self.state.voices.get(name) is not None:
+            return None
+        return UnknownVoiceError(f"Voice '{name}' was deleted: this session no longer speaks with it", "voice")
+
     def _cancel_units(self) -> None:
         self.pacer.interrupt()
         for job in list(self.jobs):
@@ -188,7 +201,7 @@ class SpeechSession:
                     self._slots.release()
                     self.protocol.unit_finished(self.clock())
                     continue
-                job = UnitJob(item, rate)
+                job = UnitJob(item, rate, refusal=await self._withdrawn(item.opts))
                 self.jobs.add(job)
                 job.start(tg, self.engine)
                 await jobs_send.send(job)

@@ -43,6 +43,7 @@ class UnitJob:
     cancelled: bool = False
     started: bool = False
     seconds: float = 0.0  # playing time of a whole-file unit, known once its file is encoded
+    refusal: BaseException | None = None  # why it may not run (its voice deleted since the config): it fails at once
     _scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     _send: Any = None
     receive: Any = None
@@ -65,6 +66,8 @@ class UnitJob:
         async with self._send:
             with self._scope:
                 try:
+                    if self.refusal is not None:
+                        raise self.refusal
                     stream = engine.speech(request)
                     if spec.opts.stream_audio:
                         await self._stream_pcm(stream)
