@@ -156,6 +156,8 @@ def test_reference_urls_are_refused_by_rule(live, ref_audio, words):
         ({"name": "x" * 65}, "name", ["1-64"]),
         ({"name": None}, "name", ["required"]),
         ({"consent": None}, "consent", ["required"]),
+        ({"consent": "y" * 1001}, "consent", ["too long", "1000"]),
+        ({"speaker_description": "d" * 100_000}, "speaker_description", ["too long", "1000"]),
     ],
 )
 def test_invalid_uploads_persist_nothing(live, voices_dir, kwargs, param, words):

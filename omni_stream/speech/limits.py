@@ -37,6 +37,9 @@ MAX_INSTRUCTIONS_CHARS = 500
 # Reference audio for cloning, seconds (vLLM-Omni's bounds)
 MIN_REF_SECONDS = 1.0
 MAX_REF_SECONDS = 30.0
+# An uploaded voice's free texts (its consent statement, its speaker description): stored with it and returned in
+# every listing, so bounded.
+MAX_VOICE_NOTE_CHARS = 1000
 # A speaker embedding (x-vector) has at most this many values (vLLM-Omni's bound).
 MAX_EMBEDDING_DIM = 8192
 

@@ -21,7 +21,7 @@ from omni_stream.realtime.speech.build import decode_reference
 from omni_stream.realtime.speech.voice_store import StoredVoice, VoiceLimitError, now_seconds, validate_name
 from omni_stream.realtime.state import ServerState
 from omni_stream.requests import SpeechRequest, VoicePrompt
-from omni_stream.speech.limits import check_embedding, check_transcript
+from omni_stream.speech.limits import MAX_VOICE_NOTE_CHARS, check_embedding, check_transcript
 from omni_stream.validation.voices import check_new_voice, model_key, voice_names
 
 log = logging.getLogger("omni_stream.realtime.speech.voices")
@@ -101,6 +101,9 @@ async def delete_voice(request: Request) -> Response:
     return count(state, ROUTE, JSONResponse({"success": True, "message": f"Voice '{name}' deleted successfully"}))
 
 
+NOTES = ("consent", "speaker_description")  # stored with the voice and listed: bounded (speech/limits.py)
+
+
 def _text_field(form: Any, key: str, required: bool) -> str | None:
     value = form.get(key)
     if isinstance(value, UploadFile):
@@ -108,6 +111,8 @@ def _text_field(form: Any, key: str, required: bool) -> str | None:
     value = (value or "").strip()
     if required and not value:
         raise bad_request(f"'{key}' is required", key)
+    if key in NOTES and len(value) > MAX_VOICE_NOTE_CHARS:
+        raise bad_request(f"'{key}' is too long ({len(value)} characters; at most {MAX_VOICE_NOTE_CHARS})", key)
     return value or None
 
 
