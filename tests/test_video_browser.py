@@ -113,3 +113,30 @@ def test_a_new_generate_clears_the_last_runs_numbers_and_picture(browser: Any, l
         assert page.evaluate("document.getElementById('video').readyState") == 0  # HAVE_NOTHING: no old picture
     finally:
         page.close()
+
+
+def test_the_page_opens_its_socket_under_the_path_it_is_served_at(browser: Any, live: LiveServer) -> None:
+    # Behind a proxy that serves the server under /app/, the page's fetches went there but its socket to the root.
+    page = browser.new_page()
+    sockets: list[str] = []
+
+    def unprefixed(route: Any) -> None:  # the proxy: /app/x is the server's /x
+        route.fulfill(response=route.fetch(url=route.request.url.replace("/app/", "/", 1)))
+
+    def socket(ws: Any) -> None:
+        sockets.append(ws.url)
+        ws.close()
+
+    page.route("**/app/**", unprefixed)
+    page.route_web_socket("**/realtime/video", socket)
+    try:
+        page.goto(f"{live.url}/app/video", wait_until="load")
+        page.wait_for_function("window.__video.model !== null", timeout=TIMEOUT_MS)  # its fetches under /app/
+        page.get_by_role("button", name="Generate").click()
+        for _ in range(300):
+            if sockets:
+                break
+            page.wait_for_timeout(100)  # lets the routes' handlers run
+        assert sockets == [f"{live.ws_url}/app/v1/realtime/video"]
+    finally:
+        page.close()

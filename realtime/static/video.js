@@ -130,7 +130,9 @@ function start(event) {
   video.removeAttribute("src");
   video.load();
   const key = $("key").value.trim();
-  const url = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/realtime/video`;
+  // relative to the page, as its fetches are: behind a proxy that serves it under a path, the socket is there too
+  const url = new URL("v1/realtime/video", location.href);
+  url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
   const ws = new WebSocket(url, socketProtocols(key));
   let opened = false;
   socket = ws;
