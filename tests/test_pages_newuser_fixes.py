@@ -180,3 +180,20 @@ def test_the_agent_page_fits_a_phone_and_says_why_webrtc_is_off(env: tuple[LiveS
         else:
             assert option.inner_text() == "WebRTC (/rtc)"
         assert tab.problems == []
+
+
+def test_a_server_shutting_down_mid_answer_is_one_error_line(tmp_path: Path) -> None:
+    # A shutdown sends the running response's response.done (failed: server_shutdown), an error with the same
+    # reason, then closes with 1001: the page listed three lines for one cause.
+    skip_without_browser()
+    settings = Settings(vad_factory=vad_factory(), api_key=KEY)
+    audio = spoken_words(["three"], lead_ms=800, tail_ms=30000)
+    with running_server(None, settings, load=agent_loader(agent_checkpoints(tmp_path, reply_prefix=PREFIX))) as live:
+        with chromium(tmp_path / "profile-shutdown", *microphone(tmp_path, "shutdown", audio)) as context:
+            tab = Tab(context, f"{live.url}/realtime", AGENT_LOADED)
+            tab.page.get_by_role("button", name="Start talking").click()
+            tab.wait("window.agent.events.includes('response.output_audio.delta')")  # the answer is running
+            live.server.should_exit = True  # the server shuts down (as on Ctrl-C)
+            tab.wait("window.agent.state === 'idle'")
+            errors = tab.js("window.agent.errors")
+    assert len(errors) == 1 and "failed" in errors[0] and "shutting down" in errors[0], errors

@@ -45,6 +45,8 @@ let current = null; // the assistant turn being spoken: {li, turn, itemId, playe
 const responses = new Map(); // response id -> its assistant turn, until its response.done
 let playerBusy = false; // the player still has agent audio to play
 let stoppedAt = null; // when the user's last turn ended (performance.now())
+let explained = null; // the failed response's reason: the error event that repeats it adds no line
+let goingAway = false; // the server said it is shutting down: its 1001 close adds no line
 const userTurns = new Map(); // item id -> the user's turn, filled in when its transcript arrives
 
 function setState(state) {
@@ -269,7 +271,10 @@ function onEvent(event) {
         done.turn.cancelled ||= status === "cancelled";
         if (status !== "completed") done.li.classList.add(status); // cancelled, failed or incomplete
       }
-      if (status === "failed") showError(`The response failed: ${details?.error?.message ?? "no reason given"}`);
+      if (status === "failed") {
+        explained = details?.error?.message ?? null;
+        showError(`The response failed: ${explained ?? "no reason given"}`);
+      }
       if (done === current) audio?.player.port.postMessage({ type: "end" });
       // the agent is still heard while its audio plays out: "listening" once the player has drained it
       if (agent.state === "thinking" || (agent.state === "speaking" && !playerBusy)) setState("listening");
@@ -280,7 +285,10 @@ function onEvent(event) {
         send({ type: "session.update", session: { audio: { input: { turn_detection: { type: "server_vad" } } } } });
         break;
       }
-      showError(`${event.error.code ?? event.error.type}: ${event.error.message}`);
+      // a failed response's error event repeats its reason (a shutdown: response.done, error, then 1001)
+      if (event.error.message !== explained) showError(`${event.error.code ?? event.error.type}: ${event.error.message}`);
+      explained = null;
+      goingAway ||= event.error.code === "server_shutdown";
       break;
   }
 }
@@ -408,6 +416,8 @@ async function start() {
   // a new session: the last one's errors (a refused key typed since, a closed connection) no longer apply
   $("errors").replaceChildren();
   agent.errors = [];
+  explained = null;
+  goingAway = false;
   setState("connecting");
   if (infoKey !== key()) await loadInfo(); // typed and clicked at once: the model and voices of this key first
   agent.transport = $("transport").value;
@@ -438,7 +448,8 @@ async function start() {
   ws.onmessage = (message) => onEvent(JSON.parse(message.data));
   ws.onclose = async (close) => {
     if (ws !== socket) return;
-    if (agent.state !== "idle" && close.code !== 1000) {
+    // 1001 after the server said why (shutting down) is that same cause: no line of its own
+    if (agent.state !== "idle" && close.code !== 1000 && !(close.code === 1001 && goingAway)) {
       const refused = opened ? null : await refusedKey(used);
       showError(refused ?? `Connection closed (${close.code}${close.reason ? `: ${close.reason}` : ""})`);
     }
