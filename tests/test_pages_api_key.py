@@ -115,6 +115,9 @@ def test_the_speech_page_names_a_refused_key(browser, keyed):
         tab.page.get_by_role("button", name="Speak").click()
         failed = tab.wait("s.state === 'error'")
         assert any("refused this API key" in e for e in failed["errors"]), failed["errors"]
+        tab.page.get_by_label("API key (optional)").fill(KEY)  # the right key: the refusal is the old key's
+        tab.wait("s.errors.length === 0 && s.state === 'idle'")
+        assert tab.page.locator("#state").inner_text() == "idle"
     finally:
         tab.close()
 
@@ -140,6 +143,9 @@ def test_the_video_page_names_a_refused_key(browser, keyed):
         tab.page.get_by_role("button", name="Generate").click()
         failed = tab.wait("s.state === 'error'")
         assert any("refused this API key" in e for e in failed["errors"]), failed["errors"]
+        tab.page.get_by_label("API key (optional)").fill(KEY)
+        tab.wait("s.errors.length === 0 && s.state === 'idle'")
+        assert tab.page.locator("#state").inner_text() == "idle"
     finally:
         tab.close()
 

@@ -332,6 +332,7 @@ $("stop").addEventListener("click", stop);
 watchKey($("key"), () => {
   $("errors").replaceChildren();
   demo.errors = [];
+  if (demo.state === "error") setState("idle"); // what failed was the old key's: the page is ready again
   loadServerInfo();
 });
 loadServerInfo();

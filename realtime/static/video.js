@@ -231,6 +231,7 @@ $("steer-form").addEventListener("submit", steer);
 watchKey($("key"), () => {
   $("errors").replaceChildren();
   state.errors = [];
+  if (state.state === "error") setState("idle"); // what failed was the old key's: the page is ready again
   loadModel();
 });
 setState("idle");
