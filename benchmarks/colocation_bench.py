@@ -14,7 +14,9 @@ One ``omni-stream serve`` process (one engine, one device worker for every model
 
 Scenarios: ``alone`` (each workload by itself), ``together`` (all start at once) and ``apart`` (speech and agents
 first, image and video ``--stagger`` seconds later: the issue's "started 0.3 s in"); each mixed figure is reported
-beside the same workload alone. ``probe``: the issue's CPU repro, one short speech request at a time (``Hi
+beside the same workload alone, with what the server's device worker ran until the speech streams' last first
+audio (its log) and what its event loop ran in the scenario (``loop_meter.LoopMeter``: the longest callbacks and
+the code sampled inside them). ``probe``: the issue's CPU repro, one short speech request at a time (``Hi
 there.``, 20 frames, TTFA over HTTP) during one image edit and during one video session, and alone before each and
 after the last (pooled: on a shared machine the load drifts over minutes).
 
@@ -61,9 +63,18 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from loop_meter import LoopMeter  # noqa: E402
 from provenance import git_commit  # noqa: E402
 from tts_clients import TEXT, RequestFields, Spoken, http_request, ws_request  # noqa: E402
-from worklog import fetch_worklog, last_seq, longest_pieces, worklog_route  # noqa: E402
+from worklog import (  # noqa: E402
+    fetch_loop,
+    fetch_worklog,
+    last_seq,
+    longest_pieces,
+    loop_line,
+    loop_route,
+    worklog_route,
+)
 
 from omni_stream.metrics import percentile, underrun_of  # noqa: E402
 
@@ -151,6 +162,7 @@ def serve(argv: list[str]) -> int:
     def create_app(*args: Any, **kwargs: Any) -> Any:
         app = make_app(*args, **kwargs)
         app.router.routes.insert(0, Route("/bench/worklog", worklog_route(app)))
+        app.router.routes.insert(0, Route("/bench/loop", loop_route(LoopMeter(sample_after=0.01))))
         return app
 
     AsyncEngine.load = classmethod(recorded)  # type: ignore[method-assign,assignment]
@@ -595,20 +607,28 @@ async def run_policy(url: str, sizes: Sizes, args: argparse.Namespace, reference
             if reference is not None:
                 (same,) = [lv for lv in reference["levels"] if (lv["transport"], lv["speech_c"]) == (transport, c)]
                 level["alone"], level["alone_worker"] = same["alone"], same["alone_worker"]
+                level["alone_loop"] = same["alone_loop"]
             else:
                 seen, t0 = await asyncio.to_thread(last_seq, url), time.monotonic()
+                await asyncio.to_thread(fetch_loop, url)  # the loop meter's window starts here
                 level["alone"], until = await timed(work, [f"speech_{transport}"])
                 level["alone_worker"] = await asyncio.to_thread(worker_window, url, seen, t0, until)
+                level["alone_loop"] = await asyncio.to_thread(fetch_loop, url)
                 progress(f"speech {transport} c={c} alone", level["alone"])
                 print(worker_line(level["alone_worker"]), flush=True)
+                print(loop_line(level["alone_loop"]), flush=True)
             solo = result["alone"] | level["alone"]
             for kind in ("together", "apart"):
                 seen, t0 = await asyncio.to_thread(last_seq, url), time.monotonic()
+                await asyncio.to_thread(fetch_loop, url)
                 level[kind], until = await mixed(kind, work, args.stagger)
                 level[f"{kind}_worker"] = await asyncio.to_thread(worker_window, url, seen, t0, until)
+                # what held the server's event loop meanwhile (a burst's requests wait for it before the worker)
+                level[f"{kind}_loop"] = await asyncio.to_thread(fetch_loop, url)
                 level[f"{kind}_vs_alone"] = compare(solo, level[kind])
                 progress(f"speech {transport} c={c} {kind}", level[kind])
                 print(worker_line(level[f"{kind}_worker"]), flush=True)
+                print(loop_line(level[f"{kind}_loop"]), flush=True)
             result["levels"].append(level)
     return result
 

@@ -64,3 +64,34 @@ def longest_pieces(log: list[WorkRecord], start: float, end: float, top: int = 5
         pieces.append({"piece": label, "class": str(piece.work_class), "ms": round(1000 * (hi - lo), 1),
                        "at_ms": round(1000 * (lo - start), 1)})  # fmt: skip
     return sorted(pieces, key=lambda p: -p["ms"])[:top]
+
+
+def loop_route(meter: Any) -> Any:
+    """``GET /bench/loop`` (a benchmark's server only): what its event loop ran since the last call
+    (``loop_meter.LoopMeter.report``: the longest callbacks, the code sampled inside them, stalls), then forgets
+    it. The first call installs the meter on the loop (the handler runs on the loop's thread)."""
+    from starlette.responses import JSONResponse
+
+    async def loop(request: Any) -> Any:
+        if meter._thread is None:
+            meter.install()
+        report = meter.report(5)
+        meter.reset()
+        return JSONResponse(report)
+
+    return loop
+
+
+def fetch_loop(base_url: str) -> dict[str, Any]:
+    """:func:`loop_route`'s report at ``base_url`` (and the meter starts a new window)."""
+    with urllib.request.urlopen(f"{base_url}/bench/loop", timeout=30) as response:
+        return dict(json.loads(response.read()))
+
+
+def loop_line(report: dict[str, Any], top: int = 3) -> str:
+    """A :func:`fetch_loop` report in one line: the longest single callbacks (wall ms) and where the longest ran."""
+    longest = ", ".join(f"{r['what']} {r['max_ms']:.0f} ms" for r in report.get("longest_wall", [])[:top])
+    inside = "; ".join(f"{s['where']} ({s['samples']})" for s in report.get("sampled_inside_long_callbacks", [])[:2])
+    stalls = len(report.get("stalls", []))
+    where = f"; inside: {inside}" if inside else ""
+    return f"    event loop: longest callbacks {longest or '-'}; stalls {stalls}{where}"

@@ -53,6 +53,9 @@ def test_the_smoke_run_measures_every_workload_in_every_scenario(tmp_path, monke
             assert any(key.startswith("step:") for key in window["seconds"]), window  # the talker's steps
             assert window["longest"] and all(p["ms"] >= 0 and p["piece"] != "idle" for p in window["longest"])
             assert window["longest"][0]["ms"] == max(p["ms"] for p in window["longest"]) > 0
+            # ... and what its event loop ran meanwhile: the scenario's requests and sockets, timed callback by callback
+            loop = level[f"{kind}_loop"]
+            assert loop["callbacks"] > 0 and loop["longest_wall"][0]["max_ms"] > 0, loop
         for kind in ("together_vs_alone", "apart_vs_alone"):
             assert set(level[kind]) == {speech, "agent", "image", "video"}
             assert level[kind][speech]["ttfa_p95_ratio"] > 0
