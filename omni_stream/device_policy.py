@@ -65,10 +65,11 @@ class DevicePolicy:
     the realtime models' (default True; no effect on CPU). Its priority is the lowest, which is also the default
     stream's: the realtime models' kernels go first on the device only with ``realtime_priority``.
     ``realtime_priority``: on CUDA, the worker's realtime work launches on a stream of higher priority than the
-    throughput steps' (:mod:`omni_stream.runtime.worker_streams`; default False until measured beside image and
-    video work; no effect on CPU).
+    throughput steps' (:mod:`omni_stream.runtime.worker_streams`; default False: beside image and video work a
+    speech burst got its first audio later with it, GPU colocation runs 50 and 52; no effect on CPU).
     ``throughput_fence``: on CUDA, a throughput step starts only once the last one's device work is done, so the
-    host never queues more than one step on the side stream (default False until measured; no effect on CPU).
+    host never queues more than one step on the side stream (default False: later first audio with it, run 55; no
+    effect on CPU).
     ``realtime_streams``: on CUDA, each realtime source's steps launch on a stream of its own, so one model's step
     (its kernels, and the copy that ends it) does not queue behind another's (default False; no effect on CPU).
     """
