@@ -1,9 +1,12 @@
 """Voice-agent latency over the real WebSocket (WS /v1/realtime): voice-to-voice and barge-in, N sessions.
 
-Each session streams a microphone in real time (100 ms PCM16 appends at 24 kHz): silence, an utterance, then
-silence until the agent has answered for ``--barge-after`` seconds, then an interrupting utterance. Turn detection
-``server_vad`` or ``semantic_vad`` (``--turns``, both by default, reported apart). Sessions speak all at once (the
-worst case) or at random times within ``--spread`` seconds (``--arrivals``). Every level runs twice on the same
+Each session streams a microphone in real time (PCM16 appends at 24 kHz, 100 ms each unless ``--append-ms``):
+silence, an utterance, then silence until the agent has answered for ``--barge-after`` seconds, then an
+interrupting utterance. Turn detection ``server_vad`` or ``semantic_vad`` (``--turns``, both by default,
+reported apart). Sessions speak all at once (the worst case) or at random times within ``--spread`` seconds
+(``--arrivals``). On CPU (the synthetic cascade, 1 and 4 sessions) appends of 20, 40 and 100 ms gave the same
+voice-to-voice within run-to-run spread (257-282 ms at 1 session): the 200 ms pause and the turn model bound it,
+not the append size. Every level runs twice on the same
 server, and the two rounds are reported apart: ``cold`` (the level's batch sizes seen for the first time) and
 ``warm``. Measured on the client:
 
@@ -468,10 +471,11 @@ def recorded(name: str) -> np.ndarray:
 
 
 class Mic:
-    """A real-time microphone: 100 ms chunks at their wall-clock times; knows when each sample was 'spoken'."""
+    """A real-time microphone: ``chunk``-sample appends (100 ms by default) at their wall-clock times; knows when
+    each sample was 'spoken'."""
 
-    def __init__(self, ws: Any, loop: asyncio.AbstractEventLoop) -> None:
-        self.ws, self.loop = ws, loop
+    def __init__(self, ws: Any, loop: asyncio.AbstractEventLoop, chunk: int = CHUNK) -> None:
+        self.ws, self.loop, self.chunk = ws, loop, chunk
         self.t0 = loop.time()
         self.sent = 0  # samples
         self.late = 0.0  # the latest an append left after its due time (this client process's own lag)
@@ -483,8 +487,8 @@ class Mic:
     async def play(self, samples: np.ndarray) -> int:
         """Send ``samples`` in real time; returns the stream position where they began."""
         start = self.sent
-        for i in range(0, samples.size, CHUNK):
-            chunk = samples[i : i + CHUNK]
+        for i in range(0, samples.size, self.chunk):
+            chunk = samples[i : i + self.chunk]
             due = self.time_of(self.sent + chunk.size)  # a chunk leaves once its last sample is 'recorded'
             await asyncio.sleep(max(0.0, due - self.loop.time()))
             self.late = max(self.late, self.loop.time() - due)
@@ -494,7 +498,7 @@ class Mic:
         return start
 
     async def silence_until(self, event: asyncio.Event, limit_s: float) -> None:
-        quiet = np.zeros(CHUNK, np.int16)
+        quiet = np.zeros(self.chunk, np.int16)
         end = self.loop.time() + limit_s
         while not event.is_set() and self.loop.time() < end:
             await self.play(quiet)
@@ -519,7 +523,7 @@ async def one_session(url: str, args: argparse.Namespace, turns: str, delay: flo
         await ws.send(json.dumps({"type": "session.update", "session": session}))
         while json.loads(await ws.recv())["type"] != "session.updated":
             pass
-        mic = Mic(ws, loop)
+        mic = Mic(ws, loop, RATE * args.append_ms // 1000)
         if args.asr == "tone" and turns == "server_vad":
             first, interruption = utterance(["three", "five"]), utterance(["seven"])
         else:
@@ -729,6 +733,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="a reply's first spoken unit ends after this many tokens at the latest (random-weight LMs "
                          "write no clause boundary; --build: 8, a real model's first clause)")  # fmt: skip
     ap.add_argument("--silence-ms", type=int, default=500, help="server VAD silence_duration_ms")
+    ap.add_argument("--append-ms", type=int, default=100, choices=(10, 20, 40, 50, 100),
+                    help="the microphone's appends (ms of audio each; default: %(default)s)")  # fmt: skip
     ap.add_argument("--barge-after", type=float, default=1.0, help="seconds of agent audio before interrupting")
     ap.add_argument("--session-timeout", type=float, default=60.0)
     ap.add_argument("--server-timeout", type=float, default=600.0)
@@ -823,7 +829,7 @@ def main(argv: list[str] | None = None) -> int:
             "random_arrival_spread_s": args.spread,
             "barge_after_s": args.barge_after,
             "run_ahead_s": 2.0,
-            "append_ms": 100,
+            "append_ms": args.append_ms,
             "utterances": "tones" if args.asr == "tone" else "recorded speech (benchmarks/speech)",
             "max_output_tokens": args.max_output_tokens,
             "asr_max_tokens": args.asr_max_tokens,

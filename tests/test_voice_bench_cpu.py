@@ -14,7 +14,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "voice_bench.py"
 
 def test_the_smoke_run_measures_voice_to_voice_its_split_and_barge_in(tmp_path):
     out = tmp_path / "voice.json"
-    out_args = ["--out", str(out)]
+    out_args = ["--append-ms", "40", "--out", str(out)]  # appends of 40 ms, not the default 100: a WebRTC-like client
     env = {**os.environ, "GIT_COMMIT": "test"}
     proc = subprocess.run(
         # benchmark fields on (a bounded reply), and the first spoken unit bounded at 3 of the synthetic LM's word
@@ -28,6 +28,7 @@ def test_the_smoke_run_measures_voice_to_voice_its_split_and_barge_in(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["mode"] == "cpu" and report["smoke"] and report["git_commit"] == "test"
+    assert report["settings"]["append_ms"] == 40
     matrix = {(lv["turns"], lv["arrivals"], lv["concurrency"], lv["round"]) for lv in report["levels"]}
     assert matrix == {
         (t, a, n, r)
