@@ -33,11 +33,12 @@ def resolve_language(value: str | None, languages: Sequence[str], param: str = "
     if not languages:
         return value.strip()
     key = value.strip().lower()
-    named = _code_names().get(key)  # a code ("en") for a model that lists names ("English")
-    for language in languages:
-        if language.lower() in (key, named):
-            return language
-    raise language_error(value, languages, param)
+    by_name = {language.lower(): language for language in languages}
+    # its name, else a code ("en") for a model that lists names (the table only for a value no name matched)
+    found = by_name.get(key) or by_name.get(_code_names().get(key, ""))
+    if found is None:
+        raise language_error(value, languages, param)
+    return found
 
 
 def _code_names() -> dict[str, str]:
