@@ -9,7 +9,8 @@ rarely stop early, so nearly every transcript runs to ``--tokens`` tokens (``at_
 did). Per level: latency p50/p95/max, time to the first text delta, utterances/s and tokens/s, and the
 scheduler's own figures (steps, mean batch, model time per step). Also, alone: the feature extraction of one
 utterance and one encoder pass at batch 1 and at the largest level (the encoder always reads a 30 s window,
-so on CPU it dominates the step that admits newcomers), and the machine's load average.
+so on CPU it dominates the step that admits newcomers), each batch bucket's pass as the engine runs it (on CUDA the
+captured graph: ``encoder_pass_ms_by_bucket``), and the machine's load average.
 
 - CPU (tiny random checkpoint, built here): ``python benchmarks/asr_bench.py`` (levels 1, 4, 16, 32).
 - GPU (random weights at the sizes of a real config, ``load_format="dummy"``, bf16):
@@ -124,6 +125,30 @@ def encoder_ms(family, batch: int, n: int = 3) -> float:
     return round(statistics.median(times), 2)
 
 
+@torch.inference_mode()
+def encoder_pass_ms(family, n: int = 5) -> dict[str, float]:
+    """Each batch bucket's encoder pass as the engine runs it (on CUDA its captured graph's replay, else the same
+    static-buffer function eagerly), median wall time of ``n``, synchronized; run while the engine is idle (every
+    row writes the spare slot, as at capture). The cost curve a policy that gathers pauses into one pass weighs."""
+    runner = family.runner
+    cuda = runner.device.type == "cuda"
+    runner._enc_slots.fill_(runner.spare)
+    out = {}
+    for b in runner.encode_buckets:
+        times = []
+        for _ in range(n):
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            if not (runner.encode_graphs is not None and runner.encode_graphs.replay((b,))):
+                runner._encode(b)
+            if cuda:
+                torch.cuda.synchronize()
+            times.append((time.perf_counter() - t0) * 1000)
+        out[str(b)] = round(statistics.median(times), 2)
+    return out
+
+
 def feature_ms(family, seconds: float, n: int = 5) -> float:
     from omni_stream.transcription.spec import TranscriptionRequest
 
@@ -184,9 +209,12 @@ async def run(args: argparse.Namespace) -> dict:
                 "feature_extraction_ms": feature_ms(family, args.seconds),
                 "encoder_ms_batch_1": encoder_ms(family, 1),
                 f"encoder_ms_batch_{max(args.levels)}": encoder_ms(family, max(args.levels)),
+                "encoder_pass_ms_by_bucket": encoder_pass_ms(family),
                 "load_average_1m_before": round(os.getloadavg()[0], 2),
                 "levels": [],
             }
+            passes = result["encoder_pass_ms_by_bucket"]
+            print("encoder pass by batch bucket (ms): " + ", ".join(f"{b}: {ms}" for b, ms in passes.items()))
             for c in args.levels:
                 lv = await level(engine, family, c, args)
                 result["levels"].append(lv)

@@ -28,7 +28,9 @@ batch (``omni_stream.runtime.work_profile`` over the worker's log, read from the
 turn detection's feeds (``work.turns``) and for prompts (``work.prepare``), how late the server's event loop ran a
 10 ms timer (``work.loop_lag``), how late this client sent its appends (``mic_late_ms``: a late client delays what the
 server hears), and the ASR's encoder passes and the utterances they encoded (``work.asr_encoder``: many passes of one
-utterance each mean the transcripts arrived spread over many steps). A slow part with an idle worker waited on
+utterance each mean the transcripts arrived spread over many steps; ``buckets``: passes by the batch bucket they ran
+at, and on CUDA ``device_ms_mean``: each bucket's mean device time by CUDA events, so a transcription step's wall
+time can be told from the encoder's own). A slow part with an idle worker waited on
 something other than the device.
 
 And the turn's timeline on the server (``timeline`` in the JSON, a line per level): every session marks when its
@@ -248,7 +250,7 @@ def work_route(app: Any, lag: LoopLag) -> Any:
     from omni_stream.runtime.work_profile import work_profile
 
     read = {"seq": -1, "at": time.perf_counter()}
-    encoded = {"calls": 0, "utterances": 0}
+    encoded: dict[str, Any] = {"calls": 0, "utterances": 0, "buckets": {}, "device_ms": {}}
 
     async def work(request: Any) -> Any:
         engine = app.state.omni.engine
@@ -269,8 +271,16 @@ def work_route(app: Any, lag: LoopLag) -> Any:
         kind = ModelKind.TRANSCRIPTION
         asr = getattr(engine.models.get(kind), "runner", None) if kind in engine.models else None
         calls, utterances = getattr(asr, "encoder_calls", 0), getattr(asr, "utterances_encoded", 0)
-        encoder = {"calls": calls - encoded["calls"], "utterances": utterances - encoded["utterances"]}
+        encoder: dict[str, Any] = {"calls": calls - encoded["calls"], "utterances": utterances - encoded["utterances"]}
         encoded["calls"], encoded["utterances"] = calls, utterances
+        if asr is not None:  # Whisper: its passes by batch bucket, and on CUDA each bucket's mean device time
+            asr.time_encoder = True  # from the first read on (the warm-up's), so every level's passes are timed
+            buckets, device_ms = dict(asr.encoder_buckets), dict(asr.encoder_device_ms)
+            passes = {b: n - encoded["buckets"].get(b, 0) for b, n in sorted(buckets.items())}
+            spent = {b: ms - encoded["device_ms"].get(b, 0.0) for b, ms in device_ms.items()}
+            encoder["buckets"] = {str(b): n for b, n in passes.items() if n}
+            encoder["device_ms_mean"] = {str(b): round(spent[b] / passes[b], 2) for b in spent if passes.get(b)}
+            encoded["buckets"], encoded["device_ms"] = buckets, device_ms
         return JSONResponse({**profile.summary(), "prepare": prepare, "turns": turns, "judge": judge,
                              "asr_encoder": encoder, "loop_lag": lag.take()})  # fmt: skip
 
@@ -408,11 +418,14 @@ def work_line(work: dict[str, Any], top: int = 5) -> str:
     # a pool that ran no job has no wait or run time: "-", not None
     p, t = ({k: "-" if v is None else v for k, v in work[pool].items()} for pool in ("prepare", "turns"))
     e = work["asr_encoder"]
+    device = e.get("device_ms_mean", {})
+    buckets = "; ".join(f"batch {b}: {n} pass{'es' * (n > 1)}" + (f" of {device[b]} ms" if b in device else "")
+                        for b, n in e.get("buckets", {}).items())  # fmt: skip
     return (f"    worker busy {100 * work['busy_fraction']:.0f}% of {work['span_s']:.1f} s: {parts}\n"
             f"    turn detection threads: {t['jobs']} feeds, wait mean {t['wait_ms_mean']} ms (max {t['wait_ms_max']} "
             f"ms), run mean {t['run_ms_mean']} ms; preparation threads: {p['jobs']} jobs, wait mean "
             f"{p['wait_ms_mean']} ms (max {p['wait_ms_max']} ms), run mean {p['run_ms_mean']} ms; ASR encoder: "
-            f"{e['calls']} passes for {e['utterances']} utterances")  # fmt: skip
+            f"{e['calls']} passes for {e['utterances']} utterances" + (f" ({buckets})" if buckets else ""))  # fmt: skip
 
 
 @contextlib.contextmanager

@@ -18,6 +18,9 @@ def test_smoke_run_writes_every_level_with_sane_figures(tmp_path):
     res = json.loads((tmp_path / "asr_bench_whisper-tiny-random_smoke.json").read_text())
     assert res["git_commit"] == "test" and res["device"] == "cpu" and res["max_tokens"] == 4
     assert res["feature_extraction_ms"] > 0
+    passes = res["encoder_pass_ms_by_bucket"]  # every bucket the engine encodes at (levels 1, 2: slots 2)
+    assert list(passes) == ["1", "2"] and all(ms > 0 for ms in passes.values()), passes
+    assert "encoder pass by batch bucket (ms): 1: " in proc.stdout
     assert [lv["concurrency"] for lv in res["levels"]] == [1, 2]
     for lv in res["levels"]:
         assert lv["utterances"] == lv["concurrency"]  # one round per client

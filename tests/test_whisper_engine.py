@@ -310,14 +310,19 @@ async def test_newcomers_encode_at_a_batch_bucket_and_padding_changes_no_token(e
         )
     ]
     calls, utterances = runner.encoder_calls, runner.utterances_encoded
+    buckets = dict(runner.encoder_buckets)
+    runner.time_encoder = True  # CUDA events only: on the CPU nothing is timed
     alone = [step_together(runner, [p])[0] for p in payloads]
     assert (runner.encoder_calls - calls, runner.utterances_encoded - utterances) == (5, 5)  # benchmarks read these
+    assert runner.encoder_buckets[1] - buckets.get(1, 0) == 5
     runner.log.clear()
     together = step_together(runner, payloads)
     assert together == alone
     encodes = [e for e in runner.log if e[0] == "encode"]
     assert encodes == [("encode", 5, 6, "eager")]  # CPU: the same static-buffer encoder, eagerly
     assert (runner.encoder_calls - calls, runner.utterances_encoded - utterances) == (6, 10)
+    assert runner.encoder_buckets[6] - buckets.get(6, 0) == 1
+    assert not runner.encoder_device_ms and not runner._timed
     assert all(b in runner.encode_buckets for _, _, b, _ in encodes)
     assert not runner.live
 

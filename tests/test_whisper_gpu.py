@@ -52,6 +52,10 @@ async def test_encoder_graphs_equal_the_eager_encoder_at_every_bucket(tiny_whisp
         graphed = step_together(runner, batch)  # five newcomers: the bucket of six
         encodes = [e for e in runner.log if e[0] == "encode"]
         assert encodes == [("encode", 5, 6, "graph")]
+        runner.time_encoder = True  # a benchmark's timing: each pass's device time by CUDA events, by bucket
+        step_together(runner, batch)
+        assert runner.encoder_device_ms[6] > 0 and not runner._timed  # added by the steps after the pass
+        runner.time_encoder = False
         graphs, runner.encode_graphs = runner.encode_graphs, None
         try:
             eager = step_together(runner, batch)

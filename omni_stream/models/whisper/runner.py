@@ -34,6 +34,7 @@ positions). ``release`` drops a row's state; its slot's cache rows are overwritt
 from __future__ import annotations
 
 import math
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -112,6 +113,13 @@ class WhisperRunner(StepRecord[WhisperInput]):
         self._decode_text = tokenizer.backend_tokenizer.decode
         self.encoder_calls = 0  # encoder passes and the utterances they encoded (benchmarks read them)
         self.utterances_encoded = 0
+        self.encoder_buckets: Counter[int] = Counter()  # passes by the batch bucket they ran at
+        # Benchmarks set ``time_encoder``: on CUDA each pass is bracketed by two timing events, and a step adds the
+        # device time of the passes whose events have completed (no wait) to ``encoder_device_ms`` by bucket, so a
+        # benchmark tells the encoder's own time from the step's wall time (other models' work in between, waits).
+        self.time_encoder = False
+        self.encoder_device_ms: defaultdict[int, float] = defaultdict(float)
+        self._timed: list[tuple[int, torch.cuda.Event, torch.cuda.Event]] = []
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.heads = cfg.decoder_attention_heads
@@ -166,6 +174,8 @@ class WhisperRunner(StepRecord[WhisperInput]):
     @torch.inference_mode()
     def step(self, batch: Batch[WhisperInput]) -> list[SeqOutput[TextDelta]]:
         self.record_step(batch)
+        if self._timed:
+            self._add_encoder_times()
         if batch.prefill:
             self._admit(batch.prefill)
         live = [(s, s.model_state) for s in (*batch.prefill, *batch.decode) if isinstance(s.model_state, _Row)]
@@ -225,11 +235,19 @@ class WhisperRunner(StepRecord[WhisperInput]):
         self._enc_in[n:b].zero_()
         self._enc_slots[:n].copy_(self._upload([s.slot for s in seqs]))
         self._enc_slots[n:b].fill_(self.spare)
+        timed = self.time_encoder and self.device.type == "cuda"
+        if timed:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
         replayed = self.encode_graphs is not None and self.encode_graphs.replay((b,))
         if not replayed:
             self._encode(b)
+        if timed:
+            end.record()
+            self._timed.append((b, start, end))
         self.encoder_calls += 1
         self.utterances_encoded += n
+        self.encoder_buckets[b] += 1
         if self.record:
             self.log.append(("encode", n, b, "graph" if replayed else "eager"))
         for seq in seqs:
@@ -243,6 +261,16 @@ class WhisperRunner(StepRecord[WhisperInput]):
             self.live.add(seq.seq_id)
             if self.record:
                 self.log.append(("admit", seq.seq_id, seq.request_id))
+
+    def _add_encoder_times(self) -> None:
+        """Add the device time of each timed pass whose end event has completed (a query, never a wait)."""
+        pending = []
+        for b, start, end in self._timed:
+            if end.query():
+                self.encoder_device_ms[b] += start.elapsed_time(end)
+            else:
+                pending.append((b, start, end))
+        self._timed = pending
 
     def _encode(self, b: int) -> None:
         """The encoder over the first ``b`` static inputs, keys and values into their slots (static tensors only)."""
