@@ -453,3 +453,53 @@ async def test_a_whole_utterance_already_at_the_models_rate_is_taken_as_it_is():
     got = await collect_utterance(TranscriptionRequest(wide, 24000), nothing(), 16000, 30.0)
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, resample(wide.astype(np.float32), 24000, 16000), atol=1e-6)
+
+
+async def test_utterances_that_end_together_share_one_encoder_pass_and_a_lone_one_waits_for_nothing(engine):
+    """A transcription counts as arriving while its features are made, so a newcomer already queued waits for it
+    (at most the scheduler's hold, ``transcription_hold_ms``): two utterances whose preparation overlapped are
+    encoded in one pass. Deterministic: the hold is long here, the second's preparation ends only when the test
+    lets it, and while it is prepared the worker has nothing to admit."""
+    family = engine.models.get(ModelKind.TRANSCRIPTION)
+    runner, sched = family.runner, family.scheduler
+    assert sched.hold == 0.05  # the default (Tuning.transcription_hold_ms)
+    sched.hold = 60.0  # only the arrival ends the wait: the test's outcome never depends on time
+    runner.record = True
+    prepare = family._prepare
+    entered, release = threading.Event(), threading.Event()
+
+    def gated(samples, request, language):
+        if request.max_tokens == 5:  # the second utterance: its features take until the test says so
+            entered.set()
+            assert release.wait(30)
+        return prepare(samples, request, language)
+
+    family._prepare = gated
+    try:
+        mark = len(runner.log)
+        first = asyncio.create_task(transcript(engine, TranscriptionRequest(utterance("tone440", 1.0), language="en",
+                                                                            max_tokens=4)))  # fmt: skip
+        second = asyncio.create_task(transcript(engine, TranscriptionRequest(utterance("noise", 1.0, seed=5),
+                                                                             language="en", max_tokens=5)))  # fmt: skip
+        assert await asyncio.to_thread(entered.wait, 30)
+        for _ in range(3000):  # the first is queued while the second is still being prepared
+            if sched.waiting:
+                break
+            await asyncio.sleep(0.01)
+        assert len(sched.waiting) == 1 and sched._arriving == 1
+        assert not sched.has_work()  # held for the second: the worker admits nothing
+        assert not [e for e in runner.log[mark:] if e[0] == "encode"]
+        release.set()
+        (text1, _, _), (text2, _, _) = await asyncio.wait_for(asyncio.gather(first, second), 60)
+        assert [e for e in runner.log[mark:] if e[0] == "encode"] == [("encode", 2, 2, "eager")]  # one pass
+        assert text1 and text2
+        # Alone, nothing is in preparation: it goes in at once despite the 60 s hold
+        mark = len(runner.log)
+        await asyncio.wait_for(transcript(engine, TranscriptionRequest(utterance("tone440", 1.0), language="en",
+                                                                       max_tokens=4)), 30)  # fmt: skip
+        assert [e for e in runner.log[mark:] if e[0] == "encode"] == [("encode", 1, 1, "eager")]
+        assert sched._arriving == 0
+    finally:
+        family._prepare = prepare
+        release.set()
+        runner.record = False

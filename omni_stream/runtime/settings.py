@@ -207,6 +207,9 @@ class Tuning:
     # Realtime sessions: where semantic_vad's end-of-turn model runs (omni_stream.models.smart_turn): onnxruntime on
     # the CPU, its graph by torch on the GPU, or auto: the GPU where there is one (read when the model loads)
     turn_model_device: str = "auto"
+    # Whisper newcomers wait at most this long for utterances still being prepared (their features), so pauses that
+    # arrive together (many sessions pausing at once) share one encoder pass; a lone utterance never waits
+    transcription_hold_ms: float = 1000 * DEFAULT_HOLD_S
 
     def __post_init__(self) -> None:
         for switch in SWITCHES:
@@ -295,6 +298,7 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("realtime_streams", "OMNI_STREAM_REALTIME_STREAMS", ON_OFF),
     Switch("group_prefill_graphs", "OMNI_STREAM_GROUP_PREFILL_GRAPHS", ON_OFF),
     Switch("turn_model_device", "OMNI_STREAM_TURN_MODEL_DEVICE", _choice(TURN_MODEL_DEVICES)),
+    Switch("transcription_hold_ms", "OMNI_STREAM_TRANSCRIPTION_HOLD_MS", _milliseconds(1000)),
 )
 SWITCH_BY_NAME = {s.name: s for s in SWITCHES}
 # Fields whose None means "the code's own choice" (each field's comment says which)

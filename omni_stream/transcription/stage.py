@@ -109,22 +109,27 @@ def batched_transcription_stage(
 
     async def transcription(ctx: RequestContext, upstream: AsyncIterator[Audio]) -> AsyncIterator[TextDelta]:
         samples = await collect_utterance(request, upstream, sample_rate, max_seconds)
-        payload = await prepare(ctx, samples)
-        usage = ctx.tokens(ModelKind.TRANSCRIPTION)
-        async with scheduler.session(payload, ctx) as deltas:
-            async for delta in deltas:
-                usage.output_tokens += 1
-                ctx.timings.steps += 1
-                # Tokens that waited for this stage go on as one delta: downstream every delta costs the event loop a
-                # round trip (a voice agent's session sends an event per delta). In voice_bench run 46 the model had
-                # made 32 sessions' transcripts, a delta a token, ~50 ms before the sessions had read them.
-                while deltas.buffered and not delta.final:
-                    more = await anext(deltas)
+        # Counted as arriving while its features are made: newcomers already waiting wait for it (at most the
+        # scheduler's hold), so utterances that ended together (many sessions pausing at once) share one encoder
+        # pass; an utterance with nothing else in preparation goes in at once.
+        with scheduler.arriving() as arrival:
+            payload = await prepare(ctx, samples)
+            usage = ctx.tokens(ModelKind.TRANSCRIPTION)
+            async with scheduler.session(payload, ctx, arrival) as deltas:
+                async for delta in deltas:
                     usage.output_tokens += 1
                     ctx.timings.steps += 1
-                    delta = joined(delta, more)
-                if delta.text or delta.final:
-                    yield delta
+                    # Tokens that waited for this stage go on as one delta: downstream every delta costs the event
+                    # loop a round trip (a voice agent's session sends an event per delta). In voice_bench run 46
+                    # the model had made 32 sessions' transcripts, a delta a token, ~50 ms before the sessions had
+                    # read them.
+                    while deltas.buffered and not delta.final:
+                        more = await anext(deltas)
+                        usage.output_tokens += 1
+                        ctx.timings.steps += 1
+                        delta = joined(delta, more)
+                    if delta.text or delta.final:
+                        yield delta
 
     transcription.__name__ = name
     return transcription

@@ -93,6 +93,7 @@ class WhisperFamily:
                 high_watermark=max(opts.max_buffered_frames, self.runner.positions + 1),
                 metrics=load.metrics.scheduler("transcription"),
                 name="transcription",
+                hold=opts.tuning.transcription_hold_ms / 1000,  # a burst's pauses, one encoder pass (stage.py)
             )
             bar.update(1)
         self.max_seconds = self.features.n_samples / SAMPLE_RATE  # the encoder's window (30 s)
