@@ -21,7 +21,9 @@ from omni_stream.engine import AsyncEngine
 from omni_stream.errors import DeadlineExceeded, InvalidRequestError
 from omni_stream.family import ModelKind
 from omni_stream.family_registry import embedded_checkpoint
+from omni_stream.models.whisper.family import transcription_hold
 from omni_stream.runtime.cache import EMBEDDED_MARKER
+from omni_stream.runtime.settings import Tuning
 from omni_stream.transcription.spec import (
     TranscriptionFamily,
     TranscriptionInfo,
@@ -462,7 +464,10 @@ async def test_utterances_that_end_together_share_one_encoder_pass_and_a_lone_on
     lets it, and while it is prepared the worker has nothing to admit."""
     family = engine.models.get(ModelKind.TRANSCRIPTION)
     runner, sched = family.runner, family.scheduler
-    assert sched.hold == 0.05  # the default (Tuning.transcription_hold_ms)
+    assert sched.hold == 0.0  # the default on a CPU (Tuning.transcription_hold_ms): 50 ms on CUDA
+    assert transcription_hold(Tuning(), torch.device("cuda")) == 0.05
+    assert transcription_hold(Tuning(transcription_hold_ms=0), torch.device("cuda")) == 0.0
+    assert transcription_hold(Tuning.from_env({"OMNI_STREAM_TRANSCRIPTION_HOLD_MS": "20"}), torch.device("cpu")) == 0.02
     sched.hold = 60.0  # only the arrival ends the wait: the test's outcome never depends on time
     runner.record = True
     prepare = family._prepare

@@ -208,8 +208,10 @@ class Tuning:
     # the CPU, its graph by torch on the GPU, or auto: the GPU where there is one (read when the model loads)
     turn_model_device: str = "auto"
     # Whisper newcomers wait at most this long for utterances still being prepared (their features), so pauses that
-    # arrive together (many sessions pausing at once) share one encoder pass; a lone utterance never waits
-    transcription_hold_ms: float = 1000 * DEFAULT_HOLD_S
+    # arrive together (many sessions pausing at once) share one encoder pass; a lone utterance never waits. None:
+    # 50 ms on CUDA, where a pass's cost is mostly fixed (asr_bench on the H200: 21.6 ms for one utterance, 6.6 ms an
+    # utterance in a pass of 32), 0 elsewhere (on a CPU a pass costs about the same per utterance at any batch)
+    transcription_hold_ms: float | None = None
 
     def __post_init__(self) -> None:
         for switch in SWITCHES:
@@ -302,7 +304,10 @@ SWITCHES: tuple[Switch, ...] = (
 )
 SWITCH_BY_NAME = {s.name: s for s in SWITCHES}
 # Fields whose None means "the code's own choice" (each field's comment says which)
-_OPTIONAL = frozenset({"cache_dir", "api_key", "threads", "predictor_small_rows", "codec_channels_last", "step_ahead"})
+_OPTIONAL = frozenset(
+    {"cache_dir", "api_key", "threads", "predictor_small_rows", "codec_channels_last", "step_ahead",
+     "transcription_hold_ms"}
+)  # fmt: skip
 _NO_AUTO = frozenset({"cache_dir", "api_key"})  # "auto" is a directory or a key there, not the default
 assert {f.name for f in fields(Tuning)} == set(SWITCH_BY_NAME), "every Tuning field is a switch"
 _DEFAULTS = Tuning()

@@ -21,6 +21,7 @@ from typing import Any
 
 import anyio
 import numpy as np
+import torch
 
 from omni_stream.chunks import Audio, TextDelta
 from omni_stream.context import RequestContext
@@ -32,8 +33,10 @@ from omni_stream.models.whisper.runner import WhisperInput, WhisperRunner
 from omni_stream.pipeline import Stage
 from omni_stream.runtime.cache import EMBEDDED_MARKER
 from omni_stream.runtime.intra_op import one_intra_op_thread
+from omni_stream.runtime.settings import Tuning
 from omni_stream.runtime.weights import parse_dtype
 from omni_stream.scheduler import Scheduler
+from omni_stream.speech.admission import DEFAULT_HOLD_S
 from omni_stream.transcription.spec import TranscriptionInfo, TranscriptionRequest
 from omni_stream.transcription.stage import batched_transcription_stage, check_samples
 
@@ -93,7 +96,7 @@ class WhisperFamily:
                 high_watermark=max(opts.max_buffered_frames, self.runner.positions + 1),
                 metrics=load.metrics.scheduler("transcription"),
                 name="transcription",
-                hold=opts.tuning.transcription_hold_ms / 1000,  # a burst's pauses, one encoder pass (stage.py)
+                hold=transcription_hold(opts.tuning, self.runner.device),  # a burst's pauses, one encoder pass
             )
             bar.update(1)
         self.max_seconds = self.features.n_samples / SAMPLE_RATE  # the encoder's window (30 s)
@@ -147,6 +150,15 @@ class WhisperFamily:
 
     async def aclose(self) -> None:
         """Nothing to free beyond the scheduler, which the engine's worker shuts down."""
+
+
+def transcription_hold(tuning: Tuning, device: torch.device) -> float:
+    """Seconds newcomers wait for utterances still being prepared (``tuning.transcription_hold_ms``; unset: 50 ms
+    on CUDA, none elsewhere: see the field's comment)."""
+    ms = tuning.transcription_hold_ms
+    if ms is None:
+        ms = 1000 * DEFAULT_HOLD_S if device.type == "cuda" else 0.0
+    return ms / 1000
 
 
 def load_family(load: LoadContext) -> WhisperFamily:
