@@ -164,6 +164,17 @@ def test_the_vllm_dialect_streams_ar_deltas_one_image_then_done(ar_server):
     assert "token" not in text.replace("b64_json", "")  # no token ids, ratio tokens or KV data anywhere
 
 
+def test_rewrite_false_skips_the_text_model(ar_server):
+    """The extension field ``rewrite=false``: the diffusion paints the prompt as sent, no text events stream."""
+    _, _, lines = post_stream(ar_server, {"prompt": "make it snowy", "stream": "true", "rewrite": "false",
+                                         "partial_images": "0"})  # fmt: skip
+    names = [name for name, _ in sse_events(lines)]
+    assert names == ["image_edit.completed"], names
+    refused = httpx.post(f"{ar_server.url}/v1/images/edits", files={"image": IMG},
+                         data={"prompt": "x", "rewrite": "perhaps"})  # fmt: skip
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "rewrite"
+
+
 def test_the_vllm_dialect_carries_previews_when_asked(ar_server):
     data = {"prompt": "x", "stream": "true", "stream_format": "vllm", "partial_images": "2"}
     _, _, lines = post_stream(ar_server, data)
@@ -329,7 +340,31 @@ def test_more_bad_input(ar_server, plain_server):
         assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
     multipart = httpx.post(f"{plain_server.url}/v1/images/generations", files={"image": IMG}, data={"prompt": "x"})
     assert multipart.status_code == 400 and "JSON body" in multipart.json()["error"]["message"]
+    # img2img denoises 80 % of the steps asked: one step would be none (it failed inside diffusers with a 500)
+    one = httpx.post(f"{plain_server.url}/v1/images/edits", files={"image": IMG},
+                     data={"prompt": "x", "num_inference_steps": "1", "size": "64x64"})  # fmt: skip
+    assert one.status_code == 400 and one.json()["error"]["param"] == "num_inference_steps", one.text
+    assert "at least 2" in one.json()["error"]["message"]
+    two = httpx.post(f"{plain_server.url}/v1/images/edits", files={"image": IMG},
+                     data={"prompt": "x", "num_inference_steps": "2", "size": "64x64"}, timeout=120)  # fmt: skip
+    assert two.status_code == 200 and two.json()["data"][0]["b64_json"], two.text
+    # a prompt longer than the rewriting text model's context is blamed on the field the client sent: prompt
+    long = httpx.post(f"{ar_server.url}/v1/images/edits", files={"image": IMG}, data={"prompt": "snow " * 6000})
+    assert long.status_code == 400 and long.json()["error"]["param"] == "prompt", long.text
+    assert "does not fit the context" in long.json()["error"]["message"]
+    # OpenAI's options for its own service are checked, then ignored; those for outputs made nowhere here are refused
+    generate = f"{plain_server.url}/v1/images/generations"
+    base = {"prompt": "a cat", "size": "64x64", "num_inference_steps": 2}
+    for extra in ({"moderation": "low", "style": "natural", "user": "u1", "safety_identifier": "s"},):
+        served = httpx.post(generate, json={**base, **extra}, timeout=120)
+        assert served.status_code == 200 and served.json()["data"][0]["b64_json"], served.text
+    for extra, param in (({"moderation": "none"}, "moderation"), ({"style": 3}, "style"), ({"svg": True}, "svg"),
+                         ({"frame_count": 4}, "frame_count")):  # fmt: skip
+        refused = httpx.post(generate, json={**base, **extra})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
+    assert "does not support" in httpx.post(generate, json={**base, "svg": True}).json()["error"]["message"]
     wait_clean(ar_server)
+    wait_clean(plain_server)
 
 
 def test_a_20_mb_upload_is_refused(ar_server):

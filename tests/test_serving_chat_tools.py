@@ -135,7 +135,7 @@ def test_a_spoken_reply_speaks_its_text_and_not_its_calls(server):
         "modalities": ["text", "audio"],
         "audio": {"voice": "vivian", "format": "pcm16"},
     }
-    transcript, calls, finish = "", "", None
+    transcript, calls, finish, audio = "", "", None, []
     with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=120) as response:
         assert response.status_code == 200, response.read()
         for line in response.iter_lines():
@@ -143,10 +143,15 @@ def test_a_spoken_reply_speaks_its_text_and_not_its_calls(server):
                 continue
             choice = json.loads(line[6:])["choices"][0]
             finish = choice["finish_reason"] or finish
+            audio += [choice["delta"]["audio"]] if "audio" in choice["delta"] else []
             transcript += (choice["delta"].get("audio") or {}).get("transcript", "")
             calls += "".join(c["function"]["arguments"] for c in choice["delta"].get("tool_calls") or [])
     assert finish == "tool_calls" and json.loads(calls)
-    assert "tool_call" not in transcript and "city" not in transcript
+    # the reply only called (a forced call, one at most): nothing spoken, so no audio object (OpenAI's null)
+    assert transcript == "" and audio == [], (transcript, audio)
+    whole = httpx.post(f"{server.url}/v1/chat/completions", json={**body, "stream": False}, timeout=120).json()
+    message = whole["choices"][0]["message"]
+    assert message["tool_calls"] and message["audio"] is None, message
 
 
 BAD = [
@@ -172,6 +177,13 @@ BAD = [
         {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 3}}},
         "response_format.json_schema.schema",
     ),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}, "response_format.json_schema.name"),
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "bad name!", "schema": {}}}},
+        "response_format.json_schema.name",
+    ),
+    ({"n": 0}, "n"),
+    ({"n": 2}, "n"),
     ({"presence_penalty": 3}, "presence_penalty"),
     ({"frequency_penalty": "a"}, "frequency_penalty"),
     ({"logit_bias": {"x": 1}}, "logit_bias"),
@@ -193,6 +205,8 @@ def test_bad_tools_choices_schemas_and_sampling_fields_are_400s_naming_the_field
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and error["type"] == "BadRequestError", error
+    if param == "n":  # one message for every other count, 0 and 2 alike
+        assert error["message"].startswith("'n' must be 1: this server returns one choice"), error
 
 
 def test_a_call_cut_by_max_tokens_is_the_replys_content_not_a_call(server):

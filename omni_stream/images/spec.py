@@ -17,6 +17,7 @@ Importing this module registers the kind's protocol and the pipeline.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
@@ -70,6 +71,7 @@ class ImageInfo(ModelInfo):
     default_size: tuple[int, int] = (512, 512)
     default_steps: int = 30
     max_steps: int = 200
+    min_edit_steps: int = 1  # an edit's fewest num_inference_steps (img2img denoises a share of the steps asked)
     default_guidance: float = 7.5
     max_input_images: int = 1
     token_pixels: int = 8
@@ -220,6 +222,12 @@ def check_request(info: ImageInfo, request: ImageRequest) -> tuple[int, int]:
         raise InvalidRequestError(
             f"num_inference_steps must be at most {info.max_steps}, got {request.steps}", "num_inference_steps"
         )
+    if request.mode is ImageMode.EDIT and request.steps is not None and request.steps < info.min_edit_steps:
+        raise InvalidRequestError(
+            f"num_inference_steps must be at least {info.min_edit_steps} for an edit with {info.model_name} (it "
+            f"denoises a share of the steps asked), got {request.steps}",
+            "num_inference_steps",
+        )
     return size
 
 
@@ -277,13 +285,33 @@ def build_image(models: ModelSet, request: ImageRequest, ctx: RequestContext) ->
     paint = StagePlan("image", family.image_stage(request, ctx))
     if not uses_text(request, models):
         return Plan((paint,))
-    text = models.text().text_stage(rewrite_request(request), ctx)
+    text = prompt_blamed(models.text().text_stage(rewrite_request(request), ctx))
     limit = family.info.max_prompt_tokens
     if limit is None:
         return Plan((StagePlan("text", text, emit=True), paint))
     # The consumer sees the rewrite as bounded: the prompt the image model reads, whole.
     bound = bounded_rewrite(family.count_text_tokens, limit)
     return Plan((StagePlan("rewrite", text), StagePlan("text", bound, emit=True), paint))
+
+
+def prompt_blamed(rewrite: Stage[object, TextDelta]) -> Stage[object, TextDelta]:
+    """The rewriting text stage, with a prompt the text model cannot fit blamed on the image request's ``prompt``
+    (the text request's ``messages`` are that prompt and the rewrite's instructions: the client sent no
+    ``messages``)."""
+
+    async def rewrite_stage(ctx: RequestContext, upstream: AsyncIterator[object]) -> AsyncIterator[TextDelta]:
+        try:
+            async with aclosing(rewrite(ctx, upstream)) as deltas:  # type: ignore[type-var]  # a generator
+                async for delta in deltas:
+                    yield delta
+        except InvalidRequestError as exc:
+            if exc.param != "messages":
+                raise
+            message = f"{exc.message} (the text model that rewrites the image prompt reads it with its instructions)"
+            raise InvalidRequestError(message, "prompt") from exc
+
+    rewrite_stage.__name__ = getattr(rewrite, "__name__", "rewrite")
+    return rewrite_stage
 
 
 async def prompt_of(upstream: AsyncIterator[TextDelta], fallback: str) -> str:

@@ -182,6 +182,7 @@ async def _sse(
     gauge = state.metrics.streams.labels("chat")
     gauge.inc()
     done = False
+    spoken = called = False  # an answer that only calls tools says nothing: no audio object for it
     try:
         yield sse_data(reply.chunk({"role": "assistant", "content": ""}))
         try:
@@ -193,15 +194,18 @@ async def _sse(
                     if chunk.text or chunk.cut_call or lps:
                         yield sse_data(reply.chunk({"content": chunk.text + chunk.cut_call}, logprobs=lps))
                     if chunk.tool_calls:
+                        called = True
                         yield sse_data(reply.chunk({"tool_calls": [c.wire() for c in chunk.tool_calls]}))
                 elif isinstance(chunk, TextDelta) and chunk.text:  # a spoken sentence's transcript
+                    spoken = True
                     yield sse_data(reply.chunk({"audio": {"id": reply.audio_id, "transcript": chunk.text}}))
                 elif isinstance(chunk, Audio) and out is not None:
                     data = await out.encode(chunk.samples)
                     if data:
+                        spoken = True
                         audio = {"id": reply.audio_id, "data": base64.b64encode(data).decode()}
                         yield sse_data(reply.chunk({"audio": audio}))
-            if out is not None:
+            if out is not None and (spoken or not called):
                 yield sse_data(reply.chunk({"audio": {"id": reply.audio_id, "expires_at": reply.created + AUDIO_TTL}}))
             yield sse_data(reply.chunk({}, reply.finish_reason or "stop"))
             if opts.include_usage:
@@ -259,7 +263,9 @@ async def _whole(
     if calls:
         message["tool_calls"] = [c.wire() for c in assemble(calls)]
         message["content"] = message["content"] or None
-    if opts.speaks:
+    if opts.speaks and calls and not audio and not transcript:
+        message["audio"] = None  # the answer only calls tools: nothing was spoken (OpenAI's null)
+    elif opts.speaks:
         assert opts.audio_format is not None
         samples = np.concatenate(audio) if audio else np.zeros(0, np.float32)
         fmt = "pcm" if opts.audio_format == "pcm16" else opts.audio_format

@@ -281,9 +281,9 @@ def parse_chat(body: Any, settings: Settings) -> ChatOptions:
     for key, default in UNSUPPORTED.items():
         if body.get(key, default) not in (default, None, [], {}):
             raise bad_request(f"'{key}' is not supported by this server", key)
-    n = int_field(body, "n", 1, 1 << 30)
-    if n not in (None, 1):
-        raise bad_request("'n' must be 1: this server returns one choice", "n")
+    n = body.get("n")
+    if n is not None and (isinstance(n, bool) or n != 1):  # one message for every other value, 0 and 2 alike
+        raise bad_request(f"'n' must be 1: this server returns one choice, got {n!r}", "n")
     tools = _fields(parse_tools, body.get("tools"))
     tool_choice = _fields(parse_tool_choice, body.get("tool_choice"))
     if tool_choice.forces_call and not tools:

@@ -133,6 +133,7 @@ def _image_request(params: ImageParams, images: tuple[Any, ...], mask: Any | Non
         guidance_scale=params.guidance_scale,
         seed=params.seed,
         partial_images=(params.partial_images or 0) if streamed else 0,
+        rewrite=params.rewrite,
     )
 
 

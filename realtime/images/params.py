@@ -29,12 +29,22 @@ from omni_stream.realtime.common.json_fields import boolean, choice, integer, nu
 OUTPUT_FORMATS = {"png": "png", "webp": "webp", "jpeg": "jpeg", "jpg": "jpeg"}
 _SIZE = re.compile(r"^\s*(\d{1,5})\s*[xX]\s*(\d{1,5})\s*$")
 
+# OpenAI's image options that steer its own models' service, not the picture a diffusion model paints: checked
+# (the values its API takes) and otherwise ignored, so the openai SDK's calls that set them work unchanged.
+IGNORED_CHOICES = {
+    "moderation": ("auto", "low"),
+    "style": ("vivid", "natural"),
+    "input_fidelity": ("high", "low"),
+}
+IGNORED_TEXT = frozenset({"user", "safety_identifier"})
+# OpenAI's options for outputs no diffusion pipeline here makes (vector graphics, animations): a 400 that says so
+UNSUPPORTED = frozenset({"svg", "markup", "complexity", "frame_count", "frame_duration_ms"})
 # Fields each route reads; anything else is a 400 naming it. ``image[]`` is how some clients send several images.
 EDIT_FIELDS = frozenset(
     {
         "prompt", "model", "n", "size", "output_format", "output_compression", "stream", "stream_format",
-        "partial_images", "response_format", "background", "quality", "user", "num_inference_steps",
-        "guidance_scale", "seed",
+        "partial_images", "response_format", "background", "quality", "num_inference_steps", "guidance_scale", "seed",
+        "rewrite", *IGNORED_CHOICES, *IGNORED_TEXT,
     }
 )  # fmt: skip
 EDIT_FILES = frozenset({"image", "image[]", "mask"})
@@ -64,6 +74,7 @@ class ImageParams:
     steps: int | None = None
     guidance_scale: float | None = None
     seed: int | None = None
+    rewrite: bool | None = None  # the extension: False skips the text model's rewrite (None: it runs if loaded)
 
 
 def parse_size(value: Any, form: bool = True) -> tuple[int, int] | None:
@@ -81,8 +92,17 @@ def parse_params(values: Mapping[str, Any], allowed: frozenset[str], *, form: bo
     """Validate the fields of one request: strings from a form (``form``: numbers and booleans as their text), or
     JSON values (each of its own type: a number where the prompt goes is an error, as is a string for ``n``)."""
     unknown = sorted(set(values) - allowed)
+    for key in unknown:
+        if key in UNSUPPORTED:
+            raise bad_request(f"'{key}' is an OpenAI image option this server does not support", key)
     if unknown:
         raise bad_request(f"Unknown field '{unknown[0]}'", unknown[0])
+    for key, options in IGNORED_CHOICES.items():
+        if key in values and key in allowed:
+            choice(values[key], key, options, form=form)
+    for key in IGNORED_TEXT:
+        if key in values and key in allowed:
+            string(values[key], key, form=form)
     prompt = values.get("prompt")
     if prompt is None or not string(prompt, "prompt", form=form).strip():
         raise bad_request("'prompt' is required", "prompt")
@@ -122,6 +142,7 @@ def parse_params(values: Mapping[str, Any], allowed: frozenset[str], *, form: bo
         if get("guidance_scale") is not None
         else None,
         seed=integer(get("seed"), "seed", 0, 2**63 - 1, form=form) if get("seed") is not None else None,
+        rewrite=optional(values, "rewrite", boolean, form=form),
     )
 
 

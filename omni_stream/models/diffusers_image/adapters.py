@@ -13,6 +13,7 @@ and edits as img2img), InstructPix2Pix (edits) and Qwen-Image-Edit (edits).
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -64,6 +65,7 @@ class Adapter:
     modes: ClassVar[tuple[ImageMode, ...]] = ()
     default_steps: ClassVar[int] = 30
     default_guidance: ClassVar[float] = 7.5
+    min_edit_steps: ClassVar[int] = 1  # the fewest num_inference_steps an edit runs at least one denoising step with
 
     def __init__(self, pipe: Any) -> None:
         self.pipe = pipe
@@ -145,6 +147,8 @@ class StableDiffusionAdapter(Adapter):
 
     pipeline_classes = ("StableDiffusionPipeline",)
     modes = (ImageMode.GENERATE, ImageMode.EDIT)
+    # img2img denoises int(steps * strength) of the steps asked: at 0.8, one step asked would be none
+    min_edit_steps = math.ceil(1 / EDIT_STRENGTH)
 
     def __init__(self, pipe: Any) -> None:
         super().__init__(pipe)

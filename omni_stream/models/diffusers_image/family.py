@@ -124,6 +124,7 @@ class DiffusersImageFamily:
             max_side=int(defaults.get("max_side", 2048)),
             default_size=(int(size[0]), int(size[1])),
             default_steps=int(defaults.get("default_steps", self.adapter.default_steps)),
+            min_edit_steps=self.adapter.min_edit_steps,
             default_guidance=float(defaults.get("default_guidance", self.adapter.default_guidance)),
             token_pixels=self.adapter.token_pixels,
             preview=self.preview.kind,
