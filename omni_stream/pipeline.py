@@ -235,7 +235,13 @@ async def _drive(
     """Run one stage: each chunk goes to ``tap`` (the consumer, as a StageOutput) if any, then to ``send``."""
     try:
         async with send:
-            async with contextlib.aclosing(stage(run.ctx, upstream)) as chunks:  # type: ignore[type-var]
+            produced = stage(run.ctx, upstream)
+            if not (hasattr(produced, "__anext__") and hasattr(produced, "aclose")):
+                raise TypeError(
+                    f"stage {name!r} returned {type(produced).__name__}: a stage is an async generator function "
+                    "(async def with yield) of (ctx, upstream) that yields its chunks"
+                )
+            async with contextlib.aclosing(produced) as chunks:  # type: ignore[type-var]  # checked above
                 async for chunk in chunks:
                     if tap is not None and not await _send(tap, StageOutput(name, chunk, is_final(chunk))):
                         break  # the consumer is gone

@@ -182,6 +182,21 @@ async def test_error_in_last_stage_is_not_hidden_by_upstream_end():
             pass
 
 
+async def test_a_stage_that_is_not_an_async_generator_is_named_in_a_clear_error():
+    """A plain function returning a list (or a coroutine) is refused with what a stage must be, not an
+    AttributeError from deep inside the pipeline."""
+
+    async def one(ctx, upstream):
+        yield 1
+
+    def doubled(ctx, upstream):
+        return [2, 4]
+
+    with pytest.raises(TypeError, match=r"stage 'doubled' returned list: a stage is an async generator function"):
+        async for _ in Pipeline([one, doubled]).run():
+            pass
+
+
 async def test_a_failing_request_leaves_concurrent_requests_alone():
     ok_probe, bad_probe = Probe(), Probe()
     good = Pipeline([ok_probe.source(50), ok_probe.double()], channel_size=1)

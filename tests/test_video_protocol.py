@@ -181,7 +181,9 @@ def test_a_binary_first_message_is_refused_and_closes():
         (msg(type="session.interaction"), "invalid_message"),
         (msg(type="session.interaction", interaction={"event": {"prompt": ""}}), "invalid_request"),
         (msg(type="session.interaction", interaction={"event": {"prompt": "x"}, "transition_chunks": -1}),
-         "invalid_message"),
+         "invalid_request"),
+        (msg(type="session.interaction", interaction={"event_id": "e" * 257, "event": {"prompt": "x"}}),
+         "invalid_request"),
         (msg(type="session.interaction", interaction={"event": {"prompt": "x", "negative_prompt": "y"}}),
          "unsupported_interaction"),
         (msg(type="session.ping", pad="x" * 2000), "message_too_large"),
@@ -193,6 +195,23 @@ def test_bad_messages_while_streaming_get_an_error_and_the_stream_goes_on(messag
     assert error["code"] == code and p.phase is Phase.STREAMING
     (error,) = texts(p.receive_binary(b"x", 1.0))
     assert error["code"] == "binary_not_supported" and p.phase is Phase.STREAMING
+
+
+@pytest.mark.parametrize(
+    ("interaction", "param"),
+    [
+        ({"event": {"prompt": ""}}, "interaction.event.prompt"),
+        ({"event": {"prompt": "x"}, "transition_chunks": 65}, "interaction.transition_chunks"),
+        ({"event_id": "e" * 257, "event": {"prompt": "x"}}, "interaction.event_id"),
+    ],
+)
+def test_a_bad_interaction_value_names_its_path(interaction, param):
+    """A value problem in an interaction is ``invalid_request`` naming the field by its path in the message (an
+    event_id is echoed in every later chunk's lists: at most 256 characters)."""
+    p = streaming()
+    (error,) = texts(p.receive_text(msg(type="session.interaction", interaction=interaction), 1.0))
+    assert (error["code"], error["param"]) == ("invalid_request", param), error
+    assert param in error["message"] or "event_id" in error["message"], error
 
 
 def test_the_start_timeout_closes_a_silent_connection():

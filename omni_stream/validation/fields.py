@@ -33,9 +33,15 @@ def whole(value: object, param: str, *, low: int | None = None, high: int | None
         raise InvalidRequestError(f"'{param}' must be an integer, got {_kind(value)}", param)
     n = operator.index(value)
     if (low is not None and n < low) or (high is not None and n > high):
-        span = f"{'' if low is None else low}..{'' if high is None else high}"
-        raise InvalidRequestError(f"'{param}' must be in {span}, got {n}", param)
+        raise InvalidRequestError(f"'{param}' must be {span_words(low, high)}, got {n}", param)
     return n
+
+
+def span_words(low: int | None, high: int | None) -> str:
+    """``between 1 and 8``, ``at least 1`` or ``at most 8``: a range as a message says it."""
+    if low is not None and high is not None:
+        return f"between {low} and {high}"
+    return f"at least {low}" if low is not None else f"at most {high}"
 
 
 def real(value: object, param: str) -> float:

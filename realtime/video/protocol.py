@@ -42,6 +42,7 @@ START_FIELDS = frozenset(
     }
 )  # fmt: skip
 MAX_TRANSITION_CHUNKS = 64
+MAX_EVENT_ID_CHARS = 256
 
 
 @dataclass(slots=True, frozen=True)
@@ -288,6 +289,9 @@ class VideoProtocol:
             event_id = self._next_event_id()
         elif not isinstance(event_id, str) or not event_id:
             raise ProtocolError("invalid_message", "interaction.event_id must be a non-empty string")
+        elif len(event_id) > MAX_EVENT_ID_CHARS:  # it is echoed in every later chunk's event lists
+            raise ProtocolError("invalid_request", f"interaction.event_id must be at most {MAX_EVENT_ID_CHARS} "
+                                f"characters, got {len(event_id)}", "interaction.event_id")  # fmt: skip
         event = interaction.get("event")
         if not isinstance(event, Mapping):
             raise ProtocolError("invalid_message", "session.interaction requires an event object", event_id=event_id)
@@ -295,11 +299,12 @@ class VideoProtocol:
             message = "negative_prompt updates are not supported"
             raise ProtocolError("unsupported_interaction", message, "negative_prompt", event_id)
         try:
-            prompt = string(event.get("prompt"), "prompt", limit=self.limits.max_prompt_chars, non_empty=True)
-            transition = integer(interaction.get("transition_chunks", 0), "transition_chunks", 0, MAX_TRANSITION_CHUNKS)
-        except FieldError as exc:
-            code = "invalid_request" if exc.param == "prompt" else "invalid_message"
-            raise ProtocolError(code, exc.message, exc.param, event_id) from None
+            prompt = string(event.get("prompt"), "interaction.event.prompt", limit=self.limits.max_prompt_chars,
+                            non_empty=True)  # fmt: skip
+            transition = integer(interaction.get("transition_chunks", 0), "interaction.transition_chunks", 0,
+                                 MAX_TRANSITION_CHUNKS)  # fmt: skip
+        except FieldError as exc:  # a field's value: named by its path in the message, as session.start's are
+            raise ProtocolError("invalid_request", exc.message, exc.param, event_id) from None
         update = PromptUpdate(event_id, prompt, transition)
         queued = _json({"type": "session.interaction.queued", "request_id": self.request_id, "event_id": event_id})
         seen = self.events.get(event_id)
