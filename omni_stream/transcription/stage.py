@@ -7,7 +7,9 @@ iterator), refuses more than ``max_seconds`` as soon as it is passed, and resamp
 thread. :func:`batched_transcription_stage` then awaits ``prepare(ctx, samples)`` (feature extraction, in a
 thread; it counts the input tokens) and yields the scheduler's text deltas, one item per generated token
 (counted in ``ctx.tokens("transcription").output_tokens``), or one for all the tokens that waited for it when its
-reader fell behind; items with no text are passed on only when final.
+reader fell behind; items with no text are passed on only when final. While its features are made the request counts
+as arriving on the scheduler (:meth:`~omni_stream.scheduler.Scheduler.arriving`), so newcomers may wait for it (the
+scheduler's ``hold``) and utterances that ended together are encoded in one pass.
 Leaving the stage any way releases the sequence (its batch slot is free before the next step).
 """
 
