@@ -97,3 +97,40 @@ async def test_a_realtime_voice_agent_calls_its_tool_and_speaks_the_answer(serve
     assert "function_call" in kinds
     call = next(item for item in history if getattr(item, "type", None) == "function_call")
     assert call.output == f"Sunny in {calls[0][0]} for {calls[0][1]} days."
+
+
+async def test_an_agent_with_the_sdks_defaults_gets_its_instructions_and_tools_to_the_server(server):
+    """``RealtimeRunner(agent)`` as the SDK's docs show it, no model settings: its first session.update names
+    OpenAI's model and voice ("gpt-realtime", "ash"). The voice speaks as the model's default voice, so the update,
+    which carries the agent's instructions and tools, is not refused whole for it."""
+    agents.set_tracing_disabled(True)
+
+    @agents.function_tool
+    async def get_time(city: Literal["Paris", "Rome"]) -> str:
+        """The local time of a city."""
+        return "noon"
+
+    agent = RealtimeAgent(name="clock", instructions="Tell the time when asked.", tools=[get_time])
+    runner = RealtimeRunner(agent)
+    errors: list[object] = []
+    updated: list[dict] = []
+    with anyio.fail_after(120):
+        async with await runner.run(model_config={"url": f"{server.ws_url}/v1/realtime", "api_key": "none"}) as session:
+            await session.send_message("What time is it in Paris?")
+            async for event in session:
+                if event.type == "error":
+                    errors.append(event.error)
+                raw = getattr(event, "data", None)
+                if event.type == "raw_model_event" and getattr(raw, "type", "") == "raw_server_event":
+                    if raw.data.get("type") == "session.updated":
+                        updated.append(raw.data["session"])
+                    elif raw.data.get("type") == "error":
+                        errors.append(raw.data)
+                if event.type in ("audio", "tool_start") or errors:
+                    break  # the agent answers (leaving cancels the rest)
+    assert not errors, errors
+    assert updated, "no session.updated"
+    session_seen = updated[-1]
+    assert session_seen["instructions"] == "Tell the time when asked."
+    assert [t["name"] for t in session_seen["tools"]] == ["get_time"]
+    assert session_seen["audio"]["output"]["voice"] == "vivian"  # "ash": the tiny checkpoint's first (default) voice

@@ -138,6 +138,11 @@ def test_session_update_merges_fields_and_validates_the_voice():
     assert session["audio"]["input"]["turn_detection"] is not None  # untouched
     err = error_of(send(proto, type="session.update", session={"audio": {"output": {"voice": "zed"}}}))
     assert err["param"] == "session.audio.output.voice" and "alice" in err["message"]
+    # OpenAI's own voice names (the Agents SDK sends "ash" unless told otherwise): the model's default voice, so the
+    # update's instructions and tools are not refused with it
+    out = send(proto, type="session.update", session={"instructions": "Hi.", "audio": {"output": {"voice": "ash"}}})
+    assert types(out) == ["session.updated"] and out.events[0].body["session"]["audio"]["output"]["voice"] == "alice"
+    assert proto.config.instructions == "Hi."
     err = error_of(
         send(proto, type="session.update", session={"audio": {"input": {"turn_detection": {"threshold": 2}}}})
     )
@@ -280,6 +285,9 @@ def test_a_second_response_while_one_is_active_is_refused():
     manual(proto)
     _, rid = run_manual_turn(proto)
     assert error_of(send(proto, type="response.create"))["code"] == "conversation_already_has_active_response"
+    wrong = error_of(send(proto, type="response.cancel", response_id="resp_other"))  # one runs: not "no response"
+    assert wrong["code"] == "response_cancel_not_active" and wrong["param"] == "response_id", wrong
+    assert "'resp_other' is not in progress" in wrong["message"] and rid in wrong["message"]
     out = send(proto, type="response.cancel", response_id=rid)
     assert out.commands == [CancelResponse(rid)]
     done = out.events[-1].body["response"]
@@ -287,6 +295,22 @@ def test_a_second_response_while_one_is_active_is_refused():
         "type": "cancelled",
         "reason": "client_cancelled",
     }
+
+
+def test_item_content_types_by_role_and_metadata_bounds():
+    proto = make()
+    # the beta API's assistant text ("text") is an assistant's output text
+    out = send(proto, type="conversation.item.create",
+               item={"role": "assistant", "content": [{"type": "text", "text": "Hello."}]})  # fmt: skip
+    assert types(out) == ["conversation.item.added", "conversation.item.done"]
+    assert out.events[0].body["item"]["content"][0]["type"] == "output_text"
+    err = error_of(send(proto, type="conversation.item.create",
+                        item={"role": "assistant", "content": [{"type": "input_audio", "audio": ""}]}))  # fmt: skip
+    assert "an assistant item cannot hold 'input_audio' content (it takes output_text, output_audio)" in err["message"]
+    assert err["param"] == "item.content[0].type"
+    for metadata in ({"k": "v" * 513}, {"k" * 65: "v"}):  # OpenAI's bounds: keys of 64, values of 512 characters
+        err = error_of(send(proto, type="response.create", response={"metadata": metadata}))
+        assert err["param"] == "response.metadata" and "512" in err["message"], err
 
 
 def test_text_only_output_streams_text_deltas():
@@ -589,9 +613,42 @@ def test_bad_semantic_vad_values_are_errors_naming_the_field(turn_detection, par
     proto = make(caps=replace(CAPS, semantic=True))
     before = proto.config
     err = error_of(send(proto, type="session.update", session={"audio": {"input": {"turn_detection": turn_detection}}}))
-    assert err["code"] == "invalid_value" and err["param"] == param
+    unknown = param.endswith("silence_duration_ms")  # a key semantic_vad does not take, as at the session's top
+    assert err["code"] == ("unknown_parameter" if unknown else "invalid_value") and err["param"] == param
     assert "eagerness" not in param or "low, medium, high, auto" in err["message"]
     assert proto.config == before
+
+
+@pytest.mark.parametrize(
+    ("event", "param"),
+    [
+        ({"type": "session.update", "session": {"audio": {"input": {"turn_detection": {
+            "type": "server_vad", "silence_duraton_ms": 2000}}}}},
+         "session.audio.input.turn_detection.silence_duraton_ms"),
+        ({"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcm", "rat": 24000}}}}},
+         "session.audio.input.format.rat"),
+        ({"type": "session.update", "session": {"audio": {"input": {"transcription": {"langauge": "en"}}}}},
+         "session.audio.input.transcription.langauge"),
+        ({"type": "session.update", "session": {"tools": [{"type": "function", "name": "f", "descripton": "x"}]}},
+         "session.tools[0].descripton"),
+        ({"type": "response.create", "response": {"modalities": ["text"]}}, "response.modalities"),
+        ({"type": "response.create", "response": {"temperature": 0.2}}, "response.temperature"),
+        ({"type": "response.create", "response": {"foo": 1}}, "response.foo"),
+        ({"type": "response.create", "response": {"audio": {"output": {"voise": "x"}}}}, "response.audio.output.voise"),
+        ({"type": "response.create", "response": {"tools": [{"type": "function", "name": "f", "parms": {}}]}},
+         "response.tools[0].parms"),
+    ],
+)  # fmt: skip
+def test_a_misspelt_or_beta_key_anywhere_is_refused_naming_it(event, param):
+    """Unknown keys are refused at every level of a session or a response, not only at the session's top (a
+    misspelt VAD field or a beta response.create asking for text with "modalities" did nothing, silently)."""
+    proto = make(caps=replace(CAPS, semantic=True))
+    before = proto.config
+    err = error_of(send(proto, **event))
+    assert (err["code"], err["param"]) == ("unknown_parameter", param), err
+    if param == "response.modalities":
+        assert "response.output_modalities" in err["message"], err  # the GA name to use instead
+    assert proto.config == before and proto.response is None
 
 
 def test_semantic_vad_without_an_end_of_turn_model_is_refused():

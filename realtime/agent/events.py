@@ -13,12 +13,17 @@ from __future__ import annotations
 
 import base64
 import binascii
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum, StrEnum
 from typing import Any, TypeAlias
 
 from omni_stream.errors import InvalidRequestError
-from omni_stream.realtime.agent.limits import MAX_APPEND_BYTES, MAX_TEXT_CHARS
+from omni_stream.realtime.agent.limits import (
+    MAX_APPEND_BYTES,
+    MAX_METADATA_KEY_CHARS,
+    MAX_METADATA_VALUE_CHARS,
+    MAX_TEXT_CHARS,
+)
 from omni_stream.realtime.agent.truncation import Truncation, TruncationType
 from omni_stream.realtime.chat.tool_fields import parse_tool_choice, parse_tools
 from omni_stream.realtime.common.body_limit import parse_json
@@ -324,6 +329,7 @@ def parse_format(value: Any, param: str) -> AudioFormat:
     if isinstance(value, str) and value in _LEGACY_FORMATS:  # the beta API's names
         return _LEGACY_FORMATS[value]
     body = obj(value, param)
+    _known(body, FORMAT_KEYS, param)
     kind = body.get("type")
     try:
         fmt = AudioFormat(str(kind))
@@ -355,6 +361,7 @@ def _turn_detection(value: Any, param: str) -> TurnDetection | None:
             f"turn detection {kind!r} is not supported (server_vad, semantic_vad or null)",
             f"{param}.type",
         )
+    _known(body, SERVER_VAD_KEYS, param)
     defaults = VadParams()
     try:
         vad = VadParams(
@@ -379,10 +386,10 @@ def _turn_detection(value: Any, param: str) -> TurnDetection | None:
 
 
 def _semantic_vad(body: dict[str, Any], param: str) -> TurnDetection:
-    unknown = sorted(set(body) - {"type", "eagerness", "create_response", "interrupt_response"})
+    unknown = sorted(set(body) - SEMANTIC_VAD_KEYS)
     if unknown:
         raise RealtimeError(
-            "invalid_value",
+            "unknown_parameter",
             f"semantic_vad takes eagerness, create_response and interrupt_response, not {unknown[0]}",
             f"{param}.{unknown[0]}",
         )
@@ -428,6 +435,7 @@ def _transcription(value: Any, param: str) -> TranscriptionConfig | None:
     if value is None:
         return None
     body = obj(value, param)
+    _known(body, TRANSCRIPTION_KEYS, param)
     return TranscriptionConfig(
         _opt_str(body.get("model"), f"{param}.model"),
         _opt_str(body.get("language"), f"{param}.language"),
@@ -462,10 +470,43 @@ AUDIO_KEYS = {
 }
 
 
+FORMAT_KEYS = frozenset({"type", "rate"})
+SERVER_VAD_KEYS = frozenset({
+    "type", "threshold", "prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms", "create_response",
+    "interrupt_response",
+})  # fmt: skip
+SEMANTIC_VAD_KEYS = frozenset({"type", "eagerness", "create_response", "interrupt_response"})
+TRANSCRIPTION_KEYS = frozenset({"model", "language", "prompt"})
+TOOL_KEYS = frozenset({"type", "name", "description", "parameters", "strict"})  # the Realtime API's flat tool
+RESPONSE_KEYS = frozenset({
+    "conversation", "input", "instructions", "max_output_tokens", "metadata", "output_modalities", "prompt",
+    "tool_choice", "tools", "audio",
+})  # fmt: skip
+RESPONSE_AUDIO_KEYS = {"response.audio": frozenset({"output"}), "response.audio.output": frozenset({"format", "voice"})}
+# The beta API's names in a GA response.create: refused with the GA name, not ignored (a beta client asking for text
+# with "modalities" would otherwise get speech)
+BETA_RESPONSE_NAMES = {
+    "modalities": "output_modalities",
+    "voice": "audio.output.voice",
+    "output_audio_format": "audio.output.format",
+    "max_response_output_tokens": "max_output_tokens",
+    "temperature": None,
+}
+
+
 def _known(body: dict[str, Any], keys: frozenset[str], param: str) -> None:
     unknown = sorted(set(body) - keys)
     if unknown:
         raise RealtimeError("unknown_parameter", f"Unknown parameter: '{param}.{unknown[0]}'.", f"{param}.{unknown[0]}")
+
+
+def _flat_tools(value: Any, field: str) -> Any:
+    """A Realtime ``tools`` list (flat function tools), each tool's keys checked first."""
+    if isinstance(value, list):
+        for i, tool in enumerate(value):
+            if isinstance(tool, dict):
+                _known(tool, TOOL_KEYS, f"{field}[{i}]")
+    return _tool_field(parse_tools, value, flat=True, field=field)
 
 
 def parse_session(value: Any, *, max_instructions: int) -> SessionPatch:
@@ -490,7 +531,7 @@ def parse_session(value: Any, *, max_instructions: int) -> SessionPatch:
     if "preemptive_response" in body:
         fields["preemptive_response"] = boolean(body["preemptive_response"], "session.preemptive_response")
     if "tools" in body:
-        fields["tools"] = _tool_field(parse_tools, body["tools"], flat=True, field="session.tools")
+        fields["tools"] = _flat_tools(body["tools"], "session.tools")
     if "tool_choice" in body:
         fields["tool_choice"] = _tool_field(
             parse_tool_choice, body["tool_choice"], flat=True, field="session.tool_choice"
@@ -610,6 +651,11 @@ def _message_item(body: dict[str, Any], max_bytes: int, max_text: int, param: st
     if not isinstance(content, list) or not content:
         raise RealtimeError("invalid_value", f"{param}.content must be a non-empty list", f"{param}.content")
     parts = tuple(_part(p, f"{param}.content[{i}]", max_bytes, max_text) for i, p in enumerate(content))
+    if role == "assistant":  # the beta API's assistant text was "text": an assistant's is output text
+        parts = tuple(
+            replace(part, type=PartType.OUTPUT_TEXT) if isinstance(raw, dict) and raw.get("type") == "text" else part
+            for part, raw in zip(parts, content, strict=True)
+        )
     for i, part in enumerate(parts):
         allowed: tuple[PartType, ...] = (PartType.INPUT_TEXT, PartType.INPUT_AUDIO, PartType.INPUT_IMAGE)
         if role == "assistant":
@@ -617,8 +663,13 @@ def _message_item(body: dict[str, Any], max_bytes: int, max_text: int, param: st
         if role == "system":
             allowed = (PartType.INPUT_TEXT,)
         if part.type not in allowed:
+            sent = content[i].get("type") if isinstance(content[i], dict) else None
+            article = "an" if role == "assistant" else "a"
+            takes = ", ".join(t.value for t in allowed)
             raise RealtimeError(
-                "invalid_value", f"a {role} item cannot hold {part.type.value} content", f"{param}.content[{i}].type"
+                "invalid_value",
+                f"{article} {role} item cannot hold {sent!r} content (it takes {takes})",
+                f"{param}.content[{i}].type",
             )
     return NewItem(role, parts, _item_id(body, param))
 
@@ -642,6 +693,14 @@ def _response_options(value: Any, max_instructions: int, max_bytes: int = MAX_AP
     if value is None:
         return ResponseOptions()
     body = obj(value, "response")
+    for beta, ga in BETA_RESPONSE_NAMES.items():
+        if beta in body:
+            instead = f"; the GA API's is response.{ga}" if ga else " (the GA API has no such field)"
+            message = f"Unknown parameter: 'response.{beta}'{instead}."
+            raise RealtimeError("unknown_parameter", message, f"response.{beta}")
+    _known(body, RESPONSE_KEYS, "response")
+    if body.get("prompt") is not None:
+        raise RealtimeError("invalid_value", "prompt templates are not supported: send instructions", "response.prompt")
     fields: dict[str, Any] = {}
     conversation = body.get("conversation", "auto")
     if conversation not in ("auto", "none"):
@@ -651,7 +710,7 @@ def _response_options(value: Any, max_instructions: int, max_bytes: int = MAX_AP
     if body.get("input") is not None:
         fields["input"] = _input(body["input"], max_bytes)
     if "tools" in body:
-        fields["tools"] = _tool_field(parse_tools, body["tools"], flat=True, field="response.tools")
+        fields["tools"] = _flat_tools(body["tools"], "response.tools")
     if "tool_choice" in body:
         fields["tool_choice"] = _tool_field(
             parse_tool_choice, body["tool_choice"], flat=True, field="response.tool_choice"
@@ -662,7 +721,10 @@ def _response_options(value: Any, max_instructions: int, max_bytes: int = MAX_AP
         fields["instructions"] = string(body["instructions"], "response.instructions", limit=max_instructions)
     if body.get("max_output_tokens") is not None:
         fields["max_output_tokens"] = _max_tokens(body["max_output_tokens"], "response.max_output_tokens")
-    audio_out = obj(obj(body.get("audio", {}), "response.audio").get("output", {}), "response.audio.output")
+    audio = obj(body.get("audio", {}), "response.audio")
+    audio_out = obj(audio.get("output", {}), "response.audio.output")
+    for part, where in ((audio, "response.audio"), (audio_out, "response.audio.output")):
+        _known(part, RESPONSE_AUDIO_KEYS[where], where)
     if audio_out.get("format") is not None:
         fields["output_format"] = parse_format(audio_out["format"], "response.audio.output.format")
     if audio_out.get("voice") is not None:
@@ -670,8 +732,13 @@ def _response_options(value: Any, max_instructions: int, max_bytes: int = MAX_AP
     metadata = body.get("metadata")
     if metadata is not None:
         meta = obj(metadata, "response.metadata")
-        if len(meta) > 16 or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
-            raise RealtimeError("invalid_value", "metadata holds at most 16 string pairs", "response.metadata")
+        if len(meta) > 16 or not all(
+            isinstance(k, str) and isinstance(v, str) and len(k) <= MAX_METADATA_KEY_CHARS
+            and len(v) <= MAX_METADATA_VALUE_CHARS for k, v in meta.items()
+        ):  # fmt: skip
+            message = (f"metadata holds at most 16 string pairs, keys of at most {MAX_METADATA_KEY_CHARS} characters "
+                       f"and values of at most {MAX_METADATA_VALUE_CHARS}")  # fmt: skip
+            raise RealtimeError("invalid_value", message, "response.metadata")
         fields["metadata"] = dict(meta)
     return ResponseOptions(**fields)
 

@@ -52,6 +52,7 @@ from omni_stream.realtime.agent.events import (
     SessionUpdate,
 )
 from omni_stream.realtime.agent.item_edits import ItemEditing
+from omni_stream.realtime.agent.limits import OPENAI_VOICES
 from omni_stream.realtime.agent.outputs import Close, Outputs, SessionConfig
 from omni_stream.realtime.agent.protocol_state import Phase
 from omni_stream.realtime.agent.responses import Responding
@@ -183,8 +184,12 @@ class RealtimeProtocol(TurnTaking, Speculating, ItemEditing, Responding):
         if isinstance(event, ResponseCreate):
             return self._create_response(event)
         if isinstance(event, ResponseCancel):
-            if self.response is None or event.response_id not in (None, self.response.id):
+            if self.response is None:
                 raise RealtimeError("response_cancel_not_active", "there is no response in progress to cancel")
+            if event.response_id not in (None, self.response.id):
+                running = self.response.id
+                message = f"response {event.response_id!r} is not in progress (the one in progress is {running})"
+                raise RealtimeError("response_cancel_not_active", message, "response_id")
             return self._cancel("client_cancelled")
         raise AssertionError(f"unhandled event {event!r}")  # pragma: no cover - the parser knows every type
 
@@ -247,6 +252,10 @@ class RealtimeProtocol(TurnTaking, Speculating, ItemEditing, Responding):
         try:
             return self.caps.voice(voice)  # the engine's rule and words
         except InvalidRequestError as exc:
+            if voice.lower() in OPENAI_VOICES and self.caps.default_voice is not None:
+                # OpenAI's own voice names (the Agents SDK's default is "ash"): the speech model's default voice,
+                # so an unchanged client's session.update is not refused whole for its voice alone
+                return self.caps.default_voice
             raise RealtimeError("invalid_value", exc.message, param) from None
 
     # --- the session's end ---
