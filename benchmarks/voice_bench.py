@@ -250,7 +250,7 @@ def work_route(app: Any, lag: LoopLag) -> Any:
     from omni_stream.runtime.work_profile import work_profile
 
     read = {"seq": -1, "at": time.perf_counter()}
-    encoded: dict[str, Any] = {"calls": 0, "utterances": 0, "buckets": {}, "device_ms": {}}
+    encoded: dict[str, Any] = {"calls": 0, "utterances": 0, "buckets": {}, "device_ms": {}, "timed": {}}
 
     async def work(request: Any) -> Any:
         engine = app.state.omni.engine
@@ -275,12 +275,15 @@ def work_route(app: Any, lag: LoopLag) -> Any:
         encoded["calls"], encoded["utterances"] = calls, utterances
         if asr is not None:  # Whisper: its passes by batch bucket, and on CUDA each bucket's mean device time
             asr.time_encoder = True  # from the first read on (the warm-up's), so every level's passes are timed
-            buckets, device_ms = dict(asr.encoder_buckets), dict(asr.encoder_device_ms)
+            buckets, device_ms, timed = dict(asr.encoder_buckets), dict(asr.encoder_device_ms), dict(asr.encoder_timed)
             passes = {b: n - encoded["buckets"].get(b, 0) for b, n in sorted(buckets.items())}
-            spent = {b: ms - encoded["device_ms"].get(b, 0.0) for b, ms in device_ms.items()}
             encoder["buckets"] = {str(b): n for b, n in passes.items() if n}
-            encoder["device_ms_mean"] = {str(b): round(spent[b] / passes[b], 2) for b in spent if passes.get(b)}
-            encoded["buckets"], encoded["device_ms"] = buckets, device_ms
+            # each bucket's device time over the passes timed since the last read (a pass's time is added at a later
+            # step, so a pass still running at a read is counted in the next window, with its time)
+            spent = {b: (ms - encoded["device_ms"].get(b, 0.0), timed[b] - encoded["timed"].get(b, 0))
+                     for b, ms in device_ms.items()}  # fmt: skip
+            encoder["device_ms_mean"] = {str(b): round(ms / n, 2) for b, (ms, n) in sorted(spent.items()) if n}
+            encoded["buckets"], encoded["device_ms"], encoded["timed"] = buckets, device_ms, timed
         return JSONResponse({**profile.summary(), "prepare": prepare, "turns": turns, "judge": judge,
                              "asr_encoder": encoder, "loop_lag": lag.take()})  # fmt: skip
 

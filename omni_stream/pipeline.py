@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from enum import StrEnum
@@ -237,6 +238,8 @@ async def _drive(
         async with send:
             produced = stage(run.ctx, upstream)
             if not (hasattr(produced, "__anext__") and hasattr(produced, "aclose")):
+                if inspect.iscoroutine(produced):
+                    produced.close()  # an async def without yield: never awaited, closed so it does not warn
                 raise TypeError(
                     f"stage {name!r} returned {type(produced).__name__}: a stage is an async generator function "
                     "(async def with yield) of (ctx, upstream) that yields its chunks"

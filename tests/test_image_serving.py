@@ -355,7 +355,10 @@ def test_more_bad_input(ar_server, plain_server):
     # OpenAI's options for its own service are checked, then ignored; those for outputs made nowhere here are refused
     generate = f"{plain_server.url}/v1/images/generations"
     base = {"prompt": "a cat", "size": "64x64", "num_inference_steps": 2}
-    for extra in ({"moderation": "low", "style": "natural", "user": "u1", "safety_identifier": "s"},):
+    for extra in (
+        {"moderation": "low", "style": "natural", "user": "u1", "safety_identifier": "s"},
+        {"moderation": None, "user": None, "svg": None, "frame_count": None},  # null: the SDK's unset option
+    ):
         served = httpx.post(generate, json={**base, **extra}, timeout=120)
         assert served.status_code == 200 and served.json()["data"][0]["b64_json"], served.text
     for extra, param in (({"moderation": "none"}, "moderation"), ({"style": 3}, "style"), ({"svg": True}, "svg"),

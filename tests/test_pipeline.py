@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import warnings
 from collections.abc import AsyncIterator
 
 import anyio
@@ -193,8 +195,22 @@ async def test_a_stage_that_is_not_an_async_generator_is_named_in_a_clear_error(
         return [2, 4]
 
     with pytest.raises(TypeError, match=r"stage 'doubled' returned list: a stage is an async generator function"):
-        async for _ in Pipeline([one, doubled]).run():
-            pass
+        async with Pipeline([one, doubled]).run() as stream:
+            async for _ in stream:
+                pass
+
+    async def awaited(ctx, upstream):  # async def without yield: a coroutine, closed unawaited without a warning
+        return [2]
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(TypeError, match=r"stage 'awaited' returned coroutine") as refused:
+            async with Pipeline([one, awaited]).run() as stream:
+                async for _ in stream:
+                    pass
+        del refused, stream  # their tracebacks hold the stage's frame, and the coroutine with it
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]
 
 
 async def test_a_failing_request_leaves_concurrent_requests_alone():

@@ -651,6 +651,19 @@ def test_a_misspelt_or_beta_key_anywhere_is_refused_naming_it(event, param):
     assert proto.config == before and proto.response is None
 
 
+def test_openais_other_known_keys_are_taken_and_a_tool_of_another_type_is_named_by_its_type():
+    proto = make()
+    transcription = {"model": "whisper-1", "language": "en", "delay": "low", "keywords": ["x"], "languages": ["en"]}
+    out = send(proto, type="session.update", session={"audio": {"input": {"transcription": transcription}}})
+    assert types(out) == ["session.updated"]
+    mcp = {"type": "mcp", "server_label": "x", "server_url": "https://example.com"}
+    err = error_of(send(proto, type="session.update", session={"tools": [mcp]}))
+    assert err["param"] == "session.tools[0].type", err  # its type, not its keys
+    err = error_of(send(proto, type="session.update", session={"prompt": {"id": "pmpt_1"}}))
+    assert err["param"] == "session.prompt" and "not supported" in err["message"]
+    assert types(send(proto, type="session.update", session={"prompt": None})) == ["session.updated"]
+
+
 def test_semantic_vad_without_an_end_of_turn_model_is_refused():
     proto = make()  # a detector, no end-of-turn model
     session = {"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}

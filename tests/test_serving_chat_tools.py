@@ -207,6 +207,8 @@ def test_bad_tools_choices_schemas_and_sampling_fields_are_400s_naming_the_field
     assert error["param"] == param and error["type"] == "BadRequestError", error
     if param == "n":  # one message for every other count, 0 and 2 alike
         assert error["message"].startswith("'n' must be 1: this server returns one choice"), error
+    if param.endswith("json_schema.name"):
+        assert "is required: 1-64 letters, digits, underscores or dashes" in error["message"], error
 
 
 def test_a_call_cut_by_max_tokens_is_the_replys_content_not_a_call(server):

@@ -164,6 +164,10 @@ def test_a_bad_first_message_gets_an_error_code_and_closes(message, code):
     (error,) = texts(actions)
     assert error["type"] == "error" and error["code"] == code and error["message"]
     assert actions[-1] == Close(CloseCode.POLICY, code) and p.phase is Phase.CLOSED
+    if message == msg(type="session.start"):
+        assert error["message"] == "'prompt' is required", error
+    if "num_frames" in message and '"num_frames": 0' in message:
+        assert "must be at least 1" in error["message"] or "between" in error["message"], error
 
 
 def test_a_binary_first_message_is_refused_and_closes():

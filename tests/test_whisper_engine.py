@@ -324,7 +324,7 @@ async def test_newcomers_encode_at_a_batch_bucket_and_padding_changes_no_token(e
     assert encodes == [("encode", 5, 6, "eager")]  # CPU: the same static-buffer encoder, eagerly
     assert (runner.encoder_calls - calls, runner.utterances_encoded - utterances) == (6, 10)
     assert runner.encoder_buckets[6] - buckets.get(6, 0) == 1
-    assert not runner.encoder_device_ms and not runner._timed
+    assert not runner.encoder_device_ms and not runner.encoder_timed and not runner._timed
     assert all(b in runner.encode_buckets for _, _, b, _ in encodes)
     assert not runner.live
 

@@ -54,7 +54,7 @@ async def test_encoder_graphs_equal_the_eager_encoder_at_every_bucket(tiny_whisp
         assert encodes == [("encode", 5, 6, "graph")]
         runner.time_encoder = True  # a benchmark's timing: each pass's device time by CUDA events, by bucket
         step_together(runner, batch)
-        assert runner.encoder_device_ms[6] > 0 and not runner._timed  # added by the steps after the pass
+        assert runner.encoder_device_ms[6] > 0 and runner.encoder_timed[6] == 1 and not runner._timed  # added later
         runner.time_encoder = False
         graphs, runner.encode_graphs = runner.encode_graphs, None
         try:

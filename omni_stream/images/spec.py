@@ -54,6 +54,9 @@ class ImageMode(StrEnum):
     EDIT = "edit"  # prompt + input image(s) to image
 
 
+MAX_TEXT_TOKENS = 256  # an image request's rewrite: the text model writes at most this many tokens (default)
+
+
 @dataclass(slots=True, frozen=True)
 class ImageInfo(ModelInfo):
     """An image model. Sizes in pixels: ``(width, height)``; sides are multiples of ``size_multiple``.
@@ -103,7 +106,7 @@ class ImageRequest:
     partial_images: int = 0
     rewrite: bool | None = None
     system_prompt: str = REWRITE_SYSTEM_PROMPT
-    max_text_tokens: int = 256
+    max_text_tokens: int = MAX_TEXT_TOKENS
     request_id: str = field(default_factory=lambda: next_request_id("img"))
 
     def __post_init__(self) -> None:
@@ -222,10 +225,12 @@ def check_request(info: ImageInfo, request: ImageRequest) -> tuple[int, int]:
         raise InvalidRequestError(
             f"num_inference_steps must be at most {info.max_steps}, got {request.steps}", "num_inference_steps"
         )
-    if request.mode is ImageMode.EDIT and request.steps is not None and request.steps < info.min_edit_steps:
+    steps = request.steps if request.steps is not None else info.default_steps
+    if request.mode is ImageMode.EDIT and steps < info.min_edit_steps:
         raise InvalidRequestError(
             f"num_inference_steps must be at least {info.min_edit_steps} for an edit with {info.model_name} (it "
-            f"denoises a share of the steps asked), got {request.steps}",
+            f"denoises a share of the steps asked), got {steps}"
+            + ("" if request.steps is not None else " (its default)"),
             "num_inference_steps",
         )
     return size
@@ -285,7 +290,7 @@ def build_image(models: ModelSet, request: ImageRequest, ctx: RequestContext) ->
     paint = StagePlan("image", family.image_stage(request, ctx))
     if not uses_text(request, models):
         return Plan((paint,))
-    text = prompt_blamed(models.text().text_stage(rewrite_request(request), ctx))
+    text = prompt_blamed(models.text().text_stage(rewrite_request(request), ctx), request)
     limit = family.info.max_prompt_tokens
     if limit is None:
         return Plan((StagePlan("text", text, emit=True), paint))
@@ -294,10 +299,13 @@ def build_image(models: ModelSet, request: ImageRequest, ctx: RequestContext) ->
     return Plan((StagePlan("rewrite", text), StagePlan("text", bound, emit=True), paint))
 
 
-def prompt_blamed(rewrite: Stage[object, TextDelta]) -> Stage[object, TextDelta]:
-    """The rewriting text stage, with a prompt the text model cannot fit blamed on the image request's ``prompt``
-    (the text request's ``messages`` are that prompt and the rewrite's instructions: the client sent no
-    ``messages``)."""
+def prompt_blamed(rewrite: Stage[object, TextDelta], request: ImageRequest) -> Stage[object, TextDelta]:
+    """The rewriting text stage, its refusals named by the image request's fields (its text request's ``messages``
+    are the ``prompt`` with the rewrite's instructions, its ``max_tokens`` the ``max_text_tokens``): a prompt the text
+    model cannot fit, or that leaves it too little room to write, is blamed on ``prompt`` (over HTTP the one field of
+    the two a client sends), on ``max_text_tokens`` where that was raised from its default."""
+    raised = request.max_text_tokens != MAX_TEXT_TOKENS
+    fields = {"messages": "prompt", "max_tokens": "max_text_tokens" if raised else "prompt"}
 
     async def rewrite_stage(ctx: RequestContext, upstream: AsyncIterator[object]) -> AsyncIterator[TextDelta]:
         try:
@@ -305,12 +313,12 @@ def prompt_blamed(rewrite: Stage[object, TextDelta]) -> Stage[object, TextDelta]
                 async for delta in deltas:
                     yield delta
         except InvalidRequestError as exc:
-            if exc.param != "messages":
+            if exc.param not in fields:
                 raise
             message = f"{exc.message} (the text model that rewrites the image prompt reads it with its instructions)"
-            raise InvalidRequestError(message, "prompt") from exc
+            raise InvalidRequestError(message, fields[exc.param]) from exc
 
-    rewrite_stage.__name__ = getattr(rewrite, "__name__", "rewrite")
+    rewrite_stage.__name__ = "rewrite"
     return rewrite_stage
 
 

@@ -9,6 +9,7 @@ chat template, a grammar or an upstream server.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -42,6 +43,15 @@ def schema_text(schema: object, param: str) -> str:
     return schema
 
 
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def is_function_name(name: object) -> bool:
+    """OpenAI's rule for a function's (and a json_schema response format's) name: 1-64 ASCII letters, digits,
+    ``_`` or ``-``."""
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None
+
+
 @dataclass(slots=True, frozen=True)
 class FunctionTool:
     """A function the model may call: ``parameters`` is a JSON Schema (JSON text) of its arguments object."""
@@ -52,8 +62,7 @@ class FunctionTool:
     strict: bool | None = None
 
     def __post_init__(self) -> None:
-        name = self.name
-        if not isinstance(name, str) or not name or len(name) > 64 or not all(c.isalnum() or c in "_-" for c in name):
+        if not is_function_name(self.name):
             raise InvalidRequestError(
                 f"tool names are 1-64 letters, digits, '_' or '-', got {self.name!r}", "tools.function.name"
             )

@@ -15,6 +15,7 @@ Leaving the stage any way releases the sequence (its batch slot is free before t
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
@@ -114,7 +115,8 @@ def batched_transcription_stage(
         # Counted as arriving while its features are made: newcomers already waiting wait for it (at most the
         # scheduler's hold), so utterances that ended together (many sessions pausing at once) share one encoder
         # pass; an utterance with nothing else in preparation goes in at once.
-        with scheduler.arriving() as arrival:
+        # (Not counted where the scheduler never holds: an arriving request reads as realtime work about to come.)
+        with scheduler.arriving() if scheduler.hold else contextlib.nullcontext() as arrival:
             payload = await prepare(ctx, samples)
             usage = ctx.tokens(ModelKind.TRANSCRIPTION)
             async with scheduler.session(payload, ctx, arrival) as deltas:

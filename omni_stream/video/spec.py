@@ -180,14 +180,14 @@ def resolve_request(info: VideoInfo, request: VideoRequest) -> VideoRequest:
             raise InvalidRequestError(f"{name} must be a multiple of {m} up to {limit}, got {value}", name)
     assert resolved.fps is not None and resolved.num_frames is not None and resolved.num_inference_steps is not None
     if resolved.fps > info.max_fps:
-        raise InvalidRequestError(f"fps must be in 1..{info.max_fps}, got {resolved.fps}", "fps")
+        raise InvalidRequestError(f"fps must be between 1 and {info.max_fps}, got {resolved.fps}", "fps")
     if resolved.num_frames > info.max_num_frames:
         raise InvalidRequestError(
-            f"num_frames must be in 1..{info.max_num_frames}, got {resolved.num_frames}", "num_frames"
+            f"num_frames must be between 1 and {info.max_num_frames}, got {resolved.num_frames}", "num_frames"
         )
     if resolved.num_inference_steps > info.max_steps:
         raise InvalidRequestError(
-            f"num_inference_steps must be in 1..{info.max_steps}, got {resolved.num_inference_steps}",
+            f"num_inference_steps must be between 1 and {info.max_steps}, got {resolved.num_inference_steps}",
             "num_inference_steps",
         )
     if resolved.image is not None and not info.supports_image:

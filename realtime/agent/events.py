@@ -476,11 +476,13 @@ SERVER_VAD_KEYS = frozenset({
     "interrupt_response",
 })  # fmt: skip
 SEMANTIC_VAD_KEYS = frozenset({"type", "eagerness", "create_response", "interrupt_response"})
-TRANSCRIPTION_KEYS = frozenset({"model", "language", "prompt"})
+# OpenAI's transcription options beyond the model, language and prompt (delay, keywords, languages) tune its own
+# transcription models: taken and ignored, as noise_reduction is
+TRANSCRIPTION_KEYS = frozenset({"model", "language", "prompt", "delay", "keywords", "languages"})
 TOOL_KEYS = frozenset({"type", "name", "description", "parameters", "strict"})  # the Realtime API's flat tool
 RESPONSE_KEYS = frozenset({
     "conversation", "input", "instructions", "max_output_tokens", "metadata", "output_modalities", "prompt",
-    "tool_choice", "tools", "audio",
+    "tool_choice", "tools", "audio", "parallel_tool_calls", "reasoning",  # the last two: taken and ignored
 })  # fmt: skip
 RESPONSE_AUDIO_KEYS = {"response.audio": frozenset({"output"}), "response.audio.output": frozenset({"format", "voice"})}
 # The beta API's names in a GA response.create: refused with the GA name, not ignored (a beta client asking for text
@@ -500,13 +502,15 @@ def _known(body: dict[str, Any], keys: frozenset[str], param: str) -> None:
         raise RealtimeError("unknown_parameter", f"Unknown parameter: '{param}.{unknown[0]}'.", f"{param}.{unknown[0]}")
 
 
-def _flat_tools(value: Any, field: str) -> Any:
-    """A Realtime ``tools`` list (flat function tools), each tool's keys checked first."""
+def _flat_tools(value: Any, field: str) -> tuple[FunctionTool, ...]:
+    """A Realtime ``tools`` list (flat function tools); a function tool's keys are checked first (another type
+    is refused by the parser, naming its type)."""
     if isinstance(value, list):
         for i, tool in enumerate(value):
-            if isinstance(tool, dict):
+            if isinstance(tool, dict) and tool.get("type", "function") == "function":
                 _known(tool, TOOL_KEYS, f"{field}[{i}]")
-    return _tool_field(parse_tools, value, flat=True, field=field)
+    tools: tuple[FunctionTool, ...] = _tool_field(parse_tools, value, flat=True, field=field)
+    return tools
 
 
 def parse_session(value: Any, *, max_instructions: int) -> SessionPatch:
@@ -530,6 +534,8 @@ def parse_session(value: Any, *, max_instructions: int) -> SessionPatch:
         fields["truncation"] = _truncation(body["truncation"], "session.truncation")
     if "preemptive_response" in body:
         fields["preemptive_response"] = boolean(body["preemptive_response"], "session.preemptive_response")
+    if body.get("prompt") is not None:
+        raise RealtimeError("invalid_value", "prompt templates are not supported: send instructions", "session.prompt")
     if "tools" in body:
         fields["tools"] = _flat_tools(body["tools"], "session.tools")
     if "tool_choice" in body:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from omni_stream.errors import InvalidRequestError
+from omni_stream.errors import InvalidRequestError, UnknownVoiceError
 from omni_stream.realtime.agent.audio import InputDecoder
 from omni_stream.realtime.agent.events import (
     UNSET,
@@ -52,7 +52,6 @@ from omni_stream.realtime.agent.events import (
     SessionUpdate,
 )
 from omni_stream.realtime.agent.item_edits import ItemEditing
-from omni_stream.realtime.agent.limits import OPENAI_VOICES
 from omni_stream.realtime.agent.outputs import Close, Outputs, SessionConfig
 from omni_stream.realtime.agent.protocol_state import Phase
 from omni_stream.realtime.agent.responses import Responding
@@ -88,6 +87,12 @@ def _tool_wire(tool: FunctionTool) -> dict[str, Any]:
 
 def _choice_wire(choice: ToolChoice) -> str | dict[str, Any]:
     return {"type": "function", "name": choice.name} if choice.mode is ToolMode.FUNCTION else choice.mode.value
+
+
+# OpenAI's built-in voice names: a session or response naming one the speech model lacks speaks in its default voice
+OPENAI_VOICES = frozenset(
+    {"alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin", "cedar", "fable", "onyx", "nova"}
+)
 
 
 class RealtimeProtocol(TurnTaking, Speculating, ItemEditing, Responding):
@@ -251,11 +256,13 @@ class RealtimeProtocol(TurnTaking, Speculating, ItemEditing, Responding):
             return voice
         try:
             return self.caps.voice(voice)  # the engine's rule and words
-        except InvalidRequestError as exc:
+        except UnknownVoiceError as exc:
             if voice.lower() in OPENAI_VOICES and self.caps.default_voice is not None:
                 # OpenAI's own voice names (the Agents SDK's default is "ash"): the speech model's default voice,
                 # so an unchanged client's session.update is not refused whole for its voice alone
                 return self.caps.default_voice
+            raise RealtimeError("invalid_value", exc.message, param) from None
+        except InvalidRequestError as exc:
             raise RealtimeError("invalid_value", exc.message, param) from None
 
     # --- the session's end ---

@@ -10,7 +10,6 @@ surface reports it in its own error shape. Whether a schema can be enforced is t
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from omni_stream.errors import InvalidRequestError
@@ -24,9 +23,9 @@ from omni_stream.text.tools import (
     ToolCall,
     ToolChoice,
     ToolMode,
+    is_function_name,
 )
 
-SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a json_schema response format's name, as OpenAI requires it
 _TYPE = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}
 
 
@@ -122,10 +121,11 @@ def parse_response_format(value: Any, field: str = "response_format") -> Respons
     if kind != "json_schema":
         return ResponseFormat(FormatKind(kind))
     spec = _obj(body.get("json_schema"), f"{field}.json_schema")
-    name = _str(spec.get("name"), f"{field}.json_schema.name")
-    if name is None or not SCHEMA_NAME.fullmatch(name):
+    name = spec.get("name")
+    if not is_function_name(name):
+        got = "nothing" if name is None else repr(name)
         raise InvalidRequestError(
-            f"'{field}.json_schema.name' must be 1-64 letters, digits, underscores or dashes, got {name!r}",
+            f"'{field}.json_schema.name' is required: 1-64 letters, digits, underscores or dashes, got {got}",
             f"{field}.json_schema.name",
         )
     strict = spec.get("strict")

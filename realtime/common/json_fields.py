@@ -75,8 +75,6 @@ def string(
     carry); ``form``: a number is taken as its text."""
     if form and isinstance(value, int | float) and not isinstance(value, bool):
         value = str(value)
-    if value is None:  # absent or null where a text is needed (optional fields are read through ``optional``)
-        raise FieldError(f"'{key}' is required", key)
     if not isinstance(value, str):
         raise FieldError(f"'{key}' must be a string, got {type_name(value)}", key)
     if non_empty and not value.strip():

@@ -92,16 +92,17 @@ def parse_params(values: Mapping[str, Any], allowed: frozenset[str], *, form: bo
     """Validate the fields of one request: strings from a form (``form``: numbers and booleans as their text), or
     JSON values (each of its own type: a number where the prompt goes is an error, as is a string for ``n``)."""
     unknown = sorted(set(values) - allowed)
-    for key in unknown:
-        if key in UNSUPPORTED:
+    for key in unknown:  # null is what OpenAI's SDK sends for an option left unset: as absent
+        if key in UNSUPPORTED and values[key] is not None:
             raise bad_request(f"'{key}' is an OpenAI image option this server does not support", key)
+    unknown = [key for key in unknown if key not in UNSUPPORTED]
     if unknown:
         raise bad_request(f"Unknown field '{unknown[0]}'", unknown[0])
     for key, options in IGNORED_CHOICES.items():
-        if key in values and key in allowed:
+        if values.get(key) is not None and key in allowed:
             choice(values[key], key, options, form=form)
     for key in IGNORED_TEXT:
-        if key in values and key in allowed:
+        if values.get(key) is not None and key in allowed:
             string(values[key], key, form=form)
     prompt = values.get("prompt")
     if prompt is None or not string(prompt, "prompt", form=form).strip():

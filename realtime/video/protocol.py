@@ -92,6 +92,14 @@ class ProtocolError(Exception):
         self.event_id = event_id
 
 
+def _required(body: Mapping[str, Any], key: str) -> object:
+    """``body[key]``; a FieldError saying it is required when it is absent or null."""
+    value = body.get(key)
+    if value is None:
+        raise FieldError(f"'{key}' is required", key)
+    return value
+
+
 def _json(message: Mapping[str, Any]) -> SendText:
     return SendText(json.dumps(message, ensure_ascii=False, separators=(",", ":")))
 
@@ -151,7 +159,7 @@ def parse_start(body: Mapping[str, Any], limits: VideoLimits) -> tuple[VideoRequ
         model = optional(body, "model", string)
         guidance = optional(body, "guidance_scale", number)
         request = VideoRequest(
-            prompt=string(body.get("prompt"), "prompt", limit=limits.max_prompt_chars, non_empty=True),
+            prompt=string(_required(body, "prompt"), "prompt", limit=limits.max_prompt_chars, non_empty=True),
             width=optional(body, "width", integer),
             height=optional(body, "height", integer),
             fps=optional(body, "fps", integer),

@@ -119,6 +119,7 @@ class WhisperRunner(StepRecord[WhisperInput]):
         # benchmark tells the encoder's own time from the step's wall time (other models' work in between, waits).
         self.time_encoder = False
         self.encoder_device_ms: defaultdict[int, float] = defaultdict(float)
+        self.encoder_timed: Counter[int] = Counter()  # the passes whose device time is in encoder_device_ms
         self._timed: list[tuple[int, torch.cuda.Event, torch.cuda.Event]] = []
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -268,6 +269,7 @@ class WhisperRunner(StepRecord[WhisperInput]):
         for b, start, end in self._timed:
             if end.query():
                 self.encoder_device_ms[b] += start.elapsed_time(end)
+                self.encoder_timed[b] += 1
             else:
                 pending.append((b, start, end))
         self._timed = pending
