@@ -130,8 +130,55 @@ def test_a_cancelled_response_makes_no_calls():
     out = send(proto, type="response.cancel")
     assert "response.function_call_arguments.done" not in types(out)
     response = next(e for e in out.events if e.type == "response.done").body["response"]
-    assert response["status"] == "cancelled" and [o["type"] for o in response["output"]] == ["message"]
-    assert all(i.type.value == "message" for i in proto.conversation.items)
+    assert response["status"] == "cancelled" and response["output"] == []  # it said nothing before its cancel
+    assert [(i.type.value, i.role.value if i.role else None) for i in proto.conversation.items] == [("message", "user")]
+
+
+def test_a_reply_that_only_calls_has_no_message_item():
+    """As OpenAI's server: a reply's message item comes with its first content, so a reply that only calls a tool
+    has its function_call item alone (output_index 0), and the conversation holds no empty assistant message; the
+    next response's history is the call, then its result."""
+    proto = make()
+    text_session(proto, tools=[TOOL], tool_choice="required")
+    user_says(proto, "Weather in Paris?")
+    cmd = start(send(proto, type="response.create"))
+    args = '{"city": "Paris"}'
+    proto.response_tool_call(cmd.response_id, (ToolCallDelta(0, "call_1", "get_weather", args),))
+    out = proto.response_done(cmd.response_id, ResponseUsage(10, 5, 0))
+    assert types(out) == [
+        "response.output_item.added",
+        "conversation.item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "conversation.item.done",
+        "response.done",
+    ]
+    assert out.events[0].body["output_index"] == 0 and out.events[0].body["item"]["type"] == "function_call"
+    assert [o["type"] for o in out.events[-1].body["response"]["output"]] == ["function_call"]
+    assert [i.type.value for i in proto.conversation.items] == ["message", "function_call"]
+    send(proto, type="conversation.item.create",
+         item={"type": "function_call_output", "call_id": "call_1", "output": "sunny"})  # fmt: skip
+    nxt = start(send(proto, type="response.create", response={"tool_choice": "auto"}))
+    assert [(m.role, m.content, [c.name for c in m.tool_calls]) for m in nxt.messages][1:] == [
+        (Role.USER, "Weather in Paris?", []),
+        (Role.ASSISTANT, "", ["get_weather"]),
+        (Role.TOOL, "sunny", []),
+    ]
+
+
+def test_a_failed_reply_leaves_no_empty_item_and_an_empty_answer_is_still_one():
+    proto = make()
+    text_session(proto)
+    user_says(proto, "Hi")
+    cmd = start(send(proto, type="response.create"))
+    failed = proto.response_failed(cmd.response_id, "the prompt does not fit", "context_length_exceeded")
+    assert types(failed) == ["response.done"] and failed.events[0].body["response"]["output"] == []
+    assert [i.role.value for i in proto.conversation.items] == ["user"]
+    cmd = start(send(proto, type="response.create"))
+    empty = proto.response_done(cmd.response_id, ResponseUsage(3, 1, 0))  # the model ended at once: said nothing
+    assert types(empty)[:3] == ["response.output_item.added", "conversation.item.added", "response.content_part.added"]
+    assert [o["type"] for o in empty.events[-1].body["response"]["output"]] == ["message"]
 
 
 def test_items_go_where_previous_item_id_says_and_can_be_retrieved_and_deleted():

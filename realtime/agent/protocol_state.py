@@ -83,6 +83,7 @@ class ResponseState:
     context: list[ChatMessage] | None = None  # its own input (None: the conversation)
     calls: dict[int, list[str]] = field(default_factory=dict)  # index -> [call id, name, arguments so far]
     call_items: list[Item] = field(default_factory=list)  # the function_call items, once the reply has ended
+    opened: bool = False  # its message item announced (at its first content, or at its end when it has no call)
 
     @property
     def content(self) -> Content:

@@ -7,6 +7,10 @@ while it streams and become ``function_call`` output items when its text and aud
 ``response.done``: a voice reply speaks its text, then calls; the client answers with a ``function_call_output``
 item and ``response.create``, and the next response speaks the answer. A cancelled reply makes no calls.
 
+The message item. Announced (``response.output_item.added``, into the conversation, its content part) with the
+reply's first content, as OpenAI's server does: a reply that only calls tools has its ``function_call`` items alone,
+and one failed or cancelled before it said anything has no item; an empty answer that ends normally still has one.
+
 Out of band (``response.conversation: "none"``): the response's items stay out of the conversation, and its
 ``input`` (new items or ``item_reference`` s), when given, is its whole context. One response runs at a time."""
 
@@ -149,12 +153,22 @@ class Responding(ProtocolState):
         )
         self.response = r
         out = Outputs([self._event("response.created", response=self._response_wire(r, "in_progress"))])
-        out.events.append(self._event("response.output_item.added", response_id=rid, output_index=0, item=item.wire()))
+        return out.extend(self._maybe_run(r))
+
+    def _open(self, r: ResponseState) -> Outputs:
+        """Announce the response's message item, as OpenAI does, at its first content (a reply that only calls
+        tools, or fails or is cancelled before it says anything, has none): added to the conversation then, after
+        the items before it."""
+        if r.opened:
+            return Outputs()
+        r.opened = True
+        item = r.item
+        out = Outputs([self._event("response.output_item.added", response_id=r.id, output_index=0, item=item.wire())])
         if not r.out_of_band:
             out.extend(self._add_item(item, None))
-        part_wire = {"type": "audio", "transcript": ""} if encoder is not None else {"type": "text", "text": ""}
+        part_wire = {"type": "audio", "transcript": ""} if r.encoder is not None else {"type": "text", "text": ""}
         out.events.append(self._event("response.content_part.added", **self._where(r), part=part_wire))
-        return out.extend(self._maybe_run(r))
+        return out
 
     def _maybe_run(self, r: ResponseState) -> Outputs:
         if r.waiting or r.status is not ResponseStatus.WAITING:
@@ -204,7 +218,9 @@ class Responding(ProtocolState):
             "id": r.id,
             "status": status,
             "status_details": details,
-            "output": [] if status == "in_progress" else [r.item.wire(), *(c.wire() for c in r.call_items)],
+            "output": []
+            if status == "in_progress"
+            else [*([r.item.wire()] if r.opened else []), *(c.wire() for c in r.call_items)],
             "conversation_id": None if r.out_of_band else self.conversation_id,
             "output_modalities": [r.modality.value],
             "max_output_tokens": "inf" if r.max_tokens is None else r.max_tokens,
@@ -226,14 +242,18 @@ class Responding(ProtocolState):
         delta = (" " if content.units else "") + text.strip()
         content.units.append((samples_ms(r.samples, self.caps.output_rate), text))
         content.transcript = join_units(t for _, t in content.units)
-        return Outputs([self._event("response.output_audio_transcript.delta", **self._where(r), delta=delta)])
+        out = self._open(r)
+        out.events.append(self._event("response.output_audio_transcript.delta", **self._where(r), delta=delta))
+        return out
 
     def response_text(self, rid: str, text: str) -> Outputs:
         r = self._active(rid)
         if r is None or not text:
             return Outputs()
         r.content.text += text
-        return Outputs([self._event("response.output_text.delta", **self._where(r), delta=text)])
+        out = self._open(r)
+        out.events.append(self._event("response.output_text.delta", **self._where(r), delta=text))
+        return out
 
     def response_audio(self, rid: str, samples: np.ndarray) -> Outputs:
         """Float32 samples at the speech model's rate; encoded to the response's wire format."""
@@ -243,9 +263,10 @@ class Responding(ProtocolState):
         data = r.encoder.encode(samples)
         r.samples += samples.size
         r.content.audio_ms = samples_ms(r.samples, self.caps.output_rate)
-        if not data:
-            return Outputs()
-        return Outputs([self._event("response.output_audio.delta", audio=data, **self._where(r))])
+        out = self._open(r)
+        if data:
+            out.events.append(self._event("response.output_audio.delta", audio=data, **self._where(r)))
+        return out
 
     def response_tool_call(self, rid: str, pieces: tuple[ToolCallDelta, ...]) -> Outputs:
         """Pieces of the reply's tool calls; their items and events follow the reply's text and audio, at its end."""
@@ -267,7 +288,7 @@ class Responding(ProtocolState):
             if not (call_id and name):
                 continue
             item = function_call(self._id("item"), ToolCall(call_id, name, arguments), ItemStatus.IN_PROGRESS)
-            output_index = 1 + len(r.call_items)
+            output_index = int(r.opened) + len(r.call_items)
             r.call_items.append(item)
             added = {**item.wire(), "arguments": ""}
             out.events.append(
@@ -336,7 +357,28 @@ class Responding(ProtocolState):
         """The closing events of a response, in order; the session is free for the next one afterwards."""
         r.status = ResponseStatus.DONE
         self.response = None
+        ended = status in ("completed", "incomplete")
+        calls = ended and any(call_id and name for call_id, name, _ in r.calls.values())
+        # a reply that said nothing: its message item only where it also made no call and was not cut short by a
+        # cancel or a failure (an empty answer is still an answer); announced in progress, then done
+        out = self._open(r) if ended and not calls else Outputs()
         r.item.status = ItemStatus.COMPLETED if status == "completed" else ItemStatus.INCOMPLETE
+        if r.opened:
+            out.extend(self._close_message(r))
+        if ended:  # a cancelled or failed reply's calls are not made
+            out.extend(self._function_calls(r))
+        details: dict[str, Any] | None = None
+        if status == "cancelled" or (status == "incomplete" and reason):
+            details = {"type": status, "reason": reason}
+        elif status == "failed":
+            kind = "invalid_request_error" if code == "context_length_exceeded" else "server_error"
+            details = {"type": "failed", "error": {"type": kind, "code": code, "message": error}}
+        body = self._response_wire(r, status, details, (usage or ResponseUsage()).wire())
+        out.events.append(self._event("response.done", response=body))
+        return out
+
+    def _close_message(self, r: ResponseState) -> Outputs:
+        """The closing events of the response's message item (its content's end, the item's)."""
         where, content = self._where(r), r.content
         out = Outputs()
         if r.encoder is not None:
@@ -353,14 +395,4 @@ class Responding(ProtocolState):
         if r.item.id in self.conversation:
             previous = self.conversation.previous_id(r.item)
             out.events.append(self._event("conversation.item.done", previous_item_id=previous, item=wire))
-        if status in ("completed", "incomplete"):  # a cancelled or failed reply's calls are not made
-            out.extend(self._function_calls(r))
-        details: dict[str, Any] | None = None
-        if status == "cancelled" or (status == "incomplete" and reason):
-            details = {"type": status, "reason": reason}
-        elif status == "failed":
-            kind = "invalid_request_error" if code == "context_length_exceeded" else "server_error"
-            details = {"type": "failed", "error": {"type": kind, "code": code, "message": error}}
-        body = self._response_wire(r, status, details, (usage or ResponseUsage()).wire())
-        out.events.append(self._event("response.done", response=body))
         return out
