@@ -58,6 +58,17 @@ def start(out: Outputs) -> StartResponse:
     return cmd
 
 
+# A function_call item's events at a reply's end
+CALL_EVENTS = (
+    "response.output_item.added",
+    "conversation.item.added",
+    "response.function_call_arguments.delta",
+    "response.function_call_arguments.done",
+    "response.output_item.done",
+    "conversation.item.done",
+)
+
+
 def test_session_tools_reach_the_response_and_its_calls_become_items_after_its_text():
     proto = make()
     session = text_session(proto, tools=[TOOL], tool_choice="required")
@@ -75,12 +86,7 @@ def test_session_tools_reach_the_response_and_its_calls_become_items_after_its_t
         "response.content_part.done",
         "response.output_item.done",
         "conversation.item.done",
-        "response.output_item.added",
-        "conversation.item.added",
-        "response.function_call_arguments.delta",
-        "response.function_call_arguments.done",
-        "response.output_item.done",
-        "conversation.item.done",
+        *CALL_EVENTS,
         "response.done",
     ]
     events = {e.type: e.body for e in out.events}
@@ -145,15 +151,7 @@ def test_a_reply_that_only_calls_has_no_message_item():
     args = '{"city": "Paris"}'
     proto.response_tool_call(cmd.response_id, (ToolCallDelta(0, "call_1", "get_weather", args),))
     out = proto.response_done(cmd.response_id, ResponseUsage(10, 5, 0))
-    assert types(out) == [
-        "response.output_item.added",
-        "conversation.item.added",
-        "response.function_call_arguments.delta",
-        "response.function_call_arguments.done",
-        "response.output_item.done",
-        "conversation.item.done",
-        "response.done",
-    ]
+    assert types(out) == [*CALL_EVENTS, "response.done"]
     assert out.events[0].body["output_index"] == 0 and out.events[0].body["item"]["type"] == "function_call"
     assert [o["type"] for o in out.events[-1].body["response"]["output"]] == ["function_call"]
     assert [i.type.value for i in proto.conversation.items] == ["message", "function_call"]
