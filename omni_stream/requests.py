@@ -316,10 +316,6 @@ class TextRequest:
             raise InvalidRequestError(
                 f"tool_choice names {choice.name!r}, which is not among the tools ({', '.join(names)})", "tool_choice"
             )
-        if choice.forces_call and self.response_format.constrains:
-            raise InvalidRequestError(
-                "response_format cannot constrain a reply that tool_choice forces to be a tool call", "response_format"
-            )
 
     @property
     def offered_tools(self) -> tuple[FunctionTool, ...]:

@@ -211,6 +211,25 @@ def test_bad_tools_choices_schemas_and_sampling_fields_are_400s_naming_the_field
         assert "is required: 1-64 letters, digits, underscores or dashes" in error["message"], error
 
 
+def test_what_openai_compatible_clients_send_is_taken(server):
+    """An assistant turn echoed back with null content and no call (some frameworks send one, with a refusal), and
+    a response_format beside a forced call (the Agents SDK sends its output_type's format on every turn): taken,
+    the forced call winning, as vLLM does."""
+    url = f"{server.url}/v1/chat/completions"
+    for turn in ({"role": "assistant", "content": None, "tool_calls": []},
+                 {"role": "assistant", "content": None, "refusal": "I cannot"}):  # fmt: skip
+        messages = [*ASK, turn, {"role": "user", "content": "And now?"}]
+        answered = httpx.post(url, json={"model": "lm", "messages": messages, "max_tokens": 4}, timeout=60)
+        assert answered.status_code == 200, answered.text
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "object"}}}
+    body = {"model": "lm", "messages": ASK, "tools": TOOLS, "tool_choice": "required", "response_format": fmt,
+            "parallel_tool_calls": False, "seed": 0, "max_tokens": 80}  # fmt: skip
+    forced = httpx.post(url, json=body, timeout=120)
+    assert forced.status_code == 200, forced.text
+    choice = forced.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["tool_calls"], choice
+
+
 def test_a_call_cut_by_max_tokens_is_the_replys_content_not_a_call(server):
     """What vLLM answers: a call the reply ran out of tokens in is returned as content (finish_reason length)."""
     fields = dict(model="lm", messages=ASK, tools=TOOLS, tool_choice="required", seed=0, max_tokens=6)

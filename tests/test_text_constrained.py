@@ -214,6 +214,46 @@ def test_logit_bias_and_penalties_steer_tokens_and_logprobs_are_the_models(tmp_p
     assert abs(ref[lp.tokens[0]].item() - entries[0].logprob) < 1e-4
 
 
+# A tool whose argument is a model of its own, as pydantic writes it: "$defs" at its root, referenced from inside
+LOCATED = {
+    "$defs": {"Loc": {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
+                      "additionalProperties": False}},
+    "type": "object",
+    "properties": {"where": {"$ref": "#/$defs/Loc"}, "days": {"type": "integer", "minimum": 1, "maximum": 3}},
+    "required": ["where", "days"],
+    "additionalProperties": False,
+}  # fmt: skip
+
+
+async def test_a_forced_call_of_a_tool_with_definitions_is_valid_and_a_named_one_is_called_once(path):
+    """The call schema nests a tool's arguments, so their "#/$defs/..." references are kept valid by moving the
+    definitions to the grammar's root (a pydantic model argument failed every forced call: "Pointer '/$defs/Loc'
+    does not exist"); a named tool_choice is one call even where parallel calls are on (vLLM's rule); and a
+    response_format beside a forced call is no refusal: the call wins, as vLLM lets it."""
+    located = FunctionTool("locate", None, json.dumps(LOCATED))
+    tools = (located, TOOLS[1])  # the tiny model's context holds two tools' schemas
+    fmt = ResponseFormat(FormatKind.JSON_SCHEMA, json.dumps(ANSWER))
+    async with await load(path) as engine:
+        for choice in (ToolChoice(ToolMode.REQUIRED), ToolChoice(ToolMode.FUNCTION, "locate")):
+            for seed in range(6):
+                request = ask(tools=tools, tool_choice=choice, max_tokens=120, seed=seed, response_format=fmt,
+                              sampling=SamplingParams(temperature=1.0, top_k=0))  # fmt: skip
+                deltas = await run(engine, request)
+                calls = assemble([c for d in deltas for c in d.tool_calls])
+                assert calls and deltas[-1].finish_reason == "tool_calls", "".join(d.text for d in deltas)
+                if choice.name is not None:
+                    assert [c.name for c in calls] == ["locate"]  # once, though parallel calls are on
+                for call in calls:
+                    schema = LOCATED if call.name == "locate" else SCHEMAS[call.name]
+                    jsonschema.validate(json.loads(call.arguments), schema)
+    named = request_grammar(tools, ToolChoice(ToolMode.FUNCTION, "locate"), ResponseFormat(), TOOL_FORMATS["qwen3"])
+    assert named is not None and named.startswith("start: call\n")
+    clash = FunctionTool("other", None, json.dumps({**LOCATED, "$defs": {"Loc": {"type": "string"}}}))
+    with pytest.raises(InvalidRequestError, match=r"\$defs/Loc differently") as refused:
+        request_grammar((located, clash), ToolChoice(ToolMode.REQUIRED), ResponseFormat(), TOOL_FORMATS["qwen3"])
+    assert refused.value.param == "tools"
+
+
 @pytest.mark.parametrize(
     ("fields", "param"),
     [

@@ -146,6 +146,30 @@ def test_text_that_is_not_a_call_is_given_back_whole():
     assert plain.push(" Hello {") == (" Hello {", [])
 
 
+def test_the_newline_between_calls_is_no_text_however_the_pieces_come():
+    """A reply of two calls shows no text at all: the template's newline after a call is dropped whichever push it
+    comes in (a model writes "</tool_call>" and "\\n" as two tokens; it leaked as a "\\n" content delta)."""
+    one = '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>'
+    written = one + "\n" + one.replace('"a"', '"b"') + "\n"
+    tokens = ["<tool_call>", "\n", '{"name": "a", "arguments": {}}', "\n", "</tool_call>", "\n",
+              "<tool_call>", "\n", '{"name": "b", "arguments": {}}', "\n", "</tool_call>", "\n"]  # fmt: skip
+    chunkings = [tokens, [written], *([written[:i], written[i:]] for i in range(1, len(written)))]
+    for pieces in chunkings:
+        parser = ToolCallParser(ToolFormat.HERMES)
+        shown, names = "", []
+        for piece in pieces:
+            text, calls = parser.push(piece)
+            shown, names = shown + text, names + [c.name for c in calls]
+        text, calls = parser.finish()
+        shown, names = shown + text, names + [c.name for c in calls]
+        assert (shown, names) == ("", ["a", "b"]), pieces
+    # text after a call keeps its own newlines: only the one separator goes
+    parser = ToolCallParser(ToolFormat.HERMES)
+    text, calls = parser.push(one)
+    assert text == "" and [c.name for c in calls] == ["a"]
+    assert parser.push("\n\nDone.") == ("\nDone.", [])
+
+
 def test_without_parallel_calls_only_the_first_is_kept():
     parser = ToolCallParser(ToolFormat.HERMES, parallel=False)
     one = '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n'

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from omni_stream.errors import InvalidRequestError
 from omni_stream.text.tool_parsers import ToolFormat
 from omni_stream.text.tools import FormatKind, FunctionTool, ResponseFormat, ToolChoice, ToolMode
 
@@ -31,13 +32,37 @@ def _json(schema: dict[str, Any]) -> str:
     return "%json " + json.dumps({**schema, "x-guidance": options}, ensure_ascii=False)
 
 
-def _call_schema(tool: FunctionTool, args_key: str) -> dict[str, Any]:
+DEFINITION_KEYS = ("$defs", "definitions")  # where a JSON Schema keeps what its "#/$defs/..." references name
+
+
+def _call_schema(name: str, arguments: dict[str, Any], args_key: str) -> dict[str, Any]:
     return {
         "type": "object",
-        "properties": {"name": {"const": tool.name}, args_key: tool.schema},
+        "properties": {"name": {"const": name}, args_key: arguments},
         "required": ["name", args_key],
         "additionalProperties": False,
     }
+
+
+def _calls_schema(tools: list[FunctionTool], args_key: str) -> dict[str, Any]:
+    """One schema for a call of any of ``tools``: each tool's arguments under its call object, their definitions
+    (``$defs``, ``definitions``) moved to the root, where the references of the arguments' schemas (``#/$defs/X``:
+    a pointer from the root, as pydantic writes them) find them. Two tools defining one name differently are
+    refused (vLLM merges them the same way)."""
+    found: dict[str, dict[str, Any]] = {key: {} for key in DEFINITION_KEYS}
+    schemas = []
+    for tool in tools:
+        arguments = dict(tool.schema)
+        for key in DEFINITION_KEYS:
+            for name, definition in (arguments.pop(key, None) or {}).items():
+                if found[key].setdefault(name, definition) != definition:
+                    raise InvalidRequestError(
+                        f"tools define {key}/{name} differently: a forced call needs one definition of each name",
+                        "tools",
+                    )
+        schemas.append(_call_schema(tool.name, arguments, args_key))
+    root = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+    return {**root, **{key: defs for key, defs in found.items() if defs}}
 
 
 def tool_call_grammar(
@@ -47,21 +72,22 @@ def tool_call_grammar(
     parallel: bool = True,
     tag_tokens: bool = False,
 ) -> str:
-    """The reply as one call (or, with ``parallel``, one or more) of ``choice``'s function or any of ``tools``.
+    """The reply as one call (or, with ``parallel`` and no named function, one or more) of ``choice``'s function or
+    any of ``tools``.
 
     ``tag_tokens``: ``<tool_call>`` and ``</tool_call>`` are tokens of the vocabulary (Qwen3's): the grammar names
     those tokens (llguidance matches a token that is not plain text only by name), else it spells the tags.
     """
     chosen = [t for t in tools if choice.mode is not ToolMode.FUNCTION or t.name == choice.name]
     args_key = "arguments" if format is ToolFormat.HERMES else "parameters"
-    schemas = [_call_schema(t, args_key) for t in chosen]
-    body = _json(schemas[0] if len(schemas) == 1 else {"anyOf": schemas})
+    body = _json(_calls_schema(chosen, args_key))
     if format is ToolFormat.HERMES:
         open_, close = ("<tool_call>", "</tool_call>") if tag_tokens else ('"<tool_call>"', '"</tool_call>"')
         call, sep = f'{open_} "\\n" body "\\n" {close}', '"\\n"'
     else:
         call, sep = "body", '"; "'
-    start = f"call ({sep} call)*" if parallel else "call"
+    # a named function is called once (vLLM's rule too), whatever parallel_tool_calls says
+    start = f"call ({sep} call)*" if parallel and choice.mode is not ToolMode.FUNCTION else "call"
     return f"start: {start}\ncall: {call}\nbody: {body}\n"
 
 

@@ -88,7 +88,7 @@ def _partial_suffix(text: str, tag: str) -> int:
 class ToolCallParser:
     """Text deltas in; (text to show, calls completed) out (see the module docstring)."""
 
-    __slots__ = ("_buf", "_in_call", "_undecided", "calls", "cut_call", "format", "parallel")
+    __slots__ = ("_after_call", "_buf", "_in_call", "_undecided", "calls", "cut_call", "format", "parallel")
 
     def __init__(self, format: ToolFormat, parallel: bool = True) -> None:
         self.format = format
@@ -100,6 +100,9 @@ class ToolCallParser:
         self.cut_call = ""
         self._buf = ""
         self._in_call = False
+        # a Hermes call just closed: the newline the template writes after it is no text of the reply, whichever
+        # push it comes in (a model writes "</tool_call>" and "\n" as two tokens)
+        self._after_call = False
         self._undecided = format is ToolFormat.LLAMA_JSON  # until the first non-blank character is seen
 
     def push(self, text: str) -> tuple[str, list[ToolCall]]:
@@ -128,6 +131,9 @@ class ToolCallParser:
                 return "", self._keep([call])
             self.cut_call = OPEN + buf
             return self.cut_call, []
+        if self._after_call and buf.startswith("\n"):
+            buf = buf[1:]
+        self._after_call = False
         return buf, []
 
     def _keep(self, calls: list[ToolCall]) -> list[ToolCall]:
@@ -162,9 +168,15 @@ class ToolCallParser:
                     shown.append(OPEN + body + CLOSE)
                 else:
                     calls += self._keep([call])
-                if self._buf.startswith("\n"):  # the template's separator between calls
-                    self._buf = self._buf[1:]
+                    self._after_call = True
                 continue
+            if self._after_call:  # the template's separator after a call, once it has come
+                if not self._buf:
+                    break
+                self._after_call = False
+                if self._buf.startswith("\n"):
+                    self._buf = self._buf[1:]
+                    continue
             start = self._buf.find(OPEN)
             if start < 0:
                 keep = _partial_suffix(self._buf, OPEN)

@@ -149,7 +149,8 @@ def _message(message: dict[str, Any], i: int, pictures: list[PictureRef]) -> Cha
     if role is Role.ASSISTANT:
         calls = _fields(parse_tool_calls, message.get("tool_calls"), f"{where}.tool_calls")
         content = message.get("content")
-        text = "" if content is None and calls else _content(content, f"{where}.content")
+        # null content: empty (a turn that only called, or one some frameworks echo back with a refusal), as vLLM
+        text = "" if content is None else _content(content, f"{where}.content")
         return ChatMessage(role, text, tool_calls=calls)
     if role is Role.TOOL:
         call_id = message.get("tool_call_id")
@@ -292,9 +293,6 @@ def parse_chat(body: Any, settings: Settings) -> ChatOptions:
         raise bad_request(f"'tool_choice' names {tool_choice.name!r}, which is not among the 'tools'", "tool_choice")
     parallel = optional(body, "parallel_tool_calls", boolean)
     response_format = _fields(parse_response_format, body.get("response_format"))
-    if response_format.constrains and tool_choice.forces_call:
-        message = "'response_format' cannot constrain a reply that 'tool_choice' forces to call a tool"
-        raise bad_request(message, "response_format")
     max_tokens = int_field(body, "max_completion_tokens", 1, MAX_TOKENS)
     if max_tokens is None:
         max_tokens = int_field(body, "max_tokens", 1, MAX_TOKENS)
