@@ -153,6 +153,14 @@ def conversation_pictures(session, into: dict) -> None:
         into["rgb"] = [round(float(v)) for v in image.reshape(-1, 3).mean(axis=0)]  # its mean colour
 
 
+def webrtc_streams(url: str) -> float:
+    """The server's open WebRTC sessions, as /metrics counts them."""
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith('omni_stream_active_streams{transport="webrtc"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
 def main() -> None:
     camera = "--camera" in sys.argv  # a camera track, on the camera route
     real = "--real" in sys.argv  # the real tiny families, Silero and Smart Turn (the handler picks semantic_vad)
@@ -178,6 +186,7 @@ def main() -> None:
         with running_server(None, settings, load=agent_loader(checkpoints)) as live:
             seen: set[str] = set()
             pictures: dict = {"held": 0, "before_speech": False}
+            gauge = {"most": 0.0}
             calling = threading.Event()
 
             def watch() -> None:  # the turn detection of the sessions the call opens, the pictures they held
@@ -187,6 +196,8 @@ def main() -> None:
                         seen.add(td.type.value if td is not None else "none")
                         with contextlib.suppress(RuntimeError, ValueError):  # read while the loop changes it
                             conversation_pictures(session, pictures)
+                    if live.state.sessions:
+                        gauge["most"] = max(gauge["most"], webrtc_streams(live.url))
                     time.sleep(0.05)
 
             watcher = threading.Thread(target=watch, daemon=True)
@@ -197,6 +208,7 @@ def main() -> None:
             found["turn_detection"] = sorted(seen)
             found["pictures"] = pictures
             found["sessions_freed"] = wait_until(lambda: not live.state.sessions)
+            found["metrics_webrtc"] = [gauge["most"], webrtc_streams(live.url)]  # during the call, after it
             stream = live.state.rtc_camera if camera else live.state.rtc
             found["connections_freed"] = wait_until(lambda: not stream.connections and not stream.pcs)
             models = live.engine.models

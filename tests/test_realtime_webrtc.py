@@ -58,6 +58,7 @@ def test_an_aiortc_client_talks_to_the_agent_and_closing_frees_everything():
     assert found["second_offer"] == {"status": "failed", "meta": {"error": "concurrency_limit_reached", "limit": 1}}
     assert found["offer_without_key"] == 401  # the server runs behind --api-key; the call sent it
     assert found["sessions_freed"] and found["connections_freed"] and found["schedulers_idle"]
+    assert found["metrics_webrtc"] == [1.0, 0.0]  # /metrics counts the open WebRTC session, and its end
 
 
 @pytest.mark.skipif(not netns_available(), reason="needs unshare -n (root) for a private loopback network")
@@ -280,6 +281,90 @@ def test_a_malformed_offer_is_a_400_in_the_openai_shape(rtc_server):
     for route in ("/rtc/webrtc/offer", "/rtc/camera/webrtc/offer"):
         response = httpx.post(f"{rtc_server.url}{route}", json={"sdp": "x"})
         assert response.status_code == 400 and "webrtc_id" in response.json()["error"]["message"]
+
+
+async def _offer_sdp(video: bool, channel: bool = True) -> str:
+    """An aiortc client's offer: a microphone (and a camera), a data channel unless told not to."""
+    from aiortc import RTCPeerConnection
+    from aiortc.mediastreams import AudioStreamTrack, VideoStreamTrack
+
+    pc = RTCPeerConnection()
+    try:
+        pc.addTrack(AudioStreamTrack())
+        if video:
+            pc.addTrack(VideoStreamTrack())
+        if channel:
+            pc.createDataChannel("text")
+        await pc.setLocalDescription(await pc.createOffer())
+        return pc.localDescription.sdp
+    finally:
+        await pc.close()
+
+
+def test_offers_that_cannot_start_the_agent_are_400s_and_hold_no_slot(rtc_server):
+    """fastrtc takes a slot before it reads the SDP: a camera on the audio-only route, an answer, text that is no
+    SDP, a missing data channel each kept theirs (8 such offers shut WebRTC out until a restart). Each is a 400
+    naming the field now, and the slots stay free."""
+    import asyncio
+
+    stream = rtc_server.state.rtc
+    url = f"{rtc_server.url}/rtc/webrtc/offer"
+    camera_sdp = asyncio.run(_offer_sdp(video=True))
+    quiet_sdp = asyncio.run(_offer_sdp(video=False, channel=False))
+    bad = [
+        ({"sdp": camera_sdp, "type": "offer"}, "sdp", "camera"),
+        ({"sdp": quiet_sdp, "type": "offer"}, "sdp", "data channel"),
+        ({"sdp": "this is not sdp", "type": "offer"}, "sdp", "session description"),
+        ({"type": "offer"}, "sdp", "required"),
+        ({"sdp": camera_sdp, "type": "answer"}, "type", "'offer'"),
+    ]
+    for _ in range(2 * stream.concurrency_limit):  # past the limit: none of them held a slot
+        for body, param, words in bad:
+            refused = httpx.post(url, json={**body, "webrtc_id": os.urandom(4).hex()})
+            assert refused.status_code == 400, refused.text
+            error = refused.json()["error"]
+            assert error["param"] == param and words in error["message"], error
+    assert not stream.pcs and not stream.handlers
+    huge = httpx.post(url, content=b'{"sdp": "' + b"v" * (300 * 1024) + b'"}')
+    assert huge.status_code == 400 and "bytes" in huge.json()["error"]["message"]
+
+
+def test_an_offer_that_fails_inside_fastrtc_gives_its_slot_back(rtc_server, monkeypatch):
+    """Whatever still fails inside fastrtc after it took the slot: the slot and the connection are released, and
+    the client gets a 400, not a 500."""
+    import asyncio
+
+    stream = rtc_server.state.rtc
+    closed = []
+
+    class Peer:
+        async def close(self) -> None:
+            closed.append(True)
+
+    async def failing(body):
+        stream.pcs[body.webrtc_id] = Peer()
+        stream.handlers[body.webrtc_id] = object()
+        raise ValueError("ICE username fragment or password is missing")
+
+    monkeypatch.setattr(stream, "offer", failing)
+    sdp = asyncio.run(_offer_sdp(video=False))
+    refused = httpx.post(f"{rtc_server.url}/rtc/webrtc/offer", json={"sdp": sdp, "type": "offer", "webrtc_id": "w1"})
+    assert refused.status_code == 400 and "ICE username" in refused.json()["error"]["message"], refused.text
+    assert "w1" not in stream.pcs and "w1" not in stream.handlers and closed == [True]
+
+
+def test_a_websocket_message_fastrtc_cannot_read_closes_with_a_reason(rtc_server):
+    """fastrtc's WebSocket audio transport on a message it cannot read (no "event", not JSON) raised out of the
+    app: an ASGI traceback and a connection dropped without a close frame. Now a 1008 with the reason."""
+    from websockets.exceptions import ConnectionClosed
+
+    for message in ("not json", json.dumps({"no": "event"})):
+        with connect(f"{rtc_server.ws_url}/rtc/websocket/offer") as ws:
+            ws.send(message)
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=10)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008, closed.value
+            assert closed.value.rcvd.reason.startswith("bad message")
 
 
 @pytest.mark.browser

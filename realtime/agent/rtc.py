@@ -22,6 +22,7 @@ stays open.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from functools import partial
@@ -30,10 +31,13 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
-from starlette.websockets import WebSocket
+from starlette.websockets import WebSocket, WebSocketState
 
+from omni_stream.realtime.agent.rtc_offer import MAX_OFFER_BYTES, offer_problem
 from omni_stream.realtime.common.auth import offered_subprotocols, select_subprotocol
-from omni_stream.realtime.common.errors import ApiError
+from omni_stream.realtime.common.body_limit import read_body
+from omni_stream.realtime.common.close_codes import CloseCode
+from omni_stream.realtime.common.errors import ApiError, bad_request
 from omni_stream.realtime.state import ServerState
 
 if TYPE_CHECKING:
@@ -104,17 +108,27 @@ def routes(state: ServerState) -> list[BaseRoute]:
     state.rtc = stream
     state.rtc_camera = camera
 
-    async def offer(stream: Stream, request: Request) -> Response:
+    async def offer(stream: Stream, camera: bool, request: Request) -> Response:
+        raw = await read_body(request, MAX_OFFER_BYTES)
         try:
-            body = Body(**json.loads(await request.body()))
+            body = Body(**json.loads(raw))
         except Exception as exc:  # malformed JSON or fields: the OpenAI error shape, never a 500
             errors = getattr(exc, "errors", None)  # pydantic: name each field
             detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors()) if errors else exc
-            message = f"Invalid offer: {detail}".splitlines()[0]
-            return JSONResponse(
-                {"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}}, 400
-            )
-        answer = await stream.offer(body)
+            return bad_request(f"Invalid offer: {detail}".splitlines()[0]).response()
+        if not (body.type == "ice-candidate" and body.candidate is not None):
+            problem = offer_problem(body.type, body.sdp, camera=camera)
+            if problem is not None:
+                return bad_request(problem.message, problem.param).response()
+        try:
+            answer = await stream.offer(body)
+        except Exception as exc:  # inside fastrtc, after it took the slot: give the slot back, then say why
+            pc = stream.pcs.get(body.webrtc_id)
+            stream.clean_up(body.webrtc_id)
+            if pc is not None:
+                await pc.close()
+            log.info("WebRTC offer %s refused: %s", body.webrtc_id, exc)
+            return bad_request(f"Invalid offer: {exc}".splitlines()[0], "sdp").response()
         return answer if isinstance(answer, Response) else JSONResponse(answer)
 
     async def config(request: Request) -> Response:
@@ -130,16 +144,24 @@ def routes(state: ServerState) -> list[BaseRoute]:
             await accept(subprotocol=chosen, headers=headers)
 
         websocket.accept = accept_echoing  # type: ignore[method-assign]
-        await stream.websocket_offer(websocket)
+        try:
+            await stream.websocket_offer(websocket)
+        except Exception as exc:  # fastrtc's handler on a message it cannot read (or a socket closed before its
+            # "start"): one log line and a close that says why, not an ASGI traceback and a dropped connection
+            log.info("WebRTC websocket ended: %r", exc)
+            if websocket.client_state is WebSocketState.CONNECTED:
+                with contextlib.suppress(Exception):
+                    reason = f"bad message: {exc!r}"[:120]
+                    await websocket.close(CloseCode.POLICY, reason)
 
     return [
         Mount(
             "/rtc",
             routes=[
-                Route("/webrtc/offer", partial(offer, stream), methods=["POST"]),
+                Route("/webrtc/offer", partial(offer, stream, False), methods=["POST"]),
                 Route("/config", config, methods=["GET"]),
                 WebSocketRoute("/websocket/offer", partial(websocket_offer, stream)),
-                Route("/camera/webrtc/offer", partial(offer, camera), methods=["POST"]),
+                Route("/camera/webrtc/offer", partial(offer, camera, True), methods=["POST"]),
                 WebSocketRoute("/camera/websocket/offer", partial(websocket_offer, camera)),
             ],
         )

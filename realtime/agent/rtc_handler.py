@@ -71,6 +71,8 @@ class VoiceAgentHandler(AsyncStreamHandler):
         """Runs for the whole connection (fastrtc runs it as a task once the data channel is up)."""
         self._task = asyncio.current_task()
         engine = self.state.ready_engine
+        gauge = self.state.metrics.streams.labels("webrtc")  # open sessions by transport, as the sockets count theirs
+        gauge.inc()
         try:
             async with RealtimeSession(engine, self.state.settings, metrics=self.state.metrics) as session:
                 self.session = session
@@ -82,6 +84,7 @@ class VoiceAgentHandler(AsyncStreamHandler):
         except asyncio.CancelledError:
             pass
         finally:
+            gauge.dec()
             self.session = None
             self._drop_output()
             with contextlib.suppress(asyncio.QueueFull):
