@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--api-key",
         default=None,
-        help="require this key on /v1 routes (default: $OMNI_STREAM_API_KEY; unset: no auth)",
+        help="require this key on /v1 routes and the /rtc offers (default: $OMNI_STREAM_API_KEY; unset: no auth)",
     )
     parser.add_argument("--voices-dir", type=Path, default=None, help="where uploaded voices persist")
     parser.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
@@ -193,7 +193,9 @@ def banner_notes(settings: Settings) -> list[str]:
     """What the serve banner says about access and wire modes (pure, for tests)."""
     notes = []
     if settings.api_key:
-        notes.append("API key required on /v1 routes (Authorization: Bearer, or the WebSocket subprotocol)")
+        notes.append(
+            "API key required on /v1 routes and /rtc offers (Authorization: Bearer, or the WebSocket subprotocol)"
+        )
     else:
         notes.append("no API key: /v1 routes are open (set --api-key or OMNI_STREAM_API_KEY)")
     if settings.legacy_stream_raw:

@@ -1,10 +1,12 @@
 """WebRTC routes under ``/rtc``: a fastrtc ``Stream`` whose handler is the voice agent (``[webrtc]`` extra).
 
-``POST /rtc/webrtc/offer`` (SDP offer/answer and trickle ICE, fastrtc's body ``{sdp, type, webrtc_id}``) and
-``WS /rtc/websocket/offer`` (fastrtc's WebSocket signalling). Mounted on plain Starlette routes, so fastrtc's
-FastAPI app and Gradio UI are never started. No STUN/TURN server unless ``Settings.rtc_ice_servers`` names some
-(aiortc would otherwise fall back to a public STUN server); at most ``Settings.rtc_concurrency_limit``
-connections, past which fastrtc answers ``{"status": "failed", "meta": {"error": "concurrency_limit_reached"}}``.
+``POST /rtc/webrtc/offer`` (SDP offer/answer and trickle ICE, fastrtc's body ``{sdp, type, webrtc_id}``; an offer
+that cannot start the agent is refused first, :mod:`~omni_stream.realtime.agent.rtc_offer`) and
+``WS /rtc/websocket/offer`` (fastrtc's WebSocket audio transport: ``start``, ``media``, ``stop``). Mounted on
+plain Starlette routes, so fastrtc's FastAPI app and Gradio UI are never started. No STUN/TURN server unless
+``Settings.rtc_ice_servers`` names some (aiortc would otherwise fall back to a public STUN server); at most
+``Settings.rtc_concurrency_limit`` connections, past which fastrtc answers ``{"status": "failed", "meta":
+{"error": "concurrency_limit_reached"}}``.
 ``GET /rtc/config`` tells pages whether WebRTC is available and which ICE servers to use; without fastrtc it is
 the only ``/rtc`` route (``available: false``).
 
