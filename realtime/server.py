@@ -241,6 +241,18 @@ def url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+# Libraries whose INFO lines are their own bookkeeping, not the server's: aioice writes ~8 a WebRTC connection
+# (candidate pairs, consent); shown at DEBUG
+CHATTY_LIBRARIES = ("aioice", "aiortc")
+
+
+def quiet_libraries(level: str) -> None:
+    """Above DEBUG, :data:`CHATTY_LIBRARIES` log warnings and errors only."""
+    if logging.getLevelName(level) != logging.DEBUG:
+        for name in CHATTY_LIBRARIES:
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def run(args: argparse.Namespace) -> int:
     """Load the model (with a progress bar), then serve until SIGINT/SIGTERM (graceful shutdown)."""
     from omni_stream.engine import AsyncEngine
@@ -249,6 +261,7 @@ def run(args: argparse.Namespace) -> int:
 
     level = "DEBUG" if args.log_level == "trace" else args.log_level.upper()  # trace: uvicorn's, below DEBUG
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    quiet_libraries(level)
     tuning = tuning_from_args(args)
     settings = settings_from_args(args, tuning)
     dtype = _dtype(args.dtype, args.device)

@@ -298,3 +298,24 @@ async def test_a_stop_asked_while_the_models_load_ends_the_start_up_between_mode
                 async with app.router.lifespan_context(app):
                     pytest.fail("the server started")
     assert isinstance(state.startup_error, StartupStopped) and not state.ready
+
+
+def test_webrtcs_libraries_keep_their_info_lines_out_of_the_servers_log():
+    """aioice wrote ~8 INFO lines a WebRTC connection into the server's log: above DEBUG they log warnings only."""
+    import logging
+
+    from omni_stream.realtime.server import CHATTY_LIBRARIES, quiet_libraries
+
+    loggers = [logging.getLogger(name) for name in CHATTY_LIBRARIES]
+    before = [logger.level for logger in loggers]
+    try:
+        for logger in loggers:
+            logger.setLevel(logging.NOTSET)
+        quiet_libraries("DEBUG")
+        assert all(logger.level == logging.NOTSET for logger in loggers)  # --log-level debug shows them
+        quiet_libraries("INFO")
+        assert all(logger.level == logging.WARNING for logger in loggers)
+        assert not logging.getLogger("aioice.ice").isEnabledFor(logging.INFO)
+    finally:
+        for logger, level in zip(loggers, before, strict=True):
+            logger.setLevel(level)
