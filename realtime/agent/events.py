@@ -386,13 +386,7 @@ def _turn_detection(value: Any, param: str) -> TurnDetection | None:
 
 
 def _semantic_vad(body: dict[str, Any], param: str) -> TurnDetection:
-    unknown = sorted(set(body) - SEMANTIC_VAD_KEYS)
-    if unknown:
-        raise RealtimeError(
-            "unknown_parameter",
-            f"semantic_vad takes eagerness, create_response and interrupt_response, not {unknown[0]}",
-            f"{param}.{unknown[0]}",
-        )
+    _known(body, SEMANTIC_VAD_KEYS, param, hint="semantic_vad takes eagerness, create_response and interrupt_response")
     raw = body.get("eagerness", "auto")
     try:
         eagerness = Eagerness(raw)
@@ -496,10 +490,19 @@ BETA_RESPONSE_NAMES = {
 }
 
 
-def _known(body: dict[str, Any], keys: frozenset[str], param: str) -> None:
+def _known(body: dict[str, Any], keys: frozenset[str], param: str, hint: str = "") -> None:
+    """An ``unknown_parameter`` error naming the first key of ``body`` outside ``keys`` (``hint``: what it takes)."""
     unknown = sorted(set(body) - keys)
     if unknown:
-        raise RealtimeError("unknown_parameter", f"Unknown parameter: '{param}.{unknown[0]}'.", f"{param}.{unknown[0]}")
+        where = f"{param}.{unknown[0]}"
+        message = f"Unknown parameter: '{where}'." + (f" {hint}." if hint else "")
+        raise RealtimeError("unknown_parameter", message, where)
+
+
+def _no_prompt(body: dict[str, Any], where: str) -> None:
+    """OpenAI's prompt templates (stored on its platform) name nothing here: refused, unless null."""
+    if body.get("prompt") is not None:
+        raise RealtimeError("invalid_value", "prompt templates are not supported: send instructions", f"{where}.prompt")
 
 
 def _flat_tools(value: Any, field: str) -> tuple[FunctionTool, ...]:
@@ -534,8 +537,7 @@ def parse_session(value: Any, *, max_instructions: int) -> SessionPatch:
         fields["truncation"] = _truncation(body["truncation"], "session.truncation")
     if "preemptive_response" in body:
         fields["preemptive_response"] = boolean(body["preemptive_response"], "session.preemptive_response")
-    if body.get("prompt") is not None:
-        raise RealtimeError("invalid_value", "prompt templates are not supported: send instructions", "session.prompt")
+    _no_prompt(body, "session")
     if "tools" in body:
         fields["tools"] = _flat_tools(body["tools"], "session.tools")
     if "tool_choice" in body:
@@ -705,8 +707,7 @@ def _response_options(value: Any, max_instructions: int, max_bytes: int = MAX_AP
             message = f"Unknown parameter: 'response.{beta}'{instead}."
             raise RealtimeError("unknown_parameter", message, f"response.{beta}")
     _known(body, RESPONSE_KEYS, "response")
-    if body.get("prompt") is not None:
-        raise RealtimeError("invalid_value", "prompt templates are not supported: send instructions", "response.prompt")
+    _no_prompt(body, "response")
     fields: dict[str, Any] = {}
     conversation = body.get("conversation", "auto")
     if conversation not in ("auto", "none"):
