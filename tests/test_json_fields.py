@@ -10,7 +10,7 @@ import pytest
 
 from omni_stream.realtime.agent.events import RealtimeError, parse_client_event
 from omni_stream.realtime.chat.params import parse_chat
-from omni_stream.realtime.common.errors import from_exception
+from omni_stream.realtime.common.errors import ApiError, from_exception
 from omni_stream.realtime.common.json_fields import (
     FieldError,
     boolean,
@@ -110,6 +110,32 @@ def test_chat_reads_vllms_top_k_and_repetition_penalty_into_its_sampling():
     assert not greedy.do_sample and greedy.repetition_penalty == 1.3
     assert parse_chat({"messages": hi, "top_k": -1}, Settings()).sampling.top_k == 0  # vLLM's "no top-k"
     assert parse_chat({"messages": hi}, Settings()).sampling is None  # the model's own defaults
+
+
+def test_chat_refuses_a_field_it_does_not_read_and_takes_openais_service_options():
+    hi = [{"role": "user", "content": "hi"}]
+    for body, field in (
+        ({"messages": hi, "chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
+        ({"messages": hi, "max_token": 5}, "max_token"),  # a typo is named, not silently unbounded
+        ({"messages": hi, "modalities": ["text", "audio"], "audio": {"voice": "vivian", "speed": 2}}, "audio.speed"),
+    ):
+        with pytest.raises(ApiError) as err:
+            parse_chat(body, Settings())
+        assert (err.value.status, err.value.param) == (400, field) and f"'{field}'" in err.value.message
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    called = [*hi, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    answered = parse_chat({"messages": [*called, {"role": "tool", "tool_call_id": "c1", "content": "4"}]}, Settings())
+    assert answered.messages[-1].tool_call_id == "c1"
+    stray_answers = {
+        "messages[2].tool_call_id": [*called, {"role": "tool", "tool_call_id": "c2", "content": "4"}],
+        "messages[1].tool_call_id": [*hi, {"role": "tool", "tool_call_id": "c1", "content": "4"}],
+    }
+    for field, messages in stray_answers.items():
+        with pytest.raises(ApiError) as err:
+            parse_chat({"messages": messages}, Settings())
+        assert err.value.param == field and "answers no call" in err.value.message
+    ignored = {"store": True, "metadata": {"k": "v"}, "user": "u", "service_tier": "auto", "reasoning_effort": "low"}
+    assert parse_chat({"messages": hi, **ignored}, Settings()).messages[0].content == "hi"
 
 
 def test_every_socket_reads_a_message_by_one_size_rule_and_one_json_reader():

@@ -59,6 +59,52 @@ UNSUPPORTED = {
     "min_tokens": 0,
     "min_p": 0.0,
 }
+# OpenAI's fields for its own service (storage, logging, routing, prompt caching, reasoning models): taken and ignored.
+IGNORED = frozenset(
+    {
+        "metadata",
+        "store",
+        "user",
+        "service_tier",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "safety_identifier",
+        "reasoning_effort",
+        "verbosity",
+    }
+)
+# Every field read here; any other is refused naming it (a vLLM or SDK extra silently dropped would look applied).
+READ = frozenset(
+    {
+        "messages",
+        "model",
+        "n",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "response_format",
+        "max_completion_tokens",
+        "max_tokens",
+        "stream",
+        "stream_options",
+        "modalities",
+        "audio",
+        "ignore_eos",
+        "temperature",
+        "top_p",
+        "top_k",
+        "repetition_penalty",
+        "seed",
+        "stop",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "logprobs",
+        "top_logprobs",
+    }
+)
+KNOWN = READ | IGNORED | frozenset(UNSUPPORTED)
+AUDIO_KEYS = frozenset({"voice", "format", "max_sentence_chars"})
 
 
 @dataclass(slots=True, frozen=True)
@@ -187,7 +233,12 @@ def parse_messages(value: Any, max_pictures: int = 0) -> tuple[tuple[ChatMessage
         if role not in ROLES:
             allowed = ", ".join(f"'{r}'" for r in ROLES)
             raise bad_request(f"'messages[{i}].role' must be one of {allowed}, got {role!r}", f"messages[{i}].role")
-        out.append(_message(message, i, pictures))
+        turn = _message(message, i, pictures)
+        # As OpenAI: a tool result answers a call made before it (a stray one would reach the template unanswered)
+        if turn.role is Role.TOOL and turn.tool_call_id not in {c.id for m in out for c in m.tool_calls}:
+            where = f"messages[{i}].tool_call_id"
+            raise bad_request(f"'{where}' {turn.tool_call_id!r} answers no call of an earlier assistant message", where)
+        out.append(turn)
     if len(pictures) > max_pictures:
         raise bad_request(f"a request shows at most {max_pictures} images, got {len(pictures)}", "messages")
     return tuple(out), tuple(pictures)
@@ -257,6 +308,11 @@ def _audio(body: dict[str, Any], stream: bool) -> tuple[str | None, str | None, 
         return None, None, None
     if not isinstance(audio, dict):
         raise bad_request("'audio' ({\"voice\", \"format\"}) is required when 'modalities' includes 'audio'", "audio")
+    unknown = sorted(set(audio) - AUDIO_KEYS)
+    if unknown:
+        raise bad_request(
+            f"Unknown field 'audio.{unknown[0]}' (voice, format, max_sentence_chars)", f"audio.{unknown[0]}"
+        )
     voice = audio.get("voice")
     if voice is not None and not isinstance(voice, str):
         raise bad_request(f"'audio.voice' must be a string, got {type_name(voice)}", "audio.voice")
@@ -278,6 +334,13 @@ def parse_chat(body: Any, settings: Settings) -> ChatOptions:
     """Validate a chat completions body (see the module docstring)."""
     if not isinstance(body, dict):
         raise bad_request("Request body must be a JSON object")
+    unknown = sorted(set(body) - KNOWN)
+    if unknown:
+        raise bad_request(
+            f"Unknown field '{unknown[0]}': this server does not read it (of vLLM's extra fields it reads top_k, "
+            "repetition_penalty and ignore_eos)",
+            unknown[0],
+        )
     messages, pictures = parse_messages(body.get("messages"), settings.frame_limits.max_conversation_pictures)
     for key, default in UNSUPPORTED.items():
         if body.get(key, default) not in (default, None, [], {}):
