@@ -82,6 +82,8 @@ def test_streaming_needs_speed_one():
         ({"seed": -1}, "seed"),
         ({"sample_rate": 100}, "sample_rate"),
         ({"x_vector_only_mode": 1}, "x_vector_only_mode"),
+        ({"vioce": "vivian"}, "vioce"),  # a field not read is named, not dropped
+        ({"stream_audio": True}, "stream_audio"),  # the socket's session.config field
     ],
 )
 def test_bad_fields_name_the_field(body, param):

@@ -84,6 +84,8 @@ WS_FIELDS = frozenset(
     "x_vector_only_mode speaker_embedding non_streaming_mode max_new_tokens seed initial_codec_chunk_frames "
     "sample_rate ignore_eos stream_audio split_granularity text_input_mode word_timestamps extra_params".split()
 )
+WS_ONLY = frozenset({"stream_audio", "split_granularity", "text_input_mode"})
+HTTP_FIELDS = (WS_FIELDS - WS_ONLY) | frozenset(WS_FORBIDDEN)
 # Languages text_input_mode="commitment" commits by (vLLM-Omni's rule: an explicit Chinese or English).
 COMMIT_LANGUAGES = ("English", "Chinese")
 
@@ -148,6 +150,12 @@ def parse_options(body: Any, settings: Settings, *, websocket: bool = False) -> 
         for key in body:
             if key not in WS_FIELDS:
                 raise bad_request(f"Unknown session.config field '{key}'", str(key))
+    else:  # as the socket: a field not read is named (a typo, or another server's, would look applied)
+        for key in body:
+            if key in WS_ONLY:
+                raise bad_request(f"'{key}' is a field of the speech WebSocket's session.config", key)
+            if key not in HTTP_FIELDS:
+                raise bad_request(f"Unknown field '{key}'", str(key))
     _refuse_unsupported(body)
     instructions = optional(body, "instructions", string, utf8=True)
     task = optional(body, "task_type", choice, tuple(t.value for t in TaskType))
