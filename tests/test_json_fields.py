@@ -10,6 +10,7 @@ import pytest
 
 from omni_stream.realtime.agent.events import RealtimeError, parse_client_event
 from omni_stream.realtime.chat.params import parse_chat
+from omni_stream.realtime.common.body_limit import parse_json, text_over
 from omni_stream.realtime.common.errors import ApiError, from_exception
 from omni_stream.realtime.common.json_fields import (
     FieldError,
@@ -25,7 +26,12 @@ from omni_stream.realtime.common.json_fields import (
 from omni_stream.realtime.images.params import EDIT_FIELDS, parse_params
 from omni_stream.realtime.settings import Settings
 from omni_stream.realtime.speech.params import parse_options
+from omni_stream.realtime.speech.stream_messages import ProtocolError as SpeechError
+from omni_stream.realtime.speech.stream_messages import parse_message as speech_message
 from omni_stream.realtime.video.protocol import ProtocolError, VideoLimits, parse_start
+from omni_stream.realtime.video.protocol import parse_message as video_message
+from omni_stream.realtime.video_chat.protocol import ProtocolError as ChatError
+from omni_stream.realtime.video_chat.protocol import parse_message as chat_message
 
 
 def _message(read, *args, **kwargs) -> tuple[str, str]:
@@ -139,13 +145,6 @@ def test_chat_refuses_a_field_it_does_not_read_and_takes_openais_service_options
 
 
 def test_every_socket_reads_a_message_by_one_size_rule_and_one_json_reader():
-    from omni_stream.realtime.common.body_limit import text_over
-    from omni_stream.realtime.speech.stream_messages import ProtocolError as SpeechError
-    from omni_stream.realtime.speech.stream_messages import parse_message as speech_message
-    from omni_stream.realtime.video.protocol import parse_message as video_message
-    from omni_stream.realtime.video_chat.protocol import ProtocolError as ChatError
-    from omni_stream.realtime.video_chat.protocol import parse_message as chat_message
-
     # the limit is in UTF-8 bytes: 4 three-byte characters are 12 bytes
     assert not text_over("€€€€", 12) and text_over("€€€€", 11) and not text_over("a" * 12, 12)
     assert text_over("a" * 13, 12) and text_over("\ud800" * 4, 11)  # a lone surrogate counts, never raises
@@ -162,3 +161,45 @@ def test_every_socket_reads_a_message_by_one_size_rule_and_one_json_reader():
     with pytest.raises(RealtimeError) as agent:
         parse_client_event(huge)
     assert agent.value.code == "invalid_json"
+
+
+def test_the_json_reader_names_a_lone_surrogate_by_its_path_on_every_surface():
+    # JSON spells a lone surrogate as an escape; echoed in an event it broke the socket's send (close 1011), handed
+    # to a tokenizer or grammar compiler it raised inside (a 500). The one reader refuses it, naming where it is.
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x\ud800"}]}
+    with pytest.raises(RealtimeError) as agent:
+        parse_client_event(json.dumps({"type": "conversation.item.create", "item": item}))
+    assert (agent.value.code, agent.value.param) == ("invalid_value", "item.content[0].text")
+    assert "not valid Unicode text" in agent.value.message
+    with pytest.raises(ProtocolError) as video:
+        video_message(json.dumps({"type": "session.start", "prompt": "\udfff"}), 1 << 20)
+    assert (video.value.code, video.value.param) == ("invalid_request", "prompt")
+    with pytest.raises(ChatError) as chat:
+        chat_message(json.dumps({"type": "session.config", "\udc00": 1}), 1 << 20)
+    assert chat.value.code == "invalid_value" and chat.value.param == "\\udc00"  # a key, shown so it can be sent
+    with pytest.raises(SpeechError, match="'text' is not valid Unicode text"):
+        speech_message({"text": json.dumps({"type": "input.text", "text": "\ud800"})}, 1 << 20)
+    with pytest.raises(FieldError) as top:
+        parse_json('["ok", "\\ud800"]')
+    assert top.value.param == "[1]"
+    assert parse_json('{"smile": "\\ud83d\\ude00"}') == {"smile": "\U0001f600"}  # a pair is one character
+
+
+def test_chat_refuses_odd_roles_and_token_ids_as_400s():
+    for body, field in (
+        ({"messages": [{"role": [], "content": "hi"}]}, "messages[0].role"),  # unhashable: was a 500
+        ({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"²": 1}}, "logit_bias"),  # isdigit, not int
+        ({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"1" * 5000: 1}}, "logit_bias"),
+    ):
+        with pytest.raises(ApiError) as err:
+            parse_chat(body, Settings())
+        assert (err.value.status, err.value.param) == (400, field)
+
+
+def test_an_image_option_sent_as_null_is_unset_whichever_it_is():
+    nulls = {key: None for key in ("size", "quality", "partial_images", "n", "background", "output_format", "seed")}
+    assert parse_params({"prompt": "a cat", **nulls}, EDIT_FIELDS, form=False) == parse_params(
+        {"prompt": "a cat"}, EDIT_FIELDS, form=False
+    )
+    with pytest.raises(ApiError, match="'prompt' is required"):
+        parse_params({"prompt": None}, EDIT_FIELDS, form=False)

@@ -282,6 +282,16 @@ def test_bad_tools_and_items_are_error_events_naming_the_field():
             },
             "session.tools[0].parameters",
         ),
+        *(  # llguidance's options or a schema's definitions of the wrong type: were a TypeError closing the socket
+            (
+                {
+                    "type": "session.update",
+                    "session": {"tools": [{**TOOL, "parameters": parameters}], "tool_choice": "required"},
+                },
+                "session.tools[0].parameters",
+            )
+            for parameters in ({"type": "object", "x-guidance": 5}, {"type": "object", "$defs": [1]})
+        ),
         ({"type": "response.create", "response": {"conversation": "other"}}, "response.conversation"),
         (
             {"type": "response.create", "response": {"input": [{"type": "item_reference", "id": "nope"}]}},

@@ -157,6 +157,7 @@ def test_batch_items_run_in_the_same_model_steps(live_server, http):
         ({"items": ["x"]}, "items", ["items[0]"]),
         ({"items": [{"input": "x"}], "stream": True}, "stream", ["batch"]),
         ({"items": [{"input": "x", "stream_format": "audio"}]}, "stream_format", ["batch"]),
+        ({"items": [{"input": "x"}], "vioce": "ryan"}, "vioce", ["Unknown field"]),  # the batch's, not each item's
     ],
 )
 def test_malformed_batches_are_400(http, body, param, words):
@@ -170,6 +171,12 @@ def test_malformed_batches_are_400(http, body, param, words):
 def test_batch_of_another_model_is_404(http):
     error = error_of(http.post("/v1/audio/speech/batch", json={"model": "other", "items": [{"input": "x"}]}), 404)
     assert error["param"] == "model"
+    error = error_of(http.post("/v1/audio/speech/batch", json={"model": 5, "items": [{"input": "x"}]}))
+    assert error["message"] == "'model' must be a string, got integer"  # the readers' words
+    items = [{"input": "Mine.", "voice": "ryan", "model": "other"}, {"input": "Fine.", "voice": "ryan"}]
+    data = http.post("/v1/audio/speech/batch", json={"items": items}).json()
+    assert [r["status"] for r in data["results"]] == ["error", "success"]  # an item naming another model fails alone
+    assert "other" in data["results"][0]["error"]
 
 
 # --- stream=true meaning ---

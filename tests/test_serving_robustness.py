@@ -109,7 +109,7 @@ def test_lone_surrogates_are_400_naming_the_field(http, field):
 
 
 def test_lone_surrogate_voice_object(http):
-    error_400(post_raw(http, json.dumps({"input": "Hi.", "voice": {"id": "\udfff"}})), "voice")
+    error_400(post_raw(http, json.dumps({"input": "Hi.", "voice": {"id": "\udfff"}})), "voice.id")  # by its path
 
 
 def test_file_url_path_problems_are_400(base_checkpoint, tmp_path):

@@ -271,8 +271,23 @@ async def test_a_forced_call_of_a_tool_with_definitions_is_valid_and_a_named_one
             "tools",
         ),
         ({"logit_bias": ((10**6, 1.0),)}, "logit_bias"),
+        (  # llguidance's own options, not an object: was a TypeError inside the text stage
+            {"response_format": ResponseFormat(FormatKind.JSON_SCHEMA, json.dumps({"x-guidance": 5}))},
+            "response_format",
+        ),
+        (
+            {
+                "tools": (FunctionTool("f", None, json.dumps({"type": "object", "$defs": [1]})),),
+                "tool_choice": ToolChoice(ToolMode.REQUIRED),
+            },
+            "tools",
+        ),
+        (  # a Python caller's lone surrogate (the JSON readers refuse it before)
+            {"response_format": ResponseFormat(FormatKind.JSON_SCHEMA, json.dumps({"const": "\ud800"}))},
+            "response_format",
+        ),
     ],
-    ids=["schema", "tool-schema", "bias-id"],
+    ids=["schema", "tool-schema", "bias-id", "x-guidance", "defs-list", "surrogate"],
 )
 async def test_a_schema_that_cannot_be_enforced_is_refused_naming_the_field(path, fields, param):
     async with await load(path) as engine:

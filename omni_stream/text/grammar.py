@@ -26,10 +26,15 @@ from omni_stream.text.tools import FormatKind, FunctionTool, ResponseFormat, Too
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-def _json(schema: dict[str, Any]) -> str:
-    """A ``%json`` rule body for ``schema`` with :data:`JSON_OPTIONS`."""
-    options = {**JSON_OPTIONS, **schema.get("x-guidance", {})}
-    return "%json " + json.dumps({**schema, "x-guidance": options}, ensure_ascii=False)
+def _json(schema: Any, param: str) -> str:
+    """A ``%json`` rule body for ``schema`` with :data:`JSON_OPTIONS` (a schema's own ``x-guidance`` options, an
+    llguidance extension, override them); InvalidRequestError naming ``param`` for a schema that is no object."""
+    if not isinstance(schema, dict):
+        raise InvalidRequestError(f"a schema must be a JSON object, got {type(schema).__name__}", param)
+    extra = schema.get("x-guidance", {})
+    if not isinstance(extra, dict):
+        raise InvalidRequestError("a schema's 'x-guidance' must be an object of llguidance's JSON options", param)
+    return "%json " + json.dumps({**schema, "x-guidance": {**JSON_OPTIONS, **extra}}, ensure_ascii=False)
 
 
 DEFINITION_KEYS = ("$defs", "definitions")  # where a JSON Schema keeps what its "#/$defs/..." references name
@@ -54,7 +59,10 @@ def _calls_schema(tools: list[FunctionTool], args_key: str) -> dict[str, Any]:
     for tool in tools:
         arguments = dict(tool.schema)
         for key in DEFINITION_KEYS:
-            for name, definition in (arguments.pop(key, None) or {}).items():
+            definitions = arguments.pop(key, None) or {}
+            if not isinstance(definitions, dict):
+                raise InvalidRequestError(f"tool {tool.name!r}: '{key}' must be an object of named schemas", "tools")
+            for name, definition in definitions.items():
                 if found[key].setdefault(name, definition) != definition:
                     raise InvalidRequestError(
                         f"tools define {key}/{name} differently: a forced call needs one definition of each name",
@@ -80,7 +88,7 @@ def tool_call_grammar(
     """
     chosen = [t for t in tools if choice.mode is not ToolMode.FUNCTION or t.name == choice.name]
     args_key = "arguments" if format is ToolFormat.HERMES else "parameters"
-    body = _json(_calls_schema(chosen, args_key))
+    body = _json(_calls_schema(chosen, args_key), "tools")
     if format is ToolFormat.HERMES:
         open_, close = ("<tool_call>", "</tool_call>") if tag_tokens else ('"<tool_call>"', '"</tool_call>"')
         call, sep = f'{open_} "\\n" body "\\n" {close}', '"\\n"'
@@ -97,7 +105,7 @@ def response_grammar(response_format: ResponseFormat) -> str:
         schema: dict[str, Any] = json.loads(response_format.schema or "{}")
     else:
         schema = {"type": "object"}
-    return f"start: {_json(schema)}\n"
+    return f"start: {_json(schema, 'response_format')}\n"
 
 
 def request_grammar(
@@ -121,8 +129,17 @@ def schema_error(schema: str) -> str | None:
     a surface that holds no tokenizer (the realtime protocol) refuses such a schema when it is given."""
     import llguidance
 
-    lark = f"start: {_json(json.loads(schema))}\n"
-    error = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(lark))
+    value = json.loads(schema)
+    for key in DEFINITION_KEYS:
+        if isinstance(value, dict) and value.get(key) is not None and not isinstance(value[key], dict):
+            return f"'{key}' must be an object of named schemas"
+    try:
+        lark = f"start: {_json(value, 'schema')}\n"
+        error = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(lark))
+    except InvalidRequestError as exc:
+        return exc.message
+    except UnicodeEncodeError:  # a lone surrogate (JSON can spell one)
+        return "the schema holds text that is not valid Unicode (an unpaired surrogate)"
     if not error:
         return None
     first = error.strip().splitlines()[0]

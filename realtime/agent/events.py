@@ -765,6 +765,8 @@ def parse_client_event(
         raise RealtimeError("invalid_json", "binary messages are not supported: send JSON text messages")
     try:
         body = parse_json(text)
+    except FieldError as exc:  # a string no UTF-8 text holds, named by its path
+        raise RealtimeError("invalid_value", exc.message, exc.param) from None
     except (ValueError, RecursionError):
         raise RealtimeError("invalid_json", "the message is not valid JSON") from None
     if not isinstance(body, dict):

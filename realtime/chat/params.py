@@ -230,7 +230,7 @@ def parse_messages(value: Any, max_pictures: int = 0) -> tuple[tuple[ChatMessage
         if not isinstance(message, dict):
             raise bad_request(f"'messages[{i}]' must be an object, got {type_name(message)}", "messages")
         role = message.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             allowed = ", ".join(f"'{r}'" for r in ROLES)
             raise bad_request(f"'messages[{i}].role' must be one of {allowed}, got {role!r}", f"messages[{i}].role")
         turn = _message(message, i, pictures)
@@ -263,7 +263,7 @@ def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
         )
     out = []
     for key, bias in value.items():
-        if not (isinstance(key, str) and key.isdigit()):
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 10):  # ids < 2**31
             raise bad_request(f"'logit_bias' keys must be token ids (digits), got {key!r}", "logit_bias")
         if isinstance(bias, bool) or not isinstance(bias, int | float) or not -100 <= bias <= 100:
             raise bad_request(f"'logit_bias[{key}]' must be a number between -100 and 100, got {bias!r}", "logit_bias")

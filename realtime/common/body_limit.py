@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import anyio
@@ -10,6 +11,7 @@ from starlette.requests import Request
 from starlette.types import Message, Receive
 
 from omni_stream.realtime.common.errors import ApiError
+from omni_stream.realtime.common.json_fields import FieldError
 
 DRAIN_SECONDS = 5.0  # how long the rest of a refused body is read (and dropped) so the client sees the answer
 
@@ -96,9 +98,43 @@ def text_over(text: str, limit: int) -> bool:
     return len(text) > limit or (len(text) * 4 > limit and len(text.encode("utf-8", "surrogatepass")) > limit)
 
 
+# A JSON string can spell a lone UTF-16 surrogate (``"\\ud800"``), which no UTF-8 text holds: echoed in an event it
+# fails the socket's send, handed to a tokenizer or a grammar compiler it raises deep inside. Only an escape can make
+# one (UTF-8 bytes and a socket's text frames cannot), so a message without such an escape is never walked.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _lone_surrogate(value: Any, path: str) -> tuple[str, int] | None:
+    """The path of the first string in ``value`` (keys included) that UTF-8 cannot carry, and where in it."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return path, exc.start
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            shown = key.encode("utf-8", "backslashreplace").decode("utf-8")  # the path stays sendable
+            where = f"{path}.{shown}" if path else shown
+            if (found := _lone_surrogate(key, where) or _lone_surrogate(item, where)) is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            if (found := _lone_surrogate(item, f"{path}[{i}]")) is not None:
+                return found
+    return None
+
+
 def parse_json(body: bytes | str) -> Any:
-    """``json.loads`` that refuses absurdly long integers in its own words, not Python's int-digits message."""
-    return json.loads(body, parse_int=_parse_int)
+    """``json.loads`` that refuses absurdly long integers in its own words, not Python's int-digits message, and
+    strings UTF-8 cannot carry (a :class:`FieldError` naming the field by its path, e.g. ``item.content[0].text``)."""
+    value = json.loads(body, parse_int=_parse_int)
+    text = body if isinstance(body, str) else body.decode("utf-8", "replace")
+    if _SURROGATE_ESCAPE.search(text) and (found := _lone_surrogate(value, "")) is not None:
+        path, at = found
+        where = path or "body"
+        raise FieldError(f"'{where}' is not valid Unicode text (unpaired surrogate at position {at})", where)
+    return value
 
 
 async def read_json(request: Request, limit: int) -> Any:
@@ -108,5 +144,7 @@ async def read_json(request: Request, limit: int) -> Any:
         raise ApiError(400, "Request body is empty: expected a JSON object")
     try:
         return parse_json(body)
+    except FieldError as exc:
+        raise ApiError(400, exc.message, exc.param) from None
     except (ValueError, RecursionError) as exc:  # ValueError covers JSON and UTF-8 errors; too deep nesting
         raise ApiError(400, f"Request body is not valid JSON: {exc}") from exc

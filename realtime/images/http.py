@@ -13,7 +13,6 @@ rewrite_stopped}``.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -30,9 +29,10 @@ from omni_stream.errors import StageError
 from omni_stream.family import ModelKind
 from omni_stream.images.prompt_bound import PROMPT_LIMIT
 from omni_stream.images.spec import ImageRequest, image_family, output_size, uses_text
-from omni_stream.realtime.common.body_limit import read_body
+from omni_stream.realtime.common.body_limit import parse_json, read_body
 from omni_stream.realtime.common.errors import ApiError, bad_request
 from omni_stream.realtime.common.form_stream import FormLimits, read_form
+from omni_stream.realtime.common.json_fields import FieldError
 from omni_stream.realtime.common.route import answer
 from omni_stream.realtime.common.sse import SSE_HEADERS, SSE_MEDIA_TYPE
 from omni_stream.realtime.common.streams import ClosingStreamingResponse, close_stream, until_disconnect
@@ -111,7 +111,9 @@ async def _generation(request: Request, state: ServerState) -> Response:
         raise bad_request("Image generations take a JSON body (application/json); edits take multipart/form-data")
     body = await read_body(request, MAX_JSON_BYTES)
     try:
-        values = json.loads(body) if body else None
+        values = parse_json(body) if body else None
+    except FieldError as exc:  # a string no UTF-8 text holds, named by its path
+        raise bad_request(exc.message, exc.param) from None
     except (ValueError, RecursionError) as exc:
         raise bad_request(f"Request body is not valid JSON: {exc}") from exc
     if not isinstance(values, dict):

@@ -98,6 +98,7 @@ def parse_params(values: Mapping[str, Any], allowed: frozenset[str], *, form: bo
     unknown = [key for key in unknown if key not in UNSUPPORTED]
     if unknown:
         raise bad_request(f"Unknown field '{unknown[0]}'", unknown[0])
+    values = {key: value for key, value in values.items() if value is not None}  # null: unset, as the SDK means it
     for key, options in IGNORED_CHOICES.items():
         if values.get(key) is not None and key in allowed:
             choice(values[key], key, options, form=form)

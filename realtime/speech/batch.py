@@ -24,11 +24,12 @@ from starlette.responses import JSONResponse, Response
 from omni_stream import codecs
 from omni_stream.realtime.common.audio_out import encode_whole
 from omni_stream.realtime.common.errors import ApiError, bad_request, from_exception
+from omni_stream.realtime.common.json_fields import type_name
 from omni_stream.realtime.common.route import answer
 from omni_stream.realtime.common.streams import close_stream, until_disconnect
 from omni_stream.realtime.speech.build import build_request
 from omni_stream.realtime.speech.http import read_json, usage_body
-from omni_stream.realtime.speech.params import check_model, parse_input, parse_options
+from omni_stream.realtime.speech.params import HTTP_FIELDS, check_model, parse_input, parse_options
 from omni_stream.realtime.state import ServerState
 
 log = logging.getLogger("omni_stream.realtime.speech")
@@ -54,6 +55,9 @@ def merge_items(body: Any, max_items: int) -> list[dict[str, Any]]:
         if body.get(key) not in (None, False):
             raise bad_request(f"'{key}' is not supported for batch speech: each item is returned whole", key)
     shared = {k: v for k, v in body.items() if k not in NOT_SHARED and k not in STREAMING_KEYS}
+    unknown = sorted(set(shared) - HTTP_FIELDS)
+    if unknown:  # the batch's own fields: the batch's 400, not one error per item
+        raise bad_request(f"Unknown field '{unknown[0]}'", unknown[0])
     merged = []
     for i, item in enumerate(items):
         if not isinstance(item, dict):
@@ -73,7 +77,7 @@ async def _create_batch(request: Request, state: ServerState) -> Response:
     items = merge_items(body, settings.batch_max_items)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise bad_request(f"'model' must be a string, got {type(model).__name__}", "model")
+        raise bad_request(f"'model' must be a string, got {type_name(model)}", "model")
     check_model(model, state.served_models())
     if state.engine is None:
         raise ApiError(503, "The model is still loading")
@@ -106,6 +110,7 @@ async def _run_item(state: ServerState, index: int, item: dict[str, Any], result
     stream = None
     try:
         opts = parse_options(item, state.settings)
+        check_model(opts.model, state.served_models())  # an item may name the model too
         text = parse_input(item)
         speech_request = await build_request(state, opts, text)
         stream = state.ready_engine.speech(speech_request)

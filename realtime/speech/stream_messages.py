@@ -22,6 +22,8 @@ def parse_message(message: Mapping[str, Any], limit: int) -> dict[str, Any]:
         raise ProtocolError(f"Message too large (max {limit} bytes)")
     try:
         body = parse_json(text)
+    except FieldError as exc:  # a string no UTF-8 text holds, named by its path
+        raise ProtocolError(exc.message) from None
     except (ValueError, RecursionError):  # RecursionError: nesting too deep to parse
         raise ProtocolError("Invalid JSON message") from None
     if not isinstance(body, dict):

@@ -123,6 +123,8 @@ def parse_message(text: str, limit: int) -> dict[str, Any]:
         raise ProtocolError("message_too_large", f"Message too large (max {limit} bytes)")
     try:
         body = parse_json(text)
+    except FieldError as exc:  # a string no UTF-8 text holds (it would be echoed in video.start), named by its path
+        raise ProtocolError("invalid_request", exc.message, exc.param) from None
     except (ValueError, RecursionError):
         raise ProtocolError("invalid_json", "Invalid JSON message") from None
     if not isinstance(body, dict):

@@ -229,6 +229,8 @@ def parse_message(text: str, limit: int) -> dict[str, Any]:
         raise ProtocolError("message_too_large", f"Message too large (max {limit} bytes)")
     try:
         body = parse_json(text)
+    except FieldError as exc:  # a string no UTF-8 text holds, named by its path
+        raise ProtocolError("invalid_value", exc.message, exc.param) from None
     except (ValueError, RecursionError):
         raise ProtocolError("invalid_json", "Invalid JSON") from None
     if not isinstance(body, dict):

@@ -53,7 +53,10 @@ class Grammars:
         """A fresh ``LLMatcher`` for the Lark grammar ``lark``; InvalidRequestError naming ``field`` when llguidance
         cannot build it (an unsupported or contradictory schema). Blocking: call it off the loop."""
         llg = _llguidance()
-        grammar = llg.LLMatcher.grammar_from_lark(lark)
+        try:
+            grammar = llg.LLMatcher.grammar_from_lark(lark)
+        except UnicodeEncodeError:  # a lone surrogate in a schema (a Python caller's; JSON readers refuse them)
+            raise InvalidRequestError("the schema holds text that is not valid Unicode", field) from None
         tokenizer = self._lltokenizer()
         error = llg.LLMatcher.validate_grammar(grammar, tokenizer)
         if error:
