@@ -340,6 +340,8 @@ def test_a_voice_uploaded_as_a_speaker_embedding(base_server):
         assert by_name.status_code == 200 and by_name.content == direct.content
         bad = {"name": "Bad", "consent": "y", "speaker_embedding": json.dumps([0.1] * 3)}
         assert error_of(c.post("/v1/audio/voices", data=bad))["param"] == "speaker_embedding"
+        deep = {"name": "Bad", "consent": "y", "speaker_embedding": "[" * 3000 + "]" * 3000}  # past the parser: a 500
+        assert error_of(c.post("/v1/audio/voices", data=deep))["param"] == "speaker_embedding"
         both = {"name": "Both", "consent": "y", "speaker_embedding": json.dumps(embedding)}
         files = {"audio_sample": ("v.wav", wav_bytes(2.0), "audio/wav")}
         assert error_of(c.post("/v1/audio/voices", data=both, files=files))["param"] == "speaker_embedding"

@@ -47,6 +47,7 @@ ANSWER = {
     "additionalProperties": False,
 }
 SEEDS = range(12)
+SELF_REFERENCE = {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
 
 
 def ask(**fields) -> TextRequest:
@@ -286,8 +287,19 @@ async def test_a_forced_call_of_a_tool_with_definitions_is_valid_and_a_named_one
             {"response_format": ResponseFormat(FormatKind.JSON_SCHEMA, json.dumps({"const": "\ud800"}))},
             "response_format",
         ),
+        (  # no value at all: the reply ended empty with finish_reason "stop", a forced call without a call
+            {"response_format": ResponseFormat(FormatKind.JSON_SCHEMA, json.dumps(SELF_REFERENCE))},
+            "response_format",
+        ),
+        (
+            {
+                "tools": (FunctionTool("f", None, json.dumps(SELF_REFERENCE)),),
+                "tool_choice": ToolChoice(ToolMode.REQUIRED),
+            },
+            "tools",
+        ),
     ],
-    ids=["schema", "tool-schema", "bias-id", "x-guidance", "defs-list", "surrogate"],
+    ids=["schema", "tool-schema", "bias-id", "x-guidance", "defs-list", "surrogate", "self-ref", "tool-self-ref"],
 )
 async def test_a_schema_that_cannot_be_enforced_is_refused_naming_the_field(path, fields, param):
     async with await load(path) as engine:

@@ -248,7 +248,7 @@ async def _embedding_voice(
     """A voice given as a speaker embedding (a JSON list of numbers): checked against the checkpoint's size."""
     try:
         values = check_embedding(parse_json(text))
-    except ValueError as exc:  # not JSON, or not a list of finite numbers (InvalidRequestError)
+    except (ValueError, RecursionError) as exc:  # not JSON (or nested past the parser), not a list of finite numbers
         message = (
             exc.message if isinstance(exc, InvalidRequestError) else f"'speaker_embedding' must be valid JSON: {exc}"
         )

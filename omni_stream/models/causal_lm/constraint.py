@@ -17,6 +17,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from omni_stream.errors import InvalidRequestError
@@ -65,7 +66,19 @@ class Grammars:
         matcher = llg.LLMatcher(tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise InvalidRequestError(f"the schema cannot be enforced: {matcher.get_error()}", field)
+        if self._ends_before_it_begins(matcher):
+            raise InvalidRequestError("the schema admits no value (a $ref that only refers to itself?)", field)
         return matcher
+
+    def _ends_before_it_begins(self, matcher: Any) -> bool:
+        """Whether a fresh matcher allows nothing but EOS though its grammar is not yet matched: llguidance's answer
+        for a grammar with no string at all, which would end a forced call or a JSON reply empty, as if complete."""
+        if matcher.is_accepting():
+            return False
+        words = torch.zeros((self.vocab_size + 31) // 32, dtype=torch.int32)
+        matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * 4)
+        allowed = np.flatnonzero(np.unpackbits(words.numpy().view(np.uint8), bitorder="little")[: self.vocab_size])
+        return set(allowed.tolist()) <= set(self._eos)
 
 
 _executor: Any = None

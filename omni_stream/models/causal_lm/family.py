@@ -201,6 +201,7 @@ class CausalLMFamily:
                 frequency_penalty=request.frequency_penalty,
                 logit_bias=request.logit_bias,
                 logprobs=request.logprobs,
+                grammar_field=grammar_field,
             )
             return self.runner_request(prompt, payload)
 

@@ -120,6 +120,7 @@ class LMRequest:
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: int | None = None
+    grammar_field: str | None = None  # the request field the matcher's grammar came from (its errors name it)
 
     @property
     def adjusts(self) -> bool:
@@ -143,6 +144,7 @@ class _SlotState:
     generated: int = 0
     tokens: list[int] | None = field(default=None)  # every sampled id, when the runner records
     matcher: Any = None  # the reply's grammar (llguidance), None: free
+    grammar_field: str | None = None
     adjust: bool = False  # logit bias or presence/frequency penalties
     logprobs: int | None = None  # alternatives to report, None: no log-probabilities
 
@@ -351,7 +353,7 @@ class CausalLMRunner(SlotKVRunner[LMRequest, TextDelta, _SlotState]):
         self.params.write(slot, req.sampling)
         full = req.sampling.do_sample or req.sampling.repetition_penalty != 1.0
         st = _SlotState(slot, n, req.max_tokens, req.ignore_eos, full, TextStream(self.decode_text, req.stop))
-        st.matcher, st.adjust, st.logprobs = req.matcher, req.adjusts, req.logprobs
+        st.matcher, st.grammar_field, st.adjust, st.logprobs = req.matcher, req.grammar_field, req.adjusts, req.logprobs
         self.counts[slot] = 0
         if req.adjusts:
             self.presence[slot], self.frequency[slot] = req.presence_penalty, req.frequency_penalty
@@ -527,6 +529,11 @@ class CausalLMRunner(SlotKVRunner[LMRequest, TextDelta, _SlotState]):
             st.tokens.append(token)
         index = st.generated - 1
         lps = () if logprob is None else (logprob,)
+        if st.matcher is not None and token in self.eos and not st.matcher.is_accepting():
+            # llguidance allows EOS alone where its grammar has no way on (a schema with no value at all): the reply
+            # would end as if complete, a forced call with no call in it
+            message = "the reply cannot follow the schema to its end: it admits no value (a $ref only to itself?)"
+            return SeqOutput(seq.seq_id, error=InvalidRequestError(message, st.grammar_field), finished=True)
         if st.matcher is not None and not st.matcher.consume_token(token):
             log.error("sequence %s left its grammar at token %d: %s", seq.seq_id, token, st.matcher.get_error())
         if token in self.eos and not st.ignore_eos:
