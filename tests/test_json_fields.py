@@ -182,6 +182,8 @@ def test_the_json_reader_names_a_lone_surrogate_by_its_path_on_every_surface():
     with pytest.raises(FieldError) as top:
         parse_json('["ok", "\\ud800"]')
     assert top.value.param == "[1]"
+    with pytest.raises(FieldError):  # a body in UTF-16, which json.loads reads too
+        parse_json('{"a": "\\ud800"}'.encode("utf-16"))
     assert parse_json('{"smile": "\\ud83d\\ude00"}') == {"smile": "\U0001f600"}  # a pair is one character
 
 

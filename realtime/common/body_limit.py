@@ -129,7 +129,7 @@ def parse_json(body: bytes | str) -> Any:
     """``json.loads`` that refuses absurdly long integers in its own words, not Python's int-digits message, and
     strings UTF-8 cannot carry (a :class:`FieldError` naming the field by its path, e.g. ``item.content[0].text``)."""
     value = json.loads(body, parse_int=_parse_int)
-    text = body if isinstance(body, str) else body.decode("utf-8", "replace")
+    text = body if isinstance(body, str) else body.decode(json.detect_encoding(body), "replace")  # as loads reads it
     if _SURROGATE_ESCAPE.search(text) and (found := _lone_surrogate(value, "")) is not None:
         path, at = found
         where = path or "body"
