@@ -155,6 +155,7 @@ def test_interactions_beyond_the_channel_capacity_are_refused_with_a_code():
         (msg(type="session.start", prompt="x", model="other"), "model_not_found"),
         (msg(type="session.start", prompt="x", colour="red"), "invalid_request"),
         (msg(type="session.start", prompt="x", extra_params={"a": 1}), "invalid_request"),
+        (msg(type="session.start", prompt="x", extra_params=[]), "invalid_request"),  # no object: as the speech routes
         (msg(type="session.start", prompt="x", image_reference={"image_url": "https://x/y.png"}), "invalid_request"),
     ],
 )

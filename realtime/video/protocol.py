@@ -152,7 +152,8 @@ def parse_start(body: Mapping[str, Any], limits: VideoLimits) -> tuple[VideoRequ
     unknown = sorted(set(body) - START_FIELDS)
     if unknown:
         raise ProtocolError("invalid_request", f"Unknown session.start field(s): {', '.join(unknown)}", unknown[0])
-    if body.get("extra_params"):
+    extra = body.get("extra_params")
+    if extra is not None and (not isinstance(extra, dict) or extra):  # as the speech routes: null or {} alone
         raise ProtocolError("invalid_request", "extra_params are not supported by this server", "extra_params")
     fmt = body.get("format", "m4s")
     if fmt not in FORMATS:
