@@ -249,6 +249,16 @@ async def test_invalid_json_over_a_raw_socket_is_an_error_event(agent):
         assert json.loads(await ws.recv())["error"]["code"] == "invalid_json"
         await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
         assert json.loads(await ws.recv())["type"] == "input_audio_buffer.cleared"
+        # a lone surrogate (ASCII-escaped by json.dumps) echoed back in conversation.item.added closed the socket
+        # 1011 with no reason; in the instructions it failed the next response's prompt
+        item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi \ud800"}]}
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
+        error = json.loads(await ws.recv())["error"]
+        assert (error["code"], error["param"]) == ("invalid_value", "item.content[0].text")
+        await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "instructions": "\udfff"}}))
+        assert json.loads(await ws.recv())["error"]["param"] == "session.instructions"
+        await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+        assert json.loads(await ws.recv())["type"] == "input_audio_buffer.cleared"  # the session goes on
 
 
 async def test_g711_both_ways(agent, model):
