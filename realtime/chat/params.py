@@ -226,6 +226,7 @@ def parse_messages(value: Any, max_pictures: int = 0) -> tuple[tuple[ChatMessage
         raise bad_request("'messages' must hold at least one message", "messages")
     out: list[ChatMessage] = []
     pictures: list[PictureRef] = []
+    called: set[str] = set()  # the ids of the calls made so far
     for i, message in enumerate(value):
         if not isinstance(message, dict):
             raise bad_request(f"'messages[{i}]' must be an object, got {type_name(message)}", "messages")
@@ -235,9 +236,10 @@ def parse_messages(value: Any, max_pictures: int = 0) -> tuple[tuple[ChatMessage
             raise bad_request(f"'messages[{i}].role' must be one of {allowed}, got {role!r}", f"messages[{i}].role")
         turn = _message(message, i, pictures)
         # As OpenAI: a tool result answers a call made before it (a stray one would reach the template unanswered)
-        if turn.role is Role.TOOL and turn.tool_call_id not in {c.id for m in out for c in m.tool_calls}:
+        if turn.role is Role.TOOL and turn.tool_call_id not in called:
             where = f"messages[{i}].tool_call_id"
             raise bad_request(f"'{where}' {turn.tool_call_id!r} answers no call of an earlier assistant message", where)
+        called.update(call.id for call in turn.tool_calls)
         out.append(turn)
     if len(pictures) > max_pictures:
         raise bad_request(f"a request shows at most {max_pictures} images, got {len(pictures)}", "messages")
