@@ -8,16 +8,18 @@ log-mel features (in a thread), the wait for a slot, the encoder pass and every 
 rarely stop early, so nearly every transcript runs to ``--tokens`` tokens (``at_max_tokens_rate`` says how many
 did). Per level: latency p50/p95/max, time to the first text delta, utterances/s and tokens/s, and the
 scheduler's own figures (steps, mean batch, model time per step). Also, alone: the feature extraction of one
-utterance and one encoder pass at batch 1 and at the largest level (the encoder always reads a 30 s window,
+utterance and one encoder pass at batch 1 and at the largest level (the encoder reads Whisper's 30 s window,
 so on CPU it dominates the step that admits newcomers), each batch bucket's pass as the engine runs it (on CUDA the
-captured graph: ``encoder_pass_ms_by_bucket``), and the machine's load average.
+captured graph: ``encoder_pass_ms_by_bucket``), and the machine's load average. ``--window-ms`` sets shorter
+encoder windows (``transcription_window_ms``): the utterances are then encoded in theirs, and each shorter window's
+passes are timed too (``encoder_pass_ms_by_window``).
 
 - CPU (tiny random checkpoint, built here): ``python benchmarks/asr_bench.py`` (levels 1, 4, 16, 32).
 - GPU (random weights at the sizes of a real config, ``load_format="dummy"``, bf16):
   ``python benchmarks/asr_bench.py --from-config benchmarks/configs/whisper-large-v3-turbo --device cuda``.
 - Smoke run (tests/test_asr_bench_cpu.py): ``python benchmarks/asr_bench.py --smoke``.
 
-Writes ``asr_bench_<model>_<device>.json`` to ``$OUT`` or ``benchmarks/results``.
+Writes ``asr_bench_<model>_<device>[_window<ms>].json`` to ``$OUT`` or ``benchmarks/results``.
 """
 
 from __future__ import annotations
@@ -126,12 +128,14 @@ def encoder_ms(family, batch: int, n: int = 3) -> float:
 
 
 @torch.inference_mode()
-def encoder_pass_ms(family, n: int = 5) -> dict[str, float]:
+def encoder_pass_ms(family, window: int | None = None, n: int = 5) -> dict[str, float]:
     """Each batch bucket's encoder pass as the engine runs it (on CUDA its captured graph's replay, else the same
-    static-buffer function eagerly), median wall time of ``n``, synchronized; run while the engine is idle (every
-    row writes the spare slot, as at capture). The cost curve a policy that gathers pauses into one pass weighs."""
+    static-buffer function eagerly) at ``window`` frames (default: the whole window), median wall time of ``n``,
+    synchronized; run while the engine is idle (every row writes the spare slot, as at capture). The cost curve a
+    policy that gathers pauses into one pass weighs."""
     runner = family.runner
     cuda = runner.device.type == "cuda"
+    window = runner.windows[-1] if window is None else window
     runner._enc_slots.fill_(runner.spare)
     out = {}
     for b in runner.encode_buckets:
@@ -140,13 +144,20 @@ def encoder_pass_ms(family, n: int = 5) -> dict[str, float]:
             if cuda:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            if not (runner.encode_graphs is not None and runner.encode_graphs.replay((b,))):
-                runner._encode(b)
+            if not (runner.encode_graphs is not None and runner.encode_graphs.replay((b, window))):
+                runner._encode(b, window)
             if cuda:
                 torch.cuda.synchronize()
             times.append((time.perf_counter() - t0) * 1000)
         out[str(b)] = round(statistics.median(times), 2)
     return out
+
+
+def probe_request(family) -> tuple:
+    """``_prepare``'s arguments past the audio, for an English request."""
+    from omni_stream.transcription.spec import TranscriptionRequest
+
+    return TranscriptionRequest(utterance(1.0, 0), language="en"), family.tokens.language_id("en")
 
 
 def feature_ms(family, seconds: float, n: int = 5) -> float:
@@ -177,13 +188,16 @@ def checkpoint(args: argparse.Namespace, tmp: Path) -> tuple[Path, str]:
 async def run(args: argparse.Namespace) -> dict:
     from omni_stream.engine import AsyncEngine
     from omni_stream.family import ModelKind
+    from omni_stream.runtime.settings import Tuning
 
+    tuning = Tuning.from_env(transcription_window_ms=args.window_ms)  # the flag, else the environment's switch
     with tempfile.TemporaryDirectory() as tmp:
         ckpt, name = checkpoint(args, Path(tmp))
         load_format = "dummy" if args.from_config is not None else "auto"
         async with await AsyncEngine.from_pretrained(
             ckpt, device=args.device, dtype=args.dtype, load_format=load_format, max_batch_size=max(args.levels),
             progress=False, max_buffered_frames=max(32, args.tokens),
+            tuning=tuning,
         ) as engine:  # fmt: skip
             family = engine.models.get(ModelKind.TRANSCRIPTION)
             params = sum(p.numel() for p in family.runner.encoder.parameters()) + sum(
@@ -205,16 +219,25 @@ async def run(args: argparse.Namespace) -> dict:
                 "dtype": str(family.runner.dtype).removeprefix("torch."),
                 "utterance_s": args.seconds,
                 "max_tokens": args.tokens,
+                "transcription_window_ms": tuning.transcription_window_ms,
                 "rounds_per_client": args.rounds,
                 "feature_extraction_ms": feature_ms(family, args.seconds),
                 "encoder_ms_batch_1": encoder_ms(family, 1),
                 f"encoder_ms_batch_{max(args.levels)}": encoder_ms(family, max(args.levels)),
                 "encoder_pass_ms_by_bucket": encoder_pass_ms(family),
+                # transcription_window_ms: the windows (frames), each one's passes, the utterances' own window
+                "encoder_windows": list(family.runner.windows),
+                "utterance_window": family._prepare(utterance(args.seconds, 0), *probe_request(family)).window,
+                "encoder_pass_ms_by_window": {str(w): encoder_pass_ms(family, w) for w in family.runner.windows[:-1]},
                 "load_average_1m_before": round(os.getloadavg()[0], 2),
                 "levels": [],
             }
             passes = result["encoder_pass_ms_by_bucket"]
             print("encoder pass by batch bucket (ms): " + ", ".join(f"{b}: {ms}" for b, ms in passes.items()))
+            for w, by_bucket in result["encoder_pass_ms_by_window"].items():
+                print(f"  at a window of {w} frames: " + ", ".join(f"{b}: {ms}" for b, ms in by_bucket.items()))
+            print(f"encoder windows {result['encoder_windows']}: a {args.seconds} s utterance is encoded in "
+                  f"{result['utterance_window']} frames")  # fmt: skip
             for c in args.levels:
                 lv = await level(engine, family, c, args)
                 result["levels"].append(lv)
@@ -237,6 +260,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seconds", type=float, default=3.0, help="utterance length in s (default %(default)s)")
     ap.add_argument("--tokens", type=int, default=24, help="max tokens per transcript (default %(default)s)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument(
+        "--window-ms",
+        type=float,
+        default=None,
+        help="the smallest encoder window (transcription_window_ms; default: the whole 30 s)",
+    )
     ap.add_argument("--smoke", action="store_true", help="a tiny run for tests: levels 1,2, 1 round, 4 tokens")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -251,7 +280,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     result = asyncio.run(run(args))
     result["load_average_1m_after"] = round(os.getloadavg()[0], 2)  # other processes on the machine
-    tag = "smoke" if args.smoke else args.device.split(":")[0]
+    tag = ("smoke" if args.smoke else args.device.split(":")[0]) + (
+        f"_window{args.window_ms:g}" if args.window_ms is not None else ""
+    )
     path = out_dir() / f"asr_bench_{result['model']}_{tag}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")

@@ -779,6 +779,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from provenance import git_commit
 
+    from omni_stream.runtime.settings import Tuning
+
     levels = [1, 2] if args.smoke else [int(x) for x in args.levels.split(",")]
     if args.smoke:
         args.barge_after = min(args.barge_after, 0.5)
@@ -850,6 +852,8 @@ def main(argv: list[str] | None = None) -> int:
             "max_output_tokens": args.max_output_tokens,
             "asr_max_tokens": args.asr_max_tokens,
             "first_unit_tokens": args.first_unit_tokens,
+            # the server's OMNI_STREAM_* switches (e.g. transcription_window_ms in an A/B)
+            "tuning": Tuning.from_env().describe(),
         },
         "levels": results,
     }

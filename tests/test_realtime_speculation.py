@@ -16,6 +16,7 @@ from omni_stream.realtime.agent.events import InputAudioAppend, SessionPatch, Se
 from omni_stream.realtime.agent.outputs import CancelTranscription, Transcribe
 from omni_stream.realtime.agent.session import RealtimeSession, _asr_input
 from omni_stream.realtime.settings import Settings
+from omni_stream.runtime.settings import Tuning
 from omni_stream.transcription.spec import TranscriptionRequest
 from omni_stream.turns.vad import VadParams
 
@@ -46,8 +47,15 @@ async def transcribe(engine: AsyncEngine, samples: np.ndarray) -> str:
     return "".join(parts).strip()
 
 
-async def test_the_committed_transcript_is_the_speculation_at_the_pause_and_equals_a_whole_transcription(whisper_dir):
-    engine = await AsyncEngine.load({"asr": ModelSource(whisper_dir, kind=ModelKind.TRANSCRIPTION)}, progress=False)
+@pytest.mark.parametrize("window_ms", [None, 4000], ids=["whole-window", "short-windows"])
+async def test_the_committed_transcript_is_the_speculation_at_the_pause_and_equals_a_whole_transcription(
+    whisper_dir, window_ms
+):
+    """Also with shorter encoder windows (``transcription_window_ms``): the speculation, the commit and a whole
+    transcription are each encoded in the turn's own window, so they still agree."""
+    tuning = Tuning(transcription_window_ms=window_ms)
+    sources = {"asr": ModelSource(whisper_dir, kind=ModelKind.TRANSCRIPTION)}
+    engine = await AsyncEngine.load(sources, progress=False, tuning=tuning)
     settings = Settings(realtime_transcription_max_tokens=MAX_TOKENS)
     audio = np.concatenate(
         [silence(300), espeak("What is the weather like in"), silence(600), espeak("Paris today?"), silence(1500)]
@@ -100,6 +108,9 @@ async def test_the_committed_transcript_is_the_speculation_at_the_pause_and_equa
         completed = events[-1].body["transcript"]
         assert completed and completed == await transcribe(engine, samples)
         assert live["engine_requests"] == 0 and live["transcriptions"] == 0
+        windows = engine.models.get(ModelKind.TRANSCRIPTION).runner.encoder_windows
+        # the turn (~4 s) and its margin fit 8 s: every pass ran at a short window (at the whole one when unset)
+        assert set(windows) == {1500} if window_ms is None else windows and set(windows) <= {200, 400}
 
 
 async def test_semantic_vad_speculates_at_the_quiet_and_its_pause_keeps_that_work(whisper_dir):

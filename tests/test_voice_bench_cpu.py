@@ -15,7 +15,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "voice_bench.py"
 def test_the_smoke_run_measures_voice_to_voice_its_split_and_barge_in(tmp_path):
     out = tmp_path / "voice.json"
     out_args = ["--append-ms", "40", "--out", str(out)]  # appends of 40 ms, not the default 100: a WebRTC-like client
-    env = {**os.environ, "GIT_COMMIT": "test"}
+    env = {**os.environ, "GIT_COMMIT": "test", "OMNI_STREAM_TRANSCRIPTION_WINDOW_MS": "8000"}
     proc = subprocess.run(
         # benchmark fields on (a bounded reply), and the first spoken unit bounded at 3 of the synthetic LM's word
         # tokens (its reply's first clause, "Here is sentence 0 of the answer,", has 7)
@@ -29,6 +29,7 @@ def test_the_smoke_run_measures_voice_to_voice_its_split_and_barge_in(tmp_path):
     report = json.loads(out.read_text())
     assert report["mode"] == "cpu" and report["smoke"] and report["git_commit"] == "test"
     assert report["settings"]["append_ms"] == 40
+    assert "transcription_window_ms=8000" in report["settings"]["tuning"].split()  # the server's switches, recorded
     matrix = {(lv["turns"], lv["arrivals"], lv["concurrency"], lv["round"]) for lv in report["levels"]}
     assert matrix == {
         (t, a, n, r)

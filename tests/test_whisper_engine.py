@@ -321,11 +321,11 @@ async def test_newcomers_encode_at_a_batch_bucket_and_padding_changes_no_token(e
     together = step_together(runner, payloads)
     assert together == alone
     encodes = [e for e in runner.log if e[0] == "encode"]
-    assert encodes == [("encode", 5, 6, "eager")]  # CPU: the same static-buffer encoder, eagerly
+    assert encodes == [("encode", 5, 6, 1500, "eager")]  # CPU: the same static-buffer encoder, eagerly
     assert (runner.encoder_calls - calls, runner.utterances_encoded - utterances) == (6, 10)
     assert runner.encoder_buckets[6] - buckets.get(6, 0) == 1
     assert not runner.encoder_device_ms and not runner.encoder_timed and not runner._timed
-    assert all(b in runner.encode_buckets for _, _, b, _ in encodes)
+    assert all(b in runner.encode_buckets for _, _, b, _, _ in encodes)
     assert not runner.live
 
 
@@ -496,13 +496,13 @@ async def test_utterances_that_end_together_share_one_encoder_pass_and_a_lone_on
         assert not [e for e in runner.log[mark:] if e[0] == "encode"]
         release.set()
         (text1, _, _), (text2, _, _) = await asyncio.wait_for(asyncio.gather(first, second), 60)
-        assert [e for e in runner.log[mark:] if e[0] == "encode"] == [("encode", 2, 2, "eager")]  # one pass
+        assert [e for e in runner.log[mark:] if e[0] == "encode"] == [("encode", 2, 2, 1500, "eager")]  # one pass
         assert text1 and text2
         # Alone, nothing is in preparation: it goes in at once despite the 60 s hold
         mark = len(runner.log)
         await asyncio.wait_for(transcript(engine, TranscriptionRequest(utterance("tone440", 1.0), language="en",
                                                                        max_tokens=4)), 30)  # fmt: skip
-        assert [e for e in runner.log[mark:] if e[0] == "encode"] == [("encode", 1, 1, "eager")]
+        assert [e for e in runner.log[mark:] if e[0] == "encode"] == [("encode", 1, 1, 1500, "eager")]
         assert sched._arriving == 0
     finally:
         family._prepare = prepare

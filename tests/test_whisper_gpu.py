@@ -51,7 +51,7 @@ async def test_encoder_graphs_equal_the_eager_encoder_at_every_bucket(tiny_whisp
         batch = payloads(family, 5)
         graphed = step_together(runner, batch)  # five newcomers: the bucket of six
         encodes = [e for e in runner.log if e[0] == "encode"]
-        assert encodes == [("encode", 5, 6, "graph")]
+        assert encodes == [("encode", 5, 6, 1500, "graph")]
         runner.time_encoder = True  # a benchmark's timing: each pass's device time by CUDA events, by bucket
         step_together(runner, batch)
         assert runner.encoder_device_ms[6] > 0 and runner.encoder_timed[6] == 1 and not runner._timed  # added later
@@ -120,3 +120,36 @@ async def test_a_batch_size_seen_for_the_first_time_replays_graphs(tiny_whisper,
         assert calls and all(e[-1] == "graph" for e in calls), [e for e in calls if e[-1] != "graph"]
         assert len({e[2] for e in calls}) >= 3  # calls over several row buckets, each met for the first time
         assert (len(runner.encode_graphs), len(runner.decode_graphs)) == counts
+
+
+async def test_shorter_windows_replay_graphs_and_give_the_eager_tokens(tiny_whisper):
+    """``transcription_window_ms``: an encoder graph per batch bucket and window, captured at load; a step whose
+    newcomers span every window replays a graph for each pass (the decoder's cross mask read inside the decoder
+    graphs), with the eager paths' tokens."""
+    from omni_stream.runtime.settings import Tuning
+
+    tuning = Tuning(transcription_window_ms=4000)
+    async with await AsyncEngine.from_pretrained(
+        tiny_whisper, device="cuda", dtype="float32", max_batch_size=N, progress=False, tuning=tuning
+    ) as eng:
+        family = eng.models.get(ModelKind.TRANSCRIPTION)
+        runner = family.runner
+        assert runner.windows == (200, 400, 800, 1500)
+        assert len(runner.encode_graphs) == len(runner.encode_buckets) * len(runner.windows)
+        clips = [utterance("noise", s, seed=60 + i) for i, s in enumerate((0.8, 1.1, 4.0, 9.0, 20.0))]
+        request = TranscriptionRequest(clips[0], language="en", max_tokens=12)
+        batch = [family._prepare(a, request, family.tokens.language_id("en")) for a in clips]
+        assert [p.window for p in batch] == [200, 200, 400, 800, 1500]
+        runner.record = True
+        step_together(runner, batch[2:])  # longer windows' frames left in slots 0-2
+        graphed = step_together(runner, list(reversed(batch)))
+        encodes = [e for e in runner.log if e[0] == "encode"]
+        assert [e[3] for e in encodes[-4:]] == [200, 400, 800, 1500] and all(e[-1] == "graph" for e in encodes)
+        graphs = runner.encode_graphs, runner.decode_graphs
+        runner.encode_graphs = runner.decode_graphs = None
+        try:
+            step_together(runner, batch[2:])
+            eager = step_together(runner, list(reversed(batch)))
+        finally:
+            runner.encode_graphs, runner.decode_graphs = graphs
+        assert graphed == eager and all(tokens for _, tokens in graphed)

@@ -75,11 +75,11 @@ def _whole(lo: int, hi: int) -> _Kind:
     return _Kind(f"a whole number within {lo}..{hi}", parse, valid)
 
 
-def _milliseconds(most: float) -> _Kind:
+def _milliseconds(most: float, *, least: float = 0) -> _Kind:
     def valid(v: Any) -> bool:
-        return isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= most
+        return isinstance(v, int | float) and not isinstance(v, bool) and least <= v <= most
 
-    return _Kind(f"a number of milliseconds within 0..{most:g}", float, valid, lambda v: f"{v:g}")
+    return _Kind(f"a number of milliseconds within {least:g}..{most:g}", float, valid, lambda v: f"{v:g}")
 
 
 def _choice(choices: tuple[str, ...]) -> _Kind:
@@ -212,6 +212,12 @@ class Tuning:
     # 50 ms on CUDA, where a pass's cost is mostly fixed (asr_bench on the H200: 21.6 ms for one utterance, 6.6 ms an
     # utterance in a pass of 32), 0 elsewhere (on a CPU a pass costs about the same per utterance at any batch)
     transcription_hold_ms: float | None = None
+    # Whisper's smallest encoder window: an utterance is encoded in the smallest of this window doubling (up to the
+    # model's 30 s) that holds it and 2 s more, and its decoder reads those frames alone (whisper.cpp's audio_ctx). A
+    # pass over 32 utterances costs 212 ms at 30 s on the H200 (asr_bench), about a third at 10 s. Whisper was
+    # trained on 30 s windows, so on its own weights this trades accuracy (too short a window can keep a transcript
+    # from stopping); models fine-tuned for short windows are made for it. None: every utterance in the whole window
+    transcription_window_ms: float | None = None
 
     def __post_init__(self) -> None:
         for switch in SWITCHES:
@@ -301,12 +307,13 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("group_prefill_graphs", "OMNI_STREAM_GROUP_PREFILL_GRAPHS", ON_OFF),
     Switch("turn_model_device", "OMNI_STREAM_TURN_MODEL_DEVICE", _choice(TURN_MODEL_DEVICES)),
     Switch("transcription_hold_ms", "OMNI_STREAM_TRANSCRIPTION_HOLD_MS", _milliseconds(1000)),
+    Switch("transcription_window_ms", "OMNI_STREAM_TRANSCRIPTION_WINDOW_MS", _milliseconds(30000, least=1000)),
 )
 SWITCH_BY_NAME = {s.name: s for s in SWITCHES}
 # Fields whose None means "the code's own choice" (each field's comment says which)
 _OPTIONAL = frozenset(
     {"cache_dir", "api_key", "threads", "predictor_small_rows", "codec_channels_last", "step_ahead",
-     "transcription_hold_ms"}
+     "transcription_hold_ms", "transcription_window_ms"}
 )  # fmt: skip
 _NO_AUTO = frozenset({"cache_dir", "api_key"})  # "auto" is a directory or a key there, not the default
 assert {f.name for f in fields(Tuning)} == set(SWITCH_BY_NAME), "every Tuning field is a switch"

@@ -5,10 +5,12 @@ tokenizer, the log-mel feature extractor, then the model (``transformers``' ``Wh
 from ``model.safetensors``; ``load_format="dummy"``: random weights at the config's sizes, no weight file read).
 A request is checked at once (language, ``max_tokens``, length of whole-utterance audio: 400s naming the
 field); in its stage the audio is collected (streamed input until its end), resampled to 16 kHz and turned into
-features in a thread, then decoded greedily by :class:`~omni_stream.models.whisper.runner.WhisperRunner` on the
-scheduler, batched with every other request. Usage: ``ctx.tokens("transcription")`` counts the prompt's text
-tokens plus 50 audio tokens per second of audio in (Whisper's encoder frames, 20 ms each) and every generated
-token out. Utterances longer than the model's 30 s window are refused (long-form chunking is not done here).
+features in a thread (cut to the smallest encoder window that holds it where ``transcription_window_ms`` sets
+shorter windows: :func:`~omni_stream.models.whisper.shapes.encoder_windows`), then decoded greedily by
+:class:`~omni_stream.models.whisper.runner.WhisperRunner` on the scheduler, batched with every other request.
+Usage: ``ctx.tokens("transcription")`` counts the prompt's text tokens plus 50 audio tokens per second of audio in
+(Whisper's encoder frames, 20 ms each) and every generated token out. Utterances longer than the model's 30 s
+window are refused (long-form chunking is not done here).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from omni_stream.family import LoadContext, ModelKind
 from omni_stream.models.whisper.checkpoint import build_model, randomize
 from omni_stream.models.whisper.prompt import WhisperTokens
 from omni_stream.models.whisper.runner import WhisperInput, WhisperRunner
+from omni_stream.models.whisper.shapes import FRAMES_PER_SECOND, encoder_windows, window_for
 from omni_stream.pipeline import Stage
 from omni_stream.runtime.cache import EMBEDDED_MARKER
 from omni_stream.runtime.intra_op import one_intra_op_thread
@@ -83,7 +86,10 @@ class WhisperFamily:
                 model = model.to(device)  # type: ignore[arg-type]
                 model = model.eval().requires_grad_(False)
             bar.update(1)
-            self.runner = WhisperRunner(model, self.tokens, self.tokenizer, opts.max_batch_size)
+            full = int(config.get("max_source_positions", 1500))
+            self.runner = WhisperRunner(
+                model, self.tokens, self.tokenizer, opts.max_batch_size, windows=windows(opts.tuning, full)
+            )
             # On CUDA the encoder (per batch bucket) and the decoder step (per shape) replay graphs; capturing them
             # here keeps capture out of requests.
             self.capture_seconds = self.runner.capture_graphs()
@@ -146,7 +152,9 @@ class WhisperFamily:
             context = tuple(int(i) for i in ids if i < self.tokens.eot)[-self.tokens.max_context :]
         prompt = self.tokens.prompt(language, context)
         budget = self.tokens.max_length - prompt.length
-        return WhisperInput(features, prompt, min(request.max_tokens or budget, budget))
+        window = window_for(samples.size / SAMPLE_RATE, self.runner.windows)
+        features = features[:, : 2 * window].contiguous()  # the rest is the window's padding, never encoded
+        return WhisperInput(features, prompt, min(request.max_tokens or budget, budget), window)
 
     async def aclose(self) -> None:
         """Nothing to free beyond the scheduler, which the engine's worker shuts down."""
@@ -159,6 +167,13 @@ def transcription_hold(tuning: Tuning, device: torch.device) -> float:
     if ms is None:
         ms = 1000 * DEFAULT_HOLD_S if device.type == "cuda" else 0.0
     return ms / 1000
+
+
+def windows(tuning: Tuning, full: int) -> tuple[int, ...]:
+    """The encoder windows in frames (``tuning.transcription_window_ms``: the smallest; unset: the model's whole
+    window alone, as Whisper was trained)."""
+    ms = tuning.transcription_window_ms
+    return encoder_windows(full, None if ms is None else math.ceil(ms * FRAMES_PER_SECOND / 1000))
 
 
 def load_family(load: LoadContext) -> WhisperFamily:

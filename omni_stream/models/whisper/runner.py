@@ -7,7 +7,9 @@ layer by layer over slot-indexed static caches). One step:
    its slot (``[layers, slots + 1, heads, 1500, head_dim]``; the encoder never runs again for that request). The
    encoder runs at a bucketed batch size (powers of two and three times them, up to ``max_batch_size``: a padding
    row costs a real one's 30 s window, so a bucket pads by a third at most; the padding rows encode silence into
-   the spare slot past the real ones), from static buffers;
+   the spare slot past the real ones), from static buffers; with shorter encoder windows set (``windows``:
+   :func:`~omni_stream.models.whisper.shapes.encoder_windows`), each window's newcomers are one pass over that
+   many frames, and the decoder's cross-attention masks each row's frames past its window;
 2. advances every running row by one decoder call over the slots ``0..rows-1`` (a row per slot, so both caches
    are read as views, never gathered; idle slots below the highest live one compute along and feed nothing):
    each row feeds its pending inputs (a prompt, or the last token) at its own positions, keys and values going
@@ -55,11 +57,13 @@ META = 3  # values before a row's inputs in the decoder call's input buffer: sta
 
 @dataclass(slots=True, frozen=True)
 class WhisperInput:
-    """One utterance: log-mel ``features`` ``[n_mels, frames]`` (float32, CPU), its prompt, a token budget."""
+    """One utterance: log-mel ``features`` ``[n_mels, 2 * window]`` (float32, CPU), its prompt, a token budget, and
+    its encoder ``window`` in frames (None: the model's whole window)."""
 
     features: torch.Tensor
     prompt: WhisperPrompt
     max_new_tokens: int
+    window: int | None = None
 
 
 class _Phase(Enum):
@@ -85,7 +89,8 @@ WhisperSeq = Sequence[WhisperInput]
 class WhisperRunner(StepRecord[WhisperInput]):
     """Batched greedy Whisper (see module docstring).
 
-    ``record=True`` logs ``("step", prefill_ids, decode_ids)``, ``("encode", newcomers, batch, "graph"|"eager")``,
+    ``record=True`` logs ``("step", prefill_ids, decode_ids)``, ``("encode", newcomers, batch, window,
+    "graph"|"eager")``,
     ``("decode", rows, b, width, span, "graph"|"eager")`` (the decoder call's live rows and its shape),
     ``("admit", seq_id, request_id)``, ``("language", seq_id, token)``, ``("token", seq_id, token)`` and
     ``("release", seq_id)`` events to ``log`` and counts releases (tests).
@@ -100,9 +105,11 @@ class WhisperRunner(StepRecord[WhisperInput]):
         *,
         record: bool = False,
         graphs: bool | None = None,
+        windows: tuple[int, ...] | None = None,
     ) -> None:
-        """``graphs``: replay CUDA graphs of the encoder per batch bucket and of the decoder call per shape
-        (None: on CUDA devices)."""
+        """``graphs``: replay CUDA graphs of the encoder per batch bucket and window and of the decoder call per shape
+        (None: on CUDA devices). ``windows``: the encoder windows in frames, ascending, the last the model's whole
+        window (None: that one alone)."""
         cfg = model.config
         self.encoder = model.model.encoder
         self.decoder = model.model.decoder
@@ -114,6 +121,7 @@ class WhisperRunner(StepRecord[WhisperInput]):
         self.encoder_calls = 0  # encoder passes and the utterances they encoded (benchmarks read them)
         self.utterances_encoded = 0
         self.encoder_buckets: Counter[int] = Counter()  # passes by the batch bucket they ran at
+        self.encoder_windows: Counter[int] = Counter()  # passes by the window (frames) they ran at
         # Benchmarks set ``time_encoder``: on CUDA each pass is bracketed by two timing events, and a step adds the
         # device time of the passes whose events have completed (no wait) to ``encoder_device_ms`` by bucket, so a
         # benchmark tells the encoder's own time from the step's wall time (other models' work in between, waits).
@@ -144,11 +152,23 @@ class WhisperRunner(StepRecord[WhisperInput]):
         self.begin_suppress = torch.zeros(vocab, dtype=torch.bool, device=self.device)
         self.begin_suppress[list(tokens.begin_suppress)] = True
         self.lang_ids = torch.tensor(sorted(tokens.languages.values()) or [tokens.eot], device=self.device)
-        # The encoder's static inputs (graphs replay over them) and its batch buckets
+        # The encoder's static inputs (graphs replay over them), its batch buckets and windows
         self.encode_buckets = batch_buckets(max_batch_size, fine=True)
-        frames = 2 * cfg.max_source_positions  # log-mel frames of the 30 s window (the convolutions halve them)
+        full = cfg.max_source_positions
+        self.windows = windows or (full,)
+        if self.windows[-1] != full or list(self.windows) != sorted(set(self.windows)) or self.windows[0] < 1:
+            raise ValueError(f"encoder windows must ascend to the model's {full} frames, got {self.windows}")
+        frames = 2 * full  # log-mel frames of the 30 s window (the convolutions halve them)
         self._enc_in = torch.zeros(max_batch_size, cfg.num_mel_bins, frames, **kw)
         self._enc_slots = torch.full((max_batch_size,), self.spare, dtype=torch.long, device=self.device)
+        # Shorter windows: which of its slot's 1500 cross-attention frames a row reads ([slots + 1, 1, 1, 1500]; set
+        # by each pass for its rows). None with the whole window alone: every row reads every frame, unmasked.
+        self._frame_ids = torch.arange(full, device=self.device)
+        self._cross_keep = (
+            torch.ones(max_batch_size + 1, 1, 1, full, dtype=torch.bool, device=self.device)
+            if len(self.windows) > 1
+            else None
+        )
         use_graphs = self.device.type == "cuda" if graphs is None else graphs
         self.encode_graphs = GraphSet(self._encode, self.device) if use_graphs else None
         # The decoder call's static inputs: a call of b rows and width w reads the first b * (META + w) values as
@@ -213,7 +233,8 @@ class WhisperRunner(StepRecord[WhisperInput]):
         with torch.inference_mode():
             if self.encode_graphs is not None:
                 self._enc_slots.fill_(self.spare)
-                missing = [(b,) for b in self.encode_buckets if (b,) not in self.encode_graphs]
+                passes = [(b, w) for b in self.encode_buckets for w in self.windows]
+                missing = [k for k in passes if k not in self.encode_graphs]
                 seconds += self.encode_graphs.capture_all(missing, desc="capturing encoder graphs")
             if self.decode_graphs is not None:
                 self._dec_in.zero_()  # every row idle: it feeds nothing
@@ -224,33 +245,13 @@ class WhisperRunner(StepRecord[WhisperInput]):
     # --- admission ------------------------------------------------------------------------------------------
 
     def _admit(self, seqs: tuple[WhisperSeq, ...]) -> None:
-        """Encode the newcomers together at their batch bucket; their cross-attention keys and values go to their
-        slots (the padding rows' to the spare one)."""
-        n = len(seqs)
-        b = pick(self.encode_buckets, n)
-        assert b is not None  # the scheduler admits at most max_batch_size
-        features = torch.stack([s.payload.features for s in seqs])
-        if self.device.type == "cuda":
-            features = features.pin_memory()
-        self._enc_in[:n].copy_(features, non_blocking=True)
-        self._enc_in[n:b].zero_()
-        self._enc_slots[:n].copy_(self._upload([s.slot for s in seqs]))
-        self._enc_slots[n:b].fill_(self.spare)
-        timed = self.time_encoder and self.device.type == "cuda"
-        if timed:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        replayed = self.encode_graphs is not None and self.encode_graphs.replay((b,))
-        if not replayed:
-            self._encode(b)
-        if timed:
-            end.record()
-            self._timed.append((b, start, end))
-        self.encoder_calls += 1
-        self.utterances_encoded += n
-        self.encoder_buckets[b] += 1
-        if self.record:
-            self.log.append(("encode", n, b, "graph" if replayed else "eager"))
+        """Encode the newcomers, a pass per window (together at their batch bucket); their cross-attention keys and
+        values go to their slots (the padding rows' to the spare one)."""
+        by_window: defaultdict[int, list[WhisperSeq]] = defaultdict(list)
+        for seq in seqs:
+            by_window[self.window_of(seq.payload)].append(seq)
+        for window, group in sorted(by_window.items()):
+            self._encode_group(group, window)
         for seq in seqs:
             payload = seq.payload
             prompt = payload.prompt
@@ -263,6 +264,42 @@ class WhisperRunner(StepRecord[WhisperInput]):
             if self.record:
                 self.log.append(("admit", seq.seq_id, seq.request_id))
 
+    def window_of(self, payload: WhisperInput) -> int:
+        """The window an utterance is encoded in (its own, or the whole one); a ValueError for one not set."""
+        window = self.windows[-1] if payload.window is None else payload.window
+        if window not in self.windows:
+            raise ValueError(f"encoder window {window} is not one of {self.windows}")
+        return window
+
+    def _encode_group(self, seqs: list[WhisperSeq], window: int) -> None:
+        """One encoder pass over ``seqs`` (all of one window) at their batch bucket."""
+        n = len(seqs)
+        b = pick(self.encode_buckets, n)
+        assert b is not None  # the scheduler admits at most max_batch_size
+        features = torch.stack([s.payload.features[:, : 2 * window] for s in seqs])
+        if self.device.type == "cuda":
+            features = features.pin_memory()
+        self._enc_in[:n, :, : 2 * window].copy_(features, non_blocking=True)
+        self._enc_in[n:b].zero_()
+        self._enc_slots[:n].copy_(self._upload([s.slot for s in seqs]))
+        self._enc_slots[n:b].fill_(self.spare)
+        timed = self.time_encoder and self.device.type == "cuda"
+        if timed:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        replayed = self.encode_graphs is not None and self.encode_graphs.replay((b, window))
+        if not replayed:
+            self._encode(b, window)
+        if timed:
+            end.record()
+            self._timed.append((b, start, end))
+        self.encoder_calls += 1
+        self.utterances_encoded += n
+        self.encoder_buckets[b] += 1
+        self.encoder_windows[window] += 1
+        if self.record:
+            self.log.append(("encode", n, b, window, "graph" if replayed else "eager"))
+
     def _add_encoder_times(self) -> None:
         """Add the device time of each timed pass whose end event has completed (a query, never a wait)."""
         pending = []
@@ -274,14 +311,31 @@ class WhisperRunner(StepRecord[WhisperInput]):
                 pending.append((b, start, end))
         self._timed = pending
 
-    def _encode(self, b: int) -> None:
-        """The encoder over the first ``b`` static inputs, keys and values into their slots (static tensors only)."""
-        encoded = self.encoder(self._enc_in[:b]).last_hidden_state  # [b, 1500, d]
+    def _encode(self, b: int, window: int) -> None:
+        """The encoder over the first ``b`` static inputs' first ``window`` frames, keys and values into the first
+        ``window`` frames of their slots (static tensors only)."""
+        encoded = self._encoder_states(self._enc_in[:b, :, : 2 * window])  # [b, window, d]
         slots = self._enc_slots[:b]
         for i, layer in enumerate(self.decoder.layers):
             attn = layer.encoder_attn
-            self.cross_k[i].index_copy_(0, slots, self._heads(attn.k_proj(encoded), b))
-            self.cross_v[i].index_copy_(0, slots, self._heads(attn.v_proj(encoded), b))
+            k, v = self._heads(attn.k_proj(encoded), b), self._heads(attn.v_proj(encoded), b)
+            self.cross_k[i, :, :, :window].index_copy_(0, slots, k)
+            self.cross_v[i, :, :, :window].index_copy_(0, slots, v)
+        if self._cross_keep is not None:
+            keep = (self._frame_ids < window).expand(b, 1, 1, -1)
+            self._cross_keep.index_copy_(0, slots, keep)
+
+    def _encoder_states(self, features: torch.Tensor) -> torch.Tensor:
+        """``transformers``' Whisper encoder over ``[b, n_mels, 2 * frames]``: its forward, whose input must be the
+        whole window's 3000 log-mel frames, with the positions of the first ``frames`` (the whole window: the same
+        operations as its forward, the same values)."""
+        enc = self.encoder
+        h = F.gelu(enc.conv2(F.gelu(enc.conv1(features)))).permute(0, 2, 1)
+        h = h + enc.embed_positions.weight[: h.shape[1]]
+        for layer in enc.layers:
+            out = layer(h, None)
+            h = out[0] if isinstance(out, tuple) else out  # a tuple in older transformers releases
+        return enc.layer_norm(h)
 
     def _upload(self, values: list[int], dtype: torch.dtype = torch.long) -> torch.Tensor:
         """A small host list on the device; on CUDA through pinned memory, so the copy does not wait for the
@@ -345,7 +399,8 @@ class WhisperRunner(StepRecord[WhisperInput]):
             cross = layer.encoder_attn
             y = layer.encoder_attn_layer_norm(h)
             q = self._heads(cross.q_proj(y) * cross.scaling, b)
-            out = F.scaled_dot_product_attention(q, self.cross_k[i][:b], self.cross_v[i][:b], scale=1.0)
+            keep = None if self._cross_keep is None else self._cross_keep[:b]
+            out = F.scaled_dot_product_attention(q, self.cross_k[i][:b], self.cross_v[i][:b], attn_mask=keep, scale=1.0)
             h = h + cross.out_proj(out.transpose(1, 2).reshape(b, w, -1))
             y = layer.final_layer_norm(h)
             h = h + layer.fc2(layer.activation_fn(layer.fc1(y)))
