@@ -169,3 +169,63 @@ async def test_random_aborts_free_every_slot_at_every_window(windowed):
 async def transcribe_request(engine: AsyncEngine, request: TranscriptionRequest) -> None:
     async for _ in engine.generate(request):
         pass
+
+
+@pytest.mark.parametrize("window", [1500, 500, 200])
+def test_features_over_the_audio_alone_are_the_extractors_whole_window_pass(window):
+    """:func:`window_features` computes the audio and a little silence, then repeats a silent frame: the same
+    values as the extractor's pass over the whole zero-padded 30 s, cut to the window, at any length (a frame's
+    edge, the minimum computed, the window's end), for silence too."""
+    from transformers import WhisperFeatureExtractor
+
+    from omni_stream.models.whisper.features import window_features
+
+    extractor = WhisperFeatureExtractor(feature_size=80)
+    rng = np.random.default_rng(window)
+    most = window * 320
+    lengths = [1, 159, 160, 401, 15999, 16000, 16361, most - 400, most - 1, most, *rng.integers(1, most, 12)]
+    for n in lengths:
+        audio = (rng.standard_normal(int(n)) * 0.1).astype(np.float32)
+        whole = extractor(audio, sampling_rate=16000, return_tensors="pt").input_features[0]
+        assert torch.equal(window_features(extractor, audio, window), whole[:, : 2 * window]), n
+    silence = np.zeros(8000, np.float32)
+    whole = extractor(silence, sampling_rate=16000, return_tensors="pt").input_features[0]
+    assert torch.equal(window_features(extractor, silence, window), whole[:, : 2 * window])
+    with pytest.raises(ValueError, match="do not fit a window"):
+        window_features(extractor, np.zeros(most + 1, np.float32), window)
+
+
+def test_a_dithering_extractor_takes_its_whole_pass():
+    """Dither is noise over the whole window (silence is not silent): nothing is shortened, the extractor's own
+    random draws decide every frame."""
+    from transformers import WhisperFeatureExtractor
+
+    from omni_stream.models.whisper.features import window_features
+
+    extractor = WhisperFeatureExtractor(feature_size=80, dither=1e-3)
+    audio = utterance("noise", 1.0)
+    calls = []
+    real = extractor.__call__
+
+    class Spy(WhisperFeatureExtractor):
+        def __call__(self, *args, **kwargs):
+            calls.append(kwargs["max_length"])
+            return real(*args, **kwargs)
+
+    extractor.__class__ = Spy
+    out = window_features(extractor, audio, 1500)
+    assert calls == [480000] and out.shape == (80, 3000)
+    assert len(out[:, -200:].unique()) > 1  # the padding is dithered, not one silent value
+
+
+async def test_the_family_refuses_a_feature_extractor_of_another_layout(tiny_whisper, tmp_path):
+    import json
+    import shutil
+
+    ckpt = tmp_path / "whisper-hop"
+    shutil.copytree(tiny_whisper, ckpt)
+    config = json.loads((ckpt / "preprocessor_config.json").read_text())
+    config["hop_length"] = 320
+    (ckpt / "preprocessor_config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="hop_length must be 160 and n_samples 480000"):
+        await AsyncEngine.from_pretrained(ckpt, progress=False)

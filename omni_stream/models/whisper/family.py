@@ -5,8 +5,9 @@ tokenizer, the log-mel feature extractor, then the model (``transformers``' ``Wh
 from ``model.safetensors``; ``load_format="dummy"``: random weights at the config's sizes, no weight file read).
 A request is checked at once (language, ``max_tokens``, length of whole-utterance audio: 400s naming the
 field); in its stage the audio is collected (streamed input until its end), resampled to 16 kHz and turned into
-features in a thread (cut to the smallest encoder window that holds it where ``transcription_window_ms`` sets
-shorter windows: :func:`~omni_stream.models.whisper.shapes.encoder_windows`), then decoded greedily by
+features in a thread (over the audio alone, :mod:`~omni_stream.models.whisper.features`; in the smallest encoder
+window that holds it where ``transcription_window_ms`` sets shorter windows:
+:func:`~omni_stream.models.whisper.shapes.encoder_windows`), then decoded greedily by
 :class:`~omni_stream.models.whisper.runner.WhisperRunner` on the scheduler, batched with every other request.
 Usage: ``ctx.tokens("transcription")`` counts the prompt's text tokens plus 50 audio tokens per second of audio in
 (Whisper's encoder frames, 20 ms each) and every generated token out. Utterances longer than the model's 30 s
@@ -30,6 +31,7 @@ from omni_stream.context import RequestContext
 from omni_stream.errors import ConfigError, InvalidRequestError
 from omni_stream.family import LoadContext, ModelKind
 from omni_stream.models.whisper.checkpoint import build_model, randomize
+from omni_stream.models.whisper.features import HOP, SAMPLES_PER_FRAME, window_features
 from omni_stream.models.whisper.prompt import WhisperTokens
 from omni_stream.models.whisper.runner import WhisperInput, WhisperRunner
 from omni_stream.models.whisper.shapes import FRAMES_PER_SECOND, encoder_windows, window_for
@@ -74,6 +76,12 @@ class WhisperFamily:
             self.features = WhisperFeatureExtractor.from_pretrained(str(ckpt))
             if self.features.sampling_rate != SAMPLE_RATE:
                 raise ConfigError(f"preprocessor_config.json: sampling_rate must be {SAMPLE_RATE}")
+            full = int(config.get("max_source_positions", 1500))
+            if self.features.hop_length != HOP or self.features.n_samples != full * SAMPLES_PER_FRAME:
+                raise ConfigError(
+                    f"preprocessor_config.json: hop_length must be {HOP} and n_samples {full * SAMPLES_PER_FRAME} "
+                    f"(the encoder's {full} frames), got {self.features.hop_length} and {self.features.n_samples}"
+                )
             # Its first call sets up what later ones reuse (28 ms against 15 on a 2-core CPU): here, not in the first
             # request's transcript (a voice agent's first turn after start)
             self.features(np.zeros(SAMPLE_RATE, np.float32), sampling_rate=SAMPLE_RATE, return_tensors="pt")
@@ -86,7 +94,6 @@ class WhisperFamily:
                 model = model.to(device)  # type: ignore[arg-type]
                 model = model.eval().requires_grad_(False)
             bar.update(1)
-            full = int(config.get("max_source_positions", 1500))
             self.runner = WhisperRunner(
                 model, self.tokens, self.tokenizer, opts.max_batch_size, windows=windows(opts.tuning, full)
             )
@@ -144,16 +151,15 @@ class WhisperFamily:
 
     def _prepare(self, samples: np.ndarray, request: TranscriptionRequest, language: int | None) -> WhisperInput:
         """Log-mel features and the prompt (blocking: runs in a thread)."""
+        window = window_for(samples.size / SAMPLE_RATE, self.runner.windows)
         with one_intra_op_thread():  # many utterances at once when many sessions pause together
-            features = self.features(samples, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features[0]
+            features = window_features(self.features, samples, window)  # the audio's frames, then silence
         context: tuple[int, ...] = ()
         if request.prompt and request.prompt.strip() and self.tokens.max_context:
             ids = self.tokenizer(" " + request.prompt.strip(), add_special_tokens=False).input_ids
             context = tuple(int(i) for i in ids if i < self.tokens.eot)[-self.tokens.max_context :]
         prompt = self.tokens.prompt(language, context)
         budget = self.tokens.max_length - prompt.length
-        window = window_for(samples.size / SAMPLE_RATE, self.runner.windows)
-        features = features[:, : 2 * window].contiguous()  # the rest is the window's padding, never encoded
         return WhisperInput(features, prompt, min(request.max_tokens or budget, budget), window)
 
     async def aclose(self) -> None:
