@@ -55,11 +55,15 @@ async def test_whispers_features_are_computed_on_one_intra_op_thread(tiny_whispe
         extractor = family.features  # type: ignore[attr-defined]
         seen: list[int] = []
 
-        def features(*args, **kwargs):
-            seen.append(torch.get_num_threads())
-            return extractor(*args, **kwargs)
+        class Features:  # the extractor, its calls noting the thread's setting
+            def __getattr__(self, name: str):
+                return getattr(extractor, name)
 
-        family.features = features  # type: ignore[attr-defined]
+            def __call__(self, *args, **kwargs):
+                seen.append(torch.get_num_threads())
+                return extractor(*args, **kwargs)
+
+        family.features = Features()  # type: ignore[attr-defined]
         request = TranscriptionRequest(utterance("tone440", 1.0), language="en", max_tokens=4)
         prepare = family._prepare  # type: ignore[attr-defined]
         payload, after = in_thread_with_two(lambda: prepare(request.audio, request, None))
