@@ -382,6 +382,7 @@ class WhisperRunner(StepRecord[WhisperInput]):
         writes = torch.where(offsets[None] < count[:, None], positions, self.positions)
         mask = (self._key_positions[:span] <= positions[:, :, None])[:, None]  # [b, 1, w, span]
         rows = self._rows[:b]
+        keep = None if self._cross_keep is None else self._cross_keep[:b]  # each row's window of cross frames
         dec = self.decoder
         h = (
             dec.embed_tokens(x[:, META:]) * self.embed_scale
@@ -399,7 +400,6 @@ class WhisperRunner(StepRecord[WhisperInput]):
             cross = layer.encoder_attn
             y = layer.encoder_attn_layer_norm(h)
             q = self._heads(cross.q_proj(y) * cross.scaling, b)
-            keep = None if self._cross_keep is None else self._cross_keep[:b]
             out = F.scaled_dot_product_attention(q, self.cross_k[i][:b], self.cross_v[i][:b], attn_mask=keep, scale=1.0)
             h = h + cross.out_proj(out.transpose(1, 2).reshape(b, w, -1))
             y = layer.final_layer_norm(h)
