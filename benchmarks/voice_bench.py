@@ -97,7 +97,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO / "tests"))  # the synthetic families and the VAD and ASR test doubles (CPU mode)
 sys.path.insert(0, str(HERE))
 
-from worklog import fetch_worklog, last_seq, worklog_route  # noqa: E402
+from worklog import fetch_worklog, last_seq, step_sequence, step_sequence_line, worklog_route  # noqa: E402
 
 RATE = 24000
 CHUNK = RATE // 10  # 100 ms appends
@@ -328,14 +328,18 @@ def phase_profiles(
         if tb <= ta:
             continue
         profile = work_profile(log, ta, tb).summary()
-        phases.append({"from": a, "to": b, "ms": round(1000 * (tb - ta), 1), **profile})
+        steps = step_sequence(log, ta, tb)
+        phases.append({"from": a, "to": b, "ms": round(1000 * (tb - ta), 1), **profile, "steps": steps})
     return phases
 
 
 def phase_line(phase: dict[str, Any], top: int = 4) -> str:
     parts = ", ".join(f"{k} {1000 * v:.0f} ({phase['counts'][k]})" for k, v in list(phase["seconds"].items())[:top])
     busy = 100 * phase["busy_fraction"]
-    return f"      {phase['from']} -> {phase['to']}: {phase['ms']:.0f} ms, busy {busy:.0f}%: {parts}"
+    line = f"      {phase['from']} -> {phase['to']}: {phase['ms']:.0f} ms, busy {busy:.0f}%: {parts}"
+    if phase.get("steps") and phase["busy_fraction"] > 0:
+        line += f"\n        in order (ms; +newcomers/running): {step_sequence_line(phase['steps'])}"
+    return line
 
 
 def fetch_work(port: int) -> dict[str, Any]:

@@ -374,6 +374,7 @@ class Scheduler(Generic[P, O]):
             batch, _ = self.schedule()
         if not batch:
             return
+        self.worker.note_rows(len(batch.prefill), len(batch.decode))
         t1 = time.perf_counter()
         try:
             outputs, error = self.model.step(batch), None

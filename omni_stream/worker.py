@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import math
@@ -135,6 +136,7 @@ class WorkRecord:
     source notes itself (:meth:`DeviceWorker.note`); ``name`` the job's function, batch key or source name;
     ``at`` its ``perf_counter`` time. A throughput step's ``detail`` says why it ran: ``spare`` (the realtime
     streams could spare it), ``overdue`` (it had waited the policy's ``max_wait``) or ``round`` (plain rounds).
+    A scheduler's step also records its batch in ``rows``: (newcomers prefilled, running rows decoded).
 
     The worker does one thing at a time, so an entry's work lasts until the next entry: ``idle`` marks the worker
     waiting for work, ``yield`` realtime work run at a throughput step's yield point (each piece with its own
@@ -147,6 +149,7 @@ class WorkRecord:
     work_class: WorkClass
     detail: tuple[object, ...] = ()
     at: float = 0.0
+    rows: tuple[int, int] | None = None
 
 
 LOG_SIZE = 50_000
@@ -277,6 +280,12 @@ class DeviceWorker:
         """Add an entry to :attr:`log` when recording (a source's finer steps: which requests a denoising step ran)."""
         if self.record:
             self.log.append(WorkRecord(next(self._log_seq), kind, name, work_class, detail, time.perf_counter()))
+
+    def note_rows(self, prefill: int, decode: int) -> None:
+        """The running step's batch, on its log entry (worker thread, while the step runs): which step of a model
+        held the others shows in the log, e.g. one that prefilled 32 newcomers at once."""
+        if self.record and self.log and self.log[-1].kind == "step":
+            self.log[-1] = dataclasses.replace(self.log[-1], rows=(prefill, decode))
 
     def realtime_demand(self, now: float | None = None) -> float | None:
         """The earliest deadline of every live realtime stream (``perf_counter`` s; None: none is live)."""

@@ -91,6 +91,12 @@ def test_the_smoke_run_measures_voice_to_voice_its_split_and_barge_in(tmp_path):
         assert phases and phases[0]["from"] == "speech_end" and phases[-1]["to"] == "engine:audio", phases
         assert all(a["to"] == b["from"] for a, b in itertools.pairwise(phases)), phases
         assert all(0 <= p["busy_fraction"] <= 1 and 1000 * p["span_s"] <= p["ms"] + 1 for p in phases), phases
+        # Each phase's pieces in order; the models' steps carry their batch (newcomers, running rows): the
+        # answer's first step admits it.
+        answer = next(p for p in phases if p["from"] == "lm:submitted")["steps"]
+        steps = [s for s in answer if s[0].startswith("step:")]
+        assert steps and all(s[2] is not None and s[2] + s[3] >= 1 for s in steps), answer
+        assert any(s[2] >= 1 for s in steps) and {s[0] for s in steps} >= {"step:lm", "step:talker"}, answer
     assert "barge p50" in proc.stdout and "semantic_vad" in proc.stdout and "worker busy" in proc.stdout
     assert "pauses judged" in proc.stdout and "turn detection threads" in proc.stdout and "ASR encoder" in proc.stdout
     assert (

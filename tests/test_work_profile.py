@@ -73,6 +73,9 @@ async def test_a_real_engines_log_tiles_a_speech_requests_window_with_its_steps_
     assert ("idle", "") in counts  # idle before the request came (the piece running at the window's start)
     assert sum(s.seconds for s in profile.shares) == pytest.approx(profile.span_s)
     assert 0.0 < profile.busy_fraction < 1.0 and profile.complete
+    steps = [r.rows for r in engine.worker.log if r.kind == "step" and r.name == "talker" and start <= r.at <= end]
+    assert steps[0] == (1, 0)  # the request's prefill, alone ...
+    assert all(rows == (0, 1) for rows in steps[1:6])  # ... then its frames, one running row each
 
 
 def test_the_benchmarks_longest_pieces_are_cut_at_the_window_and_leave_idle_out():
@@ -87,3 +90,19 @@ def test_the_benchmarks_longest_pieces_are_cut_at_the_window_and_leave_idle_out(
     assert [p["ms"] for p in pieces] == [500.0, 500.0] and [p["at_ms"] for p in pieces] == [250.0, 1750.0]
     assert longest_pieces(LOG, 1.25, 3.5)[-1] == {"piece": "step:talker", "class": "realtime", "ms": 250.0,
                                                   "at_ms": 0.0}  # fmt: skip
+
+
+def test_the_benchmarks_step_sequence_lists_the_pieces_in_order_with_each_steps_batch():
+    import dataclasses
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from worklog import step_sequence, step_sequence_line
+
+    steps = [dataclasses.replace(r, rows=(2, 5)) if r.name == "talker" else r for r in LOG]
+    pieces = step_sequence(steps, 1.25, 3.5)
+    assert pieces == [["step:talker", 250.0, 2, 5], ["batch:codec", 500.0, None, None], ["idle", 1000.0, None, None],
+                      ["step:lm", 500.0, None, None]]  # fmt: skip
+    assert step_sequence_line(pieces) == "talker+2/5 250.0, batch:codec 500.0, idle 1000.0, lm 500.0"
+    assert step_sequence(steps, 1.25, 3.5, most=2) == pieces[:2]
