@@ -8,6 +8,7 @@ class EagerGraphs:
 
     def __init__(self, fn) -> None:
         self.fn, self.graphs = fn, {}
+        self.replayed: list = []  # the keys replayed, in order
 
     def __contains__(self, key) -> bool:
         return key in self.graphs
@@ -28,6 +29,7 @@ class EagerGraphs:
         if key not in self.graphs:
             return False
         self.fn(*key)
+        self.replayed.append(key)
         return True
 
     def clear(self) -> None:

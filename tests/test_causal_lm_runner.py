@@ -99,7 +99,7 @@ async def test_a_failing_newcomer_ends_alone(lm, monkeypatch):
     real = runner._prefill
 
     def prefill(prompts):
-        if any(ids.shape[0] == len(requests[1].prompt_ids) for _, ids in prompts):
+        if any(len(ids) == len(requests[1].prompt_ids) for _, ids in prompts):
             raise RuntimeError("prefill failed")
         return real(prompts)
 
@@ -226,3 +226,33 @@ async def test_the_group_prefill_switch_reaches_the_text_models_runner(lm):
         Tuning().group_prefill_graphs
         and not Tuning.from_env({"OMNI_STREAM_GROUP_PREFILL_GRAPHS": "off"}).group_prefill_graphs
     )
+
+
+@pytest.mark.parametrize("group_prefill", [True, False])
+def test_admitting_newcomers_costs_the_same_torch_calls_for_two_as_for_seven(lm, group_prefill):
+    """A step's newcomers get their device state together: the torch calls of a step (each one hands the
+    interpreter to other threads and waits to get it back, which under a loaded server's event loop costs up to a
+    switch interval) do not grow with the newcomers admitted."""
+    from torch.overrides import TorchFunctionMode
+
+    from omni_stream.batch_model import Batch, Sequence
+
+    class Count(TorchFunctionMode):
+        calls = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            Count.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    def calls_of_first_step(k: int) -> int:
+        runner = lm.runner(slots=8, group_prefill=group_prefill)
+        text = TEXTS[2]  # one length for all: the prefill's shape depends only on the count
+        seqs = [Sequence(seq_id=i, payload=lm.request(text, sampling=SAMPLED, seed=i), slot=i) for i in range(k)]
+        Count.calls = 0
+        with Count():
+            outs = runner.step(Batch(prefill=tuple(seqs)))
+        assert len(outs) == k and all(o.error is None for o in outs)
+        return Count.calls
+
+    two, seven = calls_of_first_step(2), calls_of_first_step(7)
+    assert seven == two, (two, seven)

@@ -296,6 +296,31 @@ def test_newcomers_prefill_through_padded_buckets_with_exact_codes(cv) -> None:
     assert torch.equal(graphed.generate_codes([reqs[1]])[0], exact.generate_codes([reqs[1]])[0])
 
 
+def test_a_burst_past_one_graphs_positions_prefills_in_groups_at_captured_shapes_with_exact_codes(cv) -> None:
+    """A burst of newcomers prefills in groups, longest prompts first, each group at a captured (count, length)
+    shape of at most ``prefill_positions`` padded positions: never one eager forward over the whole burst (under
+    load each of its launches waited for the interpreter). Each prompt's codes are those it gets alone."""
+    long = "The voice is warm and the sentence is a little longer than the others."
+    texts = [("Hi.", "vivian"), (long, "sohee"), ("Good.", "dylan"), ("Hello world, this is a test.", "ryan"),
+             (long + " Even more so.", "aiden"), ("Yes.", "ryan")]  # fmt: skip
+    reqs = [_req(cv, text, voice, 4) for text, voice in texts]
+    lengths = [r.prompt.prefill_len for r in reqs]
+    assert sorted(n > 32 for n in lengths) == [False] * 4 + [True] * 2 and max(lengths) <= 64, lengths
+    exact = Qwen3TTSRunner(cv[2], max_batch_size=8, max_len=256)
+    graphed = Qwen3TTSRunner(cv[2], max_batch_size=8, max_len=256)
+    graphed.prefill_graphs = EagerGraphs(graphed._padded_prefill)
+    graphed.prefill_buckets = (16, 32, 64)
+    graphed.prefill_positions = 128
+    graphed.capture_graphs()
+    counts = graphed.prefill_batch_buckets
+    assert set(graphed.prefill_graphs.graphs) == {(b, n) for b in counts for n in (16, 32, 64) if b * n <= 128}
+    together = graphed.generate_codes(reqs)
+    # the two long prompts as a (2, 64) group (128 positions), then the four short ones as a (4, 32) group
+    assert graphed.prefill_graphs.replayed[:2] == [(2, 64), (4, 32)] and graphed.prefill_graph_calls == 2
+    for got, r in zip(together, reqs, strict=True):
+        assert torch.equal(got, exact.generate_codes([r])[0])
+
+
 def test_padding_rows_of_a_prefill_bucket_write_only_the_scratch_slot(cv) -> None:
     r = Qwen3TTSRunner(cv[2], max_batch_size=4, max_len=96)
     r.pad_eager = True  # the bucket path without graphs: same function, same shapes

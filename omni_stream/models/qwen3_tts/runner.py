@@ -79,9 +79,14 @@ MIN_NEW_TOKENS = 2  # the reference bans EOS for the first two code-0 samples
 CP_STEPS = NUM_CODE_GROUPS - 1
 TRAILING_CAPACITY = 256  # trailing text rows per slot before the buffer grows (and graphs are re-captured)
 PREFILL_BUCKETS = (32, 64, 128, 256)  # prompt positions of the prefill graphs; longer prompts prefill eagerly
-# Newcomers per prefill graph, at most: larger groups are compute-bound, where the eager forward (padded to the
-# longest prompt, not to a bucket) measured faster (32 newcomers x 88 positions: 20.9 ms eager, 26.3 ms graph).
-PREFILL_GRAPH_BATCH = 8
+# Padded positions of one prefill graph, at most: a (newcomer-count bucket, length bucket) shape is captured when
+# count x length fits, and a larger burst prefills as several such groups, each a graph. One eager forward for the
+# whole burst launches every layer's kernels from the worker thread, each launch handing the interpreter to the
+# server's other threads and waiting to get it back: with 32 voice sessions on one H100 a talker step that
+# prefilled 19 newcomers eagerly took 128 ms and one of 11 took 95 ms (voice_bench at 1add998), where unloaded the
+# same forward of 32 x 88 positions took 20.9 ms (and one graph padded to 32 x 128, 26.3 ms: larger groups are
+# compute-bound, so they stay within this bound, which is also what 8 newcomers x 256 positions take).
+PREFILL_GRAPH_POSITIONS = 2048
 SMALLEST_SPAN = 128  # attention span of the smallest decode graph (the talker attention at B=128 reads the span)
 
 TalkerSeq = Sequence[TalkerRequest]
@@ -207,10 +212,13 @@ class Qwen3TTSRunner(SlotKVRunner[TalkerRequest, CodecFrames, _SlotState]):
         # Newcomers of a step prefill through a graph per (count bucket, prompt-length bucket), their prompts
         # right-padded in static buffers; padding rows prefill a 1-position prompt into the scratch slot.
         self.prefill_buckets = tuple(n for n in PREFILL_BUCKETS if n <= self.max_len)
-        self.prefill_batch_buckets = tuple(b for b in self.batch_buckets if b <= PREFILL_GRAPH_BATCH)
+        self.prefill_positions = PREFILL_GRAPH_POSITIONS
+        smallest = min(self.prefill_buckets, default=1)
+        self.prefill_batch_buckets = tuple(b for b in self.batch_buckets if b * smallest <= self.prefill_positions)
         top = max(self.prefill_buckets, default=1)
         pb = self.prefill_batch_buckets[-1]
-        self._pf_x = torch.zeros(pb, top, d.hidden_size, dtype=self.dtype, device=dev)
+        # One flat buffer, viewed as [b, n, H] at each shape (b x n <= prefill_positions)
+        self._pf_x = torch.zeros(max(self.prefill_positions, top), d.hidden_size, dtype=self.dtype, device=dev)
         self._pf_positions = torch.arange(top, device=dev)[None]
         self._pf_len = torch.ones(pb, dtype=torch.long, device=dev)
         self._pf_slot = torch.full((pb,), self.scratch_slot, dtype=torch.long, device=dev)
@@ -232,10 +240,16 @@ class Qwen3TTSRunner(SlotKVRunner[TalkerRequest, CodecFrames, _SlotState]):
             # Capturing runs the prefill of 1-position prompts into the scratch slot: rows no sequence reads.
             self._pf_len.fill_(1)
             self._pf_slot.fill_(self.scratch_slot)
-            keys = [(b, n) for b in self.prefill_batch_buckets for n in self.prefill_buckets]
-            pending = [k for k in keys if k not in self.prefill_graphs]
+            pending = [k for k in self.prefill_shapes() if k not in self.prefill_graphs]
             seconds += self.prefill_graphs.capture_all(pending, progress=progress, desc="capturing prefill graphs")
         return seconds
+
+    def prefill_shapes(self) -> list[tuple[int, int]]:
+        """The (newcomer-count bucket, prompt-length bucket) shapes of the prefill graphs: those of at most
+        ``prefill_positions`` padded positions."""
+        return [
+            (b, n) for b in self.prefill_batch_buckets for n in self.prefill_buckets if b * n <= self.prefill_positions
+        ]
 
     @property
     def capture_seconds(self) -> float:
@@ -486,30 +500,16 @@ class Qwen3TTSRunner(SlotKVRunner[TalkerRequest, CodecFrames, _SlotState]):
         return n
 
     def _prefill(self, admitted: list[tuple[int, torch.Tensor]]) -> None:
-        """One talker forward for every newcomer of the step: a prefill graph (or its eager twin with
-        ``pad_eager``) at the (count, length) bucket, else one eager forward with prompts right-padded."""
+        """The talker forward of every newcomer of the step: in groups at (count, length) bucket shapes, each a
+        prefill graph (or its eager twin with ``pad_eager``); prompts longer than every length bucket in one eager
+        forward, right-padded to the longest."""
+        if self.prefill_graphs is not None or self.pad_eager:
+            admitted = self._prefill_grouped(admitted)
+            if not admitted:
+                return
         k = len(admitted)
         lengths = [x.shape[0] for _, x in admitted]
         t = max(lengths)
-        bucket = pick(self.prefill_batch_buckets, k), pick(self.prefill_buckets, t)
-        if bucket[0] is not None and bucket[1] is not None and (self.prefill_graphs is not None or self.pad_eager):
-            key = (bucket[0], bucket[1])
-            b, n = key
-            # Finite padding (masked keys still meet their values in a product); padding rows: the scratch slot.
-            self._pf_x[:b, :n].zero_()
-            for i, (_, x) in enumerate(admitted):
-                self._pf_x[i, : x.shape[0]] = x
-            self._pf_len[:b].copy_(self._host_long(lengths + [1] * (b - k)), non_blocking=True)
-            rows = [slot for slot, _ in admitted] + [self.scratch_slot] * (b - k)
-            self._pf_slot[:b].copy_(self._host_long(rows), non_blocking=True)
-            if self.prefill_graphs is None:
-                self._padded_prefill(b, n)
-                return
-            if key not in self.prefill_graphs:
-                self.prefill_graphs.capture(key)  # runs it once on these newcomers' own rows
-            self.prefill_graphs.replay(key)
-            self.prefill_graph_calls += 1
-            return
         if k == 1:
             slot, x = admitted[0]
             hidden = self.talker(x[None], torch.arange(t, device=self.device)[None], self.kv.prefill(slot))
@@ -522,13 +522,59 @@ class Qwen3TTSRunner(SlotKVRunner[TalkerRequest, CodecFrames, _SlotState]):
         hidden = self.talker(x, positions, self._prefill_attend(slots, t, padded_causal_mask(lens, t)))
         self.hidden[slots] = hidden[torch.arange(k, device=self.device), lens - 1]
 
+    def _prefill_grouped(self, admitted: list[tuple[int, torch.Tensor]]) -> list[tuple[int, torch.Tensor]]:
+        """Prefill the newcomers whose prompts fit a length bucket, longest first, in groups as large as the
+        longest prompt's bucket allows (:meth:`prefill_shapes`); returns the others (prompts past every bucket)."""
+        fits = sorted(
+            (item for item in admitted if pick(self.prefill_buckets, item[1].shape[0]) is not None),
+            key=lambda item: -item[1].shape[0],
+        )
+        i = 0
+        while i < len(fits):
+            n = pick(self.prefill_buckets, fits[i][1].shape[0])
+            assert n is not None
+            most = max((b for b in self.prefill_batch_buckets if b * n <= self.prefill_positions), default=0)
+            if most == 0:
+                break  # no graph holds even one prompt of this length: the rest prefill eagerly
+            group = fits[i : i + most]
+            self._prefill_group(group, n)
+            i += len(group)
+        done = {id(item) for item in fits[:i]}
+        return [item for item in admitted if id(item) not in done]
+
+    def _prefill_group(self, group: list[tuple[int, torch.Tensor]], n: int) -> None:
+        """One prefill graph (or its eager twin) at the (count bucket, ``n``) shape for ``group``: its prompts
+        right-padded in the static buffer with zeros (finite padding: masked keys still meet their values in a
+        product), the padding rows prefilling a 1-position prompt into the scratch slot. A handful of launches
+        whatever the group's size."""
+        k = len(group)
+        b = pick(self.prefill_batch_buckets, k)
+        assert b is not None and b * n <= self.prefill_positions
+        lengths = [x.shape[0] for _, x in group]
+        x = self._pf_x[: b * n].view(b, n, -1)
+        x.zero_()
+        x[:k, : max(lengths)] = torch.nn.utils.rnn.pad_sequence([p for _, p in group], batch_first=True)
+        meta = self._host_long(lengths + [1] * (b - k) + [slot for slot, _ in group] + [self.scratch_slot] * (b - k))
+        lens, slots = meta.to(self.device, non_blocking=True).split(b)
+        self._pf_len[:b].copy_(lens)
+        self._pf_slot[:b].copy_(slots)
+        if self.prefill_graphs is None:
+            self._padded_prefill(b, n)
+            return
+        key = (b, n)
+        if key not in self.prefill_graphs:
+            self.prefill_graphs.capture(key)  # runs it once on these newcomers' own rows
+        self.prefill_graphs.replay(key)
+        self.prefill_graph_calls += 1
+
     @torch.no_grad()
     def _padded_prefill(self, b: int, t: int) -> None:
-        """Prefill of the prompts in ``_pf_x[:b, :_pf_len]`` into slots ``_pf_slot[:b]`` at length ``t`` (static)."""
+        """Prefill of the prompts in the static buffer (viewed ``[b, t, H]``, each ``_pf_len`` long) into slots
+        ``_pf_slot[:b]`` at length ``t`` (static)."""
         slots, lens = self._pf_slot[:b], self._pf_len[:b]
         positions = self._pf_positions[:, :t].expand(b, -1)
         attend = self._prefill_attend(slots, t, padded_causal_mask(lens, t))
-        hidden = self.talker(self._pf_x[:b, :t], positions, attend)
+        hidden = self.talker(self._pf_x[: b * t].view(b, t, -1), positions, attend)
         self.hidden[slots] = hidden[self._pf_rows[:b], lens - 1]
 
     def _write_trailing(self, slot: int, trailing: torch.Tensor) -> None:

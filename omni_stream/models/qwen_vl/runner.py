@@ -131,9 +131,10 @@ class QwenVLRunner(CausalLMRunner):
         # What prepare threads read: replaced whole (never mutated) on every change, so a reader sees one state.
         self.views: dict[int, SessionView] = {}
 
-    def _prefill_all(self, admitted: list[tuple[LMSeq, torch.Tensor]], outputs: dict[int, LMOut]) -> list[LMSeq]:
+    def _prefill_all(self, admitted: list[tuple[LMSeq, tuple[int, ...]]], outputs: dict[int, LMOut]) -> list[LMSeq]:
         fresh, continued = [], []
-        for seq, ids in admitted:
+        for seq, prompt_ids in admitted:
+            ids = torch.tensor(prompt_ids, dtype=torch.long, device=self.device)  # images are spliced in by id
             view = seq.payload.cached if isinstance(seq.payload, VLRequest) else None
             live = self._sessions.get(view.sid) if view is not None else None
             if view is not None and live is not None and not live.stale and live.view.generation == view.generation:
