@@ -256,3 +256,17 @@ def test_admitting_newcomers_costs_the_same_torch_calls_for_two_as_for_seven(lm,
 
     two, seven = calls_of_first_step(2), calls_of_first_step(7)
     assert seven == two, (two, seven)
+    # A newcomer whose slot already holds its sampling parameters (the same session's next turn) writes none of
+    # them: some twenty calls fewer (five fields, three or four calls each); its tokens are still its own.
+    runner = lm.runner(slots=2, group_prefill=group_prefill)
+    counts, tokens = [], []
+    for i in range(2):
+        seq = Sequence(seq_id=i, payload=lm.request(TEXTS[2], sampling=SAMPLED, seed=7), slot=0)
+        Count.calls = 0
+        with Count():
+            (out,) = runner.step(Batch(prefill=(seq,)))
+        assert out.error is None
+        counts.append(Count.calls)
+        tokens.append(runner.recorded[i])
+        runner.release(seq)
+    assert counts[1] <= counts[0] - 15 and tokens[0] == tokens[1], (counts, tokens)

@@ -14,6 +14,7 @@ from transformers.generation.logits_process import (
 
 from omni_stream.requests import SamplingParams
 from omni_stream.runtime.sampling import (
+    HeldSampling,
     SamplingTensors,
     apply_repetition_penalty,
     exponential_noise,
@@ -143,3 +144,34 @@ def test_suppression_mask() -> None:
     banned[4] = False
     out = mask_tokens(torch.zeros(2, 6), banned)
     assert torch.isinf(out).tolist() == [[False, False, False, True, False, True]] * 2
+
+
+def test_held_sampling_writes_only_the_slots_whose_parameters_changed():
+    storage = SamplingTensors.empty(4)
+    held = HeldSampling(storage)
+    hot = SamplingParams(do_sample=True, temperature=0.7, top_k=20, top_p=0.9, repetition_penalty=1.1)
+    greedy = SamplingParams(do_sample=False)
+    uploads: list[list[int]] = []
+
+    def upload(slots: list[int]) -> torch.Tensor:
+        uploads.append(slots)
+        return torch.tensor(slots)
+
+    assert held.write([0, 2], torch.tensor([0, 2]), [hot, greedy], upload) == 2 and uploads == []  # all: `rows`
+    expected = SamplingTensors.from_params([hot, SamplingParams(), greedy, SamplingParams()])
+    for name in ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty"):
+        torch.testing.assert_close(getattr(storage, name)[[0, 2]], getattr(expected, name)[[0, 2]])
+    assert held.write([0, 2], torch.tensor([0, 2]), [hot, greedy], upload) == 0  # held already: nothing written
+    storage.temperature[2] = 5.0  # a row the mirror says holds `greedy`: left alone, as nothing was asked
+    assert held.write([2, 0], torch.tensor([2, 0]), [hot, hot], upload) == 1 and uploads == [[2]]  # a subset
+    assert storage.temperature[2].item() == pytest.approx(0.7) and bool(storage.do_sample[2])
+
+    class Failing(SamplingTensors):
+        def write_rows(self, rows, params):
+            raise RuntimeError("device fault")
+
+    e = SamplingTensors.empty(2)
+    failing = HeldSampling(Failing(e.do_sample, e.temperature, e.top_k, e.top_p, e.repetition_penalty))
+    with pytest.raises(RuntimeError):
+        failing.write([1], torch.tensor([1]), [hot], upload)
+    assert failing._held == {}  # a failed write is done in full next time

@@ -8,7 +8,7 @@ tensor: callers draw it from per-request generators and the sampler itself has n
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -78,6 +78,43 @@ class SamplingTensors:
             self.do_sample[rows], self.temperature[rows], self.top_k[rows], self.top_p[rows],
             self.repetition_penalty[rows],
         )  # fmt: skip
+
+
+class HeldSampling:
+    """What each slot of a slot-indexed :class:`SamplingTensors` storage holds, as last written, kept on the host, so
+    a newcomer whose slot already holds its parameters (a voice agent's next turn, a server's default sampling)
+    writes none. Writing them is four torch calls a field, twenty a storage; each call from the worker thread hands
+    the interpreter to the serving process's other threads and waits to get it back, which under load costs up to a
+    switch interval apiece."""
+
+    def __init__(self, storage: SamplingTensors) -> None:
+        self.storage = storage
+        self._held: dict[int, SamplingParams] = {}
+
+    def write(
+        self,
+        slots: Sequence[int],
+        rows: torch.Tensor,
+        params: Sequence[SamplingParams],
+        upload: Callable[[list[int]], torch.Tensor],
+    ) -> int:
+        """Store ``params[i]`` in slot ``slots[i]`` (``rows``: those slots as an index tensor on the storage's
+        device; ``upload``: host slots -> such a tensor, for a subset), only where the slot holds other parameters;
+        returns the rows written."""
+        changed = [i for i, (slot, p) in enumerate(zip(slots, params, strict=True)) if self._held.get(slot) != p]
+        if not changed:
+            return 0
+        if len(changed) < len(slots):
+            rows = upload([slots[i] for i in changed])
+        try:
+            self.storage.write_rows(rows, [params[i] for i in changed])
+        except BaseException:
+            for i in changed:  # the rows may hold anything now: written in full next time
+                self._held.pop(slots[i], None)
+            raise
+        for i in changed:
+            self._held[slots[i]] = params[i]
+        return len(changed)
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:

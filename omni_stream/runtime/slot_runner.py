@@ -177,6 +177,10 @@ class SlotKVRunner(Generic[P, O, S]):
         t = torch.tensor(values, dtype=torch.long)
         return t.pin_memory() if self.device.type == "cuda" else t
 
+    def _upload(self, values: list[int]) -> torch.Tensor:
+        """``values`` as an int64 tensor on the device (a non-blocking copy from pinned memory on CUDA)."""
+        return self._host_long(values).to(self.device, non_blocking=True)
+
     # -- prefill ----------------------------------------------------------------------------------------
 
     def _prefill_each(

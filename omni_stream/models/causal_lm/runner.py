@@ -73,6 +73,7 @@ from omni_stream.runtime.decoder_kernels import DecodeKernels
 from omni_stream.runtime.kv_cache import KVShape, attention
 from omni_stream.runtime.load_display import ProgressFactory
 from omni_stream.runtime.sampling import (
+    HeldSampling,
     SamplingTensors,
     apply_bitmask,
     apply_penalties,
@@ -227,6 +228,7 @@ class CausalLMRunner(SlotKVRunner[LMRequest, TextDelta, _SlotState]):
         self._true = torch.ones((), dtype=torch.bool, device=dev)
         self.tokens_out = torch.zeros(s, dtype=torch.long, device=dev)
         self.params = SamplingTensors.empty(s, dev)
+        self.held_params = HeldSampling(self.params)
         # Grammar masks: a bitmask row per slot (all ones for free rows), filled on the host by llguidance.
         words = bitmask_words(self.vocab)
         self.bitmask = torch.full((s, words), -1, dtype=torch.int32, device=dev)
@@ -382,7 +384,7 @@ class CausalLMRunner(SlotKVRunner[LMRequest, TextDelta, _SlotState]):
         self.lengths.index_copy_(0, rows, lens)
         self.seeds.index_copy_(0, rows, seed)
         self.counts.index_fill_(0, rows, 0)
-        self.params.write_rows(rows, [r.sampling for r in reqs])
+        self.held_params.write(slots, rows, [r.sampling for r in reqs], self._upload)
         free = [slot for slot, r in zip(slots, reqs, strict=True) if r.matcher is None]
         if free:
             self._bitmask_host[free] = -1  # every token allowed (a matcher's row was filled at admission)

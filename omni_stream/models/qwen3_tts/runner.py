@@ -69,7 +69,7 @@ from omni_stream.runtime.cuda_graphs import GraphSet, pick
 from omni_stream.runtime.decoder_kernels import DecodeKernels
 from omni_stream.runtime.kv_cache import KVShape
 from omni_stream.runtime.load_display import ProgressFactory
-from omni_stream.runtime.sampling import SamplingTensors, apply_repetition_penalty, mask_tokens
+from omni_stream.runtime.sampling import HeldSampling, SamplingTensors, apply_repetition_penalty, mask_tokens
 from omni_stream.runtime.slot_runner import SlotKVRunner, padded_causal_mask, select_kernels
 from omni_stream.scheduler import run_offline
 
@@ -187,6 +187,7 @@ class Qwen3TTSRunner(SlotKVRunner[TalkerRequest, CodecFrames, _SlotState]):
         self.no_eos = torch.zeros(s, dtype=torch.bool, device=dev)
         self.talker_params = SamplingTensors.empty(s, dev)
         self.cp_params = SamplingTensors.empty(s, dev)
+        self.held_talker_params, self.held_cp_params = HeldSampling(self.talker_params), HeldSampling(self.cp_params)
         cap = min(TRAILING_CAPACITY, self.max_len)
         self.trailing = torch.zeros(s, cap, d.hidden_size, dtype=self.dtype, device=dev)
         self.trailing_len = torch.zeros(s, dtype=torch.long, device=dev)
@@ -436,8 +437,9 @@ class Qwen3TTSRunner(SlotKVRunner[TalkerRequest, CodecFrames, _SlotState]):
         self.seeds.index_copy_(0, rows, seed)
         self.trailing_len.index_copy_(0, rows, trail)
         self.no_eos.index_copy_(0, rows, keep_going.bool())
-        self.talker_params.write_rows(rows, [r.sampling for r in reqs])
-        self.cp_params.write_rows(rows, [r.subtalker_sampling for r in reqs])
+        slots = [seq.slot for seq in seqs]
+        self.held_talker_params.write(slots, rows, [r.sampling for r in reqs], self._upload)
+        self.held_cp_params.write(slots, rows, [r.subtalker_sampling for r in reqs], self._upload)
 
     def _prefill_all(
         self, seqs: list[TalkerSeq], admitted: list[tuple[int, torch.Tensor]], outputs: dict[int, TalkerOut]
