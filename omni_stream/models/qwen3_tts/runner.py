@@ -13,10 +13,11 @@ mask, idle rows compute along but write their K/V into a scratch column and keep
 depend only on ``(b, span)``, so on CUDA the whole step (code-0 sampling, the 15-step code predictor
 with in-graph sampling noise, the talker layer stack) is one CUDA graph per
 (batch bucket, attention-span bucket), replayed after one host-to-device copy of the mask. Elsewhere, and
-for shapes outside the buckets, the same function runs eagerly at the exact shape. Up to 8 newcomers of a step
-prefill together through a graph per (newcomer-count bucket, prompt-length bucket), their prompts right-padded
-in static buffers and padding rows writing a scratch slot (more newcomers: one eager padded forward, which is
-compute-bound by then); on CUDA the decoder layers run as fused Triton kernels
+for shapes outside the buckets, the same function runs eagerly at the exact shape. A step's newcomers prefill
+through a graph per (newcomer-count bucket, prompt-length bucket) of at most :data:`PREFILL_GRAPH_POSITIONS`
+padded positions, a larger burst as several such groups, their prompts right-padded in a static buffer and
+padding rows writing a scratch slot (prompts past every length bucket: one eager padded forward); on CUDA the
+decoder layers run as fused Triton kernels
 (:mod:`omni_stream.runtime.decoder_kernels`).
 
 Host work per step is kept to a few interpreter round trips (each torch call releases and retakes the GIL,
