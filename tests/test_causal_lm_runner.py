@@ -110,6 +110,24 @@ async def test_a_failing_newcomer_ends_alone(lm, monkeypatch):
     assert runner.num_active == 0
 
 
+async def test_a_failed_write_of_newcomers_state_ends_that_steps_newcomers_and_no_running_row(lm, monkeypatch):
+    runner = lm.runner(slots=3)
+    requests = [lm.request(t, max_tokens=8, sampling=GREEDY, ignore_eos=True) for t in TEXTS[:3]]
+    solo = [(await drive(runner, [r]))[0] for r in requests]
+    real = runner._write_newcomers
+
+    def write(seqs):
+        if any(seq.payload is requests[1] for seq in seqs):
+            raise RuntimeError("device write failed")
+        return real(seqs)
+
+    monkeypatch.setattr(runner, "_write_newcomers", write)
+    runs = await drive(runner, requests, join_steps=[0, 2, 3])
+    assert isinstance(runs[1].error, RuntimeError) and runs[1].deltas == []
+    assert [runs[0].tokens, runs[2].tokens] == [solo[0].tokens, solo[2].tokens]
+    assert runner.num_active == 0
+
+
 async def test_each_decode_step_computes_the_rows_up_to_the_highest_live_slot(lm, monkeypatch):
     runner = lm.runner(slots=4)
     widths: list[int] = []

@@ -308,7 +308,12 @@ class CausalLMRunner(SlotKVRunner[LMRequest, TextDelta, _SlotState]):
                 admitted.append((seq, self._admit(seq)))
             except Exception as exc:  # one newcomer's failure must not end the running rows
                 self._reject(seq, exc, outputs)
-        self._write_newcomers([seq for seq, _ in admitted])
+        try:
+            self._write_newcomers([seq for seq, _ in admitted])
+        except Exception as exc:  # the step's newcomers end; the running rows go on
+            for seq, _ in admitted:
+                self._reject(seq, exc, outputs)
+            admitted = []
         rows = [*self._prefill_all(admitted, outputs), *batch.decode]
         if rows:
             states = [self._state(seq) for seq in rows]
@@ -362,10 +367,10 @@ class CausalLMRunner(SlotKVRunner[LMRequest, TextDelta, _SlotState]):
 
     def _write_newcomers(self, seqs: list[LMSeq]) -> None:
         """The admitted newcomers' device state, all of them at once: one copy of their values from pinned memory,
-        then a few launches per tensor whatever their number. Written a newcomer at a time, it took a dozen blocking
-        copies and launches each, every one handing the interpreter to the server's other threads and waiting to
-        get it back: with 32 voice sessions on one H100 a step that admitted 19 newcomers took 66 ms (voice_bench
-        at 1add998), against 6-12 ms for a step of 32 rows."""
+        then a few torch calls per tensor whatever their number (``tests/test_causal_lm_runner.py`` counts them).
+        Written a newcomer at a time it was a dozen calls each, and every call from the worker thread may wait for
+        the interpreter while the server's other threads hold it. (The burst steps' time under 32 voice sessions,
+        37-46 ms for 8-22 newcomers on one H100, did not change with this: voice_bench run 59.)"""
         if not seqs:
             return
         reqs: list[LMRequest] = [seq.payload for seq in seqs]
