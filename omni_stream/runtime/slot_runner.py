@@ -26,6 +26,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
+import numpy as np
 import torch
 
 from omni_stream.batch_model import SeqOutput, Sequence
@@ -175,6 +176,11 @@ class SlotKVRunner(Generic[P, O, S]):
     def _host_long(self, values: list[int]) -> torch.Tensor:
         """A host int64 tensor, pinned on CUDA (so a non-blocking copy from it never waits for the stream)."""
         t = torch.tensor(values, dtype=torch.long)
+        return t.pin_memory() if self.device.type == "cuda" else t
+
+    def _host_array(self, values: np.ndarray) -> torch.Tensor:
+        """A host tensor over an int64 array (one copy into pinned memory on CUDA, for a non-blocking upload)."""
+        t = torch.from_numpy(values)
         return t.pin_memory() if self.device.type == "cuda" else t
 
     def _upload(self, values: list[int]) -> torch.Tensor:

@@ -57,6 +57,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -378,9 +379,11 @@ class CausalLMRunner(SlotKVRunner[LMRequest, TextDelta, _SlotState]):
         lengths = [len(r.prompt_ids) for r in reqs]
         seeds = [r.seed % (1 << 63) if r.seed is not None else secrets.randbits(63) for r in reqs]
         # the repetition penalty counts the prompt too (as transformers does): each prompt id marks its row
-        marked_rows = [slot for slot, n in zip(slots, lengths, strict=True) for _ in range(n)]
-        marked_ids = [i for r in reqs for i in r.prompt_ids]
-        host = self._host_long(slots + lengths + seeds + marked_rows + marked_ids)
+        # (numpy builds the thousands of (row, id) pairs of a burst without a Python loop over them)
+        marked_rows = np.repeat(np.asarray(slots, dtype=np.int64), lengths)
+        marked_ids = np.concatenate([np.asarray(r.prompt_ids, dtype=np.int64) for r in reqs])
+        values = np.concatenate([np.asarray(slots + lengths + seeds, dtype=np.int64), marked_rows, marked_ids])
+        host = self._host_array(values)
         k, m = len(seqs), len(marked_ids)
         rows, lens, seed, seen_rows, seen_ids = host.to(self.device, non_blocking=True).split([k, k, k, m, m])
         self.seen.index_fill_(0, rows, False)
@@ -399,8 +402,8 @@ class CausalLMRunner(SlotKVRunner[LMRequest, TextDelta, _SlotState]):
                 self.bias[slot] = 0
                 biased = [(t, b) for t, b in req.logit_bias if t < self.vocab]
                 if biased:
-                    ids_, values = zip(*biased, strict=True)
-                    self.bias[slot, list(ids_)] = torch.tensor(values, dtype=torch.float32, device=self.device)
+                    ids_, biases = zip(*biased, strict=True)
+                    self.bias[slot, list(ids_)] = torch.tensor(biases, dtype=torch.float32, device=self.device)
 
     def _prefill_all(self, admitted: list[tuple[LMSeq, tuple[int, ...]]], outputs: dict[int, LMOut]) -> list[LMSeq]:
         """Prefill the admitted newcomers together (one by one when that fails); returns those that joined."""
@@ -410,8 +413,10 @@ class CausalLMRunner(SlotKVRunner[LMRequest, TextDelta, _SlotState]):
     def _padded_ids(self, prompts: list[tuple[int, tuple[int, ...]]], t: int) -> torch.Tensor:
         """The prompts' ids right-padded with 0 to ``t`` positions, ``[len(prompts), t]`` on the device: one copy
         from pinned memory (padding positions are masked, so their ids do not matter)."""
-        flat = [i for _, ids in prompts for i in (*ids, *(0,) * (t - len(ids)))]
-        return self._host_long(flat).to(self.device, non_blocking=True).view(len(prompts), t)
+        padded = np.zeros((len(prompts), t), dtype=np.int64)
+        for row, (_, ids) in enumerate(prompts):
+            padded[row, : len(ids)] = ids
+        return self._host_array(padded).to(self.device, non_blocking=True)
 
     def _prefill(self, prompts: list[tuple[int, tuple[int, ...]]]) -> None:
         """One forward over every newcomer's prompt; K/V rows go to each one's slot, its last hidden state kept."""
