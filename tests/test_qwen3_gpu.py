@@ -174,6 +174,24 @@ def test_graph_replay_equals_eager_at_bucket_shapes(tmp_path, name) -> None:
         assert torch.equal(x, y)
 
 
+def test_a_burst_in_groups_of_prefill_graphs_equals_the_eager_groups(tmp_path) -> None:
+    """A burst of newcomers past one graph's positions prefills as several captured groups (each a replay of a
+    view of the flat static buffer); the codes equal the same groups run eagerly at those shapes."""
+    cfg, tok, lm = _from_config(tmp_path, "qwen3-tts-12hz-0.6b-customvoice", torch.bfloat16)
+    reqs = [r for _ in range(3) for r in _requests(cfg, tok, sampled=True)]  # 9 newcomers at once
+    codes = []
+    for graphs in (True, False):
+        runner = Qwen3TTSRunner(lm, max_batch_size=16, max_len=640, graphs=graphs)
+        runner.pad_eager = not graphs
+        runner.prefill_positions = 128  # groups of at most 4 prompts of 32 positions, 2 of 64
+        runner.capture_graphs()
+        codes.append(runner.generate_codes(reqs))
+        if graphs:
+            assert runner.prefill_graph_calls >= 3 and all(b * n <= 128 for b, n in runner.prefill_graphs.graphs)
+    for x, y in zip(*codes, strict=True):
+        assert torch.equal(x, y)
+
+
 def test_dependent_launches_give_the_codes_of_serial_launches_under_graphs(tmp_path) -> None:
     """On Hopper the Triton kernels launch while their predecessor runs (programmatic dependent launch); every
     code is the one serial launches give, at 1 row (the small projections, their weight prefetch) and 3."""
