@@ -92,37 +92,29 @@ async def test_max_tokens_past_the_context_fails_that_request_alone(lm):
     assert runner.num_active == 0
 
 
-async def test_a_failing_newcomer_ends_alone(lm, monkeypatch):
+@pytest.mark.parametrize(
+    ("where", "join_steps"),
+    [
+        ("_prefill", [0, 2, 2]),  # its prefill fails: it ends alone, the newcomer beside it joins
+        ("_write_newcomers", [0, 2, 3]),  # the write of its step's newcomers' state fails: that step's ones end
+    ],
+)
+async def test_a_failing_newcomer_ends_without_the_running_rows(lm, monkeypatch, where, join_steps):
     runner = lm.runner(slots=3)
     requests = [lm.request(t, max_tokens=8, sampling=GREEDY, ignore_eos=True) for t in TEXTS[:3]]
     solo = [(await drive(runner, [r]))[0] for r in requests]
-    real = runner._prefill
+    real = getattr(runner, where)
+    bad = len(requests[1].prompt_ids)
 
-    def prefill(prompts):
-        if any(len(ids) == len(requests[1].prompt_ids) for _, ids in prompts):
-            raise RuntimeError("prefill failed")
-        return real(prompts)
+    def failing(items):  # (slot, prompt ids) pairs for _prefill, sequences for _write_newcomers
+        lengths = [len(x[1]) if isinstance(x, tuple) else len(x.payload.prompt_ids) for x in items]
+        if bad in lengths:
+            raise RuntimeError(f"{where} failed")
+        return real(items)
 
-    monkeypatch.setattr(runner, "_prefill", prefill)
-    runs = await drive(runner, requests, join_steps=[0, 2, 2])
-    assert isinstance(runs[1].error, RuntimeError) and runs[1].deltas == []
-    assert [runs[0].tokens, runs[2].tokens] == [solo[0].tokens, solo[2].tokens]
-    assert runner.num_active == 0
-
-
-async def test_a_failed_write_of_newcomers_state_ends_that_steps_newcomers_and_no_running_row(lm, monkeypatch):
-    runner = lm.runner(slots=3)
-    requests = [lm.request(t, max_tokens=8, sampling=GREEDY, ignore_eos=True) for t in TEXTS[:3]]
-    solo = [(await drive(runner, [r]))[0] for r in requests]
-    real = runner._write_newcomers
-
-    def write(seqs):
-        if any(seq.payload is requests[1] for seq in seqs):
-            raise RuntimeError("device write failed")
-        return real(seqs)
-
-    monkeypatch.setattr(runner, "_write_newcomers", write)
-    runs = await drive(runner, requests, join_steps=[0, 2, 3])
+    assert len({len(r.prompt_ids) for r in requests}) == 3  # the failing one is told apart by its length
+    monkeypatch.setattr(runner, where, failing)
+    runs = await drive(runner, requests, join_steps=join_steps)
     assert isinstance(runs[1].error, RuntimeError) and runs[1].deltas == []
     assert [runs[0].tokens, runs[2].tokens] == [solo[0].tokens, solo[2].tokens]
     assert runner.num_active == 0
