@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 from omni_stream.device_policy import WorkClass
@@ -58,15 +59,25 @@ def last_seq(base_url: str) -> int:
 def longest_pieces(log: list[WorkRecord], start: float, end: float, top: int = 5) -> list[dict[str, Any]]:
     """The ``top`` longest single pieces of work within ``[start, end)`` (a piece lasts until the next entry; idle
     is left out), each as ``{"piece": "kind:name", "class", "ms", "at_ms"}`` (``at_ms``: its start after ``start``)."""
-    pieces = []
+    pieces = [
+        {"piece": _label(piece), "class": str(piece.work_class), "ms": round(1000 * (hi - lo), 1),
+         "at_ms": round(1000 * (lo - start), 1)}
+        for piece, lo, hi in _within(log, start, end) if piece.kind != "idle"
+    ]  # fmt: skip
+    return sorted(pieces, key=lambda p: -p["ms"])[:top]
+
+
+def _within(log: list[WorkRecord], start: float, end: float) -> Iterator[tuple[WorkRecord, float, float]]:
+    """Each piece of the log that overlaps ``[start, end)``, in order, with its span cut to the window (a piece
+    lasts until the next entry)."""
     for piece, nxt in zip(log, [*log[1:], None], strict=True):
         lo, hi = max(piece.at, start), min(end, nxt.at if nxt is not None else end)
-        if hi <= lo or piece.kind == "idle":
-            continue
-        label = f"{piece.kind}:{piece.name}" if piece.name else piece.kind
-        pieces.append({"piece": label, "class": str(piece.work_class), "ms": round(1000 * (hi - lo), 1),
-                       "at_ms": round(1000 * (lo - start), 1)})  # fmt: skip
-    return sorted(pieces, key=lambda p: -p["ms"])[:top]
+        if hi > lo:
+            yield piece, lo, hi
+
+
+def _label(piece: WorkRecord) -> str:
+    return f"{piece.kind}:{piece.name}" if piece.name else piece.kind
 
 
 def step_sequence(log: list[WorkRecord], start: float, end: float, most: int = 40) -> list[list[Any]]:
@@ -74,13 +85,9 @@ def step_sequence(log: list[WorkRecord], start: float, end: float, most: int = 4
     (the last two a scheduler step's batch, else null): the order in which models held the device, at most
     ``most`` pieces (the first ones)."""
     pieces: list[list[Any]] = []
-    for piece, nxt in zip(log, [*log[1:], None], strict=True):
-        lo, hi = max(piece.at, start), min(end, nxt.at if nxt is not None else end)
-        if hi <= lo:
-            continue
-        label = f"{piece.kind}:{piece.name}" if piece.name else piece.kind
+    for piece, lo, hi in _within(log, start, end):
         newcomers, running = piece.rows if piece.rows is not None else (None, None)
-        pieces.append([label, round(1000 * (hi - lo), 1), newcomers, running])
+        pieces.append([_label(piece), round(1000 * (hi - lo), 1), newcomers, running])
         if len(pieces) == most:
             break
     return pieces

@@ -175,8 +175,7 @@ class SlotKVRunner(Generic[P, O, S]):
 
     def _host_long(self, values: list[int]) -> torch.Tensor:
         """A host int64 tensor, pinned on CUDA (so a non-blocking copy from it never waits for the stream)."""
-        t = torch.tensor(values, dtype=torch.long)
-        return t.pin_memory() if self.device.type == "cuda" else t
+        return self._host_array(np.asarray(values, dtype=np.int64))
 
     def _host_array(self, values: np.ndarray) -> torch.Tensor:
         """A host tensor over an int64 array (one copy into pinned memory on CUDA, for a non-blocking upload)."""
