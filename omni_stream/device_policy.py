@@ -18,6 +18,16 @@ A realtime source whose streams all hold ``yield_slack`` seconds or more yields 
 with seconds buffered waits for one that is about to underrun, and for throughput work); among realtime sources
 the earliest deadline runs first. Jobs (one-off and batched; the codec's windows, prompt preparation) are realtime.
 
+Realtime requests that no listener plays yet (a transcript, an answer's text, speech before its first audio) are
+all due now, so by deadline alone every such model would step once a round, and a model serving two requests would
+slow one serving thirty as much as the reverse: with 32 voice sessions ending their turns together, the transcripts
+of 30 took 248 ms of 3 ms decode steps because each waited for the answer-text and speech steps of the 2 sessions
+whose transcripts had finished first (``voice_bench`` run 59). So such a request also has a *virtual time*:
+``created + steps * quantum`` (one step per ``quantum`` is its share), and a source's is its most-behind request's.
+A source whose virtual time is more than ``lead`` ahead of the most-behind runnable source's sits the round out,
+unless one of its streams plays with less than ``margin`` of audio left, or it has sat out ``max_skip`` already (so
+nothing waits longer than that for a step). The requests furthest behind catch up first, across models.
+
 A step is the unit: no job holds the device longer than one step of its model (one decode step, one denoising
 step, one VAE decode), so a realtime step waits at most one throughput step, and where the model has yield points
 only until the next one.
@@ -43,6 +53,9 @@ DEFAULT_MARGIN_S = 0.05
 DEFAULT_YIELD_SLACK_S = 1.0
 DEFAULT_STEP_COST_S = 0.05  # a throughput source's step cost before one was measured
 DEFAULT_MIN_PROGRESS_S = 0.1  # after realtime work held a step max_wait at a yield point, it runs this long first
+DEFAULT_QUANTUM_S = 0.01  # a request that no listener plays yet is entitled to one step this often (virtual time)
+DEFAULT_LEAD_S = 0.05  # a realtime source this far ahead in virtual time sits a round out
+DEFAULT_MAX_SKIP_S = 0.05  # ... for at most this long
 
 
 class WorkClass(StrEnum):
@@ -72,6 +85,9 @@ class DevicePolicy:
     effect on CPU).
     ``realtime_streams``: on CUDA, each realtime source's steps launch on a stream of its own, so one model's step
     (its kernels, and the copy that ends it) does not queue behind another's (default False; no effect on CPU).
+    ``quantum``, ``lead``, ``max_skip``: the virtual time of requests no listener plays yet, and how far ahead of the
+    most-behind source a realtime source may be before it sits a round out, for at most how long (the module
+    docstring; ``lead`` 0: every runnable realtime source steps every round).
     """
 
     deadlines: bool = True
@@ -84,17 +100,21 @@ class DevicePolicy:
     realtime_priority: bool = False
     throughput_fence: bool = False
     realtime_streams: bool = False
+    quantum: float = DEFAULT_QUANTUM_S
+    lead: float = DEFAULT_LEAD_S
+    max_skip: float = DEFAULT_MAX_SKIP_S
 
     def __post_init__(self) -> None:
-        for name in ("max_wait", "margin", "yield_slack", "default_cost", "min_progress"):
+        for name in ("max_wait", "margin", "yield_slack", "default_cost", "min_progress", "quantum", "lead",
+                     "max_skip"):  # fmt: skip
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0 s, got {getattr(self, name)}")
 
     @classmethod
     def from_tuning(cls, tuning: Tuning) -> DevicePolicy:
         """The policy the tuning object's switches ask for (``device_policy``, ``throughput_wait_ms``,
-        ``throughput_stream``, ``realtime_priority``, ``throughput_fence``, ``realtime_streams``); the rest at their
-        defaults."""
+        ``throughput_stream``, ``realtime_priority``, ``throughput_fence``, ``realtime_streams``,
+        ``realtime_lead_ms``); the rest at their defaults."""
         return cls(
             deadlines=tuning.device_policy == "deadlines",
             max_wait=tuning.throughput_wait_ms / 1000,
@@ -102,19 +122,35 @@ class DevicePolicy:
             realtime_priority=tuning.realtime_priority,
             throughput_fence=tuning.throughput_fence,
             realtime_streams=tuning.realtime_streams,
+            lead=tuning.realtime_lead_ms / 1000,
         )
 
 
 @dataclass(slots=True, frozen=True)
 class Ready:
     """A runnable step source as the policy sees it. ``deadline``: realtime, when its most urgent stream runs dry
-    (``perf_counter`` s; None: as soon as possible). ``since``: throughput, when it last ran or became runnable.
-    ``cost``: throughput, the seconds one step is expected to hold the device without a yield point."""
+    (``perf_counter`` s; None: as soon as possible). ``since``: when it last ran or became runnable. ``cost``:
+    throughput, the seconds one step is expected to hold the device without a yield point. Realtime, where the
+    source tells them (else None): ``virtual``, the virtual time of its most-behind request that no listener plays
+    yet; ``playback``, when its most urgent playing stream runs dry."""
 
     key: Hashable
     deadline: float | None = None
     since: float = 0.0
     cost: float = DEFAULT_STEP_COST_S
+    virtual: float | None = None
+    playback: float | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class Standing:
+    """Where a realtime source's live streams stand (``perf_counter`` s). ``playback``: when its most urgent playing
+    stream runs dry (None: none plays); ``virtual``: the virtual time of its most-behind request that no listener
+    plays yet (None: none); ``due``: a request is due now (one no listener plays yet, or a newcomer)."""
+
+    playback: float | None
+    virtual: float | None
+    due: bool
 
 
 JOBS = "jobs"
@@ -134,6 +170,21 @@ def _slack(deadline: float | None, now: float) -> float:
     return -math.inf if deadline is None else deadline - now
 
 
+def _later(virtual: float | None) -> float:
+    return math.inf if virtual is None else virtual
+
+
+def sits_out(ready: Ready, behind: float | None, now: float, policy: DevicePolicy) -> bool:
+    """Whether runnable realtime source ``ready`` sits this round out (pure): its virtual time is more than
+    ``lead`` ahead of ``behind`` (the most-behind runnable source's), none of its streams plays with less than
+    ``margin`` left, and it last ran (or became runnable) under ``max_skip`` ago."""
+    if policy.lead <= 0 or ready.virtual is None or behind is None or ready.virtual - behind <= policy.lead:
+        return False
+    if ready.playback is not None and ready.playback - now < policy.margin:
+        return False
+    return now - ready.since < policy.max_skip
+
+
 def plan_round(
     now: float,
     *,
@@ -150,9 +201,11 @@ def plan_round(
     a stream whose next window is on its way), None when no realtime stream is live.
 
     A throughput source that has waited ``max_wait`` runs first (one per round). Then the jobs, then the realtime
-    sources under ``yield_slack``, earliest deadline first. Then one throughput step if every live realtime stream
-    can spare its cost plus ``margin``; the realtime sources with ``yield_slack`` or more run only in a round
-    without such a step. With nothing runnable now, ``wait`` says when a blocked throughput source falls due.
+    sources under ``yield_slack``, earliest deadline first (at equal deadlines, the most behind in virtual time
+    first), less those far ahead in virtual time (:func:`sits_out`). Then one throughput step if every live
+    realtime stream can spare its cost plus ``margin``; the realtime sources with ``yield_slack`` or more run only
+    in a round without such a step. With nothing runnable now, ``wait`` says when a blocked throughput source falls
+    due.
     """
     if not policy.deadlines:
         return Plan(((JOBS,) if jobs else ()) + tuple(r.key for r in (*realtime, *throughput)))
@@ -163,7 +216,10 @@ def plan_round(
         order.append(picked.key)
     if jobs:
         order.append(JOBS)
-    by_deadline = sorted(realtime, key=lambda r: _slack(r.deadline, now))
+    virtuals = [r.virtual for r in realtime if r.virtual is not None]
+    behind = min(virtuals) if virtuals else None
+    stepping = [r for r in realtime if not sits_out(r, behind, now, policy)]
+    by_deadline = sorted(stepping, key=lambda r: (_slack(r.deadline, now), _later(r.virtual)))
     urgent = [r for r in by_deadline if _slack(r.deadline, now) < policy.yield_slack]
     relaxed = [r for r in by_deadline if _slack(r.deadline, now) >= policy.yield_slack]
     order += [r.key for r in urgent]

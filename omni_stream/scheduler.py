@@ -40,7 +40,7 @@ from typing import Generic, TypeVar
 
 from omni_stream.batch_model import Batch, BatchModel, PipelinedModel, SeqOutput, Sequence
 from omni_stream.context import RequestContext
-from omni_stream.device_policy import WorkClass, capacity_budget
+from omni_stream.device_policy import Standing, WorkClass, capacity_budget
 from omni_stream.errors import EngineClosed
 from omni_stream.metrics import SchedulerMetrics
 from omni_stream.requests import RequestState
@@ -339,11 +339,30 @@ class Scheduler(Generic[P, O]):
         out (``first_chunk + audio_seconds``); a paused sequence with no audio is waiting for its consumer, not
         for the device. A throughput scheduler has no urgency.
         """
+        standing = self.standing(now)
+        if standing is None:
+            return None
+        return now if standing.due else standing.playback
+
+    def standing(self, now: float) -> Standing | None:
+        """Where this scheduler's live sequences stand (lock held; None: a throughput or closed scheduler).
+
+        ``playback``: when its most urgent playing stream runs dry. ``virtual``: the virtual time of its most
+        behind sequence that no listener plays yet, ``created + steps * quantum`` (the worker's policy's quantum;
+        a newcomer's is its creation): :mod:`omni_stream.device_policy` lets the models furthest behind catch up
+        first. ``due``: something is due now (a newcomer, one being prepared, or a running sequence with no audio).
+        """
         if self._work_class is not WorkClass.REALTIME or self._closed:
             return None
-        if self.waiting or self._arriving:
-            return now
-        due: float | None = None
+        quantum = self.worker.policy.quantum
+        virtual: float | None = None
+        for seq in self.waiting:
+            sess = self._sessions.get(seq.seq_id)
+            if sess is not None:
+                created = sess.ctx.timings.created
+                virtual = created if virtual is None else min(virtual, created)
+        due = bool(self.waiting or self._arriving)
+        playback: float | None = None
         for seq in self.running.values():
             sess = self._sessions.get(seq.seq_id)
             if sess is None or seq.state in _DONE:
@@ -351,12 +370,12 @@ class Scheduler(Generic[P, O]):
             timings = sess.ctx.timings
             if timings.first_chunk is not None:
                 deadline = timings.first_chunk + timings.audio_seconds
+                playback = deadline if playback is None else min(playback, deadline)
             elif seq.state is RequestState.RUNNING:
-                return now
-            else:
-                continue
-            due = deadline if due is None else min(due, deadline)
-        return due
+                due = True
+                behind = timings.created + seq.num_steps * quantum
+                virtual = behind if virtual is None else min(virtual, behind)
+        return Standing(playback, virtual, due)
 
     def run_step(self) -> None:
         t0 = time.perf_counter()

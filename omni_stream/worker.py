@@ -44,7 +44,7 @@ from typing import Any, Protocol, TypeVar, TypeVarTuple
 
 import anyio
 
-from omni_stream.device_policy import JOBS, DevicePolicy, Ready, WorkClass, plan_round
+from omni_stream.device_policy import JOBS, DevicePolicy, Ready, Standing, WorkClass, plan_round
 from omni_stream.errors import EngineClosed
 
 log = logging.getLogger(__name__)
@@ -247,6 +247,7 @@ class DeviceWorker:
         self.log: deque[WorkRecord] = deque(maxlen=LOG_SIZE)
         self._log_seq = itertools.count()
         self._since: dict[int, float] = {}  # id(throughput source) -> when it last ran or became runnable
+        self._ran: dict[int, float] = {}  # id(realtime source) -> likewise (the policy's max_skip)
         # id(throughput source) -> the longest its step keeps the device without a yield point (seconds, an EMA):
         # what a realtime stream must be able to spare for it to run (its whole step where it has none)
         self._cost: dict[int, float] = {}
@@ -274,6 +275,7 @@ class DeviceWorker:
             if source in self._sources:
                 self._sources.remove(source)
             self._since.pop(id(source), None)
+            self._ran.pop(id(source), None)
             self._cost.pop(id(source), None)
 
     def note(self, kind: str, name: str, work_class: WorkClass, *detail: object) -> None:
@@ -387,11 +389,18 @@ class DeviceWorker:
                 cost = self._cost.get(key, self.policy.default_cost)
                 throughput.append(Ready(index, since=since, cost=cost))
                 continue
-            deadline = _urgency(source, now)
+            standing = _standing(source, now)
+            deadline = _urgency(source, now) if standing is None else now if standing.due else standing.playback
             if deadline is not None:
                 demand = deadline if demand is None else min(demand, deadline)
-            if runnable:
-                realtime.append(Ready(index, deadline=deadline))
+            if not runnable:
+                self._ran.pop(id(source), None)
+                continue
+            since = self._ran.setdefault(id(source), now)
+            if standing is None:
+                realtime.append(Ready(index, deadline=deadline, since=since))
+            else:
+                realtime.append(Ready(index, deadline, since, virtual=standing.virtual, playback=standing.playback))
         plan = plan_round(
             now,
             jobs=bool(self._jobs or self._groups),
@@ -511,14 +520,16 @@ class DeviceWorker:
         finally:
             if throughput:
                 self._in_throughput = False
-        if throughput:
-            now = time.perf_counter()
-            key = id(source)
-            with self.cond:
-                previous = self._cost.get(key)
-                held = max(self._max_gap, now - self._last_yield)
-                self._cost[key] = held if previous is None else previous + COST_EMA * (held - previous)
-                self._since[key] = now
+        now = time.perf_counter()
+        key = id(source)
+        with self.cond:
+            if not throughput:
+                self._ran[key] = now
+                return
+            previous = self._cost.get(key)
+            held = max(self._max_gap, now - self._last_yield)
+            self._cost[key] = held if previous is None else previous + COST_EMA * (held - previous)
+            self._since[key] = now
 
     def _end_throughput_step(self) -> None:
         """Mark the end of a throughput step's device work (its stream current), when the worker has a fence."""
@@ -665,6 +676,12 @@ def _class_of(source: StepSource) -> WorkClass:
 
 def _name_of(source: StepSource) -> str:
     return str(getattr(source, "name", type(source).__name__))
+
+
+def _standing(source: StepSource, now: float) -> Standing | None:
+    """A realtime source's :class:`~omni_stream.device_policy.Standing` where it tells it (schedulers), else None."""
+    standing = getattr(source, "standing", None)
+    return None if standing is None else standing(now)
 
 
 def _urgency(source: StepSource, now: float) -> float | None:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import anyio
 import pytest
 
-from omni_stream.device_policy import WorkClass
+from omni_stream.device_policy import DevicePolicy, Standing, WorkClass
 from omni_stream.errors import EngineClosed
 from omni_stream.worker import DeviceWorker
 
@@ -224,6 +224,43 @@ class ScriptedSource:
 
     def shutdown(self) -> None:
         pass
+
+
+class BehindSource(ScriptedSource):
+    """A realtime source whose requests no listener plays yet, standing at virtual time ``virtual``."""
+
+    def __init__(self, name: str, steps: int, on_step: Callable[[str], None], virtual: float) -> None:
+        super().__init__(name, WorkClass.REALTIME, steps, on_step)
+        self.virtual = virtual
+
+    def standing(self, now: float) -> Standing | None:
+        return Standing(None, self.virtual, True) if self.left > 0 else None
+
+
+@pytest.mark.parametrize("lead", [0.05, 0.0])
+async def test_the_source_furthest_behind_in_virtual_time_runs_until_it_catches_up(lead):
+    """Two models whose requests are all due now (no audio out yet): the one whose requests stand further behind
+    steps alone while the other is more than ``lead`` ahead (``max_skip`` long enough never to end it here), then
+    the other; with ``lead`` 0 both step every round, the one behind first."""
+    stepped: list[str] = []
+    done = threading.Event()
+
+    def step(name: str) -> None:
+        stepped.append(name)
+        if len(stepped) == 6:
+            done.set()
+
+    policy = DevicePolicy(lead=lead, max_skip=60.0)
+    w = DeviceWorker(name="test-device", threads=1, policy=policy)
+    w.attach(BehindSource("text", 3, step, virtual=1.0))  # attached first: attach order does not decide
+    w.attach(BehindSource("asr", 3, step, virtual=0.0))
+    w.start()
+    try:
+        assert await anyio.to_thread.run_sync(done.wait, 10)
+    finally:
+        await w.aclose()
+    expected = ["asr"] * 3 + ["text"] * 3 if lead else ["asr", "text"] * 3
+    assert stepped == expected
 
 
 async def test_each_realtime_step_runs_in_its_sources_context_and_throughput_steps_in_theirs():

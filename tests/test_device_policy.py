@@ -3,6 +3,8 @@ admission by capacity, and the one place their switches are read."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -70,6 +72,27 @@ def test_plain_rounds_step_everything_once_whatever_its_class():
     assert plan([speech], [image], demand=NOW, jobs=True, policy=rounds).order == (JOBS, "talker", "image")
 
 
+def test_a_realtime_source_far_ahead_in_virtual_time_sits_the_round_out():
+    """Requests no listener plays yet are all due now; their virtual time (created + steps * quantum) says which
+    model is behind: 30 transcripts queued 400 ms ago against the answer text of 2 sessions whose transcripts came
+    first (voice_bench run 59). The one ahead sits out, for at most ``max_skip``."""
+    asr = Ready("asr", deadline=None, since=NOW - 0.003, virtual=NOW - 0.4)
+    text = Ready("text", deadline=None, since=NOW - 0.01, virtual=NOW - 0.1)
+    assert plan([text, asr]).order == ("asr",)
+    waited = Ready("text", deadline=None, since=NOW - 0.06, virtual=NOW - 0.1)  # sat out max_skip: it runs
+    assert plan([waited, asr]).order == ("asr", "text")  # the one behind first
+    near = Ready("text", deadline=None, since=NOW - 0.01, virtual=NOW - 0.36)  # within lead: both run
+    assert plan([near, asr]).order == ("asr", "text")
+    assert plan([text, asr], policy=DevicePolicy(lead=0)).order == ("asr", "text")  # off: every source steps
+    # a source whose stream plays with less than margin left never sits out; with more it does
+    talker = Ready("talker", deadline=None, since=NOW - 0.01, virtual=NOW - 0.1, playback=NOW + 0.02)
+    assert plan([talker, asr]).order == ("asr", "talker")
+    assert plan([replace(talker, playback=NOW + 0.5), asr]).order == ("asr",)
+    # one without a virtual time (every stream plays, or it does not tell) is never held back by it
+    playing = Ready("speech", deadline=NOW + 0.3)
+    assert plan([playing, text, asr]).order == ("asr", "speech")
+
+
 def test_capacity_admits_while_a_step_fits_in_the_realtime_slack():
     def budget(waiting, running=0, demand=None, free=8):
         return capacity_budget(
@@ -92,9 +115,11 @@ def test_the_policy_follows_its_tuning_switches():
     tuned = Tuning.from_env(
         {"OMNI_STREAM_DEVICE_POLICY": "rounds", "OMNI_STREAM_THROUGHPUT_WAIT_MS": "250",
          "OMNI_STREAM_THROUGHPUT_STREAM": "off", "OMNI_STREAM_REALTIME_STREAMS": "on",
-         "OMNI_STREAM_REALTIME_PRIORITY": "on", "OMNI_STREAM_THROUGHPUT_FENCE": "on"}
+         "OMNI_STREAM_REALTIME_PRIORITY": "on", "OMNI_STREAM_THROUGHPUT_FENCE": "on",
+         "OMNI_STREAM_REALTIME_LEAD_MS": "0"}
     )  # fmt: skip
     policy = DevicePolicy.from_tuning(tuned)
+    assert policy.lead == 0 and DevicePolicy().lead == 0.05
     assert (policy.deadlines, policy.max_wait, policy.throughput_stream) == (False, 0.25, False)
     assert policy.realtime_streams and not DevicePolicy().realtime_streams
     assert policy.realtime_priority and not DevicePolicy().realtime_priority
@@ -103,6 +128,7 @@ def test_the_policy_follows_its_tuning_switches():
         ({"OMNI_STREAM_DEVICE_POLICY": "fifo"}, "OMNI_STREAM_DEVICE_POLICY"),
         ({"OMNI_STREAM_THROUGHPUT_WAIT_MS": "-1"}, "OMNI_STREAM_THROUGHPUT_WAIT_MS"),
         ({"OMNI_STREAM_THROUGHPUT_STREAM": "low"}, "OMNI_STREAM_THROUGHPUT_STREAM"),
+        ({"OMNI_STREAM_REALTIME_LEAD_MS": "-5"}, "OMNI_STREAM_REALTIME_LEAD_MS"),
     ]:
         with pytest.raises(ConfigError, match=name):
             Tuning.from_env(env)

@@ -308,3 +308,30 @@ async def test_each_admission_records_its_wait_since_the_request_was_created():
     # le="3.2" is a bucket below the 5 s wait, "6.4" the one above: all three there
     assert 'omni_stream_queue_seconds_bucket{le="3.2",scheduler="talker"} 0.0' in text
     assert 'omni_stream_queue_seconds_bucket{le="6.4",scheduler="talker"} 3.0' in text
+
+
+async def test_standing_tells_the_virtual_time_of_the_most_behind_request_and_the_playback_deadline():
+    """What the device worker orders models by (``omni_stream.device_policy``): a request that no listener plays
+    yet stands at ``created + steps * quantum``, a newcomer at its creation; a playing one at the end of the audio
+    its listener holds; the scheduler's standing is the earliest of each."""
+    from omni_stream.device_policy import DevicePolicy, Standing
+
+    model = SyntheticTalker(CONFIG, 2, record=True)
+    sched = Scheduler(model, DeviceWorker(policy=DevicePolicy(quantum=0.01)))
+    assert sched.standing(0.0) == Standing(None, None, False)  # nothing live
+    first, second = RequestContext(), RequestContext()
+    first.timings.created, second.timings.created = 100.0, 100.5
+    async with AsyncExitStack() as stack:
+        for ctx in (second, first):  # the older one queues second: the earliest creation counts, not the queue's head
+            await stack.enter_async_context(sched.session(TalkerInput(n_frames=10, tone=1), ctx))
+        assert sched.standing(0.0) == Standing(None, 100.0, True)
+        for _ in range(3):
+            sched.run_step()
+        assert sched.standing(0.0) == Standing(None, pytest.approx(100.03), True)
+        first.timings.record_chunk(0.5, now=200.0)  # its first audio went out: it plays, due when 0.5 s ran out
+        standing = sched.standing(0.0)
+        assert standing == Standing(200.5, pytest.approx(100.53), True)
+        assert sched.urgency(7.0) == 7.0  # the second is still due now
+        second.timings.record_chunk(0.25, now=201.0)
+        assert sched.standing(0.0) == Standing(200.5, None, False)
+        assert sched.urgency(7.0) == 200.5

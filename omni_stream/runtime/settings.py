@@ -200,6 +200,10 @@ class Tuning:
     realtime_priority: bool = False  # on CUDA, realtime work on a stream of higher priority than image and video
     throughput_fence: bool = False  # on CUDA, an image or video step starts once the last one's device work is done
     realtime_streams: bool = False  # on CUDA, each realtime model's steps on a stream of its own (overlapping)
+    # A realtime model whose requests are this far ahead in virtual time of the most-behind model's (requests no
+    # listener plays yet: one step per 10 ms is their share) sits a round out, for at most 50 ms; 0: every realtime
+    # model steps every round (omni_stream.device_policy)
+    realtime_lead_ms: float = 50.0
     # Native text models: newcomers prefilled together at static (batch, length) bucket shapes, CUDA graphs on CUDA
     # (omni_stream.models.causal_lm.runner). voice_bench run 45, the same call off / on: a 16-session voice turn's
     # LM phase 381 -> 142 ms, v2v p95 897 -> 685 ms; at 32 sessions 422 -> 226 ms, 1150 -> 1090 ms
@@ -304,6 +308,7 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("realtime_priority", "OMNI_STREAM_REALTIME_PRIORITY", ON_OFF),
     Switch("throughput_fence", "OMNI_STREAM_THROUGHPUT_FENCE", ON_OFF),
     Switch("realtime_streams", "OMNI_STREAM_REALTIME_STREAMS", ON_OFF),
+    Switch("realtime_lead_ms", "OMNI_STREAM_REALTIME_LEAD_MS", _milliseconds(10000)),
     Switch("group_prefill_graphs", "OMNI_STREAM_GROUP_PREFILL_GRAPHS", ON_OFF),
     Switch("turn_model_device", "OMNI_STREAM_TURN_MODEL_DEVICE", _choice(TURN_MODEL_DEVICES)),
     Switch("transcription_hold_ms", "OMNI_STREAM_TRANSCRIPTION_HOLD_MS", _milliseconds(1000)),
