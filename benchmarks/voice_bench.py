@@ -474,6 +474,13 @@ def server_process(args: argparse.Namespace) -> Iterator[int]:
 # --- one client session -------------------------------------------------------------------------------------
 
 
+def round_names(rounds: int) -> list[str]:
+    """A level's rounds: ``cold`` (its batch sizes new to the server), ``warm``, then ``warm2``, ``warm3``, ..."""
+    if rounds < 1:
+        raise SystemExit(f"--rounds must be >= 1, got {rounds}")
+    return ["cold", "warm", *(f"warm{i}" for i in range(2, rounds))][:rounds]
+
+
 def utterance(words: list[str]) -> np.ndarray:
     from realtime_doubles import spoken_words
 
@@ -756,6 +763,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--append-ms", type=int, default=100, choices=(10, 20, 40, 50, 100),
                     help="the microphone's appends (ms of audio each; default: %(default)s)")  # fmt: skip
     ap.add_argument("--barge-after", type=float, default=1.0, help="seconds of agent audio before interrupting")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="rounds per level: cold, warm, then warm2, warm3, ... (default: %(default)s)",
+    )
     ap.add_argument("--session-timeout", type=float, default=60.0)
     ap.add_argument("--server-timeout", type=float, default=600.0)
     ap.add_argument("--out", type=Path, default=None)
@@ -811,7 +824,7 @@ def main(argv: list[str] | None = None) -> int:
         for turns in args.turns.split(","):
             for arrivals in args.arrivals.split(","):
                 for n in levels:
-                    for round_ in ("cold", "warm"):
+                    for round_ in round_names(args.rounds):
                         fetch_work(port)  # the profile's window starts with the level
                         fetch_trace(port)
                         seen = last_seq(f"http://127.0.0.1:{port}")

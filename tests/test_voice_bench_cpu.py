@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "voice_bench.py"
 
 
@@ -130,3 +132,14 @@ def test_the_recorded_utterances_are_one_turn_each_for_the_silero_vad():
         vad = SileroVad(VadParams(silence_duration_ms=500, prefix_padding_ms=300), RATE)
         events = [e for i in range(0, audio.size, CHUNK) for e in vad.feed(audio[i : i + CHUNK])]
         assert [e.kind for e in events] == [VadEventKind.SPEECH_STARTED, VadEventKind.SPEECH_STOPPED], name
+
+
+def test_a_levels_rounds_are_one_cold_then_warm_ones():
+    sys.path.insert(0, str(BENCH.parent))
+    from voice_bench import round_names
+
+    assert round_names(1) == ["cold"]
+    assert round_names(2) == ["cold", "warm"]
+    assert round_names(4) == ["cold", "warm", "warm2", "warm3"]
+    with pytest.raises(SystemExit, match="--rounds"):
+        round_names(0)
