@@ -26,7 +26,11 @@ whose transcripts had finished first (``voice_bench`` run 59). So such a request
 ``created + steps * quantum`` (one step per ``quantum`` is its share), and a source's is its most-behind request's.
 A source whose virtual time is more than ``lead`` ahead of the most-behind runnable source's sits the round out,
 unless one of its streams plays with less than ``margin`` of audio left, or it has sat out ``max_skip`` already (so
-nothing waits longer than that for a step). The requests furthest behind catch up first, across models.
+nothing waits longer than that for a step). The requests furthest behind catch up first, across models. Off by
+default (``lead`` 0, ``Tuning.realtime_lead_ms``): at 50 ms it shortened the voice agent's turns at 16 and 32
+sessions by ~50 ms on average (``voice_bench`` run 61) but delayed chat's first audio at c=16 by 41 ms
+(``chat_bench`` run 62): a fixed quantum longer than the LM's real steps puts its virtual time ahead of the clock, so
+it sits out while some of its rows still owe the talker their first clause.
 
 A step is the unit: no job holds the device longer than one step of its model (one decode step, one denoising
 step, one VAE decode), so a realtime step waits at most one throughput step, and where the model has yield points
@@ -54,7 +58,7 @@ DEFAULT_YIELD_SLACK_S = 1.0
 DEFAULT_STEP_COST_S = 0.05  # a throughput source's step cost before one was measured
 DEFAULT_MIN_PROGRESS_S = 0.1  # after realtime work held a step max_wait at a yield point, it runs this long first
 DEFAULT_QUANTUM_S = 0.01  # a request that no listener plays yet is entitled to one step this often (virtual time)
-DEFAULT_LEAD_S = 0.05  # a realtime source this far ahead in virtual time sits a round out
+DEFAULT_LEAD_S = 0.0  # a realtime source this far ahead in virtual time sits a round out (0: never; measured at 0.05)
 DEFAULT_MAX_SKIP_S = 0.05  # ... for at most this long
 
 

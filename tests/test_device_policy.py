@@ -15,7 +15,7 @@ from omni_stream.runtime.settings import Tuning
 pytest_plugins = ("image_fixtures",)
 
 NOW = 100.0
-POLICY = DevicePolicy(max_wait=0.5, margin=0.05, yield_slack=1.0)
+POLICY = DevicePolicy(max_wait=0.5, margin=0.05, yield_slack=1.0, lead=0.05)
 
 
 def plan(realtime=(), throughput=(), demand=None, jobs=False, policy=POLICY):
@@ -116,10 +116,10 @@ def test_the_policy_follows_its_tuning_switches():
         {"OMNI_STREAM_DEVICE_POLICY": "rounds", "OMNI_STREAM_THROUGHPUT_WAIT_MS": "250",
          "OMNI_STREAM_THROUGHPUT_STREAM": "off", "OMNI_STREAM_REALTIME_STREAMS": "on",
          "OMNI_STREAM_REALTIME_PRIORITY": "on", "OMNI_STREAM_THROUGHPUT_FENCE": "on",
-         "OMNI_STREAM_REALTIME_LEAD_MS": "0"}
+         "OMNI_STREAM_REALTIME_LEAD_MS": "50"}
     )  # fmt: skip
     policy = DevicePolicy.from_tuning(tuned)
-    assert policy.lead == 0 and DevicePolicy().lead == 0.05
+    assert policy.lead == 0.05 and DevicePolicy().lead == 0
     assert (policy.deadlines, policy.max_wait, policy.throughput_stream) == (False, 0.25, False)
     assert policy.realtime_streams and not DevicePolicy().realtime_streams
     assert policy.realtime_priority and not DevicePolicy().realtime_priority

@@ -202,8 +202,12 @@ class Tuning:
     realtime_streams: bool = False  # on CUDA, each realtime model's steps on a stream of its own (overlapping)
     # A realtime model whose requests are this far ahead in virtual time of the most-behind model's (requests no
     # listener plays yet: one step per 10 ms is their share) sits a round out, for at most 50 ms; 0: every realtime
-    # model steps every round (omni_stream.device_policy)
-    realtime_lead_ms: float = 50.0
+    # model steps every round (omni_stream.device_policy). Off by default: measured at 50 on one H100 (the same calls
+    # at 0), voice_bench run 61: v2v p95 at 16 sessions 627 -> 574 ms, at 32 966 -> 914 (means of three rounds, one
+    # round of each level worse); chat_bench run 62: first audio p95 at c=16 234 -> 275 ms (the LM's steps are
+    # shorter than 10 ms, so its virtual time runs ahead of the clock and it sits out while it still owes first
+    # clauses), at c=4 121 -> 110
+    realtime_lead_ms: float = 0.0
     # Native text models: newcomers prefilled together at static (batch, length) bucket shapes, CUDA graphs on CUDA
     # (omni_stream.models.causal_lm.runner). voice_bench run 45, the same call off / on: a 16-session voice turn's
     # LM phase 381 -> 142 ms, v2v p95 897 -> 685 ms; at 32 sessions 422 -> 226 ms, 1150 -> 1090 ms
