@@ -43,7 +43,7 @@ from omni_stream.context import RequestContext
 from omni_stream.device_policy import Standing, WorkClass, capacity_budget
 from omni_stream.errors import EngineClosed
 from omni_stream.metrics import SchedulerMetrics
-from omni_stream.requests import RequestState
+from omni_stream.requests import RequestState, Timings
 from omni_stream.speech.admission import DEFAULT_HOLD_S, AdmissionRule, hold_newcomers
 from omni_stream.worker import DeviceWorker
 
@@ -337,20 +337,30 @@ class Scheduler(Generic[P, O]):
         A newcomer (waiting or being prepared) and a running sequence with no audio out yet (its first chunk, or
         text a listener waits for) are due now; a sequence whose audio plays is due when its listener's audio runs
         out (``first_chunk + audio_seconds``); a paused sequence with no audio is waiting for its consumer, not
-        for the device. A throughput scheduler has no urgency.
+        for the device. A throughput scheduler has no urgency. (Called every round of the worker: it stops at the
+        first sequence due now.)
         """
-        standing = self.standing(now)
-        if standing is None:
+        if self._work_class is not WorkClass.REALTIME or self._closed:
             return None
-        return now if standing.due else standing.playback
+        if self.waiting or self._arriving:
+            return now
+        due: float | None = None
+        for seq, timings in self._live():
+            if timings.first_chunk is not None:
+                deadline = timings.first_chunk + timings.audio_seconds
+                due = deadline if due is None else min(due, deadline)
+            elif seq.state is RequestState.RUNNING:
+                return now
+        return due
 
     def standing(self, now: float) -> Standing | None:
-        """Where this scheduler's live sequences stand (lock held; None: a throughput or closed scheduler).
+        """Where this scheduler's live sequences stand (lock held; None: a throughput or closed scheduler), for the
+        worker's virtual-time rule (asked only while it is on; it reads every sequence).
 
         ``playback``: when its most urgent playing stream runs dry. ``virtual``: the virtual time of its most
         behind sequence that no listener plays yet, ``created + steps * quantum`` (the worker's policy's quantum;
         a newcomer's is its creation): :mod:`omni_stream.device_policy` lets the models furthest behind catch up
-        first. ``due``: something is due now (a newcomer, one being prepared, or a running sequence with no audio).
+        first. ``due``: something is due now (as :meth:`urgency` says).
         """
         if self._work_class is not WorkClass.REALTIME or self._closed:
             return None
@@ -363,11 +373,7 @@ class Scheduler(Generic[P, O]):
                 virtual = created if virtual is None else min(virtual, created)
         due = bool(self.waiting or self._arriving)
         playback: float | None = None
-        for seq in self.running.values():
-            sess = self._sessions.get(seq.seq_id)
-            if sess is None or seq.state in _DONE:
-                continue
-            timings = sess.ctx.timings
+        for seq, timings in self._live():
             if timings.first_chunk is not None:
                 deadline = timings.first_chunk + timings.audio_seconds
                 playback = deadline if playback is None else min(playback, deadline)
@@ -376,6 +382,13 @@ class Scheduler(Generic[P, O]):
                 behind = timings.created + seq.num_steps * quantum
                 virtual = behind if virtual is None else min(virtual, behind)
         return Standing(playback, virtual, due)
+
+    def _live(self) -> Iterator[tuple[Sequence[P], Timings]]:
+        """The running sequences that have not ended, with their requests' timings (lock held)."""
+        for seq in self.running.values():
+            sess = self._sessions.get(seq.seq_id)
+            if sess is not None and seq.state not in _DONE:
+                yield seq, sess.ctx.timings
 
     def run_step(self) -> None:
         t0 = time.perf_counter()

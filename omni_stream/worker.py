@@ -389,7 +389,8 @@ class DeviceWorker:
                 cost = self._cost.get(key, self.policy.default_cost)
                 throughput.append(Ready(index, since=since, cost=cost))
                 continue
-            standing = _standing(source, now)
+            # the virtual-time rule's inputs only while it is on: they read every sequence of the source, each round
+            standing = _standing(source, now) if self.policy.lead > 0 else None
             deadline = _urgency(source, now) if standing is None else now if standing.due else standing.playback
             if deadline is not None:
                 demand = deadline if demand is None else min(demand, deadline)

@@ -241,7 +241,8 @@ class BehindSource(ScriptedSource):
 async def test_the_source_furthest_behind_in_virtual_time_runs_until_it_catches_up(lead):
     """Two models whose requests are all due now (no audio out yet): the one whose requests stand further behind
     steps alone while the other is more than ``lead`` ahead (``max_skip`` long enough never to end it here), then
-    the other; with ``lead`` 0 both step every round, the one behind first."""
+    the other; with ``lead`` 0 (the default) both step every round, in the order they were attached (the rule's
+    inputs are not even read)."""
     stepped: list[str] = []
     done = threading.Event()
 
@@ -259,7 +260,7 @@ async def test_the_source_furthest_behind_in_virtual_time_runs_until_it_catches_
         assert await anyio.to_thread.run_sync(done.wait, 10)
     finally:
         await w.aclose()
-    expected = ["asr"] * 3 + ["text"] * 3 if lead else ["asr", "text"] * 3
+    expected = ["asr"] * 3 + ["text"] * 3 if lead else ["text", "asr"] * 3
     assert stepped == expected
 
 
