@@ -729,6 +729,28 @@ def table(levels: list[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def round_summary(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each level's v2v p95 across its rounds (mean, min, max; in ms), for levels run more than once: between
+    rounds of one level the 16- and 32-session figures move by 100 ms and more, so an A/B compares these."""
+    groups: dict[tuple[str, str, int], list[float]] = {}
+    for lv in levels:
+        groups.setdefault((lv["turns"], lv["arrivals"], lv["concurrency"]), []).append(lv["voice_to_voice_ms"]["p95"])
+    return [
+        {"turns": t, "arrivals": a, "sessions": n, "rounds": len(p95s),
+         "v2v_p95_mean_ms": round(sum(p95s) / len(p95s), 1), "v2v_p95_min_ms": min(p95s), "v2v_p95_max_ms": max(p95s)}
+        for (t, a, n), p95s in groups.items()
+        if len(p95s) > 1 and all(isinstance(x, int | float) for x in p95s)
+    ]  # fmt: skip
+
+
+def summary_lines(summary: list[dict[str, Any]]) -> str:
+    return "\n".join(
+        f"{s['turns']} {s['arrivals']} {s['sessions']} sessions: v2v p95 over {s['rounds']} rounds mean "
+        f"{s['v2v_p95_mean_ms']} ms (min {s['v2v_p95_min_ms']}, max {s['v2v_p95_max_ms']})"
+        for s in summary
+    )
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--levels", default="1,4,16,32,64", help="concurrent sessions per level (default: %(default)s)")
@@ -873,6 +895,7 @@ def main(argv: list[str] | None = None) -> int:
             "tuning": Tuning.from_env().describe(),
         },
         "levels": results,
+        "rounds": round_summary(results),
     }
     out = (
         args.out
@@ -881,6 +904,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(table(results))
+    print(summary_lines(report["rounds"]))
     print(f"wrote {out}")
     return 0
 

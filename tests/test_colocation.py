@@ -287,12 +287,14 @@ async def test_video_sessions_of_one_size_share_each_step_and_give_the_frames_ea
             assert np.abs(a.astype(int) - b.astype(int)).max() <= 1  # float rounding at most
 
 
+@pytest.mark.parametrize("lead", [0.0, 0.05], ids=["default", "virtual-time-rule"])
 async def test_random_aborts_across_every_kind_leave_no_state(
-    speech_checkpoint, text_checkpoint, pix2pix_checkpoint, video_checkpoint
+    lead, speech_checkpoint, text_checkpoint, pix2pix_checkpoint, video_checkpoint
 ):
+    """Also with the virtual-time rule on (``lead``: realtime models far ahead sit rounds out)."""
     rng = random.Random(32)
     paths = dict(speech=speech_checkpoint, text=text_checkpoint, image=pix2pix_checkpoint, video=video_checkpoint)
-    async with await load(DevicePolicy(max_wait=0.05), **paths) as engine:
+    async with await load(DevicePolicy(max_wait=0.05, lead=lead), **paths) as engine:
         image, video = engine.models.get(ModelKind.IMAGE), engine.models.get(ModelKind.VIDEO)
 
         def request(i: int):

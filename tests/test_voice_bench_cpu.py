@@ -143,3 +143,18 @@ def test_a_levels_rounds_are_one_cold_then_warm_ones():
     assert round_names(4) == ["cold", "warm", "warm2", "warm3"]
     with pytest.raises(SystemExit, match="--rounds"):
         round_names(0)
+
+
+def test_a_levels_rounds_are_summarised_by_their_v2v_p95():
+    sys.path.insert(0, str(BENCH.parent))
+    from voice_bench import round_summary, summary_lines
+
+    def level(n: int, p95: float | None) -> dict:
+        return {"turns": "semantic_vad", "arrivals": "at-once", "concurrency": n, "voice_to_voice_ms": {"p95": p95}}
+
+    levels = [level(1, 310.0), level(16, 700.0), level(16, 600.0), level(16, 530.0), level(32, None), level(32, 9.0)]
+    summary = round_summary(levels)
+    # one round of 1 session, and a level with an unanswered round (no p95), are not summarised
+    assert summary == [{"turns": "semantic_vad", "arrivals": "at-once", "sessions": 16, "rounds": 3,
+                        "v2v_p95_mean_ms": 610.0, "v2v_p95_min_ms": 530.0, "v2v_p95_max_ms": 700.0}]  # fmt: skip
+    assert "16 sessions: v2v p95 over 3 rounds mean 610.0 ms (min 530.0, max 700.0)" in summary_lines(summary)
