@@ -23,14 +23,17 @@ all due now, so by deadline alone every such model would step once a round, and 
 slow one serving thirty as much as the reverse: with 32 voice sessions ending their turns together, the transcripts
 of 30 took 248 ms of 3 ms decode steps because each waited for the answer-text and speech steps of the 2 sessions
 whose transcripts had finished first (``voice_bench`` run 59). So such a request also has a *virtual time*:
-``created + steps * quantum`` (one step per ``quantum`` is its share), and a source's is its most-behind request's.
+``created + steps * quantum``, the quantum its model's own step time (an average of its steps without newcomers;
+``quantum`` until one is measured), and a source's is its most-behind request's. A model stepped every round keeps
+its requests at or behind the clock; one that got more of the device than the others drifts ahead of them.
 A source whose virtual time is more than ``lead`` ahead of the most-behind runnable source's sits the round out,
 unless one of its streams plays with less than ``margin`` of audio left, or it has sat out ``max_skip`` already (so
 nothing waits longer than that for a step). The requests furthest behind catch up first, across models. Off by
-default (``lead`` 0, ``Tuning.realtime_lead_ms``): at 50 ms it shortened the voice agent's turns at 16 and 32
-sessions by ~50 ms on average (``voice_bench`` run 61) but delayed chat's first audio at c=16 by 41 ms
-(``chat_bench`` run 62): a fixed quantum longer than the LM's real steps puts its virtual time ahead of the clock, so
-it sits out while some of its rows still owe the talker their first clause.
+default (``lead`` 0, ``Tuning.realtime_lead_ms``). Measured with a fixed 10 ms quantum (``0c17bc3``), at 50 ms it
+shortened the voice agent's turns at 16 and 32 sessions by ~50 ms on average (``voice_bench`` run 61) but delayed
+chat's first audio at c=16 by 41 ms (``chat_bench`` run 62): the quantum was longer than the LM's real steps, so its
+virtual time ran ahead of the clock and it sat out while some of its rows still owed the talker their first clause.
+The model's own step time as the quantum is what followed; it is not measured yet.
 
 A step is the unit: no job holds the device longer than one step of its model (one decode step, one denoising
 step, one VAE decode), so a realtime step waits at most one throughput step, and where the model has yield points
@@ -57,7 +60,7 @@ DEFAULT_MARGIN_S = 0.05
 DEFAULT_YIELD_SLACK_S = 1.0
 DEFAULT_STEP_COST_S = 0.05  # a throughput source's step cost before one was measured
 DEFAULT_MIN_PROGRESS_S = 0.1  # after realtime work held a step max_wait at a yield point, it runs this long first
-DEFAULT_QUANTUM_S = 0.01  # a request that no listener plays yet is entitled to one step this often (virtual time)
+DEFAULT_QUANTUM_S = 0.01  # a model's step in virtual time until its own step time is measured
 DEFAULT_LEAD_S = 0.0  # a realtime source this far ahead in virtual time sits a round out (0: never; measured at 0.05)
 DEFAULT_MAX_SKIP_S = 0.05  # ... for at most this long
 
@@ -89,9 +92,9 @@ class DevicePolicy:
     effect on CPU).
     ``realtime_streams``: on CUDA, each realtime source's steps launch on a stream of its own, so one model's step
     (its kernels, and the copy that ends it) does not queue behind another's (default False; no effect on CPU).
-    ``quantum``, ``lead``, ``max_skip``: the virtual time of requests no listener plays yet, and how far ahead of the
-    most-behind source a realtime source may be before it sits a round out, for at most how long (the module
-    docstring; ``lead`` 0: every runnable realtime source steps every round).
+    ``quantum``, ``lead``, ``max_skip``: a step in virtual time before a model's own step time is measured, and how
+    far ahead of the most-behind source a realtime source may be before it sits a round out, for at most how long
+    (the module docstring; ``lead`` 0: every runnable realtime source steps every round).
     """
 
     deadlines: bool = True

@@ -161,6 +161,7 @@ class Scheduler(Generic[P, O]):
         self._work_class = work_class
         self.max_defer = max_defer
         self._row_cost: float | None = None  # throughput: seconds of a decode step per sequence (EMA)
+        self._step_cost: float | None = None  # seconds of a step without newcomers (EMA): the virtual-time quantum
         self._arriving = 0  # requests being prepared (Arrival), under the lock
         self.stats = SchedulerStats()
         self.waiting: deque[Sequence[P]] = deque()
@@ -358,13 +359,15 @@ class Scheduler(Generic[P, O]):
         worker's virtual-time rule (asked only while it is on; it reads every sequence).
 
         ``playback``: when its most urgent playing stream runs dry. ``virtual``: the virtual time of its most
-        behind sequence that no listener plays yet, ``created + steps * quantum`` (the worker's policy's quantum;
-        a newcomer's is its creation): :mod:`omni_stream.device_policy` lets the models furthest behind catch up
-        first. ``due``: something is due now (as :meth:`urgency` says).
+        behind sequence that no listener plays yet, ``created + steps * quantum``, the quantum this model's own
+        step time (an average of its steps without newcomers; the worker's policy's quantum until one is measured),
+        so a sequence stepped every round stays at or behind the clock; a newcomer's is its creation.
+        :mod:`omni_stream.device_policy` lets the models furthest behind catch up first. ``due``: something is due
+        now (as :meth:`urgency` says).
         """
         if self._work_class is not WorkClass.REALTIME or self._closed:
             return None
-        quantum = self.worker.policy.quantum
+        quantum = self._step_cost if self._step_cost is not None else self.worker.policy.quantum
         virtual: float | None = None
         for seq in self.waiting:
             sess = self._sessions.get(seq.seq_id)
@@ -382,6 +385,12 @@ class Scheduler(Generic[P, O]):
                 behind = timings.created + seq.num_steps * quantum
                 virtual = behind if virtual is None else min(virtual, behind)
         return Standing(playback, virtual, due)
+
+    @property
+    def step_cost(self) -> float | None:
+        """Seconds of this model's steps without newcomers (an average; None before one ran): its requests'
+        virtual-time quantum (:meth:`standing`)."""
+        return self._step_cost
 
     def _live(self) -> Iterator[tuple[Sequence[P], Timings]]:
         """The running sequences that have not ended, with their requests' timings (lock held)."""
@@ -567,6 +576,8 @@ class Scheduler(Generic[P, O]):
         if batch.decode and not batch.prefill:  # a step's cost per running sequence (throughput admission)
             per = model_time / len(batch.decode)
             self._row_cost = per if self._row_cost is None else self._row_cost + _COST_EMA * (per - self._row_cost)
+            cost = self._step_cost
+            self._step_cost = model_time if cost is None else cost + _COST_EMA * (model_time - cost)
         if self.metrics is not None:
             self.metrics.observe_batch(batch.size, model_time)
 

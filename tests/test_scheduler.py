@@ -311,8 +311,9 @@ async def test_each_admission_records_its_wait_since_the_request_was_created():
 
 
 async def test_standing_tells_the_virtual_time_of_the_most_behind_request_and_the_playback_deadline():
-    """What the device worker orders models by (``omni_stream.device_policy``): a request that no listener plays
-    yet stands at ``created + steps * quantum``, a newcomer at its creation; a playing one at the end of the audio
+    """What the device worker's virtual-time rule reads (``omni_stream.device_policy``): a request that no listener
+    plays yet stands at ``created + steps * quantum``, the quantum the model's own step time once a step without
+    newcomers measured it (the policy's before), a newcomer at its creation; a playing one at the end of the audio
     its listener holds; the scheduler's standing is the earliest of each."""
     from omni_stream.device_policy import DevicePolicy, Standing
 
@@ -325,12 +326,17 @@ async def test_standing_tells_the_virtual_time_of_the_most_behind_request_and_th
         for ctx in (second, first):  # the older one queues second: the earliest creation counts, not the queue's head
             await stack.enter_async_context(sched.session(TalkerInput(n_frames=10, tone=1), ctx))
         assert sched.standing(0.0) == Standing(None, 100.0, True)
-        for _ in range(3):
+        sched.run_step()  # both admitted: a step with newcomers measures no step cost
+        assert sched.step_cost is None
+        assert sched.standing(0.0) == Standing(None, pytest.approx(100.01), True)  # the policy's quantum
+        for _ in range(2):
             sched.run_step()
-        assert sched.standing(0.0) == Standing(None, pytest.approx(100.03), True)
+        quantum = sched.step_cost
+        assert quantum is not None and quantum > 0  # measured by the steps without newcomers
+        assert sched.standing(0.0) == Standing(None, pytest.approx(100.0 + 3 * quantum), True)
         first.timings.record_chunk(0.5, now=200.0)  # its first audio went out: it plays, due when 0.5 s ran out
         standing = sched.standing(0.0)
-        assert standing == Standing(200.5, pytest.approx(100.53), True)
+        assert standing == Standing(200.5, pytest.approx(100.5 + 3 * quantum), True)
         assert sched.urgency(7.0) == 7.0  # the second is still due now
         second.timings.record_chunk(0.25, now=201.0)
         assert sched.standing(0.0) == Standing(200.5, None, False)

@@ -201,12 +201,12 @@ class Tuning:
     throughput_fence: bool = False  # on CUDA, an image or video step starts once the last one's device work is done
     realtime_streams: bool = False  # on CUDA, each realtime model's steps on a stream of its own (overlapping)
     # A realtime model whose requests are this far ahead in virtual time of the most-behind model's (requests no
-    # listener plays yet: one step per 10 ms is their share) sits a round out, for at most 50 ms; 0: every realtime
-    # model steps every round (omni_stream.device_policy). Off by default: measured at 50 on one H100 (the same calls
-    # at 0), voice_bench run 61: v2v p95 at 16 sessions 627 -> 574 ms, at 32 966 -> 914 (means of three rounds, one
-    # round of each level worse); chat_bench run 62: first audio p95 at c=16 234 -> 275 ms (the LM's steps are
-    # shorter than 10 ms, so its virtual time runs ahead of the clock and it sits out while it still owes first
-    # clauses), at c=4 121 -> 110
+    # listener plays yet: created + steps * the model's own step time) sits a round out, for at most 50 ms; 0: every
+    # realtime model steps every round (omni_stream.device_policy). Off by default: measured at 50 with a fixed 10 ms
+    # quantum on one H100 (0c17bc3, the same calls at 0), voice_bench run 61: v2v p95 at 16 sessions 627 -> 574 ms, at
+    # 32 966 -> 914 (means of three rounds, one round of each level worse); chat_bench run 62: first audio p95 at c=16
+    # 234 -> 275 ms (the LM's steps were shorter than the quantum, so its virtual time ran ahead of the clock), at c=4
+    # 121 -> 110. The model's own step time as the quantum followed, not measured yet
     realtime_lead_ms: float = 0.0
     # Native text models: newcomers prefilled together at static (batch, length) bucket shapes, CUDA graphs on CUDA
     # (omni_stream.models.causal_lm.runner). voice_bench run 45, the same call off / on: a 16-session voice turn's
