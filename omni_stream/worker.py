@@ -521,6 +521,8 @@ class DeviceWorker:
         finally:
             if throughput:
                 self._in_throughput = False
+        if not throughput and self.policy.lead <= 0:
+            return  # when a realtime source last ran matters only to the virtual-time rule
         now = time.perf_counter()
         key = id(source)
         with self.cond:
