@@ -20,7 +20,6 @@ from omni_stream.runtime.sampling import (
     exponential_noise,
     mask_tokens,
     sample,
-    top_k_filter,
     warp,
 )
 
@@ -60,9 +59,25 @@ def test_warp_matches_hf_per_row() -> None:
         torch.testing.assert_close(ours[i][keep], ref[keep])
 
 
+def test_warp_keeps_what_hf_keeps_on_a_wide_vocabulary() -> None:
+    """One sort serves both filters: on 4096 logits a row (no ties) the tokens kept are exactly HF's, for every mix
+    of top-k and top-p, at the cut-offs too (top-p's running sum sees HF's values in HF's order)."""
+    g = torch.Generator().manual_seed(7)
+    kinds = [*PARAMS, SamplingParams(temperature=0.6, top_k=20, top_p=0.95), SamplingParams(top_k=4000, top_p=0.3),
+             SamplingParams(temperature=2.0, top_k=0, top_p=0.999), SamplingParams(top_k=1, top_p=0.5)]  # fmt: skip
+    rows = kinds * 8
+    logits = torch.randn(len(rows), 4096, generator=g) * 4
+    ours = warp(logits, SamplingTensors.from_params(rows))
+    for i, p in enumerate(rows):
+        ref = hf_warp(logits[i], p)
+        assert torch.equal(torch.isinf(ours[i]), torch.isinf(ref)), (i, p)
+        assert torch.equal(ours[i][~torch.isinf(ref)], ref[~torch.isinf(ref)])
+
+
 def test_top_k_keeps_ties_at_kth_value() -> None:
     logits = torch.tensor([[3.0, 2.0, 2.0, 2.0, 1.0], [3.0, 2.0, 2.0, 2.0, 1.0]])
-    out = top_k_filter(logits, torch.tensor([2, 0]))
+    params = [SamplingParams(temperature=1.0, top_k=2, top_p=1.0), SamplingParams(temperature=1.0, top_k=0, top_p=1.0)]
+    out = warp(logits, SamplingTensors.from_params(params))
     assert torch.isinf(out[0]).tolist() == [False, False, False, False, True]
     assert not torch.isinf(out[1]).any()  # k = 0 disables the filter
 

@@ -129,30 +129,26 @@ def mask_tokens(logits: torch.Tensor, banned: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(banned, float("-inf"))
 
 
-def top_k_filter(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Keep logits >= the row's k-th largest value (ties at the k-th value are kept); ``k == 0`` keeps all."""
-    v = logits.shape[-1]
-    sorted_desc = logits.sort(dim=-1, descending=True).values
-    kth = sorted_desc.gather(-1, (k.clamp(1, v) - 1)[:, None])
-    kth = torch.where(k[:, None] > 0, kth, torch.full_like(kth, float("-inf")))
-    return logits.masked_fill(logits < kth, float("-inf"))
-
-
-def top_p_filter(logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """HF nucleus filter: drop the low tail whose total mass is <= 1 - p, always keeping the best token."""
-    sorted_logits, order = logits.sort(dim=-1, descending=False)
-    cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-    remove = cum <= (1.0 - p)[:, None].to(cum.dtype)
-    remove[:, -1] = False
-    remove = remove.scatter(-1, order, remove)
-    return logits.masked_fill(remove, float("-inf"))
-
-
 def warp(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
-    """Temperature, then top-k, then top-p (HF warper order)."""
+    """Temperature, then top-k, then top-p (HF warper order), from one ascending sort of each row.
+
+    Top-k keeps the logits at or above the row's k-th largest (ties at the k-th value are kept; ``k == 0`` keeps
+    all). Top-p (HF's nucleus filter) then drops the low tail of what top-k kept whose total mass is <= 1 - p, never
+    the best token. Both read the same sort (a 150k-token vocabulary made two sorts the dearest part of a sampling
+    step): top-k's cut is the low end of HF's own top-p order, so top-p's softmax and running sum see the same
+    values in the same order as a sort of their own would, ties included where the sort is stable (the CPU's).
+    """
     x = logits / params.temperature[:, None].to(logits.dtype)
-    x = top_k_filter(x, params.top_k)
-    return top_p_filter(x, params.top_p)
+    v = x.shape[-1]
+    ranked, order = x.sort(dim=-1)
+    k = params.top_k
+    kth = ranked.gather(-1, (v - k.clamp(1, v))[:, None])  # the k-th largest
+    kth = torch.where(k[:, None] > 0, kth, torch.full_like(kth, float("-inf")))
+    cut = ranked < kth  # top-k, in sorted order
+    mass = ranked.masked_fill(cut, float("-inf")).softmax(dim=-1).cumsum(dim=-1)
+    cut |= mass <= (1.0 - params.top_p)[:, None].to(mass.dtype)
+    cut[:, -1] = False  # the best token stays
+    return x.masked_fill(cut.scatter(-1, order, cut), float("-inf"))
 
 
 def sample(logits: torch.Tensor, params: SamplingTensors, noise: torch.Tensor | None) -> torch.Tensor:
