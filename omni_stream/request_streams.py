@@ -101,6 +101,11 @@ class EngineStream(Generic[T_co]):
         if self._metrics is not None:
             self._metrics.observe_request(self.timings, outcome)
 
+    def start(self) -> None:
+        """Start the request's stages now (otherwise the first iteration does), so requests read one after another
+        can run together. Must run on the event loop."""
+        self._stream.start()
+
     def abort(self, exc: BaseException | None = None) -> None:
         """Stop generating now, without waiting; with ``exc``, the next ``__anext__`` raises it."""
         self._stream.cancel(exc)

@@ -35,6 +35,7 @@ from omni_stream.realtime.speech import stream as speech_ws
 from omni_stream.realtime.speech import voices
 from omni_stream.realtime.speech.voice_store import VoiceStore
 from omni_stream.realtime.state import ServerState
+from omni_stream.realtime.transcription import http as transcription
 from omni_stream.realtime.video import ws as video_ws
 from omni_stream.realtime.video_chat import ws as video_chat_ws
 from omni_stream.runtime.gc_heap import freeze_loaded_heap, release_loaded_heap
@@ -79,6 +80,7 @@ def _routes(static_dir: Path | None) -> list[BaseRoute]:
         Route("/v1/audio/voices/", voices.delete_without_name, methods=["DELETE"]),
         Route(speech_batch.ROUTE, speech_batch.create_speech_batch, methods=["POST"]),
         WebSocketRoute("/v1/audio/speech/stream", speech_ws.speech_stream),
+        Route(transcription.ROUTE, transcription.create_transcription, methods=["POST"]),
         Route("/v1/chat/completions", chat.create_chat_completion, methods=["POST"]),
         Route(images.EDITS_ROUTE, images.create_edit, methods=["POST"]),
         Route(images.GENERATIONS_ROUTE, images.create_generation, methods=["POST"]),

@@ -83,6 +83,10 @@ class Settings:
     max_image_bytes: int = 10 * 1024 * 1024
     max_image_pixels: int = 4096 * 4096
     max_image_files: int = 4  # input images and the mask
+    # Transcriptions (POST /v1/audio/transcriptions): bytes of the uploaded file (OpenAI's 25 MB), seconds of audio
+    # it may decode to (longer recordings are transcribed window by window: omni_stream.transcription.long_form)
+    max_transcription_bytes: int = 25 * 1024 * 1024
+    max_transcription_seconds: float = 1800.0
     # Video WebSocket (/v1/realtime/video): session.start within this many seconds; a session with neither
     # generation progress nor a client ping for video_stall_timeout seconds is ended with a stall error
     video_start_timeout: float = 10.0
@@ -136,6 +140,8 @@ class Settings:
             raise ValueError("limits must be positive")
         if self.realtime_transcription_max_tokens is not None and self.realtime_transcription_max_tokens < 1:
             raise ValueError("realtime_transcription_max_tokens must be at least 1")
+        if self.max_transcription_bytes < 1 or self.max_transcription_seconds <= 0:
+            raise ValueError("max_transcription_bytes and max_transcription_seconds must be positive")
         if self.max_ws_uncommitted_chars < 1:
             raise ValueError("max_ws_uncommitted_chars must be positive")
         timeouts = (self.ws_config_timeout, self.ws_idle_timeout, self.video_start_timeout, self.video_stall_timeout,

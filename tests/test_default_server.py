@@ -305,3 +305,15 @@ def test_the_rewritten_prompt_fits_the_image_models_text_encoder_and_usage_says_
     assert not [m for m in records.messages if "sequence length is longer" in m], records.messages
     text_model = live.engine.models.get(ModelKind.TEXT)
     wait_until(lambda: not any(text_model.scheduler.live().values()), what="the stopped rewrite to be released")
+
+
+def test_the_no_argument_server_transcribes_a_file_with_the_sdk(live):
+    """The embedded tiny Whisper behind OpenAI's transcription route, as a new user calls it."""
+    client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0)
+    model = live.engine.models.get(ModelKind.TRANSCRIPTION).info.model_name
+    assert model in [m.id for m in client.models.list().data]
+    samples = (np.random.default_rng(0).standard_normal(16000) * 3000).astype("<i2")
+    header = struct.pack("<4sI4s4sIHHIIHH4sI", b"RIFF", 36 + 2 * samples.size, b"WAVE", b"fmt ", 16, 1, 1, 16000,
+                         32000, 2, 16, b"data", 2 * samples.size)  # fmt: skip
+    reply = client.audio.transcriptions.create(model=model, file=("one.wav", header + samples.tobytes()))
+    assert reply.text and reply.usage.input_token_details.audio_tokens == 50

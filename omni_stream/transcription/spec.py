@@ -30,10 +30,13 @@ from omni_stream.validation.fields import optional_text, whole
 
 @dataclass(slots=True, frozen=True)
 class TranscriptionInfo(ModelInfo):
-    """An ASR model: the ``sample_rate`` (Hz) it listens at and the languages it knows (empty: any)."""
+    """An ASR model: the ``sample_rate`` (Hz) it listens at, the languages it knows (empty: any), and the longest
+    audio one request may carry (None: no bound; longer recordings go window by window,
+    :mod:`omni_stream.transcription.long_form`)."""
 
     sample_rate: int = 16000
     languages: tuple[str, ...] = ()
+    max_seconds: float | None = None
 
 
 @dataclass(slots=True, frozen=True)

@@ -152,7 +152,8 @@ async def read_form(request: Request, limits: FormLimits) -> Form:
     content_type = request.headers.get("content-type", "")
     kind, params = parse_options_header(content_type)
     if kind != b"multipart/form-data":
-        raise bad_request("Image edits must be multipart/form-data")
+        sent = kind.decode("latin-1") or "no Content-Type"
+        raise bad_request(f"{request.url.path} takes a multipart/form-data body, got {sent}")
     boundary = params.get(b"boundary")
     if not boundary:
         raise bad_request("Invalid multipart body: the Content-Type has no boundary")

@@ -182,7 +182,11 @@ class SyntheticASRFamily:
             name="transcription",
         )
         self.info = TranscriptionInfo(
-            config.model_name, config.model_type, ModelKind.TRANSCRIPTION, sample_rate=config.sample_rate
+            config.model_name,
+            config.model_type,
+            ModelKind.TRANSCRIPTION,
+            sample_rate=config.sample_rate,
+            max_seconds=config.max_seconds,
         )
 
     def check_language(self, language: str | None) -> None:

@@ -119,6 +119,7 @@ class WhisperFamily:
             kind=ModelKind.TRANSCRIPTION,
             sample_rate=SAMPLE_RATE,
             languages=tuple(self.tokens.languages) if self.tokens.multilingual else ("en",),
+            max_seconds=self.max_seconds,
         )
         if self.embedded:
             log.warning("serving the embedded tiny Whisper %s: random weights, it transcribes noise", ckpt)
@@ -142,7 +143,9 @@ class WhisperFamily:
             payload = await anyio.to_thread.run_sync(self._prepare, samples, request, language)
             seconds = samples.size / SAMPLE_RATE
             n_prompt = payload.prompt.length - self.tokens.prompt(language).length
-            ctx.tokens(ModelKind.TRANSCRIPTION).input_tokens = math.ceil(seconds * AUDIO_TOKENS_PER_SECOND) + n_prompt
+            count = ctx.tokens(ModelKind.TRANSCRIPTION)
+            count.input_audio_tokens = math.ceil(seconds * AUDIO_TOKENS_PER_SECOND)
+            count.input_tokens = count.input_audio_tokens + n_prompt
             return payload
 
         return batched_transcription_stage(
