@@ -337,8 +337,9 @@ class PipelineStream(Generic[Out]):
         return self._run.failed_stage
 
     def start(self) -> None:
-        """Start the stages now (otherwise the first ``__anext__`` does). Must run on the event loop."""
-        if self.state is not StreamState.IDLE:
+        """Start the stages now (otherwise the first ``__anext__`` does). Must run on the event loop. A stream aborted
+        with an error before it started never starts (its first ``__anext__`` raises the error)."""
+        if self.state is not StreamState.IDLE or self._run.error is not None:
             return
         send, self._out = anyio.create_memory_object_stream[Out](self.pipeline.channel_size)
         loop = asyncio.get_running_loop()

@@ -124,11 +124,13 @@ def post(server, files=None, **fields):
         ({"response_format": "srt"}, "response_format", "timestamps"),
         ({"response_format": "verbose_json"}, "response_format", "timestamps"),
         ({"response_format": "xml"}, "response_format", "'json' or 'text'"),
+        ({"response_format": "diarized_json"}, "response_format", "speaker labels"),
         ({"temperature": "0.4"}, "temperature", "greedily"),
         ({"temperature": "2"}, "temperature", "between 0.0 and 1.0"),
         ({"timestamp_granularities[]": "word"}, "timestamp_granularities", "timestamps"),
         ({"include[]": "logprobs"}, "include", "log-probabilities"),
         ({"chunking_strategy": '{"type": "server_vad"}'}, "chunking_strategy", "'auto'"),
+        ({"chunking_strategy[type]": "server_vad"}, "chunking_strategy", "'auto'"),  # the SDK's spelling
         ({"known_speaker_names[]": "ann"}, "known_speaker_names", "speaker"),
         ({"language": "xx"}, "language", "Unsupported language"),
         ({"stream": "maybe"}, "stream", "boolean"),

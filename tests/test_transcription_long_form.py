@@ -13,7 +13,7 @@ import pytest
 from asr_helpers import utterance
 
 from omni_stream.engine import AsyncEngine
-from omni_stream.errors import InvalidRequestError
+from omni_stream.errors import InvalidRequestError, RequestCancelled
 from omni_stream.family import ModelKind
 from omni_stream.transcription.long_form import split_windows, transcribe_long
 from omni_stream.transcription.spec import TranscriptionRequest
@@ -39,22 +39,32 @@ def test_audio_that_fits_is_one_window():
 
 
 def test_cuts_fall_in_the_pauses_before_each_window_ends():
-    x = noise_with_gaps(70.0, [28.9, 57.0])
+    x = noise_with_gaps(70.0, [28.9, 49.0])
     windows = split_windows(x, RATE, 30.0)
     assert len(windows) == 3
     (s0, e0), (s1, e1), (s2, e2) = windows
     assert s0 == 0 and e0 == s1 and e1 == s2 and e2 == x.size
-    assert 28.9 * RATE <= e0 < 29.1 * RATE  # inside the first pause
-    assert 57.0 * RATE <= e1 < 57.2 * RATE  # inside the second (within 30 s of the first cut)
+    assert 28.9 * RATE <= e0 < 29.1 * RATE  # inside the first pause, in the last 2 s before 30 s
+    # 41 s are left, two windows' worth: the cut is sought in the 2 s before about their middle (~50.5 s)
+    assert 49.0 * RATE <= e1 < 49.2 * RATE
     assert all(end - start <= 30 * RATE for start, end in windows)
+
+
+def test_a_recording_just_past_the_limit_is_two_halves():
+    x = utterance("noise", 30.01)
+    (s0, e0), (s1, e1) = split_windows(x, RATE, 30.0)
+    # the cut is sought in the 2 s before (30.01 s + 2 s) / 2: both windows 14-16 s
+    assert all(14.0 * RATE <= end - start <= 16.01 * RATE for start, end in ((s0, e0), (s1, e1)))
 
 
 def test_silence_everywhere_cuts_at_the_earliest_quiet_frame():
     x = np.zeros(65 * RATE, np.float32)
     windows = split_windows(x, RATE, 30.0, search_seconds=2.0, frame_seconds=0.02)
     first_cut = windows[0][1]
-    assert first_cut == 28 * RATE + 160  # the first frame of the last 2 s, at its middle
-    assert windows[1] == (first_cut, first_cut + 28 * RATE + 160)
+    assert first_cut == 28 * RATE + 160  # the first frame of the last 2 s before 30 s, at its middle
+    left = x.size - first_cut  # two windows' worth: sought in the 2 s before (left + 2 s) / 2
+    second_cut = first_cut + (left + 2 * RATE) // 2 - 2 * RATE + 160
+    assert windows[1:] == ((first_cut, second_cut), (second_cut, x.size))
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -121,6 +131,19 @@ async def test_windows_start_at_most_at_once_ahead_of_the_reader(engine):
             assert t.started <= t.reading + 2
         assert len(t.windows) == 4 and t.started == 4
     assert {r for r, _ in seen} == {0, 1, 2, 3} and (0, 2) in seen
+    await assert_no_state(engine)
+
+
+async def test_an_abort_while_reading_raises_instead_of_ending_the_text_early(engine):
+    x = utterance("noise", 100.0, seed=6)
+    async with transcribe_long(engine, TranscriptionRequest(x, RATE, language="en", max_tokens=4)) as t:
+        pieces = aiter(t)
+        await anext(pieces)
+        t.abort()
+        with pytest.raises(RequestCancelled):
+            async for _ in pieces:
+                pass
+        assert t.started == 4
     await assert_no_state(engine)
 
 

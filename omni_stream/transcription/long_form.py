@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from omni_stream.chunks import TextDelta
-from omni_stream.errors import InvalidRequestError
+from omni_stream.errors import InvalidRequestError, RequestCancelled
 from omni_stream.request_streams import RequestStream, Usage
 from omni_stream.transcription.spec import TranscriptionRequest, transcription_family
 
@@ -52,7 +52,8 @@ def split_windows(
 ) -> tuple[tuple[int, int], ...]:
     """``(start, end)`` sample ranges that cover ``samples`` in order, each at most ``max_seconds`` long; every cut
     is at the middle of the quietest ``frame_seconds`` frame (least mean square) among the last ``search_seconds``
-    before the window would pass ``max_seconds`` (the earliest such frame on a tie)."""
+    before the window would pass ``max_seconds`` (the earliest such frame on a tie), or, where what is left fits
+    two windows, before about its middle."""
     n = int(samples.size)
     limit = math.floor(max_seconds * rate)
     if limit < 1:
@@ -62,7 +63,10 @@ def split_windows(
     windows = []
     start = 0
     while n - start > limit:
-        end = start + limit
+        # Where two windows will do, the cut is sought about the middle of what is left: a recording just past the
+        # limit is two halves, never a full window and a last one of a few milliseconds (Whisper invents text for
+        # a window of next to nothing)
+        end = start + min(limit, (n - start + search) // 2) if n - start <= 2 * limit else start + limit
         low = max(start + 1, end - search)
         frames = (end - low) // frame
         if frames == 0:
@@ -127,6 +131,8 @@ class LongTranscript:
 
     async def _pieces(self) -> AsyncIterator[str]:
         while self._current < len(self._streams):
+            if self._closed:
+                raise RequestCancelled("the transcript was aborted")
             self._start_ahead()
             opened = False  # whether this window has handed out text (the space goes before its first piece only)
             async for out in self._streams[self._current]:
@@ -135,6 +141,8 @@ class LongTranscript:
                     opened = True
                     self._text_end = text[-1]
                     yield text
+            if self._closed:  # aborted: its windows end early, which must not read as the end of the recording
+                raise RequestCancelled("the transcript was aborted")
             self._current += 1
 
     def abort(self) -> None:
@@ -144,9 +152,9 @@ class LongTranscript:
             stream.abort()
 
     async def aclose(self) -> None:
-        """Stop every window and wait until their batch slots are free."""
+        """Stop every window and wait until their batch slots are free (windows never started hold none)."""
         self.abort()
-        for stream in self._streams:
+        for stream in self._streams[: self._started]:
             await stream.aclose()
 
     async def __aenter__(self) -> LongTranscript:
@@ -158,26 +166,50 @@ class LongTranscript:
         await self.aclose()
 
 
-def transcribe_long(engine: AsyncEngine, request: TranscriptionRequest, *, at_once: int = AT_ONCE) -> LongTranscript:
-    """The transcript of ``request``'s whole-recording samples, as many windows as the model needs (see the module
-    docstring). Invalid requests raise here (InvalidRequestError naming the field), before anything runs."""
+def window_requests(
+    request: TranscriptionRequest, max_seconds: float | None
+) -> tuple[tuple[tuple[int, int], ...], tuple[TranscriptionRequest, ...]]:
+    """``request``'s windows (:func:`split_windows` at ``max_seconds``; None: one) and a request for each (ids
+    ``<request_id>-<i>`` where there are several). Blocking numpy work over the whole recording: a server calls it
+    off its event loop."""
     if request.streamed:
         raise InvalidRequestError("a long recording is transcribed from its whole samples, not a stream", "audio")
-    if at_once < 1:
-        raise ValueError(f"at_once must be at least 1, got {at_once}")
     assert isinstance(request.audio, np.ndarray)
-    max_seconds = transcription_family(engine.models).info.max_seconds
     whole = ((0, int(request.audio.size)),)
     windows = whole if max_seconds is None else split_windows(request.audio, request.sample_rate, max_seconds)
+    if len(windows) == 1:
+        return windows, (request,)
+    parts = tuple(
+        dataclasses.replace(request, audio=request.audio[start:end], request_id=f"{request.request_id}-{i}")
+        for i, (start, end) in enumerate(windows)
+    )
+    return windows, parts
+
+
+def transcribe_windows(
+    engine: AsyncEngine,
+    windows: tuple[tuple[int, int], ...],
+    parts: tuple[TranscriptionRequest, ...],
+    *,
+    at_once: int = AT_ONCE,
+) -> LongTranscript:
+    """The transcript of :func:`window_requests`' windows (see the module docstring). Invalid requests raise here
+    (InvalidRequestError naming the field), before anything runs."""
+    if at_once < 1:
+        raise ValueError(f"at_once must be at least 1, got {at_once}")
     streams: list[RequestStream[TextDelta]] = []
     try:
-        for i, (start, end) in enumerate(windows):
-            part = request if len(windows) == 1 else dataclasses.replace(
-                request, audio=request.audio[start:end], request_id=f"{request.request_id}-{i}"
-            )  # fmt: skip
+        for part in parts:
             streams.append(engine.generate(part))
     except BaseException:
         for stream in streams:
             stream.abort()  # never started: nothing to wait for
         raise
     return LongTranscript(streams, windows, at_once)
+
+
+def transcribe_long(engine: AsyncEngine, request: TranscriptionRequest, *, at_once: int = AT_ONCE) -> LongTranscript:
+    """The transcript of ``request``'s whole-recording samples, in as many windows as the model needs
+    (:func:`window_requests` on the caller's thread, then :func:`transcribe_windows`)."""
+    max_seconds = transcription_family(engine.models).info.max_seconds
+    return transcribe_windows(engine, *window_requests(request, max_seconds), at_once=at_once)

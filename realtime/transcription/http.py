@@ -34,9 +34,15 @@ from omni_stream.realtime.common.sse import SSE_HEADERS, SSE_MEDIA_TYPE, sse_dat
 from omni_stream.realtime.common.streams import ClosingStreamingResponse, until_disconnect
 from omni_stream.realtime.speech.params import check_model
 from omni_stream.realtime.state import ServerState
-from omni_stream.realtime.transcription.params import FILES, ResponseFormat, parse_params, split_lists
+from omni_stream.realtime.transcription.params import (
+    FILES,
+    ResponseFormat,
+    TranscriptionParams,
+    parse_params,
+    split_lists,
+)
 from omni_stream.request_streams import Usage
-from omni_stream.transcription.long_form import LongTranscript, transcribe_long
+from omni_stream.transcription.long_form import LongTranscript, transcribe_windows, window_requests
 from omni_stream.transcription.spec import TranscriptionRequest, transcription_family
 
 log = logging.getLogger("omni_stream.realtime.transcription.http")
@@ -56,6 +62,16 @@ def usage_body(usage: Usage) -> dict[str, Any]:
         "total_tokens": usage.total_tokens,
         "input_token_details": {"audio_tokens": usage.input_audio_tokens, "text_tokens": usage.input_text_tokens},
     }
+
+
+def _prepare(
+    data: bytes, rate: int, max_seconds: float, params: TranscriptionParams, window: float | None
+) -> tuple[tuple[tuple[int, int], ...], tuple[TranscriptionRequest, ...]]:
+    """The upload decoded, and its request cut into the model's windows (blocking: off the loop, as every scan of
+    a recording of up to ``max_seconds`` is)."""
+    samples = _decode(data, rate, max_seconds)
+    request = TranscriptionRequest(samples, rate, language=params.language, prompt=params.prompt)
+    return window_requests(request, window)
 
 
 def _decode(data: bytes, rate: int, max_seconds: float) -> np.ndarray:
@@ -87,13 +103,14 @@ async def _transcribe(request: Request, state: ServerState) -> Response:
     check_model(params.model, state.served_models(ModelKind.TRANSCRIPTION))
     engine = state.engine
     engine.models.get(ModelKind.TRANSCRIPTION)  # 400 naming "model" when no transcription model is loaded
-    rate = transcription_family(engine.models).info.sample_rate
+    info = transcription_family(engine.models).info
     data = uploads[0].data
     del form, uploads  # the decoded samples replace the upload's bytes
-    samples = await anyio.to_thread.run_sync(_decode, data, rate, settings.max_transcription_seconds)
+    windows, parts = await anyio.to_thread.run_sync(
+        _prepare, data, info.sample_rate, settings.max_transcription_seconds, params, info.max_seconds
+    )
     del data
-    asr = TranscriptionRequest(samples, rate, language=params.language, prompt=params.prompt)
-    transcript = transcribe_long(engine, asr)  # a bad language or prompt: a 400 here, before anything runs
+    transcript = transcribe_windows(engine, windows, parts)  # a bad language: a 400 here, before anything runs
     if params.stream:
         return await _stream(request, state, transcript)
     return await _whole(request, state, transcript, params.response_format)

@@ -26,6 +26,7 @@ class ResponseFormat(StrEnum):
 
 
 TIMESTAMP_FORMATS = ("verbose_json", "srt", "vtt")
+CHUNKING = "'chunking_strategy' must be 'auto' (long audio is cut at its quietest points)"
 FIELDS = frozenset({"model", "language", "prompt", "response_format", "temperature", "stream", "chunking_strategy"})
 # OpenAI's array fields: the SDK repeats ``name[]`` per value (other clients may send ``name``); keyed without []
 LISTS = frozenset({"timestamp_granularities", "include"})
@@ -56,6 +57,8 @@ def split_lists(fields: tuple[tuple[str, str], ...]) -> tuple[dict[str, str], di
     lists: dict[str, list[str]] = {}
     for key, value in fields:
         name = key.removesuffix("[]")
+        if name.startswith("chunking_strategy["):  # the SDK's spelling of an object: a VAD configuration
+            raise bad_request(CHUNKING, "chunking_strategy")
         if name in UNSUPPORTED:
             raise bad_request(f"'{name}' is not supported: {UNSUPPORTED[name]}", name)
         if name in LISTS:
@@ -82,6 +85,8 @@ def parse_params(values: Mapping[str, str], lists: Mapping[str, list[str]]) -> T
             f"'response_format' {fmt!r} needs timestamps, which are not produced here: use 'json' or 'text'",
             "response_format",
         )
+    if fmt == "diarized_json":
+        raise bad_request("'response_format' 'diarized_json': speaker labels are not produced here", "response_format")
     if fmt not in tuple(ResponseFormat):
         message = f"'response_format' must be 'json' or 'text', got {values['response_format']!r}"
         raise bad_request(message, "response_format")
@@ -93,9 +98,7 @@ def parse_params(values: Mapping[str, str], lists: Mapping[str, list[str]]) -> T
         )
     chunking = values.get("chunking_strategy")
     if chunking is not None and chunking.strip().lower() != "auto":
-        raise bad_request(
-            "'chunking_strategy' must be 'auto' (long audio is cut at its quietest points)", "chunking_strategy"
-        )
+        raise bad_request(CHUNKING, "chunking_strategy")
     language = optional(values, "language", string, non_empty=True, limit=32, form=True)
     prompt = optional(values, "prompt", string, limit=MAX_PROMPT_CHARS, utf8=True, form=True)
     return TranscriptionParams(
