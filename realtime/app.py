@@ -81,6 +81,7 @@ def _routes(static_dir: Path | None) -> list[BaseRoute]:
         Route(speech_batch.ROUTE, speech_batch.create_speech_batch, methods=["POST"]),
         WebSocketRoute("/v1/audio/speech/stream", speech_ws.speech_stream),
         Route(transcription.ROUTE, transcription.create_transcription, methods=["POST"]),
+        Route(transcription.TRANSLATIONS_ROUTE, transcription.create_translation, methods=["POST"]),
         Route("/v1/chat/completions", chat.create_chat_completion, methods=["POST"]),
         Route(images.EDITS_ROUTE, images.create_edit, methods=["POST"]),
         Route(images.GENERATIONS_ROUTE, images.create_generation, methods=["POST"]),

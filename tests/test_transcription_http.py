@@ -179,3 +179,17 @@ def test_a_client_that_leaves_mid_stream_frees_every_window(server):
             assert "transcript.text.delta" in first
     wait_clean(server)
     assert server.app.state.omni.metrics.disconnects.labels("sse")._value.get() >= 1
+
+
+@pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning")  # the SDK marks its translations call so
+def test_translations_take_the_same_file_and_write_the_translate_task(client, server):
+    audio = wav(noise(2.0, seed=11))
+    translated = client.audio.translations.create(model=MODEL, file=("a.wav", audio))
+    transcribed = client.audio.transcriptions.create(model=MODEL, file=("a.wav", audio))
+    assert translated.text and translated.text != transcribed.text  # <|translate|> in the prompt, not <|transcribe|>
+    as_text = client.audio.translations.create(model=MODEL, file=("a.wav", audio), response_format="text")
+    assert as_text == translated.text
+    bad = httpx.post(f"{server.url}/v1/audio/translations", data={"response_format": "srt"},
+                     files={"file": ("a.wav", audio, "audio/wav")}, timeout=30)  # fmt: skip
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "response_format"
+    wait_clean(server)

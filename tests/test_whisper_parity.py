@@ -12,6 +12,7 @@ import torch
 from asr_helpers import UTTERANCES, reference, utterance
 
 from omni_stream.engine import AsyncEngine
+from omni_stream.errors import InvalidRequestError
 from omni_stream.transcription.spec import TranscriptionRequest
 
 pytest_plugins = ("asr_fixtures",)
@@ -170,3 +171,28 @@ async def test_rows_in_scattered_slots_decode_as_in_consecutive_ones(tiny_whispe
         for s in (streams[1], streams[3]):
             await s.aclose()
         assert got == solo
+
+
+@pytest.mark.parametrize("language", ["de", None])
+async def test_translation_gives_transformers_generate_tokens_for_the_translate_task(tiny_whisper, language):
+    model, extractor = reference(tiny_whisper)
+    clips = audios(seed=3)
+    expected = [generated(model, extractor, a, language=language, task="translate") for a in clips]
+    transcribed = [generated(model, extractor, a, language=language) for a in clips]
+    assert expected != transcribed  # the task token changes what the decoder writes
+    async with await AsyncEngine.from_pretrained(tiny_whisper, progress=False) as engine:
+        runner = engine.models.get("transcription").runner
+        runner.record = True
+        reqs = requests(clips, language=language, task="translate")
+        await asyncio.gather(*(transcribe(engine, r) for r in reqs))
+        assert [our_tokens(runner, r.request_id) for r in reqs] == expected
+
+
+async def test_an_english_only_model_refuses_to_translate(tiny_whisper_en):
+    async with await AsyncEngine.from_pretrained(tiny_whisper_en, progress=False) as engine:
+        with pytest.raises(InvalidRequestError, match="does not translate") as err:
+            engine.generate(TranscriptionRequest(audios()[0], task="translate"))
+        assert err.value.param == "model"
+        with pytest.raises(InvalidRequestError) as err:
+            TranscriptionRequest(audios()[0], task="summarize")
+        assert err.value.param == "task"

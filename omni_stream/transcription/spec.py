@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -39,16 +40,25 @@ class TranscriptionInfo(ModelInfo):
     max_seconds: float | None = None
 
 
+class Task(StrEnum):
+    """What the text is: the speech's own words, or their English translation (Whisper's two tasks)."""
+
+    TRANSCRIBE = "transcribe"
+    TRANSLATE = "translate"
+
+
 @dataclass(slots=True, frozen=True)
 class TranscriptionRequest:
     """Speech to text. ``audio``: mono samples at ``sample_rate`` Hz, float in [-1, 1] or int16 PCM (stored as
-    float32: :mod:`omni_stream.validation.audio`), or streamed Audio chunks (any rate)."""
+    float32: :mod:`omni_stream.validation.audio`), or streamed Audio chunks (any rate). ``task``: the words, or
+    their English translation (a model that cannot translate refuses it, naming ``model``)."""
 
     audio: np.ndarray | AsyncIterator[Audio]
     sample_rate: int = 16000
     language: str | None = None  # None: detect (or the model's only language)
     prompt: str | None = None  # text that came before (context for the decoder)
     max_tokens: int | None = None
+    task: Task = Task.TRANSCRIBE
     request_id: str = field(default_factory=lambda: next_request_id("asr"))
 
     def __post_init__(self) -> None:
@@ -63,6 +73,9 @@ class TranscriptionRequest:
         optional_text(self.prompt, "prompt")
         if self.max_tokens is not None:
             object.__setattr__(self, "max_tokens", whole(self.max_tokens, "max_tokens", low=1))
+        if self.task not in tuple(Task):
+            raise InvalidRequestError(f"task must be 'transcribe' or 'translate', got {self.task!r}", "task")
+        object.__setattr__(self, "task", Task(self.task))
 
     @property
     def streamed(self) -> bool:

@@ -1,1 +1,2 @@
-"""POST /v1/audio/transcriptions: OpenAI's speech-to-text route over the loaded transcription model."""
+"""POST /v1/audio/transcriptions and /v1/audio/translations: OpenAI's speech-to-text routes over the loaded
+transcription model."""

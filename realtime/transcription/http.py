@@ -1,4 +1,5 @@
-"""POST /v1/audio/transcriptions (multipart): the transcript as JSON or text, or streamed as OpenAI's SSE events.
+"""POST /v1/audio/transcriptions and /v1/audio/translations (multipart): the transcript (or its English
+translation, Whisper's other task) as JSON or text, or streamed as OpenAI's SSE events.
 
 Every validation problem is a 400 before any work: the form is read within its limits (a file past
 ``max_transcription_bytes`` is refused as it arrives), the audio is decoded off the loop at the model's rate within
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
+from functools import partial
 from typing import Any
 
 import anyio.to_thread
@@ -43,14 +45,20 @@ from omni_stream.realtime.transcription.params import (
 )
 from omni_stream.request_streams import Usage
 from omni_stream.transcription.long_form import LongTranscript, transcribe_windows, window_requests
-from omni_stream.transcription.spec import TranscriptionRequest, transcription_family
+from omni_stream.transcription.spec import Task, TranscriptionRequest, transcription_family
 
 log = logging.getLogger("omni_stream.realtime.transcription.http")
 ROUTE = "/v1/audio/transcriptions"
+TRANSLATIONS_ROUTE = "/v1/audio/translations"
 
 
 async def create_transcription(request: Request) -> Response:
-    return await answer(request, ROUTE, _transcribe)
+    return await answer(request, ROUTE, partial(_transcribe, task=Task.TRANSCRIBE))
+
+
+async def create_translation(request: Request) -> Response:
+    """The same route, with English text of speech in any language (Whisper's translate task)."""
+    return await answer(request, TRANSLATIONS_ROUTE, partial(_transcribe, task=Task.TRANSLATE))
 
 
 def usage_body(usage: Usage) -> dict[str, Any]:
@@ -65,12 +73,12 @@ def usage_body(usage: Usage) -> dict[str, Any]:
 
 
 def _prepare(
-    data: bytes, rate: int, max_seconds: float, params: TranscriptionParams, window: float | None
+    data: bytes, rate: int, max_seconds: float, params: TranscriptionParams, task: Task, window: float | None
 ) -> tuple[tuple[tuple[int, int], ...], tuple[TranscriptionRequest, ...]]:
     """The upload decoded, and its request cut into the model's windows (blocking: off the loop, as every scan of
     a recording of up to ``max_seconds`` is)."""
     samples = _decode(data, rate, max_seconds)
-    request = TranscriptionRequest(samples, rate, language=params.language, prompt=params.prompt)
+    request = TranscriptionRequest(samples, rate, language=params.language, prompt=params.prompt, task=task)
     return window_requests(request, window)
 
 
@@ -88,7 +96,7 @@ def _decode(data: bytes, rate: int, max_seconds: float) -> np.ndarray:
     return samples
 
 
-async def _transcribe(request: Request, state: ServerState) -> Response:
+async def _transcribe(request: Request, state: ServerState, *, task: Task) -> Response:
     settings = state.settings
     form = await read_form(request, FormLimits(max_file_bytes=settings.max_transcription_bytes, max_files=1))
     for part in form.files:
@@ -107,7 +115,7 @@ async def _transcribe(request: Request, state: ServerState) -> Response:
     data = uploads[0].data
     del form, uploads  # the decoded samples replace the upload's bytes
     windows, parts = await anyio.to_thread.run_sync(
-        _prepare, data, info.sample_rate, settings.max_transcription_seconds, params, info.max_seconds
+        _prepare, data, info.sample_rate, settings.max_transcription_seconds, params, task, info.max_seconds
     )
     del data
     transcript = transcribe_windows(engine, windows, parts)  # a bad language: a 400 here, before anything runs

@@ -24,13 +24,13 @@ import numpy as np
 from omni_stream.batch_model import Batch, SeqOutput
 from omni_stream.chunks import Audio, TextDelta
 from omni_stream.context import RequestContext
-from omni_stream.errors import ConfigError
+from omni_stream.errors import ConfigError, InvalidRequestError
 from omni_stream.family import LoadContext, ModelKind
 from omni_stream.metrics import EngineMetrics
 from omni_stream.pipeline import Stage
 from omni_stream.runtime.step_record import StepRecord
 from omni_stream.scheduler import Scheduler
-from omni_stream.transcription.spec import TranscriptionInfo, TranscriptionRequest
+from omni_stream.transcription.spec import Task, TranscriptionInfo, TranscriptionRequest
 from omni_stream.transcription.stage import batched_transcription_stage, check_samples
 from omni_stream.worker import DeviceWorker
 from synthetic.config import check_keys, write_config
@@ -193,7 +193,9 @@ class SyntheticASRFamily:
         """Any language (the tones have none)."""
 
     def transcription_stage(self, request: TranscriptionRequest, ctx: RequestContext) -> Stage[Audio, TextDelta]:
-        """Any ``language`` is accepted (the tones have none); ``prompt`` is ignored."""
+        """Any ``language`` is accepted (the tones have none); ``prompt`` is ignored; translation is refused."""
+        if request.task is Task.TRANSLATE:
+            raise InvalidRequestError(f"{self.info.model_name} does not translate", "model")
         check_samples(request, self.config.max_seconds)
 
         async def prepare(ctx: RequestContext, samples: np.ndarray) -> ASRInput:

@@ -42,7 +42,7 @@ from omni_stream.runtime.settings import Tuning
 from omni_stream.runtime.weights import parse_dtype
 from omni_stream.scheduler import Scheduler
 from omni_stream.speech.admission import DEFAULT_HOLD_S
-from omni_stream.transcription.spec import TranscriptionInfo, TranscriptionRequest
+from omni_stream.transcription.spec import Task, TranscriptionInfo, TranscriptionRequest
 from omni_stream.transcription.stage import batched_transcription_stage, check_samples
 
 log = logging.getLogger(__name__)
@@ -134,6 +134,8 @@ class WhisperFamily:
 
     def transcription_stage(self, request: TranscriptionRequest, ctx: RequestContext) -> Stage[Audio, TextDelta]:
         language = self.tokens.language_id(request.language)
+        if request.task is Task.TRANSLATE and self.tokens.translate is None:
+            raise InvalidRequestError(f"{self.info.model_name} does not translate (an English-only model)", "model")
         check_samples(request, self.max_seconds)
         room = self.tokens.max_length - self.tokens.prompt(language).length
         if request.max_tokens is not None and request.max_tokens > room:
@@ -161,7 +163,7 @@ class WhisperFamily:
         if request.prompt and request.prompt.strip() and self.tokens.max_context:
             ids = self.tokenizer(" " + request.prompt.strip(), add_special_tokens=False).input_ids
             context = tuple(int(i) for i in ids if i < self.tokens.eot)[-self.tokens.max_context :]
-        prompt = self.tokens.prompt(language, context)
+        prompt = self.tokens.prompt(language, context, translate=request.task is Task.TRANSLATE)
         budget = self.tokens.max_length - prompt.length
         return WhisperInput(features, prompt, min(request.max_tokens or budget, budget), window)
 

@@ -1,9 +1,10 @@
 """Whisper's decoder prompt: special-token ids from ``generation_config.json``, languages, the request's prompt.
 
 A transcription prompt is ``[<|startofprev|>, context...]`` (only with ``TranscriptionRequest.prompt``) then
-``<|startoftranscript|>``, the language, ``<|transcribe|>`` and ``<|notimestamps|>`` (English-only models have
-neither language nor task). With no language given, a multilingual model first detects it from
-``<|startoftranscript|>`` alone, as ``transformers``' ``generate()`` does.
+``<|startoftranscript|>``, the language, ``<|transcribe|>`` (or ``<|translate|>``: English text of speech in any
+language) and ``<|notimestamps|>`` (English-only models have neither language nor task, and do not translate).
+With no language given, a multilingual model first detects it from ``<|startoftranscript|>`` alone, as
+``transformers``' ``generate()`` does.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class WhisperTokens:
     suppress: tuple[int, ...]
     begin_suppress: tuple[int, ...]
     max_length: int  # decoder positions (prompt + generated)
+    translate: int | None = None  # <|translate|>: multilingual models only
 
     @classmethod
     def from_generation_config(cls, gen: Mapping[str, Any], max_target_positions: int) -> WhisperTokens:
@@ -59,6 +61,7 @@ class WhisperTokens:
             return gen[key]
 
         multilingual = bool(gen.get("is_multilingual", False))
+        tasks = gen.get("task_to_id") or {}
         lang_to_id = gen.get("lang_to_id") or {}
         if multilingual and not lang_to_id:
             raise ConfigError("generation_config.json: a multilingual model needs lang_to_id")
@@ -73,6 +76,7 @@ class WhisperTokens:
             suppress=tuple(int(t) for t in gen.get("suppress_tokens") or ()),
             begin_suppress=tuple(int(t) for t in gen.get("begin_suppress_tokens") or ()),
             max_length=min(int(gen.get("max_length") or max_target_positions), max_target_positions),
+            translate=int(tasks["translate"]) if multilingual and "translate" in tasks else None,
         )
 
     @property
@@ -102,12 +106,10 @@ class WhisperTokens:
             raise language_error(language, (*self.languages, "or a language name"))
         return self.languages[code]
 
-    def prompt(self, language: int | None, context: tuple[int, ...] = ()) -> WhisperPrompt:
-        """The prompt for a language token (None: detect, on multilingual models) after ``context`` text ids."""
+    def prompt(self, language: int | None, context: tuple[int, ...] = (), translate: bool = False) -> WhisperPrompt:
+        """The prompt for a language token (None: detect, on multilingual models) after ``context`` text ids;
+        ``translate``: the ``<|translate|>`` task (the caller has checked :attr:`translate` exists)."""
         head = ((self.start_of_prev, *context) if context and self.start_of_prev is not None else ()) + (self.sot,)
-        tail = (
-            (self.transcribe, self.no_timestamps)
-            if self.multilingual and self.transcribe is not None
-            else (self.no_timestamps,)
-        )
+        task = self.translate if translate else self.transcribe
+        tail = (task, self.no_timestamps) if self.multilingual and task is not None else (self.no_timestamps,)
         return WhisperPrompt(head, language, tail, detect=self.multilingual and language is None)
