@@ -94,6 +94,7 @@ def _routes(static_dir: Path | None) -> list[BaseRoute]:
             Route("/", _page(static_dir / "index.html"), methods=["GET"]),
             Route("/video", _page(static_dir / "video.html"), methods=["GET"]),
             Route("/realtime", _page(static_dir / "realtime.html"), methods=["GET"]),
+            Route("/transcribe", _page(static_dir / "transcribe.html"), methods=["GET"]),
             Mount("/static", PageAssets(directory=static_dir), name="static"),
         ]
     return routes

@@ -12,6 +12,7 @@ from omni_stream.family import SpeechInfo, TextInfo
 from omni_stream.realtime.common.errors import ApiError
 from omni_stream.realtime.replica import ReplicaLabelled
 from omni_stream.realtime.state import ServerState
+from omni_stream.transcription.spec import TranscriptionInfo
 from omni_stream.validation.voices import voice_names
 
 _STARTED = int(time.time())
@@ -70,6 +71,8 @@ def _models(state: ServerState) -> list[dict[str, object]]:
             if isinstance(info, SpeechInfo):
                 entry.update(task_types=[t.value for t in info.task_types], sample_rate=info.sample_rate)
                 entry["voices"] = voice_names(info, state.voices)  # built-in and uploaded, as GET /v1/audio/voices
+            if isinstance(info, TranscriptionInfo):
+                entry.update(sample_rate=info.sample_rate, languages=list(info.languages))
             if isinstance(info, TextInfo):
                 entry["max_context"] = info.max_context
                 entry["max_model_len"] = info.max_context  # vLLM's name, which OpenAI-compatible clients read

@@ -318,8 +318,9 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
         print(  # what a new user opens first
-            f"omni-stream serve: pages {listening}/ (speech), {listening}/realtime (voice agent), {listening}/video; "
-            f"the API under {listening}/v1 (OpenAI's routes), health at {listening}/health",
+            f"omni-stream serve: pages {listening}/ (speech), {listening}/realtime (voice agent), "
+            f"{listening}/transcribe, {listening}/video; the API under {listening}/v1 (OpenAI's routes), "
+            f"health at {listening}/health",
             flush=True,
         )
         return engine

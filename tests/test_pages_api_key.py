@@ -212,3 +212,24 @@ def test_the_realtime_page_shows_a_failed_response(browser, keyed):
         tab.page.get_by_role("button", name="Stop").click()
     finally:
         tab.close()
+
+
+def test_the_transcription_page_posts_a_recording_with_the_key(browser, keyed):
+    tab = Tab(browser, f"{keyed.url}/transcribe", "__transcribe").open()
+    try:
+        refused = tab.wait("s.model === null")  # before the key: the model line asks for it
+        assert refused["state"] == "idle" and "API key" in tab.text("#model")
+        tab.type_key(KEY)
+        tab.wait("s.model !== null")
+        tab.page.get_by_role("button", name="Record").click()
+        tab.wait("s.state === 'recording'")
+        tab.page.wait_for_timeout(1000)  # a second of the fake microphone's silence
+        tab.page.get_by_role("button", name="Stop recording").click()
+        tab.wait("s.recordedBytes > 0")
+        tab.page.get_by_role("button", name="Transcribe").click()
+        done = tab.wait("s.state === 'done' || s.state === 'error'")
+        assert done["state"] == "done" and done["errors"] == [], done
+        assert done["usage"]["input_token_details"]["audio_tokens"] > 0
+        assert tab.unexpected() == []
+    finally:
+        tab.close()

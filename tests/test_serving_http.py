@@ -363,7 +363,7 @@ def test_models_health_metrics(http, client, model):
     assert "omni_stream_requests_running" in r.text and "omni_stream_http_requests_total" in r.text
 
 
-@pytest.mark.parametrize("page", ["/", "/realtime", "/video"])
+@pytest.mark.parametrize("page", ["/", "/realtime", "/transcribe", "/video"])
 def test_every_demo_page_and_each_file_it_links_is_served(http, page):
     r = http.get(page)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
