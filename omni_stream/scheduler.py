@@ -16,7 +16,8 @@ chunks) on the shared device worker (:mod:`omni_stream.device_policy`). A realti
 the time its most urgent live sequence runs dry; a throughput scheduler admits newcomers by capacity (they wait,
 counted in the waiting gauge, while one more request's share of a step would not fit in the realtime streams'
 slack; :func:`~omni_stream.device_policy.capacity_budget`), a continuing request (``open(..., continuing=True)``)
-ahead of new ones.
+ahead of new ones. Within a scheduler, bulk requests (``open(..., bulk=True)``: a recording's transcript, which no
+conversation waits on turn by turn) queue behind every other request and hold at most ``bulk_slots`` slots.
 
 Lifetime by scope: ``async with scheduler.session(payload) as stream`` owns the sequence. Leaving the
 scope any way releases it synchronously (no ``await``, so it survives a cancelled ``finally``): the
@@ -71,7 +72,7 @@ class SchedulerStats:
 class _Session(Generic[P, O]):
     """Delivery state of one sequence; fields change under the scheduler's lock."""
 
-    __slots__ = ("buffer", "continuing", "ctx", "done", "error", "loop", "queued", "seq", "waiter")
+    __slots__ = ("buffer", "bulk", "continuing", "ctx", "done", "error", "loop", "queued", "seq", "waiter")
 
     def __init__(self, seq: Sequence[P], ctx: RequestContext, loop: asyncio.AbstractEventLoop | None) -> None:
         self.seq = seq
@@ -83,6 +84,7 @@ class _Session(Generic[P, O]):
         self.error: BaseException | None = None
         self.waiter: asyncio.Future[None] | None = None  # created and resolved on the loop only
         self.continuing = False  # a throughput request's next part: admitted ahead of new requests
+        self.bulk = False  # a recording's, not a conversation's: queued behind the others, within bulk_slots
 
 
 def _wake(sessions: list[_Session[P, O]]) -> None:
@@ -133,15 +135,20 @@ class Scheduler(Generic[P, O]):
         due_wait: float = 0.0,
         work_class: WorkClass = WorkClass.REALTIME,
         max_defer: float = DEFAULT_MAX_DEFER_S,
+        bulk_slots: int | None = None,
     ) -> None:
         """``admission``: how many waiting sequences each step admits (:mod:`omni_stream.speech.admission`; None: all
         that fit in the free slots). ``hold``: the longest newcomers wait for requests still being prepared
         (:meth:`arriving`; 0: never). For a :class:`~omni_stream.batch_model.PipelinedModel` only: ``settle``, call
         its ``settle()`` before each batch is picked; ``due_wait``, the longest the worker waits after a step for
         the jobs its outputs make due (seconds; 0: never). ``work_class``: realtime or throughput (the module
-        docstring); ``max_defer``: the longest a throughput newcomer waits for capacity (seconds, default 10)."""
+        docstring); ``max_defer``: the longest a throughput newcomer waits for capacity (seconds, default 10).
+        ``bulk_slots``: the most batch slots bulk sequences (``open(..., bulk=True)``) hold at once (None: any)."""
         if hold < 0 or due_wait < 0:
             raise ValueError(f"hold and due_wait must be >= 0 s, got {hold}, {due_wait}")
+        if bulk_slots is not None and bulk_slots < 1:
+            raise ValueError(f"bulk_slots must be at least 1, got {bulk_slots}")
+        self.bulk_slots = bulk_slots
         low = high_watermark // 4 if low_watermark is None else low_watermark
         if high_watermark < 1 or not 0 <= low < high_watermark:
             raise ValueError(f"need 0 <= low_watermark < high_watermark, got {low}, {high_watermark}")
@@ -211,12 +218,13 @@ class Scheduler(Generic[P, O]):
         ctx: RequestContext | None = None,
         arrival: Arrival[P, O] | None = None,
         continuing: bool = False,
+        bulk: bool = False,
     ) -> AsyncIterator[SeqStream[P, O]]:
         """Queue a sequence for ``payload``; yield the stream of its items; release it on exit, any exit.
 
         ``arrival``: this request's :meth:`arriving` count, ended as the sequence queues (in one step, so a
-        burst's last newcomer is never between the two). ``continuing``: see :meth:`open`."""
-        sess = self.open(payload, ctx, arrival=arrival, continuing=continuing)
+        burst's last newcomer is never between the two). ``continuing``, ``bulk``: see :meth:`open`."""
+        sess = self.open(payload, ctx, arrival=arrival, continuing=continuing, bulk=bulk)
         unregister = sess.ctx.add_release(lambda: self.release(sess))  # lets the consumer release it at once
         try:
             yield SeqStream(self, sess)
@@ -232,26 +240,36 @@ class Scheduler(Generic[P, O]):
         offline: bool = False,
         arrival: Arrival[P, O] | None = None,
         continuing: bool = False,
+        bulk: bool = False,
     ) -> _Session[P, O]:
         """Queue a sequence (pair with :meth:`release`; prefer :meth:`session`).
 
         ``offline``: no event loop waits for it (:func:`run_offline` steps the scheduler and reads the buffers).
         ``continuing``: the next part of a request already served (a video's next chunk): it queues ahead of new
-        requests and is never held back for capacity.
+        requests and is never held back for capacity. ``bulk``: work no one is waiting on turn by turn (a recording's
+        transcript, not a conversation's): it queues behind every other request, and bulk sequences hold at most
+        ``bulk_slots`` slots, so a burst of them never keeps a conversation's turn out of the batch.
         """
+        if continuing and bulk:
+            raise ValueError("a sequence is continuing or bulk, not both")
         ctx = ctx if ctx is not None else RequestContext()
         with self.lock:
             if self._closed:
                 raise EngineClosed(f"scheduler {self.name} is closed")
             seq = Sequence(seq_id=next(self._ids), payload=payload, request_id=ctx.request_id)
             sess: _Session[P, O] = _Session(seq, ctx, None if offline else asyncio.get_running_loop())
-            sess.continuing = continuing
+            sess.continuing, sess.bulk = continuing, bulk
             self._sessions[seq.seq_id] = sess
             if continuing:  # behind the other continuing ones, ahead of every new request
                 ahead = sum(1 for _ in itertools.takewhile(lambda w: self._sessions[w.seq_id].continuing, self.waiting))
                 self.waiting.insert(ahead, seq)
-            else:
+            elif bulk:
                 self.waiting.append(seq)
+            else:  # ahead of the bulk ones, which are the queue's tail
+                behind = sum(
+                    1 for _ in itertools.takewhile(lambda w: self._sessions[w.seq_id].bulk, reversed(self.waiting))
+                )
+                self.waiting.insert(len(self.waiting) - behind, seq)
             if arrival is not None:
                 arrival._end_locked()
             self._observe_queues()
@@ -312,9 +330,19 @@ class Scheduler(Generic[P, O]):
             return False
         if self._released or self._runnable():
             return True
-        if not (self.waiting and self.free_slots) or self._holding(time.perf_counter()):
+        if not (self.waiting and self.free_slots) or self._holding(time.perf_counter()) or self._bulk_full():
             return False
         return self._work_class is not WorkClass.THROUGHPUT or self._admission_budget() > 0
+
+    def _bulk_full(self) -> bool:
+        """The next waiting sequence is bulk and bulk sequences hold their ``bulk_slots`` (lock held)."""
+        if self.bulk_slots is None or not self.waiting or not self._sessions[self.waiting[0].seq_id].bulk:
+            return False
+        held = 0
+        for seq in self.running.values():
+            sess = self._sessions.get(seq.seq_id)
+            held += seq.state not in _DONE and sess is not None and sess.bulk
+        return held >= self.bulk_slots
 
     def _holding(self, now: float) -> bool:
         """Newcomers wait for requests still being prepared (lock held; see ``admission.hold_newcomers``)."""
@@ -343,7 +371,7 @@ class Scheduler(Generic[P, O]):
         """
         if self._work_class is not WorkClass.REALTIME or self._closed:
             return None
-        if self.waiting or self._arriving:
+        if (self.waiting and not self._bulk_full()) or self._arriving:
             return now
         due: float | None = None
         for seq, timings in self._live():
@@ -369,12 +397,13 @@ class Scheduler(Generic[P, O]):
             return None
         quantum = self._step_cost if self._step_cost is not None else self.worker.policy.quantum
         virtual: float | None = None
-        for seq in self.waiting:
+        admissible = bool(self.waiting) and not self._bulk_full()
+        for seq in self.waiting if admissible else ():
             sess = self._sessions.get(seq.seq_id)
             if sess is not None:
                 created = sess.ctx.timings.created
                 virtual = created if virtual is None else min(virtual, created)
-        due = bool(self.waiting or self._arriving)
+        due = admissible or bool(self._arriving)
         playback: float | None = None
         for seq, timings in self._live():
             if timings.first_chunk is not None:
@@ -440,7 +469,7 @@ class Scheduler(Generic[P, O]):
         """Admit waiting sequences into free slots (prefill) and decode the running ones that are not paused."""
         prefill: list[Sequence[P]] = []
         budget = 0 if self._holding(time.perf_counter()) else self._admission_budget()
-        while self.waiting and self.free_slots and len(prefill) < budget:
+        while self.waiting and self.free_slots and len(prefill) < budget and not self._bulk_full():
             seq = self.waiting.popleft()
             seq.slot = heapq.heappop(self.free_slots)
             seq.state = RequestState.RUNNING

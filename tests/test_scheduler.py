@@ -341,3 +341,47 @@ async def test_standing_tells_the_virtual_time_of_the_most_behind_request_and_th
         second.timings.record_chunk(0.25, now=201.0)
         assert sched.standing(0.0) == Standing(200.5, None, False)
         assert sched.urgency(7.0) == 200.5
+
+
+async def test_bulk_requests_queue_behind_the_others_and_hold_at_most_their_slots():
+    model = SyntheticTalker(CONFIG, 4, record=True)
+    sched = Scheduler(model, DeviceWorker(), high_watermark=64, bulk_slots=2)
+    outs: dict[str, list] = {}
+    async with AsyncExitStack() as stack, anyio.create_task_group() as tg:
+
+        async def open_(name: str, frames: int, **kind) -> int:
+            stream = await stack.enter_async_context(sched.session(TalkerInput(frames, 1), **kind))
+            tg.start_soon(read_all, stream, outs.setdefault(name, []))
+            return stream.seq.seq_id
+
+        b1, b2, b3 = [await open_(f"b{i}", 4, bulk=True) for i in (1, 2, 3)]
+        n1 = await open_("n1", 6)
+        assert [s.seq_id for s in sched.waiting] == [n1, b1, b2, b3]  # the conversation's turn goes first
+        await settle()
+        await step(sched)
+        assert steps_in(model)[-1] == ("step", (n1, b1, b2), ())  # b3 waits: bulk holds its 2 slots, 1 is free
+        n2 = await open_("n2", 2)
+        await step(sched)
+        assert steps_in(model)[-1] == ("step", (n2,), (n1, b1, b2))  # a later turn takes the free slot at once
+        await step(sched, 2)  # b1 and b2 end with their 4th frame (step 4), n2 with its 2nd (step 3)
+        assert all(b3 not in prefill for _, prefill, _ in steps_in(model))
+        await step(sched)
+        assert steps_in(model)[-1] == ("step", (b3,), (n1,))  # only once the bulk slots are free again
+        while sched.has_work():
+            await step(sched)
+    assert {name: len(items) for name, items in outs.items()} == {"b1": 4, "b2": 4, "b3": 4, "n1": 6, "n2": 2}
+    assert sched.live() == dict.fromkeys(sched.live(), 0)
+
+
+async def test_bulk_sequences_past_their_share_do_not_make_work_or_urgency():
+    model = SyntheticTalker(CONFIG, 4, record=True)
+    sched = Scheduler(model, DeviceWorker(), high_watermark=2, bulk_slots=1)
+    async with sched.session(TalkerInput(20, 1), bulk=True) as held, sched.session(TalkerInput(20, 1), bulk=True):
+        await step(sched, 3)  # the first fills its buffer (nobody reads it) and pauses; the second may not start
+        assert held.seq.state is RequestState.PAUSED and len(sched.waiting) == 1
+        assert not sched.has_work()  # nothing runnable, and the waiting one is past the bulk share: no empty steps
+        assert sched.urgency(0.0) is None and not sched.standing(0.0).due
+    with pytest.raises(ValueError, match="continuing or bulk"):
+        sched.open(TalkerInput(1, 1), continuing=True, bulk=True)
+    with pytest.raises(ValueError, match="bulk_slots"):
+        Scheduler(model, DeviceWorker(), bulk_slots=0)

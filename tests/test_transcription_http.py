@@ -193,3 +193,20 @@ def test_translations_take_the_same_file_and_write_the_translate_task(client, se
                      files={"file": ("a.wav", audio, "audio/wav")}, timeout=30)  # fmt: skip
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "response_format"
     wait_clean(server)
+
+
+def test_a_posted_recording_is_bulk_work_holding_at_most_half_the_slots(tiny_whisper):
+    """Files sent to the route queue behind a voice agent's turns on the same model and hold at most half of its
+    batch slots: a 100 s file's 4 windows start together on a 4-slot model and run 2 at a time."""
+    with running_server(tiny_whisper, max_batch_size=4) as live:
+        runner = family(live).runner
+        runner.record = True
+        response = post(live, files={"file": ("long.wav", wav(noise(100.0, seed=12)), "audio/wav")})
+        assert response.status_code == 200 and response.json()["text"]
+        admitted = [e for e in runner.log if e[0] == "admit"]
+        assert sorted(e[2].rsplit("-", 1)[1] for e in admitted) == ["0", "1", "2", "3"]  # the 4 windows
+        held = most = 0
+        for event in runner.log:
+            held += {"admit": 1, "release": -1}.get(event[0], 0)
+            most = max(most, held)
+        assert most == 2

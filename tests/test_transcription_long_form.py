@@ -172,3 +172,30 @@ async def test_random_aborts_leave_no_state(engine):
         for seed in range(8):
             tg.start_soon(one, seed)
     await assert_no_state(engine)  # each transcript's exit waited until its windows' slots were free
+
+
+def most_at_once(runner, request_ids: set[str]) -> int:
+    """The most sequences of ``request_ids`` the runner held at once (from its admit and release events)."""
+    held, most, ids = 0, 0, set()
+    for event in runner.log:
+        if event[0] == "admit" and event[2] in request_ids:
+            ids.add(event[1])
+            held += 1
+            most = max(most, held)
+        elif event[0] == "release" and event[1] in ids:
+            held -= 1
+    return most
+
+
+async def test_a_bulk_recording_holds_at_most_half_the_slots(tiny_whisper):
+    async with await AsyncEngine.from_pretrained(tiny_whisper, progress=False, max_batch_size=4) as engine:
+        runner = engine.models.get(ModelKind.TRANSCRIPTION).runner
+        runner.record = True
+        x = utterance("noise", 100.0, seed=8)
+        for bulk, most in ((False, 4), (True, 2)):  # the same 4 windows, started at once, decoding 40 tokens each
+            request = TranscriptionRequest(x, RATE, language="en", max_tokens=40, bulk=bulk)
+            async with transcribe_long(engine, request, at_once=4) as t:
+                assert "".join([piece async for piece in t])
+            windows = {f"{request.request_id}-{i}" for i in range(len(t.windows))}
+            assert len(windows) == 4 and most_at_once(runner, windows) == most
+        await assert_no_state(engine)

@@ -59,6 +59,9 @@ class TranscriptionRequest:
     prompt: str | None = None  # text that came before (context for the decoder)
     max_tokens: int | None = None
     task: Task = Task.TRANSCRIBE
+    # A recording's transcript, not a conversation's turn: it queues behind conversational requests on the model's
+    # scheduler and holds at most its bulk share of batch slots (Scheduler.open's ``bulk``)
+    bulk: bool = False
     request_id: str = field(default_factory=lambda: next_request_id("asr"))
 
     def __post_init__(self) -> None:
@@ -76,6 +79,8 @@ class TranscriptionRequest:
         if self.task not in tuple(Task):
             raise InvalidRequestError(f"task must be 'transcribe' or 'translate', got {self.task!r}", "task")
         object.__setattr__(self, "task", Task(self.task))
+        if not isinstance(self.bulk, bool):
+            raise InvalidRequestError(f"bulk must be a boolean, got {type(self.bulk).__name__}", "bulk")
 
     @property
     def streamed(self) -> bool:

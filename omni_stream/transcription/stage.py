@@ -115,11 +115,13 @@ def batched_transcription_stage(
         # Counted as arriving while its features are made: newcomers already waiting wait for it (at most the
         # scheduler's hold), so utterances that ended together (many sessions pausing at once) share one encoder
         # pass; an utterance with nothing else in preparation goes in at once.
-        # (Not counted where the scheduler never holds: an arriving request reads as realtime work about to come.)
-        with scheduler.arriving() if scheduler.hold else contextlib.nullcontext() as arrival:
+        # (Not counted where the scheduler never holds: an arriving request reads as realtime work about to come;
+        # nor for a bulk request, which no conversation's turn waits for.)
+        holds = scheduler.hold and not request.bulk
+        with scheduler.arriving() if holds else contextlib.nullcontext() as arrival:
             payload = await prepare(ctx, samples)
             usage = ctx.tokens(ModelKind.TRANSCRIPTION)
-            async with scheduler.session(payload, ctx, arrival) as deltas:
+            async with scheduler.session(payload, ctx, arrival, bulk=request.bulk) as deltas:
                 async for delta in deltas:
                     usage.output_tokens += 1
                     ctx.timings.steps += 1

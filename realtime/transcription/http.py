@@ -5,9 +5,10 @@ Every validation problem is a 400 before any work: the form is read within its l
 ``max_transcription_bytes`` is refused as it arrives), the audio is decoded off the loop at the model's rate within
 ``max_transcription_seconds``, and the engine checks every window's request (language, prompt) before any runs. A
 recording longer than the model's window is transcribed window by window
-(:mod:`omni_stream.transcription.long_form`). With ``stream=true`` the first text is awaited before the status line,
-so a failure up to there is a plain HTTP error and one after it an in-band ``error`` event. A client that leaves
-cancels every window: none is stepped again after the step in progress.
+(:mod:`omni_stream.transcription.long_form`), as bulk work: behind a voice agent's turns on the same model, in at
+most half its batch slots (``TranscriptionRequest.bulk``). With ``stream=true`` the first text is awaited before
+the status line, so a failure up to there is a plain HTTP error and one after it an in-band ``error`` event. A
+client that leaves cancels every window: none is stepped again after the step in progress.
 
 Bodies, as OpenAI's: JSON ``{"text", "usage": {"type": "tokens", input_tokens, output_tokens, total_tokens,
 input_token_details {audio_tokens, text_tokens}}}``; ``text``: the transcript alone (``text/plain``); SSE: ``data:``
@@ -78,7 +79,7 @@ def _prepare(
     """The upload decoded, and its request cut into the model's windows (blocking: off the loop, as every scan of
     a recording of up to ``max_seconds`` is)."""
     samples = _decode(data, rate, max_seconds)
-    request = TranscriptionRequest(samples, rate, language=params.language, prompt=params.prompt, task=task)
+    request = TranscriptionRequest(samples, rate, language=params.language, prompt=params.prompt, task=task, bulk=True)
     return window_requests(request, window)
 
 

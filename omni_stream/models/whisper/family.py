@@ -110,6 +110,7 @@ class WhisperFamily:
                 metrics=load.metrics.scheduler("transcription"),
                 name="transcription",
                 hold=transcription_hold(opts.tuning, self.runner.device),  # a burst's pauses, one encoder pass
+                bulk_slots=bulk_slots(opts.max_batch_size),  # recordings leave room for conversations' turns
             )
             bar.update(1)
         self.max_seconds = self.features.n_samples / SAMPLE_RATE  # the encoder's window (30 s)
@@ -178,6 +179,12 @@ def transcription_hold(tuning: Tuning, device: torch.device) -> float:
     if ms is None:
         ms = 1000 * DEFAULT_HOLD_S if device.type == "cuda" else 0.0
     return ms / 1000
+
+
+def bulk_slots(max_batch_size: int) -> int:
+    """Batch slots bulk transcripts (recordings sent to ``/v1/audio/transcriptions``) may hold at once: half, so a
+    burst of uploaded files never keeps a voice agent's turns out of the encoder pass and decoder batch."""
+    return max(1, max_batch_size // 2)
 
 
 def windows(tuning: Tuning, full: int) -> tuple[int, ...]:
