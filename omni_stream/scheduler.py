@@ -266,10 +266,7 @@ class Scheduler(Generic[P, O]):
             elif bulk:
                 self.waiting.append(seq)
             else:  # ahead of the bulk ones, which are the queue's tail
-                behind = sum(
-                    1 for _ in itertools.takewhile(lambda w: self._sessions[w.seq_id].bulk, reversed(self.waiting))
-                )
-                self.waiting.insert(len(self.waiting) - behind, seq)
+                self.waiting.insert(len(self.waiting) - self._bulk_waiting(), seq)
             if arrival is not None:
                 arrival._end_locked()
             self._observe_queues()
@@ -334,27 +331,39 @@ class Scheduler(Generic[P, O]):
             return False
         return self._work_class is not WorkClass.THROUGHPUT or self._admission_budget() > 0
 
-    def _bulk_full(self) -> bool:
-        """The next waiting sequence is bulk and bulk sequences hold their ``bulk_slots`` (lock held)."""
-        if self.bulk_slots is None or not self.waiting or not self._sessions[self.waiting[0].seq_id].bulk:
-            return False
+    def _bulk_waiting(self) -> int:
+        """Waiting bulk sequences: the queue's tail (lock held)."""
+        return sum(1 for _ in itertools.takewhile(lambda w: self._sessions[w.seq_id].bulk, reversed(self.waiting)))
+
+    def _bulk_room(self) -> bool:
+        """Whether bulk sequences hold fewer than ``bulk_slots`` slots (lock held)."""
+        if self.bulk_slots is None:
+            return True
         held = 0
         for seq in self.running.values():
             sess = self._sessions.get(seq.seq_id)
             held += seq.state not in _DONE and sess is not None and sess.bulk
-        return held >= self.bulk_slots
+        return held < self.bulk_slots
+
+    def _bulk_full(self) -> bool:
+        """The next waiting sequence is bulk and bulk sequences hold their ``bulk_slots`` (lock held)."""
+        if self.bulk_slots is None or not self.waiting or not self._sessions[self.waiting[0].seq_id].bulk:
+            return False
+        return not self._bulk_room()
 
     def _holding(self, now: float) -> bool:
         """Newcomers wait for requests still being prepared (lock held; see ``admission.hold_newcomers``)."""
-        if not self.waiting or not self._arriving:
+        # Bulk sequences are left out: they never keep a turn's newcomers from waiting for the rest of their burst
+        ordinary = len(self.waiting) - self._bulk_waiting()
+        if not ordinary or not self._arriving:
             return False
         waited = now - self._sessions[self.waiting[0].seq_id].queued
-        return hold_newcomers(self._arriving, len(self.waiting), len(self.free_slots), waited, self.hold)
+        return hold_newcomers(self._arriving, ordinary, len(self.free_slots), waited, self.hold)
 
     def next_deadline(self) -> float | None:
         """When held newcomers stop waiting, or a throughput newcomer's capacity wait ends (``perf_counter``
         time; lock held), else None."""
-        if self._work_class is WorkClass.THROUGHPUT and self.waiting and self.free_slots:
+        if self._work_class is WorkClass.THROUGHPUT and self.waiting and self.free_slots and not self._bulk_full():
             return self._sessions[self.waiting[0].seq_id].ctx.timings.created + self.max_defer
         if not self._holding(time.perf_counter()):
             return None
@@ -398,9 +407,10 @@ class Scheduler(Generic[P, O]):
         quantum = self._step_cost if self._step_cost is not None else self.worker.policy.quantum
         virtual: float | None = None
         admissible = bool(self.waiting) and not self._bulk_full()
+        bulk_room = self._bulk_room()
         for seq in self.waiting if admissible else ():
             sess = self._sessions.get(seq.seq_id)
-            if sess is not None:
+            if sess is not None and (bulk_room or not sess.bulk):  # bulk ones past their share are not behind
                 created = sess.ctx.timings.created
                 virtual = created if virtual is None else min(virtual, created)
         due = admissible or bool(self._arriving)

@@ -14,6 +14,7 @@ from synthetic import SyntheticConfig, SyntheticFault, SyntheticTalker, TalkerIn
 from synthetic.config import Faults
 
 from omni_stream.context import RequestContext
+from omni_stream.device_policy import WorkClass
 from omni_stream.errors import DeadlineExceeded, EngineClosed
 from omni_stream.requests import RequestState
 from omni_stream.scheduler import Scheduler
@@ -385,3 +386,31 @@ async def test_bulk_sequences_past_their_share_do_not_make_work_or_urgency():
         sched.open(TalkerInput(1, 1), continuing=True, bulk=True)
     with pytest.raises(ValueError, match="bulk_slots"):
         Scheduler(model, DeviceWorker(), bulk_slots=0)
+
+
+async def test_queued_bulk_work_does_not_cancel_a_turns_wait_for_the_rest_of_its_burst():
+    model = SyntheticTalker(CONFIG, 4, record=True)
+    sched = Scheduler(model, DeviceWorker(), high_watermark=64, bulk_slots=2, hold=60.0)
+    async with AsyncExitStack() as stack:
+        bulk = [await stack.enter_async_context(sched.session(TalkerInput(50, 1), bulk=True)) for _ in range(4)]
+        await step(sched)  # 2 bulk run, 2 wait past their share; 2 slots are free
+        running = tuple(s.seq.seq_id for s in bulk[:2])
+        with sched.arriving() as arrival:  # the second turn of a burst is still being prepared
+            first = await stack.enter_async_context(sched.session(TalkerInput(5, 1)))
+            await step(sched)
+            assert steps_in(model)[-1] == ("step", (), running)  # the first turn waits for it (the hold)
+            second = await stack.enter_async_context(sched.session(TalkerInput(5, 1), arrival=arrival))
+        await step(sched)
+        assert steps_in(model)[-1] == ("step", (first.seq.seq_id, second.seq.seq_id), running)  # one prefill
+
+
+async def test_a_throughput_scheduler_past_its_bulk_share_sets_no_deadline():
+    model = SyntheticTalker(CONFIG, 4, record=True)
+    sched = Scheduler(model, DeviceWorker(), high_watermark=2, bulk_slots=1, work_class=WorkClass.THROUGHPUT)
+    async with sched.session(TalkerInput(20, 1), bulk=True) as held, sched.session(TalkerInput(20, 1), bulk=True):
+        for _ in range(4):
+            if sched.has_work():
+                await step(sched)
+        assert held.seq.state is RequestState.PAUSED and len(sched.waiting) == 1
+        with sched.lock:
+            assert not sched.has_work() and sched.next_deadline() is None  # nothing to wake the worker for
