@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -38,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from provenance import git_commit
+from provenance import run_record
 
 from omni_stream.metrics import percentile
 
@@ -209,13 +207,7 @@ async def run(args: argparse.Namespace) -> dict:
                 "model": name,
                 "load_format": load_format,
                 "parameters": params,
-                "git_commit": git_commit(),
-                "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                "device": args.device,
-                "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
-                "cpu": platform.processor() or platform.machine(),
-                "torch": torch.__version__,
-                "torch_threads": torch.get_num_threads(),
+                **run_record(args.device),
                 "dtype": str(family.runner.dtype).removeprefix("torch."),
                 "utterance_s": args.seconds,
                 "max_tokens": args.tokens,

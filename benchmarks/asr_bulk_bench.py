@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import json
-import platform
 import sys
 import tempfile
 import time
@@ -38,7 +36,7 @@ from pathlib import Path
 
 import torch
 from asr_bench import checkpoint, out_dir, utterance
-from provenance import git_commit
+from provenance import run_record
 
 from omni_stream.metrics import percentile
 
@@ -126,13 +124,7 @@ async def run(args: argparse.Namespace) -> dict:
                 "benchmark": "asr_bulk_bench",
                 "model": name,
                 "load_format": load_format,
-                "git_commit": git_commit(),
-                "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                "device": args.device,
-                "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
-                "cpu": platform.processor() or platform.machine(),
-                "torch": torch.__version__,
-                "torch_threads": torch.get_num_threads(),
+                **run_record(args.device),
                 "dtype": str(family.runner.dtype).removeprefix("torch."),
                 "max_batch": args.max_batch,
                 "bulk_slots": bulk_slots(args.max_batch),

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import datetime
 import os
+import platform
 import subprocess
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -19,3 +22,19 @@ def git_commit() -> str:
         return head.stdout.strip() + ("+uncommitted" if dirty.strip() else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def run_record(device: str) -> dict[str, Any]:
+    """Where and when a result was measured: the commit, the date, the device (its GPU's name on CUDA), the CPU,
+    the torch build and its threads."""
+    import torch
+
+    return {
+        "git_commit": git_commit(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "device": device,
+        "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
+        "cpu": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+    }
