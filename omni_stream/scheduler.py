@@ -353,9 +353,11 @@ class Scheduler(Generic[P, O]):
 
     def _holding(self, now: float) -> bool:
         """Newcomers wait for requests still being prepared (lock held; see ``admission.hold_newcomers``)."""
+        if not self._arriving or not self.waiting:
+            return False
         # Bulk sequences are left out: they never keep a turn's newcomers from waiting for the rest of their burst
         ordinary = len(self.waiting) - self._bulk_waiting()
-        if not ordinary or not self._arriving:
+        if not ordinary:
             return False
         waited = now - self._sessions[self.waiting[0].seq_id].queued
         return hold_newcomers(self._arriving, ordinary, len(self.free_slots), waited, self.hold)
