@@ -69,6 +69,12 @@ def wait_clean(server, timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
+def test_the_model_list_gives_the_transcription_models_rate_and_languages(server):
+    (entry,) = [m for m in httpx.get(f"{server.url}/v1/models").json()["data"] if m["kind"] == "transcription"]
+    assert entry["id"] == MODEL and entry["sample_rate"] == 16000
+    assert entry["languages"] == list(family(server).info.languages) and "de" in entry["languages"]
+
+
 def test_json_text_and_the_stream_carry_one_transcript(client, server):
     audio = wav(noise(2.5, seed=1))
     whole = client.audio.transcriptions.create(model=MODEL, file=("a.wav", audio, "audio/wav"), language="en")
