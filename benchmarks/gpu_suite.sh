@@ -19,7 +19,8 @@
 #                     on the GPU; OMNI_STREAM_TURN_MODEL_DEVICE=cpu before the command: onnxruntime), Whisper
 #                     turbo, Qwen3-0.6B, Qwen3-TTS 0.6B, 1, 16, 32 sessions at once, cold and warm, engine batch 32
 #                     (the whole matrix: voice_bench.py's docstring, one call per turn detection);
-#                     SUITE_VOICE_LEVELS=16,32 and SUITE_VOICE_ARGS="--rounds 3" (more warm rounds) change it
+#                     SUITE_VOICE_LEVELS=16,32, SUITE_VOICE_ARGS="--rounds 3" (more warm rounds) and SUITE_VOICE_CAP
+#                     (seconds, for the whole matrix) change it; the JSON is rewritten after every level
 #   image  ~45 / 120  image_bench.py --device cuda: InstructPix2Pix 512 px, 20 steps, c = 1, 4, 16
 #   video  ~95 / 180  video_bench.py --gpu: Helios-Base (~38 GB), 320x192, 2 chunks, c = 1, 2, 4, 8
 #
@@ -217,7 +218,7 @@ else
   bench grammar 90 40 "$B/constrained_bench.py" --gpu
   bench asr   100 40 "$B/asr_bench.py" --from-config "$B/configs/whisper-large-v3-turbo" --device cuda
   bench chat  130 60 "$B/chat_bench.py"
-  bench voice 230 80 "$B/voice_bench.py" --build dummy --device cuda --levels "${SUITE_VOICE_LEVELS:-1,16,32}" --max-batch 32 \
+  bench voice "${SUITE_VOICE_CAP:-230}" 80 "$B/voice_bench.py" --build dummy --device cuda --levels "${SUITE_VOICE_LEVELS:-1,16,32}" --max-batch 32 \
     --turns semantic_vad --arrivals at-once ${SUITE_VOICE_ARGS:-}
   # server ~100 s and a warm-up of every route (run 29): the mixed scenarios at c=32 alone fill one call
   # shellcheck disable=SC2086  # SUITE_COLOCATION_ARGS splits on purpose (e.g. "--tune realtime_priority=on --tag _prio")

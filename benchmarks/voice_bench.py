@@ -834,6 +834,44 @@ def main(argv: list[str] | None = None) -> int:
         models = {k: "tiny random" for k in BUILDS}
     else:
         models = {"tts": args.tts, "lm": args.lm, "asr": args.asr}
+    out = (
+        args.out
+        or Path(os.environ.get("OUT") or HERE / "results") / f"voice_bench_{mode}{'_smoke' if args.smoke else ''}.json"
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def write_report(complete: bool) -> dict[str, Any]:
+        """The report so far, written over ``out`` (after every level: a run cut short keeps what it measured)."""
+        report = {
+            "benchmark": "voice_bench",
+            "mode": mode,
+            "smoke": args.smoke,
+            "complete": complete,
+            "git_commit": git_commit(),
+            "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()},
+            "models": {**models, "vad": args.vad, "load_format": args.load_format, "max_batch": args.max_batch},
+            "settings": {
+                "tts_step_ms": args.tts_step_ms if args.tts == "synthetic" else None,
+                "lm_step_ms": args.lm_step_ms if args.lm == "synthetic" else None,
+                "silence_duration_ms": args.silence_ms,
+                "eagerness": args.eagerness,
+                "random_arrival_spread_s": args.spread,
+                "barge_after_s": args.barge_after,
+                "run_ahead_s": 2.0,
+                "append_ms": args.append_ms,
+                "utterances": "tones" if args.asr == "tone" else "recorded speech (benchmarks/speech)",
+                "max_output_tokens": args.max_output_tokens,
+                "asr_max_tokens": args.asr_max_tokens,
+                "first_unit_tokens": args.first_unit_tokens,
+                # the server's OMNI_STREAM_* switches (e.g. transcription_window_ms in an A/B)
+                "tuning": Tuning.from_env().describe(),
+            },
+            "levels": results,
+            "rounds": round_summary(results),
+        }
+        out.write_text(json.dumps(report, indent=2) + "\n")
+        return report
+
     with contextlib.ExitStack() as stack:
         if args.build is not None:
             root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="voice-bench-ckpt-")))
@@ -871,38 +909,8 @@ def main(argv: list[str] | None = None) -> int:
                         print("    the device worker in each phase, ms (count):", flush=True)
                         for phase in results[-1]["phases"]:
                             print(phase_line(phase), flush=True)
-    report = {
-        "benchmark": "voice_bench",
-        "mode": mode,
-        "smoke": args.smoke,
-        "git_commit": git_commit(),
-        "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()},
-        "models": {**models, "vad": args.vad, "load_format": args.load_format, "max_batch": args.max_batch},
-        "settings": {
-            "tts_step_ms": args.tts_step_ms if args.tts == "synthetic" else None,
-            "lm_step_ms": args.lm_step_ms if args.lm == "synthetic" else None,
-            "silence_duration_ms": args.silence_ms,
-            "eagerness": args.eagerness,
-            "random_arrival_spread_s": args.spread,
-            "barge_after_s": args.barge_after,
-            "run_ahead_s": 2.0,
-            "append_ms": args.append_ms,
-            "utterances": "tones" if args.asr == "tone" else "recorded speech (benchmarks/speech)",
-            "max_output_tokens": args.max_output_tokens,
-            "asr_max_tokens": args.asr_max_tokens,
-            "first_unit_tokens": args.first_unit_tokens,
-            # the server's OMNI_STREAM_* switches (e.g. transcription_window_ms in an A/B)
-            "tuning": Tuning.from_env().describe(),
-        },
-        "levels": results,
-        "rounds": round_summary(results),
-    }
-    out = (
-        args.out
-        or Path(os.environ.get("OUT") or HERE / "results") / f"voice_bench_{mode}{'_smoke' if args.smoke else ''}.json"
-    )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+                        write_report(complete=False)
+    report = write_report(complete=True)
     print(table(results))
     print(summary_lines(report["rounds"]))
     print(f"wrote {out}")

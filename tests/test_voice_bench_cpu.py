@@ -30,6 +30,7 @@ def test_the_smoke_run_measures_voice_to_voice_its_split_and_barge_in(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["mode"] == "cpu" and report["smoke"] and report["git_commit"] == "test"
+    assert report["complete"]  # rewritten after every level; the last write marks the run whole
     assert report["settings"]["append_ms"] == 40
     assert "transcription_window_ms=8000" in report["settings"]["tuning"].split()  # the server's switches, recorded
     matrix = {(lv["turns"], lv["arrivals"], lv["concurrency"], lv["round"]) for lv in report["levels"]}
