@@ -35,6 +35,16 @@ chat's first audio at c=16 by 41 ms (``chat_bench`` run 62): the quantum was lon
 virtual time ran ahead of the clock and it sat out while some of its rows still owed the talker their first clause.
 The model's own step time as the quantum is what followed; it is not measured yet.
 
+A model's requests can also wait on a model downstream of them: an answer's text once its first spoken unit went to
+the speech model (``Timings.handed_off``) is needed again only when that unit's audio plays out, while the speech
+model's newcomers are due now. With ``handoff_yield`` (``Tuning.realtime_handoff_yield``), a source none of whose
+requests is due and one of which waits so sits the round out while another runnable realtime source has work due
+now (a newcomer, a first chunk, a transcript), for at most ``max_skip``, unless one of its streams plays with less
+than ``margin`` left. A source with a request still owing its first unit is due, so it never sits out on this rule
+(unlike the virtual-time rule's fixed quantum in ``chat_bench`` run 62). Where it pays: a voice turn's answer
+(``voice_bench`` at 16 sessions, the text model's decode steps of 7-17 ms between the talker's prefill and its
+first window, each waiting on the talker's kernels). Off by default until measured.
+
 A step is the unit: no job holds the device longer than one step of its model (one decode step, one denoising
 step, one VAE decode), so a realtime step waits at most one throughput step, and where the model has yield points
 only until the next one.
@@ -95,6 +105,8 @@ class DevicePolicy:
     ``quantum``, ``lead``, ``max_skip``: a step in virtual time before a model's own step time is measured, and how
     far ahead of the most-behind source a realtime source may be before it sits a round out, for at most how long
     (the module docstring; ``lead`` 0: every runnable realtime source steps every round).
+    ``handoff_yield``: a source whose requests wait on a downstream model's first audio sits out while another has
+    work due now, for at most ``max_skip`` (the module docstring; default False).
     """
 
     deadlines: bool = True
@@ -110,6 +122,13 @@ class DevicePolicy:
     quantum: float = DEFAULT_QUANTUM_S
     lead: float = DEFAULT_LEAD_S
     max_skip: float = DEFAULT_MAX_SKIP_S
+    handoff_yield: bool = False
+
+    @property
+    def reads_standing(self) -> bool:
+        """Whether a round needs each realtime source's :class:`Standing` (it reads every sequence: only for a rule
+        that is on)."""
+        return self.lead > 0 or self.handoff_yield
 
     def __post_init__(self) -> None:
         for name in ("max_wait", "margin", "yield_slack", "default_cost", "min_progress", "quantum", "lead",
@@ -121,7 +140,7 @@ class DevicePolicy:
     def from_tuning(cls, tuning: Tuning) -> DevicePolicy:
         """The policy the tuning object's switches ask for (``device_policy``, ``throughput_wait_ms``,
         ``throughput_stream``, ``realtime_priority``, ``throughput_fence``, ``realtime_streams``,
-        ``realtime_lead_ms``); the rest at their defaults."""
+        ``realtime_lead_ms``, ``realtime_handoff_yield``); the rest at their defaults."""
         return cls(
             deadlines=tuning.device_policy == "deadlines",
             max_wait=tuning.throughput_wait_ms / 1000,
@@ -130,6 +149,7 @@ class DevicePolicy:
             throughput_fence=tuning.throughput_fence,
             realtime_streams=tuning.realtime_streams,
             lead=tuning.realtime_lead_ms / 1000,
+            handoff_yield=tuning.realtime_handoff_yield,
         )
 
 
@@ -139,7 +159,8 @@ class Ready:
     (``perf_counter`` s; None: as soon as possible). ``since``: when it last ran or became runnable. ``cost``:
     throughput, the seconds one step is expected to hold the device without a yield point. Realtime, where the
     source tells them (else None): ``virtual``, the virtual time of its most-behind request that no listener plays
-    yet; ``playback``, when its most urgent playing stream runs dry."""
+    yet; ``playback``, when its most urgent playing stream runs dry; ``handed``, none of its requests is due and one
+    waits on a downstream model's first audio (:class:`Standing`)."""
 
     key: Hashable
     deadline: float | None = None
@@ -147,17 +168,21 @@ class Ready:
     cost: float = DEFAULT_STEP_COST_S
     virtual: float | None = None
     playback: float | None = None
+    handed: bool = False
 
 
 @dataclass(slots=True, frozen=True)
 class Standing:
     """Where a realtime source's live streams stand (``perf_counter`` s). ``playback``: when its most urgent playing
     stream runs dry (None: none plays); ``virtual``: the virtual time of its most-behind request that no listener
-    plays yet (None: none); ``due``: a request is due now (one no listener plays yet, or a newcomer)."""
+    plays yet (None: none); ``due``: a request is due now (one no listener plays yet, or a newcomer); ``handed``:
+    nothing is due and a request waits on the first audio of what it handed a downstream model (read only with
+    ``handoff_yield``)."""
 
     playback: float | None
     virtual: float | None
     due: bool
+    handed: bool = False
 
 
 JOBS = "jobs"
@@ -181,11 +206,18 @@ def _later(virtual: float | None) -> float:
     return math.inf if virtual is None else virtual
 
 
-def sits_out(ready: Ready, behind: float | None, now: float, policy: DevicePolicy) -> bool:
+def sits_out(
+    ready: Ready, behind: float | None, now: float, policy: DevicePolicy, *, due_elsewhere: bool = False
+) -> bool:
     """Whether runnable realtime source ``ready`` sits this round out (pure): its virtual time is more than
-    ``lead`` ahead of ``behind`` (the most-behind runnable source's), none of its streams plays with less than
-    ``margin`` left, and it last ran (or became runnable) under ``max_skip`` ago."""
-    if policy.lead <= 0 or ready.virtual is None or behind is None or ready.virtual - behind <= policy.lead:
+    ``lead`` ahead of ``behind`` (the most-behind runnable source's), or (``handoff_yield``) it waits on a
+    downstream model while another runnable realtime source has work due now (``due_elsewhere``); and none of its
+    streams plays with less than ``margin`` left, and it last ran (or became runnable) under ``max_skip`` ago."""
+    ahead = (
+        policy.lead > 0 and ready.virtual is not None and behind is not None and ready.virtual - behind > policy.lead
+    )
+    handed = policy.handoff_yield and ready.handed and due_elsewhere
+    if not (ahead or handed):
         return False
     if ready.playback is not None and ready.playback - now < policy.margin:
         return False
@@ -209,10 +241,10 @@ def plan_round(
 
     A throughput source that has waited ``max_wait`` runs first (one per round). Then the jobs, then the realtime
     sources under ``yield_slack``, earliest deadline first (at equal deadlines, the most behind in virtual time
-    first), less those far ahead in virtual time (:func:`sits_out`). Then one throughput step if every live
-    realtime stream can spare its cost plus ``margin``; the realtime sources with ``yield_slack`` or more run only
-    in a round without such a step. With nothing runnable now, ``wait`` says when a blocked throughput source falls
-    due.
+    first), less those far ahead in virtual time or waiting on a downstream model (:func:`sits_out`). Then one
+    throughput step if every live realtime stream can spare its cost plus ``margin``; the realtime sources with
+    ``yield_slack`` or more run only in a round without such a step. With nothing runnable now, ``wait`` says when
+    a blocked throughput source falls due.
     """
     if not policy.deadlines:
         return Plan(((JOBS,) if jobs else ()) + tuple(r.key for r in (*realtime, *throughput)))
@@ -225,7 +257,8 @@ def plan_round(
         order.append(JOBS)
     virtuals = [r.virtual for r in realtime if r.virtual is not None]
     behind = min(virtuals) if virtuals else None
-    stepping = [r for r in realtime if not sits_out(r, behind, now, policy)]
+    due = [r.key for r in realtime if not r.handed and _slack(r.deadline, now) <= 0]
+    stepping = [r for r in realtime if not sits_out(r, behind, now, policy, due_elsewhere=any(k != r.key for k in due))]
     by_deadline = sorted(stepping, key=lambda r: (_slack(r.deadline, now), _later(r.virtual)))
     urgent = [r for r in by_deadline if _slack(r.deadline, now) < policy.yield_slack]
     relaxed = [r for r in by_deadline if _slack(r.deadline, now) >= policy.yield_slack]

@@ -390,6 +390,9 @@ class Timings:
     admitted: float | None = None
     first_output: float | None = None  # the first chunk of any kind (a text delta, say)
     first_chunk: float | None = None  # the first audio chunk
+    # when the request's first output went to a downstream model whose audio the listener waits for (the first
+    # spoken unit of an answer, to the speech model): its own model is needed again only as that audio plays
+    handed_off: float | None = None
     finished: float | None = None
     chunk_times: list[float] = field(default_factory=list)
     chunk_durations: list[float] = field(default_factory=list)  # seconds of audio per chunk

@@ -402,7 +402,9 @@ class Scheduler(Generic[P, O]):
         step time (an average of its steps without newcomers; the worker's policy's quantum until one is measured),
         so a sequence stepped every round stays at or behind the clock; a newcomer's is its creation.
         :mod:`omni_stream.device_policy` lets the models furthest behind catch up first. ``due``: something is due
-        now (as :meth:`urgency` says).
+        now (as :meth:`urgency` says). With the policy's ``handoff_yield``, a running sequence whose request handed
+        its first output downstream (``Timings.handed_off``) and has no audio out yet waits on that model: it is
+        neither due nor behind, and ``handed`` says such a sequence exists while nothing is due.
         """
         if self._work_class is not WorkClass.REALTIME or self._closed:
             return None
@@ -416,16 +418,21 @@ class Scheduler(Generic[P, O]):
                 created = sess.ctx.timings.created
                 virtual = created if virtual is None else min(virtual, created)
         due = admissible or bool(self._arriving)
+        handoff = self.worker.policy.handoff_yield
+        handed = False
         playback: float | None = None
         for seq, timings in self._live():
             if timings.first_chunk is not None:
                 deadline = timings.first_chunk + timings.audio_seconds
                 playback = deadline if playback is None else min(playback, deadline)
             elif seq.state is RequestState.RUNNING:
+                if handoff and timings.handed_off is not None:
+                    handed = True
+                    continue
                 due = True
                 behind = timings.created + seq.num_steps * quantum
                 virtual = behind if virtual is None else min(virtual, behind)
-        return Standing(playback, virtual, due)
+        return Standing(playback, virtual, due, handed and not due)
 
     @property
     def step_cost(self) -> float | None:

@@ -389,8 +389,8 @@ class DeviceWorker:
                 cost = self._cost.get(key, self.policy.default_cost)
                 throughput.append(Ready(index, since=since, cost=cost))
                 continue
-            # the virtual-time rule's inputs only while it is on: they read every sequence of the source, each round
-            standing = _standing(source, now) if self.policy.lead > 0 else None
+            # the virtual-time and hand-off rules' inputs only while one is on: they read every sequence, each round
+            standing = _standing(source, now) if self.policy.reads_standing else None
             deadline = _urgency(source, now) if standing is None else now if standing.due else standing.playback
             if deadline is not None:
                 demand = deadline if demand is None else min(demand, deadline)
@@ -401,7 +401,8 @@ class DeviceWorker:
             if standing is None:
                 realtime.append(Ready(index, deadline=deadline, since=since))
             else:
-                realtime.append(Ready(index, deadline, since, virtual=standing.virtual, playback=standing.playback))
+                virtual, playback, handed = standing.virtual, standing.playback, standing.handed
+                realtime.append(Ready(index, deadline, since, virtual=virtual, playback=playback, handed=handed))
         plan = plan_round(
             now,
             jobs=bool(self._jobs or self._groups),

@@ -93,6 +93,30 @@ def test_a_realtime_source_far_ahead_in_virtual_time_sits_the_round_out():
     assert plan([playing, text, asr]).order == ("asr", "speech")
 
 
+def test_a_source_waiting_on_a_downstream_model_sits_out_while_another_has_work_due():
+    """An answer's text whose every request handed its first spoken unit to speech (``handed``) sits the round out
+    while the talker's newcomers are due now, for at most ``max_skip``; never while one of its streams plays with
+    less than ``margin`` left, never when nothing else is due, and never with the switch off."""
+    policy = DevicePolicy(handoff_yield=True)
+    text = Ready("text", deadline=None, since=NOW - 0.01, handed=True)
+    talker = Ready("talker", deadline=NOW, since=NOW - 0.01)
+    assert plan([text, talker], policy=policy).order == ("talker",)
+    assert plan([text, talker], policy=DevicePolicy()).order == ("text", "talker")  # off: both step
+    assert plan([replace(text, since=NOW - 0.06), talker], policy=policy).order == ("text", "talker")  # max_skip
+    playing = replace(talker, deadline=NOW + 0.3)  # the talker's streams play: nothing else is due
+    assert plan([text, playing], policy=policy).order == ("text", "talker")
+    short = replace(text, playback=NOW + 0.02)  # one of its own streams is about to run dry
+    assert plan([short, talker], policy=policy).order == ("text", "talker")
+    assert plan([replace(text, playback=NOW + 2.0), talker], policy=policy).order == ("talker",)
+    owing = replace(text, handed=False, deadline=NOW)  # a request still owes its first unit: due, it steps
+    assert plan([owing, talker], policy=policy).order == ("text", "talker")
+    # two sources waiting on others do not hold each other back
+    assert plan([text, replace(talker, key="other", handed=True, deadline=None)], policy=policy).order == (
+        "text",
+        "other",
+    )
+
+
 def test_capacity_admits_while_a_step_fits_in_the_realtime_slack():
     def budget(waiting, running=0, demand=None, free=8):
         return capacity_budget(
@@ -116,10 +140,12 @@ def test_the_policy_follows_its_tuning_switches():
         {"OMNI_STREAM_DEVICE_POLICY": "rounds", "OMNI_STREAM_THROUGHPUT_WAIT_MS": "250",
          "OMNI_STREAM_THROUGHPUT_STREAM": "off", "OMNI_STREAM_REALTIME_STREAMS": "on",
          "OMNI_STREAM_REALTIME_PRIORITY": "on", "OMNI_STREAM_THROUGHPUT_FENCE": "on",
-         "OMNI_STREAM_REALTIME_LEAD_MS": "50"}
+         "OMNI_STREAM_REALTIME_LEAD_MS": "50", "OMNI_STREAM_REALTIME_HANDOFF_YIELD": "on"}
     )  # fmt: skip
     policy = DevicePolicy.from_tuning(tuned)
     assert policy.lead == 0.05 and DevicePolicy().lead == 0
+    assert policy.handoff_yield and not DevicePolicy().handoff_yield
+    assert policy.reads_standing and not DevicePolicy().reads_standing
     assert (policy.deadlines, policy.max_wait, policy.throughput_stream) == (False, 0.25, False)
     assert policy.realtime_streams and not DevicePolicy().realtime_streams
     assert policy.realtime_priority and not DevicePolicy().realtime_priority

@@ -344,6 +344,36 @@ async def test_standing_tells_the_virtual_time_of_the_most_behind_request_and_th
         assert sched.urgency(7.0) == 200.5
 
 
+@pytest.mark.parametrize("handoff", [True, False])
+async def test_standing_tells_a_request_waiting_on_its_downstream_model_apart(handoff):
+    """With the policy's ``handoff_yield``, a running request that handed its first output downstream
+    (``Timings.handed_off``) and has no audio yet is neither due nor behind, and ``handed`` says one waits so while
+    nothing is due; once its audio plays, its playback deadline counts as any other's. Off, it is due as before."""
+    from omni_stream.device_policy import DevicePolicy, Standing
+
+    model = SyntheticTalker(CONFIG, 2, record=True)
+    sched = Scheduler(model, DeviceWorker(policy=DevicePolicy(quantum=0.01, handoff_yield=handoff)))
+    first, second = RequestContext(), RequestContext()
+    first.timings.created, second.timings.created = 100.0, 100.5
+    async with AsyncExitStack() as stack:
+        for ctx in (first, second):
+            await stack.enter_async_context(sched.session(TalkerInput(n_frames=10, tone=1), ctx))
+        sched.run_step()  # both admitted
+        first.timings.handed_off = 100.2
+        standing = sched.standing(0.0)
+        assert standing.due and not standing.handed  # the second still owes its first output
+        assert standing.virtual == pytest.approx(100.5 + 0.01 if handoff else 100.01)
+        second.timings.handed_off = 100.6
+        if handoff:
+            assert sched.standing(0.0) == Standing(None, None, False, True)
+        else:
+            assert sched.standing(0.0) == Standing(None, pytest.approx(100.01), True, False)
+        first.timings.record_chunk(0.5, now=200.0)  # its audio plays: due when its 0.5 s run out
+        assert sched.standing(0.0).playback == 200.5
+        assert sched.standing(0.0).handed == handoff  # the second still waits on its first audio
+        assert sched.urgency(7.0) == 7.0  # the rule-off path: the second is due now
+
+
 async def test_bulk_requests_queue_behind_the_others_and_hold_at_most_their_slots():
     model = SyntheticTalker(CONFIG, 4, record=True)
     sched = Scheduler(model, DeviceWorker(), high_watermark=64, bulk_slots=2)

@@ -208,6 +208,10 @@ class Tuning:
     # 234 -> 275 ms (the LM's steps were shorter than the quantum, so its virtual time ran ahead of the clock), at c=4
     # 121 -> 110. The model's own step time as the quantum followed, not measured yet
     realtime_lead_ms: float = 0.0
+    # A realtime model none of whose requests is due, one waiting on a downstream model's first audio (an answer's
+    # text once its first spoken unit went to speech), sits a round out while another has work due now, for at most
+    # 50 ms (omni_stream.device_policy). Off until measured on the GPU
+    realtime_handoff_yield: bool = False
     # Native text models: newcomers prefilled together at static (batch, length) bucket shapes, CUDA graphs on CUDA
     # (omni_stream.models.causal_lm.runner). voice_bench run 45, the same call off / on: a 16-session voice turn's
     # LM phase 381 -> 142 ms, v2v p95 897 -> 685 ms; at 32 sessions 422 -> 226 ms, 1150 -> 1090 ms
@@ -313,6 +317,7 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("throughput_fence", "OMNI_STREAM_THROUGHPUT_FENCE", ON_OFF),
     Switch("realtime_streams", "OMNI_STREAM_REALTIME_STREAMS", ON_OFF),
     Switch("realtime_lead_ms", "OMNI_STREAM_REALTIME_LEAD_MS", _milliseconds(10000)),
+    Switch("realtime_handoff_yield", "OMNI_STREAM_REALTIME_HANDOFF_YIELD", ON_OFF),
     Switch("group_prefill_graphs", "OMNI_STREAM_GROUP_PREFILL_GRAPHS", ON_OFF),
     Switch("turn_model_device", "OMNI_STREAM_TURN_MODEL_DEVICE", _choice(TURN_MODEL_DEVICES)),
     Switch("transcription_hold_ms", "OMNI_STREAM_TRANSCRIPTION_HOLD_MS", _milliseconds(1000)),

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -116,6 +117,8 @@ def speak_units(family: SpeechFamily, make: UnitRequest, *, lookahead: int = 1) 
 
         def start(unit: TextDelta) -> None:
             nonlocal index
+            if ctx.timings.handed_off is None:  # the model upstream now waits on this unit's audio (device_policy)
+                ctx.timings.handed_off = time.perf_counter()
             child = ctx.child(f"{ctx.request_id}.{index}")
             index += 1
             request = make(unit.text.strip(), child.request_id)
