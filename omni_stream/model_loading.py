@@ -4,6 +4,7 @@ family, refuses a second model of a kind before its weights load, and loads it o
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,12 +27,18 @@ from omni_stream.worker import DeviceWorker
 class ModelSource:
     """Where one model comes from: a checkpoint directory, or (``endpoint``) a server; ``family`` overrides the
     checkpoint's ``model_type`` (e.g. ``"vllm"`` to serve a hub-layout LM on vLLM); ``kind`` is the role it must
-    fill (None: whatever its family is)."""
+    fill (None: whatever its family is). ``path`` may be given as a string."""
 
     path: Path | None = None
     family: str | None = None
     endpoint: str | None = None
     kind: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.path is not None and not isinstance(self.path, Path):
+            if not isinstance(self.path, str | os.PathLike):
+                raise TypeError(f"ModelSource.path must be a path or a string, got {type(self.path).__name__}")
+            object.__setattr__(self, "path", Path(self.path))
 
 
 def load_quietly(loader: Callable[[LoadContext], Family], load: LoadContext, on_stream: StreamContext) -> Family:

@@ -62,6 +62,19 @@ async def test_from_pretrained_reads_model_type_and_describes_the_checkpoint(eng
     assert set(info.task_types) == {TaskType.CUSTOM_VOICE, TaskType.VOICE_DESIGN, TaskType.BASE}
 
 
+async def test_a_model_source_takes_its_path_as_a_string(checkpoint):
+    """``ModelSource("dir")`` as the README's server example writes it (a string, not a ``Path``) loads the model."""
+    from omni_stream.engine import ModelSource
+
+    source = ModelSource(str(checkpoint))
+    assert source.path == checkpoint
+    with pytest.raises(TypeError, match=r"ModelSource\.path must be a path or a string, got int"):
+        ModelSource(7)  # type: ignore[arg-type]
+    async with await AsyncEngine.load({"tts": source}, progress=False) as engine:
+        audio = await collect(engine.speech("Hi.", voice="bob"))
+    assert sum(chunk.n_samples for chunk in audio) > 0
+
+
 async def test_speech_streams_the_voice_tone_with_usage_and_timings(engine):
     stream = engine.speech("Hello there, world.", voice="bob")  # 19 chars * 0.5 -> 10 frames
     chunks = await collect(stream)

@@ -163,6 +163,7 @@ def test_bad_files_are_a_400_naming_file(server):
         ({"file": ("long.wav", wav(noise(110.0)), "audio/wav")}, "more than 100 s"),
         ({"file": ("big.wav", b"\0" * (5 * 1024 * 1024), "audio/wav")}, "exceeds the maximum of 4194304 bytes"),
         ({"audio": ("a.wav", wav(noise(0.5)), "audio/wav")}, "Unknown file field 'audio'"),
+        ({"file": (None, "hello")}, "'file' must be an uploaded file"),  # curl -F file=hello: a text part
     ]
     for files, words in cases:
         response = post(server, files=files)

@@ -147,4 +147,7 @@ async def read_json(request: Request, limit: int) -> Any:
     except FieldError as exc:
         raise ApiError(400, exc.message, exc.param) from None
     except (ValueError, RecursionError) as exc:  # ValueError covers JSON and UTF-8 errors; too deep nesting
+        sent = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if sent.startswith(("multipart/", "application/x-www-form-urlencoded")):  # a form where JSON belongs
+            raise ApiError(400, f"This route takes a JSON body (Content-Type: application/json), not {sent}") from None
         raise ApiError(400, f"Request body is not valid JSON: {exc}") from exc

@@ -174,7 +174,7 @@ def parse_options(body: Any, settings: Settings, *, websocket: bool = False) -> 
         stream_mode=StreamMode.NONE if websocket else _stream_mode(body, settings),
         instructions=instructions.strip() or None if instructions is not None else None,
         task_type=TaskType(task) if task is not None else None,
-        language=language if language.lower() == "auto" else language.title(),
+        language=language,  # as sent: the engine resolves it case-insensitively (and names it so in an error)
         ref_audio=ref_audio,
         ref_text=ref_text,
         x_vector_only_mode=bool(optional(body, "x_vector_only_mode", boolean)) or embedding is not None,

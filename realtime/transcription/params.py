@@ -63,6 +63,8 @@ def split_lists(fields: tuple[tuple[str, str], ...]) -> tuple[dict[str, str], di
             raise bad_request(f"'{name}' is not supported: {UNSUPPORTED[name]}", name)
         if name in LISTS:
             lists.setdefault(name, []).append(value)
+        elif key == "file":  # a text part named file: the audio must come as a file part
+            raise bad_request("'file' must be an uploaded file (a multipart file part), not a text field", "file")
         elif key not in FIELDS:
             raise bad_request(f"Unknown field '{key}'", key)
         elif key in values:
