@@ -17,7 +17,14 @@ from omni_stream.engine import AsyncEngine, ModelSource
 from omni_stream.family import ModelKind
 from omni_stream.models.causal_lm.tokenizer import ChatTokenizer
 from omni_stream.realtime.agent.events import RealtimeError, parse_client_event
-from omni_stream.realtime.agent.truncation import ContextExceeded, Truncation, TruncationType, fit, reply_room
+from omni_stream.realtime.agent.truncation import (
+    ContextExceeded,
+    Truncation,
+    TruncationType,
+    fit,
+    reply_room,
+    token_bound,
+)
 from omni_stream.realtime.settings import Settings
 from omni_stream.requests import ChatMessage, Role, TextRequest
 
@@ -63,6 +70,22 @@ def test_long_random_conversations_always_fit_and_keep_the_instructions(tokenize
         assert prompt + reply_room(max_tokens, CONTEXT) <= CONTEXT, (turn, prompt)
         dropped_turns = max(dropped_turns, len(messages) - len(kept))
     assert dropped_turns > 10  # the conversation did outgrow the context, many times over
+
+
+def test_the_token_bound_is_never_below_the_tokenizers_count(tokenizer):
+    """What lets a prompt be fitted on the loop without tokenizing: the bound holds for random text and for the
+    characters that normalization grows most (U+FDFA, ligatures, combining marks, emoji, CJK)."""
+    rng = random.Random(3)
+    hard = ["\ufdfa", "\ufb01", "e\u0301", "\U0001f600", "\u4e2d\u6587", "\u3300", "\u00bd", " ", ""]
+    texts = [babble(rng, rng.randint(0, 40)) for _ in range(50)]
+    texts += ["".join(rng.choice(hard) for _ in range(rng.randint(1, 30))) for _ in range(50)]
+    texts += [chr(rng.randint(0x20, 0x2FFFF)) * rng.randint(1, 5) for _ in range(200)]
+    for text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            continue  # a lone surrogate: no wire text carries one
+        assert tokenizer.count(text) <= token_bound(text), repr(text)
 
 
 def test_only_a_newest_turn_too_long_for_the_context_fails_and_disabled_fails_at_once(tokenizer):
@@ -190,3 +213,33 @@ async def test_a_sessions_prompts_count_each_message_text_once(lm_dir, tokenizer
             assert session._fit(cmd) == tuple(messages)  # all fit
         assert sorted(counted) == sorted({m.content for m in messages})  # each text once
         assert session._token_counts == {m.content: tokenizer.count(m.content) for m in messages}
+
+
+async def test_a_prompt_that_fits_even_at_its_bounds_is_kept_without_tokenizing(lm_dir):
+    """A new turn's answer does not wait for a thread to count its transcript when the conversation fits even with
+    each uncounted text at its bound: the same messages as the exact fit, and nothing tokenized. Near the context
+    the exact counts decide (None)."""
+    from omni_stream.realtime.agent.outputs import StartResponse
+    from omni_stream.realtime.agent.session import RealtimeSession
+
+    engine = await AsyncEngine.load({"lm": ModelSource(lm_dir, kind=ModelKind.TEXT)}, progress=False)
+    counted: list[str] = []
+    count = engine.count_text_tokens
+
+    def counting(text: str, kind: str = ModelKind.SPEECH) -> int:
+        counted.append(text)
+        return count(text, kind)
+
+    engine.count_text_tokens = counting  # type: ignore[method-assign]
+    async with engine, RealtimeSession(engine, Settings()) as session:
+        short = (ChatMessage(Role.SYSTEM, "Be brief."), ChatMessage(Role.USER, "What time is it?"))
+        cmd = StartResponse("r1", short, speak=False, voice=None, max_tokens=16)
+        assert session._fit_unread(cmd) == short and counted == []
+        assert session._fit(cmd) == short  # the exact fit agrees
+        counted.clear()
+        rng = random.Random(5)
+        long = (*short, ChatMessage(Role.USER, babble(rng, 40)))  # ~250 bytes: bounds past the 1024 positions
+        cmd = StartResponse("r2", long, speak=False, voice=None, max_tokens=16)
+        assert session._fit_unread(cmd) is None and counted == []
+        assert session._fit(cmd) == long and counted == [long[-1].content]  # counted (the new text alone), it fits
+        assert session._fit_unread(cmd) == long  # now every text has its exact count

@@ -27,6 +27,12 @@ from omni_stream.requests import ChatMessage, Role
 MESSAGE_TOKENS = 8  # role and end markers of one message under a chat template (Qwen3: 5, Llama 3: 5)
 PROMPT_TOKENS = 16  # the generation prompt and a margin (Qwen3's empty thinking block is 6)
 REPLY_ROOM = 256  # tokens kept for a reply without max_output_tokens (at most a quarter of the context)
+# A bound on a text's tokens without tokenizing it (:func:`token_bound`): a token of any tokenizer that covers bytes
+# (byte-level BPE, byte fallback) or maps what it does not know to one token spans at least one byte of the
+# normalized text, and Unicode normalization grows UTF-8 text at most 11-fold (NFKC's worst character, U+FDFA);
+# the margin covers a dummy prefix space and the special tokens a tokenizer adds around a text.
+NORMALIZED_GROWTH = 11
+TOKEN_BOUND_MARGIN = 8
 
 
 class TruncationType(StrEnum):
@@ -54,6 +60,19 @@ def reply_room(max_tokens: int | None, context: int) -> int:
     return max_tokens if max_tokens is not None else min(REPLY_ROOM, context // 4)
 
 
+def token_bound(text: str) -> int:
+    """At least as many tokens as ``text`` has under any tokenizer (see :data:`NORMALIZED_GROWTH`), without
+    tokenizing: a prompt that fits with these bounds fits with the exact counts."""
+    return NORMALIZED_GROWTH * len(text.encode("utf-8", "surrogatepass")) + TOKEN_BOUND_MARGIN
+
+
+def fits_whole(tokens: list[int], context: int, max_tokens: int | None, tools: int = 0) -> bool:
+    """Whether every message fits (``tokens[i]``: message i's text tokens, or a bound on them), so :func:`fit`
+    keeps them all."""
+    room = reply_room(max_tokens, context - tools)
+    return sum(t + MESSAGE_TOKENS for t in tokens) <= context - tools - room - PROMPT_TOKENS
+
+
 def fit(
     messages: list[ChatMessage],
     tokens: list[int],
@@ -71,7 +90,7 @@ def fit(
     budget = context - tools - room - PROMPT_TOKENS
     fixed = cost[0] if messages[0].role is Role.SYSTEM and len(messages) > 1 else 0
     first = 1 if fixed else 0  # the first droppable message
-    if sum(cost) <= budget:
+    if fits_whole(tokens, context, max_tokens, tools):
         return messages
     newest = cost[-1]
     if fixed + newest > budget or truncation.type is TruncationType.DISABLED:
