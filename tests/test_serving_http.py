@@ -336,6 +336,8 @@ def test_malformed_bodies_are_400(http):
     assert error_of(http.post("/v1/audio/speech", content=b"{not json"), 400)["type"] == "BadRequestError"
     assert error_of(http.post("/v1/audio/speech", content=b""), 400)
     assert error_of(http.post("/v1/audio/speech", json=[1]), 400)
+    unknown = error_of(http.post("/v1/audio/speech", json={"input": TEXT, "language": "klingon"}), 400)
+    assert unknown["message"].startswith("Unsupported language 'klingon'")  # named as the user wrote it
     form = error_of(http.post("/v1/audio/speech", files={"input": (None, TEXT)}), 400)  # curl -F where JSON belongs
     assert form["message"] == "This route takes a JSON body (Content-Type: application/json), not multipart/form-data"
 

@@ -105,7 +105,9 @@ def test_field_normalisation():
     opts = parse_options(
         {"language": "english", "task_type": "Base", "initial_codec_chunk_frames": 0, "instructions": "  "}, S
     )
-    assert opts.language == "English" and opts.task_type is TaskType.BASE
+    # the language as sent: the engine resolves it case-insensitively to the model's spelling (and an unknown one is
+    # named as the user wrote it: test_serving_http)
+    assert opts.language == "english" and opts.task_type is TaskType.BASE
     assert opts.initial_codec_chunk_frames is None and opts.instructions is None
 
 
