@@ -189,13 +189,8 @@ async def test_turns_of_noise_are_answered_turn_after_turn_and_disabled_truncati
     assert "truncation is disabled" in done.status_details.error.message
 
 
-async def test_a_sessions_prompts_count_each_message_text_once(lm_dir, tokenizer):
-    """Every response's prompt is fitted from every message's token count: a growing conversation's earlier messages
-    are counted once per session, not once per response, and the counts are the tokenizer's."""
-    from omni_stream.realtime.agent.outputs import StartResponse
-    from omni_stream.realtime.agent.session import RealtimeSession
-
-    rng = random.Random(7)
+async def counting_engine(lm_dir) -> tuple[AsyncEngine, list[str]]:
+    """An engine on the tiny Qwen3 whose token counting notes every text it counts (in the list returned)."""
     engine = await AsyncEngine.load({"lm": ModelSource(lm_dir, kind=ModelKind.TEXT)}, progress=False)
     counted: list[str] = []
     count = engine.count_text_tokens
@@ -205,6 +200,17 @@ async def test_a_sessions_prompts_count_each_message_text_once(lm_dir, tokenizer
         return count(text, kind)
 
     engine.count_text_tokens = counting  # type: ignore[method-assign]
+    return engine, counted
+
+
+async def test_a_sessions_prompts_count_each_message_text_once(lm_dir, tokenizer):
+    """Every response's prompt is fitted from every message's token count: a growing conversation's earlier messages
+    are counted once per session, not once per response, and the counts are the tokenizer's."""
+    from omni_stream.realtime.agent.outputs import StartResponse
+    from omni_stream.realtime.agent.session import RealtimeSession
+
+    rng = random.Random(7)
+    engine, counted = await counting_engine(lm_dir)
     async with engine, RealtimeSession(engine, Settings()) as session:
         messages = [ChatMessage(Role.SYSTEM, "Be brief.")]
         for turn_no in range(6):
@@ -222,15 +228,7 @@ async def test_a_prompt_that_fits_even_at_its_bounds_is_kept_without_tokenizing(
     from omni_stream.realtime.agent.outputs import StartResponse
     from omni_stream.realtime.agent.session import RealtimeSession
 
-    engine = await AsyncEngine.load({"lm": ModelSource(lm_dir, kind=ModelKind.TEXT)}, progress=False)
-    counted: list[str] = []
-    count = engine.count_text_tokens
-
-    def counting(text: str, kind: str = ModelKind.SPEECH) -> int:
-        counted.append(text)
-        return count(text, kind)
-
-    engine.count_text_tokens = counting  # type: ignore[method-assign]
+    engine, counted = await counting_engine(lm_dir)
     async with engine, RealtimeSession(engine, Settings()) as session:
         short = (ChatMessage(Role.SYSTEM, "Be brief."), ChatMessage(Role.USER, "What time is it?"))
         cmd = StartResponse("r1", short, speak=False, voice=None, max_tokens=16)
