@@ -91,6 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             # Only the chosen subcommand is imported: `--help` stays fast, and a broken install fails loudly here.
             module = importlib.import_module(module_name)
             module.add_arguments(p)
+    if not argv:  # a bare `omni-stream`: the commands and what each does, not only "a command is required"
+        parser.print_help(sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     assert module is not None  # parse_args exits on an unknown command
     return int(module.run(args) or 0)

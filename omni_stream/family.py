@@ -258,6 +258,8 @@ def read_config(path: Path) -> dict[str, Any]:
     A diffusers pipeline directory has ``model_index.json`` instead: its ``_class_name`` (e.g. ``HeliosPipeline``)
     is the model type.
     """
+    if not path.exists():  # a mistyped path: say so, not that some file inside it is missing
+        raise ConfigError(f"{path} does not exist: give a checkpoint's directory (the one holding config.json)")
     if path.is_file():
         raise ConfigError(f"{path} is a file: give the checkpoint's directory (the one holding config.json)")
     config_file = path / "config.json"

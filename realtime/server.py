@@ -44,7 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="require this key on /v1 routes and the /rtc offers (default: $OMNI_STREAM_API_KEY; unset: no auth)",
     )
-    parser.add_argument("--voices-dir", type=Path, default=None, help="where uploaded voices persist")
+    parser.add_argument(
+        "--voices-dir",
+        type=Path,
+        default=None,
+        help="where uploaded voices persist (default: voices/ in $OMNI_STREAM_CACHE, else in the user cache directory)",
+    )
     parser.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
     parser.add_argument(
         "--dtype", default=None, help="float32 | bfloat16 | float16 (default: each model's choice for the device)"
@@ -208,7 +213,10 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvico
 
 def port_number(text: str) -> int:
     """``--port``: a TCP port, 0 for any free one (argparse's type: refused before anything loads)."""
-    port = int(text)
+    try:
+        port = int(text)
+    except ValueError:  # argparse would name this function ("invalid port_number value")
+        raise argparse.ArgumentTypeError(f"a port is a whole number 0-65535, got {text!r}") from None
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"a port is 0-65535, got {port}")
     return port

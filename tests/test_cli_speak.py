@@ -95,6 +95,9 @@ def test_speak_refuses_what_it_cannot_read_or_write_before_loading(tiny, tmp_pat
 
 def test_speak_reports_a_missing_checkpoint(tmp_path, capsys):
     assert main(["speak", "--model", str(tmp_path / "missing"), "-o", str(tmp_path / "x.wav"), "Hi."]) == 2
+    assert "missing does not exist" in capsys.readouterr().err  # the path itself, not a file inside it
+    (tmp_path / "empty").mkdir()
+    assert main(["speak", "--model", str(tmp_path / "empty"), "-o", str(tmp_path / "x.wav"), "Hi."]) == 2
     assert "config.json is missing" in capsys.readouterr().err
 
 

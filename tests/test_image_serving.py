@@ -321,6 +321,20 @@ def test_bad_input_is_a_400_naming_the_field(ar_server, files, data, param):
     assert not any(image_family(ar_server).live().values())
 
 
+def test_size_and_file_messages_say_what_is_wrong(ar_server):
+    """A size out of range gets the model's range (whatever its digits or multiple), a zero side its own message,
+    and a text part named ``image`` is told to be a file rather than called unknown."""
+    url = f"{ar_server.url}/v1/images/edits"
+    for size in ("100000x100000", "9999x9999", "4096x4096"):
+        message = httpx.post(url, files={"image": IMG}, data={"prompt": "x", "size": size}).json()["error"]["message"]
+        assert "each side must be between" in message, (size, message)
+    zero = httpx.post(url, files={"image": IMG}, data={"prompt": "x", "size": "0x64"}).json()["error"]
+    assert zero["param"] == "size" and "above 0" in zero["message"], zero
+    text = httpx.post(url, files={"mask": ("m.png", _rgba(0), "image/png")}, data={"prompt": "x", "image": "a.png"})
+    error = text.json()["error"]
+    assert text.status_code == 400 and error["param"] == "image" and "uploaded file" in error["message"], error
+
+
 def test_more_bad_input(ar_server, plain_server):
     url = f"{ar_server.url}/v1/images"
     assert httpx.post(f"{url}/edits", json={"prompt": "x"}).status_code == 400  # not multipart

@@ -147,6 +147,14 @@ def test_serve_help_lists_options():
         "--ws-deflate",
     ):
         assert option in out.stdout
+    assert "$OMNI_STREAM_CACHE" in out.stdout  # where uploaded voices go by default
+
+
+def test_bare_command_prints_the_commands():
+    out = subprocess.run([sys.executable, "-m", "omni_stream.cli"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    for command in ("serve", "speak", "make-checkpoint", "Synthesize text to an audio file."):
+        assert command in out.stderr, out.stderr
 
 
 def test_hub_ids_resolve_from_the_local_cache_only(monkeypatch, tmp_path):
@@ -202,6 +210,9 @@ def test_what_a_user_gets_wrong_is_said_in_one_line_and_before_any_model_loads(t
         assert "Traceback" not in out
     proc = subprocess.run([*base, "--port", "70000"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "a port is 0-65535" in proc.stderr
+    proc = subprocess.run([*base, "--port", "abc"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "a port is a whole number 0-65535, got 'abc'" in proc.stderr, proc.stderr
+    assert "port_number" not in proc.stderr  # not the name of the function that parses it
 
 
 def test_sigterm_with_an_http_stream_and_an_open_websocket(tmp_path):

@@ -255,3 +255,21 @@ def test_a_start_that_fails_after_validation_reports_and_closes():
     p.receive_text(msg(type="session.start", prompt="x", image_reference="data:image/png;base64,AAAA"), 0.0)
     actions = p.start_failed("invalid_request", "not an image", "image_reference")
     assert texts(actions)[0]["param"] == "image_reference" and isinstance(actions[-1], Close)
+
+
+def test_the_readme_lists_every_error_code_the_socket_sends():
+    """Every code the protocol can put in an ``error`` event is in the README's video section (a client reads it
+    there, not in the source)."""
+    import re
+    from pathlib import Path
+
+    import omni_stream.realtime.video.protocol as protocol
+
+    source = Path(protocol.__file__).read_text()
+    codes = set(re.findall(r'(?:ProtocolError|error_action|_refuse)\(\s*"([a-z_]+)"', source))
+    codes |= set(re.findall(r'code = "([a-z_]+)"', source)) | set(re.findall(r'"([a-z_]+)" if exc\.param', source))
+    assert {"invalid_json", "model_not_found", "stall_timeout", "generation_failed"} <= codes, codes
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("## Video streaming") :]
+    section = section[: section.index("\n## ")]
+    assert not {code for code in codes if f"`{code}`" not in section}, "README's video section lacks these codes"

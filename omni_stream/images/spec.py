@@ -214,13 +214,13 @@ def check_request(info: ImageInfo, request: ImageRequest) -> tuple[int, int]:
             "image",
         )
     width, height = size = output_size(info, request)
-    m = info.size_multiple
-    if width % m or height % m:
-        raise InvalidRequestError(f"size {width}x{height}: width and height must be multiples of {m}", "size")
-    if min(size) < info.min_side or max(size) > info.max_side:
+    if min(size) < info.min_side or max(size) > info.max_side:  # the range first: no multiple helps a size out of it
         raise InvalidRequestError(
             f"size {width}x{height}: each side must be between {info.min_side} and {info.max_side} pixels", "size"
         )
+    m = info.size_multiple
+    if width % m or height % m:
+        raise InvalidRequestError(f"size {width}x{height}: width and height must be multiples of {m}", "size")
     if request.steps is not None and request.steps > info.max_steps:
         raise InvalidRequestError(
             f"num_inference_steps must be at most {info.max_steps}, got {request.steps}", "num_inference_steps"

@@ -91,6 +91,9 @@ async def _edit(request: Request, state: ServerState) -> Response:
     for part in form.files:
         if part.field not in EDIT_FILES:
             raise bad_request(f"Unknown file field '{part.field}' (image, image[] or mask)", part.field)
+    for field, _ in form.fields:  # a text part where a file goes: say what is wrong with it, not that it is unknown
+        if field in EDIT_FILES:
+            raise bad_request(f"'{field}' must be an uploaded file (a multipart file part), not a text field", field)
     params = parse_params(form_values(form.fields), EDIT_FIELDS, form=True)
     uploads = form.files_of("image", "image[]")
     if not uploads:

@@ -27,7 +27,7 @@ from omni_stream.realtime.common.errors import bad_request
 from omni_stream.realtime.common.json_fields import boolean, choice, integer, number, optional, string
 
 OUTPUT_FORMATS = {"png": "png", "webp": "webp", "jpeg": "jpeg", "jpg": "jpeg"}
-_SIZE = re.compile(r"^\s*(\d{1,5})\s*[xX]\s*(\d{1,5})\s*$")
+_SIZE = re.compile(r"^\s*(\d{1,9})\s*[xX]\s*(\d{1,9})\s*$")
 
 # OpenAI's image options that steer its own models' service, not the picture a diffusion model paints: checked
 # (the values its API takes) and otherwise ignored, so the openai SDK's calls that set them work unchanged.
@@ -83,8 +83,10 @@ def parse_size(value: Any, form: bool = True) -> tuple[int, int] | None:
     if text == "auto":
         return None
     match = _SIZE.match(text)
-    if match is None or 0 in (int(match[1]), int(match[2])):
-        raise bad_request(f"'size' must be 'auto' or WIDTHxHEIGHT (e.g. 1024x1024), got {value!r}", "size")
+    if match is None:
+        raise bad_request(f"'size' must be 'auto' or WIDTHxHEIGHT in pixels (e.g. 512x512), got {value!r}", "size")
+    if 0 in (int(match[1]), int(match[2])):  # the model's own range comes from the engine's check (images/spec.py)
+        raise bad_request(f"'size' must have a width and a height above 0, got {value!r}", "size")
     return int(match[1]), int(match[2])
 
 
