@@ -43,7 +43,8 @@ now (a newcomer, a first chunk, a transcript), for at most ``max_skip``, unless 
 than ``margin`` left. A source with a request still owing its first unit is due, so it never sits out on this rule
 (unlike the virtual-time rule's fixed quantum in ``chat_bench`` run 62). Where it pays: a voice turn's answer
 (``voice_bench`` at 16 sessions, the text model's decode steps of 7-17 ms between the talker's prefill and its
-first window, each waiting on the talker's kernels). Off by default until measured.
+first window, each waiting on the talker's kernels). Off by default: measured there (``voice_bench`` run 63, one
+H200, against off in the same call) it was no better at 16 sessions and 87 ms worse at 32 (v2v p95, three rounds).
 
 A step is the unit: no job holds the device longer than one step of its model (one decode step, one denoising
 step, one VAE decode), so a realtime step waits at most one throughput step, and where the model has yield points

@@ -210,7 +210,8 @@ class Tuning:
     realtime_lead_ms: float = 0.0
     # A realtime model none of whose requests is due, one waiting on a downstream model's first audio (an answer's
     # text once its first spoken unit went to speech), sits a round out while another has work due now, for at most
-    # 50 ms (omni_stream.device_policy). Off until measured on the GPU
+    # 50 ms (omni_stream.device_policy). Off: on one H200 (voice_bench run 63, against off in the same call) the voice
+    # agent's v2v p95 was 662 against 677 ms at 16 sessions (within the spread) and 994 against 907 at 32
     realtime_handoff_yield: bool = False
     # Native text models: newcomers prefilled together at static (batch, length) bucket shapes, CUDA graphs on CUDA
     # (omni_stream.models.causal_lm.runner). voice_bench run 45, the same call off / on: a 16-session voice turn's
