@@ -3,20 +3,17 @@ admission by capacity, and the one place their switches are read."""
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import replace
 
 import numpy as np
 import pytest
+from image_helpers import NEEDS_DIFFUSERS
 
 from omni_stream.device_policy import JOBS, DevicePolicy, Ready, capacity_budget, plan_round
 from omni_stream.errors import ConfigError
 from omni_stream.runtime.settings import Tuning
 
 pytest_plugins = ("image_fixtures",)
-# The image fixtures skip their whole module without diffusers, so a test using one is skipped before setup:
-# otherwise it errors with "fixture not found" where the [image] extra is not installed.
-NEEDS_DIFFUSERS = pytest.mark.skipif(importlib.util.find_spec("diffusers") is None, reason="needs [image]")
 
 NOW = 100.0
 POLICY = DevicePolicy(max_wait=0.5, margin=0.05, yield_slack=1.0, lead=0.05)

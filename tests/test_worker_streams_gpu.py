@@ -4,12 +4,11 @@ the throughput steps' side stream, the families load on it, and speech is the sa
 
 from __future__ import annotations
 
-import importlib.util
-
 import anyio
 import numpy as np
 import pytest
 import torch
+from image_helpers import NEEDS_DIFFUSERS
 
 from omni_stream.engine import AsyncEngine
 from omni_stream.models.qwen3_tts.checkpoint import write_tiny_checkpoint
@@ -19,9 +18,6 @@ from omni_stream.runtime.worker_streams import make_realtime_stream, throughput_
 
 pytestmark = pytest.mark.gpu
 pytest_plugins = ("image_fixtures",)
-# The image fixtures skip their whole module without diffusers, so a test using one is skipped before setup:
-# otherwise it errors with "fixture not found" where the [image] extra is not installed.
-NEEDS_DIFFUSERS = pytest.mark.skipif(importlib.util.find_spec("diffusers") is None, reason="needs [image]")
 
 
 def test_the_side_stream_is_of_lower_priority_than_the_realtime_one():
