@@ -159,7 +159,8 @@ def test_unknown_session_fields_are_refused_and_a_session_sent_back_as_it_came_i
     ):
         err = error_of(send(proto, type="session.update", session=session))
         assert err["code"] == "unknown_parameter" and err["param"] == param, err
-        assert err["message"] == f"Unknown parameter: '{param}'."
+        beta = " (the GA API has no such field)" if param == "session.temperature" else ""
+        assert err["message"] == f"Unknown parameter: '{param}'{beta}."
     created = proto.session_wire()  # what session.created showed, every field of it
     out = send(proto, type="session.update", session=created)
     assert types(out) == ["session.updated"] and out.events[0].body["session"] == created
@@ -632,6 +633,10 @@ def test_bad_semantic_vad_values_are_errors_naming_the_field(turn_detection, par
          "session.tools[0].descripton"),
         ({"type": "response.create", "response": {"modalities": ["text"]}}, "response.modalities"),
         ({"type": "response.create", "response": {"temperature": 0.2}}, "response.temperature"),
+        ({"type": "session.update", "session": {"modalities": ["text"]}}, "session.modalities"),
+        ({"type": "session.update", "session": {"turn_detection": None}}, "session.turn_detection"),
+        ({"type": "session.update", "session": {"input_audio_transcription": {"model": "whisper-1"}}},
+         "session.input_audio_transcription"),
         ({"type": "response.create", "response": {"foo": 1}}, "response.foo"),
         ({"type": "response.create", "response": {"audio": {"output": {"voise": "x"}}}}, "response.audio.output.voise"),
         ({"type": "response.create", "response": {"tools": [{"type": "function", "name": "f", "parms": {}}]}},
@@ -645,8 +650,11 @@ def test_a_misspelt_or_beta_key_anywhere_is_refused_naming_it(event, param):
     before = proto.config
     err = error_of(send(proto, **event))
     assert (err["code"], err["param"]) == ("unknown_parameter", param), err
-    if param == "response.modalities":
-        assert "response.output_modalities" in err["message"], err  # the GA name to use instead
+    ga = {"response.modalities": "response.output_modalities", "session.modalities": "session.output_modalities",
+          "session.turn_detection": "session.audio.input.turn_detection",
+          "session.input_audio_transcription": "session.audio.input.transcription"}  # fmt: skip
+    if param in ga:
+        assert f"the GA API's is {ga[param]}" in err["message"], err  # the GA name to use instead
     assert proto.config == before and proto.response is None
 
 

@@ -125,11 +125,15 @@ def check_ref_seconds(seconds: float, param: str = "ref_audio") -> None:
             param,
         )
     if seconds > MAX_REF_SECONDS:
-        raise InvalidRequestError(
-            f"Reference audio too long ({seconds:.1f}s). Maximum {MAX_REF_SECONDS:.0f}s supported — "
-            "use a shorter clip.",
-            param,
-        )
+        raise ref_too_long(f"{seconds:.1f}s", param)
+
+
+def ref_too_long(length: str, param: str = "ref_audio") -> InvalidRequestError:
+    """The error for reference audio over :data:`MAX_REF_SECONDS`; ``length`` as known (``"31.0s"``, or ``"more than
+    31s"`` where decoding stopped at a bound without reading the rest)."""
+    return InvalidRequestError(
+        f"Reference audio too long ({length}). Maximum {MAX_REF_SECONDS:.0f}s supported — use a shorter clip.", param
+    )
 
 
 # An in-context clone's transcript: at most this many characters per second of its reference audio. Five times the

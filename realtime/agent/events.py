@@ -481,13 +481,36 @@ RESPONSE_KEYS = frozenset({
 RESPONSE_AUDIO_KEYS = {"response.audio": frozenset({"output"}), "response.audio.output": frozenset({"format", "voice"})}
 # The beta API's names in a GA response.create: refused with the GA name, not ignored (a beta client asking for text
 # with "modalities" would otherwise get speech)
-BETA_RESPONSE_NAMES = {
+BETA_RESPONSE_NAMES: dict[str, str | None] = {
     "modalities": "output_modalities",
     "voice": "audio.output.voice",
     "output_audio_format": "audio.output.format",
     "max_response_output_tokens": "max_output_tokens",
     "temperature": None,
 }
+
+# The beta API's names in a GA session.update (what the SDK's beta client sends): refused with the GA name
+BETA_SESSION_NAMES: dict[str, str | None] = {
+    "modalities": "output_modalities",
+    "voice": "audio.output.voice",
+    "output_audio_format": "audio.output.format",
+    "input_audio_format": "audio.input.format",
+    "turn_detection": "audio.input.turn_detection",
+    "input_audio_transcription": "audio.input.transcription",
+    "input_audio_noise_reduction": "audio.input.noise_reduction",
+    "speed": "audio.output.speed",
+    "max_response_output_tokens": "max_output_tokens",
+    "temperature": None,
+}
+
+
+def _no_beta_names(body: dict[str, Any], names: dict[str, str | None], param: str) -> None:
+    """An ``unknown_parameter`` error for a beta API name in ``body``, naming its GA replacement under ``param``."""
+    for beta, ga in names.items():
+        if beta in body:
+            instead = f"; the GA API's is {param}.{ga}" if ga else " (the GA API has no such field)"
+            name = f"{param}.{beta}"
+            raise RealtimeError("unknown_parameter", f"Unknown parameter: '{name}'{instead}.", name)
 
 
 def _known(body: dict[str, Any], keys: frozenset[str], param: str, hint: str = "") -> None:
@@ -519,6 +542,7 @@ def _flat_tools(value: Any, field: str) -> tuple[FunctionTool, ...]:
 def parse_session(value: Any, *, max_instructions: int) -> SessionPatch:
     """The patch of a ``session.update``'s ``session`` object."""
     body = obj(value, "session")
+    _no_beta_names(body, BETA_SESSION_NAMES, "session")
     _known(body, SESSION_KEYS, "session")
     fields: dict[str, Any] = {}
     if "type" in body:
@@ -701,11 +725,7 @@ def _response_options(value: Any, max_instructions: int, max_bytes: int = MAX_AP
     if value is None:
         return ResponseOptions()
     body = obj(value, "response")
-    for beta, ga in BETA_RESPONSE_NAMES.items():
-        if beta in body:
-            instead = f"; the GA API's is response.{ga}" if ga else " (the GA API has no such field)"
-            message = f"Unknown parameter: 'response.{beta}'{instead}."
-            raise RealtimeError("unknown_parameter", message, f"response.{beta}")
+    _no_beta_names(body, BETA_RESPONSE_NAMES, "response")
     _known(body, RESPONSE_KEYS, "response")
     _no_prompt(body, "response")
     fields: dict[str, Any] = {}

@@ -23,7 +23,7 @@ from omni_stream.realtime.common.errors import bad_request
 from omni_stream.realtime.speech.params import SpeechOptions
 from omni_stream.realtime.state import ServerState
 from omni_stream.requests import SpeechRequest, VoicePrompt
-from omni_stream.speech.limits import MAX_REF_SECONDS, check_ref_seconds
+from omni_stream.speech.limits import MAX_REF_SECONDS, ref_too_long
 from omni_stream.validation.speech import family_options, resolve_speech
 from omni_stream.validation.voices import builtin_voice
 
@@ -39,8 +39,8 @@ async def decode_reference(state: ServerState, data: bytes, param: str) -> tuple
     try:
         samples, _ = await anyio.to_thread.run_sync(decode)
     except ValueError as exc:
-        if "longer than" in str(exc):  # the decoder stopped past the bound: say so in the engine's words
-            check_ref_seconds(MAX_REF_SECONDS + 1.0, param)
+        if "longer than" in str(exc):  # the decoder stopped at the bound, the rest unread: its length is unknown
+            raise ref_too_long(f"more than {MAX_REF_SECONDS + 1.0:.0f}s", param) from None
         raise bad_request(f"Could not decode '{param}': {exc}", param) from exc
     return samples, rate
 

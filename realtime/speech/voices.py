@@ -22,7 +22,7 @@ from omni_stream.realtime.speech.voice_store import StoredVoice, VoiceLimitError
 from omni_stream.realtime.state import ServerState
 from omni_stream.requests import SpeechRequest, VoicePrompt
 from omni_stream.speech.limits import MAX_VOICE_NOTE_CHARS, check_embedding, check_transcript
-from omni_stream.validation.voices import check_new_voice, model_key, voice_names
+from omni_stream.validation.voices import builtin_voice, check_new_voice, model_key, voice_names
 
 log = logging.getLogger("omni_stream.realtime.speech.voices")
 ROUTE = "/v1/audio/voices"
@@ -95,7 +95,11 @@ async def delete_voice(request: Request) -> Response:
     name = request.path_params["name"]
     voice = await anyio.to_thread.run_sync(state.voices.delete, name)
     if voice is None:
-        error = ApiError(404, f"Voice '{name}' not found", "name")
+        engine = state.engine
+        builtin = engine is not None and engine.has_speech and builtin_voice(engine.speech_info, name) is not None
+        # a built-in voice is listed beside the uploaded ones: "not found" would contradict the list
+        message = f"Voice '{name}' is built into the model and cannot be deleted" if builtin else None
+        error = ApiError(404, message or f"Voice '{name}' not found", "name")
         return count(state, ROUTE, JSONResponse({"success": False, **error.body()}, status_code=404))
     log.info("deleted voice %r", voice.name)
     return count(state, ROUTE, JSONResponse({"success": True, "message": f"Voice '{name}' deleted successfully"}))
