@@ -375,6 +375,15 @@ def test_every_demo_page_and_each_file_it_links_is_served(http, page):
     assert "static/page.css" in linked  # the stylesheet the pages share
     for path in linked:
         assert http.get(f"/{path}").status_code == 200, path
+    # every page links to the others, relative to the root it is served under, and marks itself
+    nav = re.search(r'<nav class="pages"[^>]*>(.*?)</nav>', r.text, re.S)
+    assert nav is not None, "no page navigation"
+    hrefs = re.findall(r'<a href="([^"]+)"', nav[1])
+    assert sorted(hrefs) == ["./", "realtime", "transcribe", "video"], hrefs
+    for href in hrefs:
+        assert http.get("/" + href.removeprefix("./")).status_code == 200, href
+    current = re.findall(r'<a href="([^"]+)" aria-current="page">', nav[1])
+    assert current == [{"/": "./"}.get(page, page.lstrip("/"))], current
 
 
 def test_a_language_code_names_the_models_language(http):
