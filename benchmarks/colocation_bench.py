@@ -16,9 +16,11 @@ Scenarios: ``alone`` (each workload by itself), ``together`` (all start at once)
 first, image and video ``--stagger`` seconds later: the issue's "started 0.3 s in"); each mixed figure is reported
 beside the same workload alone, with what the server's device worker ran until the speech streams' last first
 audio (its log) and what its event loop ran in the scenario (``loop_meter.LoopMeter``: the longest callbacks and
-the code sampled inside them). ``probe``: the issue's CPU repro, one short speech request at a time (``Hi
-there.``, 20 frames, TTFA over HTTP) during one image edit and during one video session, and alone before each and
-after the last (pooled: on a shared machine the load drifts over minutes).
+the code sampled inside them; the server runs asyncio's loop for it, ``--server-loop auto`` gives uvloop where it is
+installed, as on the GPU machines, where runs up to 69 ran and their meter counted nothing). ``probe``: the
+issue's CPU repro, one short speech request at a time (``Hi there.``, 20 frames, TTFA over HTTP) during one image
+edit and during one video session, and alone before each and after the last (pooled: on a shared machine the load
+drifts over minutes).
 
 ``--policy deadlines|rounds|both``: the device worker's order (``Tuning.device_policy``): by class and deadline
 (default), or the old plain rounds (every model stepped once per round), for comparison.
@@ -176,7 +178,7 @@ def server(models: list[str], policy: str, tune: list[str], args: argparse.Names
     port = free_port()
     cmd = [sys.executable, str(Path(__file__).resolve()), "serve", "--host", "127.0.0.1", "--port", str(port),
            "--enable-benchmark-fields", "--log-level", "warning", "--tune", f"device_policy={policy}",
-           "--max-concurrency", "64"]  # fmt: skip
+           "--max-concurrency", "64", "--loop", args.server_loop]  # fmt: skip
     for assignment in tune:
         cmd += ["--tune", assignment]
     for model in models:
@@ -701,6 +703,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="an A/B arm after the policies' runs: its own server with these switches (over --tune), measured in "
         "the mixed scenarios only, against the first run's workloads alone; may repeat",
     )
+    ap.add_argument(
+        "--server-loop",
+        choices=("asyncio", "auto"),
+        default="asyncio",
+        help="the server's event loop (serve --loop): asyncio (default), whose callbacks the loop meter times, or "
+        "auto (uvloop where installed, as a plain serve runs; the meter then reports nothing)",
+    )
     ap.add_argument("--tag", default="", help="appended to the result file's name (A/B runs)")
     ap.add_argument("--session-timeout", type=float, default=300.0)
     ap.add_argument("--server-timeout", type=float, default=900.0)
@@ -743,6 +752,7 @@ def main(argv: list[str] | None = None) -> dict:
         "device_name": _device_name(args.gpu),
         "sizes": asdict(sizes),
         "stagger_s": args.stagger,
+        "server_loop": args.server_loop,
         "tune": args.tune,
         "arms": {label: tunes for label, tunes in args.arm},
         "policies": {},

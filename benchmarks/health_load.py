@@ -86,7 +86,9 @@ def serve(device: str, meter: LoopMeter) -> Iterator[tuple[str, Any]]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
-    server = GracefulServer(uvicorn_config(app, log_level="warning", timeout_graceful_shutdown=5), app.state.omni)
+    # asyncio's loop, not uvloop where installed: the meter times callbacks that pass through asyncio's Handle
+    config = uvicorn_config(app, log_level="warning", timeout_graceful_shutdown=5, loop="asyncio")
+    server = GracefulServer(config, app.state.omni)
 
     def run() -> None:
         meter.install()  # this thread's loop is the server's

@@ -68,6 +68,10 @@ class LoopMeter:
     imports: list[dict[str, Any]] = field(default_factory=list)  # modules first imported on the loop's thread
     opened: Counter[str] = field(default_factory=Counter)  # files opened on the loop's thread, by where
     torch_calls: Counter[str] = field(default_factory=Counter)  # torch functions called on the loop's thread
+    # The running loop's class, and whether its callbacks pass through asyncio's Handle._run: uvloop's (uvicorn's
+    # choice where it is installed, as on the GPU machines) run in C, so a meter there would count nothing.
+    loop: str = ""
+    measurable: bool = True
     _gc_started: float | None = None
     _installed: float = 0.0
     _beat: float | None = None
@@ -78,6 +82,13 @@ class LoopMeter:
 
     def install(self) -> None:
         """Measure the calling thread's loop from now on."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:  # installed before the loop runs: its callbacks will be asyncio's
+            running = None
+        if running is not None:
+            self.loop = f"{type(running).__module__}.{type(running).__qualname__}"
+            self.measurable = isinstance(running, asyncio.BaseEventLoop)
         self._thread = threading.get_ident()
         self._installed = time.perf_counter()
         meter = self
@@ -240,6 +251,8 @@ class LoopMeter:
 
     def report(self, n: int = 10) -> dict[str, Any]:
         return {
+            "loop": self.loop,
+            "measurable": self.measurable,
             "callbacks": self.callbacks,
             "longest_wall": self.longest(n),
             "longest_cpu": self.longest(n, cpu=True),

@@ -127,7 +127,11 @@ def fetch_loop(base_url: str) -> dict[str, Any]:
 
 
 def loop_line(report: dict[str, Any], top: int = 3) -> str:
-    """A :func:`fetch_loop` report in one line: the longest single callbacks (wall ms) and where the longest ran."""
+    """A :func:`fetch_loop` report in one line: the longest single callbacks (wall ms) and where the longest ran;
+    for a loop the meter cannot time (uvloop's), that it was not measured."""
+    if report.get("measurable") is False:
+        loop = report.get("loop") or "its loop"
+        return f"    event loop: not measured ({loop} runs its callbacks outside asyncio's; serve --loop asyncio)"
     longest = ", ".join(f"{r['what']} {r['max_ms']:.0f} ms" for r in report.get("longest_wall", [])[:top])
     inside = "; ".join(f"{s['where']} ({s['samples']})" for s in report.get("sampled_inside_long_callbacks", [])[:2])
     stalls = len(report.get("stalls", []))

@@ -99,6 +99,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: %(default)s)",
     )
     parser.add_argument(
+        "--loop",
+        choices=EVENT_LOOPS,
+        default="auto",
+        help="uvicorn's event loop: auto (uvloop when installed, else asyncio's), asyncio or uvloop "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
         "--ws-deflate",
         action="store_true",
         help="let WebSocket clients negotiate per-message deflate (default: off; audio and video frames hardly "
@@ -281,6 +288,9 @@ def run(args: argparse.Namespace) -> int:
     except ModelNotFound as exc:
         print(f"omni-stream serve: cannot find model: {exc}", file=sys.stderr)
         return 2
+    if missing := missing_server_packages(args.http, args.loop):
+        print(f"omni-stream serve: {missing}", file=sys.stderr)
+        return 2
     if not models and not llm:
         print("omni-stream serve: no --model given: serving the embedded tiny model of every kind (random weights)")
     if args.load_format == "dummy":
@@ -335,7 +345,13 @@ def run(args: argparse.Namespace) -> int:
 
     app = create_app(load, settings)
     config = uvicorn_config(
-        app, host=args.host, port=args.port, log_level=args.log_level, ws_deflate=args.ws_deflate, http=args.http
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        ws_deflate=args.ws_deflate,
+        http=args.http,
+        loop=args.loop,
     )
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal: end with status 0 instead.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -350,6 +366,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 HTTP_PARSERS = ("auto", "h11", "httptools")
+EVENT_LOOPS = ("auto", "asyncio", "uvloop")
+
+
+def missing_server_packages(http: str, loop: str) -> str | None:
+    """What ``--http`` / ``--loop`` name that is not installed (uvicorn would fail with a traceback at start-up,
+    after the models loaded), or None. ``auto`` never misses: uvicorn falls back to h11 and asyncio's loop."""
+    import importlib.util
+
+    named = [(flag, value) for flag, value in (("--http", http), ("--loop", loop)) if value in ("httptools", "uvloop")]
+    missing = [(flag, value) for flag, value in named if importlib.util.find_spec(value) is None]
+    if not missing:
+        return None
+    return "; ".join(f"{flag} {value} needs the {value} package, which is not installed (pip install {value}, "
+                     f"or {flag} auto)" for flag, value in missing)  # fmt: skip
 
 
 def uvicorn_config(
@@ -361,6 +391,7 @@ def uvicorn_config(
     ws_deflate: bool = False,
     timeout_graceful_shutdown: int = 10,
     http: str = "auto",
+    loop: str = "auto",
 ) -> uvicorn.Config:
     """uvicorn's settings for an app of :func:`omni_stream.realtime.app.create_app` (``serve`` and the tests).
 
@@ -369,6 +400,8 @@ def uvicorn_config(
     the event loop thread that also serves every other stream (``benchmarks/ws_deflate.py``). ``http``: the HTTP/1.1
     parser (``auto``: httptools, a C parser, when it is installed, else the pure-Python h11, which parses every
     request on the event loop that also serves the streams; ``benchmarks/tts_load.py --arm`` compares them).
+    ``loop``: ``auto`` runs uvloop where it is installed; ``asyncio`` keeps the standard loop, whose callbacks a
+    benchmark's loop meter can time (``benchmarks/loop_meter.py``; uvloop's run in C, out of its sight).
     """
     import uvicorn
 
@@ -382,6 +415,7 @@ def uvicorn_config(
         ws_max_size=32 * 1024 * 1024,  # a 15 MiB realtime audio append is 20 MiB of base64 in one message
         ws_per_message_deflate=ws_deflate,
         http=http,
+        loop=loop,
     )
 
 

@@ -56,6 +56,7 @@ def test_the_smoke_run_measures_every_workload_in_every_scenario(tmp_path, monke
             # ... and what its event loop ran meanwhile: the scenario's requests and sockets, timed callback by callback
             loop = level[f"{kind}_loop"]
             assert loop["callbacks"] > 0 and loop["longest_wall"][0]["max_ms"] > 0, loop
+            assert loop["measurable"] and loop["loop"].startswith("asyncio."), loop  # serve --loop asyncio
         for kind in ("together_vs_alone", "apart_vs_alone"):
             assert set(level[kind]) == {speech, "agent", "image", "video"}
             assert level[kind][speech]["ttfa_p95_ratio"] > 0

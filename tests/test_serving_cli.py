@@ -145,9 +145,44 @@ def test_serve_help_lists_options():
         "--threads",
         "--legacy-stream-raw",
         "--ws-deflate",
+        "--http",
+        "--loop",
     ):
         assert option in out.stdout
     assert "$OMNI_STREAM_CACHE" in out.stdout  # where uploaded voices go by default
+
+
+def test_a_parser_or_loop_that_is_not_installed_is_named(monkeypatch):
+    import importlib.util
+
+    from omni_stream.realtime.server import missing_server_packages, uvicorn_config
+
+    installed = {"httptools"}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name in installed else None)
+    assert missing_server_packages("auto", "auto") is None  # uvicorn falls back by itself
+    assert missing_server_packages("httptools", "asyncio") is None
+    message = missing_server_packages("h11", "uvloop")
+    assert message is not None and message.startswith("--loop uvloop needs the uvloop package")
+    assert "--http" not in message and "--loop auto" in message
+    installed.clear()
+    both = missing_server_packages("httptools", "uvloop")
+    assert both is not None and "--http httptools needs the httptools package" in both and "--loop uvloop" in both
+    assert uvicorn_config(object(), loop="asyncio").loop == "asyncio"
+    assert uvicorn_config(object()).loop == "auto"
+
+
+def test_serve_refuses_a_missing_parser_before_loading():
+    import importlib.util
+
+    absent = [name for name in ("httptools", "uvloop") if importlib.util.find_spec(name) is None]
+    if not absent:
+        pytest.skip("httptools and uvloop are both installed here")
+    flag = {"httptools": "--http", "uvloop": "--loop"}[absent[0]]
+    cmd = [sys.executable, "-m", "omni_stream.cli", "serve", flag, absent[0], "--port", "0"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"{flag} {absent[0]} needs the {absent[0]} package" in out.stderr
+    assert "Traceback" not in out.stderr and "loading" not in out.stdout  # refused before any model loads
 
 
 def test_bare_command_prints_the_commands():
