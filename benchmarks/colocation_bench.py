@@ -68,6 +68,7 @@ sys.path.insert(0, str(HERE))
 from loop_meter import LoopMeter  # noqa: E402
 from provenance import git_commit  # noqa: E402
 from tts_clients import TEXT, RequestFields, Spoken, http_request, ws_request  # noqa: E402
+from voice_bench import split  # noqa: E402
 from worklog import (  # noqa: E402
     fetch_loop,
     fetch_worklog,
@@ -249,6 +250,14 @@ def speech_samples() -> np.ndarray:
 AGENT_LISTEN_S = 2.0
 
 
+# The server events that end each stage of a voice turn, by the mark ``voice_bench.split`` reads.
+AGENT_MARKS = {
+    "input_audio_buffer.speech_stopped": "stopped",
+    "conversation.item.input_audio_transcription.completed": "transcript",
+    "response.output_audio_transcript.delta": "first_text",
+}
+
+
 async def agent(url: str, reply_tokens: int, limit_s: float) -> dict:
     """One voice-agent session: the recorded question in real time, then silence until it has heard
     :data:`AGENT_LISTEN_S` of the answer (or the answer is done)."""
@@ -287,6 +296,8 @@ async def agent(url: str, reply_tokens: int, limit_s: float) -> dict:
             heard = 0.0
             async for raw in ws:
                 event = json.loads(raw)
+                if event["type"] in AGENT_MARKS:  # the turn's stages as the client sees them (voice_bench's split)
+                    marks.setdefault(AGENT_MARKS[event["type"]], loop.time())
                 if event["type"] == "response.output_audio.delta":
                     marks.setdefault("first_audio", loop.time())
                     heard += len(base64.b64decode(event["delta"])) / 2 / RATE
@@ -301,7 +312,7 @@ async def agent(url: str, reply_tokens: int, limit_s: float) -> dict:
 
         async with asyncio.timeout(limit_s):
             await asyncio.gather(speak(), listen())
-    return {"v2v": marks["first_audio"] - marks["speech_end"]}
+    return {"v2v": marks["first_audio"] - marks["speech_end"]} | ({"split": split(marks)} if "stopped" in marks else {})
 
 
 def png(side: int) -> bytes:
@@ -398,6 +409,11 @@ def summarize(name: str, records: list[dict], errors: list[str]) -> dict:
         out["xrt_p50"] = round(percentile([r["xrt"] for r in records], 50), 2) if records else None
     elif name == "agent":
         out["v2v_ms"] = stat([r["v2v"] for r in records], 1000)
+        # where the turns went (p50 of each stage: the turn decision, the transcript, the LM's first clause, the
+        # speech's first audio), so a v2v that grows beside other work says in which stage
+        splits = [r["split"] for r in records if "split" in r]
+        if splits:
+            out["split_ms_p50"] = {part: round(percentile([s[part] for s in splits], 50), 1) for part in splits[0]}
     elif name == "image":
         out["first_preview_s"] = stat([r["preview"] for r in records if "preview" in r], 1, 2)
         out["final_s"] = stat([r["final"] for r in records], 1, 2)
@@ -659,7 +675,9 @@ def table(result: dict) -> str:
                         cells.append(f"{name} TTFA p50/p95 {s['ttfa_ms']['p50']}/{s['ttfa_ms']['p95']} ms "
                                      f"cont {s['continuous']}/{s['n']}")  # fmt: skip
                     elif "v2v_ms" in s:
-                        cells.append(f"agent v2v p50/p95 {s['v2v_ms']['p50']}/{s['v2v_ms']['p95']} ms")
+                        parts = " + ".join(f"{k} {v:.0f}" for k, v in s.get("split_ms_p50", {}).items())
+                        cells.append(f"agent v2v p50/p95 {s['v2v_ms']['p50']}/{s['v2v_ms']['p95']} ms"
+                                     + (f" ({parts})" if parts else ""))  # fmt: skip
                     elif "final_s" in s:
                         cells.append(f"image final p50 {s['final_s']['p50']} s")
                     elif "xrt" in s:

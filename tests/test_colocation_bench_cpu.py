@@ -45,6 +45,10 @@ def test_the_smoke_run_measures_every_workload_in_every_scenario(tmp_path, monke
             assert all(not f["errors"] and f["n"] >= 1 for f in figure.values()), figure
             assert figure[speech]["n"] == 2 and figure[speech]["ttfa_ms"]["p95"] > 0
             assert figure["agent"]["v2v_ms"]["p50"] is not None
+            # ... split into the turn's stages as the client saw them, each from the end of the one before
+            stages = figure["agent"]["split_ms_p50"]
+            assert list(stages) == ["turn_decision", "transcript", "lm_first_clause", "tts_first_audio"], stages
+            assert all(ms >= 0 for ms in stages.values()) and stages["turn_decision"] > 0, stages
             assert figure["image"]["final_s"]["p50"] > 0 and figure["video"]["xrt"]["p50"] > 0
         # what the server's device worker ran until the speech streams' last first audio, from its own log
         for kind in ("alone", "together", "apart"):
