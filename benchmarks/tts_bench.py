@@ -154,6 +154,9 @@ class StepTimer:
         self.step_detail: list[tuple[int, int, int, float]] = []  # (newcomers, their positions, decoded rows, wall)
         self.codec: list[tuple[int, int, float]] = []
         self.extractions: list[float] = []
+        # Each newcomer's request id -> (start, end) of the talker call that admitted it (``perf_counter``), so a
+        # request's first audio splits into its wait for that call, the call, and what came after it.
+        self.admitted: dict[str, tuple[float, float]] = {}
         runner = family.runner
         step = runner.step
 
@@ -164,6 +167,8 @@ class StepTimer:
             self.steps.append((len(batch.prefill) + len(batch.decode), wall))
             positions = sum(seq.payload.prompt.prefill_len for seq in batch.prefill)
             self.step_detail.append((len(batch.prefill), positions, len(batch.decode), wall))
+            for seq in batch.prefill:
+                self.admitted[seq.payload.request_id] = (t0, t0 + wall)
             return out
 
         runner.step = timed_step
@@ -207,6 +212,7 @@ class StepTimer:
         stages.issue_slot_windows = timed_slot_issue
 
     def reset(self) -> None:
+        self.admitted.clear()
         self.steps.clear()
         self.step_detail.clear()
         self.codec.clear()

@@ -269,7 +269,7 @@ async def inproc_request(engine, spoken: Spoken, fields: RequestFields) -> dict:
             arrivals.append(time.perf_counter())
             durations.append(audio.samples.shape[0] / audio.sample_rate)
             samples += audio.samples.shape[0]
-    return request_record(t0, arrivals, durations, samples)
+    return request_record(t0, arrivals, durations, samples) | {"request_id": stream.request.request_id}
 
 
 # Where an HTTP request's time to first audio goes on the client's side, from httpcore's trace events (ms after

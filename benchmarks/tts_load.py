@@ -256,6 +256,7 @@ async def run_rate(transport: Transport, rate: float, args: argparse.Namespace, 
         # a copy first: the worker thread appends to its log meanwhile (list() of a deque is one step under the GIL)
         level["work"] = work_profile(list(transport.engine.worker.log), t0, ended).summary()
     if transport.timer is not None:
+        level["first_audio_split"] = first_audio_split(records, transport.timer.admitted)
         level.update(transport.timer.summary(-1))
         transport.timer.reset()
         family = transport.engine.models.speech()
@@ -266,6 +267,34 @@ async def run_rate(transport: Transport, rate: float, args: argparse.Namespace, 
     else:
         level.update(server_stats(before, after))
     return level
+
+
+FIRST_AUDIO_PARTS = ("to_admitting_call", "admitting_call", "after_it")
+
+
+def first_audio_split(records: list[dict], admitted: dict[str, tuple[float, float]]) -> dict:
+    """In process: each request's first audio in three consecutive parts (ms): from its call to the talker call that
+    admitted it (the steps in flight before it, its prompt's preparation, the loop), that call's wall time on the
+    worker (stepping ahead: launching it and collecting the step before), and from that call's end to the first
+    audio (the device's work on it, the step that brings its first frame, its first window, the channels). p50 and
+    p95 of each, and their means over the slowest 5 % of first audios (what a p95 is made of)."""
+    rows = []
+    for r in records:
+        call = admitted.get(r.get("request_id", ""))
+        if call is None or "ttfa" not in r:
+            continue
+        begin, end, first = call[0], call[1], r["start"] + r["ttfa"]
+        rows.append((1000 * r["ttfa"], (1000 * (begin - r["start"]), 1000 * (end - begin), 1000 * (first - end))))
+    if not rows:
+        return {"requests": 0}
+    rows.sort(key=lambda row: row[0])
+    slowest = rows[-max(1, round(0.05 * len(rows))) :]
+    out: dict = {"requests": len(rows)}
+    for i, part in enumerate(FIRST_AUDIO_PARTS):
+        values = [parts[i] for _, parts in rows]
+        out[part] = {"p50": round(percentile(values, 50), 2), "p95": round(percentile(values, 95), 2),
+                     "slowest_5pct_mean": round(statistics.fmean(parts[i] for _, parts in slowest), 2)}  # fmt: skip
+    return out
 
 
 def summarize_rate(
@@ -332,6 +361,11 @@ def print_rate(tag: str, transport: str, lv: dict) -> None:
         work = lv["work"]
         parts = ", ".join(f"{k} {v:.2f} s ({work['counts'][k]})" for k, v in list(work["seconds"].items())[:5])
         print(f"    worker busy {100 * work['busy_fraction']:.0f}% of {work['span_s']:.1f} s: {parts}", flush=True)
+    split = lv.get("first_audio_split", {})
+    if split.get("requests"):  # in process: where a first audio's time went, p50 / p95 / slowest 5 % mean
+        parts = ", ".join(f"{p} {split[p]['p50']:.1f}/{split[p]['p95']:.1f}/{split[p]['slowest_5pct_mean']:.1f}"
+                          for p in FIRST_AUDIO_PARTS)  # fmt: skip
+        print(f"    first audio, ms (p50/p95/slowest 5 % mean): {parts}", flush=True)
 
 
 # --- one arm: a server (or an engine) with its environment, every mode, lengths, transport and rate ---

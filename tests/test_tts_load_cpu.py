@@ -92,11 +92,39 @@ def test_every_rate_sends_its_poisson_arrivals_and_reports_the_figures(custom, s
                 work = lv["work"]  # the worker's time while the rate ran: the talker's steps among it
                 assert work["complete"] and 0 < work["busy_fraction"] <= 1 and work["counts"]["step:talker"] > 0
                 assert abs(sum(work["seconds"].values()) - work["span_s"]) < 0.01 * len(work["seconds"])
+                # each first audio split at the talker call that admitted its request: every completed request
+                # found its call, and the parts are consecutive (none negative, the call itself takes time)
+                split = lv["first_audio_split"]
+                assert split["requests"] == lv["completed"], split
+                assert all(split[p]["p50"] >= 0 and split[p]["slowest_5pct_mean"] >= 0 for p in PARTS)
+                assert split["admitting_call"]["p50"] > 0, split
             else:
                 assert lv["server_step_ms_mean"] > 0 and lv["talker_steps"] > 0
                 assert "work" not in lv  # a server's worker is not this process's
         frames = {f for lv in res["rates"] for _, f, *_ in lv["requests_detail"]}
         assert frames == {6} if "-" not in spec else (min(frames) >= 5 and max(frames) <= 10 and len(frames) > 1)
+
+
+PARTS = ("to_admitting_call", "admitting_call", "after_it")
+
+
+def test_first_audio_split_parts_add_up_and_the_slowest_are_named():
+    sys.path.insert(0, str(BENCH_DIR))
+    try:
+        from tts_load import FIRST_AUDIO_PARTS, first_audio_split
+    finally:
+        sys.path.remove(str(BENCH_DIR))
+    assert FIRST_AUDIO_PARTS == PARTS
+    # 20 requests sent at 10.0 s: request i waits i ms for its admitting call, which takes 2 ms, then 5 ms more
+    records = [{"request_id": f"r{i}", "start": 10.0, "ttfa": (i + 2 + 5) / 1000} for i in range(20)]
+    admitted = {f"r{i}": (10.0 + i / 1000, 10.0 + (i + 2) / 1000) for i in range(20)}
+    records.append({"request_id": "never-admitted", "start": 10.0, "ttfa": 0.5})  # no call found: left out
+    records.append({"error": "failed"})
+    split = first_audio_split(records, admitted)
+    assert split["requests"] == 20
+    assert split["admitting_call"]["p50"] == 2.0 and split["after_it"]["p95"] == 5.0
+    assert split["to_admitting_call"]["p50"] == 9.5 and split["to_admitting_call"]["slowest_5pct_mean"] == 19.0
+    assert first_audio_split([], admitted) == {"requests": 0}
 
 
 def test_summarize_prints_a_row_per_run_and_rate(custom):
