@@ -17,7 +17,9 @@ delivered per second against those offered, requests in flight, and the engine's
 ``--sample-ms`` the talker's running / waiting / paused sequences and the mean batch of the steps since the last
 sample (over the server from ``/metrics``; in process from the scheduler), with the client's own count of requests
 in flight at the same moments. In process it adds what the worker spent (``tts_bench.StepTimer``: steps holding
-newcomers against steps of running rows alone, voice-prompt extractions).
+newcomers against steps of running rows alone, voice-prompt extractions; the worker's log summed per piece of work)
+and where each first audio went (:func:`first_audio_split`: the wait for the talker call that admitted the request,
+that call, and what came after it).
 
 ``--arm NAME:VAR=VALUE[,...]`` (repeatable) runs everything once per arm on its own server (or engine), the
 variables (or ``serve`` flags, ``--flag=VALUE``) set for it, so a switch's on and off are measured in one call
