@@ -17,7 +17,9 @@ first, image and video ``--stagger`` seconds later: the issue's "started 0.3 s i
 beside the same workload alone, with what the server's device worker ran until the speech streams' last first
 audio (its log) and what its event loop ran in the scenario (``loop_meter.LoopMeter``: the longest callbacks and
 the code sampled inside them; the server runs asyncio's loop for it, ``--server-loop auto`` gives uvloop where it is
-installed, as on the GPU machines, where runs up to 69 ran and their meter counted nothing). ``probe``: the
+installed, as on the GPU machines, where runs up to 69 ran and their meter counted nothing). The benchmark's own loop
+(every client runs on it) is metered too, and for both loops each scenario reports what held them until the speech
+streams' last first audio (``loop_meter.window``: the callbacks over a millisecond, each at its offset). ``probe``: the
 issue's CPU repro, one short speech request at a time (``Hi there.``, 20 frames, TTFA over HTTP) during one image
 edit and during one video session, and alone before each and after the last (pooled: on a shared machine the load
 drifts over minutes).
@@ -65,7 +67,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from loop_meter import LoopMeter  # noqa: E402
+from loop_meter import LoopMeter, window, window_line  # noqa: E402
 from provenance import git_commit  # noqa: E402
 from tts_clients import TEXT, RequestFields, Spoken, http_request, ws_request  # noqa: E402
 from voice_bench import split  # noqa: E402
@@ -618,6 +620,33 @@ async def run_policy(url: str, sizes: Sizes, args: argparse.Namespace, reference
     elif args.mixed:
         result["alone"] = await alone(workloads(url, sizes, "http", 1, args), ["agent", "image", "video"])
         progress("agent, image and video alone", result["alone"])
+    # this process's own loop too: every client runs on it, so a callback that holds it delays a stream's send or
+    # its first audio's receipt exactly as the server's would
+    client = LoopMeter(sample_after=0.01)
+    client.install()
+    try:
+        await levels(url, sizes, args, reference, result, client)
+    finally:
+        client.uninstall()
+    return result
+
+
+def loops(level: dict, kind: str, client: LoopMeter, start: float, until: float | None) -> None:
+    """What held the server's loop and this process's from a scenario's ``start`` to its speech streams' last first
+    audio (``loop_meter.window``); the raw timelines are dropped (the JSON keeps each window's summary)."""
+    server = level[f"{kind}_loop"]
+    level[f"{kind}_loop_window"] = window(server, start, until)
+    server.pop("timeline", None)
+    report = client.report(5, timeline=True)
+    level[f"{kind}_client_loop_window"] = window(report, start, until)
+    report.pop("timeline")
+    level[f"{kind}_client_loop"] = report
+
+
+async def levels(
+    url: str, sizes: Sizes, args: argparse.Namespace, reference: dict | None, result: dict, client: LoopMeter
+) -> None:
+    """Each transport and speech level: speech alone, then the mixed scenarios (:func:`run_policy`)."""
     for transport in args.transports:
         for c in sizes.speech_levels:
             work = workloads(url, sizes, transport, c, args)
@@ -625,30 +654,38 @@ async def run_policy(url: str, sizes: Sizes, args: argparse.Namespace, reference
             if reference is not None:
                 (same,) = [lv for lv in reference["levels"] if (lv["transport"], lv["speech_c"]) == (transport, c)]
                 level["alone"], level["alone_worker"] = same["alone"], same["alone_worker"]
-                level["alone_loop"] = same["alone_loop"]
+                for key in ("alone_loop", "alone_loop_window", "alone_client_loop", "alone_client_loop_window"):
+                    level[key] = same[key]
             else:
                 seen, t0 = await asyncio.to_thread(last_seq, url), time.monotonic()
                 await asyncio.to_thread(fetch_loop, url)  # the loop meter's window starts here
+                client.reset()
                 level["alone"], until = await timed(work, [f"speech_{transport}"])
                 level["alone_worker"] = await asyncio.to_thread(worker_window, url, seen, t0, until)
                 level["alone_loop"] = await asyncio.to_thread(fetch_loop, url)
+                loops(level, "alone", client, t0, until)
                 progress(f"speech {transport} c={c} alone", level["alone"])
                 print(worker_line(level["alone_worker"]), flush=True)
                 print(loop_line(level["alone_loop"]), flush=True)
+                print(window_line("server", level["alone_loop_window"]), flush=True)
+                print(window_line("client", level["alone_client_loop_window"]), flush=True)
             solo = result["alone"] | level["alone"]
             for kind in ("together", "apart"):
                 seen, t0 = await asyncio.to_thread(last_seq, url), time.monotonic()
                 await asyncio.to_thread(fetch_loop, url)
+                client.reset()
                 level[kind], until = await mixed(kind, work, args.stagger)
                 level[f"{kind}_worker"] = await asyncio.to_thread(worker_window, url, seen, t0, until)
                 # what held the server's event loop meanwhile (a burst's requests wait for it before the worker)
                 level[f"{kind}_loop"] = await asyncio.to_thread(fetch_loop, url)
+                loops(level, kind, client, t0, until)
                 level[f"{kind}_vs_alone"] = compare(solo, level[kind])
                 progress(f"speech {transport} c={c} {kind}", level[kind])
                 print(worker_line(level[f"{kind}_worker"]), flush=True)
                 print(loop_line(level[f"{kind}_loop"]), flush=True)
+                print(window_line("server", level[f"{kind}_loop_window"]), flush=True)
+                print(window_line("client", level[f"{kind}_client_loop_window"]), flush=True)
             result["levels"].append(level)
-    return result
 
 
 # --- report ------------------------------------------------------------------------------------------------------

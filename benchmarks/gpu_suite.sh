@@ -46,6 +46,8 @@
 #                               test_qwen3_gpu, test_whisper_gpu, test_smart_turn_gpu, test_worker_streams_gpu),
 #                               from a copy of tests/ (only when named; run 29: 280 s
 #                               covered 24 of 31; SUITE_GPUTESTS="test_causal_lm_gpu.py ..." runs those files only)
+# unet_levers     ~150 / 300  unet_levers.py: InstructPix2Pix's UNet at 3 and 48 rows under each lever (attention
+#                               kernels, NHWC, fused q/k/v, torch.compile) and its VAE (only when named)
 #
 #   calls: SUITE_ONLY=load_cv | load_fixed,peers | load_base_ws | load_base_http,levers_base | levers_cv | load_http
 #          | colocation | gputests
@@ -212,6 +214,7 @@ if [[ $SMOKE == 1 ]]; then
   named colocation 400 60 "$B/colocation_bench.py" --smoke --transports ws
   bench image 200 20 "$B/image_bench.py" --smoke
   bench video 200 20 "$B/video_bench.py" --smoke --transport inproc
+  named unet_levers 200 20 "$B/unet_levers.py" --smoke
 else
   bench tts   150 70 "$B/tts_bench.py" --size 1.7b --transport http --levels 1,32
   bench text  110 40 "$B/text_bench.py"
@@ -234,6 +237,8 @@ else
     $(printf "$WORK/t/tests/%s " $GPUTESTS) -m gpu -q -p no:cacheprovider -rs
   bench image 120 50 "$B/image_bench.py" --device cuda
   bench video 180 80 "$B/video_bench.py" --gpu
+  # the image denoiser's call under each lever (attention kernels, NHWC, fused q/k/v, torch.compile: ~2 min)
+  named unet_levers 300 120 "$B/unet_levers.py"
 fi
 
 stamp "done"

@@ -13,7 +13,10 @@ Used by ``benchmarks/health_load.py`` (what holds the loop of a server under loa
     meter.uninstall()
 
 Measuring wraps ``asyncio.Handle._run`` process-wide (other threads' loops pass through unmeasured); it adds about
-a microsecond a callback.
+a microsecond a callback. Callbacks longer than ``keep_after`` are also kept one by one on a timeline (their start
+on ``time.monotonic()``'s clock, which on Linux is every process's ``CLOCK_MONOTONIC``), so a benchmark can say what
+a loop ran inside one window (a scenario's first second), in its own process or in its server's
+(:func:`window`).
 """
 
 from __future__ import annotations
@@ -68,6 +71,9 @@ class LoopMeter:
     imports: list[dict[str, Any]] = field(default_factory=list)  # modules first imported on the loop's thread
     opened: Counter[str] = field(default_factory=Counter)  # files opened on the loop's thread, by where
     torch_calls: Counter[str] = field(default_factory=Counter)  # torch functions called on the loop's thread
+    keep_after: float = 0.001  # callbacks at least this long go on the timeline too
+    timeline_cap: int = 20000
+    timeline: list[dict[str, Any]] = field(default_factory=list)  # {"at": monotonic s, "what", "ms", "cpu_ms"}
     # The running loop's class, and whether its callbacks pass through asyncio's Handle._run: uvloop's (uvicorn's
     # choice where it is installed, as on the GPU machines) run in C, so a meter there would count nothing.
     loop: str = ""
@@ -91,6 +97,7 @@ class LoopMeter:
             self.measurable = isinstance(running, asyncio.BaseEventLoop)
         self._thread = threading.get_ident()
         self._installed = time.perf_counter()
+        mono = time.monotonic() - time.perf_counter()  # the timeline's clock, from perf_counter's
         meter = self
 
         def run(handle: asyncio.Handle) -> None:
@@ -107,8 +114,13 @@ class LoopMeter:
                     meter.beat()
                 name = label(handle)
                 meter.callbacks += 1
-                meter.wall[name].append(time.perf_counter() - start)
-                meter.cpu[name].append(time.thread_time() - cpu)
+                took, took_cpu = time.perf_counter() - start, time.thread_time() - cpu
+                meter.wall[name].append(took)
+                meter.cpu[name].append(took_cpu)
+                if took >= meter.keep_after and len(meter.timeline) < meter.timeline_cap:
+                    meter.timeline.append(
+                        {"at": start + mono, "what": name, "ms": took * 1e3, "cpu_ms": took_cpu * 1e3}
+                    )
 
         asyncio.events.Handle._run = run  # type: ignore[method-assign]
         gc.callbacks.append(self._on_gc)
@@ -144,7 +156,7 @@ class LoopMeter:
         self._installed = time.perf_counter()
         for table in (self.wall, self.cpu, self.samples, self.opened, self.torch_calls):
             table.clear()
-        for events in (self.stalls, self.collections, self.imports):
+        for events in (self.stalls, self.collections, self.imports, self.timeline):
             events.clear()
         self.callbacks = 0
 
@@ -249,7 +261,8 @@ class LoopMeter:
         table = self.cpu if cpu else self.wall
         return sum(1 for runs in table.values() for t in runs if t > seconds)
 
-    def report(self, n: int = 10) -> dict[str, Any]:
+    def report(self, n: int = 10, timeline: bool = False) -> dict[str, Any]:
+        """The longest and busiest callbacks, samples, stalls and the rest; ``timeline``: the kept callbacks too."""
         return {
             "loop": self.loop,
             "measurable": self.measurable,
@@ -264,4 +277,34 @@ class LoopMeter:
             "imports_on_loop": self.imports,
             "files_opened_on_loop": [{"what": w, "times": c} for w, c in self.opened.most_common(n)],
             "torch_calls_on_loop": [{"what": w, "calls": c} for w, c in self.torch_calls.most_common(n)],
-        }
+        } | ({"timeline": list(self.timeline)} if timeline else {})
+
+
+def window(report: dict[str, Any], start: float, end: float | None, top: int = 5) -> dict[str, Any]:
+    """What a loop ran from ``start`` to ``end`` (``time.monotonic()`` times) by its report's timeline: the time
+    its kept callbacks (each over ``keep_after``) held it, how many, and the longest, each at its offset from
+    ``start``. Empty when the loop was not measured or the window is empty."""
+    if not report.get("measurable", True) or end is None or end <= start:
+        return {}
+    inside = [c for c in report.get("timeline", []) if start <= c["at"] < end]
+    busy: Counter[str] = Counter()
+    for c in inside:
+        busy[c["what"]] += c["ms"]
+    longest = [{"what": c["what"], "ms": round(c["ms"], 1), "at_ms": round(1e3 * (c["at"] - start), 1)}
+               for c in sorted(inside, key=lambda c: -c["ms"])[:top]]  # fmt: skip
+    return {
+        "window_ms": round(1e3 * (end - start), 1),
+        "held_ms": round(sum(c["ms"] for c in inside), 1),
+        "callbacks": len(inside),
+        "by_what_ms": {k: round(v, 1) for k, v in busy.most_common(top)},
+        "longest": longest,
+    }
+
+
+def window_line(name: str, held: dict[str, Any]) -> str:
+    """:func:`window` in one line."""
+    if not held:
+        return f"    {name} loop: not measured in the window"
+    longest = ", ".join(f"{c['what']} {c['ms']:.0f} ms at +{c['at_ms']:.0f}" for c in held["longest"][:3])
+    return (f"    {name} loop until the last first audio ({held['window_ms']:.0f} ms): held {held['held_ms']:.0f} ms "
+            f"by {held['callbacks']} callbacks over 1 ms; longest: {longest or '-'}")  # fmt: skip

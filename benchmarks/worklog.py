@@ -106,14 +106,15 @@ def step_sequence_line(pieces: list[list[Any]]) -> str:
 
 def loop_route(meter: Any) -> Any:
     """``GET /bench/loop`` (a benchmark's server only): what its event loop ran since the last call
-    (``loop_meter.LoopMeter.report``: the longest callbacks, the code sampled inside them, stalls), then forgets
-    it. The first call installs the meter on the loop (the handler runs on the loop's thread)."""
+    (``loop_meter.LoopMeter.report``: the longest callbacks, the code sampled inside them, stalls, and the
+    timeline of callbacks over a millisecond), then forgets it. The first call installs the meter on the loop (the
+    handler runs on the loop's thread)."""
     from starlette.responses import JSONResponse
 
     async def loop(request: Any) -> Any:
         if meter._thread is None:
             meter.install()
-        report = meter.report(5)
+        report = meter.report(5, timeline=True)
         meter.reset()
         return JSONResponse(report)
 

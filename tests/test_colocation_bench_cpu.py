@@ -61,6 +61,15 @@ def test_the_smoke_run_measures_every_workload_in_every_scenario(tmp_path, monke
             loop = level[f"{kind}_loop"]
             assert loop["callbacks"] > 0 and loop["longest_wall"][0]["max_ms"] > 0, loop
             assert loop["measurable"] and loop["loop"].startswith("asyncio."), loop  # serve --loop asyncio
+            assert "timeline" not in loop  # summarized into the window below, not kept raw
+            # ... and, for the server's loop and this process's, what held each inside the window: the callbacks
+            # over a millisecond (the tiny models' requests and sockets take some on a CPU), each inside it
+            for which in ("loop", "client_loop"):
+                held = level[f"{kind}_{which}_window"]
+                assert held["window_ms"] == window["window_ms"] and held["callbacks"] >= len(held["longest"]), held
+                assert held["held_ms"] >= sum(c["ms"] for c in held["longest"]) - 0.5, held
+                assert all(0 <= c["at_ms"] <= held["window_ms"] and c["ms"] >= 1.0 for c in held["longest"]), held
+            assert level[f"{kind}_client_loop"]["measurable"] and level[f"{kind}_client_loop"]["callbacks"] > 0
         for kind in ("together_vs_alone", "apart_vs_alone"):
             assert set(level[kind]) == {speech, "agent", "image", "video"}
             assert level[kind][speech]["ttfa_p95_ratio"] > 0

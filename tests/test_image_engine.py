@@ -63,11 +63,12 @@ async def settle(family, lm=None) -> None:
 # --- pure policy ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("steps", "n", "expected"),
-    [(4, 2, (1, 3)), (4, 3, (1, 2, 3)), (20, 3, (5, 10, 15)), (2, 2, (1,)), (1, 3, ()), (10, 0, ()), (3, 1, (2,))],
-)
-def test_previews_are_evenly_spaced_and_never_the_last_step(steps, n, expected):
+PREVIEW_CASES = [(4, 2, (1, 3)), (4, 3, (1, 2, 3)), (20, 3, (1, 7, 14)), (20, 2, (1, 11)), (20, 1, (1,)),
+                 (2, 2, (1,)), (1, 3, ()), (10, 0, ()), (3, 1, (1,))]  # fmt: skip
+
+
+@pytest.mark.parametrize(("steps", "n", "expected"), PREVIEW_CASES)
+def test_previews_start_after_the_first_step_and_never_come_after_the_last(steps, n, expected):
     assert preview_steps(steps, n) == expected
 
 
@@ -101,6 +102,35 @@ async def test_an_edit_streams_the_rewrite_then_previews_then_the_image(pix2pix_
     usage = stream.usage
     assert usage[ModelKind.TEXT].output_tokens == n_text and usage[ModelKind.IMAGE].output_tokens == 8 * 6
     assert usage["image_input"].input_tokens == 8 * 6 and usage[ModelKind.IMAGE].input_tokens > 0
+
+
+async def test_a_preview_shows_the_schedulers_estimate_of_the_finished_picture(pix2pix_checkpoint, monkeypatch):
+    # observed, not replaced: what the request's scheduler estimated, and what the preview decoder was given
+    import torch
+
+    from omni_stream.models.diffusers_image.denoised import Denoised
+    from omni_stream.models.diffusers_image.preview import PreviewDecoder
+
+    estimates, shown = [], []
+    latest, decode = Denoised.latest, PreviewDecoder.decode
+
+    def observed_latest(self):
+        estimates.append(latest(self))
+        return estimates[-1]
+
+    def observed_decode(self, latents, width, height):
+        shown.append(latents)
+        return decode(self, latents, width, height)
+
+    monkeypatch.setattr(Denoised, "latest", observed_latest)
+    monkeypatch.setattr(PreviewDecoder, "decode", observed_decode)
+    request = ImageRequest("make it snowy", images=(picture(),), steps=4, n=2, partial_images=1, seed=1)
+    async with await load_engine(pix2pix_checkpoint) as engine:
+        outputs = await collect(engine.generate(request))
+    assert [(o.chunk.partial, o.chunk.meta.get("step")) for o in outputs] == [(True, "1"), (False, None), (False, None)]
+    (estimate,), (latents,) = estimates, shown  # one preview, after the first step
+    assert estimate is not None and estimate.shape[0] == 2  # the request's two images' estimate (Euler ancestral's)
+    assert torch.equal(latents, estimate[:1])  # the first image's
 
 
 async def test_the_diffusion_paints_from_the_rewritten_prompt(pix2pix_checkpoint, rewriting_lm):

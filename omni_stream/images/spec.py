@@ -90,9 +90,9 @@ class ImageRequest:
     picture may change (OpenAI's transparent mask pixels) and 0 where the input shows through. ``size``:
     ``(width, height)`` pixels (None: the first input's size fitted to the model, or the model's default).
     ``steps`` / ``guidance_scale`` None: the model's defaults. ``seed`` None: a random one; image ``k`` uses
-    ``seed + k``. ``partial_images``: previews (0-3), evenly spaced over the steps. ``rewrite`` None: the prompt
-    goes through the text model when one is loaded (True: it must; False: never), with ``system_prompt`` and at
-    most ``max_text_tokens`` tokens.
+    ``seed + k``. ``partial_images``: previews (0-3), the first after one step (:func:`preview_steps`).
+    ``rewrite`` None: the prompt goes through the text model when one is loaded (True: it must; False: never),
+    with ``system_prompt`` and at most ``max_text_tokens`` tokens.
     """
 
     prompt: str
@@ -237,11 +237,13 @@ def check_request(info: ImageInfo, request: ImageRequest) -> tuple[int, int]:
 
 
 def preview_steps(steps: int, partial_images: int) -> tuple[int, ...]:
-    """After which finished steps (1-based) a preview is made: at most ``partial_images``, evenly spaced at
-    ``round(steps * k / (partial_images + 1))``, never after the last step (that one is the final image)."""
+    """After which finished steps (1-based) a preview is made: at most ``partial_images``, the first after step 1
+    and the rest evenly spaced over the steps after it (``1 + round((steps - 1) * k / partial_images)``), never
+    after the last step (that one is the final image). A preview shows the scheduler's estimate of the finished
+    picture, which has its layout after one step, so the first comes as soon as there is one to show."""
     if steps < 2 or partial_images < 1:
         return ()
-    picks = {min(steps - 1, max(1, round(steps * k / (partial_images + 1)))) for k in range(1, partial_images + 1)}
+    picks = {min(steps - 1, 1 + round((steps - 1) * k / partial_images)) for k in range(partial_images)}
     return tuple(sorted(picks))
 
 

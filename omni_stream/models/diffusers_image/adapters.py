@@ -4,8 +4,9 @@ its latents live.
 An adapter wraps one loaded pipeline (never a copy of its code): it calls it for the rows of one request with
 ``callback_on_step_end`` (the runner's step hook), names the model calls a request parks at between steps
 (:meth:`Adapter.intercepts`: the denoiser's forward, the VAE's decode, with the arguments stacked across
-requests), hands out a copy of itself for one request (:meth:`Adapter.fork`: its own noise scheduler), unpacks
-the latents the callback sees into ``(batch, channels, h, w)`` (previews), and decodes such latents through the
+requests), hands out a copy of itself for one request (:meth:`Adapter.fork`: its own noise scheduler, watched for
+its estimate of the finished latents), unpacks the latents the callback sees into ``(batch, channels, h, w)``
+(previews), and decodes such latents through the
 pipeline's own VAE (to fit the linear preview projection at load). Supported: Stable Diffusion (text to image,
 and edits as img2img), InstructPix2Pix (edits) and Qwen-Image-Edit (edits).
 """
@@ -23,6 +24,7 @@ import torch
 
 from omni_stream.errors import ConfigError
 from omni_stream.images.spec import ImageMode
+from omni_stream.models.diffusers_image.denoised import Denoised
 from omni_stream.runtime.stepwise import Intercept, own_scheduler
 
 StepCallback = Callable[[Any, int, Any, dict[str, Any]], dict[str, Any]]
@@ -69,13 +71,22 @@ class Adapter:
 
     def __init__(self, pipe: Any) -> None:
         self.pipe = pipe
+        self.denoised: Denoised | None = None  # a fork's (one request's)
 
     def fork(self) -> Adapter:
         """This adapter for one request: the same models, a noise scheduler of its own (a pipeline call keeps its
-        loop's state on its pipeline)."""
+        loop's state on its pipeline), watched for its clean-latents estimate (:attr:`denoised`, for previews)."""
         twin = copy.copy(self)
         twin.pipe = own_scheduler(self.pipe)
+        twin.denoised = Denoised()
+        twin.denoised.watch(twin.pipe.scheduler)
         return twin
+
+    def preview_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """What a preview after this step shows (the callback's ``latents`` layout): the scheduler's estimate of
+        the finished latents where it gives one, else ``latents`` themselves (:mod:`.denoised`)."""
+        estimate = self.denoised.latest() if self.denoised is not None else None
+        return estimate if estimate is not None and estimate.shape == latents.shape else latents
 
     def intercepts(self) -> list[Intercept]:
         """The model calls a request parks at: one denoising step, and the VAE decode."""
@@ -159,8 +170,9 @@ class StableDiffusionAdapter(Adapter):
 
     def fork(self) -> Adapter:
         twin = super().fork()
-        assert isinstance(twin, StableDiffusionAdapter)
+        assert isinstance(twin, StableDiffusionAdapter) and twin.denoised is not None
         twin.img2img = own_scheduler(self.img2img)
+        twin.denoised.watch(twin.img2img.scheduler)
         return twin
 
     def call(self, rows: Sequence[Row], shape: Shape, callback: StepCallback) -> np.ndarray:

@@ -9,7 +9,8 @@ its own timestep, and leaves it when it is done or released (its greenlet is kil
 after the step in progress, and its latents are freed).
 
 ``callback_on_step_end`` is the request's own step hook, on the worker thread in its resume: it decodes a preview
-(row 0 of the request) after the steps due one (:func:`~omni_stream.images.spec.preview_steps`) and emits it;
+(row 0 of the request: the scheduler's estimate of the finished latents, ``Adapter.preview_latents``) after the
+steps due one (:func:`~omni_stream.images.spec.preview_steps`) and emits it;
 the final images are emitted after the decode. Each worker step hands the scheduler what it emitted for the
 request (a tuple of :class:`~omni_stream.chunks.Image`), and the family yields them in order.
 
@@ -90,11 +91,15 @@ class ImageRunner:
             if step == 1:  # img2img runs fewer steps than it was asked
                 due = preview_steps(int(getattr(pipe, "num_timesteps", shape.steps)), paint.partial_images)
             if step in due:
-                latents = adapter.unpack(kwargs["latents"][:1], shape)
+                latents = adapter.unpack(adapter.preview_latents(kwargs["latents"])[:1], shape)
                 picture = self.preview.decode(latents, shape.width, shape.height)[0]
                 emit(Image(keep_mask(picture), partial=True, index=0, count=count, meta={"step": str(step)}))
             return {}
 
-        pixels = float_to_uint8(adapter.call(paint.rows, shape, hook))
+        try:
+            pixels = float_to_uint8(adapter.call(paint.rows, shape, hook))
+        finally:
+            if adapter.denoised is not None:
+                adapter.denoised.clear()
         for index in range(count):
             emit(Image(keep_mask(pixels[index]), partial=False, index=index, count=count))

@@ -1,0 +1,33 @@
+"""``benchmarks/unet_levers.py --smoke``: the image denoiser's levers measured on the tiny InstructPix2Pix on a CPU
+(the GPU run measures the real sizes). Each lever must keep the UNet's output (NHWC and fused q/k/v reorder sums
+only), every call is timed, and the VAE's encode and decode are timed in both layouts."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("diffusers")
+BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def test_unet_levers_smoke(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH_DIR))
+    monkeypatch.setenv("OUT", str(tmp_path))
+    sys.modules.pop("unet_levers", None)
+    import unet_levers
+
+    result = unet_levers.main(["--smoke"])
+    assert [row["lever"] for row in result["unet"]] == ["as loaded", "channels_last", "channels_last+fused_qkv"]
+    for row in result["unet"]:
+        for rows in ("rows1", "rows3"):
+            cell = row[rows]
+            assert cell["ms"] > 0 and cell["ms_per_row"] == pytest.approx(cell["ms"] / int(rows[4:]), abs=0.01)
+            assert cell["max_abs_diff"] < 1e-3, row  # the same output as loaded (float32 on a CPU)
+    assert result["gflop_per_row"] > 0
+    assert set(result["vae"]["by_layout"]) == {"as loaded", "channels_last"}
+    assert all(v["encode_ms"] > 0 and v["decode_ms"] > 0 for v in result["vae"]["by_layout"].values())
+    assert json.loads((tmp_path / "unet_levers_tiny.json").read_text())["unet"] == result["unet"]
