@@ -11,7 +11,10 @@ published sizes of ``benchmarks/configs/<model>`` (``load_format="dummy"``). The
 one (``tests/synthetic``: it echoes the prompt, one word per step; ``--lm-step-ms`` emulates device time per token)
 unless ``--llm`` names a real text checkpoint. At each concurrency ``c``, ``c`` requests start together,
 ``--rounds`` times; requests of one size share each model call (one denoising step or the VAE decode; ``calls``).
-Times are from the request's start, in ms: p50 and max over requests.
+Times are from the request's start, in ms: p50 and max over requests. Each level also says where its time went:
+the device time of the batched calls (``device_ms``: CUDA events around each denoiser call and VAE decode) and the
+device worker thread's split (``worker_s``: the requests' starts, the calls, the requests' own work between calls,
+idle), so the wall time that no model call explains is named.
 
 Writes ``benchmarks/results/image_bench_<device>_<model>.json`` (and under ``$OUT`` when set).
 """
@@ -29,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -69,10 +73,65 @@ def summary(samples: list[dict[str, float]], key: str) -> dict[str, float | None
     return {"p50_ms": ms(percentile(values, 50)), "max_ms": ms(max(values))}
 
 
-async def level(engine: AsyncEngine, c: int, rounds: int, args: argparse.Namespace, image: np.ndarray) -> dict:
+class CallClock:
+    """The device time of the image model's batched calls (the denoiser, the VAE decode): each original call is
+    bracketed by CUDA events (no synchronization; read at the level's end), or timed on the wall clock on a CPU,
+    where calls run synchronously. Set on the family's :class:`~omni_stream.runtime.stepwise.StepwiseModel`, whose
+    interceptors call these originals with the requests' rows stacked."""
+
+    def __init__(self, model: Any, cuda: bool) -> None:
+        self.cuda = cuda
+        self.pending: list[tuple[str, Any, Any]] = []
+        for index, spec in enumerate(model.intercepts):
+            model._originals[index] = self._wrap(spec.name, model._originals[index])
+
+    def _wrap(self, name: str, original: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self.cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                out = original(*args, **kwargs)
+                end.record()
+                self.pending.append((name, start, end))
+                return out
+            t = time.perf_counter()
+            out = original(*args, **kwargs)
+            self.pending.append((name, t, time.perf_counter()))
+            return out
+
+        return call
+
+    def take(self) -> dict[str, dict[str, float]]:
+        """Device ms per call kind since the last take: count, total, mean."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        totals: dict[str, list[float]] = {}
+        for name, start, end in self.pending:
+            ms_ = start.elapsed_time(end) if self.cuda else (end - start) * 1e3
+            totals.setdefault(name, []).append(ms_)
+        self.pending = []
+        return {k: {"calls": len(v), "total_ms": round(sum(v), 1), "mean_ms": round(sum(v) / len(v), 2)}
+                for k, v in totals.items()}  # fmt: skip
+
+
+def worker_split(engine: AsyncEngine, start: float, end: float) -> dict[str, Any]:
+    """Where the device worker's thread spent a level (its log: ``work_profile``): the requests' starts (``join``:
+    text encoding, input latents), the batched calls (``denoise``, ``decode``: launching them, and on a CPU running
+    them), the requests' own work between calls (``requests``: their schedulers, guidance, previews; on a GPU also
+    the wait for the call's kernels at their first synchronization), idle."""
+    from omni_stream.runtime.work_profile import work_profile
+
+    profile = work_profile(list(engine.worker.log), start, end).summary()
+    return {"busy_fraction": profile["busy_fraction"], "seconds": profile["seconds"], "counts": profile["counts"]}
+
+
+async def level(
+    engine: AsyncEngine, c: int, rounds: int, args: argparse.Namespace, image: np.ndarray, clock: CallClock
+) -> dict:
     samples: list[dict[str, float]] = []
     family = engine.models.get(ModelKind.IMAGE)
     calls = family.runner.model.calls
+    clock.take()
     t0 = time.perf_counter()
     for r in range(rounds):
         requests = [
@@ -88,6 +147,7 @@ async def level(engine: AsyncEngine, c: int, rounds: int, args: argparse.Namespa
         ]
         samples += await asyncio.gather(*(one(engine, req) for req in requests))
     wall = time.perf_counter() - t0
+    device = clock.take()
     return {
         "concurrency": c,
         "requests": len(samples),
@@ -97,6 +157,8 @@ async def level(engine: AsyncEngine, c: int, rounds: int, args: argparse.Namespa
         "images_per_s": round(len(samples) / wall, 3),
         "model_calls": family.runner.model.calls - calls,
         "wall_s": round(wall, 3),
+        "device_ms": device,
+        "worker_s": worker_split(engine, t0, t0 + wall),
     }
 
 
@@ -120,14 +182,17 @@ async def main(args: argparse.Namespace) -> dict:
         sources = {"image": image_source(args, Path(tmp)), "llm": ModelSource(Path(llm))}
         t = time.perf_counter()
         load_format = "auto" if args.model == "tiny" else "dummy"
-        engine = await AsyncEngine.load(sources, device=args.device, load_format=load_format, progress=False)
+        engine = await AsyncEngine.load(
+            sources, device=args.device, load_format=load_format, progress=False, record=True
+        )
         load_s = time.perf_counter() - t
+        clock = CallClock(engine.models.get(ModelKind.IMAGE).runner.model, args.device.startswith("cuda"))
         gc.freeze()  # as the server does after loading (realtime/app.py): no full collections of the models' objects
         async with engine:
             rng = np.random.default_rng(0)
             image = rng.integers(0, 256, (args.size, args.size, 3), dtype=np.uint8)
-            await level(engine, 1, 1, args, image)  # warm-up (allocator, kernels)
-            levels = [await level(engine, c, args.rounds, args, image) for c in args.levels]
+            await level(engine, 1, 1, args, image, clock)  # warm-up (allocator, kernels)
+            levels = [await level(engine, c, args.rounds, args, image, clock) for c in args.levels]
             info = engine.models.get(ModelKind.IMAGE).info
     return {
         "benchmark": "image_bench",
@@ -165,6 +230,12 @@ def table(result: dict) -> str:
             f" {cell(lv, 'final_image'):>18} {lv['images_per_s']:>7.2f} {lv['model_calls']:>5}"
         )
     rows.append("(ms from request start, p50 / max)")
+    for lv in result["levels"]:
+        device = ", ".join(f"{k} {v['calls']} x {v['mean_ms']:.1f} ms" for k, v in lv["device_ms"].items())
+        worker = lv["worker_s"]
+        shares = ", ".join(f"{k} {1000 * v:.0f}" for k, v in list(worker["seconds"].items())[:6])
+        rows.append(f"c={lv['concurrency']}: wall {1000 * lv['wall_s']:.0f} ms; device: {device}; worker thread "
+                    f"(ms, busy {100 * worker['busy_fraction']:.0f}%): {shares}")  # fmt: skip
     return "\n".join(rows)
 
 

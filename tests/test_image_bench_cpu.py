@@ -23,4 +23,13 @@ async def test_the_smoke_run_measures_every_milestone_in_order():
         assert lv["requests"] == lv["concurrency"] and 4 <= lv["model_calls"] <= 4 * lv["concurrency"]
         text, preview, final = (lv[k]["p50_ms"] for k in ("first_ar_delta", "first_preview", "final_image"))
         assert 0 < text <= preview <= final and lv["images_per_s"] > 0
-    assert "first AR delta" in image_bench.table(result)
+        # where the level's time went: each batched call's time, counted per call ...
+        device = lv["device_ms"]
+        assert device["denoise"]["calls"] + device["decode"]["calls"] == lv["model_calls"], device
+        assert all(v["total_ms"] > 0 and v["mean_ms"] > 0 for v in device.values())
+        # ... and the worker thread's split: the requests' starts, the calls, the requests' work between calls
+        worker = lv["worker_s"]["seconds"]
+        assert {"join:image", "denoise:image", "requests:image", "decode:image"} <= set(worker), worker
+        assert lv["worker_s"]["counts"]["requests:image"] == lv["model_calls"]  # one after every call
+        assert sum(worker.values()) <= lv["wall_s"] + 0.01
+    assert "first AR delta" in image_bench.table(result) and "worker thread" in image_bench.table(result)

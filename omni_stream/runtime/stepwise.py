@@ -395,6 +395,8 @@ class StepwiseModel(Generic[O]):
             resumes = [(_Resume.VALUE, r) for r in results]
         finally:
             self._calling = ()
+        if self.note is not None:  # the worker's log: what follows is the requests' own work (schedulers, previews)
+            self.note("requests", labels)
         outputs = [
             self._resume(seq, running, value)
             for (seq, running, _), value in zip(group, resumes, strict=True)
