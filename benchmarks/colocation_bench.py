@@ -49,6 +49,7 @@ import asyncio
 import base64
 import contextlib
 import datetime
+import functools
 import json
 import os
 import platform
@@ -317,7 +318,10 @@ async def agent(url: str, reply_tokens: int, limit_s: float) -> dict:
     return {"v2v": marks["first_audio"] - marks["speech_end"]} | ({"split": split(marks)} if "stopped" in marks else {})
 
 
+@functools.cache
 def png(side: int) -> bytes:
+    """The edits' input (random pixels, ~0.8 MB at 512 px): encoded once, not on the client's loop at each edit's
+    start, where four encodes at a scenario's start would hold every other client (~40 ms each)."""
     import io
 
     from PIL import Image
