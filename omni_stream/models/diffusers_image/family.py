@@ -28,6 +28,7 @@ from typing import Any
 
 import anyio
 import numpy as np
+import torch
 
 from omni_stream.chunks import Image, TextDelta
 from omni_stream.context import RequestContext
@@ -43,6 +44,7 @@ from omni_stream.images.spec import (
     output_size,
     prompt_of,
 )
+from omni_stream.models.diffusers_image import async_noise
 from omni_stream.models.diffusers_image.adapters import Row, Shape, adapter_for
 from omni_stream.models.diffusers_image.components import load_pipeline
 from omni_stream.models.diffusers_image.preview import PreviewDecoder
@@ -93,6 +95,8 @@ class DiffusersImageFamily:
         self.dtype = parse_dtype(opts.dtype, opts.device)
         defaults = serving_defaults(load.checkpoint)
         self.pipe = load_pipeline(load.checkpoint, opts, self.dtype)
+        if torch.device(opts.device).type == "cuda":
+            async_noise.install(self.pipe)  # no blocking copy of each step's noise (the module's docstring)
         self.adapter = adapter_for(self.pipe)
         self.preview = PreviewDecoder.load(self.adapter, load.checkpoint, opts.device, self.dtype)
         self.worker = load.worker
