@@ -19,13 +19,15 @@ async def test_the_smoke_run_measures_every_milestone_in_order():
     assert [lv["concurrency"] for lv in result["levels"]] == [1, 2]
     assert result["device"] == "cpu" and result["preview"] == "tiny-autoencoder" and result["steps"] == 3
     for lv in result["levels"]:
-        # a model call per step (3 denoising, 1 decode) for all of them together, or for each alone at most
-        assert lv["requests"] == lv["concurrency"] and 4 <= lv["model_calls"] <= 4 * lv["concurrency"]
+        # a model call per step (3 denoising, 1 decode; and as they start, 2 text encodings and 1 image encoding)
+        # for all of them together, or for each alone at most
+        assert lv["requests"] == lv["concurrency"] and 7 <= lv["model_calls"] <= 7 * lv["concurrency"]
         text, preview, final = (lv[k]["p50_ms"] for k in ("first_ar_delta", "first_preview", "final_image"))
         assert 0 < text <= preview <= final and lv["images_per_s"] > 0
         # where the level's time went: each batched call's time, counted per call ...
         device = lv["device_ms"]
-        assert device["denoise"]["calls"] + device["decode"]["calls"] == lv["model_calls"], device
+        assert sum(v["calls"] for v in device.values()) == lv["model_calls"], device
+        assert set(device) == {"text", "encode", "denoise", "decode"}, device
         assert all(v["total_ms"] > 0 and v["mean_ms"] > 0 for v in device.values())
         # ... and the worker thread's split: the requests' starts, the calls, the requests' work between calls
         worker = lv["worker_s"]["seconds"]

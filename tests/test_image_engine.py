@@ -156,7 +156,7 @@ async def test_without_a_text_model_the_diffusion_runs_alone(pix2pix_checkpoint)
     assert not np.array_equal(outputs[0].chunk.pixels, outputs[1].chunk.pixels)  # seed and seed + 1
 
 
-async def test_requests_of_one_size_share_every_denoiser_call(pix2pix_checkpoint):
+async def test_requests_of_one_size_share_every_model_call(pix2pix_checkpoint):
     async with await load_engine(pix2pix_checkpoint) as engine:
         family = engine.models.get(ModelKind.IMAGE)
         requests = [ImageRequest("make it snowy", images=(picture(seed=s),), seed=s) for s in (1, 2, 3)]
@@ -168,7 +168,13 @@ async def test_requests_of_one_size_share_every_denoiser_call(pix2pix_checkpoint
         await blocker
         batched = [finals(outputs)[0].pixels for outputs in await asyncio.gather(*tasks)]
         ids = [r.request_id for r in requests]
-        denoise = [sorted(e.labels) for e in family.runner.log.events() if e.kind == "denoise"]
+        events = family.runner.log.events()
+        # as they start (one join step): one call for all four prompts, one for the negative ones, one for the inputs
+        assert sorted(e.labels[0] for e in events[:4] if e.kind == "join") == sorted(ids)  # in any order
+        assert [(e.kind, sorted(e.labels)) for e in events[4:7]] == [
+            ("text", sorted(ids)), ("text", sorted(ids)), ("encode", sorted(ids))
+        ]  # fmt: skip
+        denoise = [sorted(e.labels) for e in events if e.kind == "denoise"]
         # one denoiser call per step for all of them (per-row timesteps), the 3-step one leaving after its third
         assert denoise == [sorted(ids)] * 3 + [sorted(ids[:3])]
         alone = [finals(await collect(engine.generate(r.__class__(**_fields(r)))))[0].pixels for r in requests]
@@ -263,7 +269,8 @@ async def test_a_cancelled_request_is_not_stepped_again(pix2pix_checkpoint):
         (result,) = await _cancel_at_step(engine, [victim], victim, at_step=2)
         await settle(family)  # the stream ends at once; the device thread frees it at its next step
     assert isinstance(result, RequestCancelled)
-    assert [e.kind for e in family.runner.log.of(victim.request_id)] == ["join", "denoise", "denoise", "release"]
+    started = ["join", "text", "text", "encode"]  # its prompt (and the negative one) and its input, as it starts
+    assert [e.kind for e in family.runner.log.of(victim.request_id)] == [*started, "denoise", "denoise", "release"]
 
 
 async def test_a_cancelled_request_leaves_its_batch_running(pix2pix_checkpoint):

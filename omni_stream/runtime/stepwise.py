@@ -58,6 +58,13 @@ _SMALL = 1024  # elements: an unbatched tensor argument this small is compared b
 
 O = TypeVar("O")  # what a job hands out
 
+
+def _merged(before: SeqOutput[tuple[O, ...]], after: SeqOutput[tuple[O, ...]]) -> SeqOutput[tuple[O, ...]]:
+    """Two resumes of one job in one step as one output: the items of both, in order; the later one's end."""
+    items = (before.item or ()) + (after.item or ())
+    return SeqOutput(after.seq_id, items or None, before.finished or after.finished, after.error or before.error)
+
+
 Emit = Callable[[O], None]
 """``Emit[O]``: hands an item out at the end of the step that made it."""
 
@@ -68,13 +75,16 @@ class Intercept:
     VAE), logged as ``name``. ``batched``: the arguments stacked along dim 0 across requests (a 0-d tensor, a
     timestep, is expanded to the request's rows); every other argument must be equal for two calls to share one.
     Empty ``batched``: each request's calls run alone (still one call per step). ``fine``: yield points before
-    every leaf module of ``owner``, not only its blocks and convolutions."""
+    every leaf module of ``owner``, not only its blocks and convolutions. ``at_join``: a call a request makes as it
+    starts (its prompt's or its input's encoding): the requests starting together make it as one batched call
+    inside their join step, so a newcomer still joins the running batch at the next step."""
 
     name: str
     owner: Any
     method: str
     batched: tuple[str, ...] = ()
     fine: bool = False  # yield points before every leaf module (a VAE: long elementwise passes at full size)
+    at_join: bool = False
 
 
 @dataclass(eq=False)
@@ -333,10 +343,28 @@ class StepwiseModel(Generic[O]):
                         joining = [seq for seq in batch.prefill if not seq.abort_requested]
                         for seq in joining:
                             self._record("join", (seq.payload.label,))
-                    return [self._start(seq) for seq in joining]
+                    return self._start_all(joining)
                 return self._call_group(batch.decode)
         finally:
             torch.set_grad_enabled(grad)  # a parked pipeline left its no_grad() open on this thread
+
+    def _start_all(self, joining: Sequence[Seq[StepJob[O]]]) -> list[SeqOutput[tuple[O, ...]]]:
+        """Start each newcomer, then make their ``at_join`` calls, batched, until each is parked at a call of the
+        running batch (or done)."""
+        outputs = {seq.seq_id: self._start(seq) for seq in joining}
+        while True:
+            starting = [
+                seq
+                for seq in joining
+                if not seq.abort_requested
+                and isinstance(running := seq.model_state, _Running)
+                and running.park is not None
+                and self.intercepts[running.park.intercept].at_join
+            ]
+            if not starting:
+                return list(outputs.values())
+            for out in self._call_group(starting):
+                outputs[out.seq_id] = _merged(outputs[out.seq_id], out)
 
     def _start(self, seq: Seq[StepJob[O]]) -> SeqOutput[tuple[O, ...]]:
         job = seq.payload

@@ -3,10 +3,10 @@ its latents live.
 
 An adapter wraps one loaded pipeline (never a copy of its code): it calls it for the rows of one request with
 ``callback_on_step_end`` (the runner's step hook), names the model calls a request parks at between steps
-(:meth:`Adapter.intercepts`: the denoiser's forward, the VAE's decode, with the arguments stacked across
-requests), hands out a copy of itself for one request (:meth:`Adapter.fork`: its own noise scheduler, watched for
-its estimate of the finished latents), unpacks the latents the callback sees into ``(batch, channels, h, w)``
-(previews), and decodes such latents through the
+(:meth:`Adapter.intercepts`: the prompt's and the input image's encoding, the denoiser's forward, the VAE's
+decode, with the arguments stacked across requests), hands out a copy of itself for one request
+(:meth:`Adapter.fork`: its own noise scheduler, watched for its estimate of the finished latents), unpacks the
+latents the callback sees into ``(batch, channels, h, w)`` (previews), and decodes such latents through the
 pipeline's own VAE (to fit the linear preview projection at load). Supported: Stable Diffusion (text to image,
 and edits as img2img), InstructPix2Pix (edits) and Qwen-Image-Edit (edits).
 """
@@ -31,6 +31,8 @@ StepCallback = Callable[[Any, int, Any, dict[str, Any]], dict[str, Any]]
 
 # UNet2DConditionModel.forward's per-row arguments: requests at different timesteps share one call.
 UNET_ROWS = ("sample", "timestep", "encoder_hidden_states", "timestep_cond", "attention_mask", "encoder_attention_mask")
+# CLIPTextModel.forward's per-row arguments (a prompt's token ids, padded to the encoder's length)
+CLIP_ROWS = ("input_ids", "attention_mask", "position_ids")
 EDIT_STRENGTH = 0.8  # img2img on a text-to-image model: how far from the input the edit may go (diffusers' default)
 IMAGE_GUIDANCE = 1.5  # InstructPix2Pix: how closely the edit follows the input image (its authors' default)
 
@@ -89,8 +91,24 @@ class Adapter:
         return estimate if estimate is not None and estimate.shape == latents.shape else latents
 
     def intercepts(self) -> list[Intercept]:
-        """The model calls a request parks at: one denoising step, and the VAE decode."""
+        """The model calls a request parks at: its prompt's encoding (each text encoder call: the prompt, the
+        negative one) and its input image's encoding as it starts (batched across the requests starting together,
+        inside their join step: one call each, not one per request; each costs ~10 ms of launching on the worker's
+        thread at any batch, and sixteen requests' joins were most of the first preview's wait at c = 16 in run 77),
+        then one denoising step at a time, and the VAE decode."""
+        text = self.pipe.text_encoder
+        encoder = getattr(self.pipe.vae, "encoder", None)
         return [
+            *(
+                [Intercept("text", text, "forward", CLIP_ROWS, at_join=True)]
+                if isinstance(text, torch.nn.Module)
+                else []
+            ),
+            *(
+                [Intercept("encode", encoder, "forward", ("sample",), at_join=True)]
+                if isinstance(encoder, torch.nn.Module)
+                else []
+            ),
             Intercept("denoise", self.pipe.unet, "forward", UNET_ROWS),
             Intercept("decode", self.pipe.vae, "decode", ("z",), fine=True),
         ]
