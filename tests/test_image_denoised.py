@@ -3,8 +3,9 @@ the estimate is the picture the step predicts, where the latents themselves are 
 
 Each scheduler kind is checked on a step whose model output is the true one for a known clean latent (epsilon for
 Euler ancestral, velocity for flow matching), so the estimate must give that latent back; a scheduler with no
-estimate (PNDM) leaves the preview on the latents. Then the runner end to end on the tiny InstructPix2Pix: the
-preview after step 1 is the estimate's, not the latents'.
+estimate (PNDM) leaves the preview on the latents (the runner's previews end to end: ``test_image_engine.py``).
+Last, the request's own copy of the pipeline (the one whose scheduler is watched) reads its execution device once,
+not at every call.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import torch
 diffusers = pytest.importorskip("diffusers")
 
 from omni_stream.models.diffusers_image.denoised import Denoised  # noqa: E402
+
+pytest_plugins = ("image_fixtures",)
 
 
 def clean_and_noise(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,3 +73,18 @@ def test_the_watched_step_keeps_its_signature_so_pipelines_still_pass_their_gene
     scheduler = diffusers.EulerAncestralDiscreteScheduler()
     Denoised().watch(scheduler)
     assert {"generator", "return_dict"} <= set(inspect.signature(scheduler.step).parameters)
+
+
+def test_a_requests_pipeline_copy_reads_its_execution_device_once(pix2pix_checkpoint):
+    from omni_stream.family import LoadOptions
+    from omni_stream.models.diffusers_image.components import load_pipeline
+    from omni_stream.runtime.stepwise import own_scheduler
+
+    pipe = load_pipeline(pix2pix_checkpoint, LoadOptions(progress=False), torch.float32)
+    twin = own_scheduler(pipe)
+    assert isinstance(twin, type(pipe)) and type(twin).__name__ == type(pipe).__name__
+    assert twin._execution_device == pipe._execution_device == torch.device("cpu")
+    assert twin.scheduler is not pipe.scheduler and twin.unet is pipe.unet
+    twin.__dict__["_omni_stream_execution_device"] = torch.device("meta")  # read from the copy, not walked again
+    assert twin._execution_device == torch.device("meta") and pipe._execution_device == torch.device("cpu")
+    assert type(own_scheduler(twin)) is type(twin)  # a copy of a copy: the same class, not a new one
