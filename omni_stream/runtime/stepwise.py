@@ -13,7 +13,8 @@ resume, on the worker thread. So:
 
 - a step is one batched model call (one denoising step, or one VAE decode), whatever the requests' progress:
   requests of one shape at different timesteps share the denoiser's call (per-row timesteps), and a request
-  admitted now joins the batch at the next step (its text encoding and input latents run in its join step);
+  admitted now joins the batch at the next step (its text encoding and input latents run in its join step; the
+  calls an adapter marks ``at_join`` are made once for all the requests joining together);
 - the outputs are the pipeline's (its own loop runs, batch of one), as far as the model's kernels give the same
   rows in a batch as alone (bitwise on CPU for the tiny models);
 - a request's state lives in its greenlet's frames between steps, and releasing it (:meth:`release`) kills the
@@ -260,7 +261,8 @@ class StepwiseModel(Generic[O]):
     """A ``BatchModel[StepJob[O], tuple[O, ...]]``: its payloads are :class:`StepJob` s, and a step hands out what
     each job emitted in it (one tuple per job, None when it emitted nothing).
 
-    A step with newcomers starts them (each runs up to its first model call: text encoding, input latents); any
+    A step with newcomers starts them (each runs up to its first model call), then makes their ``at_join`` calls
+    (their prompts' and inputs' encoding), batched across them, until each waits at a call of the running batch; any
     other step makes one batched call, for the group of compatible parked calls holding the longest-parked one
     (so no group waits behind another for more than one round of them). ``on_call(kind, labels)`` (tests) runs on
     the worker after each call's requests have resumed; ``note(kind, labels)`` too (the worker's log).
