@@ -47,7 +47,7 @@
 #                               test_image_noise),
 #                               from a copy of tests/ (only when named; run 29: 280 s
 #                               covered 24 of 31; SUITE_GPUTESTS="test_causal_lm_gpu.py ..." runs those files only)
-# unet_levers     ~150 / 300  unet_levers.py: InstructPix2Pix's UNet at 3 and 48 rows under each lever (attention
+# unet_levers     ~185 / 300  unet_levers.py: InstructPix2Pix's UNet at 3 and 48 rows under each lever (attention
 #                               kernels, NHWC, fused q/k/v, torch.compile) and its VAE (only when named)
 #
 #   calls: SUITE_ONLY=load_cv | load_fixed,peers | load_base_ws | load_base_http,levers_base | levers_cv | load_http

@@ -14,9 +14,9 @@ Each call's median over ``--iters`` (CUDA events), its TFLOP/s (``torch.utils.fl
 largest difference of its output from the family's (a lever must keep the picture). The VAE's encode and decode of
 16 images at 512 px, as loaded and in NHWC, close the table.
 
-Run on a GPU: ``python benchmarks/unet_levers.py`` (about two minutes on an H200, most of it compiling); ``--smoke``
-runs the tiny checkpoint on a CPU (tests). Writes ``unet_levers_<model>.json`` under ``$OUT`` (else
-``benchmarks/results``; ``--smoke``: the temporary directory).
+Run on a GPU: ``python benchmarks/unet_levers.py`` (about three minutes: 184 s on an H100, most of it
+compiling); ``--smoke`` runs the tiny checkpoint on a CPU (tests). Writes ``unet_levers_<model>.json`` under
+``$OUT`` (else ``benchmarks/results``; ``--smoke``: the temporary directory).
 """
 
 from __future__ import annotations
