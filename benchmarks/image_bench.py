@@ -74,7 +74,8 @@ def summary(samples: list[dict[str, float]], key: str) -> dict[str, float | None
 
 
 class CallClock:
-    """The device time of the image model's batched calls (the denoiser, the VAE decode): each original call is
+    """The device time of the image model's batched calls (prompt and input encodings, the denoiser, the VAE
+    decode): each original call is
     bracketed by CUDA events (no synchronization; read at the level's end), or timed on the wall clock on a CPU,
     where calls run synchronously. Set on the family's :class:`~omni_stream.runtime.stepwise.StepwiseModel`, whose
     interceptors call these originals with the requests' rows stacked."""
@@ -115,10 +116,10 @@ class CallClock:
 
 
 def worker_split(engine: AsyncEngine, start: float, end: float) -> dict[str, Any]:
-    """Where the device worker's thread spent a level (its log: ``work_profile``): the requests' starts (``join``:
-    text encoding, input latents), the batched calls (``denoise``, ``decode``: launching them, and on a CPU running
-    them), the requests' own work between calls (``requests``: their schedulers, guidance, previews; on a GPU also
-    the wait for the call's kernels at their first synchronization), idle."""
+    """Where the device worker's thread spent a level (its log: ``work_profile``): the requests' starts (``join``,
+    then their batched ``text`` and ``encode`` calls), the batched calls (``denoise``, ``decode``: launching them,
+    and on a CPU running them), the requests' own work between calls (``requests``: their schedulers, guidance,
+    previews; on a GPU also the wait for the call's kernels at their first synchronization), idle."""
     from omni_stream.runtime.work_profile import work_profile
 
     profile = work_profile(list(engine.worker.log), start, end).summary()
