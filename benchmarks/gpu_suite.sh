@@ -48,7 +48,8 @@
 #                               from a copy of tests/ (only when named; run 29: 280 s
 #                               covered 24 of 31; SUITE_GPUTESTS="test_causal_lm_gpu.py ..." runs those files only)
 # unet_levers     ~185 / 300  unet_levers.py: InstructPix2Pix's UNet at 3 and 48 rows under each lever (attention
-#                               kernels, NHWC, fused q/k/v, torch.compile) and its VAE (only when named)
+#                               kernels, NHWC, fused q/k/v, torch.compile) and its VAE (only when named);
+#                               SUITE_UNET_ARGS="--levers compile_dynamic --rows 3,24,48": one graph for every batch
 #
 #   calls: SUITE_ONLY=load_cv | load_fixed,peers | load_base_ws | load_base_http,levers_base | levers_cv | load_http
 #          | colocation | gputests
@@ -239,7 +240,8 @@ else
   bench image 120 50 "$B/image_bench.py" --device cuda
   bench video 180 80 "$B/video_bench.py" --gpu
   # the image denoiser's call under each lever (attention kernels, NHWC, fused q/k/v, torch.compile: ~2 min)
-  named unet_levers 300 120 "$B/unet_levers.py"
+  # shellcheck disable=SC2086  # SUITE_UNET_ARGS splits on purpose (e.g. "--levers compile_dynamic --rows 3,24,48")
+  named unet_levers 300 120 "$B/unet_levers.py" ${SUITE_UNET_ARGS:-}
 fi
 
 stamp "done"

@@ -8,7 +8,12 @@ each); this measures that call, and the 3-row call of one request, as loaded by 
 - ``channels_last``: the convolutions' activations in NHWC (cuDNN's faster layout on Hopper);
 - ``fused_qkv``: one projection for q, k and v in the self-attention layers (diffusers' ``fuse_qkv_projections``);
 - ``compile``: ``torch.compile`` of the UNet after the two above (default mode, a graph per batch size), with the
-  time its first call took.
+  time its first call took;
+- ``compile_dynamic``: the same with the batch size symbolic (``dynamic=True``): one graph for every row count the
+  step batching meets, so the price is one compile, not one per batch size (``--rows`` lists the counts it is
+  timed at; the first call of each says whether it compiled again).
+
+``--levers`` picks some of them (``loaded`` is always measured: the reference each lever's output is compared with).
 
 Each call's median over ``--iters`` (CUDA events), its TFLOP/s (``torch.utils.flop_counter`` on one row), and the
 largest difference of its output from the family's (a lever must keep the picture). The VAE's encode and decode of
@@ -105,6 +110,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--vae-images", type=int, default=16)
     ap.add_argument("--no-compile", action="store_true")
+    levers_help = "of sdpa, channels_last, fused_qkv, compile, compile_dynamic (compiled: NHWC, fused q/k/v)"
+    ap.add_argument("--levers", default="sdpa,channels_last,fused_qkv,compile", help=levers_help)
     ap.add_argument("--smoke", action="store_true", help="CPU, the tiny checkpoint, no compile (tests)")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -158,16 +165,26 @@ def main(argv: list[str] | None = None) -> dict:
         results.append(row)
         print(json.dumps(row), flush=True)
 
+    levers = set(args.levers.split(","))
+    unknown = levers - {"sdpa", "channels_last", "fused_qkv", "compile", "compile_dynamic"}
+    if unknown:
+        raise SystemExit(f"unet_levers: unknown levers {sorted(unknown)}")
     measure("as loaded", unet)
-    for backend in ("flash", "efficient", "cudnn") if device == "cuda" else ():
+    for backend in ("flash", "efficient", "cudnn") if device == "cuda" and "sdpa" in levers else ():
         measure(f"sdpa:{backend}", unet, backend=backend)
+    # NHWC and the fused projection change the module in place, so the compiled arms always have them
     unet.to(memory_format=torch.channels_last)
-    measure("channels_last", unet, layout=torch.channels_last)
+    if "channels_last" in levers:
+        measure("channels_last", unet, layout=torch.channels_last)
     unet.fuse_qkv_projections()
-    measure("channels_last+fused_qkv", unet, layout=torch.channels_last)
-    if not args.no_compile:
-        compiled = torch.compile(unet, dynamic=False)
-        measure("channels_last+fused_qkv+compile", compiled, layout=torch.channels_last)
+    if "fused_qkv" in levers:
+        measure("channels_last+fused_qkv", unet, layout=torch.channels_last)
+    for lever, dynamic in (("compile", False), ("compile_dynamic", True)):
+        if args.no_compile or lever not in levers:
+            continue
+        torch._dynamo.reset()  # each arm compiles from nothing: its first calls carry its whole price
+        compiled = torch.compile(unet, dynamic=dynamic)
+        measure(f"channels_last+fused_qkv+{lever}", compiled, layout=torch.channels_last)
 
     vae_rows: dict[str, Any] = {}
     gen = torch.Generator(device).manual_seed(1)

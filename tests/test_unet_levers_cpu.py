@@ -31,3 +31,16 @@ def test_unet_levers_smoke(tmp_path, monkeypatch):
     assert set(result["vae"]["by_layout"]) == {"as loaded", "channels_last"}
     assert all(v["encode_ms"] > 0 and v["decode_ms"] > 0 for v in result["vae"]["by_layout"].values())
     assert json.loads((tmp_path / "unet_levers_tiny.json").read_text())["unet"] == result["unet"]
+
+
+def test_unet_levers_picks_levers(tmp_path, monkeypatch):
+    """``--levers`` measures the ones named after the reference; a name it does not know is refused, not skipped."""
+    monkeypatch.syspath_prepend(str(BENCH_DIR))
+    monkeypatch.setenv("OUT", str(tmp_path))
+    sys.modules.pop("unet_levers", None)
+    import unet_levers
+
+    result = unet_levers.main(["--smoke", "--levers", "fused_qkv"])
+    assert [row["lever"] for row in result["unet"]] == ["as loaded", "channels_last+fused_qkv"]
+    with pytest.raises(SystemExit, match="unknown levers"):
+        unet_levers.main(["--smoke", "--levers", "fused_qkv,tensorrt"])
