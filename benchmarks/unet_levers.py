@@ -4,6 +4,8 @@ The image family's throughput at c = 16 is one UNet call a step over 48 rows (16
 each); this measures that call, and the 3-row call of one request, as loaded by the family
 (``components.load_pipeline``: random weights at the published sizes, bf16) and then under each lever:
 
+- ``cudnn_benchmark``: cuDNN times its convolution algorithms for each new shape and keeps the fastest
+  (``torch.backends.cudnn.benchmark``; the family leaves it off);
 - ``sdpa:<backend>``: the attention kernel (flash, efficient, cudnn) instead of PyTorch's pick;
 - ``channels_last``: the convolutions' activations in NHWC (cuDNN's faster layout on Hopper);
 - ``fused_qkv``: one projection for q, k and v in the self-attention layers (diffusers' ``fuse_qkv_projections``);
@@ -13,7 +15,10 @@ each); this measures that call, and the 3-row call of one request, as loaded by 
   step batching meets, so the price is one compile, not one per batch size (``--rows`` lists the counts it is
   timed at; the first call of each says whether it compiled again).
 
-``--levers`` picks some of them (``loaded`` is always measured: the reference each lever's output is compared with).
+``--levers`` picks some of them (``loaded`` is always measured: the reference each lever's output is compared with);
+``profile`` adds where the as-loaded call's device time goes at the most rows, by kind of kernel (convolution,
+matmul, attention, normalization, elementwise) and its longest kernels (``torch.profiler``): what a compiler could
+fuse away is the normalization and elementwise share.
 
 Each call's median over ``--iters`` (CUDA events), its TFLOP/s (``torch.utils.flop_counter`` on one row), and the
 largest difference of its output from the family's (a lever must keep the picture). The VAE's encode and decode of
@@ -103,6 +108,50 @@ def sdpa(backend: str | None) -> Iterator[None]:
         yield
 
 
+KERNEL_KINDS = (  # (kind, words in a kernel's or op's name), first match wins; lower case
+    ("attention", ("flash", "fmha", "attention", "attn")),
+    ("convolution", ("conv", "fprop", "dgrad", "implicit_gemm", "winograd")),
+    ("normalization", ("norm", "moments")),
+    ("matmul", ("gemm", "nvjet", "cutlass", "matmul", "addmm", "mm", "linear")),
+    ("elementwise", ("elementwise", "vectorized", "unrolled", "reduce", "copy", "cat", "silu", "gelu", "add", "mul")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, words in KERNEL_KINDS if any(w in low for w in words)), "other")
+
+
+def kernel_profile(model: Any, inputs: tuple[torch.Tensor, ...], device: str, top: int = 12) -> dict[str, Any]:
+    """One call's device time by kind of kernel and its longest kernels (CPU: the ops' own time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sample, t, text = inputs
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with torch.inference_mode():
+        model(sample, t, encoder_hidden_states=text, return_dict=False)  # warm: the profile holds no first-call work
+        sync(device)
+        with profile(activities=activities) as prof:
+            model(sample, t, encoder_hidden_states=text, return_dict=False)
+            sync(device)
+    own: dict[str, float] = {}
+    for evt in prof.key_averages():
+        us = evt.self_device_time_total if device == "cuda" else evt.self_cpu_time_total
+        if us > 0 and (device != "cuda" or evt.device_type == torch.autograd.DeviceType.CUDA):
+            own[evt.key] = own.get(evt.key, 0.0) + us
+    total = sum(own.values()) or 1.0
+    kinds: dict[str, float] = {}
+    for name, us in own.items():
+        kinds[kernel_kind(name)] = kinds.get(kernel_kind(name), 0.0) + us
+    longest = sorted(own.items(), key=lambda kv: -kv[1])[:top]
+    return {
+        "total_ms": round(total / 1e3, 2),
+        "by_kind_ms": {k: round(v / 1e3, 2) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+        "by_kind_share": {k: round(v / total, 3) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+        "longest": [{"name": name[:120], "kind": kernel_kind(name), "ms": round(us / 1e3, 2)} for name, us in longest],
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="instruct-pix2pix", help="a folder of benchmarks/configs, or tiny (--smoke)")
@@ -110,7 +159,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--vae-images", type=int, default=16)
     ap.add_argument("--no-compile", action="store_true")
-    levers_help = "of sdpa, channels_last, fused_qkv, compile, compile_dynamic (compiled: NHWC, fused q/k/v)"
+    levers_help = "of profile, cudnn_benchmark, sdpa, channels_last, fused_qkv, compile, compile_dynamic"
     ap.add_argument("--levers", default="sdpa,channels_last,fused_qkv,compile", help=levers_help)
     ap.add_argument("--smoke", action="store_true", help="CPU, the tiny checkpoint, no compile (tests)")
     args = ap.parse_args(argv)
@@ -166,10 +215,20 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(row), flush=True)
 
     levers = set(args.levers.split(","))
-    unknown = levers - {"sdpa", "channels_last", "fused_qkv", "compile", "compile_dynamic"}
-    if unknown:
-        raise SystemExit(f"unet_levers: unknown levers {sorted(unknown)}")
+    known = {"profile", "cudnn_benchmark", "sdpa", "channels_last", "fused_qkv", "compile", "compile_dynamic"}
+    if levers - known:
+        raise SystemExit(f"unet_levers: unknown levers {sorted(levers - known)}")
     measure("as loaded", unet)
+    profile = kernel_profile(unet, inputs[max(rows)], device) if "profile" in levers else None
+    if profile is not None:
+        print(json.dumps({"profile_rows": max(rows), **profile}), flush=True)
+    if "cudnn_benchmark" in levers:
+        was = torch.backends.cudnn.benchmark
+        torch.backends.cudnn.benchmark = True
+        try:
+            measure("cudnn_benchmark", unet)
+        finally:
+            torch.backends.cudnn.benchmark = was
     for backend in ("flash", "efficient", "cudnn") if device == "cuda" and "sdpa" in levers else ():
         measure(f"sdpa:{backend}", unet, backend=backend)
     # NHWC and the fused projection change the module in place, so the compiled arms always have them
@@ -217,6 +276,7 @@ def main(argv: list[str] | None = None) -> dict:
         "model": args.model,
         "gflop_per_row": round(per_row, 3),
         "unet": results,
+        "profile": None if profile is None else {"rows": max(rows), **profile},
         "vae": {"images": n, "side_px": side * scale, "by_layout": vae_rows},
     }
     out = Path(os.environ.get("OUT") or (tempfile.gettempdir() if args.smoke else ROOT / "results"))

@@ -40,7 +40,16 @@ def test_unet_levers_picks_levers(tmp_path, monkeypatch):
     sys.modules.pop("unet_levers", None)
     import unet_levers
 
-    result = unet_levers.main(["--smoke", "--levers", "fused_qkv"])
-    assert [row["lever"] for row in result["unet"]] == ["as loaded", "channels_last+fused_qkv"]
+    result = unet_levers.main(["--smoke", "--levers", "fused_qkv,cudnn_benchmark,profile"])
+    assert [row["lever"] for row in result["unet"]] == ["as loaded", "cudnn_benchmark", "channels_last+fused_qkv"]
+    profile = result["profile"]  # the as-loaded call at the most rows, its time by kind of op
+    assert profile["rows"] == 3 and profile["total_ms"] > 0
+    assert profile["by_kind_ms"]["convolution"] > 0 and profile["by_kind_ms"]["normalization"] > 0
+    assert sum(profile["by_kind_share"].values()) == pytest.approx(1.0, abs=0.01)
+    assert profile["longest"] and all(k["ms"] > 0 for k in profile["longest"])
+    assert unet_levers.kernel_kind("sm90_xmma_fprop_implicit_gemm_bf16") == "convolution"
+    assert unet_levers.kernel_kind("pytorch_flash::flash_fwd_kernel") == "attention"
+    moments = "void at::native::(anonymous namespace)::RowwiseMomentsCUDAKernel"  # group norm's statistics
+    assert unet_levers.kernel_kind(moments) == "normalization"
     with pytest.raises(SystemExit, match="unknown levers"):
         unet_levers.main(["--smoke", "--levers", "fused_qkv,tensorrt"])
