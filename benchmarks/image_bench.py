@@ -59,6 +59,7 @@ async def one(engine: AsyncEngine, request: ImageRequest) -> dict[str, float]:
             now = time.perf_counter() - start
             if out.stage == "text" and out.chunk.text:
                 marks.setdefault("first_text", now)
+                marks["last_text"] = now  # the rewrite's end: the image stage starts after its last delta
             elif out.stage == "image" and out.chunk.partial:
                 marks.setdefault("first_preview", now)
             elif out.stage == "image":
@@ -115,6 +116,31 @@ class CallClock:
                 for k, v in totals.items()}  # fmt: skip
 
 
+TIMELINE_KINDS = ("join", "text", "encode", "denoise", "decode", "done")
+
+
+def timeline(engine: AsyncEngine, start: float, end: float) -> list[str]:
+    """What the worker ran for the image model (and its text model's steps) from ``start`` to ``end``: each piece
+    as ``kind xN +first..+last`` (ms after ``start``, consecutive pieces of one kind merged), so the order of the
+    requests' starts and the batched calls before the last first preview can be read."""
+    out: list[tuple[str, int, float, float]] = []
+    for record in list(engine.worker.log):
+        if not start <= record.at <= end:
+            continue
+        if record.kind in TIMELINE_KINDS:
+            label = record.kind
+        elif record.kind == "step" and record.name != "image":
+            label = f"step:{record.name}"
+        else:
+            continue
+        at = (record.at - start) * 1e3
+        if out and out[-1][0] == label:
+            out[-1] = (label, out[-1][1] + 1, out[-1][2], at)
+        else:
+            out.append((label, 1, at, at))
+    return [f"{k} x{n} +{a:.0f}" if n == 1 else f"{k} x{n} +{a:.0f}..+{b:.0f}" for k, n, a, b in out]
+
+
 def worker_split(engine: AsyncEngine, start: float, end: float) -> dict[str, Any]:
     """Where the device worker's thread spent a level (its log: ``work_profile``): the requests' starts (``join``,
     then their batched ``text`` and ``encode`` calls), the batched calls (``denoise``, ``decode``: launching them,
@@ -134,7 +160,9 @@ async def level(
     calls = family.runner.model.calls
     clock.take()
     t0 = time.perf_counter()
+    first_round: list[str] = []
     for r in range(rounds):
+        round_start = time.perf_counter()
         requests = [
             ImageRequest(
                 PROMPT,
@@ -146,13 +174,18 @@ async def level(
             )
             for k in range(c)
         ]
-        samples += await asyncio.gather(*(one(engine, req) for req in requests))
+        round_samples = await asyncio.gather(*(one(engine, req) for req in requests))
+        samples += round_samples
+        if r == 0:  # until the round's last first preview (pieces started by then)
+            previews = [m["first_preview"] for m in round_samples if "first_preview" in m]
+            first_round = timeline(engine, round_start, round_start + max(previews, default=0.0))
     wall = time.perf_counter() - t0
     device = clock.take()
     return {
         "concurrency": c,
         "requests": len(samples),
         "first_ar_delta": summary(samples, "first_text"),
+        "rewrite_done": summary(samples, "last_text"),
         "first_preview": summary(samples, "first_preview"),
         "final_image": summary(samples, "final"),
         "images_per_s": round(len(samples) / wall, 3),
@@ -160,6 +193,7 @@ async def level(
         "wall_s": round(wall, 3),
         "device_ms": device,
         "worker_s": worker_split(engine, t0, t0 + wall),
+        "first_round": first_round,
     }
 
 
@@ -237,6 +271,10 @@ def table(result: dict) -> str:
         shares = ", ".join(f"{k} {1000 * v:.0f}" for k, v in list(worker["seconds"].items())[:6])
         rows.append(f"c={lv['concurrency']}: wall {1000 * lv['wall_s']:.0f} ms; device: {device}; worker thread "
                     f"(ms, busy {100 * worker['busy_fraction']:.0f}%): {shares}")  # fmt: skip
+        done = lv["rewrite_done"]
+        if done["p50_ms"] is not None:
+            rows.append(f"  rewrites done p50 / max {done['p50_ms']:.0f} / {done['max_ms']:.0f} ms; the first round "
+                        f"until its last first preview: {', '.join(lv['first_round'])}")  # fmt: skip
     return "\n".join(rows)
 
 

@@ -365,11 +365,12 @@ class Scheduler(Generic[P, O]):
     def next_deadline(self) -> float | None:
         """When held newcomers stop waiting, or a throughput newcomer's capacity wait ends (``perf_counter``
         time; lock held), else None."""
+        deadlines = []
         if self._work_class is WorkClass.THROUGHPUT and self.waiting and self.free_slots and not self._bulk_full():
-            return self._sessions[self.waiting[0].seq_id].ctx.timings.created + self.max_defer
-        if not self._holding(time.perf_counter()):
-            return None
-        return self._sessions[self.waiting[0].seq_id].queued + self.hold
+            deadlines.append(self._sessions[self.waiting[0].seq_id].ctx.timings.created + self.max_defer)
+        if self._holding(time.perf_counter()):  # the sooner of the two: a throughput model's newcomers are held too
+            deadlines.append(self._sessions[self.waiting[0].seq_id].queued + self.hold)
+        return min(deadlines, default=None)
 
     def urgency(self, now: float) -> float | None:
         """When this scheduler's most urgent live sequence runs dry (``perf_counter`` s; lock held; None: none).

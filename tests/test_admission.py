@@ -14,6 +14,7 @@ from synthetic import SyntheticConfig, SyntheticTalker, TalkerInput
 from test_scheduler import make, read_all, settle, step, steps_in
 
 from omni_stream.context import RequestContext
+from omni_stream.device_policy import WorkClass
 from omni_stream.scheduler import Scheduler
 from omni_stream.speech.admission import PlaybackAdmission, hold_newcomers
 from omni_stream.worker import DeviceWorker
@@ -125,3 +126,18 @@ async def test_a_held_newcomer_goes_in_when_the_hold_runs_out() -> None:
         await worker.aclose()
     with pytest.raises(ValueError, match="hold"):
         Scheduler(model, DeviceWorker(), hold=-1)
+
+
+async def test_a_held_throughput_newcomer_goes_in_when_the_hold_runs_out() -> None:
+    """A throughput model's newcomers wait for their burst too (image edits): the worker wakes at the hold's end,
+    not at the end of the capacity wait (``max_defer``, here longer than the test waits)."""
+    model = SyntheticTalker(SyntheticConfig(), 2)
+    worker = DeviceWorker(threads=1).start()
+    try:
+        sched = Scheduler(model, worker, hold=0.02, max_defer=60.0, work_class=WorkClass.THROUGHPUT)
+        with sched.arriving(), sched.arriving() as mine:
+            async with sched.session(TalkerInput(2, 1), arrival=mine) as stream:
+                first = await asyncio.wait_for(stream.__anext__(), 10)
+                assert first.start_frame == 0 and sched._arriving == 1
+    finally:
+        await worker.aclose()
