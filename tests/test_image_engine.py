@@ -226,42 +226,6 @@ async def test_a_request_joins_a_running_batch_at_the_next_step_and_paints_what_
     assert finals(first_out)[0].pixels.shape == (64, 64, 3)
 
 
-@pytest.mark.parametrize("hold_s", [10.0, 0.0])
-async def test_a_burst_prepared_a_moment_apart_starts_in_one_join_step(pix2pix_checkpoint, monkeypatch, hold_s):
-    """Requests whose prompts come together reach the scheduler a moment apart (each input is prepared on a
-    thread); the first one queued waits for the other, still being prepared, for at most the scheduler's ``hold``,
-    so both start in one join step and share every denoiser call. With no hold the first starts alone."""
-    async with await load_engine(pix2pix_checkpoint) as engine:
-        family = engine.models.get(ModelKind.IMAGE)
-        family.scheduler.hold = hold_s
-        first = ImageRequest("make it snowy", images=(picture(seed=1),), steps=3, seed=1)
-        second = ImageRequest("paint it red", images=(picture(seed=2),), steps=3, seed=2)
-        prepare, go = family._prepare, threading.Event()
-
-        def slow_second(request, *args):  # the second's input is ready only when the test says so
-            if request.request_id == second.request_id:
-                assert go.wait(10)
-            return prepare(request, *args)
-
-        monkeypatch.setattr(family, "_prepare", slow_second)
-        tasks = [asyncio.create_task(collect(engine.generate(r))) for r in (first, second)]
-        if hold_s:  # the first is queued and held (no join in the log) while the second is being prepared
-            await until(lambda: family.scheduler.live()["waiting"] == 1, "the first request queued")
-            await asyncio.sleep(0.05)
-            assert family.runner.log.of(first.request_id) == [] and family.scheduler.live()["arriving"] == 1
-        else:
-            await until(lambda: calls_of(family, first.request_id) >= 1, "the first request's first step")
-        go.set()
-        await asyncio.gather(*tasks)
-        await settle(family)
-    denoise = [set(e.labels) for e in family.runner.log.events() if e.kind == "denoise"]
-    both = {first.request_id, second.request_id}
-    if hold_s:
-        assert denoise == [both] * 3
-    else:
-        assert denoise[0] == {first.request_id} and both in denoise
-
-
 async def _start(engine, request):
     return await collect(engine.generate(request))
 

@@ -185,23 +185,18 @@ class DiffusersImageFamily:
 
         async def image(ctx: RequestContext, upstream: AsyncIterator[TextDelta]) -> AsyncIterator[Image]:
             prompt = await prompt_of(upstream, request.prompt)
-            # Counted as arriving while its input is prepared: requests whose prompts came together (a burst's
-            # rewrites end in one text step) reach the scheduler a few ms apart, and a join step (their prompts'
-            # and inputs' encodings) lasts ~100 ms on a GPU, so without waiting for each other they would start
-            # in waves, each wave a step behind the last. Newcomers wait at most the scheduler's ``hold``.
-            with self.scheduler.arriving() as arrival:
-                prepared = await anyio.to_thread.run_sync(self._prepare, request, prompt, size, seed)
-                ctx.tokens(USAGE_IMAGE).input_tokens = prepared.text_tokens
-                ctx.tokens(USAGE_IMAGE_INPUT).input_tokens = prepared.input_tokens
-                paint = Paint(prepared.rows, shape, request.partial_images, prepared.original, prepared.mask)
-                finals = 0
-                async with self.scheduler.session(self.runner.job(ctx.request_id, paint), ctx, arrival) as stream:
-                    async for items in stream:
-                        for item in items:
-                            if not item.partial:
-                                finals += 1
-                                ctx.tokens(USAGE_IMAGE).output_tokens += per_image
-                            yield item
+            prepared = await anyio.to_thread.run_sync(self._prepare, request, prompt, size, seed)
+            ctx.tokens(USAGE_IMAGE).input_tokens = prepared.text_tokens
+            ctx.tokens(USAGE_IMAGE_INPUT).input_tokens = prepared.input_tokens
+            paint = Paint(prepared.rows, shape, request.partial_images, prepared.original, prepared.mask)
+            finals = 0
+            async with self.scheduler.session(self.runner.job(ctx.request_id, paint), ctx) as stream:
+                async for items in stream:
+                    for item in items:
+                        if not item.partial:
+                            finals += 1
+                            ctx.tokens(USAGE_IMAGE).output_tokens += per_image
+                        yield item
             if finals < request.n:
                 raise StageError(f"request {ctx.request_id}: the pipeline call ended without its images")
 
