@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import gc
 import json
@@ -31,6 +32,9 @@ import platform
 import sys
 import tempfile
 import time
+import traceback
+import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +145,43 @@ def timeline(engine: AsyncEngine, start: float, end: float) -> list[str]:
     return [f"{k} x{n} +{a:.0f}" if n == 1 else f"{k} x{n} +{a:.0f}..+{b:.0f}" for k, n, a, b in out]
 
 
+class SyncPoints:
+    """Where the device worker's thread waited for the GPU in a block: CUDA's sync debug mode warns at each call that
+    synchronizes (a blocking copy, ``.item()``, ``.cpu()``), and each is counted by the three innermost calling
+    lines outside torch (in any thread: the worker's greenlets included). The warnings cost a few µs each, so the
+    block's own timings carry them."""
+
+    def __init__(self, cuda: bool = True) -> None:
+        self.cuda = cuda  # False: count only what is warned by hand (tests)
+
+    def __enter__(self) -> SyncPoints:
+        self.counts: Counter[str] = Counter()
+        self._show, self._filters = warnings.showwarning, list(warnings.filters)
+
+        def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+            if "synchroniz" not in str(message):
+                self._show(message, category, filename, lineno, file, line)
+                return
+            frames = [f for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename
+                      and not f.filename.endswith(("warnings.py", "image_bench.py"))]  # fmt: skip
+            self.counts[" < ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames[::-1][:3])] += 1
+
+        warnings.showwarning = show
+        warnings.simplefilter("always", UserWarning)
+        if self.cuda:
+            torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.cuda:
+            torch.cuda.set_sync_debug_mode("default")
+        warnings.showwarning = self._show
+        warnings.filters[:] = self._filters
+
+    def top(self, n: int = 12) -> list[dict[str, Any]]:
+        return [{"where": where, "count": count} for where, count in self.counts.most_common(n)]
+
+
 def worker_split(engine: AsyncEngine, start: float, end: float) -> dict[str, Any]:
     """Where the device worker's thread spent a level (its log: ``work_profile``): the requests' starts (``join``,
     then their batched ``text`` and ``encode`` calls), the batched calls (``denoise``, ``decode``: launching them,
@@ -161,6 +202,7 @@ async def level(
     clock.take()
     t0 = time.perf_counter()
     first_round: list[str] = []
+    sync_points: dict[str, Any] | None = None
     for r in range(rounds):
         round_start = time.perf_counter()
         requests = [
@@ -174,7 +216,11 @@ async def level(
             )
             for k in range(c)
         ]
-        round_samples = await asyncio.gather(*(one(engine, req) for req in requests))
+        probe = args.sync_debug and r == 0 and c == max(args.levels)
+        with SyncPoints() if probe else contextlib.nullcontext() as syncs:
+            round_samples = await asyncio.gather(*(one(engine, req) for req in requests))
+        if isinstance(syncs, SyncPoints):
+            sync_points = {"total": sum(syncs.counts.values()), "top": syncs.top()}
         samples += round_samples
         if r == 0:  # until the round's last first preview (pieces started by then)
             previews = [m["first_preview"] for m in round_samples if "first_preview" in m]
@@ -194,6 +240,7 @@ async def level(
         "device_ms": device,
         "worker_s": worker_split(engine, t0, t0 + wall),
         "first_round": first_round,
+        **({"sync_points": sync_points} if sync_points is not None else {}),
     }
 
 
@@ -266,6 +313,11 @@ def table(result: dict) -> str:
         )
     rows.append("(ms from request start, p50 / max)")
     for lv in result["levels"]:
+        if "sync_points" in lv:
+            syncs = lv["sync_points"]
+            rows.append(f"c={lv['concurrency']}, first round: {syncs['total']} synchronizing calls; by caller:")
+            rows += [f"  {s['count']:>5} {s['where']}" for s in syncs["top"]]
+    for lv in result["levels"]:
         device = ", ".join(f"{k} {v['calls']} x {v['mean_ms']:.1f} ms" for k, v in lv["device_ms"].items())
         worker = lv["worker_s"]
         shares = ", ".join(f"{k} {1000 * v:.0f}" for k, v in list(worker["seconds"].items())[:6])
@@ -290,12 +342,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--llm", type=Path, default=None, help="a text checkpoint (default: the synthetic echo)")
     parser.add_argument("--lm-step-ms", type=float, default=0.0, help="synthetic text model: ms per token")
     parser.add_argument("--smoke", action="store_true", help="c = 1, 2; one round; 3 steps (tests)")
+    syncs = "CUDA: count the calls that wait for the GPU in the largest level's first round"
+    parser.add_argument("--sync-debug", action="store_true", help=syncs)
     args = parser.parse_args(argv)
     gpu = args.device.startswith("cuda")
     args.model = args.model or ("instruct-pix2pix" if gpu else "tiny")
     args.steps = args.steps or (20 if gpu else 4)
     args.size = args.size or (512 if gpu else 64)
     args.levels = [int(c) for c in args.levels.split(",")]
+    if args.sync_debug and not gpu:
+        parser.error("--sync-debug needs --device cuda")
     if args.smoke:
         args.levels, args.rounds, args.steps = [1, 2], 1, 3
     return args

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -34,4 +35,29 @@ async def test_the_smoke_run_measures_every_milestone_in_order():
         assert {"join:image", "denoise:image", "requests:image", "decode:image"} <= set(worker), worker
         assert lv["worker_s"]["counts"]["requests:image"] == lv["model_calls"]  # one after every call
         assert sum(worker.values()) <= lv["wall_s"] + 0.01
+        # the first round's timeline: the text model's steps, then the image's start (its encodings), then steps
+        kinds = [piece.split(" x")[0] for piece in lv["first_round"]]
+        assert kinds[0] == "step:lm" and kinds.index("join") < kinds.index("text") < kinds.index("denoise"), kinds
+        assert 0 < lv["rewrite_done"]["p50_ms"] <= lv["first_preview"]["p50_ms"]
     assert "first AR delta" in image_bench.table(result) and "worker thread" in image_bench.table(result)
+
+
+def test_sync_points_are_counted_by_their_callers():
+    """``--sync-debug``'s counter (CUDA's warnings stood in for by hand here): each synchronizing call counted by
+    where it was made, other warnings left alone."""
+
+    def blocking_copy():
+        warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
+
+    with warnings.catch_warnings(record=True) as others, image_bench.SyncPoints(cuda=False) as syncs:
+        for _ in range(3):
+            blocking_copy()
+        warnings.warn("something else", UserWarning, stacklevel=1)
+    (top,) = syncs.top()
+    assert top["count"] == 3 and top["where"].startswith("test_image_bench_cpu.py:") and "blocking_copy" in top["where"]
+    assert [str(w.message) for w in others] == ["something else"]
+
+
+def test_sync_debug_needs_a_gpu():
+    with pytest.raises(SystemExit):
+        image_bench.parse(["--sync-debug"])
