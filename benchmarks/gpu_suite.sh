@@ -44,7 +44,7 @@
 #                               SUITE_COLOCATION_ARGS="--tune realtime_priority=on --tag _prio": an A/B arm
 # gputests        ~330 / 545  the -m gpu tests (test_causal_lm_gpu, test_qwen3_codec_kernels, test_qwen3_codec_stream,
 #                               test_qwen3_gpu, test_whisper_gpu, test_smart_turn_gpu, test_worker_streams_gpu,
-#                               test_image_noise, test_image_schedule),
+#                               test_image_noise),
 #                               from a copy of tests/ (only when named; run 29: 280 s
 #                               covered 24 of 31; SUITE_GPUTESTS="test_causal_lm_gpu.py ..." runs those files only)
 # unet_levers     ~185 / 300  unet_levers.py: InstructPix2Pix's UNet at 3 and 48 rows under each lever (attention
@@ -233,8 +233,7 @@ else
     mkdir -p "$WORK/t/benchmarks" && cp -r "$REPO/tests" "$REPO/pyproject.toml" "$WORK/t/" && cp -r "$B/configs" "$WORK/t/benchmarks/"
   fi
   GPUTESTS=${SUITE_GPUTESTS:-test_causal_lm_gpu.py test_qwen3_codec_kernels.py test_qwen3_codec_stream.py \
-    test_qwen3_gpu.py test_whisper_gpu.py test_smart_turn_gpu.py test_worker_streams_gpu.py test_image_noise.py \
-    test_image_schedule.py}
+    test_qwen3_gpu.py test_whisper_gpu.py test_smart_turn_gpu.py test_worker_streams_gpu.py test_image_noise.py}
   # shellcheck disable=SC2086  # the file names split on purpose
   named gputests 545 "$([[ -n ${SUITE_GPUTESTS:-} ]] && echo 60 || echo 300)" -m pytest \
     $(printf "$WORK/t/tests/%s " $GPUTESTS) -m gpu -q -p no:cacheprovider -rs

@@ -24,7 +24,6 @@ import torch
 
 from omni_stream.errors import ConfigError
 from omni_stream.images.spec import ImageMode
-from omni_stream.models.diffusers_image import async_schedule
 from omni_stream.models.diffusers_image.denoised import Denoised
 from omni_stream.runtime.stepwise import Intercept, own_scheduler
 
@@ -78,11 +77,9 @@ class Adapter:
 
     def fork(self) -> Adapter:
         """This adapter for one request: the same models, a noise scheduler of its own (a pipeline call keeps its
-        loop's state on its pipeline), watched for its clean-latents estimate (:attr:`denoised`, for previews), whose
-        schedule is made without waiting for the GPU (:mod:`.async_schedule`)."""
+        loop's state on its pipeline), watched for its clean-latents estimate (:attr:`denoised`, for previews)."""
         twin = copy.copy(self)
         twin.pipe = own_scheduler(self.pipe)
-        async_schedule.install(twin.pipe.scheduler)  # on CUDA: its schedule made without waiting for the GPU
         twin.denoised = Denoised()
         twin.denoised.watch(twin.pipe.scheduler)
         return twin
