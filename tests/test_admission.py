@@ -111,33 +111,28 @@ async def test_a_burst_prefills_together_once_its_last_request_is_prepared() -> 
                         assert steps_in(model)[-1][1] == (c.seq.seq_id,)
 
 
-async def test_a_held_newcomer_goes_in_when_the_hold_runs_out() -> None:
+async def _held_newcomer_goes_in(**options) -> None:
     """On a running worker, with a request that never finishes its preparation: the worker wakes at the hold's
     end by itself (nothing notifies it then) and admits the newcomer."""
     model = SyntheticTalker(SyntheticConfig(), 2)
     worker = DeviceWorker(threads=1).start()
     try:
-        sched = Scheduler(model, worker, hold=0.02)
+        sched = Scheduler(model, worker, hold=0.02, **options)
         with sched.arriving(), sched.arriving() as mine:
             async with sched.session(TalkerInput(2, 1), arrival=mine) as stream:
                 first = await asyncio.wait_for(stream.__anext__(), 10)
                 assert first.start_frame == 0 and sched._arriving == 1
     finally:
         await worker.aclose()
+
+
+async def test_a_held_newcomer_goes_in_when_the_hold_runs_out() -> None:
+    await _held_newcomer_goes_in()
     with pytest.raises(ValueError, match="hold"):
-        Scheduler(model, DeviceWorker(), hold=-1)
+        Scheduler(SyntheticTalker(SyntheticConfig(), 2), DeviceWorker(), hold=-1)
 
 
 async def test_a_held_throughput_newcomer_goes_in_when_the_hold_runs_out() -> None:
-    """A throughput model's newcomers wait for their burst too (image edits): the worker wakes at the hold's end,
-    not at the end of the capacity wait (``max_defer``, here longer than the test waits)."""
-    model = SyntheticTalker(SyntheticConfig(), 2)
-    worker = DeviceWorker(threads=1).start()
-    try:
-        sched = Scheduler(model, worker, hold=0.02, max_defer=60.0, work_class=WorkClass.THROUGHPUT)
-        with sched.arriving(), sched.arriving() as mine:
-            async with sched.session(TalkerInput(2, 1), arrival=mine) as stream:
-                first = await asyncio.wait_for(stream.__anext__(), 10)
-                assert first.start_frame == 0 and sched._arriving == 1
-    finally:
-        await worker.aclose()
+    """A throughput model's newcomers are held for their burst too: the worker wakes at the hold's end, not at the
+    end of the capacity wait (``max_defer``, here longer than the test waits)."""
+    await _held_newcomer_goes_in(max_defer=60.0, work_class=WorkClass.THROUGHPUT)
