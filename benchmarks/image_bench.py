@@ -342,8 +342,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--llm", type=Path, default=None, help="a text checkpoint (default: the synthetic echo)")
     parser.add_argument("--lm-step-ms", type=float, default=0.0, help="synthetic text model: ms per token")
     parser.add_argument("--smoke", action="store_true", help="c = 1, 2; one round; 3 steps (tests)")
-    syncs = "CUDA: count the calls that wait for the GPU in the largest level's first round"
-    parser.add_argument("--sync-debug", action="store_true", help=syncs)
+    sync_help = "CUDA: count the calls that wait for the GPU in the largest level's first round"
+    parser.add_argument("--sync-debug", action="store_true", help=sync_help)
     args = parser.parse_args(argv)
     gpu = args.device.startswith("cuda")
     args.model = args.model or ("instruct-pix2pix" if gpu else "tiny")
